@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * sidecar: per-thread cost components of a proxy process (the "sidecar").
+ *
+ * For the target thread groups (rodata, set by the loader) it aggregates, per thread:
+ *   Read / Write    raw_syscalls enter->exit of the read/write families, with bytes;
+ *   Notification    sched_wakeup of a thread sleeping in epoll_* -> return of that epoll_*;
+ *   on-CPU split    sched_switch in/out and syscall boundaries split on-CPU time into
+ *                   user (between syscalls) and sys (inside syscalls).
+ * and, for loopback in the target's network namespace (not per thread):
+ *   IPC             net_dev_queue(lo) -> netif_receive_skb(lo) of the same skb.
+ * Everything is summed in maps; nothing is streamed, so nothing can be lost in a buffer.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include "sidecar.h"
+
+#if !defined(__TARGET_ARCH_x86)
+#error "syscall numbers below are x86_64 only"
+#endif
+
+/* x86_64 syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl) */
+#define NR_read		0
+#define NR_write	1
+#define NR_readv	19
+#define NR_writev	20
+#define NR_sendto	44
+#define NR_recvfrom	45
+#define NR_sendmsg	46
+#define NR_recvmsg	47
+#define NR_epoll_wait	232
+#define NR_epoll_pwait	281
+#define NR_recvmmsg	299
+#define NR_sendmmsg	307
+#define NR_epoll_pwait2	441
+
+#define LOOPBACK_IFINDEX 1
+
+const volatile __u32 targ_tgid[MAX_TGIDS] = {};
+const volatile __u32 n_tgids = 0;
+const volatile __u32 targ_netns = 0;	/* netns inode for IPC; 0 = any netns */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_THREADS);
+	__type(key, __u32);	/* tid */
+	__type(value, struct thread_stat);
+} threads SEC(".maps");
+
+struct {
+	/* LRU: an skb dropped between queue and receive must not pin an entry forever */
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_INFLIGHT_SKBS);
+	__type(key, __u64);	/* skb address */
+	__type(value, __u64);	/* queue timestamp */
+} skb_start SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ipc_stat);
+} ipc SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+static const struct thread_stat zero_stat;
+
+static __always_inline void bump(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&counters, &idx);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline bool is_target(__u32 tgid)
+{
+	for (int i = 0; i < MAX_TGIDS; i++) {
+		if (i >= n_tgids)
+			break;
+		if (targ_tgid[i] == tgid)
+			return true;
+	}
+	return false;
+}
+
+/* Current task's entry, created on first sight; NULL if not a target or the map is full. */
+static __always_inline struct thread_stat *current_stat(void)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	struct thread_stat *st;
+
+	if (!is_target(tgid))
+		return NULL;
+	st = bpf_map_lookup_elem(&threads, &tid);
+	if (st)
+		return st;
+	/* EEXIST (a racing insert) is fine; a full map shows up as a failed lookup */
+	bpf_map_update_elem(&threads, &tid, &zero_stat, BPF_NOEXIST);
+	st = bpf_map_lookup_elem(&threads, &tid);
+	if (!st) {
+		bump(CNT_THREAD_MAP_FULL);
+		return NULL;
+	}
+	st->tgid = tgid;
+	st->tid = tid;
+	bpf_get_current_comm(&st->comm, sizeof(st->comm));
+	return st;
+}
+
+/* Close the current on-CPU segment at `now` into the bucket of the current mode. */
+static __always_inline void close_segment(struct thread_stat *st, __u64 now)
+{
+	__u64 delta;
+
+	if (!st->seg_start)
+		return;
+	delta = now - st->seg_start;
+	if (st->mode == MODE_USER)
+		st->user_ns += delta;
+	else if (st->mode == MODE_SYS)
+		st->sys_cpu_ns += delta;
+	else
+		st->unknown_cpu_ns += delta;
+	st->seg_start = now;
+}
+
+static __always_inline int classify(__s64 nr)
+{
+	switch (nr) {
+	case NR_read: case NR_readv: case NR_recvfrom: case NR_recvmsg: case NR_recvmmsg:
+		return SC_READ;
+	case NR_write: case NR_writev: case NR_sendto: case NR_sendmsg: case NR_sendmmsg:
+		return SC_WRITE;
+	case NR_epoll_wait: case NR_epoll_pwait: case NR_epoll_pwait2:
+		return SC_EPOLL;
+	}
+	return SC_OTHER;
+}
+
+static __always_inline void add_op(struct op_stat *op, __u64 ns, __s64 ret)
+{
+	op->count++;
+	op->ns += ns;
+	if (ret > 0)
+		op->bytes += ret;
+	else if (ret < 0)
+		op->errors++;
+}
+
+SEC("tracepoint/raw_syscalls/sys_enter")
+int sys_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	struct thread_stat *st = current_stat();
+	__u64 now;
+
+	if (!st)
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (!st->seg_start)
+		st->seg_start = now;	/* running, but its switch-in was before we attached */
+	close_segment(st, now);
+	st->mode = MODE_SYS;
+	st->sys_start = now;
+	st->sys_nr = ctx->id;
+	st->wake_ts = 0;
+	return 0;
+}
+
+SEC("tracepoint/raw_syscalls/sys_exit")
+int sys_exit(struct trace_event_raw_sys_exit *ctx)
+{
+	struct thread_stat *st = current_stat();
+	__u64 now, dur;
+	__s64 ret;
+
+	if (!st)
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (!st->seg_start)
+		st->seg_start = now;
+	close_segment(st, now);
+	st->mode = MODE_USER;
+	if (!st->sys_start || st->sys_nr != ctx->id) {
+		bump(CNT_EXIT_UNMATCHED);
+		goto out;
+	}
+	dur = now - st->sys_start;
+	ret = ctx->ret;
+	st->syscalls++;
+	st->sys_ns += dur;
+	switch (classify(ctx->id)) {
+	case SC_READ:
+		add_op(&st->read, dur, ret);
+		break;
+	case SC_WRITE:
+		add_op(&st->write, dur, ret);
+		break;
+	case SC_EPOLL:
+		add_op(&st->epoll, dur, ret);
+		if (st->wake_ts && st->wake_ts <= now)
+			add_op(&st->notify, now - st->wake_ts, ret);
+		break;
+	}
+out:
+	st->sys_start = 0;
+	st->wake_ts = 0;
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_switch")
+int sched_switch(struct trace_event_raw_sched_switch *ctx)
+{
+	__u32 next = ctx->next_pid;
+	struct thread_stat *st;
+	__u64 now = 0;
+
+	/* prev is current: its tgid is known without a lookup */
+	st = current_stat();
+	if (st) {
+		now = bpf_ktime_get_ns();
+		close_segment(st, now);
+		st->seg_start = 0;
+	}
+	/* next: only threads already known (seeded from /proc or seen in a syscall) */
+	if (!next)
+		return 0;
+	st = bpf_map_lookup_elem(&threads, &next);
+	if (st) {
+		st->seg_start = now ? now : bpf_ktime_get_ns();
+		st->switches_in++;
+	}
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_wakeup")
+int sched_wakeup(struct trace_event_raw_sched_wakeup_template *ctx)
+{
+	__u32 tid = ctx->pid;
+	struct thread_stat *st = bpf_map_lookup_elem(&threads, &tid);
+
+	if (!st)
+		return 0;
+	if (st->mode != MODE_SYS || !st->sys_start || classify(st->sys_nr) != SC_EPOLL) {
+		bump(CNT_WAKEUP_NOT_EPOLL);
+		return 0;
+	}
+	/* the first wakeup since the call began is the one that ends the sleep */
+	if (!st->wake_ts)
+		st->wake_ts = bpf_ktime_get_ns();
+	return 0;
+}
+
+static __always_inline bool is_target_lo(struct sk_buff *skb)
+{
+	struct net_device *dev = BPF_CORE_READ(skb, dev);
+
+	if (!dev || BPF_CORE_READ(dev, ifindex) != LOOPBACK_IFINDEX)
+		return false;
+	return !targ_netns || BPF_CORE_READ(dev, nd_net.net, ns.inum) == targ_netns;
+}
+
+SEC("tracepoint/net/net_dev_queue")
+int net_dev_queue(struct trace_event_raw_net_dev_template *ctx)
+{
+	__u64 skb = (__u64)ctx->skbaddr;
+	__u64 now;
+
+	if (!is_target_lo((struct sk_buff *)skb))
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (bpf_map_update_elem(&skb_start, &skb, &now, BPF_ANY))
+		bump(CNT_SKB_MAP_FULL);
+	return 0;
+}
+
+SEC("tracepoint/net/netif_receive_skb")
+int netif_receive_skb(struct trace_event_raw_net_dev_template *ctx)
+{
+	__u64 skb = (__u64)ctx->skbaddr;
+	__u64 *start, dur;
+	__u32 zero = 0;
+	struct ipc_stat *s;
+
+	start = bpf_map_lookup_elem(&skb_start, &skb);
+	if (!start)
+		return 0;
+	dur = bpf_ktime_get_ns() - *start;
+	bpf_map_delete_elem(&skb_start, &skb);
+	/* a stale entry whose address was reused for a non-lo skb */
+	if (!is_target_lo((struct sk_buff *)skb)) {
+		bump(CNT_SKB_UNMATCHED);
+		return 0;
+	}
+	s = bpf_map_lookup_elem(&ipc, &zero);
+	if (!s)
+		return 0;
+	s->count++;
+	s->ns += dur;
+	s->bytes += ctx->len;
+	if (dur > s->max_ns)
+		s->max_ns = dur;
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

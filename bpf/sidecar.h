@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Shared between sidecar.bpf.c and the sidecar loader: per-thread aggregates. */
+#ifndef __SIDECAR_H
+#define __SIDECAR_H
+
+#define MAX_TGIDS	8
+#define MAX_THREADS	4096
+#define MAX_INFLIGHT_SKBS	16384
+#define TASK_COMM_LEN	16
+
+/* Thread accounting mode: which bucket the current on-CPU segment belongs to. */
+enum mode {
+	MODE_UNKNOWN = 0,	/* seen before its first syscall boundary */
+	MODE_USER = 1,
+	MODE_SYS = 2,
+};
+
+/* Syscall classes we time. */
+enum sys_class {
+	SC_OTHER = 0,
+	SC_READ = 1,
+	SC_WRITE = 2,
+	SC_EPOLL = 3,
+};
+
+/* Probe self-counters (per-CPU array indices). */
+enum counter {
+	CNT_THREAD_MAP_FULL = 0,	/* a target thread could not be tracked */
+	CNT_EXIT_UNMATCHED,		/* sys_exit without a recorded sys_enter */
+	CNT_SKB_MAP_FULL,		/* an lo skb could not be timed */
+	CNT_SKB_UNMATCHED,		/* lo receive without a recorded queue */
+	CNT_WAKEUP_NOT_EPOLL,		/* target woken while not in epoll_wait */
+	CNT_MAX,
+};
+
+struct op_stat {
+	__u64 count;
+	__u64 ns;	/* wall time from syscall entry to exit (or wakeup to exit) */
+	__u64 bytes;	/* sum of positive return values (messages for *mmsg) */
+	__u64 errors;	/* negative returns, e.g. -EAGAIN */
+};
+
+struct thread_stat {
+	__u32 tgid;
+	__u32 tid;
+	char comm[TASK_COMM_LEN];
+	struct op_stat read;
+	struct op_stat write;
+	struct op_stat epoll;	/* every epoll_wait/epoll_pwait/epoll_pwait2 call */
+	struct op_stat notify;	/* sched_wakeup -> epoll_* return, only calls that slept */
+	__u64 syscalls;		/* all syscalls that exited */
+	__u64 sys_ns;		/* wall time in all syscalls */
+	__u64 user_ns;		/* on-CPU outside syscalls */
+	__u64 sys_cpu_ns;	/* on-CPU inside syscalls (incl. softirq run there) */
+	__u64 unknown_cpu_ns;	/* on-CPU before the first syscall boundary was seen */
+	__u64 switches_in;
+	/* tracking state, not an aggregate */
+	__u64 seg_start;	/* start of the current on-CPU segment, 0 = off CPU */
+	__u64 sys_start;
+	__u64 wake_ts;
+	__s64 sys_nr;
+	__u32 mode;
+	__u32 pad;
+};
+
+struct ipc_stat {
+	__u64 count;
+	__u64 ns;	/* net_dev_queue(lo) -> netif_receive_skb(lo), same skb */
+	__u64 bytes;	/* skb->len at receive (IP packet, link header pulled) */
+	__u64 max_ns;
+};
+
+#endif /* __SIDECAR_H */
