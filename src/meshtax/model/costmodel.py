@@ -1,0 +1,232 @@
+"""Cost models in message size: ``y(s) = a + b·s + u·extra_units(s)``.
+
+``a`` and ``b`` are the paper's ``L + s·l`` (latency, µs per message) or ``C + s·c`` (CPU,
+CPU-µs per message; CPU at rate r is ``r·y(s)·1e-6`` vCPU). Above ``split_bytes`` a message
+is carried as several units (TLS records, HTTP/2 DATA frames, socket buffer writes …); each
+extra unit costs ``u``, so the model does not underestimate large messages the way a single
+line through small sizes does.
+
+Fit/predict as in scikit-learn: parameters at construction, fitted attributes after ``fit``.
+Every fitted model keeps its fit statistics and the samples it was fitted on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def extra_units(sizes: npt.ArrayLike, split_bytes: int | None) -> FloatArray:
+    """Units beyond the first a message of ``sizes`` bytes is split into (0 without a split)."""
+    s = np.asarray(sizes, dtype=np.float64)
+    if not split_bytes:
+        return np.zeros_like(s)
+    return np.maximum(0.0, np.ceil(s / split_bytes) - 1.0)
+
+
+@dataclass(frozen=True)
+class FitStats:
+    """How well a model fits the samples it was fitted on."""
+
+    n: int
+    r2: float | None
+    residuals: tuple[float, ...]
+    # standard errors of (a, b, u); None where not identifiable from the samples
+    stderr: tuple[float | None, float | None, float | None]
+    cov: tuple[tuple[float, ...], ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "r2": self.r2,
+            "residuals": list(self.residuals),
+            "stderr": list(self.stderr),
+            "cov": None if self.cov is None else [list(r) for r in self.cov],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FitStats:
+        se = tuple(d.get("stderr") or (None, None, None))
+        cov = d.get("cov")
+        return cls(
+            n=int(d["n"]),
+            r2=d.get("r2"),
+            residuals=tuple(float(x) for x in d.get("residuals", ())),
+            stderr=(se[0], se[1], se[2]),
+            cov=None if cov is None else tuple(tuple(float(x) for x in r) for r in cov),
+        )
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Raw observations a model was fitted on (sizes in bytes, rates in requests/s)."""
+
+    sizes: tuple[float, ...]
+    values: tuple[float, ...]
+    rates: tuple[float, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sizes": list(self.sizes), "values": list(self.values), "rates": None if self.rates is None else list(self.rates)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Samples:
+        r = d.get("rates")
+        return cls(tuple(d["sizes"]), tuple(d["values"]), None if r is None else tuple(r))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """``y(s) = intercept + slope·s + per_unit·extra_units(s)``; see the module docstring.
+
+    ``note`` says where unfitted parameters come from (e.g. "published; slope not published").
+    """
+
+    intercept: float = 0.0
+    slope: float = 0.0
+    split_bytes: int | None = None
+    per_unit: float = 0.0
+    stats: FitStats | None = None
+    samples: Samples | None = None
+    note: str = ""
+
+    # ---- fit/predict -------------------------------------------------------------------
+    @classmethod
+    def fit(
+        cls,
+        sizes: npt.ArrayLike,
+        values: npt.ArrayLike,
+        *,
+        split_bytes: int | None = None,
+        rates: npt.ArrayLike | None = None,
+        note: str = "",
+    ) -> CostModel:
+        """Least-squares fit; with one distinct size only the intercept is fitted (slope 0)."""
+        s = np.asarray(sizes, dtype=np.float64)
+        y = np.asarray(values, dtype=np.float64)
+        if s.shape != y.shape or s.ndim != 1 or s.size == 0:
+            raise ValueError(f"need equal-length 1-D sizes and values, got {s.shape} and {y.shape}")
+        if not np.all(np.isfinite(y)):
+            raise ValueError("values contain NaN or infinity")
+        cols = [np.ones_like(s)]
+        names = ["a"]
+        if np.unique(s).size >= 2:
+            cols.append(s)
+            names.append("b")
+        xu = extra_units(s, split_bytes)
+        if split_bytes and np.unique(xu).size >= 2 and np.unique(s).size >= 3:
+            cols.append(xu)
+            names.append("u")
+        X = np.column_stack(cols)
+        beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+        fitted = X @ beta
+        resid = y - fitted
+        n, p = X.shape
+        ss_tot = float(np.sum((y - y.mean()) ** 2))
+        ss_res = float(np.sum(resid**2))
+        r2 = None if ss_tot == 0.0 else 1.0 - ss_res / ss_tot
+        se: list[float | None] = [None, None, None]
+        cov_full: tuple[tuple[float, ...], ...] | None = None
+        if n > p:
+            sigma2 = ss_res / (n - p)
+            cov = sigma2 * np.linalg.pinv(X.T @ X)
+            full = np.zeros((3, 3))
+            idx = ["abu".index(k) for k in names]
+            full[np.ix_(idx, idx)] = cov
+            cov_full = tuple(tuple(float(x) for x in row) for row in full)
+            for j, k in enumerate(names):
+                se["abu".index(k)] = math.sqrt(max(float(cov[j, j]), 0.0))
+        params = dict(zip(names, (float(v) for v in beta)))
+        return cls(
+            intercept=params.get("a", 0.0),
+            slope=params.get("b", 0.0),
+            split_bytes=split_bytes,
+            per_unit=params.get("u", 0.0),
+            stats=FitStats(n=n, r2=r2, residuals=tuple(float(r) for r in resid), stderr=(se[0], se[1], se[2]), cov=cov_full),
+            samples=Samples(
+                tuple(float(x) for x in s),
+                tuple(float(x) for x in y),
+                None if rates is None else tuple(float(x) for x in np.asarray(rates, dtype=np.float64)),
+            ),
+            note=note,
+        )
+
+    def predict(self, sizes: npt.ArrayLike) -> FloatArray:
+        s = np.asarray(sizes, dtype=np.float64)
+        return self.intercept + self.slope * s + self.per_unit * extra_units(s, self.split_bytes)
+
+    def stderr_at(self, sizes: npt.ArrayLike) -> FloatArray:
+        """Standard error of the fitted mean at ``sizes`` (zeros when the fit has none)."""
+        s = np.asarray(sizes, dtype=np.float64)
+        if self.stats is None or self.stats.cov is None:
+            return np.zeros_like(s)
+        c = np.asarray(self.stats.cov)
+        X = np.stack([np.ones_like(s), s, extra_units(s, self.split_bytes)], axis=-1)
+        var = np.einsum("...i,ij,...j->...", X, c, X)
+        return np.sqrt(np.maximum(var, 0.0))
+
+    # ---- transformations ---------------------------------------------------------------
+    def scaled(self, factor: float) -> CostModel:
+        """Every parameter times ``factor`` (a what-if speedup); fit stats are dropped."""
+        return replace(
+            self,
+            intercept=self.intercept * factor,
+            slope=self.slope * factor,
+            per_unit=self.per_unit * factor,
+            stats=None,
+            note=(self.note + f"; scaled ×{factor:g}").lstrip("; "),
+        )
+
+    def shifted(self, delta: float) -> CostModel:
+        """Intercept moved by ``delta`` (used to build confidence bounds)."""
+        return replace(self, intercept=self.intercept + delta)
+
+    # ---- serialization -----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "intercept": self.intercept,
+            "slope": self.slope,
+            "split_bytes": self.split_bytes,
+            "per_unit": self.per_unit,
+            "stats": None if self.stats is None else self.stats.to_dict(),
+            "samples": None if self.samples is None else self.samples.to_dict(),
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CostModel:
+        return cls(
+            intercept=float(d.get("intercept", 0.0)),
+            slope=float(d.get("slope", 0.0)),
+            split_bytes=d.get("split_bytes"),
+            per_unit=float(d.get("per_unit", 0.0)),
+            stats=None if d.get("stats") is None else FitStats.from_dict(d["stats"]),
+            samples=None if d.get("samples") is None else Samples.from_dict(d["samples"]),
+            note=str(d.get("note", "")),
+        )
+
+
+ZERO = CostModel(note="zero")
+
+
+@dataclass(frozen=True)
+class ComponentModel:
+    """Latency (µs per message) and CPU (CPU-µs per message) of one component."""
+
+    latency: CostModel = field(default_factory=CostModel)
+    cpu: CostModel = field(default_factory=CostModel)
+
+    def scaled(self, factor: float) -> ComponentModel:
+        return ComponentModel(self.latency.scaled(factor), self.cpu.scaled(factor))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"latency": self.latency.to_dict(), "cpu": self.cpu.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ComponentModel:
+        return cls(CostModel.from_dict(d["latency"]), CostModel.from_dict(d["cpu"]))

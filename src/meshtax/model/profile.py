@@ -1,0 +1,201 @@
+"""Profiles: per-platform, per-mode cost models of every component, with provenance."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from meshtax.model.components import Component
+from meshtax.model.costmodel import ComponentModel
+from meshtax.model.sidecar import Mode
+
+#: Version of the profile document format (bump with a dated note when it changes).
+#: 1 — 2026-11-22: first format.
+PROFILE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What a profile was measured on. Profiles of different platforms are never mixed."""
+
+    cpu_model: str
+    cores: int
+    kernel: str
+    proxy: str = "envoy"
+    proxy_version: str = ""
+    config_hash: str = ""
+
+    @property
+    def key(self) -> str:
+        """Stable identifier of the platform (hash of every field)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def same_host(self, other: Platform) -> bool:
+        """Same CPU model, core count and kernel (the proxy may still differ)."""
+        return (self.cpu_model, self.cores, self.kernel) == (other.cpu_model, other.cores, other.kernel)
+
+    def describe(self) -> str:
+        proxy = f"{self.proxy} {self.proxy_version}".strip()
+        return f"{self.cpu_model}, {self.cores} cores, Linux {self.kernel}, {proxy}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cpu_model": self.cpu_model,
+            "cores": self.cores,
+            "kernel": self.kernel,
+            "proxy": self.proxy,
+            "proxy_version": self.proxy_version,
+            "config_hash": self.config_hash,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Platform:
+        return cls(
+            cpu_model=str(d["cpu_model"]),
+            cores=int(d["cores"]),
+            kernel=str(d["kernel"]),
+            proxy=str(d.get("proxy", "envoy")),
+            proxy_version=str(d.get("proxy_version", "")),
+            config_hash=str(d.get("config_hash", "")),
+        )
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Who or what produced a profile, when, and with which options."""
+
+    source: str  # "measured" | "published" | "derived"
+    by: str
+    created: str
+    tool_version: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "by": self.by,
+            "created": self.created,
+            "tool_version": self.tool_version,
+            "options": dict(self.options),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Provenance:
+        return cls(
+            source=str(d["source"]),
+            by=str(d["by"]),
+            created=str(d["created"]),
+            tool_version=str(d.get("tool_version", "")),
+            options=dict(d.get("options", {})),
+            notes=tuple(d.get("notes", ())),
+        )
+
+
+@dataclass(frozen=True)
+class Closure:
+    """Does the sum of components match the directly measured overhead?"""
+
+    measured_us: float
+    measured_lo_us: float
+    measured_hi_us: float
+    components_us: float
+    tolerance: float
+
+    @property
+    def error(self) -> float:
+        return (self.components_us - self.measured_us) / self.measured_us if self.measured_us else float("inf")
+
+    @property
+    def closes(self) -> bool:
+        return abs(self.error) <= self.tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "measured_us": self.measured_us,
+            "measured_lo_us": self.measured_lo_us,
+            "measured_hi_us": self.measured_hi_us,
+            "components_us": self.components_us,
+            "tolerance": self.tolerance,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Closure:
+        return cls(**{k: float(d[k]) for k in ("measured_us", "measured_lo_us", "measured_hi_us", "components_us", "tolerance")})
+
+
+@dataclass(frozen=True)
+class ModeProfile:
+    """Component models of one protocol mode. Filters are components of kind FILTER."""
+
+    mode: Mode
+    components: Mapping[Component, ComponentModel]
+    closure: Closure | None = None
+
+    def filters(self) -> tuple[str, ...]:
+        return tuple(sorted(c.name for c in self.components if c.name))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.value,
+            "components": {c.key: m.to_dict() for c, m in sorted(self.components.items())},
+            "closure": None if self.closure is None else self.closure.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModeProfile:
+        return cls(
+            mode=Mode(d["mode"]),
+            components={Component.parse(k): ComponentModel.from_dict(v) for k, v in d["components"].items()},
+            closure=None if d.get("closure") is None else Closure.from_dict(d["closure"]),
+        )
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A platform's sidecar cost models, per protocol mode, with provenance.
+
+    Models are per message crossing one sidecar once (one direction); a request and its
+    response through one sidecar cost two such crossings.
+    """
+
+    name: str
+    platform: Platform
+    provenance: Provenance
+    modes: Mapping[Mode, ModeProfile]
+
+    def mode(self, mode: Mode) -> ModeProfile:
+        try:
+            return self.modes[mode]
+        except KeyError:
+            have = ", ".join(m.value for m in self.modes) or "none"
+            raise KeyError(f"profile {self.name!r} has no {mode.value} mode (has: {have})") from None
+
+    def with_modes(self, modes: Iterable[ModeProfile], **changes: Any) -> Profile:
+        return replace(self, modes={m.mode: m for m in modes}, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PROFILE_FORMAT,
+            "name": self.name,
+            "platform": self.platform.to_dict(),
+            "provenance": self.provenance.to_dict(),
+            "modes": {m.value: mp.to_dict() for m, mp in self.modes.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Profile:
+        fmt = d.get("format", PROFILE_FORMAT)
+        if fmt > PROFILE_FORMAT:
+            raise ValueError(f"profile format {fmt} is newer than this meshtax understands ({PROFILE_FORMAT})")
+        return cls(
+            name=str(d["name"]),
+            platform=Platform.from_dict(d["platform"]),
+            provenance=Provenance.from_dict(d["provenance"]),
+            modes={Mode(k): ModeProfile.from_dict(v) for k, v in d["modes"].items()},
+        )
