@@ -1,0 +1,60 @@
+"""Which CPU placement gives the lowest, most stable latency for client → Envoy → echo?
+
+Run by hand (root not needed; loopback only): ``.venv/bin/python benchmarks/profile_pinning.py``.
+Prints, per placement and mode, the median over repeats of fortio's p50 and p90 (µs) with
+and without Envoy, and the spread (max-min of the per-run p50s). Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from meshtax.profile.envoy import EnvoyConfig, EnvoyProcess
+from meshtax.profile.fortio import FortioServer, run_load
+from meshtax.profile.pinning import Pinning
+from meshtax.profile.stats import median
+from meshtax.profile.system import RealSystem
+
+PORTS = {"http": 47380, "grpc": 47379, "tcp": 47378}
+SIDECAR_PORT, ADMIN_PORT = 47306, 47300
+PLACEMENTS = [
+    Pinning(),
+    Pinning(client=(0,), sidecars=(1,), app=(1,)),
+    Pinning(client=(0,), sidecars=(1,), app=(0,)),
+    Pinning(client=(0,), sidecars=(0,), app=(1,)),
+    Pinning(client=(0,), sidecars=(0,), app=(0,)),
+    Pinning(client=(1,), sidecars=(0,), app=(0,)),
+]
+
+
+def main(modes: list[str], repeats: int = 5, n: int = 3000, size: int = 100) -> None:
+    system = RealSystem()
+    work = Path(tempfile.mkdtemp(prefix="meshtax-pin-"))
+    for pin in PLACEMENTS:
+        with FortioServer(system, work / "srv", http_port=PORTS["http"], grpc_port=PORTS["grpc"],
+                          tcp_port=PORTS["tcp"], place=pin.place("app")):
+            for mode in modes:
+                up = ("127.0.0.1", PORTS[mode])
+                cfg = EnvoyConfig(mode=mode, listen_address="127.0.0.1", inbound_port=SIDECAR_PORT,
+                                  outbound_port=SIDECAR_PORT + 1, admin_port=ADMIN_PORT,
+                                  inbound_upstream=up, outbound_upstream=up)
+                with EnvoyProcess(system, cfg, work / mode, place=pin.place("sidecars")):
+                    p50: dict[str, list[float]] = {"direct": [], "envoy": []}
+                    p90: dict[str, list[float]] = {"direct": [], "envoy": []}
+                    for _ in range(repeats):
+                        for name, port in (("direct", PORTS[mode]), ("envoy", SIDECAR_PORT)):
+                            r = run_load(f"127.0.0.1:{port}", mode, size, 0, n=n, place=pin.place("client"))
+                            p50[name].append(r.p50_us)
+                            p90[name].append(r.p90_us)
+                    cells = []
+                    for name in ("direct", "envoy"):
+                        cells.append(f"{name} p50 {median(p50[name]):6.1f} (spread {max(p50[name]) - min(p50[name]):5.1f})"
+                                     f" p90 {median(p90[name]):6.1f}")
+                    over = median(p50["envoy"]) - median(p50["direct"])
+                    print(f"{pin.describe():34s} {mode:4s} " + " | ".join(cells) + f" | overhead {over:6.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["tcp", "http", "grpc"])

@@ -1,0 +1,55 @@
+"""Deliberate CPU placement of the load generator, the sidecars and the app.
+
+On a small machine where a cross-CPU wake-up costs tens of µs, where each party runs is part of
+the measurement, so it is chosen explicitly and recorded with the results.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from meshtax.profile.system import Placement
+
+__all__ = ["UNPINNED", "Pinning", "available_cpus"]
+
+
+def available_cpus() -> tuple[int, ...]:
+    """CPUs this process may run on (its affinity mask)."""
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+
+@dataclass(frozen=True)
+class Pinning:
+    """CPU sets for the load client, the sidecars and the app; ``None`` means unpinned."""
+
+    client: tuple[int, ...] | None = None
+    sidecars: tuple[int, ...] | None = None
+    app: tuple[int, ...] | None = None
+
+    def place(self, role: str, netns: str | None = None, uid: int | None = None) -> Placement:
+        """The :class:`Placement` for ``role`` (``client``, ``sidecars`` or ``app``)."""
+        cpus: tuple[int, ...] | None = getattr(self, role)
+        return Placement(netns=netns, cpus=cpus, uid=uid)
+
+    def describe(self) -> str:
+        def f(c: tuple[int, ...] | None) -> str:
+            return "*" if c is None else ",".join(map(str, c))
+
+        return f"client={f(self.client)} sidecars={f(self.sidecars)} app={f(self.app)}"
+
+    def to_dict(self) -> dict[str, list[int] | None]:
+        return {
+            k: (None if v is None else list(v))
+            for k, v in (("client", self.client), ("sidecars", self.sidecars), ("app", self.app))
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, list[int] | None]) -> Pinning:
+        def t(v: list[int] | None) -> tuple[int, ...] | None:
+            return None if v is None else tuple(v)
+
+        return cls(client=t(d.get("client")), sidecars=t(d.get("sidecars")), app=t(d.get("app")))
+
+
+UNPINNED = Pinning()
