@@ -89,7 +89,7 @@ def test_grpc_is_http2_on_both_sides() -> None:
 
 
 def test_static_upstreams_and_addresses() -> None:
-    cfg = EnvoyConfig(mode="tcp", listen_address="127.0.0.1", inbound_port=1, outbound_port=2,
+    cfg = EnvoyConfig(mode=Mode.TCP, listen_address="127.0.0.1", inbound_port=1, outbound_port=2,
                       admin_port=3, inbound_upstream=("127.0.0.1", 9), outbound_upstream=("10.1.0.2", 8))
     b = bootstrap(cfg)
     c = _clusters(b)
@@ -101,33 +101,33 @@ def test_static_upstreams_and_addresses() -> None:
 
 
 def test_http_filters_go_before_the_router() -> None:
-    b = bootstrap(EnvoyConfig(mode="http", http_filters=(FAULT,)))
+    b = bootstrap(EnvoyConfig(mode=Mode.HTTP, http_filters=(FAULT,)))
     names = [f["name"] for f in _net_filter(b, 0)["typed_config"]["http_filters"]]
     assert names == ["envoy.filters.http.fault", "envoy.filters.http.router"]
     with pytest.raises(ValueError):
-        EnvoyConfig(mode="tcp", http_filters=(FAULT,))
+        EnvoyConfig(mode=Mode.TCP, http_filters=(FAULT,))
 
 
 @pytest.mark.parametrize("mode", ["tcp", "http"])
 def test_access_log_when_asked(mode: str) -> None:
-    b = bootstrap(EnvoyConfig(mode=mode, access_log_path="/tmp/a.log"))
+    b = bootstrap(EnvoyConfig(mode=Mode(mode), access_log_path="/tmp/a.log"))
     (log,) = _net_filter(b, 1)["typed_config"]["access_log"]
     assert log["typed_config"]["path"] == "/tmp/a.log"
 
 
 def test_config_hash_is_canonical_and_key_ignores_placement() -> None:
-    b = bootstrap(EnvoyConfig(mode="http"))
+    b = bootstrap(EnvoyConfig(mode=Mode.HTTP))
     shuffled = json.loads(json.dumps(b, sort_keys=False))
     shuffled = dict(reversed(list(shuffled.items())))
     assert config_hash(shuffled) == config_hash(b)
     assert len(config_hash(b)) == 64
-    base = EnvoyConfig(mode="http")
-    moved = EnvoyConfig(mode="http", listen_address="127.0.0.1", inbound_port=40000, admin_port=40001,
+    base = EnvoyConfig(mode=Mode.HTTP)
+    moved = EnvoyConfig(mode=Mode.HTTP, listen_address="127.0.0.1", inbound_port=40000, admin_port=40001,
                         inbound_upstream=("127.0.0.1", 1))
     assert moved.key() == base.key()
-    assert EnvoyConfig(mode="grpc").key() != base.key()
-    assert EnvoyConfig(mode="http", http_filters=(FAULT,)).key() != base.key()
-    assert EnvoyConfig(mode="http", access_log_path="/dev/null").key() != base.key()
+    assert EnvoyConfig(mode=Mode.GRPC).key() != base.key()
+    assert EnvoyConfig(mode=Mode.HTTP, http_filters=(FAULT,)).key() != base.key()
+    assert EnvoyConfig(mode=Mode.HTTP, access_log_path="/dev/null").key() != base.key()
 
 
 def test_envoy_argv() -> None:
@@ -161,7 +161,7 @@ def _admin(ready: str) -> FakeSystem:
 
 def test_process_start_places_and_reads_admin_in_the_pod(tmp_path: Path) -> None:
     fake = _admin("LIVE\n")
-    cfg = EnvoyConfig(mode="http", admin_port=15000)
+    cfg = EnvoyConfig(mode=Mode.HTTP, admin_port=15000)
     ep = EnvoyProcess(fake, cfg, tmp_path, place=Placement(netns="pod-a", cpus=(1,), uid=1337),
                       binary=Path("/e"))
     with ep:
@@ -220,11 +220,11 @@ def test_real_version() -> None:
 @pytest.mark.parametrize(
     "cfg",
     [
-        EnvoyConfig(mode="tcp"),
-        EnvoyConfig(mode="http"),
-        EnvoyConfig(mode="grpc"),
-        EnvoyConfig(mode="http", http_filters=(FAULT,), access_log_path="/dev/null"),
-        EnvoyConfig(mode="grpc", inbound_upstream=("127.0.0.1", 9080), outbound_upstream=("127.0.0.1", 9080)),
+        EnvoyConfig(mode=Mode.TCP),
+        EnvoyConfig(mode=Mode.HTTP),
+        EnvoyConfig(mode=Mode.GRPC),
+        EnvoyConfig(mode=Mode.HTTP, http_filters=(FAULT,), access_log_path="/dev/null"),
+        EnvoyConfig(mode=Mode.GRPC, inbound_upstream=("127.0.0.1", 9080), outbound_upstream=("127.0.0.1", 9080)),
     ],
     ids=["tcp", "http", "grpc", "http-filter-log", "grpc-static"],
 )
@@ -234,7 +234,7 @@ def test_real_validate(cfg: EnvoyConfig) -> None:
 
 @need_envoy
 def test_real_validate_rejects() -> None:
-    b = bootstrap(EnvoyConfig(mode="http"))
+    b = bootstrap(EnvoyConfig(mode=Mode.HTTP))
     b["static_resources"]["clusters"][0]["type"] = "NOT_A_TYPE"
     with pytest.raises(EnvoyError, match="NOT_A_TYPE"):
         validate_config(b)
@@ -295,10 +295,10 @@ def test_two_sidecars_side_by_side(echo: dict[Mode, int], tmp_path: Path) -> Non
     """Two Envoys on one machine do not collide (no hot-restart shared memory)."""
     p = free_ports(6)
     app = ("127.0.0.1", echo[Mode.TCP])
-    a = EnvoyConfig(mode="tcp", listen_address="127.0.0.1", inbound_port=p[0], outbound_port=p[1],
+    a = EnvoyConfig(mode=Mode.TCP, listen_address="127.0.0.1", inbound_port=p[0], outbound_port=p[1],
                     admin_port=p[2], inbound_upstream=app, outbound_upstream=app)
     # chain b's outbound into a's inbound: client → b → a → echo
-    b = EnvoyConfig(mode="tcp", listen_address="127.0.0.1", inbound_port=p[3], outbound_port=p[4],
+    b = EnvoyConfig(mode=Mode.TCP, listen_address="127.0.0.1", inbound_port=p[3], outbound_port=p[4],
                     admin_port=p[5], inbound_upstream=app, outbound_upstream=("127.0.0.1", p[0]))
     with EnvoyProcess(RealSystem(), a, tmp_path / "a") as ea, \
             EnvoyProcess(RealSystem(), b, tmp_path / "b") as eb:

@@ -48,23 +48,23 @@ COMMON = ["/x/fortio", "load", "-quiet", "-json", "-", "-c"]
              "-n", "1000", "-payload-size", "100", "http://127.0.0.1:8080/echo"],
         ),
         (
-            LoadSpec("10.0.0.2:9080", "grpc", 4096, 500, connections=4, duration_s=2.5),
+            LoadSpec("10.0.0.2:9080", Mode.GRPC, 4096, 500, connections=4, duration_s=2.5),
             ["4", "-qps", "500", "-r", "1e-06", "-p", "50,90,99,99.9", "-timeout", "3s",
              "-t", "2.5s", "-payload-size", "4096", "-grpc", "-ping", "10.0.0.2:9080"],
         ),
         (
-            LoadSpec("127.0.0.1:7", "tcp", 0, 0, n=10, resolution_s=1e-7, percentiles=(50.0,)),
+            LoadSpec("127.0.0.1:7", Mode.TCP, 0, 0, n=10, resolution_s=1e-7, percentiles=(50.0,)),
             ["1", "-qps", "0", "-r", "1e-07", "-p", "50", "-timeout", "3s",
              "-n", "10", "tcp://127.0.0.1:7"],
         ),
         (
-            LoadSpec("127.0.0.1:8080", "http", 1 << 20, 0, n=5),
+            LoadSpec("127.0.0.1:8080", Mode.HTTP, 1 << 20, 0, n=5),
             ["1", "-qps", "0", "-r", "1e-06", "-p", "50,90,99,99.9", "-timeout", "3s",
              "-n", "5", "-payload-size", "1048576", "-maxpayloadsizekb", "1025",
              "http://127.0.0.1:8080/echo"],
         ),
         (
-            LoadSpec("http://127.0.0.1:8080/echo?status=503", "http", 0, 0, n=5),
+            LoadSpec("http://127.0.0.1:8080/echo?status=503", Mode.HTTP, 0, 0, n=5),
             ["1", "-qps", "0", "-r", "1e-06", "-p", "50,90,99,99.9", "-timeout", "3s",
              "-n", "5", "http://127.0.0.1:8080/echo?status=503"],
         ),
@@ -90,7 +90,7 @@ def test_load_spec_rejects(kwargs: dict[str, float]) -> None:
 
 
 def test_parse_http_ok() -> None:
-    spec = LoadSpec("127.0.0.1:47080", "http", 100, 0, n=200)
+    spec = LoadSpec("127.0.0.1:47080", Mode.HTTP, 100, 0, n=200)
     r = parse_result(fixture("fortio_http_ok.json"), spec)
     assert (r.count, r.errors, dict(r.ret_codes), r.sockets, r.version) == (200, 0, {"200": 200}, 1, "1.68.2")
     assert r.min_us == pytest.approx(25.599)
@@ -138,7 +138,7 @@ def test_zero_calls_is_a_failed_measurement() -> None:
     doc["DurationHistogram"] = {"Count": 0, "Min": 0, "Max": 0, "Avg": 0, "Percentiles": None}
     doc["RetCodes"] = {}
     with pytest.raises(LoadFailed, match="no calls"):
-        check_result(parse_result(doc, LoadSpec("h:1", "tcp", 0, 0, n=1)))
+        check_result(parse_result(doc, LoadSpec("h:1", Mode.TCP, 0, 0, n=1)))
 
 
 def _answer(stdout: str, rc: int = 0, stderr: str = "") -> FakeSystem:
@@ -158,7 +158,7 @@ def test_run_spec_places_and_parses() -> None:
 
 
 def test_run_spec_failures() -> None:
-    spec = LoadSpec("127.0.0.1:1", "tcp", 10, 0, n=5)
+    spec = LoadSpec("127.0.0.1:1", Mode.TCP, 10, 0, n=5)
     with pytest.raises(LoadFailed, match="exited 1: boom"):
         run_spec(spec, _answer("", rc=1, stderr="boom"), binary=BIN)
     with pytest.raises(FortioError, match="no JSON"):
