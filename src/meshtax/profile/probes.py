@@ -1,0 +1,409 @@
+"""The eBPF sidecar probe (``bpf/sidecar``) from Python.
+
+The probe aggregates in kernel maps, per thread of the target processes:
+
+* **Read** / **Write**: wall time of read-family (read, readv, recvfrom, recvmsg, recvmmsg) and
+  write-family (write, writev, sendto, sendmsg, sendmmsg) syscalls, ``raw_syscalls`` enter→exit,
+  with bytes returned. On loopback the receiver's whole RX path runs inside the sender's
+  write (softirq on ``local_bh_enable``), so Write *includes* IPC; subtract it downstream.
+* **Notification**: ``sched:sched_wakeup`` of a thread sleeping in ``epoll_wait``/
+  ``epoll_pwait``/``epoll_pwait2`` → the return of that call (only calls that slept).
+* **on-CPU split**: ``sched:sched_switch`` in/out plus syscall boundaries split each thread's
+  on-CPU time into user (between syscalls — Parsing/Filter/Other are computed from it) and sys.
+  Interrupts and softirqs are charged to whatever thread they interrupt.
+
+and, for the first target's network namespace (not per thread):
+
+* **IPC**: ``net:net_dev_queue`` on ``lo`` → ``net:netif_receive_skb`` on ``lo`` of the same skb
+  (keyed by address): loopback device delivery (qdisc-less xmit, backlog queue, softirq
+  pick-up). It does not include the TCP/IP processing on either side.
+
+:class:`RealProbe` runs the loader through :class:`~meshtax.profile.system.System`;
+:class:`FakeProbe` returns scripted readings. Parsing (:func:`parse_reading`) is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from meshtax.profile.system import Placement, Process, RealSystem, System
+
+__all__ = [
+    "FORMAT_VERSION",
+    "FakeProbe",
+    "IpcStat",
+    "OpStat",
+    "ProbeError",
+    "ProbeReading",
+    "ProbeSession",
+    "ProbeUnavailable",
+    "ProgramStat",
+    "RealProbe",
+    "ThreadReading",
+    "parse_reading",
+    "probe_binary",
+]
+
+FORMAT_VERSION = 1
+READY_MARK = "sidecar: ready"
+# counters in the loader's JSON that mean an event was not accounted
+_LOSS_COUNTERS = ("thread_map_full", "exit_unmatched", "skb_map_full")
+
+
+class ProbeError(RuntimeError):
+    """The probe failed to start, died, or printed something unparseable."""
+
+
+class ProbeUnavailable(ProbeError):
+    """The probe binary is not built (needs clang, bpftool, libbpf and kernel BTF)."""
+
+
+@dataclass(frozen=True)
+class OpStat:
+    """Calls of one class: how many, total wall ns, bytes returned, error returns."""
+
+    count: int = 0
+    ns: int = 0
+    bytes: int = 0
+    errors: int = 0
+
+    @property
+    def mean_ns(self) -> float:
+        return self.ns / self.count if self.count else 0.0
+
+    def __add__(self, other: OpStat) -> OpStat:
+        return OpStat(
+            self.count + other.count,
+            self.ns + other.ns,
+            self.bytes + other.bytes,
+            self.errors + other.errors,
+        )
+
+
+@dataclass(frozen=True)
+class ThreadReading:
+    """Aggregates of one thread (or a sum of threads when ``tid`` is 0)."""
+
+    tid: int
+    tgid: int
+    comm: str
+    read: OpStat
+    write: OpStat
+    epoll: OpStat
+    notify: OpStat
+    syscalls: int
+    sys_ns: int
+    oncpu_ns: int
+    user_ns: int
+    sys_cpu_ns: int
+    unknown_cpu_ns: int
+    switches_in: int
+
+    def __add__(self, other: ThreadReading) -> ThreadReading:
+        same = self.tgid == other.tgid
+        return ThreadReading(
+            tid=0,
+            tgid=self.tgid if same else 0,
+            comm=self.comm if self.comm == other.comm else "",
+            read=self.read + other.read,
+            write=self.write + other.write,
+            epoll=self.epoll + other.epoll,
+            notify=self.notify + other.notify,
+            syscalls=self.syscalls + other.syscalls,
+            sys_ns=self.sys_ns + other.sys_ns,
+            oncpu_ns=self.oncpu_ns + other.oncpu_ns,
+            user_ns=self.user_ns + other.user_ns,
+            sys_cpu_ns=self.sys_cpu_ns + other.sys_cpu_ns,
+            unknown_cpu_ns=self.unknown_cpu_ns + other.unknown_cpu_ns,
+            switches_in=self.switches_in + other.switches_in,
+        )
+
+
+EMPTY_THREAD = ThreadReading(
+    0, 0, "", OpStat(), OpStat(), OpStat(), OpStat(), 0, 0, 0, 0, 0, 0, 0
+)
+
+
+@dataclass(frozen=True)
+class IpcStat:
+    """Loopback skbs timed from queue to receive (``method`` says which tracepoints)."""
+
+    method: str
+    count: int
+    ns: int
+    bytes: int
+    max_ns: int
+
+    @property
+    def mean_ns(self) -> float:
+        return self.ns / self.count if self.count else 0.0
+
+
+@dataclass(frozen=True)
+class ProgramStat:
+    """Kernel-side cost of one BPF program; ``recursion_misses`` are events it missed."""
+
+    name: str
+    run_cnt: int
+    run_time_ns: int
+    recursion_misses: int
+
+
+@dataclass(frozen=True)
+class ProbeReading:
+    """One probe window: per-thread aggregates, totals, IPC and the probe's own counters."""
+
+    pids: tuple[int, ...]
+    netns: int
+    duration_ns: int
+    threads: tuple[ThreadReading, ...]
+    total: ThreadReading
+    ipc: IpcStat
+    counters: Mapping[str, int]
+    programs: tuple[ProgramStat, ...]
+    stats_enabled: bool
+    version: int = FORMAT_VERSION
+
+    @property
+    def dropped(self) -> int:
+        """Events the probe saw but could not account, plus events the kernel skipped."""
+        lost = sum(self.counters.get(k, 0) for k in _LOSS_COUNTERS)
+        return lost + sum(p.recursion_misses for p in self.programs)
+
+    @property
+    def probe_ns(self) -> int:
+        """Total time spent in the probe's BPF programs (0 when stats were unavailable)."""
+        return sum(p.run_time_ns for p in self.programs)
+
+    def process(self, tgid: int) -> ThreadReading:
+        """Sum over the threads of one process."""
+        out = EMPTY_THREAD
+        for t in self.threads:
+            if t.tgid == tgid:
+                out = out + t
+        return replace(out, tgid=tgid, tid=0)
+
+    def components(self) -> dict[str, OpStat]:
+        """Per-component totals over all threads: read, write, notification, ipc, user.
+
+        ``user`` carries on-CPU ns outside syscalls (count = syscalls, the number of user
+        segments' boundaries); ``ipc`` bytes are IP packet lengths.
+        """
+        t = self.total
+        return {
+            "read": t.read,
+            "write": t.write,
+            "notification": t.notify,
+            "ipc": OpStat(self.ipc.count, self.ipc.ns, self.ipc.bytes, 0),
+            "user": OpStat(t.syscalls, t.user_ns, 0, 0),
+        }
+
+
+def _op(d: Mapping[str, Any]) -> OpStat:
+    return OpStat(int(d["count"]), int(d["ns"]), int(d["bytes"]), int(d["errors"]))
+
+
+def _thread(d: Mapping[str, Any], tid: int = 0, tgid: int = 0, comm: str = "") -> ThreadReading:
+    return ThreadReading(
+        tid=int(d.get("tid", tid)),
+        tgid=int(d.get("tgid", tgid)),
+        comm=str(d.get("comm", comm)),
+        read=_op(d["read"]),
+        write=_op(d["write"]),
+        epoll=_op(d["epoll"]),
+        notify=_op(d["notify"]),
+        syscalls=int(d["syscalls"]),
+        sys_ns=int(d["sys_ns"]),
+        oncpu_ns=int(d["oncpu_ns"]),
+        user_ns=int(d["user_ns"]),
+        sys_cpu_ns=int(d["sys_cpu_ns"]),
+        unknown_cpu_ns=int(d["unknown_cpu_ns"]),
+        switches_in=int(d["switches_in"]),
+    )
+
+
+def parse_reading(text: str) -> ProbeReading:
+    """Parse the loader's one JSON object. Raises :class:`ProbeError` on anything else."""
+    try:
+        d = json.loads(text)
+        if d.get("tool") != "sidecar" or d.get("version") != FORMAT_VERSION:
+            raise ProbeError(
+                f"not a sidecar v{FORMAT_VERSION} reading: tool={d.get('tool')!r} "
+                f"version={d.get('version')!r}"
+            )
+        ipc = d["ipc"]
+        return ProbeReading(
+            pids=tuple(int(p) for p in d["pids"]),
+            netns=int(d["netns"]),
+            duration_ns=int(d["duration_ns"]),
+            threads=tuple(sorted((_thread(t) for t in d["threads"]), key=lambda t: t.tid)),
+            total=_thread(d["total"]),
+            ipc=IpcStat(
+                str(ipc["method"]),
+                int(ipc["count"]),
+                int(ipc["ns"]),
+                int(ipc["bytes"]),
+                int(ipc["max_ns"]),
+            ),
+            counters={str(k): int(v) for k, v in d["counters"].items()},
+            programs=tuple(
+                ProgramStat(
+                    str(p["name"]),
+                    int(p["run_cnt"]),
+                    int(p["run_time_ns"]),
+                    int(p["recursion_misses"]),
+                )
+                for p in d["programs"]
+            ),
+            stats_enabled=bool(d["stats_enabled"]),
+            version=int(d["version"]),
+        )
+    except ProbeError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ProbeError(f"unparseable probe output ({e!r}): {text[:200]!r}") from e
+
+
+class ProbeSession(Protocol):
+    """A probe window: ``start`` on some processes, ``stop`` to get the reading.
+
+    ``close`` ends a running window without a reading (idempotent); use it in ``finally``.
+    """
+
+    def start(self, pids: Sequence[int]) -> None: ...
+
+    def stop(self) -> ProbeReading: ...
+
+    def close(self) -> None: ...
+
+
+def probe_binary() -> Path:
+    """The built loader: ``bpf/.output/sidecar`` of the source tree this package lives in."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        cand = parent / "bpf" / ".output" / "sidecar"
+        if cand.is_file():
+            return cand
+        if (parent / "bpf" / "Makefile").is_file():
+            raise ProbeUnavailable(
+                f"{cand} is not built: run `make -C {parent / 'bpf'}` "
+                "(needs clang, bpftool, libbpf-dev and /sys/kernel/btf/vmlinux)"
+            )
+    raise ProbeUnavailable("bpf/ sources not found next to the meshtax package")
+
+
+@dataclass
+class RealProbe:
+    """Runs ``sidecar -p PIDS`` as root; ``stop`` sends SIGINT and parses its JSON.
+
+    ``all_netns`` times loopback skbs of every namespace instead of the first PID's.
+    """
+
+    system: System = field(default_factory=RealSystem)
+    binary: Path | None = None
+    all_netns: bool = False
+    ready_timeout: float = 15.0
+    stop_timeout: float = 10.0
+    _proc: Process | None = field(default=None, init=False, repr=False)
+    _dir: Path | None = field(default=None, init=False, repr=False)
+    _files: list[IO[bytes]] = field(default_factory=list, init=False, repr=False)
+
+    def argv(self, pids: Sequence[int]) -> list[str]:
+        if not pids:
+            raise ValueError("no target PIDs")
+        binary = self.binary or probe_binary()
+        out = [str(binary), "-p", ",".join(str(int(p)) for p in pids)]
+        return out + (["-a"] if self.all_netns else [])
+
+    def start(self, pids: Sequence[int]) -> None:
+        if self._proc is not None:
+            raise ProbeError("probe already running")
+        argv = self.argv(pids)
+        self._dir = Path(tempfile.mkdtemp(prefix="meshtax-probe-"))
+        out = open(self._dir / "reading.json", "wb")  # noqa: SIM115 - closed in close()
+        err = open(self._dir / "probe.log", "wb")  # noqa: SIM115
+        self._files = [out, err]
+        self._proc = self.system.spawn(argv, place=Placement(), stdout=out, stderr=err)
+        # the loader says when every program is attached; load must not start earlier
+        deadline = time.monotonic() + self.ready_timeout
+        while READY_MARK not in self._log():
+            if self._proc.poll() is not None:
+                log = self._log().strip()
+                self.close()
+                raise ProbeError(f"probe exited before attaching: {log or '(no output)'}")
+            if time.monotonic() > deadline:
+                self.close()
+                raise ProbeError(f"probe not ready after {self.ready_timeout:.0f} s")
+            time.sleep(0.02)
+
+    def stop(self) -> ProbeReading:
+        proc = self._proc
+        if proc is None or self._dir is None:
+            raise ProbeError("probe not started")
+        try:
+            # SIGINT is the loader's normal end: it prints the maps, then exits
+            self.system.run(["kill", "-s", "INT", str(proc.pid)], check=False)
+            try:
+                rc = proc.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired as e:
+                raise ProbeError(f"probe did not exit {self.stop_timeout:.0f} s after SIGINT") from e
+            text = (self._dir / "reading.json").read_text()
+            if rc != 0:
+                raise ProbeError(f"probe exited {rc}: {self._log().strip()}")
+            return parse_reading(text)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.stop()
+        self._proc = None
+        for f in self._files:
+            f.close()
+        self._files = []
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def _log(self) -> str:
+        if self._dir is None:
+            return ""
+        try:
+            return (self._dir / "probe.log").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+@dataclass
+class FakeProbe:
+    """Returns ``readings`` in order, one per window; records the PIDs of each ``start``."""
+
+    readings: list[ProbeReading]
+    started: list[tuple[int, ...]] = field(default_factory=list)
+    running: bool = False
+
+    def start(self, pids: Sequence[int]) -> None:
+        if self.running:
+            raise ProbeError("probe already running")
+        self.started.append(tuple(pids))
+        self.running = True
+
+    def stop(self) -> ProbeReading:
+        if not self.running:
+            raise ProbeError("probe not started")
+        self.running = False
+        if not self.readings:
+            raise ProbeError("FakeProbe has no more scripted readings")
+        return self.readings.pop(0)
+
+    def close(self) -> None:
+        self.running = False
+
