@@ -4,6 +4,8 @@ Envoy, and a real fortio → Envoy → fortio-echo run on 127.0.0.1 for each mod
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,9 +133,11 @@ def test_config_hash_is_canonical_and_key_ignores_placement() -> None:
 
 
 def test_envoy_argv() -> None:
-    argv = envoy_argv(Path("/e"), Path("/w/envoy.json"), EnvoyConfig(), Path("/w/envoy.log"))
-    assert argv == ["/e", "-c", "/w/envoy.json", "--concurrency", "1", "--disable-hot-restart",
-                    "--log-path", "/w/envoy.log", "-l", "info"]
+    cfg = EnvoyConfig()
+    argv = envoy_argv(Path("/e"), cfg)
+    assert argv[:2] == ["/e", "--config-yaml"]
+    assert json.loads(argv[2]) == bootstrap(cfg)
+    assert argv[3:] == ["--concurrency", "1", "--disable-hot-restart", "-l", "info"]
 
 
 STATS = json.dumps({"stats": [
@@ -169,7 +173,7 @@ def test_process_start_places_and_reads_admin_in_the_pod(tmp_path: Path) -> None
     spawn = fake.calls[0]
     assert spawn[:10] == ("ip", "netns", "exec", "pod-a", "taskset", "-c", "1",
                           "setpriv", "--reuid=1337", "--regid=1337")
-    assert spawn[11:14] == ("/e", "-c", str(tmp_path / "envoy.json"))
+    assert spawn[11:13] == ("/e", "--config-yaml")
     # admin is read inside the namespace, but not as the proxy's uid nor pinned
     assert fake.calls[1][:4] == ("ip", "netns", "exec", "pod-a")
     assert fake.calls[1][4:6] == ("curl", "-sS")
@@ -306,3 +310,70 @@ def test_two_sidecars_side_by_side(echo: dict[Mode, int], tmp_path: Path) -> Non
         assert r.ok
         assert ea.stats()["tcp.inbound.downstream_cx_total"] == 1
         assert eb.stats()["tcp.outbound.downstream_cx_total"] == 1
+
+
+# ---- original_dst behind iptables REDIRECT, in two throwaway namespaces ----------------------
+
+need_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("iptables") is None or shutil.which("ip") is None,
+    reason="needs root, ip and iptables",
+)
+PROXY_UID = 1337
+
+
+@pytest.fixture(scope="module")
+def pod_pair() -> Iterator[tuple[str, str]]:
+    """client ns (10.213.0.1) ⇄ veth ⇄ pod ns (10.213.0.2) with Istio-style capture in the pod:
+    inbound to :8080 → 15006, outbound to the client's :8080 → 15001, proxy UID exempt."""
+    system = RealSystem()
+    tag = f"{os.getpid() % 100000}"
+    cl, pod = f"mtxe{tag}c", f"mtxe{tag}p"
+    run = system.run
+    run(["ip", "netns", "add", cl])
+    try:
+        run(["ip", "netns", "add", pod])
+        try:
+            run(["ip", "link", "add", f"{cl}0", "type", "veth", "peer", "name", f"{pod}0"])
+            for ns, dev, ip in ((cl, f"{cl}0", "10.213.0.1"), (pod, f"{pod}0", "10.213.0.2")):
+                run(["ip", "link", "set", dev, "netns", ns])
+                run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev])
+                run(["ip", "-n", ns, "link", "set", dev, "up"])
+                run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            ipt = ["ip", "netns", "exec", pod, "iptables", "-t", "nat", "-A"]
+            run(ipt + ["PREROUTING", "-p", "tcp", "--dport", "8080", "-j", "REDIRECT", "--to-ports", "15006"])
+            run(ipt + ["OUTPUT", "-p", "tcp", "-m", "owner", "--uid-owner", str(PROXY_UID), "-j", "RETURN"])
+            run(ipt + ["OUTPUT", "-p", "tcp", "-d", "10.213.0.1", "--dport", "8080",
+                       "-j", "REDIRECT", "--to-ports", "15001"])
+            yield cl, pod
+        finally:
+            run(["ip", "netns", "del", pod], check=False)  # takes the veth and the rules with it
+    finally:
+        run(["ip", "netns", "del", cl], check=False)
+
+
+@need_root
+@need_both
+@pytest.mark.root
+@pytest.mark.parametrize("mode", [Mode.TCP, Mode.HTTP, Mode.GRPC])
+def test_real_original_dst_after_redirect(pod_pair: tuple[str, str], mode: Mode, tmp_path: Path) -> None:
+    cl, pod = pod_pair
+    system = RealSystem()
+
+    def echo_in(ns: str, workdir: Path) -> FortioServer:
+        return FortioServer(system, workdir, host="0.0.0.0", place=Placement(netns=ns),
+                            http_port=8080 if mode is Mode.HTTP else None,
+                            grpc_port=8080 if mode is Mode.GRPC else None,
+                            tcp_port=8080 if mode is Mode.TCP else None)
+
+    with echo_in(pod, tmp_path / "app"), echo_in(cl, tmp_path / "peer"), \
+            EnvoyProcess(system, EnvoyConfig(mode=mode), tmp_path / "envoy",
+                         place=Placement(netns=pod, uid=PROXY_UID)) as envoy:
+        inbound = run_load("10.213.0.2:8080", mode, 100, 0, n=50, place=Placement(netns=cl))
+        outbound = run_load("10.213.0.1:8080", mode, 100, 0, n=50, place=Placement(netns=pod))
+        stats = envoy.stats()
+    assert inbound.ok and outbound.ok
+    unit = "upstream_cx_total" if mode is Mode.TCP else "upstream_rq_total"
+    want = 1 if mode is Mode.TCP else 50
+    # both directions went through Envoy, to the recovered original destinations
+    assert stats[f"cluster.inbound_original_dst.{unit}"] >= want
+    assert stats[f"cluster.outbound_original_dst.{unit}"] >= want

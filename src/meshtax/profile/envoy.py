@@ -298,21 +298,22 @@ def parse_stats(text: str) -> dict[str, int]:
     return out
 
 
-def envoy_argv(binary: Path, config_path: Path, cfg: EnvoyConfig, log_path: Path) -> list[str]:
-    """Argv that starts one sidecar.
+def envoy_argv(binary: Path, cfg: EnvoyConfig) -> list[str]:
+    """Argv that starts one sidecar, its bootstrap passed inline.
 
+    ``--config-yaml`` (JSON is YAML) rather than a file, and logs to stderr rather than
+    ``--log-path``: a proxy run as an unprivileged UID (Istio's 1337) can neither traverse a
+    root-owned private temp dir nor create files in it; the caller opens the log for it.
     ``--disable-hot-restart``: no shared-memory region, so several Envoys on one machine (and
     in one namespace) never collide on a base id; we never hot-restart a measured proxy.
     """
     return [
         str(binary),
-        "-c",
-        str(config_path),
+        "--config-yaml",
+        json.dumps(bootstrap(cfg), sort_keys=True, separators=(",", ":")),
         "--concurrency",
         str(cfg.concurrency),
         "--disable-hot-restart",
-        "--log-path",
-        str(log_path),
         "-l",
         cfg.log_level,
         *cfg.extra_args,
@@ -349,11 +350,13 @@ class EnvoyProcess:
         return f"http://{self.cfg.admin_address}:{self.cfg.admin_port}"
 
     def start(self, timeout: float = 15.0) -> None:
-        """Write the bootstrap, spawn Envoy, and wait until admin ``/ready`` says LIVE."""
+        """Spawn Envoy (its bootstrap also saved as ``envoy.json`` for the record) and wait
+        until admin ``/ready`` says LIVE."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         write_config(bootstrap(self.cfg), self.config_path)
-        self._stderr = open(self.workdir / "envoy.stderr", "wb")  # noqa: SIM115
-        argv = envoy_argv(self.binary, self.config_path, self.cfg, self.log_path)
+        # opened here (as root) and inherited: works whatever UID the proxy runs as
+        self._stderr = open(self.log_path, "wb")  # noqa: SIM115
+        argv = envoy_argv(self.binary, self.cfg)
         self.process = self.system.spawn(
             argv, place=self.place, stdout=subprocess.DEVNULL, stderr=self._stderr
         )
@@ -376,10 +379,9 @@ class EnvoyProcess:
             return False
 
     def _log_tail(self) -> str:
-        lines: list[str] = []
-        for p in (self.workdir / "envoy.stderr", self.log_path):
-            if p.exists():
-                lines += p.read_text(errors="replace").strip().splitlines()
+        if not self.log_path.exists():
+            return ""
+        lines = self.log_path.read_text(errors="replace").strip().splitlines()
         return " | ".join(lines[-5:])
 
     def admin_get(self, path: str, timeout: float = 2.0) -> str:
