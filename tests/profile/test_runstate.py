@@ -17,6 +17,7 @@ from meshtax.profile.runstate import (
     RunBusy,
     RunLock,
     RunState,
+    cleanup_stale,
     list_netns,
     load_states,
     parse_stat_start_time,
@@ -176,3 +177,16 @@ def test_real_terminate_checks_start_time() -> None:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_cleanup_stale_takes_the_lock(tmp_path: Path) -> None:
+    Registry(tmp_path, RunState("dead", 10, 1000, ["mtx-dead-a"])).save()
+    netns = ["mtx-dead-a"]
+    held = RunLock(tmp_path)
+    held.acquire()
+    with pytest.raises(RunBusy):
+        cleanup_stale(ip_answers(netns, {}), FakeProcs({}), tmp_path)
+    assert netns == ["mtx-dead-a"]  # nothing touched while another run holds the lock
+    held.release()
+    rep = cleanup_stale(ip_answers(netns, {}), FakeProcs({}), tmp_path)
+    assert rep.runs == ["dead"] and netns == []

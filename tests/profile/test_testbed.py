@@ -296,7 +296,7 @@ def test_real_pods_connect_and_teardown(tmp_path: Path) -> None:
         assert names <= netns_now()
         start_listener(tb, server, 0, [8080], tmp_path)
         assert probe(client, server.ip, 8080).startswith("port=8080 ")
-        pid = tb._spawned[0].pid
+        pid = tb.processes[0].pid
         state_file = tb.state_dir / f"{tb.run_id}.json"
         assert state_file.exists()
     assert not names & netns_now()

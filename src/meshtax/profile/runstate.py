@@ -367,3 +367,20 @@ def reap(
             report.processes += delete_netns(system, procs, ns, timeout)
             report.netns.append(ns)
     return report
+
+
+def cleanup_stale(
+    system: System,
+    procs: ProcOps | None = None,
+    state_dir: Path = STATE_DIR,
+    *,
+    lock_timeout: float = 0.0,
+) -> ReapReport:
+    """Take the run lock, remove leftovers of dead runs, release the lock (for a CLI
+    ``cleanup`` command; a Testbed does the same on open). Raises RunBusy if a run is live."""
+    lock = RunLock(state_dir)
+    lock.acquire(lock_timeout)
+    try:
+        return reap(system, procs or RealProcOps(), state_dir)
+    finally:
+        lock.release()

@@ -371,6 +371,11 @@ class Testbed:
         self.adopt(p, pl.wrap(argv), netns=pl.netns)
         return p
 
+    @property
+    def processes(self) -> list[Process]:
+        """Processes spawned or adopted so far, oldest first."""
+        return list(self._spawned)
+
     def adopt(self, proc: Process, argv: Sequence[str] = (), *, netns: str | None = None) -> None:
         """Register a process started elsewhere so it is stopped on close and reaped after a
         crash."""
