@@ -1,0 +1,277 @@
+"""The sidecar eBPF probe: parsing (fixture), sessions (fake loader), and the real probe as root."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from meshtax.profile.probes import (
+    FakeProbe,
+    OpStat,
+    ProbeError,
+    ProbeReading,
+    RealProbe,
+    parse_reading,
+)
+from meshtax.profile.system import FakeSystem, RealSystem
+
+FIXTURES = Path(__file__).parent / "fixtures"
+READING = (FIXTURES / "sidecar_reading.json").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+LOAD = Path(__file__).parent / "syscall_load.py"
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+def test_parse_fixture_threads_and_totals() -> None:
+    r = parse_reading(READING)
+    assert r.pids == (8526,)
+    assert [t.tid for t in r.threads] == [8526, 8627]  # sorted by tid
+    writer = r.threads[1]
+    assert (writer.comm, writer.tgid) == ("python3", 8526)
+    assert writer.write == OpStat(count=1000, ns=7782845, bytes=100000, errors=0)
+    assert writer.oncpu_ns == writer.user_ns + writer.sys_cpu_ns + writer.unknown_cpu_ns
+    main = r.threads[0]
+    assert main.notify.count == 1000 and main.epoll.count == 1000
+    assert r.total.write == OpStat(1004, 7803076, 100012, 0)
+    assert r.total.write == main.write + writer.write
+
+
+def test_parse_fixture_ipc_counters_programs() -> None:
+    r = parse_reading(READING)
+    assert r.ipc.method == "net_dev_queue(lo)->netif_receive_skb(lo)"
+    assert (r.ipc.count, r.ipc.ns, r.ipc.bytes, r.ipc.max_ns) == (2006, 2365256, 204328, 14452)
+    assert r.counters["exit_unmatched"] == 4
+    assert r.dropped == 0  # exit_unmatched is expected at attach, not a loss
+    assert [p.name for p in r.programs] == [
+        "sys_enter", "sys_exit", "sched_switch", "sched_wakeup", "net_dev_queue",
+        "netif_receive_skb",
+    ]
+    assert r.probe_ns == sum(p.run_time_ns for p in r.programs) > 0
+    assert r.stats_enabled
+
+
+def test_process_sum_and_components() -> None:
+    r = parse_reading(READING)
+    p = r.process(8526)
+    assert (p.tid, p.tgid) == (0, 8526)
+    assert p.write == r.total.write and p.user_ns == r.total.user_ns
+    c = r.components()
+    assert set(c) == {"read", "write", "notification", "ipc", "user"}
+    assert c["notification"] == r.total.notify
+    assert c["ipc"].count == 2006 and c["user"].ns == r.total.user_ns
+    assert c["write"].mean_ns == pytest.approx(7803076 / 1004)
+    assert OpStat().mean_ns == 0.0
+
+
+def test_dropped_counts_map_full_and_recursion_misses() -> None:
+    d = json.loads(READING)
+    d["counters"]["thread_map_full"] = 3
+    d["programs"][3]["recursion_misses"] = 2
+    assert parse_reading(json.dumps(d)).dropped == 5
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("", "unparseable"),
+        (READING[:300], "unparseable"),
+        (json.dumps({**json.loads(READING), "version": 2}), "version=2"),
+        (json.dumps({**json.loads(READING), "tool": "other"}), "tool='other'"),
+        (json.dumps({k: v for k, v in json.loads(READING).items() if k != "ipc"}), "ipc"),
+        ("[1, 2]", "unparseable"),
+    ],
+)
+def test_parse_rejects(text: str, match: str) -> None:
+    with pytest.raises(ProbeError, match=match):
+        parse_reading(text)
+
+
+# --- sessions without root -------------------------------------------------------------------
+
+
+def test_fake_probe_scripted_readings() -> None:
+    r = parse_reading(READING)
+    fake = FakeProbe([r, r])
+    with pytest.raises(ProbeError, match="not started"):
+        fake.stop()
+    fake.start([1, 2])
+    with pytest.raises(ProbeError, match="already running"):
+        fake.start([3])
+    assert fake.stop() is r
+    fake.start([3])
+    fake.close()
+    assert not fake.running
+    fake.start([4])
+    assert fake.stop() is r
+    fake.start([5])
+    with pytest.raises(ProbeError, match="no more"):
+        fake.stop()
+    assert fake.started == [(1, 2), (3,), (4,), (5,)]
+
+
+def test_real_probe_argv() -> None:
+    p = RealProbe(FakeSystem(), binary=Path("/x/sidecar"))
+    assert p.argv([12, 34]) == ["/x/sidecar", "-p", "12,34"]
+    assert RealProbe(FakeSystem(), binary=Path("/x/sidecar"), all_netns=True).argv([5]) == [
+        "/x/sidecar", "-p", "5", "-a",
+    ]
+    with pytest.raises(ValueError):
+        p.argv([])
+
+
+def _fake_loader(tmp_path: Path, body: str) -> Path:
+    """An executable that speaks the loader's protocol (stderr ready mark, SIGINT → JSON)."""
+    path = tmp_path / "fake-sidecar"
+    path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+    return path
+
+
+def test_real_probe_session_against_fake_loader(tmp_path: Path) -> None:
+    (tmp_path / "reading.json").write_text(READING)
+    loader = _fake_loader(
+        tmp_path,
+        f"""
+        import signal, sys, time
+        stop = []
+        signal.signal(signal.SIGINT, lambda *a: stop.append(1))
+        open({str(tmp_path / 'argv')!r}, "w").write(" ".join(sys.argv[1:]))
+        print("sidecar: ready (6 programs)", file=sys.stderr, flush=True)
+        while not stop:
+            time.sleep(0.01)
+        sys.stdout.write(open({str(tmp_path / 'reading.json')!r}).read())
+        """,
+    )
+    probe = RealProbe(RealSystem(), binary=loader)
+    probe.start([8526, 8627])
+    reading = probe.stop()
+    assert reading == parse_reading(READING)
+    assert (tmp_path / "argv").read_text() == "-p 8526,8627"
+    with pytest.raises(ProbeError, match="not started"):
+        probe.stop()
+
+
+def test_real_probe_reports_loader_failure(tmp_path: Path) -> None:
+    loader = _fake_loader(
+        tmp_path,
+        """
+        import sys
+        print("sidecar: failed to attach sched_switch (tracepoint/sched/sched_switch): EPERM",
+              file=sys.stderr)
+        sys.exit(1)
+        """,
+    )
+    probe = RealProbe(RealSystem(), binary=loader)
+    with pytest.raises(ProbeError, match="before attaching: .*failed to attach sched_switch"):
+        probe.start([1])
+    probe.close()  # idempotent after a failed start
+
+
+# --- the real probe (root) -------------------------------------------------------------------
+
+
+def _build_probe() -> Path:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (BPF)")
+    missing = [t for t in ("clang", "bpftool", "make", "cc") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"cannot build the probe: {', '.join(missing)} not installed")
+    if not Path("/sys/kernel/btf/vmlinux").is_file():
+        pytest.skip("kernel has no BTF (/sys/kernel/btf/vmlinux)")
+    if not Path("/usr/include/bpf/libbpf.h").is_file():
+        pytest.skip("libbpf-dev not installed")
+    done = subprocess.run(["make", "-s", "-C", str(ROOT / "bpf")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return ROOT / "bpf" / ".output" / "sidecar"
+
+
+class Load:
+    """The syscall-load child, driven over stdin/stdout."""
+
+    def __init__(self) -> None:
+        self.p = subprocess.Popen(
+            [sys.executable, str(LOAD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.ask_line() == "ready"
+
+    def ask_line(self) -> str:
+        assert self.p.stdout is not None
+        return self.p.stdout.readline().strip()
+
+    def ask(self, cmd: str) -> str:
+        assert self.p.stdin is not None
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        answer = self.ask_line()
+        assert answer.startswith("done"), answer
+        return answer
+
+    def close(self) -> None:
+        if self.p.stdin is not None:
+            self.p.stdin.close()
+        try:
+            self.p.wait(5)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        if self.p.stdout is not None:
+            self.p.stdout.close()
+
+
+@pytest.fixture
+def load() -> Iterator[Load]:
+    ld = Load()
+    try:
+        yield ld
+    finally:
+        ld.close()
+
+
+@pytest.mark.root
+def test_real_probe_counts_a_known_syscall_load(load: Load) -> None:
+    binary = _build_probe()
+    n_sock, n_pipe = 300, 1000
+    probe = RealProbe(RealSystem(), binary=binary)
+    probe.start([load.p.pid])
+    try:
+        load.ask(f"sock {n_sock}")
+        load.ask(f"pipe {n_pipe}")
+        reading: ProbeReading = probe.stop()
+    finally:
+        probe.close()
+    t = reading.process(load.p.pid)
+    assert reading.pids == (load.p.pid,)
+    assert len(reading.threads) >= 2  # main + the writer thread
+    assert t.write.count >= n_sock + n_pipe
+    assert t.write.bytes >= n_sock * 100 + n_pipe
+    assert t.read.count >= n_pipe + 1  # recv may coalesce the socket messages
+    assert t.read.bytes >= n_sock * 100 + n_pipe
+    assert 1 <= t.notify.count <= t.epoll.count
+    assert 0 < t.notify.ns
+    # TCP_NODELAY: every send is one data skb on lo (plus ACKs)
+    assert reading.ipc.count >= n_sock
+    assert reading.ipc.bytes >= n_sock * 100
+    assert t.user_ns > 0 and t.sys_cpu_ns > 0
+    assert t.oncpu_ns == t.user_ns + t.sys_cpu_ns + t.unknown_cpu_ns
+    assert reading.counters["thread_map_full"] == 0
+    assert reading.counters["skb_map_full"] == 0
+    assert {p.name for p in reading.programs} >= {"sys_enter", "sys_exit", "sched_switch"}
+
+
+@pytest.mark.root
+def test_real_probe_fails_clearly_for_missing_pid() -> None:
+    binary = _build_probe()
+    probe = RealProbe(RealSystem(), binary=binary)
+    # PID 2**22+1 is above PID_MAX_LIMIT, so it never exists
+    with pytest.raises(ProbeError, match="4194305"):
+        probe.start([2**22 + 1])
