@@ -201,6 +201,7 @@ class EcgBatch:
     services: tuple[str, ...]
     specs: tuple[SidecarSpec, ...]
     graph_names: tuple[str, ...]
+    row_ids: tuple[str, ...] = ()  # invocation ids, when the graphs came with them
 
     @property
     def n_graphs(self) -> int:
@@ -225,6 +226,7 @@ class BatchBuilder:
         self._cols: dict[str, list[Any]] = {k: [] for k in ("parent", "caller", "callee", "req", "resp", "rate", "start", "dur")}
         self._ptr = [0]
         self._names: list[str] = []
+        self._ids: list[str] = []
 
     def service(self, name: str, sidecar: SidecarConfig, platform: str | None = None) -> int:
         """Index of a service (registered on first use; its sidecar must not change)."""
@@ -263,6 +265,7 @@ class BatchBuilder:
 
     def add_ecg(self, ecg: ECG) -> None:
         idx = {inv.id: k for k, inv in enumerate(ecg.invocations)}
+        self._ids.extend(inv.id for inv in ecg.invocations)
 
         def svc(name: str) -> int:
             if name == EXTERNAL:
@@ -309,6 +312,7 @@ class BatchBuilder:
             services=tuple(self._services),
             specs=tuple(self._specs),
             graph_names=tuple(self._names),
+            row_ids=tuple(self._ids) if len(self._ids) == self._ptr[-1] else (),
         )
 
 

@@ -150,8 +150,11 @@ class BatchPrediction:
     cpu_by_component: FloatArray  # graphs × components
     critical: npt.NDArray[np.bool_]  # rows on the critical path with overhead
     critical_before: npt.NDArray[np.bool_]  # rows on the mesh-free critical path
-    latency_by_service: FloatArray  # services × … summed over all graphs (on critical paths)
-    cpu_by_service: FloatArray  # services: vCPU of each service's sidecar, all graphs
+    # per row (invocation): latency added and vCPU spent, split by whose sidecar spends it
+    row_latency_caller_us: FloatArray
+    row_latency_callee_us: FloatArray
+    row_cpu_caller_vcpu: FloatArray
+    row_cpu_callee_vcpu: FloatArray
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -187,13 +190,6 @@ def predict_batch(batch: EcgBatch, profiles: ProfileLookup, *, costs: Costs | No
     cpu_comp = per_graph(cpu_rows)
     cpu_total = cpu_comp.sum(axis=1)
     cpu_se = np.bincount(g, weights=costs.cpu_se * batch.rate * 1e-6, minlength=G)
-    S = len(batch.services)
-    lat_svc = _by_service(batch.caller, costs.latency_caller.sum(axis=1) * crit, S) + _by_service(
-        batch.callee, costs.latency_callee.sum(axis=1) * crit, S
-    )
-    cpu_svc = _by_service(batch.caller, costs.cpu_caller.sum(axis=1) * batch.rate * 1e-6, S) + _by_service(
-        batch.callee, costs.cpu_callee.sum(axis=1) * batch.rate * 1e-6, S
-    )
     overhead = prop.overhead_us
     return BatchPrediction(
         components=costs.components,
@@ -209,15 +205,12 @@ def predict_batch(batch: EcgBatch, profiles: ProfileLookup, *, costs: Costs | No
         cpu_by_component=cpu_comp,
         critical=crit,
         critical_before=before.critical,
-        latency_by_service=lat_svc,
-        cpu_by_service=cpu_svc,
+        row_latency_caller_us=costs.latency_caller.sum(axis=1),
+        row_latency_callee_us=costs.latency_callee.sum(axis=1),
+        row_cpu_caller_vcpu=costs.cpu_caller.sum(axis=1) * batch.rate * 1e-6,
+        row_cpu_callee_vcpu=costs.cpu_callee.sum(axis=1) * batch.rate * 1e-6,
         warnings=costs.warnings,
     )
-
-
-def _by_service(svc: npt.NDArray[np.int64], w: FloatArray, S: int) -> FloatArray:
-    ok = svc >= 0
-    return np.bincount(svc[ok], weights=w[ok], minlength=S)
 
 
 def single_profile(profile: Profile, others: Mapping[str, Profile] | None = None) -> ProfileLookup:

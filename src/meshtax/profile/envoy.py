@@ -139,7 +139,14 @@ class EnvoyConfig:
             outbound_upstream=None,
             log_level="info",
         )
-        return config_hash(bootstrap(neutral))
+        # worker count and extra flags live on the command line, not in the bootstrap
+        return config_hash(
+            {
+                "bootstrap": bootstrap(neutral),
+                "concurrency": self.concurrency,
+                "args": list(self.extra_args),
+            }
+        )
 
 
 def config_hash(cfg: Mapping[str, Any]) -> str:

@@ -255,7 +255,8 @@ def run_spec(
     """Run fortio for ``spec``; raise :class:`LoadFailed` on any failed call."""
     system = system or RealSystem()
     argv = load_argv(spec, binary or fortio_binary())
-    budget = (spec.duration_s or 0.0) + spec.timeout_s * 2 + 60.0
+    expected = spec.duration_s or (spec.n / spec.qps if spec.n and spec.qps > 0 else 0.0)
+    budget = expected + spec.timeout_s * 2 + 60.0
     done = system.run(argv, place=place, check=False, timeout=budget)
     if done.returncode != 0:
         tail = " | ".join(done.stderr.strip().splitlines()[-5:])

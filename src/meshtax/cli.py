@@ -1,0 +1,174 @@
+"""The `meshtax` command: argv → frozen options → library calls → printed results.
+
+Nothing below this module parses argv or prints. User errors print one clear message and
+exit 2; they never show a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from meshtax._version import __version__
+from meshtax.app import PredictOptions, UsageError, predict_files
+from meshtax.model.ecg import ECGError
+from meshtax.model.profile import Profile
+from meshtax.predict.engine import PredictionError
+from meshtax.predict.whatif import SpeedupError
+from meshtax.report.exporters import EXPORTERS
+from meshtax.report.text import prediction_text, profile_text, profiles_text
+from meshtax.store.sqlite import ProfileStore, StoreError
+
+F = TypeVar("F", bound=Callable[..., Any])
+USER_ERRORS = (UsageError, ECGError, StoreError, PredictionError, SpeedupError)
+
+
+def user_errors(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        try:
+            return fn(*a, **kw)
+        except USER_ERRORS as e:
+            click.echo(f"meshtax: error: {e}", err=True)
+            sys.exit(2)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output:
+        Path(output).write_text(text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+db_option = click.option("--db", type=click.Path(dir_okay=False), help="Profile database (default: $MESHTAX_DB or the user data dir).")
+format_option = click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+output_option = click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="meshtax")
+def main() -> None:
+    """What does a service mesh cost me? Profile sidecars; predict their overhead on call graphs."""
+
+
+@main.command()
+@click.argument("ecg_files", nargs=-1, required=True, type=click.Path())
+@click.option("--profile", "profile", help="Profile name (default: the newest measured profile of this machine). 'reference' is the bundled published profile.")
+@click.option("--speedup", type=click.Path(), help="What-if speedup YAML: report before/after and the saving.")
+@click.option("--rate", type=float, help="Override every invocation's rate (requests/s).")
+@db_option
+@format_option
+@output_option
+@user_errors
+def predict(ecg_files: tuple[str, ...], profile: str | None, speedup: str | None, rate: float | None, db: str | None, fmt: str, output: str | None) -> None:
+    """Predict latency and CPU overhead of sidecars on ECG_FILES (YAML/JSON call graphs).
+
+    Several graphs of one API (files, or a file with 'graphs:') give a distribution.
+    """
+    opts = PredictOptions(ecg_files=ecg_files, profile=profile, speedup=speedup, rate=rate)
+    doc = predict_files(opts, ProfileStore(db))
+    _emit(prediction_text(doc) if fmt == "table" else EXPORTERS[fmt].export(doc), output)
+
+
+@main.group()
+def profiles() -> None:
+    """List, show, export and import stored profiles."""
+
+
+@profiles.command("list")
+@db_option
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@user_errors
+def profiles_list(db: str | None, fmt: str) -> None:
+    """Every stored profile, and the bundled reference."""
+    rows = ProfileStore(db).list()
+    if fmt == "json":
+        click.echo(json.dumps([{"name": r.name, "source": r.source, "created": r.created, "modes": r.modes, "filters": r.filters,
+                                "platform": r.platform.to_dict(), "bundled": r.bundled} for r in rows], indent=2))
+    else:
+        click.echo(profiles_text(rows), nl=False)
+
+
+@profiles.command("show")
+@click.argument("name")
+@db_option
+@format_option
+@click.option("--size", type=float, default=100.0, show_default=True, help="Message size (bytes) of the table.")
+@click.option("--rate", type=float, default=30000.0, show_default=True, help="Rate (requests/s) for CPU in vCPU.")
+@user_errors
+def profiles_show(name: str, db: str | None, fmt: str, size: float, rate: float) -> None:
+    """The component breakdown of profile NAME (the paper's Table 2 layout)."""
+    p = ProfileStore(db).get(name)
+    click.echo(profile_text(p, size, rate) if fmt == "table" else EXPORTERS[fmt].export(p.to_dict()), nl=False)
+
+
+@profiles.command("export")
+@click.argument("name")
+@db_option
+@output_option
+@click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default="json", show_default=True)
+@user_errors
+def profiles_export(name: str, db: str | None, output: str | None, fmt: str) -> None:
+    """Write profile NAME as a self-describing document (JSON, with samples) or CSV."""
+    _emit(EXPORTERS[fmt].export(ProfileStore(db).get(name).to_dict()), output)
+
+
+@profiles.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--name", help="Store under this name instead of the document's.")
+@click.option("--replace", is_flag=True, help="Replace a stored profile of the same name.")
+@db_option
+@user_errors
+def profiles_import(file: str, name: str | None, replace: bool, db: str | None) -> None:
+    """Import a profile exported with `meshtax profiles export`."""
+    try:
+        doc = json.loads(Path(file).read_text())
+        if name:
+            doc["name"] = name
+        p = Profile.from_dict(doc)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{file}: not a meshtax profile document ({e.__class__.__name__}: {e})") from None
+    ProfileStore(db).save(p, replace=replace)
+    click.echo(f"imported profile {p.name!r} ({p.provenance.source}, {p.platform.describe()})")
+
+
+@profiles.command("delete")
+@click.argument("name")
+@db_option
+@user_errors
+def profiles_delete(name: str, db: str | None) -> None:
+    """Delete stored profile NAME."""
+    ProfileStore(db).delete(name)
+    click.echo(f"deleted {name!r}")
+
+
+@main.command()
+@click.option("--dest", type=click.Path(file_okay=False), default="meshtax-examples", show_default=True)
+@user_errors
+def example(dest: str) -> None:
+    """Write the bundled example ECGs (Bookinfo, Online Boutique, Hotel Reservation) and a speedup file to DEST."""
+    out = Path(dest)
+    out.mkdir(parents=True, exist_ok=True)
+    src = resources.files("meshtax").joinpath("data/examples")
+    names = []
+    for f in sorted(src.iterdir(), key=lambda t: t.name):
+        if f.name.endswith(".yaml"):
+            with resources.as_file(f) as path:
+                shutil.copyfile(path, out / f.name)
+            names.append(f.name)
+    click.echo(f"wrote {len(names)} files to {out}/: " + ", ".join(names))
+
+
+if __name__ == "__main__":
+    main()

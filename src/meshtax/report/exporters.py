@@ -1,0 +1,83 @@
+"""One exporter per format behind one method: ``export(document) -> str``.
+
+Documents are the plain dicts of :mod:`meshtax.report.result` (predictions) and profile
+documents (``Profile.to_dict``); exporters never see internal objects.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+
+class Exporter(Protocol):
+    suffix: str
+
+    def export(self, doc: Mapping[str, Any]) -> str: ...
+
+
+def _clean(x: Any) -> Any:
+    """NaN/inf are not JSON: write them as null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, Mapping):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+class JsonExporter:
+    suffix = ".json"
+
+    def export(self, doc: Mapping[str, Any]) -> str:
+        return json.dumps(_clean(doc), indent=2, sort_keys=False) + "\n"
+
+
+def _fmt(v: Any) -> Any:
+    """Floats to 6 significant digits: stable golden files, no false precision."""
+    return f"{v:.6g}" if isinstance(v, float) else ("" if v is None else v)
+
+
+class CsvExporter:
+    """Predictions: one row per graph. Profiles: one row per mode and component."""
+
+    suffix = ".csv"
+
+    def export(self, doc: Mapping[str, Any]) -> str:
+        buf = io.StringIO()
+        out = csv.writer(buf, lineterminator="\n")
+
+        def write(row: list[Any]) -> None:
+            out.writerow([_fmt(v) for v in row])
+        if "graphs" in doc:
+            comps = list(doc["components"])
+            write(
+                ["graph", "base_latency_us", "latency_overhead_us", "latency_lo_us", "latency_hi_us", "latency_overhead_pct",
+                 "cpu_vcpu", "cpu_lo_vcpu", "cpu_hi_vcpu", "absorbed_us"]
+                + [f"latency_us:{c}" for c in comps] + [f"cpu_vcpu:{c}" for c in comps]
+            )
+            for g in doc["graphs"]:
+                lat, cpu = g["latency_overhead_us"], g["cpu_vcpu"]
+                write(
+                    [g["name"], g["base_latency_us"], lat["value"], lat["lo"], lat["hi"], g["latency_overhead_pct"],
+                     cpu["value"], cpu["lo"], cpu["hi"], g["absorbed_us"]]
+                    + [g["latency_by_component_us"][c] for c in comps] + [g["cpu_by_component_vcpu"][c] for c in comps]
+                )
+        else:
+            write(["profile", "mode", "component", "metric", "intercept", "slope_per_byte", "split_bytes", "per_unit", "r2", "n", "note"])
+            for mode, mp in doc["modes"].items():
+                for comp, cm in mp["components"].items():
+                    for metric in ("latency", "cpu"):
+                        m = cm[metric]
+                        st = m.get("stats") or {}
+                        write([doc["name"], mode, comp, metric, m["intercept"], m["slope"], m["split_bytes"], m["per_unit"],
+                                    st.get("r2"), st.get("n"), m.get("note", "")])
+        return buf.getvalue()
+
+
+EXPORTERS: dict[str, Exporter] = {"json": JsonExporter(), "csv": CsvExporter()}

@@ -1,0 +1,283 @@
+"""Ingested call graphs as partitioned Parquet: the columnar :class:`EcgBatch` rows plus a
+graph index per partition, and one manifest.
+
+Layout of a store directory::
+
+    manifest.json                 format, specs, partitions (graphs, rows), import report
+    part-00000.rows.parquet       one row per invocation (parent is a row of the partition)
+    part-00000.graphs.parquet     name, row_start, n_rows of every graph of the partition
+    part-00000.services.parquet   service names (caller/callee index into them)
+
+A partition is the unit of work of the study (and of a Dask task): memory is bounded by
+the partition size, never by the input size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from meshtax.model.ecg import EcgBatch, SidecarSpec
+from meshtax.model.sidecar import SidecarConfig
+
+#: Version of the store layout. 1 — 2026-11-22: first layout.
+STORE_FORMAT = 1
+MANIFEST = "manifest.json"
+
+_ROW_COLS = (
+    "graph",
+    "parent",
+    "caller",
+    "callee",
+    "caller_spec",
+    "callee_spec",
+    "request_bytes",
+    "response_bytes",
+    "rate",
+    "start_us",
+    "duration_us",
+)
+
+
+class StoreError(ValueError):
+    """A store directory that is missing, incomplete or of an unknown format."""
+
+
+def slice_graphs(batch: EcgBatch, g0: int, g1: int) -> EcgBatch:
+    """Graphs ``g0:g1`` of a batch as a batch of their own (rows and parents rebased)."""
+    r0, r1 = int(batch.graph_ptr[g0]), int(batch.graph_ptr[g1])
+    parent = batch.parent[r0:r1]
+    return replace(
+        batch,
+        graph_ptr=batch.graph_ptr[g0 : g1 + 1] - r0,
+        parent=np.where(parent >= 0, parent - r0, -1),
+        caller=batch.caller[r0:r1],
+        callee=batch.callee[r0:r1],
+        caller_spec=batch.caller_spec[r0:r1],
+        callee_spec=batch.callee_spec[r0:r1],
+        request_bytes=batch.request_bytes[r0:r1],
+        response_bytes=batch.response_bytes[r0:r1],
+        rate=batch.rate[r0:r1],
+        start_us=batch.start_us[r0:r1],
+        duration_us=batch.duration_us[r0:r1],
+        graph_names=batch.graph_names[g0:g1],
+    )
+
+
+def concat_batches(batches: Sequence[EcgBatch]) -> EcgBatch:
+    """One batch of all graphs of ``batches`` (services and specs merged by value)."""
+    services: dict[str, int] = {}
+    specs: dict[SidecarSpec, int] = {}
+    cols: dict[str, list[np.ndarray[Any, Any]]] = {k: [] for k in _ROW_COLS if k != "graph"}
+    ptr = [np.zeros(1, dtype=np.int64)]
+    names: list[str] = []
+    base = 0
+    for b in batches:
+        smap = np.array([services.setdefault(s, len(services)) for s in b.services] + [-1], dtype=np.int64)
+        pmap = np.array([specs.setdefault(s, len(specs)) for s in b.specs] + [-1], dtype=np.int64)
+        cols["parent"].append(np.where(b.parent >= 0, b.parent + base, -1))
+        cols["caller"].append(smap[b.caller])
+        cols["callee"].append(smap[b.callee])
+        cols["caller_spec"].append(pmap[b.caller_spec])
+        cols["callee_spec"].append(pmap[b.callee_spec])
+        for k in ("request_bytes", "response_bytes", "rate", "start_us", "duration_us"):
+            cols[k].append(getattr(b, k))
+        ptr.append(b.graph_ptr[1:] + base)
+        names.extend(b.graph_names)
+        base += b.n_invocations
+    cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()}
+    ints = ("parent", "caller", "callee", "caller_spec", "callee_spec")
+    return EcgBatch(
+        graph_ptr=np.concatenate(ptr).astype(np.int64),
+        **{k: cat[k].astype(np.int64 if k in ints else np.float64) for k in cat},
+        services=tuple(services),
+        specs=tuple(specs),
+        graph_names=tuple(names),
+    )
+
+
+def _spec_to_dict(s: SidecarSpec) -> dict[str, Any]:
+    return {"config": s.config.to_dict(), "platform": s.platform}
+
+
+def _spec_from_dict(d: Mapping[str, Any]) -> SidecarSpec:
+    return SidecarSpec(SidecarConfig.from_dict(dict(d["config"])), d.get("platform"))
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """One partition: its file stem, graph and row counts."""
+
+    stem: str
+    graphs: int
+    rows: int
+
+
+class StoreWriter:
+    """Writes batches as partitions; :meth:`close` writes the manifest (a store without a
+    manifest is incomplete and refused by :func:`open_store`)."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, source: str = "", overwrite: bool = False) -> None:
+        self.dir = Path(directory)
+        if (self.dir / MANIFEST).exists() and not overwrite:
+            raise StoreError(f"{self.dir}: already holds a store; choose another directory or pass overwrite")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            for f in self.dir.glob("part-*.parquet"):
+                f.unlink()
+            (self.dir / MANIFEST).unlink(missing_ok=True)
+        self.source = source
+        self._specs: dict[SidecarSpec, int] = {}
+        self.partitions: list[PartitionInfo] = []
+
+    def append(self, batch: EcgBatch) -> PartitionInfo | None:
+        """Write ``batch`` as the next partition (empty batches are skipped)."""
+        if batch.n_graphs == 0:
+            return None
+        stem = f"part-{len(self.partitions):05d}"
+        pmap = np.array([self._specs.setdefault(s, len(self._specs)) for s in batch.specs] + [-1], dtype=np.int64)
+        rows = pa.table(
+            {
+                "graph": pa.array(batch.graph_of().astype(np.int32)),
+                "parent": pa.array(batch.parent),
+                "caller": pa.array(batch.caller.astype(np.int32)),
+                "callee": pa.array(batch.callee.astype(np.int32)),
+                "caller_spec": pa.array(pmap[batch.caller_spec].astype(np.int16)),
+                "callee_spec": pa.array(pmap[batch.callee_spec].astype(np.int16)),
+                "request_bytes": pa.array(batch.request_bytes),
+                "response_bytes": pa.array(batch.response_bytes),
+                "rate": pa.array(batch.rate),
+                "start_us": pa.array(batch.start_us),
+                "duration_us": pa.array(batch.duration_us),
+            }
+        )
+        graphs = pa.table(
+            {
+                "name": pa.array(batch.graph_names, type=pa.string()),
+                "row_start": pa.array(batch.graph_ptr[:-1]),
+                "n_rows": pa.array(np.diff(batch.graph_ptr)),
+            }
+        )
+        pq.write_table(rows, self.dir / f"{stem}.rows.parquet", compression="zstd")
+        pq.write_table(graphs, self.dir / f"{stem}.graphs.parquet", compression="zstd")
+        pq.write_table(pa.table({"name": pa.array(batch.services, type=pa.string())}), self.dir / f"{stem}.services.parquet")
+        info = PartitionInfo(stem, batch.n_graphs, batch.n_invocations)
+        self.partitions.append(info)
+        return info
+
+    def close(self, report: Mapping[str, Any] | None = None) -> Store:
+        manifest = {
+            "format": STORE_FORMAT,
+            "kind": "meshtax-ecg-store",
+            "source": self.source,
+            "specs": [_spec_to_dict(s) for s in self._specs],
+            "partitions": [{"stem": p.stem, "graphs": p.graphs, "rows": p.rows} for p in self.partitions],
+            "report": dict(report or {}),
+        }
+        tmp = self.dir / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1, default=str))
+        tmp.replace(self.dir / MANIFEST)  # atomic: a store is complete or has no manifest
+        return open_store(self.dir)
+
+
+@dataclass(frozen=True)
+class Store:
+    """An opened store: the manifest, and partitions read on demand."""
+
+    dir: Path
+    specs: tuple[SidecarSpec, ...]
+    partitions: tuple[PartitionInfo, ...]
+    source: str
+    report: Mapping[str, Any]
+
+    @property
+    def n_graphs(self) -> int:
+        return sum(p.graphs for p in self.partitions)
+
+    @property
+    def n_rows(self) -> int:
+        return sum(p.rows for p in self.partitions)
+
+    def read(self, i: int) -> EcgBatch:
+        """Partition ``i`` as a batch."""
+        return read_partition(self.dir, self.partitions[i].stem, self.specs)
+
+    def __iter__(self) -> Iterator[EcgBatch]:
+        for i in range(len(self.partitions)):
+            yield self.read(i)
+
+
+def read_partition(directory: Path, stem: str, specs: tuple[SidecarSpec, ...]) -> EcgBatch:
+    rows = pq.read_table(directory / f"{stem}.rows.parquet")
+    graphs = pq.read_table(directory / f"{stem}.graphs.parquet")
+    services = pq.read_table(directory / f"{stem}.services.parquet")
+
+    def col(name: str, dtype: type) -> np.ndarray[Any, Any]:
+        return rows.column(name).to_numpy().astype(dtype, copy=False)
+
+    n_rows = graphs.column("n_rows").to_numpy()
+    ptr = np.zeros(n_rows.size + 1, dtype=np.int64)
+    np.cumsum(n_rows, out=ptr[1:])
+    return EcgBatch(
+        graph_ptr=ptr,
+        parent=col("parent", np.int64),
+        caller=col("caller", np.int64),
+        callee=col("callee", np.int64),
+        caller_spec=col("caller_spec", np.int64),
+        callee_spec=col("callee_spec", np.int64),
+        request_bytes=col("request_bytes", np.float64),
+        response_bytes=col("response_bytes", np.float64),
+        rate=col("rate", np.float64),
+        start_us=col("start_us", np.float64),
+        duration_us=col("duration_us", np.float64),
+        services=tuple(services.column("name").to_pylist()),
+        specs=specs,
+        graph_names=tuple(graphs.column("name").to_pylist()),
+    )
+
+
+def open_store(directory: str | os.PathLike[str]) -> Store:
+    d = Path(directory)
+    m = d / MANIFEST
+    if not m.exists():
+        raise StoreError(f"{d}: no {MANIFEST}; not an ingested trace store (or its ingestion did not finish)")
+    try:
+        doc = json.loads(m.read_text())
+    except json.JSONDecodeError as e:
+        raise StoreError(f"{m}: not valid JSON ({e})") from None
+    if doc.get("kind") != "meshtax-ecg-store":
+        raise StoreError(f"{m}: not a meshtax trace store manifest")
+    if int(doc.get("format", 0)) > STORE_FORMAT:
+        raise StoreError(f"{m}: store format {doc['format']} is newer than this meshtax understands ({STORE_FORMAT})")
+    return Store(
+        dir=d,
+        specs=tuple(_spec_from_dict(s) for s in doc["specs"]),
+        partitions=tuple(PartitionInfo(p["stem"], int(p["graphs"]), int(p["rows"])) for p in doc["partitions"]),
+        source=str(doc.get("source", "")),
+        report=dict(doc.get("report", {})),
+    )
+
+
+def write_store(
+    batches: Sequence[EcgBatch] | Iterator[EcgBatch],
+    directory: str | os.PathLike[str],
+    *,
+    partition_graphs: int = 100_000,
+    report: Mapping[str, Any] | None = None,
+    source: str = "",
+    overwrite: bool = False,
+) -> Store:
+    """Write batches as a store, re-cut into partitions of at most ``partition_graphs`` graphs."""
+    w = StoreWriter(directory, source=source, overwrite=overwrite)
+    for b in batches:
+        for g0 in range(0, b.n_graphs, partition_graphs):
+            w.append(slice_graphs(b, g0, min(b.n_graphs, g0 + partition_graphs)))
+    return w.close(report)
