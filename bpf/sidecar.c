@@ -2,7 +2,7 @@
 /*
  * sidecar - per-thread Read/Write/Notification/on-CPU and loopback IPC aggregates of a proxy.
  *
- * USAGE: sidecar -p PID[,PID...] [-d SECONDS] [-a] [-v]
+ * USAGE: sidecar -p PID[,PID...] [-d SECONDS] [-a] [-s] [-v]
  *
  * Runs until SIGINT/SIGTERM or the duration, then prints one JSON object to stdout.
  * Prints "sidecar: ready" to stderr once every program is attached.
@@ -35,16 +35,18 @@ static struct env {
 	int n_pids;
 	double duration;	/* seconds; 0 = until a signal */
 	bool all_netns;
+	bool run_stats;
 	bool verbose;
 } env;
 
 static volatile sig_atomic_t exiting;
 
 static const char usage[] =
-"Usage: sidecar -p PID[,PID...] [-d SECONDS] [-a] [-v]\n"
+"Usage: sidecar -p PID[,PID...] [-d SECONDS] [-a] [-s] [-v]\n"
 "  -p  target process IDs (thread groups), at most 8\n"
 "  -d  stop after SECONDS (default: run until SIGINT/SIGTERM)\n"
 "  -a  time loopback skbs of every network namespace (default: the first PID's)\n"
+"  -s  kernel BPF run-time stats per program (costs two clock reads per event)\n"
 "  -v  libbpf debug output\n";
 
 static const char *counter_names[CNT_MAX] = {
@@ -73,7 +75,7 @@ static int parse_args(int argc, char **argv)
 	char *tok, *save, *end;
 	int opt;
 
-	while ((opt = getopt(argc, argv, "p:d:avh")) != -1) {
+	while ((opt = getopt(argc, argv, "p:d:asvh")) != -1) {
 		switch (opt) {
 		case 'p':
 			for (tok = strtok_r(optarg, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -99,6 +101,9 @@ static int parse_args(int argc, char **argv)
 			break;
 		case 'a':
 			env.all_netns = true;
+			break;
+		case 's':
+			env.run_stats = true;
 			break;
 		case 'v':
 			env.verbose = true;
@@ -404,9 +409,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "sidecar: failed to load BPF object: %d (run with -v)\n", err);
 		goto cleanup;
 	}
-	/* per-program run time for the overhead report; optional */
-	stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
-	if (stats_fd < 0)
+	/* per-program run time for the overhead report; opt-in because it costs per event */
+	if (env.run_stats)
+		stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
+	if (env.run_stats && stats_fd < 0)
 		fprintf(stderr, "sidecar: warning: BPF run-time stats unavailable: %d\n", stats_fd);
 
 	err = seed_threads(bpf_map__fd(obj->maps.threads));

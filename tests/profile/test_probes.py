@@ -57,7 +57,7 @@ def test_parse_fixture_ipc_counters_programs() -> None:
         "netif_receive_skb",
     ]
     assert r.probe_ns == sum(p.run_time_ns for p in r.programs) > 0
-    assert r.stats_enabled
+    assert r.stats_enabled  # the fixture was recorded with -s
 
 
 def test_process_sum_and_components() -> None:
@@ -124,6 +124,9 @@ def test_real_probe_argv() -> None:
     assert p.argv([12, 34]) == ["/x/sidecar", "-p", "12,34"]
     assert RealProbe(FakeSystem(), binary=Path("/x/sidecar"), all_netns=True).argv([5]) == [
         "/x/sidecar", "-p", "5", "-a",
+    ]
+    assert RealProbe(FakeSystem(), binary=Path("/x/sidecar"), run_stats=True).argv([5]) == [
+        "/x/sidecar", "-p", "5", "-s",
     ]
     with pytest.raises(ValueError):
         p.argv([])

@@ -305,12 +305,15 @@ def probe_binary() -> Path:
 class RealProbe:
     """Runs ``sidecar -p PIDS`` as root; ``stop`` sends SIGINT and parses its JSON.
 
-    ``all_netns`` times loopback skbs of every namespace instead of the first PID's.
+    ``all_netns`` times loopback skbs of every namespace instead of the first PID's;
+    ``run_stats`` turns on kernel BPF run-time stats (``ProgramStat.run_time_ns``), which adds
+    two clock reads per event.
     """
 
     system: System = field(default_factory=RealSystem)
     binary: Path | None = None
     all_netns: bool = False
+    run_stats: bool = False
     ready_timeout: float = 15.0
     stop_timeout: float = 10.0
     _proc: Process | None = field(default=None, init=False, repr=False)
@@ -322,7 +325,7 @@ class RealProbe:
             raise ValueError("no target PIDs")
         binary = self.binary or probe_binary()
         out = [str(binary), "-p", ",".join(str(int(p)) for p in pids)]
-        return out + (["-a"] if self.all_netns else [])
+        return out + (["-a"] if self.all_netns else []) + (["-s"] if self.run_stats else [])
 
     def start(self, pids: Sequence[int]) -> None:
         if self._proc is not None:
