@@ -130,6 +130,7 @@ def test_config_hash_is_canonical_and_key_ignores_placement() -> None:
     assert EnvoyConfig(mode=Mode.GRPC).key() != base.key()
     assert EnvoyConfig(mode=Mode.HTTP, http_filters=(FAULT,)).key() != base.key()
     assert EnvoyConfig(mode=Mode.HTTP, access_log_path="/dev/null").key() != base.key()
+    assert EnvoyConfig(mode=Mode.HTTP, concurrency=2).key() != base.key()
 
 
 def test_envoy_argv() -> None:
@@ -153,11 +154,15 @@ def test_parse_stats_and_delta() -> None:
     assert stat_delta({"a": 1}, {"a": 4, "b": 2}, ["a", "b", "c"]) == {"a": 3, "b": 2, "c": 0}
 
 
+MEMORY = '{"allocated": "9386128", "heap_size": "12582912", "total_thread_cache": "1277464"}\n'
+
+
 def _admin(ready: str) -> FakeSystem:
     def responder(argv: tuple[str, ...]) -> Completed | None:
         if "curl" not in argv:
             return None
-        out = ready if argv[-1].endswith("/ready") else STATS
+        path = argv[-1]
+        out = ready if path.endswith("/ready") else MEMORY if path.endswith("/memory") else STATS
         return Completed(argv, 0, out, "")
 
     return FakeSystem(responders=[responder])
@@ -170,6 +175,8 @@ def test_process_start_places_and_reads_admin_in_the_pod(tmp_path: Path) -> None
                       binary=Path("/e"))
     with ep:
         assert ep.stats()["http.inbound.downstream_rq_total"] == 7
+        assert ep.memory() == {"allocated": 9386128, "heap_size": 12582912,
+                               "total_thread_cache": 1277464}
     spawn = fake.calls[0]
     assert spawn[:10] == ("ip", "netns", "exec", "pod-a", "taskset", "-c", "1",
                           "setpriv", "--reuid=1337", "--regid=1337")
@@ -178,7 +185,7 @@ def test_process_start_places_and_reads_admin_in_the_pod(tmp_path: Path) -> None
     assert fake.calls[1][:4] == ("ip", "netns", "exec", "pod-a")
     assert fake.calls[1][4:6] == ("curl", "-sS")
     assert fake.calls[1][-1] == "http://127.0.0.1:15000/ready"
-    assert fake.calls[-1][-1] == "http://127.0.0.1:15000/stats?format=json"
+    assert fake.calls[-2][-1] == "http://127.0.0.1:15000/stats?format=json"
     assert json.loads((tmp_path / "envoy.json").read_text()) == bootstrap(cfg)
     assert fake.processes[0].returncode is not None  # stopped on exit
 
@@ -283,6 +290,7 @@ def test_real_sidecar_on_loopback(echo: dict[Mode, int], mode: Mode, tmp_path: P
         before = envoy.stats()
         r = run_load(f"127.0.0.1:{inbound}", mode, 100, 0, n=300)
         after = envoy.stats()
+        assert envoy.memory()["allocated"] > 1_000_000  # a live Envoy holds megabytes
     assert envoy.process is not None and envoy.process.poll() is not None
     assert (r.count, r.errors) == (300, 0)
     assert 1.0 < r.p50_us < 100_000.0  # sane, not a timing assertion

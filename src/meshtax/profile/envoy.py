@@ -406,6 +406,11 @@ class EnvoyProcess:
             q += "&filter=" + filter
         return parse_stats(self.admin_get(q))
 
+    def memory(self) -> dict[str, int]:
+        """Admin ``/memory`` (tcmalloc): ``allocated``, ``heap_size``, … in bytes."""
+        doc = json.loads(self.admin_get("/memory"))
+        return {k: int(v) for k, v in doc.items() if str(v).isdigit()}
+
     def stop(self) -> int | None:
         """End Envoy (SIGTERM, then SIGKILL) and close the log handle."""
         code = self.process.stop() if self.process is not None else None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from meshtax.profile.system import Placement
 
-__all__ = ["UNPINNED", "Pinning", "available_cpus"]
+__all__ = ["CLIENT_APART", "ONE_CPU", "UNPINNED", "Pinning", "available_cpus"]
 
 
 def available_cpus() -> tuple[int, ...]:
@@ -53,3 +53,8 @@ class Pinning:
 
 
 UNPINNED = Pinning()
+# everything on one CPU: no cross-CPU wake-ups (50–100 µs each on the 2-core dev VM); lowest
+# and, on a quiet machine, most stable loopback latency in benchmarks/profile_pinning.py
+ONE_CPU = Pinning(client=(0,), sidecars=(0,), app=(0,))
+# load client apart from the proxy and app, so its own CPU use does not delay them
+CLIENT_APART = Pinning(client=(0,), sidecars=(1,), app=(1,))
