@@ -221,10 +221,13 @@ out:
 	return 0;
 }
 
-SEC("tracepoint/sched/sched_switch")
-int sched_switch(struct trace_event_raw_sched_switch *ctx)
+/* raw tracepoints for the scheduler too: their recursion guard is per program, so a wakeup
+ * from an interrupt that lands while another of our programs runs is not skipped */
+SEC("raw_tracepoint/sched_switch")
+int sched_switch(struct bpf_raw_tracepoint_args *ctx)
 {
-	__u32 next = ctx->next_pid;
+	struct task_struct *next_task = (struct task_struct *)ctx->args[2];
+	__u32 next = BPF_CORE_READ(next_task, pid);
 	struct thread_stat *st;
 	__u64 now = 0;
 
@@ -246,10 +249,11 @@ int sched_switch(struct trace_event_raw_sched_switch *ctx)
 	return 0;
 }
 
-SEC("tracepoint/sched/sched_wakeup")
-int sched_wakeup(struct trace_event_raw_sched_wakeup_template *ctx)
+SEC("raw_tracepoint/sched_wakeup")
+int sched_wakeup(struct bpf_raw_tracepoint_args *ctx)
 {
-	__u32 tid = ctx->pid;
+	struct task_struct *p = (struct task_struct *)ctx->args[0];
+	__u32 tid = BPF_CORE_READ(p, pid);
 	struct thread_stat *st = bpf_map_lookup_elem(&threads, &tid);
 
 	if (!st)
