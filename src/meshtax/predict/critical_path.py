@@ -3,11 +3,17 @@
 Semantics (DESIGN.md, "Extended call graph"): an invocation's overhead is added to its
 duration; within one parent, a sibling that started at or after another sibling ended waits
 for it (happens-before from the mesh-free start/duration), siblings that overlapped stay
-parallel; a parent ends after all its children, keeping its own compute gaps. Delays
-propagate: for a child ``c`` with ``delay_start(c) = max(0, max over predecessors a of W(a))``
-and ``W(c) = delay_start(c) + overhead(c) + inner(c)``, where ``inner(i) = max(0, max over
-children c of W(c))``. Zero-length calls that start at the same instant are taken in input
-order. The roots of a graph are treated as the children of a virtual client.
+parallel; a parent's own compute gaps are kept. With ``W(x)`` the delay of x's end:
+
+* a child starts after its latest-ending predecessor plus the parent's gap, so
+  ``delay_start(c) = max over preds a of (end_a + W(a)) − max over preds a of end_a``;
+* ``W(c) = delay_start(c) + overhead(c) + inner(c)``;
+* a parent answers after its last child plus its tail gap, so
+  ``inner(i) = max over children c of (end_c + W(c)) − max over children c of end_c``.
+
+Slack of a parallel sibling absorbs delay, so the critical path may change. Zero-length calls
+that start at the same instant are taken in input order. The roots of a graph are treated as
+the children of a virtual client.
 
 The recurrence is a sequential dynamic program over each sibling group (a weighted chain of
 intervals), which NumPy cannot express without a pass per chain link; it runs as one numba
@@ -69,26 +75,31 @@ class Propagation:
 
 @numba.njit(cache=True, nogil=True)
 def _group(ptr: IntArray, idx: IntArray, grp: int, start: FloatArray, end: FloatArray, inc: FloatArray, W: FloatArray, pred: IntArray) -> float:
-    """Resolve one sibling group: fills W and pred of its members; returns max(0, max W)."""
+    """Resolve one sibling group: fills W and pred of its members; returns the delay of the
+    group's last end (max of end+W minus max of end, 0 for an empty group)."""
     lo = ptr[grp]
     hi = ptr[grp + 1]
-    best_all = 0.0
+    new_last = -np.inf
+    old_last = -np.inf
     for k in range(lo, hi):
         c = idx[k]
-        ds = 0.0
+        new_pred = -np.inf
+        old_pred = -np.inf
         p = -1
         for j in range(lo, k):
             a = idx[j]
             if end[a] <= start[c]:
-                # ties on W go to the later-ending predecessor: the conventional critical path
-                if p < 0 or W[a] > ds or (W[a] == ds and end[a] >= end[p]):
-                    ds = W[a] if W[a] > 0.0 else 0.0
+                old_pred = max(old_pred, end[a])
+                v = end[a] + W[a]
+                # ties go to the later-ending predecessor: the conventional critical path
+                if p < 0 or v > new_pred or (v == new_pred and end[a] >= end[p]):
+                    new_pred = v
                     p = a
         pred[c] = p
-        W[c] = ds + inc[c]
-        if W[c] > best_all:
-            best_all = W[c]
-    return best_all
+        W[c] = (new_pred - old_pred if p >= 0 else 0.0) + inc[c]
+        new_last = max(new_last, end[c] + W[c])
+        old_last = max(old_last, end[c])
+    return new_last - old_last if hi > lo else 0.0
 
 
 @numba.njit(cache=True, nogil=True)
@@ -97,7 +108,7 @@ def _last(ptr: IntArray, idx: IntArray, grp: int, end: FloatArray, W: FloatArray
     best = -1
     for k in range(ptr[grp], ptr[grp + 1]):
         c = idx[k]
-        if best < 0 or W[c] > W[best] or (W[c] == W[best] and end[c] >= end[best]):
+        if best < 0 or end[c] + W[c] > end[best] + W[best] or (end[c] + W[c] == end[best] + W[best] and end[c] >= end[best]):
             best = c
     return best
 
@@ -122,10 +133,7 @@ def _propagate(
             continue
         # children follow parents, so a reverse sweep sees every subtree finished
         for i in range(hi - 1, lo - 1, -1):
-            inner = 0.0
-            if ptr[i + 1] > ptr[i]:
-                inner = _group(ptr, idx, i, start, end, inc, W, pred)
-            inc[i] = extra[i] + inner
+            inc[i] = extra[i] + _group(ptr, idx, i, start, end, inc, W, pred)
         vroot = n + g
         _group(ptr, idx, vroot, start, end, inc, W, pred)
         t0 = np.inf

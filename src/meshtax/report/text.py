@@ -23,7 +23,8 @@ def _render(*items: Any, width: int = 110) -> str:
     buf = io.StringIO()
     con = Console(file=buf, width=width, no_color=True, highlight=False, soft_wrap=False)
     for it in items:
-        con.print(it)
+        # text lines are never folded (they are read and grepped whole); tables fit the width
+        con.print(it, soft_wrap=isinstance(it, str))
     return buf.getvalue()
 
 

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from meshtax.cli import main
+
+
+@pytest.fixture()
+def env(tmp_path: Path) -> dict[str, str]:
+    return {"MESHTAX_DB": str(tmp_path / "p.db")}
+
+
+@pytest.fixture()
+def examples(tmp_path: Path) -> Path:
+    r = CliRunner().invoke(main, ["example", "--dest", str(tmp_path / "ex")])
+    assert r.exit_code == 0, r.output
+    return tmp_path / "ex"
+
+
+def invoke(args: list[str], env: dict[str, str]):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(main, args, env=env)
+
+
+def test_example_writes_every_bundled_file(examples: Path) -> None:
+    assert sorted(p.name for p in examples.iterdir()) == sorted([
+        "bookinfo.yaml", "online-boutique-index.yaml", "online-boutique-browse-product.yaml", "online-boutique-view-cart.yaml",
+        "hotel-reservation-user.yaml", "hotel-reservation-search.yaml", "hotel-reservation-reservation.yaml", "speedup-paper.yaml"])
+
+
+def test_predict_bookinfo_json(examples: Path, env: dict[str, str]) -> None:
+    r = invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "reference", "--format", "json"], env)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["format"] == "meshtax-prediction/1" and doc["tool"]["name"] == "meshtax"
+    assert doc["profile"]["source"] == "published" and doc["profile"]["platform_is_this_host"] is False
+    assert any("different platform" in w for w in doc["warnings"])
+    (g,) = doc["graphs"]
+    # http: 82.585 µs per crossing; client→frontend 2 crossings, then 3 meshed hops of 4 on the path
+    assert g["latency_overhead_us"]["value"] == pytest.approx(165.17 * 7)
+    assert g["critical_path"] == ["client→frontend", "frontend→product", "product→reviews", "reviews→ratings"]
+    assert doc["options"]["profile"] == "reference"
+
+
+def test_predict_table_says_platform_differs(examples: Path, env: dict[str, str]) -> None:
+    r = invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "reference"], env)
+    assert r.exit_code == 0
+    assert "NOT this host" in r.output and "critical path" in r.output
+
+
+def test_predict_csv_and_distribution(examples: Path, env: dict[str, str]) -> None:
+    files = [str(p) for p in sorted(examples.glob("*.yaml")) if "speedup" not in p.name]
+    r = invoke(["predict", *files, "--profile", "reference", "--format", "csv"], env)
+    assert r.exit_code == 0, r.output
+    lines = r.output.strip().splitlines()
+    assert lines[0].startswith("graph,base_latency_us,latency_overhead_us") and len(lines) == 8
+    t = invoke(["predict", *files, "--profile", "reference"], env)
+    assert "distribution over 7 graphs" in t.output
+
+
+def test_predict_speedup(examples: Path, env: dict[str, str]) -> None:
+    sp = examples / "all.yaml"
+    sp.write_text("name: half\nscale: {all: -50%}\n")
+    r = invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "reference", "--speedup", str(sp), "--format", "json"], env)
+    w = json.loads(r.output)["whatif"]
+    assert w["after"]["cpu_vcpu_total"] == pytest.approx(w["before"]["cpu_vcpu_total"] / 2)
+    assert w["saving"]["cpu_saving_fraction"] == pytest.approx(0.5)
+
+
+def test_predict_without_profile_of_this_host_explains(examples: Path, env: dict[str, str]) -> None:
+    r = invoke(["predict", str(examples / "bookinfo.yaml")], env)
+    assert r.exit_code == 2
+    assert "no profile of this machine" in r.output and "--profile reference" in r.output
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("services: {a: {}}\ninvocations: [{callee: b}]\n", "unknown service 'b'"), ("{", "YAML syntax error")],
+)
+def test_bad_ecg_is_a_clear_error_not_a_traceback(tmp_path: Path, env: dict[str, str], content: str, message: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(content)
+    r = invoke(["predict", str(f), "--profile", "reference"], env)
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+def test_bad_speedup_and_unknown_profile(examples: Path, env: dict[str, str]) -> None:
+    sp = examples / "bad-speedup.yaml"
+    sp.write_text("scale: {ipc: fast}\n")
+    r = invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "reference", "--speedup", str(sp)], env)
+    assert r.exit_code == 2 and "expected a percent change" in r.output
+    r = invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "nope"], env)
+    assert r.exit_code == 2 and "no profile named 'nope'" in r.output
+
+
+def test_profiles_export_import_show(tmp_path: Path, env: dict[str, str]) -> None:
+    out = tmp_path / "ref.json"
+    assert invoke(["profiles", "export", "reference", "-o", str(out)], env).exit_code == 0
+    r = invoke(["profiles", "import", str(out), "--name", "copy"], env)
+    assert r.exit_code == 0, r.output
+    lst = invoke(["profiles", "list", "--format", "json"], env)
+    assert [p["name"] for p in json.loads(lst.output)] == ["reference", "copy"]
+    show = invoke(["profiles", "show", "copy"], env)
+    assert "165.17" in show.output and "41.09" in show.output and "191.67" in show.output
+    assert "13.36" in show.output
+    csv = invoke(["profiles", "show", "copy", "--format", "csv"], env)
+    assert csv.output.splitlines()[0].startswith("profile,mode,component,metric")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": 1}')
+    r = invoke(["profiles", "import", str(bad)], env)
+    assert r.exit_code == 2 and "not a meshtax profile document" in r.output
+
+
+def test_real_entry_point_runs(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "meshtax.cli", "--version"], capture_output=True, text=True, check=True)
+    assert r.stdout.startswith("meshtax, version ")

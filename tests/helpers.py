@@ -1,0 +1,37 @@
+"""Small builders shared by tests: profiles with exact per-crossing costs, tiny ECGs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from meshtax.model.components import Component
+from meshtax.model.costmodel import ComponentModel, CostModel
+from meshtax.model.ecg import EXTERNAL, ECG, Invocation, Service, validate
+from meshtax.model.profile import ModeProfile, Platform, Profile, Provenance
+from meshtax.model.sidecar import Mode, SidecarConfig
+
+PLATFORM = Platform("Test CPU", 2, "6.0", "envoy", "1.40", "cfg")
+
+
+def flat(latency: float, cpu: float, slope_lat: float = 0.0, slope_cpu: float = 0.0) -> ComponentModel:
+    return ComponentModel(CostModel(latency, slope_lat), CostModel(cpu, slope_cpu))
+
+
+def profile(modes: Mapping[Mode, Mapping[Component, ComponentModel]], name: str = "test") -> Profile:
+    return Profile(
+        name,
+        PLATFORM,
+        Provenance("measured", "tests", "2026-11-22T00:00:00+00:00"),
+        {m: ModeProfile(m, dict(c)) for m, c in modes.items()},
+    )
+
+
+def inv(id: str, caller: str, callee: str, start: float, dur: float, parent: str | None = None, req: float = 100, resp: float = 100, rate: float = 1000) -> Invocation:
+    return Invocation(id, caller, callee, req, resp, rate, start, dur, parent)
+
+
+def ecg(services: Mapping[str, SidecarConfig], invs: list[Invocation], name: str = "g") -> ECG:
+    return validate(name, {n: Service(n, c) for n, c in services.items()}, invs)
+
+
+__all__ = ["EXTERNAL", "flat", "profile", "inv", "ecg", "PLATFORM"]

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshtax.model.components import Component, Kind, filter_component
+from meshtax.model.costmodel import CostModel, extra_units
+
+
+@pytest.mark.parametrize(
+    ("sizes", "split", "expected"),
+    [([100, 1000, 1001, 2000, 2001, 0], 1000, [0, 0, 1, 1, 2, 0]), ([5000], None, [0])],
+)
+def test_extra_units(sizes: list[float], split: int | None, expected: list[float]) -> None:
+    assert extra_units(sizes, split).tolist() == expected
+
+
+def test_fit_recovers_exact_line_and_keeps_samples() -> None:
+    m = CostModel.fit([100, 1000, 2000, 4000], [11, 20, 30, 50])
+    assert m.intercept == pytest.approx(10.0) and m.slope == pytest.approx(0.01)
+    assert m.stats is not None and m.stats.r2 == pytest.approx(1.0) and m.stats.n == 4
+    assert m.samples is not None and m.samples.sizes == (100, 1000, 2000, 4000)
+    assert m.predict([500]).tolist() == pytest.approx([15.0])
+
+
+def test_fit_with_split_learns_per_unit_cost() -> None:
+    sizes = np.array([100, 1000, 4000, 16384, 65536, 70000], dtype=float)
+    y = 5 + 0.001 * sizes + 7 * extra_units(sizes, 16384)
+    m = CostModel.fit(sizes, y, split_bytes=16384)
+    assert (m.intercept, m.slope, m.per_unit) == pytest.approx((5, 0.001, 7))
+
+
+def test_fit_statistics_hand_computed() -> None:
+    # y = 1 + x with residuals +1, -1, -1, +1 at x = 0, 1, 2, 3 → slope 1, intercept 1
+    m = CostModel.fit([0, 1, 2, 3], [2, 1, 2, 5])
+    assert (m.intercept, m.slope) == pytest.approx((1.0, 1.0))
+    assert m.stats is not None
+    assert m.stats.residuals == pytest.approx((1, -1, -1, 1))
+    # ss_res = 4, ss_tot = 9 → r2 = 5/9; sigma² = 4/(4-2) = 2, Sxx = 5 → se(b) = sqrt(2/5)
+    assert m.stats.r2 == pytest.approx(5 / 9)
+    assert m.stats.stderr[1] == pytest.approx((2 / 5) ** 0.5)
+
+
+def test_fit_single_size_fits_intercept_only() -> None:
+    m = CostModel.fit([100, 100, 100], [9, 10, 11])
+    assert m.slope == 0 and m.intercept == pytest.approx(10)
+
+
+@pytest.mark.parametrize("bad", [([1, 2], [1]), ([], []), ([1, 2], [1, float("nan")])])
+def test_fit_rejects_bad_samples(bad: tuple[list[float], list[float]]) -> None:
+    with pytest.raises(ValueError):
+        CostModel.fit(*bad)
+
+
+def test_scaled_and_round_trip() -> None:
+    m = CostModel.fit([100, 1000, 2000], [11, 20, 30], split_bytes=1500)
+    assert CostModel.from_dict(m.to_dict()) == m
+    s = m.scaled(0.5)
+    assert s.intercept == pytest.approx(m.intercept / 2) and s.slope == pytest.approx(m.slope / 2) and s.stats is None
+
+
+@pytest.mark.parametrize(("text", "key"), [("IPC", "ipc"), ("Filter(lua)", "filter:lua"), ("filter:wasm", "filter:wasm"), ("notification", "notification")])
+def test_component_parse(text: str, key: str) -> None:
+    assert Component.parse(text).key == key
+
+
+def test_component_rejects_unknown_and_bad_names() -> None:
+    with pytest.raises(ValueError, match="unknown component"):
+        Component.parse("epoll")
+    with pytest.raises(ValueError):
+        filter_component("Bad Name")
+    with pytest.raises(ValueError):
+        Component(Kind.IPC, "x")

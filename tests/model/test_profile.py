@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import pytest
+
+from meshtax.model.components import OTHER
+from meshtax.model.profile import PROFILE_FORMAT, Closure, Profile
+from meshtax.model.sidecar import Mode
+from meshtax.reference import reference_profile
+from tests.helpers import flat, profile
+
+
+def test_round_trip() -> None:
+    p = profile({Mode.HTTP: {OTHER: flat(5, 2)}})
+    assert Profile.from_dict(p.to_dict()) == p
+    r = reference_profile()
+    assert Profile.from_dict(r.to_dict()) == r
+
+
+def test_newer_format_is_refused() -> None:
+    d = reference_profile().to_dict()
+    d["format"] = PROFILE_FORMAT + 1
+    with pytest.raises(ValueError, match="newer"):
+        Profile.from_dict(d)
+
+
+def test_missing_mode_names_what_exists() -> None:
+    with pytest.raises(KeyError, match="has no grpc mode.*http"):
+        profile({Mode.HTTP: {OTHER: flat(5, 2)}}).mode(Mode.GRPC)
+
+
+@pytest.mark.parametrize(("components", "closes"), [(110.0, True), (116.0, False), (86.0, True), (84.0, False)])
+def test_closure_tolerance(components: float, closes: bool) -> None:
+    c = Closure(measured_us=100.0, measured_lo_us=95.0, measured_hi_us=105.0, components_us=components, tolerance=0.15)
+    assert c.closes is closes
+
+
+def test_reference_profile_is_labelled_as_published() -> None:
+    r = reference_profile()
+    assert r.provenance.source == "published"
+    assert r.platform.cpu_model.endswith("Xeon Gold 6142") and r.platform.proxy_version == "1.21"
+    assert any("not a measurement of this machine" in n for n in r.provenance.notes)
+    for mp in r.modes.values():
+        for m in mp.components.values():
+            assert m.latency.slope == 0 and "slope not published" in m.latency.note

@@ -1,0 +1,178 @@
+"""Prediction engine: exact, hand-computed expectations (DESIGN.md semantics)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, TLS, WRITE, filter_component
+from meshtax.model.ecg import to_batch
+from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
+from meshtax.predict.engine import PredictionError, predict_batch, single_profile
+from meshtax.predict.whatif import apply_speedup, speedup_from_dict
+from meshtax.reference import reference_profile
+from tests.helpers import EXTERNAL, ecg, flat, inv, profile
+
+HTTP = SidecarConfig(Mode.HTTP)
+GRPC = SidecarConfig(Mode.GRPC)
+# one component, 5 µs latency and 2 CPU-µs per crossing in http; 10 µs / 4 in grpc
+P = profile({Mode.HTTP: {OTHER: flat(5, 2)}, Mode.GRPC: {OTHER: flat(10, 4)}})
+
+
+def run(g, prof=P):  # type: ignore[no-untyped-def]
+    b = to_batch(g if isinstance(g, list) else [g])
+    return b, predict_batch(b, single_profile(prof))
+
+
+@pytest.mark.parametrize(
+    ("mode", "latency", "vcpu"),
+    [(Mode.TCP, 41.09, 3.35), (Mode.HTTP, 165.17, 9.70), (Mode.GRPC, 191.67, 13.36)],
+)
+def test_one_hop_reproduces_published_single_sidecar_totals(mode: Mode, latency: float, vcpu: float) -> None:
+    # a client without a sidecar calls an echo service with one: 100 B each way, 30K requests/s
+    g = ecg({"echo": SidecarConfig(mode)}, [inv("a", EXTERNAL, "echo", 0, 1000, req=100, resp=100, rate=30_000)])
+    _, bp = run(g, reference_profile())
+    assert bp.latency_overhead_us[0] == pytest.approx(latency, rel=1e-12)
+    assert bp.cpu_vcpu[0] == pytest.approx(vcpu, rel=1e-12)
+
+
+def test_sequential_children_add_up() -> None:
+    # A calls B (10–40) then C (50–80): C waits for B. Overheads: client→A 2×5, A→B and A→C 4×5.
+    g = ecg({"A": HTTP, "B": HTTP, "C": HTTP},
+            [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r"), inv("c", "A", "C", 50, 30, "r")])
+    _, bp = run(g)
+    assert bp.base_latency_us[0] == 100
+    assert bp.latency_overhead_us[0] == 10 + 20 + 20
+    assert bp.critical.tolist() == [True, True, True]
+
+
+def test_parallel_children_overlap() -> None:
+    # B (10–40) and C (20–50) overlap: only one 20 µs hop delay reaches the parent
+    g = ecg({"A": HTTP, "B": HTTP, "C": HTTP},
+            [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r"), inv("c", "A", "C", 20, 30, "r")])
+    _, bp = run(g)
+    assert bp.latency_overhead_us[0] == 10 + 20
+    assert bp.critical.tolist() == [True, False, True]  # C ends last
+    assert bp.absorbed_us[0] == 0
+
+
+def test_critical_path_changes_when_overhead_is_added() -> None:
+    # parallel B (10–60, http: 20 µs added) and C (10–55, grpc callee: 2×5 + 2×10 = 30 µs added).
+    # Before: B ends last. After: B ends at 80, C at 85 → C is critical; 5 µs of C's delay is B's slack.
+    g = ecg({"A": HTTP, "B": HTTP, "C": GRPC},
+            [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 50, "r"), inv("c", "A", "C", 10, 45, "r")])
+    _, bp = run(g)
+    assert bp.critical_before.tolist() == [True, True, False]
+    assert bp.critical.tolist() == [True, False, True]
+    assert bp.latency_overhead_us[0] == 10 + 25
+    assert bp.absorbed_us[0] == 5  # on-path components (10 + 30) minus the overhead
+
+
+def test_waiting_sibling_is_anchored_to_its_latest_predecessor() -> None:
+    # B (10–40) and C (15–45) both end before D starts (50); D's start is anchored to the
+    # latest of their delayed ends, and the 5 µs gap after C is the parent's compute.
+    g = ecg({"A": HTTP, "B": GRPC, "C": NO_SIDECAR, "D": NO_SIDECAR},
+            [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r"), inv("c", "A", "C", 15, 30, "r"),
+             inv("d", "A", "D", 50, 20, "r")])
+    _, bp = run(g)
+    # B: A outbound 2×5 + B inbound grpc 2×10 = 30 → ends 70; C: A outbound only 10 → ends 55.
+    # D waits for max(70, 55) = 70 vs 45 → +25; D itself +10 (A outbound); parent tail: +35; root +10
+    assert bp.latency_overhead_us[0] == 10 + 25 + 10
+    assert bp.critical.tolist() == [True, True, False, True]
+
+
+def test_cpu_counts_calls_off_the_critical_path() -> None:
+    g = ecg({"A": HTTP, "B": HTTP, "C": HTTP},
+            [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000),
+             inv("c", "A", "C", 20, 30, "r", rate=1000)])
+    _, bp = run(g)
+    # crossings: 2 + 4 + 4 = 10, 2 CPU-µs each, 1000 calls/s → 0.02 vCPU; B is off the critical path
+    assert bp.cpu_vcpu[0] == pytest.approx(10 * 2e-6 * 1000)
+    assert not bp.critical[1]
+
+
+def test_services_without_sidecars_add_nothing() -> None:
+    g = ecg({"A": NO_SIDECAR, "B": HTTP}, [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r")])
+    _, bp = run(g)
+    assert bp.latency_overhead_us[0] == 10  # only B's inbound sidecar, request + response
+    assert bp.row_latency_caller_us.tolist() == [0, 0]
+    assert bp.row_latency_callee_us.tolist() == [0, 10]
+    none = ecg({"A": NO_SIDECAR}, [inv("r", EXTERNAL, "A", 0, 100)])
+    _, bp0 = run(none)
+    assert bp0.latency_overhead_us[0] == 0 and bp0.cpu_vcpu[0] == 0
+
+
+def test_size_slopes_and_split_units() -> None:
+    from meshtax.model.costmodel import ComponentModel, CostModel
+
+    split = ComponentModel(CostModel(1.0, 0.01, split_bytes=1000, per_unit=3.0), CostModel(0.0))
+    prof = profile({Mode.HTTP: {READ: split}})
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, req=2500, resp=100)])
+    _, bp = run(g, prof)
+    # request 2500 B: 1 + 25 + 3×2 = 32; response 100 B: 1 + 1 = 2
+    assert bp.latency_overhead_us[0] == pytest.approx(34.0)
+
+
+ALL = {IPC: flat(1, 1), READ: flat(2, 1), WRITE: flat(3, 1), NOTIFICATION: flat(4, 1), PARSING: flat(5, 1), OTHER: flat(6, 1),
+       filter_component("lua"): flat(7, 1), filter_component("wasm"): flat(8, 1), TLS: flat(9, 1)}
+
+
+def test_every_component_kind_is_priced_and_broken_down() -> None:
+    prof = profile({Mode.HTTP: ALL})
+    cfg = SidecarConfig(Mode.HTTP, filters=("lua", "wasm"), mtls=True)
+    g = ecg({"A": cfg}, [inv("r", EXTERNAL, "A", 0, 100)])
+    _, bp = run(g, prof)
+    by = dict(zip((c.key for c in bp.components), bp.latency_by_component[0]))
+    assert by == {"ipc": 2, "read": 4, "write": 6, "notification": 8, "parsing": 10, "other": 12, "filter:lua": 14, "filter:wasm": 16, "tls": 18}
+    assert bp.latency_overhead_us[0] == 90
+
+
+def test_speedup_scales_every_component_kind() -> None:
+    prof = profile({Mode.HTTP: ALL})
+    sp = speedup_from_dict({"scale": {"ipc": "-30%", "write": "-50%", "parsing": "-20%", "filter:lua": "-100%", "filters": "-50%", "tls": -10}})
+    after, warnings = apply_speedup(prof, sp)
+    assert warnings == ()
+    cfg = SidecarConfig(Mode.HTTP, filters=("lua", "wasm"), mtls=True)
+    g = ecg({"A": cfg}, [inv("r", EXTERNAL, "A", 0, 100)])
+    _, bp = run(g, after)
+    by = dict(zip((c.key for c in bp.components), np.round(bp.latency_by_component[0], 9)))
+    assert by == {"ipc": 1.4, "read": 4, "write": 3, "notification": 8, "parsing": 8, "other": 12, "filter:lua": 0, "filter:wasm": 8, "tls": 16.2}
+
+
+def test_speedup_warns_for_components_the_profile_lacks() -> None:
+    _, warnings = apply_speedup(reference_profile(), speedup_from_dict({"scale": {"ipc": "-30%"}}))
+    assert len(warnings) == 1 and "no ipc component" in warnings[0]
+
+
+def test_distribution_over_several_graphs() -> None:
+    graphs = [ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100 + i)], name=f"g{i}") for i in range(4)]
+    graphs.append(ecg({"A": HTTP, "B": HTTP}, [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r")], name="g4"))
+    _, bp = run(graphs)
+    assert bp.latency_overhead_us.tolist() == [10, 10, 10, 10, 30]
+    from meshtax.report.result import summary
+
+    s = summary(bp)["latency_overhead_us"]
+    assert s["mean"] == 14 and s["p50"] == 10 and s["p90"] == pytest.approx(22) and s["p99"] == pytest.approx(29.2)
+
+
+def test_unprofiled_filter_is_a_clear_error() -> None:
+    g = ecg({"A": SidecarConfig(Mode.HTTP, filters=("rbac",))}, [inv("r", EXTERNAL, "A", 0, 100)])
+    with pytest.raises(PredictionError, match="no http-mode model for filter.*rbac"):
+        run(g)
+
+
+def test_mtls_without_tls_model_warns() -> None:
+    g = ecg({"A": SidecarConfig(Mode.HTTP, mtls=True)}, [inv("r", EXTERNAL, "A", 0, 100)])
+    _, bp = run(g)
+    assert any("mTLS cost is not counted" in w for w in bp.warnings)
+
+
+def test_intervals_widen_with_model_uncertainty() -> None:
+    from meshtax.model.costmodel import ComponentModel, CostModel
+
+    fitted = CostModel.fit([100, 100, 1000, 1000], [9, 11, 18, 22])
+    prof = profile({Mode.HTTP: {OTHER: ComponentModel(fitted, fitted)}})
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100)])
+    _, bp = run(g, prof)
+    assert bp.latency_lo_us[0] < bp.latency_overhead_us[0] < bp.latency_hi_us[0]
+    assert bp.cpu_lo_vcpu[0] < bp.cpu_vcpu[0] < bp.cpu_hi_vcpu[0]
