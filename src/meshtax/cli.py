@@ -170,5 +170,28 @@ def example(dest: str) -> None:
     click.echo(f"wrote {len(names)} files to {out}/: " + ", ".join(names))
 
 
+@main.command()
+@click.option("--prepare", is_flag=True, help="Also fix what can be fixed here: mount tracefs/bpffs, raise the memlock limit.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@user_errors
+def doctor(prepare: bool, fmt: str) -> None:
+    """Check what profiling needs (root, tracefs, bpffs, BTF, memlock, netns, iptables, Envoy, fortio, perf, probe build)."""
+    from meshtax.profile import doctor as doc
+    from meshtax.profile.system import RealSystem
+
+    system = RealSystem()
+    if prepare:
+        for change in doc.prepare(system):
+            click.echo(f"prepared: {change}")
+    checks = doc.check_all(system)
+    if fmt == "json":
+        click.echo(json.dumps([{"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix} for c in checks], indent=2))
+    else:
+        for c in checks:
+            click.echo(f"{'ok ' if c.ok else 'MISSING'} {c.name}: {c.detail}" + ("" if c.ok else f"\n        fix: {c.fix}"))
+    if not all(c.ok for c in checks):
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()

@@ -171,8 +171,11 @@ def predict_batch(batch: EcgBatch, profiles: ProfileLookup, *, costs: Costs | No
     lat = costs.latency
     extra = lat.sum(axis=1)
     prop: Propagation = propagate(shape, extra)
-    lo = propagate(shape, np.maximum(extra - Z95 * costs.latency_se, 0.0))
-    hi = propagate(shape, extra + Z95 * costs.latency_se)
+    if costs.latency_se.any():
+        lo = propagate(shape, np.maximum(extra - Z95 * costs.latency_se, 0.0))
+        hi = propagate(shape, extra + Z95 * costs.latency_se)
+    else:  # no model carries uncertainty (e.g. published numbers): the bounds are the estimate
+        lo = hi = prop
     before = propagate(shape, np.zeros_like(extra))
     g = batch.graph_of()
     G = batch.n_graphs
