@@ -47,7 +47,7 @@ class Component:
         """Human form used in tables: ``IPC``, ``Filter(lua)``."""
         if self.kind is Kind.FILTER:
             return f"Filter({self.name})"
-        return {Kind.IPC: "IPC", Kind.TLS: "TLS"}.get(self.kind, self.kind.value.capitalize())
+        return {Kind.IPC: "IPC", Kind.TLS: "TLS"}.get(self.kind, str(self.kind.value).capitalize())
 
     @classmethod
     def parse(cls, text: str) -> Component:

@@ -168,7 +168,7 @@ class CostModel:
         c = np.asarray(self.stats.cov)
         X = np.stack([np.ones_like(s), s, extra_units(s, self.split_bytes)], axis=-1)
         var = np.einsum("...i,ij,...j->...", X, c, X)
-        return np.sqrt(np.maximum(var, 0.0))
+        return np.asarray(np.sqrt(np.maximum(var, 0.0)), dtype=np.float64)
 
     # ---- transformations ---------------------------------------------------------------
     def scaled(self, factor: float) -> CostModel:

@@ -8,6 +8,7 @@ Schema history (every step is a migration, tested from each earlier version):
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import sqlite3
@@ -178,7 +179,7 @@ class ProfileStore:
                     best = p
         return best
 
-    def samples(self, name: str) -> list[tuple[str, str, str, float, float | None, float]]:
+    def samples(self, name: str) -> builtins.list[tuple[str, str, str, float, float | None, float]]:
         """Raw samples of a stored profile: (mode, component, metric, size, rate, value)."""
         with closing(self._connect()) as db:
             return db.execute(
