@@ -176,3 +176,29 @@ def test_intervals_widen_with_model_uncertainty() -> None:
     _, bp = run(g, prof)
     assert bp.latency_lo_us[0] < bp.latency_overhead_us[0] < bp.latency_hi_us[0]
     assert bp.cpu_lo_vcpu[0] < bp.cpu_vcpu[0] < bp.cpu_hi_vcpu[0]
+
+
+def test_speedup_replaces_a_component_by_another_profiles_model() -> None:
+    base = profile({Mode.HTTP: ALL})
+    faster = profile({Mode.HTTP: {PARSING: flat(1, 0.5)}, Mode.GRPC: {PARSING: flat(2, 0.25)}}, name="next")
+    sp = speedup_from_dict({"name": "swap", "replace": {"parsing": {"profile": "next"}}})
+    after, _ = apply_speedup(base, sp, {"next": faster}.__getitem__)
+    assert after.mode(Mode.HTTP).components[PARSING] == faster.mode(Mode.HTTP).components[PARSING]
+    assert after.mode(Mode.HTTP).components[IPC] == base.mode(Mode.HTTP).components[IPC]
+    sp_grpc = speedup_from_dict({"replace": {"parsing": {"profile": "next", "mode": "grpc"}}})
+    after2, _ = apply_speedup(base, sp_grpc, {"next": faster}.__getitem__)
+    assert after2.mode(Mode.HTTP).components[PARSING].latency.intercept == 2
+    assert after.provenance.source == "derived" and "what-if swap" in after.provenance.notes[-1]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [({"scale": {"ipc": "fast"}}, "expected a percent change"), ({"scale": {"epoll": "-5%"}}, "unknown component"),
+     ({"scale": {"ipc": "-150%"}}, "≥ -100%"), ({"replace": {"ipc": "x"}}, "expected {profile"), ({}, "nothing to change"),
+     ({"scale": {"ipc": "-5%"}, "extra": 1}, "unknown key")],
+)
+def test_bad_speedups_are_clear_errors(doc: dict, message: str) -> None:  # type: ignore[type-arg]
+    from meshtax.predict.whatif import SpeedupError
+
+    with pytest.raises(SpeedupError, match=message):
+        speedup_from_dict(doc, "sp.yaml")
