@@ -81,3 +81,9 @@ class CsvExporter:
 
 
 EXPORTERS: dict[str, Exporter] = {"json": JsonExporter(), "csv": CsvExporter()}
+
+# Markdown and the self-contained HTML report (issue 7); HTML imports matplotlib only when used.
+from meshtax.report.html import HtmlExporter  # noqa: E402
+from meshtax.report.markdown import MarkdownExporter  # noqa: E402
+
+EXPORTERS.update({"markdown": MarkdownExporter(), "html": HtmlExporter()})
