@@ -1,0 +1,96 @@
+"""decompose: probe/perf readings → per-crossing components, exact hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, WRITE
+from meshtax.model.sidecar import Mode
+from meshtax.profile.decompose import (
+    Breakdown,
+    assemble,
+    cpu_breakdown,
+    latency_breakdown,
+    per_crossing,
+    traffic_threads,
+)
+from meshtax.profile.probes import EMPTY_THREAD, IpcStat, OpStat, ProbeReading, ThreadReading
+
+
+def thread(tid: int, *, read: int = 0, write: int = 0, epoll: int = 0, notify: int = 0,
+           rest: int = 0, user: int = 0, calls: int = 2) -> ThreadReading:  # fmt: skip
+    """A thread whose syscall wall time is read+write+epoll+rest ns."""
+    n = calls if (read or write) else 0
+    return ThreadReading(
+        tid=tid, tgid=100, comm=f"t{tid}",
+        read=OpStat(n, read, 100 * n, 0), write=OpStat(n, write, 100 * n, 0),
+        epoll=OpStat(calls, epoll, 0, 0), notify=OpStat(calls, notify, 0, 0),
+        syscalls=3 * calls, sys_ns=read + write + epoll + rest, oncpu_ns=user + 1000,
+        user_ns=user, sys_cpu_ns=1000, unknown_cpu_ns=0, switches_in=calls,
+    )  # fmt: skip
+
+
+def make_reading(threads: list[ThreadReading], ipc_ns: int) -> ProbeReading:
+    total = EMPTY_THREAD
+    for t in threads:
+        total = total + t
+    return ProbeReading(
+        pids=(100,), netns=1, duration_ns=10**9, threads=tuple(threads), total=total,
+        ipc=IpcStat("lo", 4, ipc_ns, 400, ipc_ns), counters={}, programs=(), stats_enabled=False,
+    )  # fmt: skip
+
+
+WORKER = thread(101, read=4000, write=10000, epoll=50000, notify=6000, rest=2000, user=8000)
+# the main thread sleeps in futex the whole window: 1 ms of syscall time on nobody's path
+MAIN = thread(100, epoll=0, rest=1_000_000, user=500)
+
+
+def test_per_crossing_halves_a_request() -> None:
+    assert per_crossing(90.0) == 45.0
+
+
+def test_latency_breakdown_per_crossing_write_minus_ipc_workers_only() -> None:
+    bd = latency_breakdown(make_reading([MAIN, WORKER], ipc_ns=2000), requests=1)
+    # 1 request = 2 crossings: ns / 2 / 1000 = µs per crossing
+    assert bd == Breakdown(read=2.0, write=4.0, ipc=1.0, notification=3.0, user=4.0, kernel_other=1.0)
+    assert bd.total() == 15.0
+    assert bd.sidecar_work == 5.0
+
+
+def test_traffic_threads_falls_back_to_total_when_nobody_did_io() -> None:
+    idle = make_reading([MAIN], ipc_ns=0)
+    assert traffic_threads(idle) == idle.total
+    two = make_reading([MAIN, WORKER, thread(102, read=1000, user=2000)], ipc_ns=0)
+    got = traffic_threads(two)
+    assert (got.read.ns, got.user_ns) == (5000, 10000)
+
+
+def test_latency_breakdown_clamps_write_below_ipc_and_rejects_zero_requests() -> None:
+    bd = latency_breakdown(make_reading([WORKER], ipc_ns=20000), requests=2)
+    assert bd.write == 0.0 and bd.ipc == 5.0
+    with pytest.raises(ValueError, match="positive request count"):
+        latency_breakdown(make_reading([WORKER], ipc_ns=0), requests=0)
+
+
+def test_cpu_breakdown_ignores_probe_bucket() -> None:
+    buckets = {"user": 4000, "read": 2000, "write": 1000, "ipc": 3000, "notification": 500,
+               "kernel_other": 100, "probe": 99999}  # fmt: skip
+    assert cpu_breakdown(buckets, requests=2) == Breakdown(
+        read=0.5, write=0.25, ipc=0.75, notification=0.125, user=1.0, kernel_other=0.025
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "baseline", "other", "parsing"),
+    [
+        (Mode.TCP, None, 5.0, 0.0),
+        (Mode.TCP, Breakdown(user=1.0), 5.0, 0.0),  # TCP never subtracts
+        (Mode.HTTP, Breakdown(user=2.0, kernel_other=0.5), 2.5, 2.5),
+        (Mode.GRPC, Breakdown(user=7.0), 7.0, -2.0),  # negative parsing is noise, kept visible
+        (Mode.HTTP, None, 5.0, 0.0),  # no baseline: everything is Other
+    ],
+)
+def test_assemble(mode: Mode, baseline: Breakdown | None, other: float, parsing: float) -> None:
+    bd = Breakdown(read=1.0, write=2.0, ipc=3.0, notification=4.0, user=4.0, kernel_other=1.0)
+    got = assemble(mode, bd, baseline)
+    assert got == {IPC: 3.0, READ: 1.0, WRITE: 2.0, NOTIFICATION: 4.0, OTHER: other, PARSING: parsing}

@@ -1,0 +1,80 @@
+"""plan: presets, validation, step list and ETA inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshtax.model.sidecar import Mode
+from meshtax.profile.pinning import Pinning
+from meshtax.profile.plan import FULL_SIZES, QUICK_SIZES, Plan, default_pinning, full_plan, quick_plan
+
+PIN = Pinning(client=(0,), sidecars=(1,), app=(1,))
+
+
+def test_default_pinning() -> None:
+    assert default_pinning([0, 1]) == PIN
+    assert default_pinning([2, 5, 7]) == Pinning(client=(2,), sidecars=(5,), app=(5,))
+    assert default_pinning([3]) == Pinning(client=(3,), sidecars=(3,), app=(3,))
+
+
+def test_presets() -> None:
+    q, f = quick_plan(pinning=PIN), full_plan(pinning=PIN)
+    assert q.sizes == QUICK_SIZES == (100, 1024, 4096) and q.preset == "quick"
+    assert f.sizes == FULL_SIZES and 16384 in f.sizes and 65536 in f.sizes and f.preset == "full"
+    assert q.modes == f.modes == (Mode.TCP, Mode.HTTP, Mode.GRPC)
+    assert q.rate_fractions == (0.25, 0.5, 0.75, 1.0)
+    assert q.closure_tolerance == 0.15
+
+
+def test_modes_are_ordered_tcp_first_and_sizes_sorted() -> None:
+    p = Plan(modes=("grpc", Mode.TCP), sizes=(4096, 100), pinning=PIN)  # type: ignore[arg-type]
+    assert p.modes == (Mode.TCP, Mode.GRPC)
+    assert p.sizes == (100, 4096)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"modes": ()},
+        {"sizes": ()},
+        {"sizes": (100, 100)},
+        {"sizes": (0,)},
+        {"rate_fractions": (0.0,)},
+        {"rate_fractions": (1.5,)},
+        {"cpu_run_s": 0.0},
+    ],
+)
+def test_invalid_plans(kw: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        Plan(pinning=PIN, **kw)  # type: ignore[arg-type]
+
+
+def test_steps_and_expected_time() -> None:
+    p = Plan(modes=(Mode.TCP,), sizes=(100, 1024), rate_fractions=(0.5, 1.0), latency_run_s=0.5,
+             latency_max_runs=6, latency_budget_s=100.0, probe_run_s=2.0, maxqps_run_s=1.0,
+             cpu_run_s=1.0, pinning=PIN)  # fmt: skip
+    steps = p.steps()
+    assert [s.kind for s in steps] == ["setup"] + ["latency", "probe", "maxqps", "cpu", "cpu"] * 2
+    assert [s.size for s in steps[1:6]] == [100] * 5
+    assert [s.rate_fraction for s in steps[4:6]] == [0.5, 1.0]
+    # latency: 6 pairs × (2 × 0.5 s + 2 × 0.1 s) = 7.2 s; probe 3.5; maxqps 1.2; cpu 1.8
+    assert steps[1].expected_s == pytest.approx(7.2)
+    assert p.expected_s() == pytest.approx(2.0 + 2 * (7.2 + 3.5 + 1.2 + 2 * 1.8))
+    assert steps[4].describe() == "tcp 100 B: CPU at 50% of max"
+    assert steps[0].describe() == "tcp: start sidecar"
+
+
+def test_quick_preset_fits_the_three_minute_aim() -> None:
+    assert quick_plan(pinning=PIN).expected_s() <= 180.0
+    assert full_plan(pinning=PIN).expected_s() <= 20 * 60.0
+
+
+def test_with_duration_and_to_dict() -> None:
+    p = quick_plan(pinning=PIN).with_duration(2.0)
+    assert (p.latency_run_s, p.probe_run_s, p.cpu_run_s, p.maxqps_run_s) == (2.0, 4.0, 2.0, 2.0)
+    assert p.latency_budget_s == 12.0
+    d = p.to_dict()
+    assert d["modes"] == ["tcp", "http", "grpc"] and d["sizes"] == [100, 1024, 4096]
+    assert d["pinning"] == {"client": [0], "sidecars": [1], "app": [1]}
+    with pytest.raises(ValueError):
+        p.with_duration(0)
