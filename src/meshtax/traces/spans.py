@@ -219,8 +219,11 @@ def read_otlp_proto(path: Path) -> list[Span]:
     from google.protobuf.message import DecodeError
 
     data = TracesData()
+    raw = path.read_bytes()
+    if not raw:
+        raise TraceFormatError(f"{path}: empty file")
     try:
-        data.ParseFromString(path.read_bytes())
+        data.ParseFromString(raw)
     except DecodeError as e:
         raise TraceFormatError(f"{path}: not OTLP protobuf ({e}; truncated file?)") from None
     out: list[Span] = []
