@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -98,6 +99,12 @@ class EnvoyConfig:
     ``inbound_upstream``/``outbound_upstream``: ``None`` forwards to the original destination
     (needs iptables REDIRECT in front); ``(host, port)`` forwards to a static endpoint.
     ``http_filters`` are inserted, in order, before the router (http and grpc modes only).
+    ``network_filters`` are inserted, in order, before ``tcp_proxy``/the HTTP connection
+    manager on both listeners (e.g. network RBAC). ``hcm_patch``: top-level keys merged into
+    the HTTP connection manager config (lists such as ``access_log`` are appended to).
+    ``inbound_tls``: a ``transport_socket`` for the inbound listener (downstream TLS, the
+    server side of sidecar-to-sidecar mTLS); ``outbound_tls``: a ``transport_socket`` for the
+    outbound cluster (upstream TLS, the client side). See :mod:`meshtax.profile.tls`.
     """
 
     mode: Mode = Mode.HTTP
@@ -109,6 +116,10 @@ class EnvoyConfig:
     concurrency: int = 1
     access_log_path: str | None = None
     http_filters: tuple[Mapping[str, Any], ...] = ()
+    network_filters: tuple[Mapping[str, Any], ...] = ()
+    hcm_patch: Mapping[str, Any] = field(default_factory=dict)
+    inbound_tls: Mapping[str, Any] | None = None
+    outbound_tls: Mapping[str, Any] | None = None
     inbound_upstream: tuple[str, int] | None = None
     outbound_upstream: tuple[str, int] | None = None
     connect_timeout_s: float = 1.0
@@ -119,6 +130,8 @@ class EnvoyConfig:
         object.__setattr__(self, "mode", Mode(self.mode))
         if self.http_filters and self.mode is Mode.TCP:
             raise ValueError("http_filters need mode http or grpc, not tcp")
+        if self.hcm_patch and self.mode is Mode.TCP:
+            raise ValueError("hcm_patch needs mode http or grpc, not tcp")
         if self.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
 
@@ -159,8 +172,16 @@ def _addr(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def _cluster(name: str, mode: Mode, upstream: tuple[str, int] | None, timeout: float) -> dict[str, Any]:
+def _cluster(
+    name: str,
+    mode: Mode,
+    upstream: tuple[str, int] | None,
+    timeout: float,
+    tls: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     c: dict[str, Any] = {"name": name, "connect_timeout": f"{timeout}s"}
+    if tls is not None:
+        c["transport_socket"] = json.loads(json.dumps(tls))  # a deep, JSON-clean copy
     if upstream is None:
         c.update(type="ORIGINAL_DST", lb_policy="CLUSTER_PROVIDED")
     else:
@@ -235,10 +256,20 @@ def _network_filter(cfg: EnvoyConfig, direction: str, cluster: str) -> dict[str,
         hcm["http2_protocol_options"] = {}
     if cfg.access_log_path:
         hcm["access_log"] = _access_log(cfg.access_log_path)
+    for k, v in json.loads(json.dumps(dict(cfg.hcm_patch))).items():
+        if isinstance(v, list) and isinstance(hcm.get(k), list):
+            hcm[k] = hcm[k] + v
+        else:
+            hcm[k] = v
     return {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
 
 
 def _listener(cfg: EnvoyConfig, direction: str, port: int, cluster: str) -> dict[str, Any]:
+    chain: dict[str, Any] = {
+        "filters": [dict(f) for f in cfg.network_filters] + [_network_filter(cfg, direction, cluster)]
+    }
+    if direction == "inbound" and cfg.inbound_tls is not None:
+        chain["transport_socket"] = json.loads(json.dumps(cfg.inbound_tls))
     return {
         "name": direction,
         "address": _addr(cfg.listen_address, port),
@@ -251,7 +282,7 @@ def _listener(cfg: EnvoyConfig, direction: str, port: int, cluster: str) -> dict
                 },
             }
         ],
-        "filter_chains": [{"filters": [_network_filter(cfg, direction, cluster)]}],
+        "filter_chains": [chain],
     }
 
 
@@ -262,7 +293,8 @@ def bootstrap(cfg: EnvoyConfig) -> dict[str, Any]:
     for direction, upstream in (("inbound", cfg.inbound_upstream), ("outbound", cfg.outbound_upstream)):
         name = f"{direction}_{ORIG_DST_CLUSTER}" if upstream is None else f"{direction}_static"
         names[direction] = name
-        clusters.append(_cluster(name, cfg.mode, upstream, cfg.connect_timeout_s))
+        tls = cfg.outbound_tls if direction == "outbound" else None
+        clusters.append(_cluster(name, cfg.mode, upstream, cfg.connect_timeout_s, tls))
     return {
         "node": {"id": "meshtax-sidecar", "cluster": "meshtax"},
         "admin": {"address": _addr(cfg.admin_address, cfg.admin_port)},
@@ -305,8 +337,13 @@ def parse_stats(text: str) -> dict[str, int]:
     return out
 
 
-def envoy_argv(binary: Path, cfg: EnvoyConfig) -> list[str]:
-    """Argv that starts one sidecar, its bootstrap passed inline.
+# Linux caps one argv string at MAX_ARG_STRLEN (32 pages); larger bootstraps (RBAC with
+# thousands of rules) go through a file instead
+MAX_INLINE_CONFIG = 120_000
+
+
+def envoy_argv(binary: Path, cfg: EnvoyConfig, config_file: Path | None = None) -> list[str]:
+    """Argv that starts one sidecar, its bootstrap passed inline (or read from ``config_file``).
 
     ``--config-yaml`` (JSON is YAML) rather than a file, and logs to stderr rather than
     ``--log-path``: a proxy run as an unprivileged UID (Istio's 1337) can neither traverse a
@@ -314,10 +351,14 @@ def envoy_argv(binary: Path, cfg: EnvoyConfig) -> list[str]:
     ``--disable-hot-restart``: no shared-memory region, so several Envoys on one machine (and
     in one namespace) never collide on a base id; we never hot-restart a measured proxy.
     """
+    source = (
+        ["-c", str(config_file)]
+        if config_file is not None
+        else ["--config-yaml", json.dumps(bootstrap(cfg), sort_keys=True, separators=(",", ":"))]
+    )
     return [
         str(binary),
-        "--config-yaml",
-        json.dumps(bootstrap(cfg), sort_keys=True, separators=(",", ":")),
+        *source,
         "--concurrency",
         str(cfg.concurrency),
         "--disable-hot-restart",
@@ -351,6 +392,7 @@ class EnvoyProcess:
         self.log_path = workdir / "envoy.log"
         self.process: Process | None = None
         self._stderr: IO[bytes] | None = None
+        self._bigconfig_dir: Path | None = None
 
     @property
     def admin_url(self) -> str:
@@ -363,7 +405,7 @@ class EnvoyProcess:
         write_config(bootstrap(self.cfg), self.config_path)
         # opened here (as root) and inherited: works whatever UID the proxy runs as
         self._stderr = open(self.log_path, "wb")  # noqa: SIM115
-        argv = envoy_argv(self.binary, self.cfg)
+        argv = envoy_argv(self.binary, self.cfg, self._config_file_if_big())
         self.process = self.system.spawn(
             argv, place=self.place, stdout=subprocess.DEVNULL, stderr=self._stderr
         )
@@ -378,6 +420,22 @@ class EnvoyProcess:
                 self.stop()
                 raise EnvoyError(f"Envoy not LIVE after {timeout}s: {self._log_tail()}")
             time.sleep(0.05)
+
+    def _config_file_if_big(self) -> Path | None:
+        """A copy of a bootstrap too big for argv, in a fresh /tmp dir the proxy's UID owns
+        (it may not traverse the caller's private workdir); removed by :meth:`stop`."""
+        text = json.dumps(bootstrap(self.cfg), sort_keys=True, separators=(",", ":"))
+        if len(text) <= MAX_INLINE_CONFIG:
+            return None
+        d = Path(tempfile.mkdtemp(prefix="meshtax-envoy-cfg-"))
+        self._bigconfig_dir = d
+        path = d / "envoy.json"
+        path.write_text(text)
+        if self.place.uid is not None:
+            gid = self.place.gid if self.place.gid is not None else self.place.uid
+            for q in (d, path):
+                os.chown(q, self.place.uid, gid)
+        return path
 
     def _ready(self) -> bool:
         try:
@@ -417,6 +475,9 @@ class EnvoyProcess:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
+        if self._bigconfig_dir is not None:
+            shutil.rmtree(self._bigconfig_dir, ignore_errors=True)
+            self._bigconfig_dir = None
         return code
 
     def __enter__(self) -> EnvoyProcess:
