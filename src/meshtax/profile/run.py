@@ -164,6 +164,7 @@ class Backends:
     perf: Callable[[System], CpuSampler] = _real_perf
     schedstat: Callable[[int], Mapping[int, int]] = schedstat
     state_dir: Path = STATE_DIR
+    lock_timeout: float = 0.0  # seconds to wait for another profiling run to finish
     procs: ProcOps | None = None
     envoy_binary: Path | None = None
     fortio_binary: Path | None = None
@@ -284,7 +285,7 @@ def run_profile(
     work = be.workdir or Path(tempfile.mkdtemp(prefix="meshtax-profile-"))
     results: dict[Mode, list[_SizeResult]] = {}
 
-    with Testbed(system, state_dir=be.state_dir, procs=be.procs) as tb:
+    with Testbed(system, state_dir=be.state_dir, lock_timeout=be.lock_timeout, procs=be.procs) as tb:
         client = tb.add_pod("client")
         server = tb.add_pod("server")
         tb.mesh(server, proxy_uid=PROXY_UID,

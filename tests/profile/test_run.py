@@ -1,0 +1,264 @@
+"""run_profile: orchestration against FakeSystem/FakeProbe/fake perf with exact expectations,
+and one short real run as root."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from meshtax.model.components import BASE_COMPONENTS, IPC, NOTIFICATION, OTHER, PARSING, READ, WRITE
+from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Mode
+from meshtax.profile.perfcpu import Bucket, PerfProfile
+from meshtax.profile.pinning import Pinning
+from meshtax.profile.plan import Plan
+from meshtax.profile.probes import FakeProbe, ProbeReading
+from meshtax.profile.runstate import STATE_DIR
+from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, Progress, run_profile
+from meshtax.profile.system import Completed, FakeSystem, Placement, Process, RealSystem
+from tests.profile.test_decompose import make_reading, thread
+
+PIN = Pinning(client=(0,), sidecars=(1,), app=(1,))
+DIRECT_US = 118.0
+MESHED_US = {"9078": 140.0, "9079": 300.0, "9080": 200.0}  # by the app port the sidecar serves
+COUNT = 1000
+
+
+class Procs:
+    def start_time(self, pid: int) -> int | None:
+        return pid * 10
+
+    def terminate(self, pid: int, start_time: int, *, netns: str | None = None, timeout: float = 2.0) -> bool:
+        return True
+
+
+class EchoFakeSystem(FakeSystem):
+    """FakeSystem whose ``fortio server`` says it listens (FortioServer waits for that)."""
+
+    def spawn(self, argv: Sequence[str], *, place: Placement = Placement(),
+              stdout: IO[bytes] | int | None = None, stderr: IO[bytes] | int | None = None,
+              env: Mapping[str, str] | None = None) -> Process:  # fmt: skip
+        if "server" in argv and not isinstance(stderr, int) and stderr is not None:
+            stderr.write(b"listening on a\nlistening on b\nlistening on c\n")
+            stderr.flush()
+        return super().spawn(argv, place=place, stdout=stdout, stderr=stderr, env=env)
+
+
+def fortio_doc(avg_us: float, qps: float) -> str:
+    h = {"Count": COUNT, "Min": 1e-5, "Max": 1e-3, "Avg": avg_us * 1e-6, "StdDev": 1e-5,
+         "Percentiles": [{"Percentile": p, "Value": avg_us * 1e-6} for p in (50, 90, 99, 99.9)]}  # fmt: skip
+    return json.dumps({"DurationHistogram": h, "RetCodes": {"OK": COUNT, "200": COUNT, "SERVING": COUNT},
+                       "ActualQPS": qps, "ActualDuration": 10**9, "Version": "1.68.2"})  # fmt: skip
+
+
+class World:
+    """Scripted answers: which sidecar mode runs decides the meshed latency."""
+
+    def __init__(self) -> None:
+        self.mode_port = "9078"
+
+    def __call__(self, argv: tuple[str, ...]) -> Completed | None:
+        if "--version" in argv:
+            return Completed(argv, 0, "envoy  version: abc/1.40.0/Clean/RELEASE/BoringSSL\n", "")
+        if argv[-1] == "version":
+            return Completed(argv, 0, "1.68.2\n", "")
+        if "--config-yaml" in argv:
+            return None
+        if argv[0] == "curl" or "curl" in argv:
+            return Completed(argv, 0, "LIVE\n", "")
+        if "load" in argv:
+            target = argv[-1]
+            qps = float(argv[argv.index("-qps") + 1])
+            meshed = ":8080" in target
+            avg = MESHED_US[self.mode_port] if meshed else DIRECT_US
+            return Completed(argv, 0, fortio_doc(avg, qps if qps > 0 else 4000.0), "")
+        return None
+
+
+class FakePerf:
+    """Every window: the first PID asked for used user 2 ms and read 1 ms (sampled)."""
+
+    def __init__(self, windows: list[tuple[int, ...]]) -> None:
+        self.windows = windows
+
+    def start(self) -> None:
+        pass
+
+    def stop(self, pids: Sequence[int] | None) -> PerfProfile:
+        assert pids
+        self.windows.append(tuple(pids))
+        ns = {(pids[0], Bucket.USER): 2_000_000, (pids[0], Bucket.READ): 1_000_000,
+              (pids[0], Bucket.PROBE): 5_000_000}  # fmt: skip
+        return PerfProfile(999, 1.0, ns, {}, {}, {})
+
+    def close(self) -> None:
+        pass
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.saved: list[tuple[Profile, bool]] = []
+
+    def save(self, profile: Profile, *, replace: bool = False) -> None:
+        self.saved.append((profile, replace))
+
+
+def readings() -> list[ProbeReading]:
+    # per crossing (1000 requests = 2000 crossings, ns/2e6 = µs): read 1, write 3-1, ipc 1,
+    # notify 2, user 5 (tcp) / 15 (http)
+    def r(user: int) -> ProbeReading:
+        w = thread(7, read=2_000_000, write=6_000_000, epoll=100_000_000, notify=4_000_000, user=user)
+        return make_reading([w], ipc_ns=2_000_000)
+
+    return [r(10_000_000), r(10_000_000), r(30_000_000), r(30_000_000)]
+
+
+def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
+    world = World()
+    sysm = EchoFakeSystem(responders=[world])
+    probe = FakeProbe(readings())
+    perf_windows: list[tuple[int, ...]] = []
+    sched = iter(range(0, 10**12, 6_000_000))  # every read +6 ms: twice what perf sampled
+
+    def fake_sched(pid: int) -> Mapping[int, int]:
+        return {pid: next(sched)}
+
+    # the sidecar's mode changes the meshed latency: follow Envoy starts
+    orig_spawn = sysm.spawn
+
+    def spawn(argv: Sequence[str], **kw: object) -> Process:
+        if "--config-yaml" in argv:
+            cfg = json.loads(argv[list(argv).index("--config-yaml") + 1])
+            port = cfg["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0][
+                "lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"]  # fmt: skip
+            world.mode_port = str(port)
+        return orig_spawn(argv, **kw)  # type: ignore[arg-type]
+
+    sysm.spawn = spawn  # type: ignore[method-assign]
+    plan = Plan(modes=(Mode.TCP, Mode.HTTP), sizes=(100, 1000), rate_fractions=(0.5, 1.0),
+                latency_run_s=0.1, latency_max_runs=6, pinning=PIN)  # fmt: skip
+    backends = Backends(
+        probe=lambda s: probe, perf=lambda s: FakePerf(perf_windows), schedstat=fake_sched,
+        state_dir=tmp_path / "state", procs=Procs(), envoy_binary=Path("/x/envoy"),
+        fortio_binary=Path("/x/fortio"), workdir=tmp_path / "work",
+        now=lambda: dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
+    )  # fmt: skip
+    seen: list[Progress] = []
+    sink = Sink()
+    with pytest.warns(ClosureWarning, match="http: .* does NOT close"):
+        prof = run_profile(ProfileOptions(name="t", plan=plan, replace=True), sysm, sink, seen.append,
+                           backends=backends)  # fmt: skip
+
+    assert sink.saved == [(prof, True)]
+    assert set(prof.modes) == {Mode.TCP, Mode.HTTP}
+    tcp, http = prof.modes[Mode.TCP], prof.modes[Mode.HTTP]
+    lat = {c: m.latency.intercept for c, m in tcp.components.items()}
+    assert lat == pytest.approx({IPC: 1.0, READ: 1.0, WRITE: 2.0, NOTIFICATION: 2.0, OTHER: 5.0, PARSING: 0.0})
+    assert http.components[PARSING].latency.intercept == pytest.approx(10.0)
+    assert http.components[OTHER].latency.intercept == pytest.approx(5.0)
+    assert set(tcp.components) == set(BASE_COMPONENTS)
+    # overhead per crossing: (140-118)/2 = 11 = components → closes; http (200-118)/2 = 41 vs 21
+    assert tcp.closure is not None and tcp.closure.measured_us == pytest.approx(11.0)
+    assert tcp.closure.components_us == pytest.approx(11.0) and tcp.closure.closes
+    assert http.closure is not None and not http.closure.closes
+    assert any(n.startswith("NOT CLOSED: http") for n in prof.provenance.notes)
+    assert not any(n.startswith("NOT CLOSED: tcp") for n in prof.provenance.notes)
+    # CPU: perf split scaled to schedstat's total (×2), per crossing: user 4e6/2000 ns = 2 µs
+    cpu = tcp.components[OTHER].cpu
+    assert cpu.samples is not None and cpu.samples.values == pytest.approx((2.0,) * 4)
+    assert cpu.samples.rates == (2000.0, 4000.0, 2000.0, 4000.0)
+    assert tcp.components[READ].cpu.intercept == pytest.approx(1.0)  # 1e6 ns × 2 / 2000
+    assert http.components[PARSING].cpu.intercept == pytest.approx(0.0)
+    # provenance is self-describing
+    o = prof.provenance.options
+    assert o["envoy_version"] == "1.40.0" and o["fortio_version"] == "1.68.2"
+    assert o["pinning"] == {"client": [0], "sidecars": [1], "app": [1]}
+    assert o["probe_perturbation_us_per_request"] == {"tcp": {"100": 0.0, "1000": 0.0}, "http": {"100": 0.0, "1000": 0.0}}
+    assert o["measurements"]["tcp"][0]["cpu"][0]["perf_over_schedstat"] == pytest.approx(0.5)
+    assert prof.platform.proxy_version == "1.40.0" and prof.platform.config_hash == o["config_hash"]
+    assert prof.provenance.created == "2026-01-02T03:04:05+00:00"
+    # probes and perf looked at the sidecar only
+    envoy_pids = [p.pid for p in sysm.processes if "--config-yaml" in p.argv]
+    assert len(envoy_pids) == 2
+    assert probe.started == [(envoy_pids[0],)] * 2 + [(envoy_pids[1],)] * 2
+    assert perf_windows == [(envoy_pids[0],)] * 4 + [(envoy_pids[1],)] * 4
+    # placement: client load pinned in the client pod, sidecar as uid 1337 on its CPU
+    loads = [c for c in sysm.calls if "load" in c]
+    assert all(c[:7] == ("ip", "netns", "exec", loads[0][3], "taskset", "-c", "0") for c in loads)
+    assert loads[0][3].endswith("-client")
+    envoy_argv = next(p.argv for p in sysm.processes if "--config-yaml" in p.argv)
+    assert ("taskset", "-c", "1") == envoy_argv[4:7] and "--reuid=1337" in envoy_argv
+    assert any("9080" in c and "--dport" in c and "RETURN" in c for c in sysm.calls)  # app port not intercepted
+    # everything stopped, state file gone, progress reached the end
+    assert all(p.returncode is not None for p in sysm.processes)
+    assert not list((tmp_path / "state").glob("*.json"))
+    assert [p.index for p in seen] == list(range(1, len(plan.steps()) + 1))
+    assert seen[-1].total == len(plan.steps()) and 0 <= seen[-1].fraction < 1
+
+
+def test_options_resolve_plan() -> None:
+    p = ProfileOptions(quick=True, modes=("http",), sizes=(2048, 100), duration_s=1.0).resolve_plan()
+    assert p.preset == "quick" and p.modes == (Mode.HTTP,) and p.sizes == (100, 2048)
+    assert p.latency_run_s == 1.0 and p.probe_run_s == 2.0
+    assert ProfileOptions().resolve_plan().preset == "full"
+    now = dt.datetime(2026, 1, 2, 3, 4, 5)
+    assert ProfileOptions(name="x").resolve_name(now) == "x"
+    assert ProfileOptions().resolve_name(now).endswith("-20260102-030405")
+
+
+# ---- one short real run ----------------------------------------------------------------------
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root"
+    for tool in ("ip", "iptables", "perf", "curl"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed"
+    try:
+        from meshtax.profile.envoy import envoy_binary
+        from meshtax.profile.fortio import fortio_binary
+        from meshtax.profile.probes import probe_binary
+
+        envoy_binary(), fortio_binary(), probe_binary()
+    except Exception as e:  # any missing piece is a skip reason, said plainly
+        return str(e)
+    return None
+
+
+def _ours() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return sorted(line.split()[0] for line in out.splitlines() if line.startswith("mtx-"))
+
+
+@pytest.mark.root
+@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+def test_real_short_profile_one_mode_one_size() -> None:
+    before = _ours()
+    plan = Plan(modes=(Mode.TCP,), sizes=(100,), rate_fractions=(0.5,), latency_run_s=0.3,
+                latency_min_runs=3, latency_max_runs=3, probe_run_s=1.0, maxqps_run_s=0.5,
+                cpu_run_s=0.5, warmup_n=50)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ClosureWarning)  # a noisy shared machine may not close
+        prof = run_profile(ProfileOptions(name="smoke", plan=plan), RealSystem(), None,
+                           backends=Backends(state_dir=STATE_DIR, lock_timeout=180.0))  # fmt: skip
+    tcp = prof.modes[Mode.TCP]
+    assert set(tcp.components) == set(BASE_COMPONENTS)
+    lat = {c: m.latency.intercept for c, m in tcp.components.items()}
+    assert lat[READ] > 0 and lat[WRITE] >= 0 and lat[NOTIFICATION] > 0 and lat[OTHER] > 0
+    assert lat[PARSING] == 0.0
+    assert tcp.closure is not None and tcp.closure.components_us > 0
+    m = prof.provenance.options["measurements"]["tcp"][0]
+    assert m["probe"]["requests"] > 0 and m["max_qps"] > 0
+    assert tcp.components[OTHER].cpu.samples is not None
+    # nothing of this run left behind
+    assert _ours() == before
