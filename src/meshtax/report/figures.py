@@ -17,6 +17,7 @@ import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from meshtax.model.components import Component
 from meshtax.report import tables as T
@@ -67,9 +68,10 @@ def _svg(fig: Figure, fid: str) -> str:
     SVGs in one page never resolve each other's clip paths or markers."""
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": fid}):  # stable ids: reproducible files
-        fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight")
+        fig.savefig(buf, format="svg", metadata={"Date": None})  # constrained layout already fits: no second "tight" pass
     s = buf.getvalue()
     s = s[s.index("<svg"):]
+    s = re.sub(r"\s*<metadata>.*?</metadata>", "", s, flags=re.S)  # RDF block: namespace URLs, no information
     p = _slug(fid) + "-"
     s = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{p}{m.group(1)}"', s)
     s = re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{p}{m.group(1)})", s)
@@ -175,6 +177,7 @@ def _vs_size(axs: Sequence[Axes], series: Sequence[T.SampleSeries], modes: Seque
             ax.scatter(s.sizes, s.values, color=color(s.component), s=9, alpha=0.7, linewidths=0)
         ax.plot(grid, total, color="black", linestyle="--", linewidth=1.2, label="sum without filters")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # unlabelled minor ticks: labelling them dominates drawing time
         ax.set_title(mode, fontsize=9)
         ax.set_xlabel("message size (bytes)")
     axs[0].set_ylabel(ylabel)

@@ -1,0 +1,108 @@
+"""Report numbers computed from documents: exact values on the round-number profile."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshtax.report import tables as T
+from tests.report import data as D
+
+
+@pytest.mark.parametrize(
+    ("mode", "key", "latency_us", "cpu_vcpu"),
+    [
+        ("tcp", "ipc", 2 * (2.5 + 0.1), 2 * (4.0 + 0.2) * 0.03),
+        ("http", "parsing", 2 * (12.0 + 0.2), 2 * (20.0 + 0.4) * 0.03),
+        ("http", "filter:lua", 18.0, 1.2),
+        ("grpc", "other", 16.0, 0.84),
+    ],
+)
+def test_breakdown_is_one_request_through_one_sidecar(mode: str, key: str, latency_us: float, cpu_vcpu: float) -> None:
+    m = {b.mode: b for b in T.breakdown(D.golden_profile().to_dict())}[mode]
+    assert m.latency_us[key].value == pytest.approx(latency_us)
+    assert m.cpu_vcpu[key].value == pytest.approx(cpu_vcpu)
+    assert m.latency_us[key].half == 0.0  # no fit, no interval
+
+
+def test_breakdown_totals_leave_filters_out_and_order_components() -> None:
+    http = {b.mode: b for b in T.breakdown(D.golden_profile().to_dict())}["http"]
+    assert http.base_components() == ["ipc", "read", "write", "parsing", "other"]
+    assert http.filters() == ["filter:lua"]
+    assert http.total("latency").value == pytest.approx(5.2 + 3.1 + 6.1 + 24.4 + 16.0)
+
+
+def test_fitted_models_carry_intervals_and_samples() -> None:
+    doc = D.measured_profile().to_dict()
+    m = T.breakdown(doc)[0]
+    assert all(c.half > 0 for c in m.latency_us.values())
+    tot = m.total("latency")
+    assert tot.half == pytest.approx(np.sqrt(sum(m.latency_us[k].half ** 2 for k in m.base_components())))
+    lat = T.sample_series(doc, "latency")
+    assert {s.mode for s in lat} == {"tcp", "http", "grpc"}
+    assert all(s.sizes.size == len(D.SIZES) for s in lat)
+    cpu = [s for s in T.sample_series(doc, "cpu") if not T.is_filter(s.component)]
+    assert all(s.rates is not None and s.sizes.size == len(D.SIZES) * len(D.RATES) for s in cpu)
+
+
+def test_published_profile_has_no_samples() -> None:
+    from meshtax.reference import reference_profile
+
+    assert T.sample_series(reference_profile().to_dict(), "latency") == []
+
+
+def test_comparison_differences_and_missing_components() -> None:
+    from meshtax.reference import reference_profile
+
+    a = D.golden_profile().to_dict()
+    cmp = T.compare_profiles(a, reference_profile().to_dict())
+    rows = {(r.mode, r.component): r for r in cmp.rows}
+    ipc = rows[("http", "ipc")]
+    assert ipc.latency_a == pytest.approx(5.2) and ipc.latency_b is None and ipc.latency_diff == (None, None)
+    total = rows[("http", "total")]
+    assert total.latency_a == pytest.approx(54.8)
+    assert total.latency_b == pytest.approx(165.17)  # the paper's HTTP total, Table 2
+    d, pct = total.latency_diff
+    assert d == pytest.approx(165.17 - 54.8) and pct == pytest.approx((165.17 - 54.8) / 54.8 * 100)
+    assert [r.component for r in cmp.rows if r.mode == "http"][-1] == "filter:lua"  # filters after the total
+
+
+def test_doc_labels_are_unique() -> None:
+    doc = {"profile": {"name": "p"}, "options": {}}
+    assert T.doc_label(doc) == "p"
+    assert T.doc_label(doc, ["p"]) == "p #2"
+    assert T.doc_label({**doc, "label": "mine"}, ["p"]) == "mine"
+
+
+def test_prediction_distributions_include_the_whatif_after() -> None:
+    doc = D.prediction(D.golden_profile())
+    before, after = T.prediction_distributions("x", doc)
+    assert before.latency_pct.size == after.latency_pct.size == len(doc["graphs"])
+    g0, a0 = doc["graphs"][0], doc["whatif"]["per_graph_after"][0]
+    assert after.latency_pct[0] == pytest.approx(100 * a0["latency_overhead_us"] / g0["base_latency_us"])
+    assert np.all(after.cpu_vcpu <= before.cpu_vcpu)  # a speedup never costs more
+
+
+def test_cdf_is_thinned_but_keeps_its_ends() -> None:
+    x = np.arange(10_000, dtype=np.float64)[::-1]
+    xs, p = T.cdf(x, points=100)
+    assert xs.size <= 100 and xs[0] == 0 and xs[-1] == 9999 and p[-1] == 1.0
+    assert np.all(np.diff(xs) >= 0) and np.all(np.diff(p) > 0)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"name": "q", "mode": "http", "latency": {"predicted": 110.0, "measured": 100.0, "lo": 95.0, "hi": 104.0}},
+        {"name": "q", "mode": "http", "metric": "latency", "predicted": 110.0, "measured": 100.0, "measured_lo": 95.0, "measured_hi": 104.0},
+    ],
+)
+def test_validation_cases_nested_or_flat(case: dict[str, object]) -> None:
+    (c,) = T.validation_cases({"cases": [case]})
+    assert (c.name, c.metric, c.predicted, c.measured, c.measured_lo, c.measured_hi) == ("q (http)", "latency", 110.0, 100.0, 95.0, 104.0)
+    assert c.error_pct == pytest.approx(10.0)
+
+
+def test_study_distributions_drop_missing_values() -> None:
+    (d,) = T.study_distributions({"configurations": {"tcp": {"latency_overhead_pct": [1.0, None, 3.0], "cpu_vcpu": [0.5]}}})
+    assert d.label == "tcp" and d.latency_pct.tolist() == [1.0, 3.0] and d.cpu_vcpu.tolist() == [0.5]
