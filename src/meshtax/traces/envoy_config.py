@@ -130,11 +130,12 @@ _SIZED = ("rbac", "rbac_network", "ip_tagging")
 
 
 def sized(base: str, n: int) -> str:
-    """Name of a filter whose cost depends on its size (RBAC rules, IP tags): ``rbac:100``.
+    """Name of a filter whose cost depends on its size (RBAC rules, IP tags): ``rbac_100``.
 
-    One place decides the spelling, so profiles and imports agree.
+    One place decides the spelling, so profiles and imports agree; it fits the ECG schema's
+    filter-name pattern (``[a-z0-9][a-z0-9_.-]*``).
     """
-    return f"{base}:{n}"
+    return f"{base}_{n}"
 
 
 def _strip(type_url: str) -> str:
@@ -687,11 +688,11 @@ def envoy_from_dict(doc: Any, source: str = "<envoy>", doc_index: int | None = N
             chosen_chains = chains
             for lf in lst.get("listener_filters") or []:
                 if isinstance(lf, Mapping):
-                    c = classify_filter(lf)
-                    if c.kind == "ignored":
-                        notes.append(f"{c.name}: {c.reason}")
-                    elif c.kind == "unknown":
-                        notes.append(f"listener filter {c.name}: runs once per connection; not modelled")
+                    lc = classify_filter(lf)
+                    if lc.kind == "ignored":
+                        notes.append(f"{lc.name}: {lc.reason}")
+                    elif lc.kind == "unknown":
+                        notes.append(f"listener filter {lc.name}: runs once per connection; not modelled")
     cname = infos[li].name
     useful = [c for c in chosen_chains if c.mode is not None and not c.passthrough]
     if not useful:
