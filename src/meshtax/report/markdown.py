@@ -25,7 +25,9 @@ def table(head: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[bo
 
 def interval(e: Mapping[str, float], fmt: str = "{:.1f}") -> str:
     v, lo, hi = e["value"], e["lo"], e["hi"]
-    if lo == v == hi:
+    if v is None:  # NaN is written as null in JSON
+        return "—"
+    if lo is None or hi is None or lo == v == hi:
         return fmt.format(v)
     return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]"
 
