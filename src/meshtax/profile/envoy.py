@@ -151,6 +151,9 @@ class EnvoyConfig:
             inbound_upstream=None,
             outbound_upstream=None,
             log_level="info",
+            # certificates are regenerated per run; which ones does not shape the work
+            inbound_tls=_redact_inline(self.inbound_tls),
+            outbound_tls=_redact_inline(self.outbound_tls),
         )
         # worker count and extra flags live on the command line, not in the bootstrap
         return config_hash(
@@ -160,6 +163,19 @@ class EnvoyConfig:
                 "args": list(self.extra_args),
             }
         )
+
+
+def _redact_inline(tls: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """``tls`` with every inline PEM (``inline_string``/``inline_bytes``) replaced by a marker."""
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, Mapping):
+            return {k: "<inline>" if k in ("inline_string", "inline_bytes") else walk(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        return x
+
+    return None if tls is None else walk(tls)
 
 
 def config_hash(cfg: Mapping[str, Any]) -> str:
