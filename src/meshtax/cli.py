@@ -52,7 +52,8 @@ def _emit(text: str, output: str | None) -> None:
 
 
 db_option = click.option("--db", type=click.Path(dir_okay=False), help="Profile database (default: $MESHTAX_DB or the user data dir).")
-format_option = click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+format_option = click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown", "html"]), default="table", show_default=True)
+report_option = click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Also write a self-contained HTML report here.")
 output_option = click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
 
 
@@ -70,15 +71,24 @@ def main() -> None:
 @db_option
 @format_option
 @output_option
+@report_option
 @user_errors
-def predict(ecg_files: tuple[str, ...], profile: str | None, speedup: str | None, rate: float | None, db: str | None, fmt: str, output: str | None) -> None:
+def predict(
+    ecg_files: tuple[str, ...], profile: str | None, speedup: str | None, rate: float | None, db: str | None, fmt: str, output: str | None,
+    report_path: str | None,
+) -> None:
     """Predict latency and CPU overhead of sidecars on ECG_FILES (YAML/JSON call graphs).
 
     Several graphs of one API (files, or a file with 'graphs:') give a distribution.
     """
     opts = PredictOptions(ecg_files=ecg_files, profile=profile, speedup=speedup, rate=rate)
-    doc = predict_files(opts, ProfileStore(db))
+    store = ProfileStore(db)
+    doc = predict_files(opts, store)
     _emit(prediction_text(doc) if fmt == "table" else EXPORTERS[fmt].export(doc), output)
+    if report_path:
+        from meshtax.report.build import build_report
+
+        click.echo(f"wrote {build_report([doc], [store.get(doc['profile']['name']).to_dict()], out_path=report_path)}", err=True)
 
 
 @main.group()
@@ -168,6 +178,36 @@ def example(dest: str) -> None:
                 shutil.copyfile(path, out / f.name)
             names.append(f.name)
     click.echo(f"wrote {len(names)} files to {out}/: " + ", ".join(names))
+
+
+@main.command()
+@click.argument("files", nargs=-1, type=click.Path())
+@click.option("--profiles", "profile_names", multiple=True, help="Include stored profile NAME (repeatable).")
+@click.option("--compare", nargs=2, metavar="A B", help="Compare two stored profiles side by side.")
+@click.option("-o", "--output", default="meshtax-report.html", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--open", "open_", is_flag=True, help="Open the report in a browser.")
+@db_option
+@user_errors
+def report(files: tuple[str, ...], profile_names: tuple[str, ...], compare: tuple[str, str] | None, output: str, open_: bool, db: str | None) -> None:
+    """Build one self-contained HTML report from result FILES (prediction/study/validation JSON,
+    study Parquet) and stored profiles."""
+    from meshtax.report.build import open_in_browser, report_from_files
+
+    store = ProfileStore(db)
+    if not files and not profile_names and not compare:
+        raise UsageError("nothing to report: give result files, --profiles NAME or --compare A B")
+    try:
+        path = report_from_files(
+            files,
+            [store.get(n).to_dict() for n in profile_names],
+            out_path=output,
+            compare=(store.get(compare[0]).to_dict(), store.get(compare[1]).to_dict()) if compare else None,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    click.echo(f"wrote {path}")
+    if open_ and not open_in_browser(path):
+        click.echo("could not open a browser; open the file yourself", err=True)
 
 
 @main.command()

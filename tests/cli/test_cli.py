@@ -119,3 +119,24 @@ def test_profiles_export_import_show(tmp_path: Path, env: dict[str, str]) -> Non
 def test_real_entry_point_runs(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "meshtax.cli", "--version"], capture_output=True, text=True, check=True)
     assert r.stdout.startswith("meshtax, version ")
+
+
+def test_predict_writes_report_and_markdown(examples: Path, env: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    r = invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "reference", "--format", "markdown", "--report", str(out)], env)
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("# meshtax prediction")
+    html = out.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "<svg" in html and "bookinfo" in html
+
+
+def test_report_command(examples: Path, env: dict[str, str], tmp_path: Path) -> None:
+    pred = tmp_path / "p.json"
+    assert invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "reference", "--format", "json", "-o", str(pred)], env).exit_code == 0
+    out = tmp_path / "rep.html"
+    r = invoke(["report", str(pred), "--profiles", "reference", "--compare", "reference", "reference", "-o", str(out)], env)
+    assert r.exit_code == 0, r.output
+    assert out.stat().st_size > 10_000
+    bad = invoke(["report", str(tmp_path / "missing.json"), "-o", str(out)], env)
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+    assert invoke(["report", "-o", str(out)], env).exit_code == 2
