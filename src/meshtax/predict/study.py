@@ -40,7 +40,8 @@ from meshtax.model.ecg import EcgBatch, SidecarSpec
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import propagate, structure
-from meshtax.predict.engine import hop_costs, single_profile
+# the engine's per-sidecar model selection, reused so the study prices exactly like predict_batch
+from meshtax.predict.engine import _spec_models
 from meshtax.traces.store import Store, open_store, read_partition
 
 FloatArray = npt.NDArray[np.float64]
@@ -98,6 +99,25 @@ def retarget(batch: EcgBatch, sidecar: SidecarConfig) -> EcgBatch:
     )
 
 
+def _row_costs(batch: EcgBatch, sidecar: SidecarConfig, profile: Profile) -> tuple[FloatArray, FloatArray]:
+    """Latency (µs) and CPU (CPU-µs per call) added to every row when every meshed sidecar runs
+    ``sidecar``: the same models as :func:`~meshtax.predict.engine.hop_costs`, summed over
+    components once and evaluated on the distinct message sizes only (traces without sizes
+    have one), instead of per component and row."""
+    warnings: list[str] = []
+    models = _spec_models(SidecarSpec(sidecar, None), profile, warnings)
+    sizes, inv = np.unique(np.concatenate([batch.request_bytes, batch.response_bytes]), return_inverse=True)
+    lat_s = np.zeros(sizes.size)
+    cpu_s = np.zeros(sizes.size)
+    for lat, cpu in models.values():
+        lat_s += lat.predict(sizes)
+        cpu_s += cpu.predict(sizes)
+    n = batch.n_invocations
+    q, p = inv[:n], inv[n:]
+    crossings = (batch.caller_spec >= 0).astype(np.float64) + (batch.callee_spec >= 0)
+    return crossings * (lat_s[q] + lat_s[p]), crossings * (cpu_s[q] + cpu_s[p])
+
+
 def predict_partition(batch: EcgBatch, configs: Sequence[StudyConfig], profile: Profile, after: Profile | None = None) -> dict[str, FloatArray]:
     """Per-graph columns of one batch for every configuration (pure; used by every engine)."""
     shape = structure(batch)  # independent of the configuration: computed once
@@ -109,11 +129,11 @@ def predict_partition(batch: EcgBatch, configs: Sequence[StudyConfig], profile: 
     for cfg in configs:
         b = retarget(batch, cfg.sidecar)
         for suffix, prof in profiles:
-            costs = hop_costs(b, single_profile(prof))
-            prop = propagate(shape, costs.latency.sum(axis=1))
+            lat, cpu_row = _row_costs(b, cfg.sidecar, prof)
+            prop = propagate(shape, lat)
             if base is None:
                 base = prop.base_us
-            cpu = np.bincount(g, weights=costs.cpu.sum(axis=1) * b.rate * 1e-6, minlength=G)
+            cpu: FloatArray = np.bincount(g, weights=cpu_row * b.rate * 1e-6, minlength=G).astype(np.float64)
             ov = prop.overhead_us
             with np.errstate(divide="ignore", invalid="ignore"):
                 pct = np.where(prop.base_us > 0, 100.0 * ov / prop.base_us, np.nan)
@@ -129,11 +149,12 @@ def _run_partition(
 ) -> dict[str, Any]:
     """One partition: read, predict, write its per-graph Parquet. Runs on any engine's worker."""
     t0 = time.perf_counter()
-    batch = read_partition(Path(store_dir), stem, specs)
+    batch = read_partition(Path(store_dir), stem, specs, with_names=False)
     cols = predict_partition(batch, configs, profile, after)
+    names = pq.read_table(Path(store_dir) / f"{stem}.graphs.parquet", columns=["name"]).column("name")
     table = pa.table(
         {
-            "graph": pa.array(batch.graph_names, pa.string()),
+            "graph": names,
             "n_calls": pa.array(np.diff(batch.graph_ptr).astype(np.int32)),
             **{k: pa.array(v) for k, v in cols.items()},
         }
@@ -261,21 +282,21 @@ def _run_dask(args: Sequence[tuple[Any, ...]], scheduler: str | Any | None, tick
         raise StudyError("engine 'dask' needs dask.distributed: pip install 'dask[distributed]'") from None
     own: list[Any] = []
     if scheduler is None:
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)  # type: ignore[no-untyped-call]
         own.append(cluster)
-        client = Client(cluster)
+        client = Client(cluster)  # type: ignore[no-untyped-call]
         own.insert(0, client)
     elif isinstance(scheduler, Client):
         client = scheduler
     elif isinstance(scheduler, str):
-        client = Client(scheduler)
+        client = Client(scheduler)  # type: ignore[no-untyped-call]
         own.append(client)
     else:  # a cluster object
-        client = Client(scheduler)
+        client = Client(scheduler)  # type: ignore[no-untyped-call]
         own.append(client)
     try:
         futures = [client.submit(_run_partition, *a, pure=False) for a in args]
-        for f in as_completed(futures):
+        for f in as_completed(futures):  # type: ignore[no-untyped-call]
             f.result()  # re-raises a worker's error here
             tick()
     finally:

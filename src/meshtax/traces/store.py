@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -94,10 +95,24 @@ def concat_batches(batches: Sequence[EcgBatch]) -> EcgBatch:
         names.extend(b.graph_names)
         base += b.n_invocations
     cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()}
-    ints = ("parent", "caller", "callee", "caller_spec", "callee_spec")
+    def i64(k: str) -> npt.NDArray[np.int64]:
+        return cat[k].astype(np.int64)
+
+    def f64(k: str) -> npt.NDArray[np.float64]:
+        return cat[k].astype(np.float64)
+
     return EcgBatch(
         graph_ptr=np.concatenate(ptr).astype(np.int64),
-        **{k: cat[k].astype(np.int64 if k in ints else np.float64) for k in cat},
+        parent=i64("parent"),
+        caller=i64("caller"),
+        callee=i64("callee"),
+        caller_spec=i64("caller_spec"),
+        callee_spec=i64("callee_spec"),
+        request_bytes=f64("request_bytes"),
+        response_bytes=f64("response_bytes"),
+        rate=f64("rate"),
+        start_us=f64("start_us"),
+        duration_us=f64("duration_us"),
         services=tuple(services),
         specs=tuple(specs),
         graph_names=tuple(names),
@@ -215,13 +230,16 @@ class Store:
             yield self.read(i)
 
 
-def read_partition(directory: Path, stem: str, specs: tuple[SidecarSpec, ...]) -> EcgBatch:
+def read_partition(directory: Path, stem: str, specs: tuple[SidecarSpec, ...], *, with_names: bool = True) -> EcgBatch:
+    """One partition as a batch; ``with_names=False`` leaves ``graph_names`` empty (faster
+    when the caller reads the names column itself)."""
     rows = pq.read_table(directory / f"{stem}.rows.parquet")
-    graphs = pq.read_table(directory / f"{stem}.graphs.parquet")
+    graphs = pq.read_table(directory / f"{stem}.graphs.parquet", columns=["name", "n_rows"] if with_names else ["n_rows"])
     services = pq.read_table(directory / f"{stem}.services.parquet")
 
     def col(name: str, dtype: type) -> np.ndarray[Any, Any]:
-        return rows.column(name).to_numpy().astype(dtype, copy=False)
+        out: np.ndarray[Any, Any] = rows.column(name).to_numpy().astype(dtype, copy=False)
+        return out
 
     n_rows = graphs.column("n_rows").to_numpy()
     ptr = np.zeros(n_rows.size + 1, dtype=np.int64)
@@ -240,7 +258,7 @@ def read_partition(directory: Path, stem: str, specs: tuple[SidecarSpec, ...]) -
         duration_us=col("duration_us", np.float64),
         services=tuple(services.column("name").to_pylist()),
         specs=specs,
-        graph_names=tuple(graphs.column("name").to_pylist()),
+        graph_names=tuple(graphs.column("name").to_pylist()) if with_names else (),
     )
 
 
