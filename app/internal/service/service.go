@@ -426,13 +426,19 @@ func (s *Server) handleHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// pad appends a length-delimited unknown field so msg is about size bytes long.
+// pad appends a length-delimited unknown field so msg is size bytes long (one byte short in
+// the rare case no length prefix fits exactly).
 func pad(msg []byte, size int) []byte {
-	if len(msg) >= size {
-		return msg
+	remain := size - len(msg) - protowire.SizeTag(padFieldNum)
+	n := -1
+	for k := 1; k <= 3 && n < 0; k++ {
+		if c := remain - k; c >= 0 && protowire.SizeVarint(uint64(c)) == k {
+			n = c
+		}
 	}
-	n := size - len(msg) - protowire.SizeTag(padFieldNum)
-	n -= protowire.SizeVarint(uint64(n))
+	if n < 0 && remain >= 2 {
+		n = remain - 2 // e.g. remain 129: 128 needs a 2-byte length, 127 a 1-byte one
+	}
 	if n < 0 {
 		return msg
 	}

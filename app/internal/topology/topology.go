@@ -178,16 +178,96 @@ func mapping[T any](n *yaml.Node, what string) ([]string, map[string]T, error) {
 	return keys, out, nil
 }
 
+var allowed = map[string][]string{
+	"":         {"name", "description", "defaults", "queries", "services"},
+	"defaults": {"protocol", "compute_us", "compute", "request_bytes", "response_bytes"},
+	"query":    {"service", "endpoint"},
+	"service":  {"protocol", "role", "endpoints"},
+	"endpoint": {"compute_us", "compute", "response_bytes", "stages"},
+	"call":     {"call", "request_bytes"},
+}
+
+func checkMap(n *yaml.Node, kind, where string, bad func(string, ...any)) {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i].Value
+		ok := false
+		for _, a := range allowed[kind] {
+			ok = ok || a == k
+		}
+		if !ok {
+			bad("%s%s: unknown field (allowed: %s)", where, k, strings.Join(allowed[kind], ", "))
+		}
+	}
+}
+
+func child(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+func each(n *yaml.Node, f func(k string, v *yaml.Node)) {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		f(n.Content[i].Value, n.Content[i+1])
+	}
+}
+
+func checkKeys(root *yaml.Node, _ string, bad func(string, ...any)) {
+	checkMap(root, "", "", bad)
+	checkMap(child(root, "defaults"), "defaults", "defaults.", bad)
+	each(child(root, "queries"), func(q string, v *yaml.Node) { checkMap(v, "query", "queries."+q+".", bad) })
+	each(child(root, "services"), func(s string, v *yaml.Node) {
+		checkMap(v, "service", "services."+s+".", bad)
+		each(child(v, "endpoints"), func(e string, ev *yaml.Node) {
+			w := "services." + s + ".endpoints." + e
+			checkMap(ev, "endpoint", w+".", bad)
+			st := child(ev, "stages")
+			if st == nil || st.Kind != yaml.SequenceNode {
+				return
+			}
+			for si, stage := range st.Content {
+				calls := []*yaml.Node{stage}
+				if stage.Kind == yaml.SequenceNode {
+					calls = stage.Content
+				}
+				for ci, c := range calls {
+					checkMap(c, "call", fmt.Sprintf("%s.stages[%d][%d].", w, si, ci), bad)
+				}
+			}
+		})
+	})
+}
+
 // Parse reads a topology from YAML bytes; all problems are reported at once.
 func Parse(b []byte) (*Topology, error) {
-	var raw rawTopology
-	dec := yaml.NewDecoder(strings.NewReader(string(b)))
-	dec.KnownFields(true)
-	if err := dec.Decode(&raw); err != nil {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
 		return nil, err
+	}
+	if len(doc.Content) == 0 {
+		return nil, fmt.Errorf("empty topology")
 	}
 	var problems []string
 	bad := func(f string, a ...any) { problems = append(problems, fmt.Sprintf(f, a...)) }
+	// yaml.v3 checks known fields only at the top level of a decode, not in nested
+	// Node.Decode calls: check every level here so a typo (compute_ms) is an error
+	checkKeys(doc.Content[0], "", bad)
+	var raw rawTopology
+	if err := doc.Content[0].Decode(&raw); err != nil {
+		return nil, err
+	}
 
 	d := raw.Defaults
 	if d.Protocol == "" {
