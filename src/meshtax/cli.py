@@ -21,6 +21,7 @@ from meshtax._version import __version__
 from meshtax.app import PredictOptions, UsageError, predict_files
 from meshtax.model.ecg import ECGError
 from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Mode
 from meshtax.predict.engine import PredictionError
 from meshtax.predict.whatif import SpeedupError
 from meshtax.report.exporters import EXPORTERS
@@ -178,6 +179,63 @@ def example(dest: str) -> None:
                 shutil.copyfile(path, out / f.name)
             names.append(f.name)
     click.echo(f"wrote {len(names)} files to {out}/: " + ", ".join(names))
+
+
+@main.command("profile")
+@click.option("--quick", is_flag=True, help="Quick preset (3 sizes, short runs; aim ≤ 3 min) instead of the full one (aim ≤ 20 min).")
+@click.option("--modes", help="Comma-separated modes to profile (tcp,http,grpc).")
+@click.option("--sizes", help="Comma-separated message sizes in bytes, e.g. 100,1024,4096.")
+@click.option("--duration", type=float, help="Base seconds per load run.")
+@click.option("--name", help="Profile name (default: <hostname>-<UTC time>).")
+@click.option("--replace", is_flag=True, help="Replace a stored profile of the same name.")
+@db_option
+@user_errors
+def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: float | None, name: str | None, replace: bool, db: str | None) -> None:
+    """Measure a real Envoy sidecar on this machine (root) and store its profile.
+
+    Pods in network namespaces with Istio-style interception, fortio load, eBPF probes and
+    perf; everything is removed on exit, on Ctrl-C, and on the next start after a crash.
+    """
+    import os
+    import warnings
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from meshtax.profile.run import ClosureWarning, ProfileOptions, run_profile
+    from meshtax.profile.runstate import RunBusy
+    from meshtax.profile.system import RealSystem
+
+    if os.geteuid() != 0:
+        raise UsageError("profiling creates network namespaces and attaches eBPF probes: run it as root (see `meshtax doctor`)")
+    try:
+        opts = ProfileOptions(
+            name=name,
+            quick=quick,
+            modes=tuple(Mode(m.strip()) for m in modes.split(",")) if modes else None,
+            sizes=tuple(int(x) for x in sizes.split(",")) if sizes else None,
+            duration_s=duration,
+            replace=replace,
+        )
+    except ValueError as e:
+        raise UsageError(f"--modes/--sizes: {e}; expected e.g. --modes tcp,http,grpc --sizes 100,1024") from None
+    store = ProfileStore(db)
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with warnings.catch_warnings(record=True) as caught, Progress(*columns, transient=False) as bar:
+        warnings.simplefilter("always", ClosureWarning)
+        task = bar.add_task("starting", total=None)
+
+        def progress(p: Any) -> None:
+            bar.update(task, description=p.description, completed=p.index, total=p.total)
+
+        try:
+            prof = run_profile(opts, RealSystem(), store, progress)
+        except RunBusy as e:
+            raise UsageError(str(e)) from None
+    click.echo(profile_text(prof), nl=False)
+    for w in caught:
+        if issubclass(w.category, ClosureWarning):
+            click.echo(f"WARNING: {w.message}", err=True)
+    click.echo(f"stored profile {prof.name!r} in {store.path}; `meshtax predict` uses it by default on this machine")
 
 
 @main.command()

@@ -202,3 +202,9 @@ def test_bad_speedups_are_clear_errors(doc: dict, message: str) -> None:  # type
 
     with pytest.raises(SpeedupError, match=message):
         speedup_from_dict(doc, "sp.yaml")
+
+
+def test_mode_missing_from_profile_is_a_clear_error() -> None:
+    g = ecg({"A": SidecarConfig(Mode.TCP)}, [inv("r", EXTERNAL, "A", 0, 100)])
+    with pytest.raises(PredictionError, match="has no tcp mode"):
+        run(g)

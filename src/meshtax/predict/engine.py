@@ -63,7 +63,10 @@ class Costs:
 
 def _spec_models(spec: SidecarSpec, profile: Profile, warnings: list[str]) -> dict[Component, tuple[CostModel, CostModel]]:
     """Latency and CPU model of every component a message crossing this sidecar pays."""
-    mp = profile.mode(spec.config.mode)
+    try:
+        mp = profile.mode(spec.config.mode)
+    except KeyError as e:
+        raise PredictionError(f"{e.args[0]}; profile that mode, or describe the service with a mode the profile has") from None
     models: dict[Component, tuple[CostModel, CostModel]] = {}
     for c in (*BASE_COMPONENTS, UNATTRIBUTED):
         if c in mp.components:

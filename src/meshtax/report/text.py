@@ -10,7 +10,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from meshtax.model.components import Component
+from meshtax.model.components import BASE_COMPONENTS, Component
 from meshtax.model.profile import Profile
 from meshtax.store.sqlite import ProfileSummary
 
@@ -138,7 +138,8 @@ def profile_text(profile: Profile, size: float = TABLE_BYTES, rate: float = TABL
     for mp in modes:
         t.add_column(f"{mp.mode.value} latency (µs)", justify="right")
         t.add_column(f"{mp.mode.value} CPU (vCPU)", justify="right")
-    comps = sorted({c for mp in modes for c in mp.components if not c.name})
+    order = {c: i for i, c in enumerate(BASE_COMPONENTS)}
+    comps = sorted({c for mp in modes for c in mp.components if not c.name}, key=lambda c: (order.get(c, len(order)), c.key))
     filters = sorted({c for mp in modes for c in mp.components if c.name})
     totals = {mp.mode: [0.0, 0.0] for mp in modes}
     s = np.array([size])
