@@ -140,3 +140,14 @@ def test_report_command(examples: Path, env: dict[str, str], tmp_path: Path) -> 
     bad = invoke(["report", str(tmp_path / "missing.json"), "-o", str(out)], env)
     assert bad.exit_code == 2 and "Traceback" not in bad.output
     assert invoke(["report", "-o", str(out)], env).exit_code == 2
+
+
+def test_profile_refuses_without_root_and_bad_modes(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    r = invoke(["profile", "--modes", "quic"], env)
+    if os.geteuid() == 0:
+        assert r.exit_code == 2 and "'quic' is not a valid Mode" in r.output
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    r = invoke(["profile", "--quick"], env)
+    assert r.exit_code == 2 and "run it as root" in r.output
