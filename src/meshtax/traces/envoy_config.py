@@ -138,6 +138,11 @@ def sized(base: str, n: int) -> str:
     return f"{base}_{n}"
 
 
+def _items(v: Any) -> list[Any]:
+    """``v`` if it is a list, else no items (for fields that only refine the result)."""
+    return v if isinstance(v, list) else []
+
+
 def _strip(type_url: str) -> str:
     return type_url.split("/", 1)[1] if "/" in type_url else type_url
 
@@ -165,7 +170,7 @@ def _type_of(f: Mapping[str, Any]) -> str:
         return t
     cd = f.get("config_discovery")
     if isinstance(cd, Mapping):
-        urls = cd.get("type_urls") or []
+        urls = _items(cd.get("type_urls"))
         if isinstance(urls, list) and urls:
             return _strip(str(urls[0]))
     return ""
@@ -348,10 +353,10 @@ def _collect(doc: Any, ctx: _Ctx) -> list[Mapping[str, Any]]:
             if t.endswith("BootstrapConfigDump") and isinstance(c.get("bootstrap"), Mapping):
                 out += _collect_bootstrap(c["bootstrap"], ctx, required=False)
             elif t.endswith("ListenersConfigDump"):
-                for s in c.get("static_listeners") or []:
+                for s in _items(c.get("static_listeners")):
                     if isinstance(s, Mapping) and isinstance(s.get("listener"), Mapping):
                         out.append(s["listener"])
-                for d in c.get("dynamic_listeners") or c.get("dynamic_active_listeners") or []:
+                for d in _items(c.get("dynamic_listeners")) or _items(c.get("dynamic_active_listeners")):
                     st = d.get("active_state") if isinstance(d, Mapping) else None
                     if isinstance(st, Mapping) and isinstance(st.get("listener"), Mapping):
                         out.append(st["listener"])
@@ -359,13 +364,13 @@ def _collect(doc: Any, ctx: _Ctx) -> list[Mapping[str, Any]]:
                         out.append(d["listener"])
             elif t.endswith("ClustersConfigDump"):
                 for key in ("static_clusters", "dynamic_active_clusters"):
-                    for s in c.get(key) or []:
+                    for s in _items(c.get(key)):
                         cl = s.get("cluster") if isinstance(s, Mapping) else None
                         if isinstance(cl, Mapping):
                             ctx.clusters[str(cl.get("name", ""))] = cl
             elif t.endswith("RoutesConfigDump"):
                 for key in ("static_route_configs", "dynamic_route_configs"):
-                    for s in c.get(key) or []:
+                    for s in _items(c.get(key)):
                         rc = s.get("route_config") if isinstance(s, Mapping) else None
                         if isinstance(rc, Mapping):
                             ctx.routes[str(rc.get("name", ""))] = rc
@@ -393,7 +398,7 @@ def _collect_bootstrap(b: Mapping[str, Any], ctx: _Ctx, required: bool) -> list[
     sr = b.get("static_resources", {})
     if not isinstance(sr, Mapping):
         raise ctx.err(f"static_resources: a {type(sr).__name__}; expected a mapping with listeners and clusters")
-    for cl in sr.get("clusters") or []:
+    for cl in _items(sr.get("clusters")):
         if isinstance(cl, Mapping):
             ctx.clusters[str(cl.get("name", ""))] = cl
     ls = sr.get("listeners")
@@ -470,10 +475,10 @@ def _downstream_tls(ch: Mapping[str, Any]) -> str:
 def _route_grpc_and_clusters(rc: Mapping[str, Any]) -> tuple[bool, set[str]]:
     grpc = False
     clusters: set[str] = set()
-    for vh in rc.get("virtual_hosts") or []:
+    for vh in _items(rc.get("virtual_hosts")):
         if not isinstance(vh, Mapping):
             continue
-        for r in vh.get("routes") or []:
+        for r in _items(vh.get("routes")):
             if not isinstance(r, Mapping):
                 continue
             m = r.get("match")
@@ -670,6 +675,8 @@ def envoy_from_dict(doc: Any, source: str = "<envoy>", doc_index: int | None = N
     """
     ctx = _Ctx(source, doc_index)
     listeners = _collect(doc, ctx)
+    if not listeners:
+        raise ctx.err("no listeners (an empty list); expected at least one listener with filter chains")
     notes: list[str] = []
     try:
         li, why = _choose_listener(listeners, listener)
@@ -686,7 +693,7 @@ def envoy_from_dict(doc: Any, source: str = "<envoy>", doc_index: int | None = N
         infos.append(ListenerInfo(lname, _port(lst), _kind(chains), i == li, str(lst.get("traffic_direction", ""))))
         if i == li:
             chosen_chains = chains
-            for lf in lst.get("listener_filters") or []:
+            for lf in _items(lst.get("listener_filters")):
                 if isinstance(lf, Mapping):
                     lc = classify_filter(lf)
                     if lc.kind == "ignored":

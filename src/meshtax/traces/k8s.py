@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
-from meshtax.traces.envoy_config import ConfigImportError, classify_filter, load_documents, sidecar_from_envoy
+from meshtax.traces.envoy_config import ConfigImportError, _items, classify_filter, load_documents, sidecar_from_envoy
 
 __all__ = ["ConfigImportError", "K8sImport", "resolve_sidecar_refs", "resolve_sidecar_refs_with_report", "sidecars_from_k8s"]
 
@@ -237,7 +237,7 @@ def _add_typed(obj: Mapping[str, Any], kind: str, name: str, meta: Mapping[str, 
         ports: dict[str, int] = {}
         containers = _get(tpl, "spec.containers", where, list, [])
         for c in containers:
-            for p in (c.get("ports") or []) if isinstance(c, Mapping) else []:
+            for p in _items(c.get("ports")) if isinstance(c, Mapping) else []:
                 if isinstance(p, Mapping) and p.get("name") and isinstance(p.get("containerPort"), int):
                     ports[str(p["name"])] = int(p["containerPort"])
         m.workloads.append(
