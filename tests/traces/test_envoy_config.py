@@ -263,7 +263,7 @@ def test_wrong_types_anywhere_give_import_errors_not_tracebacks() -> None:
     import json
 
     docs = [json.loads((FIX / f).read_text()) for f in ("istio_config_dump.json", "bootstrap_grpc_mtls.json")]
-    for d in mutations(docs, 400, seed=7):
+    for d in mutations(docs, 1000, seed=7):
         for doc in d:
             try:
                 envoy_from_dict(doc, "conf.json")
