@@ -23,7 +23,7 @@ def _phase(args: argparse.Namespace) -> dict[str, float]:
     d = Path(args.dir)
     t = time.perf_counter()
     if args.phase == "generate":
-        from meshtax.traces.generate import generate
+        from meshtax.traces.synth import generate
 
         s = generate(args.graphs, args.seed, args.version, d / "input.csv")
         out = {"graphs": s.graphs, "calls": s.calls, "csv_rows": s.rows, "csv_bytes": (d / "input.csv").stat().st_size}

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from meshtax.host import this_host
-from meshtax.model.ecg import ECG, ECGError, to_batch
+from meshtax.model.ecg import ECG, ECGError, EcgBatch, to_batch
 from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import predict_batch
 from meshtax.predict.whatif import SpeedupError, apply_speedup, speedup_from_dict
 from meshtax.report.result import prediction_document
@@ -29,6 +30,9 @@ class PredictOptions:
     profile: str | None = None  # None: the newest measured profile of this host
     speedup: str | None = None
     rate: float | None = None  # override every invocation's rate (requests/s)
+    trace_format: str | None = None  # None: ECG files; "auto" or a format: distributed traces
+    sidecar_mode: str = "http"  # with traces: every traced service's sidecar mode
+    service_map: str | None = None  # with traces: trace name → Kubernetes name overrides
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,19 +78,44 @@ def load_speedup_file(path: str) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {"_": doc}
 
 
-def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
-    """Predict every graph of the ECG files; returns the result document."""
-    ecgs = load_ecgs(opts.ecg_files)
-    if opts.rate is not None:
-        from dataclasses import replace
+def load_batch(opts: PredictOptions) -> tuple[EcgBatch, dict[str, Any] | None, list[str]]:
+    """The graphs to predict, from ECG files or traces, the trace import report if any, and
+    notes from importing sidecar configurations."""
+    if opts.trace_format is None:
+        ecgs = load_ecgs(opts.ecg_files)
+        if opts.rate is not None:
+            ecgs = [replace(e, invocations=tuple(replace(i, rate=opts.rate) for i in e.invocations)) for e in ecgs]
+        notes = list(dict.fromkeys(n for e in ecgs for n in e.meta.get("notes", ())))
+        return to_batch(ecgs), None, notes
+    from meshtax.traces import AlibabaOptions, SpanOptions, TraceFormatError, detect_format, load_service_map, load_traces
 
-        ecgs = [replace(e, invocations=tuple(replace(i, rate=opts.rate) for i in e.invocations)) for e in ecgs]
+    sidecar = SidecarConfig(Mode(opts.sidecar_mode))
+    try:
+        fmt = None if opts.trace_format == "auto" else opts.trace_format
+        fmt = fmt or detect_format(opts.ecg_files[0])
+        options: Any
+        if fmt.startswith("alibaba"):
+            options = AlibabaOptions(sidecar=sidecar, **({"rate": opts.rate} if opts.rate is not None else {}))
+        else:
+            smap = load_service_map(opts.service_map) if opts.service_map else {}
+            options = SpanOptions(rate=opts.rate, service_map=smap, default_sidecar=sidecar)
+        res = load_traces(list(opts.ecg_files), fmt, options)
+    except (TraceFormatError, OSError) as e:
+        raise UsageError(f"traces: {e}") from None
+    if res.batch.n_graphs == 0:
+        raise UsageError(f"traces: no usable call graph in {', '.join(opts.ecg_files)}:\n{res.report.summary()}")
+    return res.batch, res.report.to_dict(), []
+
+
+def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
+    """Predict every graph of the ECG files (or traces); returns the result document."""
+    batch, imported, notes = load_batch(opts)
     profile, warnings = choose_profile(store, opts.profile)
+    warnings += notes
 
     def lookup(name: str | None) -> Profile:
         return profile if name is None or name == profile.name else store.get(name)
 
-    batch = to_batch(ecgs)
     bp = predict_batch(batch, lookup)
     whatif = None
     if opts.speedup:
@@ -98,7 +127,10 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
             return after_profile if name is None or name == profile.name else store.get(name)
 
         whatif = (sp.describe(), predict_batch(batch, lookup_after), after_profile)
-    return prediction_document(batch, bp, profile, host=this_host(), options=opts.to_dict(), warnings=warnings, whatif=whatif)
+    doc = prediction_document(batch, bp, profile, host=this_host(), options=opts.to_dict(), warnings=warnings, whatif=whatif)
+    if imported is not None:
+        doc["import"] = imported
+    return doc
 
 
 __all__ = ["PredictOptions", "UsageError", "predict_files", "choose_profile", "ECGError", "StoreError", "SpeedupError"]

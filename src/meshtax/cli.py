@@ -21,7 +21,7 @@ from meshtax._version import __version__
 from meshtax.app import PredictOptions, UsageError, predict_files
 from meshtax.model.ecg import ECGError
 from meshtax.model.profile import Profile
-from meshtax.model.sidecar import Mode
+from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import PredictionError
 from meshtax.predict.whatif import SpeedupError
 from meshtax.report.exporters import EXPORTERS
@@ -69,20 +69,28 @@ def main() -> None:
 @click.option("--profile", "profile", help="Profile name (default: the newest measured profile of this machine). 'reference' is the bundled published profile.")
 @click.option("--speedup", type=click.Path(), help="What-if speedup YAML: report before/after and the saving.")
 @click.option("--rate", type=float, help="Override every invocation's rate (requests/s).")
+@click.option("--traces", is_flag=True, help="The files are distributed traces (Jaeger, OTLP, Zipkin, Alibaba CSV), not ECG files.")
+@click.option("--trace-format", type=click.Choice(["jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022"]),
+              help="With --traces: the format (default: detected from the first file).")
+@click.option("--sidecar", "sidecar_mode", type=click.Choice(["tcp", "http", "grpc"]), default="http", show_default=True,
+              help="With --traces: the sidecar mode of every traced service.")
+@click.option("--service-map", type=click.Path(exists=True, dir_okay=False), help="With --traces: trace → Kubernetes service names (YAML/JSON).")
 @db_option
 @format_option
 @output_option
 @report_option
 @user_errors
 def predict(
-    ecg_files: tuple[str, ...], profile: str | None, speedup: str | None, rate: float | None, db: str | None, fmt: str, output: str | None,
-    report_path: str | None,
+    ecg_files: tuple[str, ...], profile: str | None, speedup: str | None, rate: float | None, traces: bool, trace_format: str | None, sidecar_mode: str,
+    service_map: str | None, db: str | None, fmt: str, output: str | None, report_path: str | None,
 ) -> None:
     """Predict latency and CPU overhead of sidecars on ECG_FILES (YAML/JSON call graphs).
 
     Several graphs of one API (files, or a file with 'graphs:') give a distribution.
     """
-    opts = PredictOptions(ecg_files=ecg_files, profile=profile, speedup=speedup, rate=rate)
+    opts = PredictOptions(ecg_files=ecg_files, profile=profile, speedup=speedup, rate=rate,
+                          trace_format=(trace_format or "auto") if traces or trace_format else None,
+                          sidecar_mode=sidecar_mode, service_map=service_map)
     store = ProfileStore(db)
     doc = predict_files(opts, store)
     _emit(prediction_text(doc) if fmt == "table" else EXPORTERS[fmt].export(doc), output)
@@ -179,6 +187,156 @@ def example(dest: str) -> None:
                 shutil.copyfile(path, out / f.name)
             names.append(f.name)
     click.echo(f"wrote {len(names)} files to {out}/: " + ", ".join(names))
+
+
+@main.group()
+def traces() -> None:
+    """Import distributed traces into a partitioned store; generate Alibaba-like call graphs."""
+
+
+@traces.command("import")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Store directory (partitioned Parquet).")
+@click.option("--format", "fmt", type=click.Choice(["jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022"]),
+              help="Input format (default: detected).")
+@click.option("--sidecar", "sidecar_mode", type=click.Choice(["tcp", "http", "grpc"]), default="http", show_default=True)
+@click.option("--request-bytes", type=float, default=100.0, show_default=True, help="Size when the traces give none (the paper's 100 B).")
+@click.option("--response-bytes", type=float, default=100.0, show_default=True)
+@click.option("--rate", type=float, help="Requests/s of every call (Alibaba default: the paper's 30 000; spans: counted).")
+@click.option("--overwrite", is_flag=True)
+@user_errors
+def traces_import(files: tuple[str, ...], out_dir: str, fmt: str | None, sidecar_mode: str, request_bytes: float, response_bytes: float,
+                  rate: float | None, overwrite: bool) -> None:
+    """Stream traces into a store (bounded memory); prints what was kept and dropped, and why."""
+    from meshtax.traces import AlibabaOptions, SpanOptions, TraceFormatError, detect_format, ingest
+
+    sidecar = SidecarConfig(Mode(sidecar_mode))
+    try:
+        f = fmt or detect_format(files[0])
+        options: Any = (
+            AlibabaOptions(request_bytes=request_bytes, response_bytes=response_bytes, sidecar=sidecar, **({"rate": rate} if rate else {}))
+            if f.startswith("alibaba")
+            else SpanOptions(request_bytes=request_bytes, response_bytes=response_bytes, rate=rate, default_sidecar=sidecar)
+        )
+        store, rep = ingest(list(files), out_dir, f, options, overwrite=overwrite, progress=sys.stderr.isatty())
+    except (TraceFormatError, OSError, FileExistsError) as e:
+        raise UsageError(str(e)) from None
+    click.echo(rep.summary())
+    click.echo(f"store: {out_dir}")
+
+
+@traces.command("generate")
+@click.option("--graphs", type=int, required=True, help="Number of call graphs.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="CSV file (.gz compresses).")
+@click.option("--version", "version", type=click.Choice(["v2021", "v2022"]), default="v2021", show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--broken-fraction", type=float, default=0.0, show_default=True, help="Share of graphs with a missing inner call (as in real traces).")
+@user_errors
+def traces_generate(graphs: int, out_path: str, version: str, seed: int, broken_fraction: float) -> None:
+    """Alibaba-like call graphs (calibrated to the published statistics), in the v2021/v2022 CSV schema."""
+    from rich.progress import Progress
+
+    from meshtax.traces import generate
+
+    if graphs <= 0:
+        raise UsageError("--graphs must be positive")
+    with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
+        task = bar.add_task("generating", total=graphs)
+        summ = generate(graphs, seed, f"alibaba-{version}", out_path, broken_fraction=broken_fraction,  # type: ignore[arg-type]
+                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+    click.echo(f"wrote {summ.graphs} graphs, {summ.calls} calls, {summ.rows} rows ({summ.version}, seed {summ.seed}) to {summ.path}")
+
+
+@main.command()
+@click.argument("store_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory (Parquet per graph, cdf.csv, summary.json).")
+@click.option("--profile", "profile", help="Profile name (default: this machine's newest measured profile).")
+@click.option("--config", "configs", multiple=True, metavar="NAME=MODE[+FILTER…][+mtls]",
+              help="A configuration to study (repeatable), e.g. http=http or lua=http+lua. Default: the paper's five.")
+@click.option("--speedup", type=click.Path(exists=True, dir_okay=False), help="What-if speedup YAML, compared across all graphs.")
+@click.option("--engine", type=click.Choice(["local", "dask"]), default="local", show_default=True)
+@click.option("--scheduler", help="With --engine dask: a dask.distributed scheduler address (default: a local cluster).")
+@report_option
+@db_option
+@user_errors
+def study(store_dir: str, out_dir: str, profile: str | None, configs: tuple[str, ...], speedup: str | None, engine: str,
+          scheduler: str | None, report_path: str | None, db: str | None) -> None:
+    """Predict latency and CPU overhead of every call graph of an ingested STORE_DIR under several configurations."""
+    from meshtax.app import choose_profile, load_speedup_file
+    from meshtax.predict.study import StudyConfig, run_study
+    from meshtax.predict.whatif import apply_speedup, speedup_from_dict
+
+    store = ProfileStore(db)
+    prof, warns = choose_profile(store, profile)
+    for w in warns:
+        click.echo(f"warning: {w}", err=True)
+    cfgs = [_study_config(c) for c in configs] or None
+    after = None
+    if speedup:
+        sp = speedup_from_dict(load_speedup_file(speedup), speedup)
+        after, sw = apply_speedup(prof, sp, store.get)
+        for w in sw:
+            click.echo(f"warning: {w}", err=True)
+    summ = run_study(store_dir, [StudyConfig(n, c) for n, c in cfgs] if cfgs else None, prof, out_dir, engine=engine,  # type: ignore[arg-type]
+                     scheduler=scheduler, speedup_profile=after, progress=sys.stderr.isatty())
+    click.echo(json.dumps(summ.to_dict(), indent=2, default=str))
+    if report_path:
+        from meshtax.report.build import report_from_files
+
+        click.echo(f"wrote {report_from_files([str(Path(out_dir) / 'summary.json')], [prof.to_dict()], out_path=report_path)}", err=True)
+
+
+def _study_config(text: str) -> tuple[str, SidecarConfig]:
+    name, _, spec = text.partition("=")
+    parts = [p.strip() for p in (spec or name).split("+") if p.strip()]
+    try:
+        mode = Mode(parts[0])
+    except (ValueError, IndexError):
+        raise UsageError(f"--config {text!r}: expected NAME=MODE[+FILTER…][+mtls] with MODE tcp, http or grpc") from None
+    rest = parts[1:]
+    return name, SidecarConfig(mode, tuple(p for p in rest if p != "mtls"), "mtls" in rest)
+
+
+@main.group()
+def config() -> None:
+    """Read sidecar configurations as users write them (Envoy configs, Kubernetes/Istio manifests)."""
+
+
+@config.command("from-envoy")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--listener", help="Model this listener (default: the inbound one, e.g. virtualInbound/15006).")
+@click.option("--port", type=int, help="Within the listener, the filter chain of this destination port.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@user_errors
+def config_from_envoy(file: str, listener: str | None, port: int | None, fmt: str) -> None:
+    """The sidecar configuration meshtax models (mode, filter chain, TLS) of an Envoy config FILE."""
+    from meshtax.traces.envoy_config import ConfigImportError, sidecar_from_envoy
+
+    try:
+        imp = sidecar_from_envoy(file, listener=listener, port=port)
+    except ConfigImportError as e:
+        raise UsageError(str(e)) from None
+    if fmt == "json":
+        click.echo(json.dumps({"sidecar": imp.config.to_dict(), "unknown_filters": list(imp.unknown_filters), "ignored": list(imp.ignored),
+                               "notes": list(imp.notes)}, indent=2))
+    else:
+        click.echo(imp.report())
+
+
+@config.command("from-k8s")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--ecg", is_flag=True, help="Print an ECG 'services:' block to paste into a call graph.")
+@user_errors
+def config_from_k8s(directory: str, ecg: bool) -> None:
+    """Each service's sidecar configuration from Kubernetes/Istio manifests in DIRECTORY, and what was assumed."""
+    from meshtax.traces.envoy_config import ConfigImportError
+    from meshtax.traces.k8s import sidecars_from_k8s
+
+    try:
+        imp = sidecars_from_k8s(directory)
+    except ConfigImportError as e:
+        raise UsageError(str(e)) from None
+    click.echo(imp.to_ecg_services_yaml() if ecg else imp.report())
 
 
 @main.command("profile")

@@ -18,7 +18,7 @@ from meshtax.predict.study import PAPER_FILTERS, StudyConfig, StudyError, paper_
 from meshtax.reference import reference_profile
 from meshtax.traces.api import ingest
 from meshtax.traces.alibaba import AlibabaOptions
-from meshtax.traces.generate import generate
+from meshtax.traces.synth import generate
 from meshtax.traces.store import Store, concat_batches
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from meshtax.traces.api import load_traces
-from meshtax.traces.generate import generate
+from meshtax.traces.synth import generate
 
 
 def _depth_per_graph(b) -> np.ndarray:  # type: ignore[no-untyped-def]

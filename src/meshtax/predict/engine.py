@@ -61,7 +61,7 @@ class Costs:
         return self.cpu_caller + self.cpu_callee
 
 
-def _spec_models(spec: SidecarSpec, profile: Profile, warnings: list[str]) -> dict[Component, tuple[CostModel, CostModel]]:
+def spec_models(spec: SidecarSpec, profile: Profile, warnings: list[str]) -> dict[Component, tuple[CostModel, CostModel]]:
     """Latency and CPU model of every component a message crossing this sidecar pays."""
     try:
         mp = profile.mode(spec.config.mode)
@@ -106,7 +106,7 @@ def _sum(a: CostModel, b: CostModel) -> CostModel:
 def hop_costs(batch: EcgBatch, profiles: ProfileLookup) -> Costs:
     """Evaluate every crossing of every invocation, per component."""
     warnings: list[str] = []
-    per_spec = [_spec_models(s, profiles(s.platform), warnings) for s in batch.specs]
+    per_spec = [spec_models(s, profiles(s.platform), warnings) for s in batch.specs]
     comps = tuple(sorted({c for m in per_spec for c in m}))
     col = {c: k for k, c in enumerate(comps)}
     n, K = batch.n_invocations, len(comps)

@@ -41,7 +41,7 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import propagate, structure
 # the engine's per-sidecar model selection, reused so the study prices exactly like predict_batch
-from meshtax.predict.engine import _spec_models
+from meshtax.predict.engine import spec_models
 from meshtax.traces.store import Store, open_store, read_partition
 
 FloatArray = npt.NDArray[np.float64]
@@ -105,7 +105,7 @@ def _row_costs(batch: EcgBatch, sidecar: SidecarConfig, profile: Profile) -> tup
     components once and evaluated on the distinct message sizes only (traces without sizes
     have one), instead of per component and row."""
     warnings: list[str] = []
-    models = _spec_models(SidecarSpec(sidecar, None), profile, warnings)
+    models = spec_models(SidecarSpec(sidecar, None), profile, warnings)
     sizes, inv = np.unique(np.concatenate([batch.request_bytes, batch.response_bytes]), return_inverse=True)
     lat_s = np.zeros(sizes.size)
     cpu_s = np.zeros(sizes.size)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -136,4 +137,24 @@ def load_ecg_file(path: str | Path) -> list[ECG]:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
         raise ECGError(src, [f"{where}YAML syntax error: {getattr(e, 'problem', e)}"]) from None
-    return ecgs_from_dict(doc, src)
+    notes: list[str] = []
+    if isinstance(doc, dict) and _has_sidecar_refs(doc):
+        # sidecars described as users write them: an Envoy config or Kubernetes/Istio manifests
+        from meshtax.traces.envoy_config import ConfigImportError
+        from meshtax.traces.k8s import resolve_sidecar_refs_with_report
+
+        try:
+            doc, notes = resolve_sidecar_refs_with_report(doc, p.parent)
+        except ConfigImportError as e:
+            raise ECGError(src, [str(e)]) from None
+    ecgs = ecgs_from_dict(doc, src)
+    return [replace(e, meta={**e.meta, "notes": tuple(notes)}) for e in ecgs] if notes else ecgs
+
+
+def _has_sidecar_refs(doc: Mapping[str, Any]) -> bool:
+    if "sidecars_from_k8s" in doc:
+        return True
+    services = doc.get("services")
+    return isinstance(services, Mapping) and any(
+        isinstance(s, Mapping) and isinstance(s.get("sidecar"), Mapping) and "from_envoy" in s["sidecar"] for s in services.values()
+    )
