@@ -105,6 +105,8 @@ class EnvoyConfig:
     ``inbound_tls``: a ``transport_socket`` for the inbound listener (downstream TLS, the
     server side of sidecar-to-sidecar mTLS); ``outbound_tls``: a ``transport_socket`` for the
     outbound cluster (upstream TLS, the client side). See :mod:`meshtax.profile.tls`.
+    ``circuit_breaker_max``: connection/request thresholds of both clusters; ``None`` keeps
+    Envoy's defaults (1024 connections per cluster); Istio sets them to 2**32 - 1.
     """
 
     mode: Mode = Mode.HTTP
@@ -120,6 +122,7 @@ class EnvoyConfig:
     hcm_patch: Mapping[str, Any] = field(default_factory=dict)
     inbound_tls: Mapping[str, Any] | None = None
     outbound_tls: Mapping[str, Any] | None = None
+    circuit_breaker_max: int | None = None
     inbound_upstream: tuple[str, int] | None = None
     outbound_upstream: tuple[str, int] | None = None
     connect_timeout_s: float = 1.0
@@ -194,8 +197,12 @@ def _cluster(
     upstream: tuple[str, int] | None,
     timeout: float,
     tls: Mapping[str, Any] | None = None,
+    breaker_max: int | None = None,
 ) -> dict[str, Any]:
     c: dict[str, Any] = {"name": name, "connect_timeout": f"{timeout}s"}
+    if breaker_max is not None:
+        limits = ("max_connections", "max_pending_requests", "max_requests", "max_retries")
+        c["circuit_breakers"] = {"thresholds": [dict.fromkeys(limits, breaker_max)]}
     if tls is not None:
         c["transport_socket"] = json.loads(json.dumps(tls))  # a deep, JSON-clean copy
     if upstream is None:
@@ -310,7 +317,7 @@ def bootstrap(cfg: EnvoyConfig) -> dict[str, Any]:
         name = f"{direction}_{ORIG_DST_CLUSTER}" if upstream is None else f"{direction}_static"
         names[direction] = name
         tls = cfg.outbound_tls if direction == "outbound" else None
-        clusters.append(_cluster(name, cfg.mode, upstream, cfg.connect_timeout_s, tls))
+        clusters.append(_cluster(name, cfg.mode, upstream, cfg.connect_timeout_s, tls, cfg.circuit_breaker_max))
     return {
         "node": {"id": "meshtax-sidecar", "cluster": "meshtax"},
         "admin": {"address": _addr(cfg.admin_address, cfg.admin_port)},
