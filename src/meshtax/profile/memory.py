@@ -65,6 +65,7 @@ __all__ = [
 
 CONNECTIONS = (1, 100, 400, 1600, 3200)
 QUICK_CONNECTIONS = (1, 100, 400)
+ISTIO_BREAKER_MAX = 2**32 - 1
 ROLES = ("client", "server")  # the outbound (caller's) and inbound (callee's) sidecar
 MODEL_NOTE = "resident bytes = M + n·m, n = the sidecar's open downstream connections (m: bytes per connection)"
 
@@ -402,11 +403,12 @@ def _sidecars(
     """(client, server) sidecar configs and the peer holder's TLS; ``ports``: client
     in/out/admin, server in/out/admin."""
     lo = "127.0.0.1"
+    # Istio's unlimited circuit breakers: Envoy's default caps a cluster at 1024 connections
     server = EnvoyConfig(mode=spec.mode, listen_address=lo, inbound_port=ports[3], outbound_port=ports[4],
-                         admin_port=ports[5], concurrency=spec.concurrency,
+                         admin_port=ports[5], concurrency=spec.concurrency, circuit_breaker_max=ISTIO_BREAKER_MAX,
                          inbound_upstream=echo, outbound_upstream=echo)  # fmt: skip
     client = EnvoyConfig(mode=spec.mode, listen_address=lo, inbound_port=ports[0], outbound_port=ports[1],
-                         admin_port=ports[2], concurrency=spec.concurrency,
+                         admin_port=ports[2], concurrency=spec.concurrency, circuit_breaker_max=ISTIO_BREAKER_MAX,
                          inbound_upstream=echo, outbound_upstream=(lo, ports[3]))  # fmt: skip
     if spec.mtls:
         from meshtax.profile.tls import CertAuthority, sidecar_mtls
