@@ -4,6 +4,7 @@ the real meshapp on loopback (Bookinfo) with its traces read back by the OTLP im
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 from collections import defaultdict
@@ -14,6 +15,7 @@ import pytest
 from meshtax.model.ecg import EXTERNAL
 from meshtax.model.sidecar import Mode
 from meshtax.profile.fortio import LoadSpec, fortio_binary, run_spec
+from meshtax.profile.testbed import Testbed
 from meshtax.profile.system import FakeSystem, Placement, Process, RealSystem
 from meshtax.traces.api import load_traces
 from meshtax.traces.spans import Span, read_otlp_json
@@ -107,7 +109,7 @@ def test_plan_pods_and_protocol_overrides(tmp_path: Path) -> None:
     t = appctl.load_topology("online-boutique")
     names = t.reachable(t.query("index"))
     hosts = {s: f"10.77.0.{i + 2}" for i, s in enumerate(names)}
-    d = appctl.plan(t, "index", workdir=tmp_path, hosts=hosts, ports={s: 8080 for s in names},
+    d = appctl.plan(t, "index", workdir=tmp_path, hosts=hosts, ports=8080,
                     entry_protocol="grpc", backend_protocol="http")  # fmt: skip
     front = _argv_opts(d.entry.argv)
     assert front["--listen"] == ["0.0.0.0:8080"]  # inside the pod: any address
@@ -294,3 +296,30 @@ def test_trace_file_is_otlp_json_lines(meshapp: Path, tmp_path: Path) -> None:
             assert s["name"] == "user/CheckUser"
             assert {"key": "rpc.request.size", "value": {"intValue": "60"}} in s["attributes"]
     assert kinds == [2, 2, 2]
+
+
+@pytest.mark.root
+def test_bookinfo_in_pods(meshapp: Path, tmp_path: Path) -> None:
+    """One pod per service on the testbed bridge, fortio in a client pod; every request is
+    traced and imported as a whole Bookinfo graph; nothing is left behind."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    fortio = _fortio()
+    system = RealSystem()
+    topo = appctl.load_topology("bookinfo")
+    names = topo.reachable(topo.query())
+    with Testbed(system, lock_timeout=30.0) as tb:
+        client = tb.add_pod("client")
+        pods = {s: tb.add_pod(s) for s in names}
+        d = appctl.plan(topo, workdir=tmp_path, hosts={s: p.ip for s, p in pods.items()}, ports=9080, binary=meshapp)
+        assert {s.port for s in d.services} == {9080}
+        with appctl.start(d, appctl.testbed_spawner(tb, pods)) as app:
+            spec = LoadSpec(target=d.entry_target, mode=Mode.HTTP, size_bytes=0, n=20)
+            assert run_spec(spec, place=client.place(), binary=fortio).ok
+            pids = [p.pid for p in app.processes.values()]
+        netns = [p.netns for p in tb.pods.values()]
+    imported = load_traces(appctl.write_merged_traces(d.trace_files, tmp_path / "m.json"), "otlp")
+    assert len(imported.ecgs) == 20 and all(len(e.invocations) == 5 for e in imported.ecgs)
+    listed = system.run(["ip", "netns", "list"]).stdout
+    assert not any(n in listed for n in netns)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)

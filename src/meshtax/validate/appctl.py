@@ -329,14 +329,19 @@ def plan(
     backend_protocol: Protocol | None = None,
     listen_host: str | None = None,
     trace_batch_timeout_s: float = 1.0,
+    procs: int = 1,
 ) -> Deployment:
     """The processes for one query: only the services its requests reach.
 
-    ``hosts``: one address for all (loopback) or one per service (pod IPs). ``ports``: a base
-    port (service *i* gets base + *i*: distinct on a shared host) or one per service.
+    ``hosts``: one address for all (loopback) or one per service (pod IPs). ``ports``: one per
+    service, or one number: with one shared host service *i* gets number + *i*, with a host
+    per service every service gets the number.
     ``sample``: trace 1 in N requests (0: no tracing). ``entry_protocol``/``backend_protocol``
     override the topology's protocols for the entry service / all others. ``listen_host``:
     default 127.0.0.1 for loopback hosts, else 0.0.0.0 (inside a pod's namespace).
+    ``procs``: GOMAXPROCS of each service (0: Go's default). 1 by default: on a 2-core machine
+    Bookinfo's loopback p50 fell from 1.34 to 0.82 ms, as idle Go Ps no longer spin for work
+    against the other services (and, in the testbed, the sidecars).
     """
     q = topology.query(query)
     names = topology.reachable(q)
@@ -354,7 +359,8 @@ def plan(
 
     def port(i: int, s: str) -> int:
         if isinstance(ports, int):
-            return ports + i
+            # one shared host: base + i; a host (pod) per service: the same port everywhere
+            return ports + i if isinstance(hosts, str) else ports
         try:
             return ports[s]
         except KeyError:
@@ -387,6 +393,7 @@ def plan(
             "--trace-file", str(trace_file) if sample > 0 else "",
             "--trace-batch-timeout", f"{trace_batch_timeout_s:g}s",
             "--ready-file", str(ready),
+            "--procs", str(procs),
         ]  # fmt: skip
         for callee in sorted(callees[s]):
             ch, cp = where[callee]
