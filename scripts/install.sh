@@ -46,13 +46,19 @@ if ! .tools/bin/fortio version 2>/dev/null | grep -q "${FORTIO_VERSION#v}"; then
   fi
 fi
 
-# 4. eBPF probes (libbpf CO-RE against this kernel's BTF)
+# 4. the configurable microservice application used by `meshtax validate`
+if command -v go >/dev/null && [ -f app/build.sh ]; then
+  say "building the validation app (meshapp)"
+  bash app/build.sh
+fi
+
+# 5. eBPF probes (libbpf CO-RE against this kernel's BTF)
 if [ -f bpf/Makefile ] && [ -r /sys/kernel/btf/vmlinux ] && command -v clang >/dev/null && command -v bpftool >/dev/null; then
   say "building eBPF probes"
   make -s -C bpf
 fi
 
-# 5. the main job, on the embedded default: predict Bookinfo with the bundled reference profile
+# 6. the main job, on the embedded default: predict Bookinfo with the bundled reference profile
 if [ "$RUN" = 1 ]; then
   say "meshtax predict (Bookinfo, reference profile of Zhu et al. SoCC '23)"
   .venv/bin/meshtax example --dest .tools/examples >/dev/null

@@ -10,10 +10,11 @@ from typing import Any
 import yaml
 
 from meshtax.host import this_host
-from meshtax.model.ecg import ECG, ECGError, EcgBatch, to_batch
+from meshtax.model.ecg import ECG, ECGError, EcgBatch, Service, to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import predict_batch
+from meshtax.predict.memory import memory_by_service
 from meshtax.predict.whatif import SpeedupError, apply_speedup, speedup_from_dict
 from meshtax.report.result import prediction_document
 from meshtax.store.sqlite import ProfileStore, StoreError
@@ -78,15 +79,24 @@ def load_speedup_file(path: str) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {"_": doc}
 
 
-def load_batch(opts: PredictOptions) -> tuple[EcgBatch, dict[str, Any] | None, list[str]]:
-    """The graphs to predict, from ECG files or traces, the trace import report if any, and
-    notes from importing sidecar configurations."""
+@dataclass(frozen=True)
+class Loaded:
+    """Graphs to predict, with what their import reported."""
+
+    batch: EcgBatch
+    imported: dict[str, Any] | None  # trace import report
+    notes: list[str]  # from importing sidecar configurations
+    services: dict[str, Service]  # ECG services (connection counts for memory); empty for traces
+
+
+def load_batch(opts: PredictOptions) -> Loaded:
+    """The graphs to predict, from ECG files or traces."""
     if opts.trace_format is None:
         ecgs = load_ecgs(opts.ecg_files)
         if opts.rate is not None:
             ecgs = [replace(e, invocations=tuple(replace(i, rate=opts.rate) for i in e.invocations)) for e in ecgs]
         notes = list(dict.fromkeys(n for e in ecgs for n in e.meta.get("notes", ())))
-        return to_batch(ecgs), None, notes
+        return Loaded(to_batch(ecgs), None, notes, {k: v for e in ecgs for k, v in e.services.items()})
     from meshtax.traces import AlibabaOptions, SpanOptions, TraceFormatError, detect_format, load_service_map, load_traces
 
     sidecar = SidecarConfig(Mode(opts.sidecar_mode))
@@ -104,14 +114,15 @@ def load_batch(opts: PredictOptions) -> tuple[EcgBatch, dict[str, Any] | None, l
         raise UsageError(f"traces: {e}") from None
     if res.batch.n_graphs == 0:
         raise UsageError(f"traces: no usable call graph in {', '.join(opts.ecg_files)}:\n{res.report.summary()}")
-    return res.batch, res.report.to_dict(), []
+    return Loaded(res.batch, res.report.to_dict(), [], {})
 
 
 def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
     """Predict every graph of the ECG files (or traces); returns the result document."""
-    batch, imported, notes = load_batch(opts)
+    loaded = load_batch(opts)
+    batch = loaded.batch
     profile, warnings = choose_profile(store, opts.profile)
-    warnings += notes
+    warnings += loaded.notes
 
     def lookup(name: str | None) -> Profile:
         return profile if name is None or name == profile.name else store.get(name)
@@ -127,9 +138,13 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
             return after_profile if name is None or name == profile.name else store.get(name)
 
         whatif = (sp.describe(), predict_batch(batch, lookup_after), after_profile)
+    memory, mw = memory_by_service(loaded.services, lookup)
+    warnings += mw
     doc = prediction_document(batch, bp, profile, host=this_host(), options=opts.to_dict(), warnings=warnings, whatif=whatif)
-    if imported is not None:
-        doc["import"] = imported
+    if loaded.imported is not None:
+        doc["import"] = loaded.imported
+    if memory is not None:
+        doc["memory"] = memory
     return doc
 
 

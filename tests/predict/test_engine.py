@@ -208,3 +208,27 @@ def test_mode_missing_from_profile_is_a_clear_error() -> None:
     g = ecg({"A": SidecarConfig(Mode.TCP)}, [inv("r", EXTERNAL, "A", 0, 100)])
     with pytest.raises(PredictionError, match="has no tcp mode"):
         run(g)
+
+
+def test_memory_per_pod_from_connection_counts() -> None:
+    from dataclasses import replace
+
+    from meshtax.model.costmodel import CostModel
+    from meshtax.model.ecg import Service
+    from meshtax.predict.memory import memory_by_service
+
+    base = profile({Mode.HTTP: {OTHER: flat(5, 2)}})
+    mp = replace(base.mode(Mode.HTTP), memory=CostModel(60e6, 16e3), memory_mtls=CostModel(62e6, 32e3))
+    prof = replace(base, modes={Mode.HTTP: mp})
+    svcs = {
+        "a": Service("a", HTTP, connections=100),
+        "b": Service("b", SidecarConfig(Mode.HTTP, mtls=True), connections=10),
+        "c": Service("c", HTTP),  # no count: left out
+        "d": Service("d", NO_SIDECAR, connections=5),  # no sidecar: nothing
+    }
+    mem, warnings = memory_by_service(svcs, single_profile(prof))
+    assert mem is not None and warnings == []
+    assert [(r["service"], r["bytes"]) for r in mem["per_pod"]] == [("a", 60e6 + 100 * 16e3), ("b", 62e6 + 10 * 32e3)]
+    assert mem["total_bytes"] == 60e6 + 1.6e6 + 62e6 + 0.32e6
+    none, w = memory_by_service({"a": Service("a", HTTP, connections=1)}, single_profile(base))
+    assert none is None and "no http memory model" in w[0]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshtax.model.components import Component
-from meshtax.model.costmodel import ComponentModel
+from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.sidecar import Mode
 
 #: Version of the profile document format (bump with a dated note when it changes).
@@ -131,11 +131,17 @@ class Closure:
 
 @dataclass(frozen=True)
 class ModeProfile:
-    """Component models of one protocol mode. Filters are components of kind FILTER."""
+    """Component models of one protocol mode. Filters are components of kind FILTER.
+
+    ``memory``/``memory_mtls``: the proxy's resident memory in bytes against its number of
+    open downstream connections (``M + n·m``), plaintext and with mTLS.
+    """
 
     mode: Mode
     components: Mapping[Component, ComponentModel]
     closure: Closure | None = None
+    memory: CostModel | None = None
+    memory_mtls: CostModel | None = None
 
     def filters(self) -> tuple[str, ...]:
         return tuple(sorted(c.name for c in self.components if c.name))
@@ -145,6 +151,8 @@ class ModeProfile:
             "mode": self.mode.value,
             "components": {c.key: m.to_dict() for c, m in sorted(self.components.items())},
             "closure": None if self.closure is None else self.closure.to_dict(),
+            "memory": None if self.memory is None else self.memory.to_dict(),
+            "memory_mtls": None if self.memory_mtls is None else self.memory_mtls.to_dict(),
         }
 
     @classmethod
@@ -153,6 +161,8 @@ class ModeProfile:
             mode=Mode(d["mode"]),
             components={Component.parse(k): ComponentModel.from_dict(v) for k, v in d["components"].items()},
             closure=None if d.get("closure") is None else Closure.from_dict(d["closure"]),
+            memory=None if d.get("memory") is None else CostModel.from_dict(d["memory"]),
+            memory_mtls=None if d.get("memory_mtls") is None else CostModel.from_dict(d["memory_mtls"]),
         )
 
 

@@ -103,6 +103,18 @@ def prediction_text(doc: Mapping[str, Any]) -> str:
         t.add_row("CPU, total (vCPU)", f"{b['cpu_vcpu_total']:.3f}", f"{a['cpu_vcpu_total']:.3f}",
                   f"{sv['cpu_vcpu_total']:.3f} ({100 * sv['cpu_saving_fraction']:.1f}%)")
         items += ["", t]
+    if "memory" in doc:
+        m = Table(title="sidecar memory (resident)", title_justify="left", header_style="bold", box=None, pad_edge=False)
+        for col in ("service", "connections", "MiB [95% interval]"):
+            m.add_column(col, justify="left" if col == "service" else "right")
+        for r in doc["memory"]["per_pod"]:
+            m.add_row(r["service"], str(r["connections"]), f"{r['bytes'] / 2**20:.1f} [{r['bytes_lo'] / 2**20:.1f}, {r['bytes_hi'] / 2**20:.1f}]")
+        m.add_row("total", "", f"{doc['memory']['total_bytes'] / 2**20:.1f}")
+        items += ["", m]
+    if "import" in doc:
+        imp = doc["import"]
+        items.append(f"traces: {imp['graphs_kept']} of {imp['graphs_seen']} call graphs kept ({imp['graphs_dropped']} dropped); "
+                     f"{imp['rows_read']} rows/spans read" + (f"; dropped: {imp['dropped_graphs']}" if imp["dropped_graphs"] else ""))
     for wmsg in doc["warnings"]:
         items.append(f"warning: {wmsg}")
     return _render(*items)
