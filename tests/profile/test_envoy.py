@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from meshtax.profile.envoy import (
 )
 from meshtax.profile.fortio import FortioError, FortioServer, fortio_binary, run_load
 from meshtax.profile.system import Completed, FakeSystem, Placement, RealSystem
+from meshtax.profile.system import free_ports
 
 FAULT = {
     "name": "envoy.filters.http.fault",
@@ -251,15 +251,6 @@ def test_real_validate_rejects() -> None:
         validate_config(b)
 
 
-def free_ports(k: int) -> list[int]:
-    socks = [socket.socket() for _ in range(k)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture(scope="module")

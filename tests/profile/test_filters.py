@@ -4,7 +4,6 @@ Envoy on loopback."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +37,7 @@ from meshtax.profile.filters import (
 from meshtax.profile.fortio import FortioError, FortioServer, fortio_binary, run_load
 from meshtax.profile.system import RealSystem
 from meshtax.profile.wasm import ABI_EXPORT, WasmBuildError, build_noop, wasm_exports
+from meshtax.profile.system import free_ports as _free_ports
 
 # a stand-in module for pure tests: building the real one is a side effect
 FAKE_WASM = b"\0asm\x01\0\0\0"
@@ -238,15 +238,6 @@ def test_real_validate_rejects_a_module_without_abi(tmp_path: Path) -> None:
         validate_config(bootstrap(filter_config("wasm", Mode.HTTP, module=bad).apply(EnvoyConfig(mode=Mode.HTTP))))
 
 
-def _free_ports(k: int) -> list[int]:
-    socks = [socket.socket() for _ in range(k)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture(scope="module")

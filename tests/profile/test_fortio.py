@@ -4,7 +4,6 @@ against real fortio echo servers on 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from meshtax.profile.fortio import (
     server_argv,
 )
 from meshtax.profile.system import Completed, FakeSystem, Placement, RealSystem
+from meshtax.profile.system import free_ports
 
 FIX = Path(__file__).parent / "fixtures"
 BIN = Path("/x/fortio")
@@ -191,16 +191,6 @@ def _have_fortio() -> bool:
 real = pytest.mark.skipif(not _have_fortio(), reason="fortio not installed (scripts/install.sh)")
 
 
-def free_ports(k: int) -> list[int]:
-    """``k`` distinct currently-free loopback ports (the kernel picks them, then we release)."""
-    socks = [socket.socket() for _ in range(k)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from meshtax.model.sidecar import Mode
 from meshtax.profile.envoy import EnvoyConfig, EnvoyError, EnvoyProcess, bootstrap, envoy_binary, validate_config
 from meshtax.profile.fortio import FortioError, FortioServer, fortio_binary, run_load
 from meshtax.profile.system import RealSystem
+from meshtax.profile.system import free_ports as _free_ports
 from meshtax.profile.tls import (
     CertAuthority,
     Credential,
@@ -158,15 +159,6 @@ def test_real_validate(ca: CertAuthority, mode: Mode, version: TlsVersion) -> No
 # ---- a real Envoy that requires client certificates ---------------------------------------
 
 
-def _free_ports(k: int) -> list[int]:
-    socks = [socket.socket() for _ in range(k)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from meshtax.traces.api import load_traces
 from meshtax.traces.spans import Span, read_otlp_json
 from meshtax.validate import appctl
 from meshtax.validate.appctl import AppError, ServiceLaunch
+from meshtax.profile.system import free_ports as _free_ports
 
 # ---- topology model -------------------------------------------------------------------------
 
@@ -185,15 +185,6 @@ def test_merge_traces(tmp_path: Path) -> None:
 # ---- the real application on loopback ---------------------------------------------------------
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture(scope="module")

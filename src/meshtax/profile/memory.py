@@ -27,7 +27,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import ssl
 import struct
 import sys
@@ -43,6 +42,7 @@ from meshtax.model.sidecar import Mode
 from meshtax.profile.envoy import EnvoyConfig, EnvoyError, EnvoyProcess
 from meshtax.profile.fortio import FortioServer
 from meshtax.profile.system import Placement, Process, RealSystem, System
+from meshtax.profile.system import free_ports as _free_ports
 
 __all__ = [
     "CONNECTIONS",
@@ -386,15 +386,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
 # ---- the measurement --------------------------------------------------------------------------
 
 
-def _free_ports(k: int) -> list[int]:
-    socks = [socket.socket() for _ in range(k)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _sidecars(

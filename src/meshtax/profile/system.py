@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -245,6 +246,18 @@ class FakeSystem:
         p = FakeProcess(self._next_pid, full)
         self.processes.append(p)
         return p
+
+
+def free_ports(k: int) -> list[int]:
+    """``k`` TCP ports free on 127.0.0.1 right now (bound together, so they are distinct)."""
+    socks = [socket.socket() for _ in range(k)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
