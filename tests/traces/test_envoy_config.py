@@ -24,7 +24,7 @@ T = "type.googleapis.com/"
         (
             "bootstrap_grpc_mtls.json",
             {},
-            SidecarConfig(Mode.GRPC, ("fault_injection", "rbac_3", "ip_tagging_2", "header_mutation"), mtls=True),
+            SidecarConfig(Mode.GRPC, ("fault_injection", "rbac_http_3", "ip_tagging_2", "header_mutation"), mtls=True),
             ("envoy.filters.http.jwt_authn",),
         ),
         ("listener_tcp_rbac.yaml", {}, SidecarConfig(Mode.TCP, ("rbac_network_2",)), ()),
@@ -84,9 +84,9 @@ def _f(name: str, type_: str = "", **cfg: Any) -> dict[str, Any]:
         (_f("w", "envoy.extensions.filters.http.wasm.v3.Wasm"), FilterClass("profiled", "wasm")),
         (
             _f("r", "envoy.extensions.filters.http.rbac.v3.RBAC", rules={"policies": {"a": {}, "b": {}}}, shadow_rules={"policies": {"c": {}}}),
-            FilterClass("profiled", "rbac_3"),
+            FilterClass("profiled", "rbac_http_3"),
         ),
-        (_f("r", "envoy.extensions.filters.http.rbac.v3.RBAC"), FilterClass("profiled", "rbac_0")),
+        (_f("r", "envoy.extensions.filters.http.rbac.v3.RBAC"), FilterClass("profiled", "rbac_http_0")),
         (_f("t", "envoy.extensions.filters.http.ip_tagging.v3.IPTagging", ip_tags=[{}] * 5), FilterClass("profiled", "ip_tagging_5")),
         (_f("f", "envoy.extensions.filters.http.fault.v3.HTTPFault", delay={"fixed_delay": "1s"}), FilterClass("profiled", "fault_injection")),
         (

@@ -21,7 +21,7 @@ SHOP_EXPECTED = {
     "cart": SidecarConfig(Mode.HTTP, ("rate_limit",), mtls=True),  # unnamed port: assumed http
     "checkout": SidecarConfig(Mode.GRPC, ("rate_limit", "wasm"), mtls=True),  # jwt_authn has no profile
     "payments": SidecarConfig(Mode.GRPC, ("rate_limit",), mtls=False),  # appProtocol wins; port-level DISABLE
-    "search": SidecarConfig(Mode.GRPC, ("rbac_2", "rate_limit"), mtls=True),  # INSERT_FIRST
+    "search": SidecarConfig(Mode.GRPC, ("rbac_http_2", "rate_limit"), mtls=True),  # INSERT_FIRST
     "redis": NO_SIDECAR,  # inject: "false" label
     "inventory": SidecarConfig(Mode.TCP, (), mtls=True),  # pod label in an unlabelled namespace; mesh STRICT
     "reports": NO_SIDECAR,  # unlabelled namespace, no pod label
@@ -53,7 +53,7 @@ def test_shop_reports_its_assumptions(assumption: str) -> None:
 def test_services_yaml_pastes_into_an_ecg() -> None:
     imp = sidecars_from_k8s(SHOP)
     text = imp.to_ecg_services_yaml()
-    assert "  search: {sidecar: {mode: grpc, filters: [rbac_2, rate_limit], mtls: true}}" in text
+    assert "  search: {sidecar: {mode: grpc, filters: [rbac_http_2, rate_limit], mtls: true}}" in text
     assert "  redis: {sidecar: none}" in text
     assert "# no profile for filter envoy.filters.http.jwt_authn" in text
     doc = yaml.safe_load(text)
@@ -284,7 +284,7 @@ def test_ecg_references_resolve(tmp_path: Path) -> None:
     assert got == {
         "frontend": SHOP_EXPECTED["frontend"],
         "cart": SidecarConfig(Mode.TCP),
-        "edge": SidecarConfig(Mode.GRPC, ("fault_injection", "rbac_3", "ip_tagging_2", "header_mutation"), mtls=True),
+        "edge": SidecarConfig(Mode.GRPC, ("fault_injection", "rbac_http_3", "ip_tagging_2", "header_mutation"), mtls=True),
         "mesh": SidecarConfig(Mode.TCP, (), mtls=True),
         "unknown": SidecarConfig(),
     }

@@ -121,7 +121,9 @@ def component_name(name: str, params: Mapping[str, Any] | None = None) -> str:
     params = params or {}
     if key not in params:
         raise ValueError(f"{name} needs {key}=N")
-    return f"{name}_{int(params[key])}"
+    from meshtax.traces.envoy_config import sized  # the one spelling, shared with config import
+
+    return sized(name, int(params[key]))
 
 
 _SIZED = re.compile(r"^(rbac_http|rbac_network|ip_tagging)_(\d+)$")

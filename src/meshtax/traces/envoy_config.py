@@ -61,7 +61,7 @@ PROFILED_TYPES: Mapping[str, str] = {
     "envoy.extensions.filters.http.lua.v3.Lua": "lua",
     "envoy.extensions.filters.http.lua.v3.LuaPerRoute": "lua",
     "envoy.extensions.filters.http.wasm.v3.Wasm": "wasm",
-    "envoy.extensions.filters.http.rbac.v3.RBAC": "rbac",
+    "envoy.extensions.filters.http.rbac.v3.RBAC": "rbac_http",
     "envoy.extensions.filters.network.rbac.v3.RBAC": "rbac_network",
     "envoy.extensions.filters.http.ip_tagging.v3.IPTagging": "ip_tagging",
     "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation": "header_mutation",
@@ -75,7 +75,7 @@ PROFILED_NAMES: Mapping[str, str] = {
     "envoy.filters.http.lua": "lua",
     "envoy.lua": "lua",
     "envoy.filters.http.wasm": "wasm",
-    "envoy.filters.http.rbac": "rbac",
+    "envoy.filters.http.rbac": "rbac_http",
     "envoy.filters.network.rbac": "rbac_network",
     "envoy.filters.http.ip_tagging": "ip_tagging",
     "envoy.filters.http.header_mutation": "header_mutation",
@@ -126,11 +126,11 @@ TCP_PROXY_NAMES = ("envoy.filters.network.tcp_proxy", "envoy.tcp_proxy")
 _TYPED_STRUCTS = ("udpa.type.v1.TypedStruct", "xds.type.v3.TypedStruct")
 _DOWNSTREAM_TLS = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
 _UPSTREAM_TLS = "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
-_SIZED = ("rbac", "rbac_network", "ip_tagging")
+_SIZED = ("rbac_http", "rbac_network", "ip_tagging")
 
 
 def sized(base: str, n: int) -> str:
-    """Name of a filter whose cost depends on its size (RBAC rules, IP tags): ``rbac_100``.
+    """Name of a filter whose cost depends on its size (RBAC rules, IP tags): ``rbac_http_100``.
 
     One place decides the spelling, so profiles and imports agree; it fits the ECG schema's
     filter-name pattern (``[a-z0-9][a-z0-9_.-]*``).
@@ -187,7 +187,7 @@ def _typed_value(f: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _size_of(base: str, cfg: Mapping[str, Any]) -> int:
-    if base in ("rbac", "rbac_network"):
+    if base in ("rbac_http", "rbac_network"):
         # one rule = one policy (as the RBAC profiles count them); shadow rules run too
         n = 0
         for key in ("rules", "shadow_rules"):
