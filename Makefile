@@ -1,9 +1,9 @@
-.PHONY: install test bench
+.PHONY: install test typecheck
 install:
 	bash scripts/install.sh
 
 test:
 	.venv/bin/python -m pytest -q
 
-bench:
-	.venv/bin/python benchmarks/run_all.py
+typecheck:
+	.venv/bin/mypy

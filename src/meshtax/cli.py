@@ -242,7 +242,7 @@ def traces_generate(graphs: int, out_path: str, version: str, seed: int, broken_
         raise UsageError("--graphs must be positive")
     with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
         task = bar.add_task("generating", total=graphs)
-        summ = generate(graphs, seed, f"alibaba-{version}", out_path, broken_fraction=broken_fraction,  # type: ignore[arg-type]
+        summ = generate(graphs, seed, f"alibaba-{version}", out_path, broken_fraction=broken_fraction,
                         progress=lambda done, total: bar.update(task, completed=done, total=total))
     click.echo(f"wrote {summ.graphs} graphs, {summ.calls} calls, {summ.rows} rows ({summ.version}, seed {summ.seed}) to {summ.path}")
 
