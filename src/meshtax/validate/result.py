@@ -1,0 +1,285 @@
+"""Validation results: measured vs predicted overhead per case, errors, and the document (pure).
+
+A *case* is one query of one topology under one sidecar mode. Its measurement is a list of
+paired runs (no mesh, mesh) whose differences give the overhead; the prediction comes from the
+no-mesh run's traces. The document is ``meshtax-validation/1`` as read by the report builder
+(docs/report.md): ``{"format", "name", "cases": [{"name", "mode", "latency": {...}, "cpu":
+{...}}]}``, with extra keys (p90, per-service CPU, the runs) the report ignores.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshtax.profile.stats import Estimate, estimate
+
+__all__ = [
+    "FORMAT",
+    "CaseResult",
+    "Comparison",
+    "Predicted",
+    "RunSample",
+    "ValidationResult",
+    "compare",
+    "overheads",
+    "rel_error",
+]
+
+FORMAT = "meshtax-validation/1"
+
+
+@dataclass(frozen=True)
+class RunSample:
+    """One fortio run against one deployment: client latencies (µs) and CPU of every pod.
+
+    ``cpu_ns``: on-CPU ns per service during the run (app + sidecar of its pod);
+    ``sidecar_cpu_ns``: the sidecars' part of it (0 without mesh).
+    """
+
+    p50_us: float
+    p90_us: float
+    mean_us: float
+    count: int
+    actual_qps: float
+    duration_s: float
+    cpu_ns: Mapping[str, int] = field(default_factory=dict)
+    sidecar_cpu_ns: int = 0
+
+    @property
+    def cpu_us_per_request(self) -> float:
+        return sum(self.cpu_ns.values()) * 1e-3 / self.count if self.count else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "p50_us": self.p50_us,
+            "p90_us": self.p90_us,
+            "mean_us": self.mean_us,
+            "count": self.count,
+            "actual_qps": self.actual_qps,
+            "duration_s": self.duration_s,
+            "cpu_ns": dict(self.cpu_ns),
+            "sidecar_cpu_ns": self.sidecar_cpu_ns,
+        }
+
+
+def overheads(pairs: Sequence[tuple[RunSample, RunSample]]) -> dict[str, Estimate]:
+    """Median (with its 95 % order-statistic interval) over pairs of mesh − no mesh, for
+    ``p50``, ``p90``, ``mean`` latency (µs) and ``cpu`` (CPU-µs per request, all pods)."""
+    if not pairs:
+        raise ValueError("no paired runs")
+    return {
+        "p50": estimate([m.p50_us - b.p50_us for b, m in pairs]),
+        "p90": estimate([m.p90_us - b.p90_us for b, m in pairs]),
+        "mean": estimate([m.mean_us - b.mean_us for b, m in pairs]),
+        "cpu": estimate([m.cpu_us_per_request - b.cpu_us_per_request for b, m in pairs]),
+    }
+
+
+def rel_error(predicted: float, measured: float) -> float:
+    """(predicted − measured) / measured; NaN when nothing was measured."""
+    return (predicted - measured) / measured if measured else math.nan
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """Predicted overhead of one case: latency (µs) at the client's p50/p90 and mean, CPU per
+    request (CPU-µs, all sidecars), from ``graphs`` traced requests."""
+
+    p50_us: float
+    p90_us: float
+    mean_us: float
+    cpu_us_per_request: float
+    graphs: int
+    base_p50_us: float = math.nan
+    by_component_cpu_us: Mapping[str, float] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "p50_us": self.p50_us,
+            "p90_us": self.p90_us,
+            "mean_us": self.mean_us,
+            "cpu_us_per_request": self.cpu_us_per_request,
+            "graphs": self.graphs,
+            "base_p50_us": self.base_p50_us,
+            "by_component_cpu_us": dict(self.by_component_cpu_us),
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Predicted vs measured for one metric: the measurement's median and 95 % interval."""
+
+    predicted: float
+    measured: Estimate
+
+    @property
+    def error(self) -> float:
+        return rel_error(self.predicted, self.measured.median)
+
+    @property
+    def within_interval(self) -> bool:
+        return self.measured.lo <= self.predicted <= self.measured.hi
+
+    def to_dict(self, scale: float = 1.0) -> dict[str, Any]:
+        m = self.measured
+        return {
+            "predicted": self.predicted * scale,
+            "measured": m.median * scale,
+            "lo": m.lo * scale,
+            "hi": m.hi * scale,
+            "error": self.error,
+            "n": m.n,
+            "coverage": m.coverage,
+        }
+
+
+def compare(pred: Predicted, pairs: Sequence[tuple[RunSample, RunSample]]) -> dict[str, Comparison]:
+    """Every metric of a case side by side: ``latency`` (p50), ``p90``, ``mean``, ``cpu``."""
+    o = overheads(pairs)
+    return {
+        "latency": Comparison(pred.p50_us, o["p50"]),
+        "p90": Comparison(pred.p90_us, o["p90"]),
+        "mean": Comparison(pred.mean_us, o["mean"]),
+        "cpu": Comparison(pred.cpu_us_per_request, o["cpu"]),
+    }
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One case: topology query × mode; ``error`` set (and no numbers) when it could not run."""
+
+    topology: str
+    query: str
+    mode: str
+    rate: float
+    pairs: tuple[tuple[RunSample, RunSample], ...] = ()
+    predicted: Predicted | None = None
+    sidecar_modes: Mapping[str, str] = field(default_factory=dict)
+    error: str | None = None
+    wall_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"{self.topology}/{self.query}"
+
+    @property
+    def comparisons(self) -> dict[str, Comparison]:
+        if self.predicted is None or not self.pairs:
+            return {}
+        return compare(self.predicted, self.pairs)
+
+    def per_service_cpu_us(self) -> dict[str, float]:
+        """Median over pairs of each pod's CPU-µs per request, mesh − no mesh."""
+        if not self.pairs:
+            return {}
+        names = sorted({s for _, m in self.pairs for s in m.cpu_ns})
+        out: dict[str, float] = {}
+        for s in names:
+            d = [m.cpu_ns.get(s, 0) * 1e-3 / m.count - b.cpu_ns.get(s, 0) * 1e-3 / b.count for b, m in self.pairs if b.count and m.count]
+            out[s] = statistics.median(d) if d else math.nan
+        return out
+
+    def to_case(self) -> dict[str, Any]:
+        """The case as the report reads it: latency in µs, CPU in vCPU at the case's rate."""
+        doc: dict[str, Any] = {"name": self.name, "mode": self.mode, "rate": self.rate, "sidecar_modes": dict(self.sidecar_modes), "wall_s": self.wall_s}
+        if self.error is not None:
+            doc["error_message"] = self.error
+            return doc
+        c = self.comparisons
+        doc["latency"] = c["latency"].to_dict()
+        doc["cpu"] = {**c["cpu"].to_dict(self.rate * 1e-6), "per_request_us": c["cpu"].to_dict()}
+        doc["latency_p90"] = c["p90"].to_dict()
+        doc["latency_mean"] = c["mean"].to_dict()
+        base = [b for b, _ in self.pairs]
+        doc["no_mesh"] = {
+            "p50_us": statistics.median(b.p50_us for b in base),
+            "p90_us": statistics.median(b.p90_us for b in base),
+            "cpu_us_per_request": statistics.median(b.cpu_us_per_request for b in base),
+        }
+        doc["cpu_by_service_us_per_request"] = self.per_service_cpu_us()
+        doc["sidecar_cpu_us_per_request"] = statistics.median(m.sidecar_cpu_ns * 1e-3 / m.count for _, m in self.pairs if m.count)
+        assert self.predicted is not None
+        doc["prediction"] = self.predicted.to_dict()
+        doc["runs"] = [{"no_mesh": b.to_dict(), "mesh": m.to_dict()} for b, m in self.pairs]
+        return doc
+
+
+def _median_abs(xs: Sequence[float]) -> float:
+    ys = [abs(x) for x in xs if not math.isnan(x)]
+    return statistics.median(ys) if ys else math.nan
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """All cases of one ``meshtax validate`` run, with what produced them."""
+
+    name: str
+    cases: tuple[CaseResult, ...]
+    profile: str
+    machine: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def errors(self, metric: str) -> list[float]:
+        return [c.comparisons[metric].error for c in self.cases if c.comparisons]
+
+    def summary(self) -> dict[str, Any]:
+        """Median absolute error per metric, the worst case, and cases beyond 30 %."""
+        out: dict[str, Any] = {"cases": len(self.cases), "failed": sum(c.error is not None for c in self.cases)}
+        for metric in ("latency", "p90", "mean", "cpu"):
+            errs = self.errors(metric)
+            ok = [c for c in self.cases if c.comparisons]
+            worst = max(ok, key=lambda c: abs(c.comparisons[metric].error), default=None)
+            out[metric] = {
+                "median_abs_error": _median_abs(errs),
+                "mean_error": statistics.fmean(errs) if errs else math.nan,  # sign: the bias
+                "worst": None if worst is None else {"case": f"{worst.name} ({worst.mode})", "error": worst.comparisons[metric].error},
+                "beyond_30pct": [f"{c.name} ({c.mode})" for c in ok if abs(c.comparisons[metric].error) > 0.30],
+            }
+        return out
+
+    def to_document(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "name": self.name,
+            "profile": self.profile,
+            "machine": dict(self.machine),
+            "options": dict(self.options),
+            "notes": list(self.notes),
+            "summary": self.summary(),
+            "cases": [c.to_case() for c in self.cases],
+        }
+
+    def table(self) -> str:
+        """A Markdown table: one row per case, measured [interval] vs predicted, error."""
+        rows = [
+            "| case | mode | latency p50 overhead µs: measured [95 % CI] | predicted | error | p90 measured | p90 predicted | p90 error | CPU µs/req measured [95 % CI] | predicted | error |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in self.cases:
+            if not c.comparisons:
+                rows.append(f"| {c.name} | {c.mode} | failed: {c.error} | | | | | | | | |")
+                continue
+            k = c.comparisons
+
+            def cell(x: Comparison) -> str:
+                return f"{x.measured.median:.0f} [{x.measured.lo:.0f}, {x.measured.hi:.0f}]"
+
+            rows.append(
+                f"| {c.name} | {c.mode} | {cell(k['latency'])} | {k['latency'].predicted:.0f} | {k['latency'].error:+.0%} "
+                f"| {k['p90'].measured.median:.0f} | {k['p90'].predicted:.0f} | {k['p90'].error:+.0%} "
+                f"| {cell(k['cpu'])} | {k['cpu'].predicted:.0f} | {k['cpu'].error:+.0%} |"
+            )
+        s = self.summary()
+        rows.append("")
+        rows.append(
+            f"Median absolute error: latency p50 {s['latency']['median_abs_error']:.1%}, p90 {s['p90']['median_abs_error']:.1%}, "
+            f"CPU {s['cpu']['median_abs_error']:.1%}; mean signed error (bias): latency {s['latency']['mean_error']:+.1%}, CPU {s['cpu']['mean_error']:+.1%}."
+        )
+        return "\n".join(rows)

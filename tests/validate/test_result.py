@@ -1,0 +1,98 @@
+"""meshtax.validate.result and .pairing: paired overheads, errors, the document, stopping rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from meshtax.report.tables import validation_cases
+from meshtax.validate.pairing import PairPolicy, measure_pairs
+from meshtax.validate.result import CaseResult, Predicted, RunSample, ValidationResult, overheads, rel_error
+
+
+def rs(p50: float, cpu_ns: int, count: int = 100, p90: float | None = None, sidecar: int = 0) -> RunSample:
+    return RunSample(p50, p90 if p90 is not None else p50 * 1.5, p50 * 1.1, count, 100.0, 1.0, {"a": cpu_ns // 2, "b": cpu_ns - cpu_ns // 2}, sidecar)
+
+
+PAIRS = tuple((rs(1000 + i, 10_000_000), rs(1300 + 3 * i, 30_000_000, sidecar=15_000_000)) for i in range(6))
+
+
+def test_overheads_are_medians_of_paired_differences() -> None:
+    o = overheads(PAIRS)
+    # differences 300, 302, …, 310: median 305; CPU 200 µs per request on every pair
+    assert o["p50"].median == pytest.approx(305.0)
+    assert (o["p50"].lo, o["p50"].hi) == (300.0, 310.0)  # n=6: [x(1), x(6)] at 96.9 %
+    assert o["cpu"].median == pytest.approx(200.0)
+    assert o["p90"].median == pytest.approx(1.5 * 305.0)
+    with pytest.raises(ValueError):
+        overheads([])
+
+
+def test_rel_error_and_case_document() -> None:
+    assert rel_error(110, 100) == pytest.approx(0.10)
+    assert math.isnan(rel_error(1, 0))
+    pred = Predicted(p50_us=330.0, p90_us=400.0, mean_us=320.0, cpu_us_per_request=180.0, graphs=50)
+    c = CaseResult("bookinfo", "productpage", "http", 200.0, PAIRS, pred, {"frontend": "http"})
+    k = c.comparisons
+    assert k["latency"].error == pytest.approx(330 / 305 - 1)
+    assert k["cpu"].error == pytest.approx(-0.10)
+    assert not k["latency"].within_interval and k["cpu"].predicted < k["cpu"].measured.lo
+    doc = c.to_case()
+    # CPU in the report's unit: vCPU at the case's rate (200/s × 200 µs = 0.04)
+    assert doc["cpu"]["measured"] == pytest.approx(0.04) and doc["cpu"]["per_request_us"]["measured"] == pytest.approx(200.0)
+    assert doc["sidecar_cpu_us_per_request"] == pytest.approx(150.0)
+    assert doc["cpu_by_service_us_per_request"] == {"a": pytest.approx(100.0), "b": pytest.approx(100.0)}
+    assert len(doc["runs"]) == 6
+    failed = CaseResult("bookinfo", "productpage", "grpc", 200.0, error="LoadFailed: boom")
+    assert failed.comparisons == {} and failed.to_case()["error_message"] == "LoadFailed: boom"
+
+    v = ValidationResult("bookinfo", (c, failed), "p1", {"host": "h"}, {"rate": 200})
+    d = v.to_document()
+    assert d["format"] == "meshtax-validation/1" and d["summary"]["failed"] == 1
+    assert d["summary"]["cpu"]["median_abs_error"] == pytest.approx(0.10)
+    assert d["summary"]["latency"]["beyond_30pct"] == []
+    # the report builder reads the document as two cases (latency, cpu) of the one that ran
+    got = validation_cases(d)
+    assert [(x.name, x.metric) for x in got] == [("bookinfo/productpage (http)", "latency"), ("bookinfo/productpage (http)", "cpu")]
+    assert got[1].measured == pytest.approx(0.04) and got[1].predicted == pytest.approx(0.036)
+    table = v.table()
+    assert "| bookinfo/productpage | http | 305 [300, 310] | 330 | +8% |" in table and "failed: LoadFailed: boom" in table
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.parametrize(
+    ("noise", "policy", "n", "why"),
+    [
+        ([0.0] * 20, PairPolicy(min_pairs=6, max_pairs=12), 6, "narrow"),  # identical runs: tight at once
+        ([0.0, 500.0] * 10, PairPolicy(min_pairs=6, max_pairs=8), 8, "max_pairs"),  # wild: never narrow
+        ([0.0, 500.0] * 10, PairPolicy(min_pairs=3, max_pairs=20, budget_s=10.0), 5, "budget"),  # 2 s a pair: 5th ends at 10 s
+    ],
+)
+def test_measure_pairs_alternates_and_stops(noise: list[float], policy: PairPolicy, n: int, why: str) -> None:
+    clock = Clock()
+    order: list[str] = []
+
+    def run(side: str) -> RunSample:
+        order.append(side)
+        clock.t += 1.0
+        k = order.count("mesh")
+        return rs(1000.0 + (300.0 + noise[k % len(noise)] if side == "mesh" else 0.0), 10_000_000 if side == "no_mesh" else 30_000_000)
+
+    pairs, stop = measure_pairs(run, policy, clock)
+    assert (len(pairs), stop) == (n, why)
+    # the order alternates so drift falls on both sides
+    assert order[:4] == ["no_mesh", "mesh", "mesh", "no_mesh"]
+    assert all(m.p50_us > b.p50_us for b, m in pairs)
+
+
+def test_policy_is_checked() -> None:
+    with pytest.raises(ValueError):
+        PairPolicy(min_pairs=5, max_pairs=4)
