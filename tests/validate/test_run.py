@@ -1,0 +1,93 @@
+"""meshtax.validate.run: options and mode rules; the reduced accuracy check on the real machine
+(Bookinfo, tcp mode, short): fails if prediction and measurement diverge by 2×."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from meshtax.model.profile import Platform, Profile
+from meshtax.model.sidecar import Mode
+from meshtax.profile.plan import Plan
+from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, run_profile
+from meshtax.profile.system import RealSystem
+from meshtax.validate import appctl
+from meshtax.validate.run import ValidateOptions, app_protocol, run_validation, sidecar_modes
+
+
+def test_sidecar_modes_and_app_protocols() -> None:
+    topo = appctl.load_topology("hotel-reservation")
+    names = topo.reachable(topo.query("reservation"))
+    got = sidecar_modes(topo, names, Mode.GRPC)
+    assert got == {"frontend": Mode.GRPC, "user": Mode.GRPC, "reservation": Mode.GRPC,
+                   "memcached-reserve": Mode.TCP, "mongodb-reservation": Mode.TCP}  # fmt: skip
+    assert (app_protocol(Mode.TCP), app_protocol(Mode.HTTP), app_protocol(Mode.GRPC)) == (None, "http", "grpc")
+
+
+def test_options() -> None:
+    o = ValidateOptions("bookinfo", modes=("tcp",), quick=True, duration_s=5.0)  # type: ignore[arg-type]
+    assert o.modes == (Mode.TCP,) and o.run_s() == 1.0 and o.policy().max_pairs == 3
+    assert o.to_dict()["modes"] == ["tcp"]
+    assert ValidateOptions("bookinfo").policy().min_pairs == 6
+    with pytest.raises(ValueError, match="not supported"):
+        ValidateOptions("bookinfo", mtls=True)
+    with pytest.raises(ValueError):
+        ValidateOptions("bookinfo", rate=0)
+
+
+class _OneProfile:
+    def __init__(self, p: Profile) -> None:
+        self.p = p
+
+    def get(self, name: str) -> Profile:
+        assert name == self.p.name
+        return self.p
+
+    def for_host(self, host: Platform) -> Profile | None:
+        return self.p
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, iptables)"
+    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").is_file() and not appctl.binary_path().is_file():
+        return "meshapp is not built and Go is missing"
+    for tool in ("iptables", "taskset", "setpriv", "curl"):
+        if shutil.which(tool) is None:
+            return f"{tool} is missing"
+    return None
+
+
+def _ours() -> list[str]:
+    out = RealSystem().run(["ip", "netns", "list"]).stdout
+    return sorted(line.split()[0] for line in out.splitlines() if line.startswith("mtx-"))
+
+
+@pytest.mark.root
+@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+def test_bookinfo_tcp_prediction_within_2x() -> None:
+    """A short tcp-only profile, then Bookinfo in tcp mode: both overheads (p50 latency and
+    CPU per request) are predicted within a factor of 2, and nothing is left behind."""
+    before = _ours()
+    plan = Plan(modes=(Mode.TCP,), sizes=(100, 1024), rate_fractions=(0.5,), latency_run_s=0.3,
+                latency_min_runs=3, latency_max_runs=3, probe_run_s=1.0, maxqps_run_s=0.5,
+                cpu_run_s=0.5, warmup_n=50)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ClosureWarning)  # a noisy shared machine may not close
+        prof = run_profile(ProfileOptions(name="ci-validate", plan=plan), RealSystem(), None, backends=Backends(lock_timeout=300.0))
+    opts = ValidateOptions("bookinfo", modes=(Mode.TCP,), quick=True, rate=100.0, profile_name="ci-validate", warmup_n=100, lock_timeout_s=300.0)
+    res = run_validation(opts, RealSystem(), _OneProfile(prof))
+    (case,) = res.cases
+    assert case.error is None, case.error
+    k = case.comparisons
+    for metric in ("latency", "cpu"):
+        c = k[metric]
+        assert c.measured.median > 0, f"{metric}: no overhead measured"
+        ratio = c.predicted / c.measured.median
+        assert 0.5 <= ratio <= 2.0, f"{metric}: predicted {c.predicted:.1f} vs measured {c.measured.median:.1f} (×{ratio:.2f})\n{res.table()}"
+    assert case.predicted is not None and case.predicted.graphs >= 10
+    assert _ours() == before
