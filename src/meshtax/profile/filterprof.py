@@ -1,0 +1,723 @@
+"""Filter profiling: every catalogue filter as its own component, by difference.
+
+One Envoy per mode serves every variant at once, each on its own loopback listener with its
+own filter chain in front of the same echo app: ``base`` (no filter), each single filter,
+and (for the additivity study) each combination. With ``concurrency 1`` one worker thread
+serves them all, so "with minus without" compares the same process, the same thread, the same
+mode and size, in runs that alternate (the order rotates every round so drift cancels).
+
+Two measures per variant:
+
+* **CPU**: on-CPU ns of the worker thread (``/proc/PID/task/TID/schedstat``, user + kernel)
+  over a closed-loop fortio run, per request; filter = variant − base, round by round, with a
+  95 % interval over rounds. Latency (fortio's mean) is differenced the same way.
+* **Instructions** (optional, ``valgrind --tool=callgrind``): the same Envoy config under
+  callgrind; counters are zeroed, ``n1`` then ``n2`` requests are sent and dumped, and
+  ``(I(n2) − I(n1)) / (n2 − n1)`` is the steady-state instruction count per request (warm-up,
+  connection set-up and per-run fixed work cancel). Deterministic to about 1 %, so it is the
+  robust signal on a noisy machine.
+
+Models land in a profile per crossing (one sidecar, one direction): a request and its
+response are two crossings, so per-request costs are halved. Every side effect goes through
+:class:`~meshtax.profile.system.System` and the injectable :class:`FilterBackends`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from meshtax.model.costmodel import ComponentModel, CostModel
+from meshtax.model.sidecar import Mode
+from meshtax.profile.envoy import EnvoyConfig, EnvoyError, bootstrap, envoy_binary
+from meshtax.profile.filters import (
+    COMBINATIONS,
+    MIXES,
+    FilterSpec,
+    catalogue,
+    combination,
+    component_name,
+    filter_config,
+    modes_for,
+    parse_component,
+)
+from meshtax.profile.fortio import FortioServer, LoadResult, fortio_binary, run_load
+from meshtax.profile.perfcpu import parse_schedstat
+from meshtax.profile.stats import Estimate, estimate, median
+from meshtax.profile.system import CommandError, Placement, Process, System
+
+__all__ = [
+    "BASE",
+    "FilterBackends",
+    "FilterMeasurement",
+    "FilterRunOptions",
+    "ModeRun",
+    "MultiEnvoy",
+    "Variant",
+    "VariantSamples",
+    "AdditivityRow",
+    "additivity",
+    "combos_for",
+    "differences",
+    "echo_server",
+    "free_ports",
+    "filter_models",
+    "filter_variants",
+    "measure_variants",
+    "multi_bootstrap",
+    "parse_callgrind_total",
+    "profile_filters",
+    "resolve_filters",
+    "steady_per_request",
+    "variant",
+    "worker_cpu_ns",
+]
+
+BASE = "base"
+LO = "127.0.0.1"
+CALLGRIND_START_S = 300.0  # Envoy takes ~20 s to start under callgrind (more with big RBAC)
+
+
+# ---- configs: many variants in one Envoy ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One listener (its filter chain) and the cluster it forwards to, named ``name``."""
+
+    name: str
+    port: int
+    listener: Mapping[str, Any]
+    cluster: Mapping[str, Any]
+    outputs: tuple[str, ...] = ()
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9_]", "_", name.lower())
+
+
+def variant(
+    name: str,
+    mode: Mode,
+    port: int,
+    upstream: tuple[str, int],
+    spec: FilterSpec | None = None,
+    *,
+    listener_tls: Mapping[str, Any] | None = None,
+    cluster_tls: Mapping[str, Any] | None = None,
+) -> Variant:
+    """A listener on ``127.0.0.1:port`` in ``mode`` with ``spec``'s filters, forwarding to ``upstream``.
+
+    Built from the profiler's own sidecar config (:func:`~meshtax.profile.envoy.bootstrap`
+    of the inbound side), so a variant's work is exactly the profiled sidecar's plus its filters.
+    """
+    cfg = EnvoyConfig(mode=mode, listen_address=LO, inbound_port=port, inbound_upstream=upstream,
+                      inbound_tls=listener_tls)  # fmt: skip
+    if spec is not None:
+        cfg = spec.apply(cfg)
+    boot = bootstrap(cfg)
+    listener = next(x for x in boot["static_resources"]["listeners"] if x["name"] == "inbound")
+    cluster = next(c for c in boot["static_resources"]["clusters"] if c["name"] == "inbound_static")
+    cname = f"c_{_slug(name)}"
+    # the cluster name appears only as a JSON string value: rename it everywhere at once
+    text = json.dumps(listener).replace('"inbound_static"', json.dumps(cname))
+    lst = json.loads(text)
+    lst["name"] = f"l_{_slug(name)}"
+    cl = json.loads(json.dumps(cluster))
+    cl["name"] = cname
+    cl["load_assignment"]["cluster_name"] = cname
+    if cluster_tls is not None:
+        cl["transport_socket"] = json.loads(json.dumps(cluster_tls))
+    return Variant(name, port, lst, cl, spec.outputs if spec is not None else ())
+
+
+def multi_bootstrap(variants: Sequence[Variant], admin_port: int) -> dict[str, Any]:
+    """One bootstrap serving every variant (names and ports must be distinct)."""
+    names = [v.name for v in variants]
+    ports = [v.port for v in variants]
+    if len(set(names)) != len(names) or len(set(ports)) != len(ports) or admin_port in ports:
+        raise ValueError("variant names and ports (and the admin port) must be distinct")
+    return {
+        "node": {"id": "meshtax-filterprof", "cluster": "meshtax"},
+        "admin": {"address": {"socket_address": {"address": LO, "port_value": admin_port}}},
+        "static_resources": {
+            "listeners": [dict(v.listener) for v in variants],
+            "clusters": [dict(v.cluster) for v in variants],
+        },
+    }
+
+
+def resolve_filters(filters: str | Sequence[str] | None, modes: Sequence[Mode]) -> dict[Mode, list[str]]:
+    """Component names to profile per mode: ``"all"`` is the whole catalogue; names may be
+    bare filters (``rbac_http`` = every size) or sized components (``rbac_http_1000``)."""
+    if filters is None:
+        return {m: [] for m in modes}
+    wanted: list[str] = []
+    if filters == "all":
+        wanted = [component_name(f, p) for f, p in catalogue()]
+    else:
+        for f in [filters] if isinstance(filters, str) else filters:
+            try:
+                parse_component(f)
+                wanted.append(f)
+            except ValueError:
+                sized = [component_name(b, p) for b, p in catalogue() if b == f]
+                if not sized:
+                    raise ValueError(f"unknown filter {f!r}") from None
+                wanted.extend(sized)
+    return {m: [c for c in dict.fromkeys(wanted) if m in modes_for(parse_component(c)[0])] for m in modes}
+
+
+def filter_variants(
+    mode: Mode,
+    components: Sequence[str],
+    ports: Sequence[int],
+    echo: tuple[str, int],
+    *,
+    combos: Mapping[str, Sequence[str]] | None = None,
+    outdir: Path | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> list[Variant]:
+    """``base``, then one variant per component, then one per combination (``ports`` in order).
+
+    ``outdir``: where tap and access-log files go (else the catalogue's defaults under /tmp).
+    ``params``: extra filter parameters (e.g. ``module=`` bytes for wasm).
+    """
+    extra = dict(params or {})
+    if outdir is not None:
+        extra.setdefault("path_prefix", str(outdir / "tap" / "tap"))
+        extra.setdefault("path", str(outdir / "access.log"))
+    combos = dict(combos or {})
+    need = 1 + len(components) + len(combos)
+    if len(ports) < need:
+        raise ValueError(f"need {need} ports, got {len(ports)}")
+    out = [variant(BASE, mode, ports[0], echo)]
+    for i, c in enumerate(components, 1):
+        base, sized = parse_component(c)
+        own = {k: v for k, v in extra.items() if k in _own_params(base)}
+        out.append(variant(c, mode, ports[i], echo, filter_config(base, mode, **own, **sized)))
+    for j, (name, members) in enumerate(combos.items(), 1 + len(components)):
+        out.append(variant(name, mode, ports[j], echo, combination(members, mode, name, **extra)))
+    return out
+
+
+def _own_params(base: str) -> frozenset[str]:
+    from meshtax.profile.filters import _PARAMS
+
+    return _PARAMS[base]
+
+
+# ---- the process ---------------------------------------------------------------------------
+
+
+def worker_cpu_ns(pid: int, proc: Path = Path("/proc")) -> int:
+    """On-CPU ns of ``pid``'s Envoy worker threads (``wrk:worker_*``); all threads if none is
+    named so (an Envoy under valgrind has renamed threads)."""
+    total, seen = 0, False
+    every = 0
+    for t in (proc / str(pid) / "task").iterdir():
+        try:
+            comm = (t / "comm").read_text().strip()
+            ns = parse_schedstat((t / "schedstat").read_text())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        every += ns
+        if comm.startswith("wrk:worker"):
+            total += ns
+            seen = True
+    return total if seen else every
+
+
+_TOTALS = re.compile(r"^totals:\s*(\d+)", re.M)
+_SUMMARY = re.compile(r"^summary:\s*(\d+)", re.M)
+
+
+def parse_callgrind_total(text: str) -> int:
+    """Instructions (Ir) of one callgrind dump: its ``totals:`` line (written last, complete),
+    else its ``summary:`` header."""
+    m = _TOTALS.search(text) or _SUMMARY.search(text)
+    if m is None:
+        raise EnvoyError("callgrind dump has no totals/summary line")
+    return int(m.group(1))
+
+
+class MultiEnvoy:
+    """One Envoy serving a multi-variant bootstrap, optionally under callgrind; a context manager."""
+
+    def __init__(
+        self,
+        system: System,
+        boot: Mapping[str, Any],
+        workdir: Path,
+        *,
+        callgrind: bool = False,
+        place: Placement = Placement(),
+        binary: Path | None = None,
+        start_timeout: float | None = None,
+    ) -> None:
+        self.system = system
+        self.boot = boot
+        self.workdir = workdir
+        self.callgrind = callgrind
+        self.place = place
+        self.binary = binary or envoy_binary()
+        self.start_timeout = start_timeout or (CALLGRIND_START_S if callgrind else 60.0)
+        self.admin_port = int(boot["admin"]["address"]["socket_address"]["port_value"])
+        self.process: Process | None = None
+        self._log: IO[bytes] | None = None
+        self._dumps = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
+
+    def argv(self, config: Path) -> list[str]:
+        envoy = [str(self.binary), "-c", str(config), "--concurrency", "1", "--disable-hot-restart", "-l", "warning"]
+        if not self.callgrind:
+            return envoy
+        # instructions only (no cache sim, no per-instruction dump): the cheapest callgrind
+        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.workdir}/cg.out",
+                "--dump-instr=no", "--collect-jumps=no", *envoy]  # fmt: skip
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "envoy.json"
+        config.write_text(json.dumps(self.boot, sort_keys=True))
+        self._log = open(self.workdir / "envoy.log", "wb")  # noqa: SIM115
+        self.process = self.system.spawn(self.argv(config), place=self.place, stderr=self._log, stdout=self._log)
+        deadline = time.monotonic() + self.start_timeout
+        while not self._ready():
+            code = self.process.poll()
+            if code is not None:
+                raise EnvoyError(f"Envoy exited {code} at start: {self._tail()}")
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise EnvoyError(f"Envoy not LIVE after {self.start_timeout:.0f}s: {self._tail()}")
+            time.sleep(0.2)
+
+    def _ready(self) -> bool:
+        argv = ["curl", "-sS", "--fail", "--max-time", "1", f"http://{LO}:{self.admin_port}/ready"]
+        try:
+            return self.system.run(argv, place=Placement(netns=self.place.netns), timeout=10).stdout.strip() == "LIVE"
+        except CommandError:
+            return False
+
+    def _tail(self) -> str:
+        p = self.workdir / "envoy.log"
+        return " | ".join(p.read_text(errors="replace").strip().splitlines()[-5:]) if p.exists() else ""
+
+    def zero(self) -> None:
+        """Zero callgrind's counters (the start of a counted window)."""
+        self.system.run(["callgrind_control", "-z", str(self.pid)], timeout=60)
+
+    def dump(self) -> int:
+        """Dump callgrind's counters since the last zero/dump; returns the instruction count."""
+        self.system.run(["callgrind_control", "-d", str(self.pid)], timeout=60)
+        self._dumps += 1
+        path = self.workdir / f"cg.out.{self._dumps}"
+        deadline = time.monotonic() + 30
+        while not path.exists() or "totals:" not in path.read_text(errors="replace"):
+            if time.monotonic() > deadline:
+                raise EnvoyError(f"callgrind wrote no dump {path}")
+            time.sleep(0.1)
+        return parse_callgrind_total(path.read_text(errors="replace"))
+
+    def stop(self) -> int | None:
+        code = self.process.stop(timeout=30) if self.process is not None else None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return code
+
+    def __enter__(self) -> MultiEnvoy:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---- measuring ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FilterRunOptions:
+    """How hard to measure. ``rounds`` alternating runs of ``n`` requests per variant and size;
+    callgrind windows of ``cg_n1`` and ``cg_n2`` requests after ``cg_warmup``."""
+
+    sizes: tuple[int, ...] = (100,)
+    rounds: int = 7
+    n: int = 2000
+    warmup_n: int = 300
+    callgrind: bool = True
+    cg_warmup: int = 200
+    cg_n1: int = 200
+    cg_n2: int = 1000
+
+    @classmethod
+    def quick(cls) -> FilterRunOptions:
+        return cls(rounds=5, n=1000, warmup_n=200, cg_warmup=100, cg_n1=100, cg_n2=500)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class VariantSamples:
+    """Per-request CPU (µs, worker thread) and mean latency (µs) per round; instructions."""
+
+    cpu_us: list[float] = field(default_factory=list)
+    latency_us: list[float] = field(default_factory=list)
+    instructions: float | None = None
+    # the base run paired with each of this variant's runs (adjacent in time)
+    base_cpu_us: list[float] = field(default_factory=list)
+    base_latency_us: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cpu_us": self.cpu_us, "latency_us": self.latency_us, "instructions": self.instructions,
+                "base_cpu_us": self.base_cpu_us, "base_latency_us": self.base_latency_us}  # fmt: skip
+
+
+LoadFn = Callable[[str, Mode, int, int], LoadResult]  # (host:port, mode, size, n) → result
+
+
+@dataclass
+class FilterBackends:
+    """Tools, injectable for tests; the defaults are the real ones."""
+
+    cpu_ns: Callable[[int], int] = worker_cpu_ns
+    load: LoadFn | None = None
+    envoy: Callable[..., MultiEnvoy] = MultiEnvoy
+    free_ports: Callable[[int], list[int]] | None = None
+    clock: Callable[[], float] = time.monotonic
+    callgrind_available: Callable[[], bool] = field(default=lambda: shutil.which("valgrind") is not None)
+    echo: Callable[[System, Path, Mode, int], Any] | None = None  # a context manager (the app)
+
+
+def echo_server(system: System, workdir: Path, mode: Mode, port: int) -> FortioServer:
+    """A fortio echo app for ``mode`` on ``127.0.0.1:port``."""
+    return FortioServer(system, workdir, host=LO, http_port=port if mode is Mode.HTTP else None,
+                        grpc_port=port if mode is Mode.GRPC else None, tcp_port=port if mode is Mode.TCP else None)  # fmt: skip
+
+
+def free_ports(k: int) -> list[int]:
+    """``k`` distinct free loopback ports (held together while chosen, so they differ)."""
+    socks = [socket.socket() for _ in range(k)]
+    try:
+        for s in socks:
+            s.bind((LO, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def steady_per_request(i1: float, n1: int, i2: float, n2: int) -> float:
+    """Per-request count from two windows of ``n1`` < ``n2`` requests: fixed work cancels."""
+    if n2 <= n1:
+        raise ValueError("need n2 > n1")
+    return (i2 - i1) / (n2 - n1)
+
+
+@dataclass
+class ModeRun:
+    """Everything measured in one mode: samples per size and variant, and how."""
+
+    mode: Mode
+    samples: dict[int, dict[str, VariantSamples]]
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.value,
+            "wall_s": self.wall_s,
+            "samples": {str(s): {v: x.to_dict() for v, x in d.items()} for s, d in self.samples.items()},
+        }
+
+
+def measure_variants(
+    mode: Mode,
+    variants: Sequence[Variant],
+    opts: FilterRunOptions,
+    system: System,
+    workdir: Path,
+    be: FilterBackends,
+    progress: Callable[[str], None] | None = None,
+    admin_port: int | None = None,
+) -> ModeRun:
+    """Alternating CPU/latency rounds in one Envoy, then (optionally) callgrind in another."""
+    t0 = be.clock()
+    load = be.load or _real_load(system)
+    admin = admin_port if admin_port is not None else (be.free_ports or free_ports)(1)[0]
+    boot = multi_bootstrap(variants, admin)
+    for v in variants:
+        for o in v.outputs:
+            Path(o).parent.mkdir(parents=True, exist_ok=True)
+    out: dict[int, dict[str, VariantSamples]] = {s: {v.name: VariantSamples() for v in variants} for s in opts.sizes}
+    say = progress or (lambda _m: None)
+    with be.envoy(system, boot, workdir / f"{mode.value}-cpu") as env:
+        for size in opts.sizes:
+            for v in variants:
+                load(f"{LO}:{v.port}", mode, size, opts.warmup_n)
+            base, others = variants[0], variants[1:]
+
+            def run(v: Variant) -> tuple[float, float]:
+                c0 = be.cpu_ns(env.pid)
+                res = load(f"{LO}:{v.port}", mode, size, opts.n)
+                c1 = be.cpu_ns(env.pid)
+                return (c1 - c0) / 1e3 / res.count, res.avg_us
+
+            for r in range(opts.rounds):
+                say(f"{mode.value} {size} B: round {r + 1}/{opts.rounds}")
+                k = r % max(len(others), 1)
+                # each variant right next to its own base run (load on a shared machine
+                # drifts within seconds); order within the pair and across variants rotates
+                for v in [*others[k:], *others[:k]]:
+                    pair = (base, v) if r % 2 == 0 else (v, base)
+                    got = {p.name: run(p) for p in pair}
+                    s = out[size][v.name]
+                    s.cpu_us.append(got[v.name][0])
+                    s.latency_us.append(got[v.name][1])
+                    s.base_cpu_us.append(got[BASE][0])
+                    s.base_latency_us.append(got[BASE][1])
+                    out[size][BASE].cpu_us.append(got[BASE][0])
+                    out[size][BASE].latency_us.append(got[BASE][1])
+    if opts.callgrind and be.callgrind_available():
+        say(f"{mode.value}: starting Envoy under callgrind")
+        with be.envoy(system, boot, workdir / f"{mode.value}-callgrind", callgrind=True) as env:
+            for size in opts.sizes:
+                for v in variants:
+                    say(f"{mode.value} {size} B: instructions of {v.name}")
+                    target = f"{LO}:{v.port}"
+                    load(target, mode, size, opts.cg_warmup)
+                    env.zero()
+                    load(target, mode, size, opts.cg_n1)
+                    i1 = env.dump()
+                    load(target, mode, size, opts.cg_n2)
+                    i2 = env.dump()
+                    out[size][v.name].instructions = steady_per_request(i1, opts.cg_n1, i2, opts.cg_n2)
+    return ModeRun(mode, out, be.clock() - t0)
+
+
+def _real_load(system: System) -> LoadFn:
+    binary = fortio_binary()
+
+    def load(target: str, mode: Mode, size: int, n: int) -> LoadResult:
+        return run_load(target, mode, size, 0.0, n=n, system=system, binary=binary, timeout_s=30.0)
+
+    return load
+
+
+# ---- results ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FilterMeasurement:
+    """One component (or combination) against ``base`` at one size, per request through one
+    sidecar: CPU and latency differences with 95 % intervals, instructions and % over base."""
+
+    name: str
+    mode: Mode
+    size: int
+    cpu_us: Estimate
+    latency_us: Estimate
+    base_cpu_us: float
+    base_latency_us: float
+    instructions: float | None = None
+    base_instructions: float | None = None
+
+    @property
+    def cpu_pct(self) -> float:
+        return 100 * self.cpu_us.median / self.base_cpu_us if self.base_cpu_us else float("nan")
+
+    @property
+    def instructions_pct(self) -> float | None:
+        if self.instructions is None or not self.base_instructions:
+            return None
+        return 100 * self.instructions / self.base_instructions
+
+    @property
+    def cpu_from_instructions_us(self) -> float | None:
+        """Instructions × the base's measured µs per instruction (same process, same mode)."""
+        if self.instructions is None or not self.base_instructions:
+            return None
+        return self.instructions * self.base_cpu_us / self.base_instructions
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "mode": self.mode.value,
+            "size": self.size,
+            "cpu_us_per_request": self.cpu_us.to_dict(),
+            "latency_us_per_request": self.latency_us.to_dict(),
+            "base_cpu_us_per_request": self.base_cpu_us,
+            "base_latency_us_per_request": self.base_latency_us,
+            "cpu_pct_over_base": self.cpu_pct,
+            "instructions_per_request": self.instructions,
+            "base_instructions_per_request": self.base_instructions,
+            "instructions_pct_over_base": self.instructions_pct,
+            "cpu_us_from_instructions": self.cpu_from_instructions_us,
+        }
+
+
+def differences(run: ModeRun) -> dict[int, dict[str, FilterMeasurement]]:
+    """Every non-base variant minus base, round by round (rounds are paired in time)."""
+    out: dict[int, dict[str, FilterMeasurement]] = {}
+    for size, by in run.samples.items():
+        b = by[BASE]
+        out[size] = {}
+        for name, s in by.items():
+            if name == BASE:
+                continue
+            dc = [x - y for x, y in zip(s.cpu_us, s.base_cpu_us)]
+            dl = [x - y for x, y in zip(s.latency_us, s.base_latency_us)]
+            di = None if s.instructions is None or b.instructions is None else s.instructions - b.instructions
+            out[size][name] = FilterMeasurement(
+                name, run.mode, size, estimate(dc), estimate(dl), median(b.cpu_us), median(b.latency_us),
+                di, b.instructions,
+            )  # fmt: skip
+    return out
+
+
+def filter_models(run: ModeRun) -> dict[str, ComponentModel]:
+    """Per component, latency and CPU models per crossing (per-request differences halved),
+    fitted on every round at every size, so their standard errors carry the spread."""
+    models: dict[str, ComponentModel] = {}
+    names = [n for n in next(iter(run.samples.values())) if n != BASE and parse_ok(n)]
+    for name in names:
+        sizes: list[float] = []
+        cpu: list[float] = []
+        lat: list[float] = []
+        for size, by in run.samples.items():
+            b, s = by[BASE], by[name]
+            scaled = s.instructions is not None and bool(b.instructions)
+            for x, y in zip(s.cpu_us, s.base_cpu_us):
+                sizes.append(size)
+                if scaled and s.instructions is not None and b.instructions:
+                    # instructions are the robust signal; the paired base run gives its µs each
+                    cpu.append((s.instructions - b.instructions) * (y / b.instructions) / 2)
+                else:
+                    cpu.append((x - y) / 2)
+            lat += [(x - y) / 2 for x, y in zip(s.latency_us, s.base_latency_us)]
+        how = ("CPU = callgrind instructions (filter − base) × base worker µs per instruction of each round"
+               if cpu_source(run, name) == "instructions" else "CPU = worker thread schedstat difference")  # fmt: skip
+        note = "filter minus base in one Envoy, paired alternating runs; per request halved (2 crossings)"
+        models[name] = ComponentModel(
+            latency=CostModel.fit(sizes, lat, note=note + "; latency = fortio mean difference"),
+            cpu=CostModel.fit(sizes, cpu, note=f"{note}; {how}"),
+        )
+    return models
+
+
+def cpu_source(run: ModeRun, name: str) -> str:
+    """``instructions`` when every size of ``name`` and base has callgrind counts, else ``schedstat``."""
+    ok = all(by[name].instructions is not None and by[BASE].instructions for by in run.samples.values())
+    return "instructions" if ok else "schedstat"
+
+
+def parse_ok(name: str) -> bool:
+    """Is ``name`` a single catalogue component (not a combination)?"""
+    try:
+        parse_component(name)
+        return True
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class AdditivityRow:
+    """A combination: the sum of its members' measured costs against its own measured cost."""
+
+    name: str
+    mode: Mode
+    size: int
+    members: tuple[str, ...]
+    predicted_cpu_us: float
+    measured_cpu_us: Estimate
+    predicted_instructions: float | None
+    measured_instructions: float | None
+
+    @property
+    def cpu_error(self) -> float:
+        m = self.measured_cpu_us.median
+        return (self.predicted_cpu_us - m) / m if m else float("inf")
+
+    @property
+    def instructions_error(self) -> float | None:
+        if self.predicted_instructions is None or not self.measured_instructions:
+            return None
+        return (self.predicted_instructions - self.measured_instructions) / self.measured_instructions
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "mode": self.mode.value,
+            "size": self.size,
+            "members": list(self.members),
+            "predicted_cpu_us": self.predicted_cpu_us,
+            "measured_cpu_us": self.measured_cpu_us.to_dict(),
+            "cpu_error": self.cpu_error,
+            "predicted_instructions": self.predicted_instructions,
+            "measured_instructions": self.measured_instructions,
+            "instructions_error": self.instructions_error,
+        }
+
+
+def additivity(run: ModeRun, combos: Mapping[str, Sequence[str]]) -> list[AdditivityRow]:
+    """Predicted (sum of single-filter differences) vs measured, per combination and size."""
+    rows = []
+    for size, diffs in differences(run).items():
+        for name, members in combos.items():
+            if name not in diffs or any(m not in diffs for m in members):
+                continue
+            insts = [diffs[m].instructions for m in members]
+            pred_i = None if any(i is None for i in insts) else sum(i for i in insts if i is not None)
+            rows.append(AdditivityRow(
+                name, run.mode, size, tuple(members), sum(diffs[m].cpu_us.median for m in members),
+                diffs[name].cpu_us, pred_i, diffs[name].instructions,
+            ))  # fmt: skip
+    return rows
+
+
+def combos_for(mode: Mode, components: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The paper's combinations and the RBAC/IP-tag mixes whose members are all measured."""
+    have = set(components)
+    return {k: v for k, v in {**COMBINATIONS, **MIXES}.items() if set(v) <= have and all(
+        mode in modes_for(parse_component(c)[0]) for c in v)}  # fmt: skip
+
+
+def profile_filters(
+    mode: Mode,
+    components: Sequence[str],
+    opts: FilterRunOptions,
+    system: System,
+    *,
+    combos: Mapping[str, Sequence[str]] | None = None,
+    backends: FilterBackends | None = None,
+    workdir: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ModeRun:
+    """Measure ``components`` (and ``combos``) against base in ``mode`` on loopback, with a
+    fortio echo app started for the run; tap/access-log output is removed afterwards."""
+    be = backends or FilterBackends()
+    combos = dict(combos or {})
+    tmp = Path(tempfile.mkdtemp(prefix="meshtax-filterprof-")) if workdir is None else workdir
+    try:
+        ports = (be.free_ports or free_ports)(2 + len(components) + len(combos))
+        echo_port, vports = ports[0], ports[1:]
+        variants = filter_variants(mode, components, vports, (LO, echo_port), combos=combos, outdir=tmp / "out")
+        with (be.echo or echo_server)(system, tmp / "echo", mode, echo_port):
+            return measure_variants(mode, variants, opts, system, tmp, be, progress)
+    finally:
+        if workdir is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+

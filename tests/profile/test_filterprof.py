@@ -1,0 +1,273 @@
+"""Filter profiling: configs, orchestration against fakes (exact expectations), one real run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshtax.model.sidecar import Mode
+from meshtax.profile.envoy import validate_config
+from meshtax.profile.filterprof import (
+    BASE,
+    FilterBackends,
+    FilterRunOptions,
+    additivity,
+    combos_for,
+    differences,
+    filter_models,
+    filter_variants,
+    multi_bootstrap,
+    parse_callgrind_total,
+    profile_filters,
+    resolve_filters,
+    steady_per_request,
+    worker_cpu_ns,
+)
+from meshtax.profile.filters import COMBINATIONS, MIXES, catalogue, component_name, filter_config
+from meshtax.profile.fortio import LoadResult, LoadSpec
+from meshtax.profile.system import FakeSystem, RealSystem
+from meshtax.traces.envoy_config import classify_filter
+
+# ---- a fake sidecar: per-variant CPU, latency and instructions per request ------------------
+
+
+@dataclass
+class FakeWorld:
+    """Ports → variant names; each request of variant v costs cpu[v] µs, lat[v] µs, instr[v]."""
+
+    cpu: Mapping[str, float]
+    lat: Mapping[str, float]
+    instr: Mapping[str, float]
+    fixed_instr: float = 5000.0  # per counted window: must cancel
+    port_names: dict[int, str] = field(default_factory=dict)
+    cpu_ns: int = 0
+    instr_count: float = 0.0
+    loads: list[tuple[str, int, int]] = field(default_factory=list)
+    drift: float = 0.0  # added to every request's CPU, growing per load: paired runs cancel it
+
+    def load(self, target: str, mode: Mode, size: int, n: int) -> LoadResult:
+        port = int(target.rsplit(":", 1)[1])
+        name = self.port_names[port]
+        self.loads.append((name, size, n))
+        self.drift += 0.0
+        self.cpu_ns += round((self.cpu[name] + self.drift) * 1000 * n)
+        self.instr_count += self.instr[name] * n + self.fixed_instr
+        spec = LoadSpec(target, mode, size, n=n)
+        return LoadResult(spec, n, 0, {"200": n}, 0.0, 0.0, 0.0, self.lat[name], 0.0, 0.0, {50.0: self.lat[name]}, 1, "fake")
+
+
+class FakeEnvoy:
+    def __init__(self, world: FakeWorld, system: Any, boot: Mapping[str, Any], workdir: Path, callgrind: bool = False) -> None:
+        self.world = world
+        self.callgrind = callgrind
+        self.boot = boot
+        self.pid = 4242
+        for lst in boot["static_resources"]["listeners"]:
+            port = lst["address"]["socket_address"]["port_value"]
+            world.port_names[port] = lst["name"][2:]  # "l_<slug>"
+
+    def __enter__(self) -> FakeEnvoy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def zero(self) -> None:
+        self.world.instr_count = 0.0
+
+    def dump(self) -> int:
+        got = round(self.world.instr_count)
+        self.world.instr_count = 0.0
+        return got
+
+
+@contextmanager
+def _no_echo(*a: Any) -> Iterator[None]:
+    yield
+
+
+def _backends(world: FakeWorld, callgrind: bool = True) -> FilterBackends:
+    ports = iter(range(30000, 40000))
+    return FilterBackends(
+        cpu_ns=lambda pid: world.cpu_ns,
+        load=world.load,
+        envoy=lambda system, boot, workdir, callgrind=False: FakeEnvoy(world, system, boot, workdir, callgrind),
+        free_ports=lambda k: [next(ports) for _ in range(k)],
+        callgrind_available=lambda: callgrind,
+        echo=_no_echo,
+    )
+
+
+OPTS = FilterRunOptions(sizes=(100,), rounds=3, n=12, warmup_n=2, cg_warmup=3, cg_n1=10, cg_n2=50)
+
+
+def _world() -> FakeWorld:
+    # the slug of a combination name: cpp, lua_wasm …; single filters keep their names
+    cpu = {BASE: 40.0, "fault_injection": 41.0, "rate_limit": 42.0, "tap": 60.0, "cpp": 63.0}
+    lat = {BASE: 200.0, "fault_injection": 201.0, "rate_limit": 203.0, "tap": 230.0, "cpp": 234.0}
+    instr = {BASE: 100_000.0, "fault_injection": 102_000.0, "rate_limit": 103_000.0, "tap": 150_000.0, "cpp": 155_000.0}
+    return FakeWorld(cpu, lat, instr)
+
+
+def test_fake_run_differences_models_and_additivity(tmp_path: Path) -> None:
+    world = _world()
+    comps = ["fault_injection", "rate_limit", "tap"]
+    combos = combos_for(Mode.HTTP, comps)
+    assert combos == {"cpp": COMBINATIONS["cpp"]}
+    run = profile_filters(Mode.HTTP, comps, OPTS, FakeSystem(), combos=combos, backends=_backends(world), workdir=tmp_path)
+    d = differences(run)[100]
+    assert d["fault_injection"].cpu_us.median == pytest.approx(1.0)
+    assert d["tap"].cpu_us.median == pytest.approx(20.0)
+    assert d["tap"].latency_us.median == pytest.approx(30.0)
+    assert d["tap"].cpu_pct == pytest.approx(50.0)
+    # fixed per-window instructions cancel in the two-window difference
+    assert d["tap"].instructions == pytest.approx(50_000.0)
+    assert d["tap"].instructions_pct == pytest.approx(50.0)
+    assert d["rate_limit"].cpu_from_instructions_us == pytest.approx(3000 * 40 / 100_000)
+    (row,) = additivity(run, combos)
+    assert row.predicted_cpu_us == pytest.approx(1 + 2 + 20)
+    assert row.measured_cpu_us.median == pytest.approx(23.0)
+    assert row.cpu_error == pytest.approx(0.0)
+    assert row.predicted_instructions == pytest.approx(55_000.0)
+    assert row.instructions_error == pytest.approx(0.0)
+    models = filter_models(run)
+    assert set(models) == {"fault_injection", "rate_limit", "tap"}  # combinations are not components
+    # per crossing: instructions × base µs per instruction, halved
+    assert float(models["tap"].cpu.predict([100])[0]) == pytest.approx(50_000 * 40 / 100_000 / 2)
+    assert float(models["tap"].latency.predict([100])[0]) == pytest.approx(15.0)
+    assert "callgrind" in models["tap"].cpu.note
+    # every variant sits right next to a base run, in alternating order
+    cpu_loads = [n for n, s, k in world.loads if k == OPTS.n]
+    assert len(cpu_loads) == 2 * 4 * OPTS.rounds
+    assert cpu_loads[:2] == [BASE, "fault_injection"] and cpu_loads[8:10] == ["rate_limit", BASE]
+
+
+def test_fake_run_without_callgrind_uses_schedstat(tmp_path: Path) -> None:
+    world = _world()
+    run = profile_filters(Mode.GRPC, ["tap"], OPTS, FakeSystem(), backends=_backends(world, callgrind=False), workdir=tmp_path)
+    assert run.samples[100]["tap"].instructions is None
+    m = filter_models(run)["tap"]
+    assert float(m.cpu.predict([100])[0]) == pytest.approx(10.0)
+    assert "schedstat" in m.cpu.note
+    assert all(k != OPTS.cg_n2 for _, _, k in world.loads)
+
+
+def test_steady_per_request_and_callgrind_parse() -> None:
+    assert steady_per_request(1_200_000, 100, 5_200_000, 500) == 10_000
+    with pytest.raises(ValueError):
+        steady_per_request(1, 10, 2, 10)
+    text = "version: 1\nevents: Ir\nsummary: 34686284\n\nfn=x\n1 2\ntotals: 34998797\n"
+    assert parse_callgrind_total(text) == 34998797
+    assert parse_callgrind_total("events: Ir\nsummary: 12\n") == 12
+
+
+def test_worker_cpu_ns_reads_worker_threads(tmp_path: Path) -> None:
+    for tid, comm, ns in ((1, "envoy", 500), (2, "wrk:worker_0", 7000), (3, "wrk:worker_1", 3000), (4, "dog:main", 9)):
+        d = tmp_path / "77" / "task" / str(tid)
+        d.mkdir(parents=True)
+        (d / "comm").write_text(comm + "\n")
+        (d / "schedstat").write_text(f"{ns} 0 0\n")
+    assert worker_cpu_ns(77, tmp_path) == 10000
+    (tmp_path / "77" / "task" / "2" / "comm").write_text("memcheck\n")
+    (tmp_path / "77" / "task" / "3" / "comm").write_text("memcheck\n")
+    assert worker_cpu_ns(77, tmp_path) == 500 + 7000 + 3000 + 9
+
+
+def test_resolve_filters() -> None:
+    every = [component_name(f, p) for f, p in catalogue()]
+    got = resolve_filters("all", [Mode.HTTP, Mode.TCP])
+    assert got[Mode.HTTP] == every
+    assert got[Mode.TCP] == ["rbac_network_1", "rbac_network_100", "rbac_network_1000", "rbac_network_10000"]
+    assert resolve_filters(["ip_tagging", "lua", "rbac_http_100"], [Mode.GRPC])[Mode.GRPC] == [
+        "ip_tagging_1", "ip_tagging_5", "ip_tagging_10", "lua", "rbac_http_100"]  # fmt: skip
+    assert resolve_filters(None, [Mode.HTTP]) == {Mode.HTTP: []}
+    with pytest.raises(ValueError, match="unknown filter 'nope'"):
+        resolve_filters(["nope"], [Mode.HTTP])
+
+
+def test_combos_cover_the_paper_and_the_mixes() -> None:
+    every = [component_name(f, p) for f, p in catalogue()]
+    assert combos_for(Mode.HTTP, every) == {**COMBINATIONS, **MIXES}
+    assert combos_for(Mode.TCP, every) == {}
+
+
+def test_multi_bootstrap_rejects_clashes(tmp_path: Path) -> None:
+    vs = filter_variants(Mode.HTTP, ["lua"], [20001, 20002], ("127.0.0.1", 20000), outdir=tmp_path)
+    assert [v.name for v in vs] == [BASE, "lua"]
+    with pytest.raises(ValueError, match="distinct"):
+        multi_bootstrap(vs, 20001)
+    boot = multi_bootstrap(vs, 20009)
+    names = [c["name"] for c in boot["static_resources"]["clusters"]]
+    assert names == ["c_base", "c_lua"]
+    routes = [json_route(lst) for lst in boot["static_resources"]["listeners"]]
+    assert routes == ["c_base", "c_lua"]
+
+
+def json_route(listener: Mapping[str, Any]) -> str:
+    hcm = listener["filter_chains"][0]["filters"][-1]["typed_config"]
+    return str(hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["cluster"])
+
+
+@pytest.mark.parametrize("name,params", catalogue())
+def test_profiled_names_match_imported_names(name: str, params: dict[str, Any]) -> None:
+    """The config import classifies each generated filter under the very name it is profiled as."""
+    comp = component_name(name, params)
+    spec = filter_config(name, Mode.HTTP, module=b"\x00asm\x01\x00\x00\x00", **params) if name == "wasm" else filter_config(name, Mode.HTTP, **params)
+    if name == "access_log":
+        pytest.skip("access_log lives on the HTTP connection manager, not in the filter list")
+    (f,) = spec.http_filters or spec.network_filters
+    got = classify_filter(f)
+    assert (got.kind, got.name) == ("profiled", comp)
+
+
+# ---- real ---------------------------------------------------------------------------------
+
+needs_tools = pytest.mark.skipif(
+    shutil.which("envoy") is None and not Path(".venv/bin/envoy").exists(), reason="Envoy not installed"
+)
+
+
+@pytest.mark.root
+def test_all_variants_validate_with_envoy(tmp_path: Path) -> None:
+    """Every single filter and combination of both HTTP modes, in one bootstrap, passes
+    ``envoy --mode validate``."""
+    try:
+        from meshtax.profile.envoy import envoy_binary
+
+        envoy_binary()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"Envoy missing: {e}")
+    if shutil.which("wat2wasm") is None:
+        pytest.skip("wat2wasm (wabt) missing: the wasm filter cannot be built")
+    comps = [c for c in resolve_filters("all", [Mode.HTTP])[Mode.HTTP] if not c.endswith("_10000")]
+    for mode in (Mode.HTTP, Mode.GRPC):
+        combos = {k: v for k, v in combos_for(mode, comps).items()}
+        ports = list(range(21001, 21001 + 1 + len(comps) + len(combos)))
+        vs = filter_variants(mode, comps, ports, ("127.0.0.1", 21000), combos=combos, outdir=tmp_path)
+        validate_config(multi_bootstrap(vs, 20999))
+
+
+@pytest.mark.root
+def test_real_short_run(tmp_path: Path) -> None:
+    """One real run, small: header mutation and tap in HTTP mode against base, with callgrind.
+    Instructions are deterministic enough to assert on: tap (a file per request) costs more
+    than a header mutation, and both cost something."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind missing")
+    opts = FilterRunOptions(rounds=2, n=100, warmup_n=50, cg_warmup=30, cg_n1=30, cg_n2=130)
+    run = profile_filters(Mode.HTTP, ["header_mutation", "tap"], opts, RealSystem(), workdir=tmp_path)
+    d = differences(run)[100]
+    hm, tap = d["header_mutation"].instructions, d["tap"].instructions
+    assert hm is not None and tap is not None
+    assert 0 < hm < tap
+    assert all(len(s.cpu_us) == 2 for n, s in run.samples[100].items() if n != BASE)
+    assert list((tmp_path / "out" / "tap").iterdir()), "tap wrote no files"
