@@ -56,6 +56,7 @@ from meshtax.profile.filterprof import (
     free_ports,
     multi_bootstrap,
     profile_filters,
+    real_load,
     resolve_filters,
     variant,
 )
@@ -437,9 +438,7 @@ def profile_extras(
     be = backends or ExtrasBackends()
     fb = be.filters
     if fb.load is None:
-        from meshtax.profile.filterprof import _real_load
-
-        fb = dataclasses.replace(fb, load=_real_load(system))
+        fb = dataclasses.replace(fb, load=real_load(system))
     say = progress or (lambda _m: None)
     base = store.get(base_profile_name)
     name = options.name or f"{base_profile_name}+extras"

@@ -75,6 +75,7 @@ __all__ = [
     "multi_bootstrap",
     "parse_callgrind_total",
     "profile_filters",
+    "real_load",
     "resolve_filters",
     "steady_per_request",
     "variant",
@@ -506,6 +507,11 @@ def measure_variants(
                     i2 = env.dump()
                     out[size][v.name].instructions = steady_per_request(i1, opts.cg_n1, i2, opts.cg_n2)
     return ModeRun(mode, out, be.clock() - t0)
+
+
+def real_load(system: System) -> LoadFn:
+    """fortio closed-loop runs of n requests (the default :attr:`FilterBackends.load`)."""
+    return _real_load(system)
 
 
 def _real_load(system: System) -> LoadFn:

@@ -1,0 +1,155 @@
+"""profile_extras and its pieces against fakes, with exact expectations; one real mTLS run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from meshtax.model.components import OTHER, TLS, filter_component
+from meshtax.model.costmodel import CostModel, extra_units
+from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Mode
+from meshtax.profile.extras import (
+    ExtrasBackends,
+    ExtrasOptions,
+    HandshakeResult,
+    TlsResult,
+    add_large,
+    fit_large,
+    measure_handshake,
+    profile_extras,
+    tls_models,
+)
+from meshtax.profile.filterprof import BASE, FilterBackends, FilterRunOptions, real_load
+from meshtax.profile.stats import estimate
+from meshtax.profile.system import FakeSystem, RealSystem
+from tests.helpers import flat, profile
+from tests.profile.test_filterprof import FakeWorld, _backends
+
+
+def _large_truth(s: float) -> float:
+    # per crossing: 10 µs + 1 ns/B + 5 µs per extra 64 KiB unit
+    return 10 + 0.001 * s + 5 * float(extra_units([s], 65536)[0])
+
+
+SIZES = (100, 1024, 4096, 16384, 65536, 262144, 1048576)
+
+
+def test_fit_large_finds_the_split_and_the_line_underestimates() -> None:
+    per_request = {s: [2 * _large_truth(s)] * 3 for s in SIZES}
+    f = fit_large(per_request, "cpu")
+    assert f.line.intercept == pytest.approx(10.0)
+    assert f.line.slope == pytest.approx(0.001)
+    assert f.split.split_bytes == 65536
+    assert f.split.per_unit == pytest.approx(5.0)
+    rows = {int(r["size"]): r for r in f.rows()}
+    assert set(rows) == {16384, 65536, 262144, 1048576}
+    assert rows[1048576]["measured"] == pytest.approx(_large_truth(1048576))
+    assert rows[1048576]["line_error"] == pytest.approx(-75 / _large_truth(1048576))
+    assert rows[1048576]["split_error"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_add_large_keeps_the_profiled_line_and_adds_units() -> None:
+    per_request = {s: [2 * _large_truth(s)] * 3 for s in SIZES}
+    f = fit_large(per_request, "cpu")
+    p = profile({Mode.HTTP: {OTHER: flat(7.0, 3.0, 0.0, 0.002)}})
+    mp = add_large(p.modes[Mode.HTTP], f, f)
+    other = mp.components[OTHER]
+    assert (other.cpu.intercept, other.cpu.slope) == (3.0, 0.002)
+    assert other.cpu.split_bytes == 65536
+    assert other.cpu.per_unit == pytest.approx(5.0)
+    assert float(other.cpu.predict([1048576])[0]) == pytest.approx(3 + 0.002 * 1048576 + 75)
+    # no split found: unchanged
+    flat_f = fit_large({s: [2 * (10 + 0.001 * s)] * 3 for s in SIZES}, "cpu")
+    assert flat_f.split.split_bytes is None
+    assert add_large(p.modes[Mode.HTTP], flat_f, flat_f).components[OTHER] == p.modes[Mode.HTTP].components[OTHER]
+
+
+def test_tls_and_handshake_models_are_per_crossing_and_per_sidecar() -> None:
+    sizes = (100, 16384, 65536)
+    cpu = {s: estimate([4 * (1 + 0.0001 * s)] * 3) for s in sizes}
+    lat = {s: estimate([8.0] * 3) for s in sizes}
+    m = tls_models(TlsResult(Mode.HTTP, "1.3", sizes, cpu, lat, {s: 50.0 for s in sizes}))
+    assert float(m.cpu.predict([100])[0]) == pytest.approx(1.01)
+    assert float(m.latency.predict([100])[0]) == pytest.approx(2.0)
+    assert m.cpu.split_bytes == 16384
+    hs = HandshakeResult("1.3", 100, estimate([400.0, 410.0, 420.0]), estimate([500.0] * 3)).model()
+    assert hs.cpu.intercept == pytest.approx(205.0)
+    assert hs.latency.intercept == pytest.approx(250.0)
+
+
+class DictStore:
+    def __init__(self, *profiles: Profile) -> None:
+        self.saved: dict[str, Profile] = {p.name: p for p in profiles}
+
+    def get(self, name: str) -> Profile:
+        if name not in self.saved:
+            raise KeyError(name)
+        return self.saved[name]
+
+    def save(self, profile: Profile, *, replace: bool = False) -> None:
+        assert replace or profile.name not in self.saved
+        self.saved[profile.name] = profile
+
+
+def _world() -> FakeWorld:
+    cpu = {BASE: 40.0, "header_mutation": 41.5, "plain_out": 80.0, "plain_in": 0.0, "mtls_out": 92.0, "mtls_in": 0.0}
+    lat = {BASE: 200.0, "header_mutation": 201.0, "plain_out": 400.0, "plain_in": 0.0, "mtls_out": 420.0, "mtls_in": 0.0}
+    instr = {k: 1000.0 * v for k, v in cpu.items()}
+    return FakeWorld(cpu, lat, instr)
+
+
+def test_profile_extras_adds_to_a_copy_and_merges_later_runs() -> None:
+    world = _world()
+    conn_cpu = {"plain_out": 100.0, "mtls_out": 500.0}
+
+    def connect(port: int, k: int) -> float:
+        world.cpu_ns += round(conn_cpu[world.port_names[port]] * 1000 * k)
+        return {"plain_out": 100e-6, "mtls_out": 700e-6}[world.port_names[port]]
+
+    class Mem:
+        def __init__(self, mtls: bool) -> None:
+            self.rss_models = {"server": CostModel.fit([1, 100, 400], [1e7 + n * (9e4 if mtls else 3e4) for n in (1, 100, 400)])}
+
+        def to_dict(self) -> dict[str, Any]:
+            return {"fake": True}
+
+    be = ExtrasBackends(filters=_backends(world), memory=lambda mode, mtls, quick, v, system: Mem(mtls), connect=connect)
+    base = profile({Mode.HTTP: {OTHER: flat(7.0, 3.0)}, Mode.TCP: {OTHER: flat(5.0, 2.0)}}, name="box")
+    store = DictStore(base)
+    out = profile_extras(ExtrasOptions(filters=("header_mutation",), quick=True, modes=(Mode.HTTP,)), FakeSystem(), store, "box", backends=be)
+    assert out.name == "box+extras" and store.saved["box"] == base  # the base is untouched
+    hm = out.modes[Mode.HTTP].components[filter_component("header_mutation")]
+    assert float(hm.cpu.predict([100])[0]) == pytest.approx(0.75)  # 1.5 µs per request, halved
+    assert out.provenance.options["extras_base"] == "box"
+    # a later run adds mTLS and memory to the same extended profile, keeping the filter
+    out2 = profile_extras(ExtrasOptions(mtls=True, memory=True, quick=True, modes=(Mode.HTTP,)), FakeSystem(), store, "box", backends=be)
+    mp = out2.modes[Mode.HTTP]
+    assert filter_component("header_mutation") in mp.components
+    assert float(mp.components[TLS].cpu.predict([100])[0]) == pytest.approx(12 / 4)
+    assert mp.tls_handshake is not None and mp.tls_handshake.cpu.intercept == pytest.approx(200.0)
+    assert mp.tls_handshake.latency.intercept == pytest.approx(300.0)
+    assert mp.memory is not None and mp.memory.slope == pytest.approx(3e4)
+    assert mp.memory_mtls is not None and mp.memory_mtls.slope == pytest.approx(9e4)
+    assert set(out2.provenance.options["extras"]) == {"filters", "mtls", "memory"}
+    assert Mode.TCP in out2.modes and out2.modes[Mode.TCP] == base.modes[Mode.TCP]
+    with pytest.raises(ValueError, match="no grpc mode"):
+        profile_extras(ExtrasOptions(mtls=True, modes=(Mode.GRPC,)), FakeSystem(), store, "box", backends=be)
+
+
+@pytest.mark.root
+def test_real_handshake_costs_cpu(tmp_path: Path) -> None:
+    """Real Envoy pair: an mTLS connection costs more worker CPU than a plaintext one."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    system = RealSystem()
+    be = FilterBackends(load=real_load(system))
+    opts = FilterRunOptions(rounds=3)
+    hs = measure_handshake(opts, system, be, tmp_path, "1.3", k=40)
+    # an ECDHE handshake with two certificate verifications is tens of µs at the least
+    assert hs.cpu_us.median > 20.0
+    assert np.isfinite(hs.latency_us.median)
