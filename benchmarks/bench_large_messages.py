@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     system = RealSystem()
     opts = FilterRunOptions.quick() if a.quick else FilterRunOptions()
-    be = FilterBackends(load=real_load(system))
+    be = FilterBackends(load=real_load(system, stdclient=True))
     doc: dict[str, object] = {"command": " ".join(sys.argv), "machine": platform.node(), "load_average_start": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="meshtax-bench-large-") as d:
         for m in a.modes.split(","):

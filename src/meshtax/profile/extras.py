@@ -437,8 +437,10 @@ def profile_extras(
     """
     be = backends or ExtrasBackends()
     fb = be.filters
+    large_fb = fb
     if fb.load is None:
         fb = dataclasses.replace(fb, load=real_load(system))
+        large_fb = dataclasses.replace(fb, load=real_load(system, stdclient=True))
     say = progress or (lambda _m: None)
     base = store.get(base_profile_name)
     name = options.name or f"{base_profile_name}+extras"
@@ -505,7 +507,7 @@ def profile_extras(
             sizes = LARGE_SIZES
             for mode in modes:
                 say(f"large messages: {mode.value} mode, up to {max(sizes) >> 10} KiB")
-                lr = measure_large(mode, sizes, opts, system, fb, work)
+                lr = measure_large(mode, sizes, opts, system, large_fb, work)
                 cfit, lfit = fit_large(lr.cpu_us, "cpu"), fit_large(lr.latency_us, "latency")
                 mps[mode] = add_large(mps[mode], cfit, lfit)
                 rec[mode.value] = {"measured": lr.to_dict(), "cpu": cfit.to_dict(), "latency": lfit.to_dict()}

@@ -49,7 +49,7 @@ from meshtax.profile.filters import (
     modes_for,
     parse_component,
 )
-from meshtax.profile.fortio import FortioServer, LoadResult, fortio_binary, run_load
+from meshtax.profile.fortio import FortioServer, LoadResult, LoadSpec, fortio_binary, run_spec
 from meshtax.profile.perfcpu import parse_schedstat
 from meshtax.profile.stats import Estimate, estimate, median
 from meshtax.profile.system import CommandError, Placement, Process, System
@@ -457,7 +457,7 @@ def measure_variants(
 ) -> ModeRun:
     """Alternating CPU/latency rounds in one Envoy, then (optionally) callgrind in another."""
     t0 = be.clock()
-    load = be.load or _real_load(system)
+    load = be.load or real_load(system)
     admin = admin_port if admin_port is not None else (be.free_ports or free_ports)(1)[0]
     boot = multi_bootstrap(variants, admin)
     for v in variants:
@@ -509,16 +509,19 @@ def measure_variants(
     return ModeRun(mode, out, be.clock() - t0)
 
 
-def real_load(system: System) -> LoadFn:
-    """fortio closed-loop runs of n requests (the default :attr:`FilterBackends.load`)."""
-    return _real_load(system)
+def real_load(system: System, *, stdclient: bool = False) -> LoadFn:
+    """fortio closed-loop runs of n requests (the default :attr:`FilterBackends.load`).
 
-
-def _real_load(system: System) -> LoadFn:
+    ``stdclient``: Go's standard HTTP client; fortio's fast client fails every other request
+    with bodies above ~64 KiB (seen with fortio 1.68.2, with and without a sidecar), so the
+    large-message sweep uses it at every size (one client for the whole curve).
+    """
     binary = fortio_binary()
+    extra = ("-stdclient",) if stdclient else ()
 
     def load(target: str, mode: Mode, size: int, n: int) -> LoadResult:
-        return run_load(target, mode, size, 0.0, n=n, system=system, binary=binary, timeout_s=30.0)
+        spec = LoadSpec(target, mode, size, 0.0, n=n, timeout_s=30.0, extra_args=extra if mode is Mode.HTTP else ())
+        return run_spec(spec, system, binary=binary)
 
     return load
 
