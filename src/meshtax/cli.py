@@ -19,6 +19,7 @@ import click
 
 from meshtax._version import __version__
 from meshtax.app import PredictOptions, UsageError, predict_files
+from meshtax.host import this_host
 from meshtax.model.ecg import ECGError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
@@ -346,13 +347,21 @@ def config_from_k8s(directory: str, ecg: bool) -> None:
 @click.option("--duration", type=float, help="Base seconds per load run.")
 @click.option("--name", help="Profile name (default: <hostname>-<UTC time>).")
 @click.option("--replace", is_flag=True, help="Replace a stored profile of the same name.")
+@click.option("--filters", help="Also profile filters: 'all' or a comma-separated list (e.g. lua,wasm,rbac_http_1000).")
+@click.option("--mtls", is_flag=True, help="Also profile sidecar-to-sidecar mTLS (per-byte and per-connection handshake cost).")
+@click.option("--memory", is_flag=True, help="Also profile resident memory against open connections.")
+@click.option("--large", is_flag=True, help="Also profile large messages (up to 1 MB) and where they split.")
+@click.option("--base", help="With --filters/--mtls/--memory/--large: add to this stored profile (default: this machine's newest; measured first if none).")
 @db_option
 @user_errors
-def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: float | None, name: str | None, replace: bool, db: str | None) -> None:
+def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: float | None, name: str | None, replace: bool,
+                filters: str | None, mtls: bool, memory: bool, large: bool, base: str | None, db: str | None) -> None:
     """Measure a real Envoy sidecar on this machine (root) and store its profile.
 
     Pods in network namespaces with Istio-style interception, fortio load, eBPF probes and
     perf; everything is removed on exit, on Ctrl-C, and on the next start after a crash.
+    With --filters/--mtls/--memory/--large the extra components are measured and stored as
+    '<base>+extras' (the base profile is not changed).
     """
     import os
     import warnings
@@ -385,9 +394,27 @@ def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: flo
         def progress(p: Any) -> None:
             bar.update(task, description=p.description, completed=p.index, total=p.total)
 
+        extras = filters or mtls or memory or large
+        host_profile = None if base or not extras else store.for_host(this_host())
         try:
-            prof = run_profile(opts, RealSystem(), store, progress)
+            prof: Profile
+            if extras and base:
+                prof = store.get(base)
+            elif extras and host_profile is not None:
+                prof = host_profile
+            else:
+                prof = run_profile(opts, RealSystem(), store, progress)
+            if extras:
+                from meshtax.profile.extras import ExtrasOptions, profile_extras
+
+                xo = ExtrasOptions(
+                    filters=None if not filters else ("all" if filters == "all" else tuple(f.strip() for f in filters.split(","))),
+                    quick=quick, mtls=mtls, memory=memory, large=large, modes=opts.modes,
+                )
+                prof = profile_extras(xo, RealSystem(), store, prof.name, lambda msg: bar.update(task, description=msg))
         except RunBusy as e:
+            raise UsageError(str(e)) from None
+        except ValueError as e:
             raise UsageError(str(e)) from None
     click.echo(profile_text(prof), nl=False)
     for w in caught:

@@ -13,7 +13,9 @@ from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.sidecar import Mode
 
 #: Version of the profile document format (bump with a dated note when it changes).
-#: 1 — 2026-11-22: first format.
+#: 1 — 2026-11-22: first format. Later the same day, optional per-mode ``memory``,
+#:     ``memory_mtls`` and ``tls_handshake`` (absent or null in older documents; readers of
+#:     the first shape ignore them).
 PROFILE_FORMAT = 1
 
 
