@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from meshtax.report.tables import validation_cases
 from meshtax.validate.pairing import PairPolicy, measure_pairs
+from meshtax.validate.run import SweepPoint, SweepResult, write_report
 from meshtax.validate.result import CaseResult, Predicted, RunSample, ValidationResult, overheads, rel_error
 
 
@@ -96,3 +99,20 @@ def test_measure_pairs_alternates_and_stops(noise: list[float], policy: PairPoli
 def test_policy_is_checked() -> None:
     with pytest.raises(ValueError):
         PairPolicy(min_pairs=5, max_pairs=4)
+
+
+def test_sweep_document_and_reports(tmp_path: Path) -> None:
+    pred = Predicted(p50_us=60.0, p90_us=70.0, mean_us=60.0, cpu_us_per_request=50.0, graphs=1)
+    pts = tuple(SweepPoint(float(s), s, 200.0, PAIRS, pred) for s in (100, 65536))
+    r = SweepResult("size", "http", pts, "p1", 0.0, {"host": "h"}, {"rate": 200})
+    assert [c.query for c in r.cases()] == ["100 B", "65536 B"]
+    doc = r.to_document()
+    assert doc["name"] == "sweep-size-http" and doc["sweep"]["x"] == [100.0, 65536.0]
+    assert doc["cases"][1]["latency"]["error"] == pytest.approx(60 / 305 - 1)
+    rate = SweepResult("rate", "tcp", (SweepPoint(0.25, 100, 2000.0, PAIRS, pred),), "p1", 8000.0)
+    assert rate.cases()[0].query == "25% of max (2000/s)"
+    j = write_report(doc, tmp_path / "s.json")
+    assert json.loads(j.read_text())["format"] == "meshtax-validation/1"
+    h = write_report([doc, rate.to_document()], tmp_path / "s.html")
+    text = h.read_text()
+    assert "Validation: sweep-size-http" in text and "Validation: sweep-rate-tcp" in text

@@ -36,7 +36,7 @@ def test_options() -> None:
     with pytest.raises(ValueError, match="not supported"):
         ValidateOptions("bookinfo", mtls=True)
     with pytest.raises(ValueError):
-        ValidateOptions("bookinfo", rate=0)
+        ValidateOptions("bookinfo", rate=-1)
 
 
 class _OneProfile:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -82,7 +83,9 @@ class ProfileSource(Protocol):
 class ValidateOptions:
     """Options of ``meshtax validate``; echoed in the result document.
 
-    ``queries``: empty → every query of the topology. ``rate``: requests/s of every run.
+    ``queries``: empty → every query of the topology. ``rate``: requests/s of every run (0:
+    closed loop with one request in flight, as the profiler measures latency; the prediction
+    then uses the rate the no-mesh side reached).
     ``duration_s``: seconds per run. ``quick``: shorter runs and fewer pairs (CI, smoke).
     ``filters``/``mtls``: not supported yet (refused rather than silently ignored).
     """
@@ -108,8 +111,8 @@ class ValidateOptions:
         object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
         if self.filters or self.mtls:
             raise ValueError("validate: filter chains and mTLS are not supported yet")
-        if self.rate <= 0 or self.duration_s <= 0:
-            raise ValueError("rate and duration must be positive")
+        if self.rate < 0 or self.duration_s <= 0:
+            raise ValueError("rate must be >= 0 (0: closed loop) and duration positive")
 
     def policy(self) -> PairPolicy:
         if self.quick:
@@ -253,8 +256,9 @@ def run_case(
             for env in mesh.envoys.values():
                 env.stop()
         say(f"{topology.name}/{q.name} {mode.value}: predict")
-        pred: Predicted = predict_traces(trace, profile, {s: SidecarConfig(m) for s, m in modes.items()}, options.rate)
-        result = CaseResult(topology.name, q.name, mode.value, options.rate, tuple(pairs), pred, result.sidecar_modes,
+        rate = options.rate or statistics.median(b.actual_qps for b, _ in pairs)
+        pred: Predicted = predict_traces(trace, profile, {s: SidecarConfig(m) for s, m in modes.items()}, rate)
+        result = CaseResult(topology.name, q.name, mode.value, rate, tuple(pairs), pred, result.sidecar_modes,
                             wall_s=time.monotonic() - t0)  # fmt: skip
         del why
     except Exception as e:  # one failed case must not lose the others
@@ -466,6 +470,4 @@ def run_sweep(
 
 def _median_rate(pairs: Sequence[tuple[RunSample, RunSample]]) -> float:
     """The rate both sides achieved (the mesh side may fall short near the maximum)."""
-    import statistics
-
     return statistics.median(min(b.actual_qps, m.actual_qps) for b, m in pairs)
