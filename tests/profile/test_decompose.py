@@ -8,9 +8,11 @@ from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, WR
 from meshtax.model.sidecar import Mode
 from meshtax.profile.decompose import (
     Breakdown,
+    Window,
     assemble,
     cpu_breakdown,
     latency_breakdown,
+    mesh_breakdown,
     per_crossing,
     traffic_threads,
 )
@@ -18,11 +20,11 @@ from meshtax.profile.probes import EMPTY_THREAD, IpcStat, OpStat, ProbeReading, 
 
 
 def thread(tid: int, *, read: int = 0, write: int = 0, epoll: int = 0, notify: int = 0,
-           rest: int = 0, user: int = 0, calls: int = 2) -> ThreadReading:  # fmt: skip
+           rest: int = 0, user: int = 0, calls: int = 2, tgid: int = 100) -> ThreadReading:  # fmt: skip
     """A thread whose syscall wall time is read+write+epoll+rest ns."""
     n = calls if (read or write) else 0
     return ThreadReading(
-        tid=tid, tgid=100, comm=f"t{tid}",
+        tid=tid, tgid=tgid, comm=f"t{tid}",
         read=OpStat(n, read, 100 * n, 0), write=OpStat(n, write, 100 * n, 0),
         epoll=OpStat(calls, epoll, 0, 0), notify=OpStat(calls, notify, 0, 0),
         syscalls=3 * calls, sys_ns=read + write + epoll + rest, oncpu_ns=user + 1000,
@@ -30,13 +32,13 @@ def thread(tid: int, *, read: int = 0, write: int = 0, epoll: int = 0, notify: i
     )  # fmt: skip
 
 
-def make_reading(threads: list[ThreadReading], ipc_ns: int) -> ProbeReading:
+def make_reading(threads: list[ThreadReading], ipc_ns: int, ipc_count: int = 4) -> ProbeReading:
     total = EMPTY_THREAD
     for t in threads:
         total = total + t
     return ProbeReading(
         pids=(100,), netns=1, duration_ns=10**9, threads=tuple(threads), total=total,
-        ipc=IpcStat("lo", 4, ipc_ns, 400, ipc_ns), counters={}, programs=(), stats_enabled=False,
+        ipc=IpcStat("lo", ipc_count, ipc_ns, 100 * ipc_count, ipc_ns), counters={}, programs=(), stats_enabled=False,
     )  # fmt: skip
 
 
@@ -94,3 +96,47 @@ def test_assemble(mode: Mode, baseline: Breakdown | None, other: float, parsing:
     bd = Breakdown(read=1.0, write=2.0, ipc=3.0, notification=4.0, user=4.0, kernel_other=1.0)
     got = assemble(mode, bd, baseline)
     assert got == {IPC: 3.0, READ: 1.0, WRITE: 2.0, NOTIFICATION: 4.0, OTHER: other, PARSING: parsing}
+
+
+# ---- sidecar + app, meshed and direct windows -------------------------------------------------
+
+# the app (tgid 200): a Go-like runtime with an I/O thread and a thread that sleeps in futex
+APP_IO_M = thread(201, read=3000, write=4000, epoll=90000, notify=1000, rest=5000, user=9000, tgid=200)
+APP_IO_D = thread(201, read=3500, write=9000, epoll=90000, notify=5000, rest=5000, user=8000, tgid=200)
+APP_SLEEPER = thread(202, rest=10**9, user=1000, tgid=200)
+
+
+def test_window_splits_sidecar_and_app_and_adds_up() -> None:
+    w = Window.of(make_reading([MAIN, WORKER, APP_IO_M, APP_SLEEPER], ipc_ns=2000), 1,
+                  sidecar_tgid=100, app_tgid=200)  # fmt: skip
+    # sidecar: only its threads that did I/O; app: every thread of the app
+    assert (w.sidecar.read.ns, w.sidecar.user_ns) == (4000, 8000)
+    assert (w.app.read.ns, w.app.user_ns, w.app.sys_ns) == (3000, 10000, 102000 + 10**9)
+    assert (w.ipc_ns, w.ipc_packets, w.ipc_bytes, w.requests) == (2000, 4, 400, 1)
+    assert Window.of(make_reading([WORKER, APP_IO_M], ipc_ns=0), 1, sidecar_tgid=100).app.read.ns == 0
+    two = w + w
+    assert (two.requests, two.sidecar.write.ns, two.app.write.ns, two.ipc_ns) == (2, 20000, 8000, 4000)
+
+
+def test_mesh_breakdown_adds_the_change_of_the_apps_path() -> None:
+    meshed = Window.of(make_reading([WORKER, APP_IO_M, APP_SLEEPER], ipc_ns=3000), 1,
+                       sidecar_tgid=100, app_tgid=200)  # fmt: skip
+    # direct: 2 requests; the app writes toward the client (veth: dearer) and is woken from
+    # the other CPU; no loopback traffic
+    direct = Window.of(make_reading([APP_IO_D, APP_SLEEPER], ipc_ns=0, ipc_count=0), 2,
+                       sidecar_tgid=100, app_tgid=200)  # fmt: skip
+    bd = mesh_breakdown(meshed, direct)
+    # per crossing, meshed: /2 crossings /1000; direct: /4 crossings /1000
+    # read 4000/2e3 + (3000/2e3 − 3500/4e3) = 2 + 0.625; write 10000/2e3 + (4000/2e3 − 9000/4e3)
+    # − ipc 1.5 = 5 − 0.25 − 1.5; notify 3 + (0.5 − 1.25); user 4 + (5 − 2.25); futex sleeps unused
+    assert bd.read == pytest.approx(2.625)
+    assert bd.write == pytest.approx(3.25)
+    assert bd.ipc == pytest.approx(1.5)
+    assert bd.notification == pytest.approx(2.25)
+    assert bd.user == pytest.approx(6.75)
+    assert bd.kernel_other == pytest.approx(1.0)  # the sidecar's other syscalls only
+    # without the direct windows: the sidecar alone, Write = its writes − all IPC (signed)
+    alone = mesh_breakdown(meshed, None)
+    assert alone == Breakdown(read=2.0, write=3.5, ipc=1.5, notification=3.0, user=4.0, kernel_other=1.0)
+    with pytest.raises(ValueError, match="positive request count"):
+        mesh_breakdown(Window(0), None)

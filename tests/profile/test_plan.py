@@ -51,17 +51,23 @@ def test_invalid_plans(kw: dict[str, object]) -> None:
 
 def test_steps_and_expected_time() -> None:
     p = Plan(modes=(Mode.TCP,), sizes=(100, 1024), rate_fractions=(0.5, 1.0), latency_run_s=0.5,
-             latency_max_runs=6, latency_budget_s=100.0, probe_run_s=2.0, maxqps_run_s=1.0,
-             cpu_run_s=1.0, pinning=PIN)  # fmt: skip
+             latency_max_runs=6, latency_budget_s=100.0, probe_run_s=2.0, probe_pairs=2,
+             maxqps_run_s=1.0, cpu_run_s=1.0, pinning=PIN)  # fmt: skip
     steps = p.steps()
-    assert [s.kind for s in steps] == ["setup"] + ["latency", "probe", "maxqps", "cpu", "cpu"] * 2
-    assert [s.size for s in steps[1:6]] == [100] * 5
-    assert [s.rate_fraction for s in steps[4:6]] == [0.5, 1.0]
-    # latency: 6 pairs × (2 × 0.5 s + 2 × 0.1 s) = 7.2 s; probe 3.5; maxqps 1.2; cpu 1.8
+    # fraction 1.0 is the max-rate run (under perf), so only 0.5 gets a CPU step of its own
+    assert [s.kind for s in steps] == ["setup"] + ["latency", "probe", "maxqps", "cpu"] * 2
+    assert [s.size for s in steps[1:5]] == [100] * 4
+    assert steps[4].rate_fraction == 0.5 and p.cpu_fractions() == (0.5,)
+    # latency: 6 pairs × (2 × 0.5 s + 2 × 0.1 s) = 7.2 s; probe 2 pairs × 2 × (2 + 0.35) = 9.4;
+    # maxqps 1 + 0.2 + 0.8 (perf) = 2.0; cpu 1.8
     assert steps[1].expected_s == pytest.approx(7.2)
-    assert p.expected_s() == pytest.approx(2.0 + 2 * (7.2 + 3.5 + 1.2 + 2 * 1.8))
+    assert steps[2].expected_s == pytest.approx(9.4)
+    assert steps[3].expected_s == pytest.approx(2.0)
+    assert p.expected_s() == pytest.approx(2.0 + 2 * (7.2 + 9.4 + 2.0 + 1.8))
     assert steps[4].describe() == "tcp 100 B: CPU at 50% of max"
     assert steps[0].describe() == "tcp: start sidecar"
+    with pytest.raises(ValueError, match="pair"):
+        Plan(probe_pairs=0, pinning=PIN)
 
 
 def test_quick_preset_fits_the_three_minute_aim() -> None:
@@ -71,10 +77,11 @@ def test_quick_preset_fits_the_three_minute_aim() -> None:
 
 def test_with_duration_and_to_dict() -> None:
     p = quick_plan(pinning=PIN).with_duration(2.0)
-    assert (p.latency_run_s, p.probe_run_s, p.cpu_run_s, p.maxqps_run_s) == (2.0, 4.0, 2.0, 2.0)
+    assert (p.latency_run_s, p.probe_run_s, p.cpu_run_s, p.maxqps_run_s) == (2.0, 2.0, 2.0, 2.0)
     assert p.latency_budget_s == 12.0
     d = p.to_dict()
     assert d["modes"] == ["tcp", "http", "grpc"] and d["sizes"] == [100, 1024, 4096]
     assert d["pinning"] == {"client": [0], "sidecars": [1], "app": [1]}
+    assert (d["probe_pairs"], d["probe_app"], d["nice"]) == (3, True, -20)
     with pytest.raises(ValueError):
         p.with_duration(0)

@@ -3,13 +3,14 @@ and one short real run as root."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import shutil
 import subprocess
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -21,7 +22,7 @@ from meshtax.model.sidecar import Mode
 from meshtax.profile.perfcpu import Bucket, PerfProfile
 from meshtax.profile.pinning import Pinning
 from meshtax.profile.plan import Plan
-from meshtax.profile.probes import FakeProbe, ProbeReading
+from meshtax.profile.probes import ProbeReading
 from meshtax.profile.runstate import STATE_DIR
 from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, Progress, run_profile
 from meshtax.profile.system import Completed, FakeSystem, Placement, Process, RealSystem
@@ -112,20 +113,45 @@ class Sink:
         self.saved.append((profile, replace))
 
 
-def readings() -> list[ProbeReading]:
-    # per crossing (1000 requests = 2000 crossings, ns/2e6 = µs): read 1, write 3-1, ipc 1,
-    # notify 2, user 5 (tcp) / 15 (http)
-    def r(user: int) -> ProbeReading:
-        w = thread(7, read=2_000_000, write=6_000_000, epoll=100_000_000, notify=4_000_000, user=user)
-        return make_reading([w], ipc_ns=2_000_000)
+class WindowProbe:
+    """Probe windows alternate meshed, direct (one pair per size). Meshed: the sidecar
+    (first PID) read 2 ms, wrote 6 ms, was notified 4 ms, ran ``user`` ns in user space, and
+    the app (second PID) wrote 1 ms over loopback (2 ms of lo delivery); direct: the app wrote
+    3 ms toward the client. Per crossing (1000 requests = 2000 crossings, ns/2e6 = µs): read 1,
+    notify 2, IPC 1, Write 3 + (0.5 − 1.5) − 1 = 1, user 5 (tcp) / 15 (http)."""
 
-    return [r(10_000_000), r(10_000_000), r(30_000_000), r(30_000_000)]
+    def __init__(self, user_by_mode: list[int]) -> None:
+        self.user_by_mode = user_by_mode
+        self.started: list[tuple[int, ...]] = []
+        self.running = False
+
+    def start(self, pids: Sequence[int]) -> None:
+        assert not self.running
+        self.started.append(tuple(pids))
+        self.running = True
+
+    def stop(self) -> ProbeReading:
+        assert self.running
+        self.running = False
+        k = len(self.started) - 1
+        side, app = self.started[-1]
+        modes_seen = len({p[0] for p in self.started})
+        if k % 2 == 0:
+            w = thread(7, read=2_000_000, write=6_000_000, epoll=100_000_000, notify=4_000_000,
+                       user=self.user_by_mode[modes_seen - 1], tgid=side)  # fmt: skip
+            a = thread(8, read=500_000, write=1_000_000, epoll=100_000_000, tgid=app)
+            return make_reading([w, a], ipc_ns=2_000_000)
+        a = thread(8, read=500_000, write=3_000_000, epoll=100_000_000, tgid=app)
+        return make_reading([a], ipc_ns=0, ipc_count=0)
+
+    def close(self) -> None:
+        self.running = False
 
 
 def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
     world = World()
     sysm = EchoFakeSystem(responders=[world])
-    probe = FakeProbe(readings())
+    probe = WindowProbe([10_000_000, 30_000_000])
     perf_windows: list[tuple[int, ...]] = []
     sched = iter(range(0, 10**12, 6_000_000))  # every read +6 ms: twice what perf sampled
 
@@ -145,11 +171,17 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
 
     sysm.spawn = spawn  # type: ignore[method-assign]
     plan = Plan(modes=(Mode.TCP, Mode.HTTP), sizes=(100, 1000), rate_fractions=(0.5, 1.0),
-                latency_run_s=0.1, latency_max_runs=6, pinning=PIN)  # fmt: skip
+                latency_run_s=0.1, latency_max_runs=6, probe_pairs=1, pinning=PIN, nice=-7)  # fmt: skip
+    nice_seen: list[int | None] = []
+
+    @contextlib.contextmanager
+    def fake_nice(n: int | None) -> Iterator[None]:
+        nice_seen.append(n)
+        yield
     backends = Backends(
         probe=lambda s: probe, perf=lambda s: FakePerf(perf_windows), schedstat=fake_sched,
         state_dir=tmp_path / "state", procs=Procs(), envoy_binary=Path("/x/envoy"),
-        fortio_binary=Path("/x/fortio"), workdir=tmp_path / "work",
+        fortio_binary=Path("/x/fortio"), workdir=tmp_path / "work", niceness=fake_nice,
         now=lambda: dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
     )  # fmt: skip
     seen: list[Progress] = []
@@ -162,13 +194,14 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
     assert set(prof.modes) == {Mode.TCP, Mode.HTTP}
     tcp, http = prof.modes[Mode.TCP], prof.modes[Mode.HTTP]
     lat = {c: m.latency.intercept for c, m in tcp.components.items()}
-    assert lat == pytest.approx({IPC: 1.0, READ: 1.0, WRITE: 2.0, NOTIFICATION: 2.0, OTHER: 5.0, PARSING: 0.0})
+    assert lat == pytest.approx({IPC: 1.0, READ: 1.0, WRITE: 1.0, NOTIFICATION: 2.0, OTHER: 5.0, PARSING: 0.0})
     assert http.components[PARSING].latency.intercept == pytest.approx(10.0)
     assert http.components[OTHER].latency.intercept == pytest.approx(5.0)
     assert set(tcp.components) == set(BASE_COMPONENTS)
-    # overhead per crossing: (140-118)/2 = 11 = components → closes; http (200-118)/2 = 41 vs 21
+    # overhead per crossing: (140-118)/2 = 11 vs components 10 → closes (−9 %); http
+    # (200-118)/2 = 41 vs 20 does not
     assert tcp.closure is not None and tcp.closure.measured_us == pytest.approx(11.0)
-    assert tcp.closure.components_us == pytest.approx(11.0) and tcp.closure.closes
+    assert tcp.closure.components_us == pytest.approx(10.0) and tcp.closure.closes
     assert http.closure is not None and not http.closure.closes
     assert any(n.startswith("NOT CLOSED: http") for n in prof.provenance.notes)
     assert not any(n.startswith("NOT CLOSED: tcp") for n in prof.provenance.notes)
@@ -186,10 +219,16 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
     assert o["measurements"]["tcp"][0]["cpu"][0]["perf_over_schedstat"] == pytest.approx(0.5)
     assert prof.platform.proxy_version == "1.40.0" and prof.platform.config_hash == o["config_hash"]
     assert prof.provenance.created == "2026-01-02T03:04:05+00:00"
-    # probes and perf looked at the sidecar only
+    # probes looked at sidecar and app (a meshed and a direct window per size), perf at the
+    # sidecar only; the whole run at the plan's nice value
     envoy_pids = [p.pid for p in sysm.processes if "--config-yaml" in p.argv]
+    app_pid = next(p.pid for p in sysm.processes if "server" in p.argv and "--config-yaml" not in p.argv)
     assert len(envoy_pids) == 2
-    assert probe.started == [(envoy_pids[0],)] * 2 + [(envoy_pids[1],)] * 2
+    assert probe.started == [(envoy_pids[0], app_pid)] * 4 + [(envoy_pids[1], app_pid)] * 4
+    assert nice_seen == [-7]
+    m0 = o["measurements"]["tcp"][0]["probe"]
+    assert [w["meshed"] for w in m0["windows"]] == [True, False]
+    assert m0["sidecar_only_breakdown_us"]["write"] == pytest.approx(2.0)  # 3 − all IPC
     assert perf_windows == [(envoy_pids[0],)] * 4 + [(envoy_pids[1],)] * 4
     # placement: client load pinned in the client pod, sidecar as uid 1337 on its CPU
     loads = [c for c in sysm.calls if "load" in c]
@@ -208,7 +247,7 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
 def test_options_resolve_plan() -> None:
     p = ProfileOptions(quick=True, modes=("http",), sizes=(2048, 100), duration_s=1.0).resolve_plan()
     assert p.preset == "quick" and p.modes == (Mode.HTTP,) and p.sizes == (100, 2048)
-    assert p.latency_run_s == 1.0 and p.probe_run_s == 2.0
+    assert p.latency_run_s == 1.0 and p.probe_run_s == 1.0  # per probe window
     assert ProfileOptions().resolve_plan().preset == "full"
     now = dt.datetime(2026, 1, 2, 3, 4, 5)
     assert ProfileOptions(name="x").resolve_name(now) == "x"

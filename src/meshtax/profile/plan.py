@@ -32,7 +32,8 @@ RATE_FRACTIONS: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 # 16 KB: Envoy's read slice, HTTP/2 default max frame and a TLS record; 64 KB: lo's MTU.
 SPLIT_CANDIDATES: tuple[int, ...] = (16384, 65536)
 # a fixed cost per step the durations do not cover (process start, perf script, probe attach)
-STEP_OVERHEAD_S = {"setup": 2.0, "latency": 0.1, "probe": 1.5, "maxqps": 0.2, "cpu": 0.8}
+# (measured: probe attach + detach ≈ 0.25 s; fortio start ≈ 0.1 s; perf record + script ≈ 0.8 s)
+STEP_OVERHEAD_S = {"setup": 2.0, "latency": 0.1, "probe": 0.35, "maxqps": 0.2, "cpu": 0.8}
 
 
 def default_pinning(cpus: Sequence[int] | None = None) -> Pinning:
@@ -73,9 +74,12 @@ class Plan:
     Latency: paired closed-loop runs (one connection, one request in flight) without and with
     the sidecar, ``latency_run_s`` each, repeated until the median of the paired differences
     has a 95 % interval narrower than ``latency_rel_halfwidth`` or ``latency_max_runs`` /
-    ``latency_budget_s`` end it. Probes: one closed-loop run of ``probe_run_s`` with the eBPF
-    probe attached to the sidecar. CPU: fixed-rate runs of ``cpu_run_s`` at
-    ``rate_fractions`` of the measured maximum rate under ``perf record``.
+    ``latency_budget_s`` end it. Probes: ``probe_pairs`` pairs of probe windows, one meshed and
+    one direct closed-loop run of ``probe_run_s`` each (order alternating), the eBPF probe
+    attached to the sidecar and (``probe_app``) the app, so components and the overhead they
+    must add up to come from the same, equally perturbed windows. CPU: the max-rate run
+    (``maxqps_run_s``) and fixed-rate runs of ``cpu_run_s`` at the ``rate_fractions`` below 1
+    of that maximum, all under ``perf record`` (fraction 1 is the max-rate run itself).
     """
 
     modes: tuple[Mode, ...] = ALL_MODES
@@ -86,13 +90,19 @@ class Plan:
     latency_max_runs: int = 6
     latency_rel_halfwidth: float = 0.10
     latency_budget_s: float = 8.0
-    probe_run_s: float = 2.0
+    probe_run_s: float = 0.5
+    probe_pairs: int = 3
+    probe_app: bool = True
     maxqps_run_s: float = 1.0
     cpu_run_s: float = 1.0
     warmup_n: int = 200
     split_candidates: tuple[int, ...] = SPLIT_CANDIDATES
     closure_tolerance: float = 0.15
     pinning: Pinning = field(default_factory=default_pinning)
+    # nice value of every process of the run (inherited from the profiler): on a shared
+    # machine other work would otherwise preempt the sidecar/app/client mid-request and land
+    # in the measurement; on an idle machine it changes nothing. None: leave as is.
+    nice: int | None = -20
     preset: str = "quick"
 
     def __post_init__(self) -> None:
@@ -108,19 +118,21 @@ class Plan:
         durations = (self.latency_run_s, self.probe_run_s, self.maxqps_run_s, self.cpu_run_s)
         if min(durations) <= 0:
             raise ValueError("run durations must be positive")
+        if self.probe_pairs < 1:
+            raise ValueError("need at least one pair of probe windows")
         # the order the run uses: TCP first, so HTTP/gRPC parsing can subtract it
         object.__setattr__(self, "modes", tuple(m for m in ALL_MODES if m in self.modes))
         object.__setattr__(self, "sizes", tuple(sorted(self.sizes)))
 
     def with_duration(self, seconds: float) -> Plan:
         """Every load run scaled to a base of ``seconds`` (``--duration``): latency runs take
-        it once per side, the probe run twice, each CPU rate once."""
+        it once per side, each probe window once, each CPU rate once."""
         if seconds <= 0:
             raise ValueError("duration must be positive")
         return replace(
             self,
             latency_run_s=seconds,
-            probe_run_s=2 * seconds,
+            probe_run_s=seconds,
             cpu_run_s=seconds,
             maxqps_run_s=max(seconds, 0.5),
             latency_budget_s=max(self.latency_budget_s, 2 * seconds * self.latency_min_runs),
@@ -139,11 +151,17 @@ class Plan:
             out.append(Step("setup", m, expected_s=o["setup"]))
             for s in self.sizes:
                 out.append(Step("latency", m, s, expected_s=self.latency_expected_s()))
-                out.append(Step("probe", m, s, expected_s=self.probe_run_s + o["probe"]))
-                out.append(Step("maxqps", m, s, expected_s=self.maxqps_run_s + o["maxqps"]))
-                for f in self.rate_fractions:
+                probe_s = 2 * self.probe_pairs * (self.probe_run_s + o["probe"])
+                out.append(Step("probe", m, s, expected_s=probe_s))
+                max_s = self.maxqps_run_s + o["maxqps"] + (o["cpu"] if 1.0 in self.rate_fractions else 0.0)
+                out.append(Step("maxqps", m, s, expected_s=max_s))
+                for f in self.cpu_fractions():
                     out.append(Step("cpu", m, s, f, expected_s=self.cpu_run_s + o["cpu"]))
         return out
+
+    def cpu_fractions(self) -> tuple[float, ...]:
+        """Rate fractions that need their own fixed-rate run (1.0 is the max-rate run)."""
+        return tuple(f for f in self.rate_fractions if f < 1.0)
 
     def expected_s(self) -> float:
         return sum(s.expected_s for s in self.steps())
@@ -160,18 +178,22 @@ class Plan:
             "latency_rel_halfwidth": self.latency_rel_halfwidth,
             "latency_budget_s": self.latency_budget_s,
             "probe_run_s": self.probe_run_s,
+            "probe_pairs": self.probe_pairs,
+            "probe_app": self.probe_app,
             "maxqps_run_s": self.maxqps_run_s,
             "cpu_run_s": self.cpu_run_s,
             "warmup_n": self.warmup_n,
             "split_candidates": list(self.split_candidates),
             "closure_tolerance": self.closure_tolerance,
             "pinning": self.pinning.to_dict(),
+            "nice": self.nice,
         }
 
 
 def quick_plan(**changes: Any) -> Plan:
-    """``--quick``: 100 B, 1 KB, 4 KB; short runs (aim: ≤ 3 min for tcp+http+grpc)."""
-    return replace(Plan(), **changes)
+    """``--quick``: 100 B, 1 KB, 4 KB; short runs (aim: ≤ 3 min for tcp+http+grpc; a real
+    run measured 201 s with 0.5 s latency and 1 s CPU runs, hence 0.4 s and 0.6 s)."""
+    return replace(Plan(latency_run_s=0.4, cpu_run_s=0.6), **changes)
 
 
 def full_plan(**changes: Any) -> Plan:
@@ -182,7 +204,8 @@ def full_plan(**changes: Any) -> Plan:
         latency_max_runs=12,
         latency_rel_halfwidth=0.05,
         latency_budget_s=24.0,
-        probe_run_s=4.0,
+        probe_run_s=1.5,
+        probe_pairs=4,
         maxqps_run_s=2.0,
         cpu_run_s=2.0,
         warmup_n=500,

@@ -9,10 +9,23 @@ Testbed (one run)::
                           :<app port> (excluded from interception) ─► the same fortio echo
 
 So "with sidecar" targets ``server:8080`` and "without" targets the app port directly — the
-same echo process, in the same run, alternating. For each mode (TCP first, so HTTP/gRPC
-parsing can subtract it) and size: paired latency runs → measured overhead with a 95 %
-interval; one probe window → components; a max-rate run; fixed-rate runs under perf → CPU
-per component. Then :mod:`~meshtax.profile.fit` fits models and checks closure.
+same echo process, in the same run, alternating. The whole run is niced (``Plan.nice``) so
+other work on a shared machine does not preempt it mid-request. For each mode (TCP first, so
+HTTP/gRPC parsing can subtract it) and size:
+
+1. paired latency runs without probes → the overhead (meshed − direct mean) with a 95 %
+   interval (:func:`measure_overhead`);
+2. paired probe windows, meshed and direct, the probe on sidecar and app → the components
+   (:mod:`~meshtax.profile.decompose`) and the overhead *in those same windows*, which the
+   closure compares them with; probed − un-probed overhead is the probe's perturbation
+   (:func:`probe_components`);
+3. the max-rate run and fixed-rate runs under perf → CPU per component (:func:`sidecar_cpu`).
+
+Then :mod:`~meshtax.profile.fit` fits models and checks closure.
+
+Building blocks for other profilers (filters, mTLS, memory …): :func:`echo_testbed` /
+:class:`EchoBed` (testbed + app; ``start_sidecar`` with any :class:`EnvoyConfig`; ``load``),
+:func:`measure_overhead`, :func:`probe_components`, :func:`sidecar_cpu`, :func:`niceness`.
 
 Every side effect goes through :class:`System` and the injectable :class:`Backends`, so the
 orchestration runs against fakes in tests.
@@ -21,12 +34,14 @@ orchestration runs against fakes in tests.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,9 +52,10 @@ from meshtax.model.sidecar import Mode
 from meshtax.host import this_host
 from meshtax.profile.decompose import (
     Breakdown,
+    Window,
     assemble,
     cpu_breakdown,
-    latency_breakdown,
+    mesh_breakdown,
     per_crossing,
 )
 from meshtax.profile.envoy import EnvoyConfig, EnvoyProcess, config_hash, envoy_binary, envoy_version
@@ -47,9 +63,10 @@ from meshtax.profile.fit import SizePoint, fit_mode
 from meshtax.profile.fortio import FortioServer, LoadResult, fortio_binary, fortio_version, run_load
 from meshtax.profile.perfcpu import PerfProfile, PerfSession, schedstat
 from meshtax.profile.plan import Plan, Step, full_plan, quick_plan
-from meshtax.profile.probes import ProbeSession, RealProbe
+from meshtax.profile.probes import ProbeSession, RealProbe, ThreadReading
 from meshtax.profile.runstate import STATE_DIR, ProcOps
-from meshtax.profile.stats import Estimate, median, repeat_until
+from meshtax.profile.pinning import Pinning
+from meshtax.profile.stats import Estimate, estimate, repeat_until
 from meshtax.profile.system import System
 from meshtax.profile.testbed import Pod, Testbed
 
@@ -59,10 +76,18 @@ __all__ = [
     "Backends",
     "ClosureWarning",
     "CpuSampler",
+    "EchoBed",
+    "PairedOverhead",
+    "ProbeResult",
     "ProfileOptions",
     "Progress",
     "ProfileSink",
+    "echo_testbed",
+    "measure_overhead",
+    "niceness",
+    "probe_components",
     "run_profile",
+    "sidecar_cpu",
 ]
 
 #: the port clients call; the sidecar intercepts it and forwards to the app port
@@ -156,6 +181,20 @@ def _real_perf(system: System) -> CpuSampler:
     return PerfSession(system, freq=PERF_FREQ)
 
 
+@contextmanager
+def niceness(nice: int | None) -> Iterator[None]:
+    """Run the block (and every process it spawns: children inherit it) at ``nice``."""
+    if nice is None:
+        yield
+        return
+    old = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, old)
+
+
 @dataclass
 class Backends:
     """The measuring tools, injectable for tests (defaults are the real ones)."""
@@ -170,46 +209,34 @@ class Backends:
     fortio_binary: Path | None = None
     workdir: Path | None = None
     clock: Callable[[], float] = time.monotonic
+    niceness: Callable[[int | None], AbstractContextManager[None]] = niceness
     now: Callable[[], _dt.datetime] = field(default=lambda: _dt.datetime.now(_dt.timezone.utc))
 
 
 @dataclass
 class _SizeResult:
     size: int
-    overhead: Estimate  # per request, µs (meshed − direct mean)
-    meshed_mean: list[float]
-    direct_mean: list[float]
-    meshed_p50: list[float]
-    direct_p50: list[float]
-    probe_mean_us: float = 0.0
-    probe_requests: int = 0
-    probe_dropped: int = 0
-    probe_bpf_us: float = 0.0  # the probe's own BPF run time per crossing
-    latency: Breakdown = field(default_factory=Breakdown)
+    unprobed: PairedOverhead
+    probed: ProbeResult
     max_qps: float = 0.0
     cpu: list[tuple[float, Breakdown, float]] = field(default_factory=list)  # rate, bd, perf/schedstat
 
     @property
+    def overhead(self) -> Estimate:
+        """Per-request overhead without probes (the profile's measured overhead)."""
+        return self.unprobed.estimate
+
+    @property
     def perturbation_us(self) -> float:
-        """Probe run mean latency minus the un-probed meshed mean, per request."""
-        return self.probe_mean_us - median(self.meshed_mean)
+        """Per-request overhead with probes minus without (both paired, same run)."""
+        return self.probed.overhead.median - self.unprobed.estimate.median
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "size": self.size,
-            "overhead_per_request_us": self.overhead.to_dict(),
-            "meshed_mean_us": self.meshed_mean,
-            "direct_mean_us": self.direct_mean,
-            "meshed_p50_us": self.meshed_p50,
-            "direct_p50_us": self.direct_p50,
-            "probe": {
-                "mean_us": self.probe_mean_us,
-                "requests": self.probe_requests,
-                "perturbation_us": self.perturbation_us,
-                "dropped_events": self.probe_dropped,
-                "bpf_us_per_message": self.probe_bpf_us,
-            },
-            "latency_breakdown_us": self.latency.to_dict(),
+            **self.unprobed.to_dict(),
+            "probe": {**self.probed.to_dict(), "perturbation_us_per_request": self.perturbation_us},
+            "latency_breakdown_us": self.probed.latency.to_dict(),
             "max_qps": self.max_qps,
             "cpu": [
                 {"rate": r, "breakdown_us": bd.to_dict(), "perf_over_schedstat": ratio}
@@ -256,6 +283,269 @@ def _family_hash() -> str:
     return config_hash({m.value: EnvoyConfig(mode=m).key() for m in Mode})
 
 
+# --- building blocks (also for other profilers: filters, mTLS, memory …) -------------------
+
+
+@dataclass
+class EchoBed:
+    """A running testbed: a client pod, a meshed server pod (Istio interception, app ports
+    excluded) and the fortio echo app serving TCP, HTTP and gRPC in it.
+
+    ``meshed_target`` is what goes through a sidecar started with :meth:`start_sidecar`;
+    ``direct_target(mode)`` reaches the same app process without it.
+    """
+
+    system: System
+    testbed: Testbed
+    client: Pod
+    server: Pod
+    app: FortioServer
+    pinning: Pinning
+    envoy_bin: Path
+    fortio_bin: Path
+    workdir: Path
+
+    @property
+    def app_pid(self) -> int:
+        assert self.app.process is not None
+        return self.app.process.pid
+
+    @property
+    def meshed_target(self) -> str:
+        return f"{self.server.ip}:{SERVICE_PORT}"
+
+    def direct_target(self, mode: Mode) -> str:
+        return f"{self.server.ip}:{APP_PORTS[mode]}"
+
+    def load(self, target: str, mode: Mode, size: int, qps: float = 0.0, *,
+             duration_s: float | None = None, n: int | None = None,
+             connections: int = 1) -> LoadResult:  # fmt: skip
+        """One fortio run from the client pod (pinned): closed loop when ``qps`` is 0."""
+        return run_load(target, mode, size, qps, connections=connections, duration_s=duration_s,
+                        n=n, system=self.system, place=self.client.place(cpus=self.pinning.client),
+                        binary=self.fortio_bin)  # fmt: skip
+
+    def start_sidecar(self, mode: Mode, cfg: EnvoyConfig | None = None, *,
+                      name: str | None = None) -> EnvoyProcess:  # fmt: skip
+        """Start (and register for cleanup) the server pod's sidecar; stop it when done.
+
+        ``cfg`` defaults to the plain config of ``mode`` forwarding to the app's port; one
+        sidecar at a time can own the intercepted ports.
+        """
+        cfg = cfg or EnvoyConfig(mode=mode, inbound_upstream=("127.0.0.1", APP_PORTS[mode]))
+        envoy = EnvoyProcess(self.system, cfg, self.workdir / (name or mode.value),
+                             place=self.server.place(cpus=self.pinning.sidecars, uid=PROXY_UID),
+                             binary=self.envoy_bin)  # fmt: skip
+        envoy.start()
+        assert envoy.process is not None
+        self.testbed.adopt(envoy.process, ["envoy", name or mode.value], netns=self.server.netns)
+        return envoy
+
+
+@contextmanager
+def echo_testbed(system: System, pinning: Pinning, backends: Backends | None = None,
+                 workdir: Path | None = None) -> Iterator[EchoBed]:  # fmt: skip
+    """Create the testbed of :class:`EchoBed` (taking the profiling lock), yield it, and tear
+    everything down on the way out (also on exceptions and Ctrl-C)."""
+    be = backends or Backends()
+    envoy_bin = be.envoy_binary or envoy_binary()
+    fortio_bin = be.fortio_binary or fortio_binary()
+    work = workdir or be.workdir or Path(tempfile.mkdtemp(prefix="meshtax-profile-"))
+    with Testbed(system, state_dir=be.state_dir, lock_timeout=be.lock_timeout, procs=be.procs) as tb:
+        client = tb.add_pod("client")
+        server = tb.add_pod("server")
+        tb.mesh(server, proxy_uid=PROXY_UID,
+                exclude_inbound_ports=(15000, 15090, *APP_PORTS.values()))  # fmt: skip
+        app = FortioServer(
+            system, work / "app", host="0.0.0.0",
+            http_port=APP_PORTS[Mode.HTTP], grpc_port=APP_PORTS[Mode.GRPC], tcp_port=APP_PORTS[Mode.TCP],
+            place=server.place(cpus=pinning.app), binary=fortio_bin,
+        )  # fmt: skip
+        app.start()
+        assert app.process is not None
+        tb.adopt(app.process, app.argv, netns=server.netns)
+        try:
+            yield EchoBed(system, tb, client, server, app, pinning, envoy_bin, fortio_bin, work)
+        finally:
+            app.stop()
+
+
+@dataclass
+class PairedOverhead:
+    """Per-request overhead (meshed − direct mean latency, µs) from alternating paired runs."""
+
+    estimate: Estimate
+    meshed_mean: list[float] = field(default_factory=list)
+    direct_mean: list[float] = field(default_factory=list)
+    meshed_p50: list[float] = field(default_factory=list)
+    direct_p50: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"overhead_per_request_us": self.estimate.to_dict(), "meshed_mean_us": self.meshed_mean,
+                "direct_mean_us": self.direct_mean, "meshed_p50_us": self.meshed_p50,
+                "direct_p50_us": self.direct_p50}  # fmt: skip
+
+
+def measure_overhead(
+    bed: EchoBed, mode: Mode, size: int, *, run_s: float, rel_halfwidth: float = 0.1,
+    min_runs: int = 3, max_runs: int = 6, budget_s: float | None = None,
+    meshed: str | None = None, clock: Callable[[], float] = time.monotonic,
+) -> PairedOverhead:  # fmt: skip
+    """Paired closed-loop runs with and without the sidecar until the median difference is
+    narrow (:func:`~meshtax.profile.stats.repeat_until`); the order alternates so a drifting
+    machine does not bias the difference. Means, not p50s: components are means too, and
+    fortio's p50 is bucket-interpolated."""
+    m_t, d_t = meshed or bed.meshed_target, bed.direct_target(mode)
+    r = PairedOverhead(Estimate(0, 0, 0, 0, ()))
+
+    def pair() -> float:
+        order = (d_t, m_t) if len(r.meshed_mean) % 2 == 0 else (m_t, d_t)
+        got = {t: bed.load(t, mode, size, duration_s=run_s) for t in order}
+        d, m = got[d_t], got[m_t]
+        r.direct_mean.append(d.avg_us)
+        r.meshed_mean.append(m.avg_us)
+        r.direct_p50.append(d.p50_us)
+        r.meshed_p50.append(m.p50_us)
+        return m.avg_us - d.avg_us
+
+    r.estimate = repeat_until(pair, rel_halfwidth=rel_halfwidth, min_runs=min_runs,
+                              max_runs=max_runs, budget_s=budget_s, clock=clock)  # fmt: skip
+    return r
+
+
+@dataclass
+class ProbeResult:
+    """Paired probe windows of one mode and size.
+
+    ``latency``: components per crossing (µs) from all windows pooled (sidecar + Δapp, see
+    :mod:`~meshtax.profile.decompose`); ``sidecar_only``: the same without the app terms;
+    ``per_pair``: the components of each pair alone (their spread is the interval);
+    ``overhead``: per-request overhead measured in the same probed windows.
+    """
+
+    latency: Breakdown
+    sidecar_only: Breakdown
+    per_pair: list[Breakdown]
+    overhead: Estimate
+    meshed_mean: list[float]
+    direct_mean: list[float]
+    requests: int
+    dropped: int
+    windows: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "latency_breakdown_us": self.latency.to_dict(),
+            "sidecar_only_breakdown_us": self.sidecar_only.to_dict(),
+            "per_pair_breakdown_us": [b.to_dict() for b in self.per_pair],
+            "overhead_per_request_us": self.overhead.to_dict(),
+            "meshed_mean_us": self.meshed_mean,
+            "direct_mean_us": self.direct_mean,
+            "requests": self.requests,
+            "dropped_events": self.dropped,
+            "windows": self.windows,
+        }
+
+
+def probe_components(
+    bed: EchoBed, mode: Mode, size: int, sidecar_pid: int, *, run_s: float, pairs: int,
+    probe_app: bool = True, probe: Callable[[System], ProbeSession] = _real_probe,
+    meshed: str | None = None,
+) -> ProbeResult:  # fmt: skip
+    """``pairs`` × (a meshed and a direct probe window of ``run_s``, order alternating), the
+    probe on the sidecar and (``probe_app``) the app → components and the probed overhead."""
+    m_t, d_t = meshed or bed.meshed_target, bed.direct_target(mode)
+    pids = [sidecar_pid, bed.app_pid] if probe_app else [sidecar_pid]
+    app_tgid = bed.app_pid if probe_app else None
+    m_windows: list[Window] = []
+    d_windows: list[Window] = []
+    m_mean: list[float] = []
+    d_mean: list[float] = []
+    raw: list[dict[str, Any]] = []
+    dropped = 0
+    for i in range(pairs):
+        for target in ((m_t, d_t) if i % 2 == 0 else (d_t, m_t)):
+            session = probe(bed.system)
+            try:
+                session.start(pids)
+                res = bed.load(target, mode, size, duration_s=run_s)
+                reading = session.stop()
+            finally:
+                session.close()
+            w = Window.of(reading, res.count, sidecar_tgid=sidecar_pid, app_tgid=app_tgid)
+            dropped += reading.dropped
+            is_m = target == m_t
+            (m_windows if is_m else d_windows).append(w)
+            (m_mean if is_m else d_mean).append(res.avg_us)
+            raw.append({"meshed": is_m, "requests": res.count, "mean_us": res.avg_us,
+                        "duration_ns": reading.duration_ns, "ipc_packets": w.ipc_packets,
+                        "ipc_ns": w.ipc_ns, "ipc_bytes": w.ipc_bytes, "probe_bpf_ns": reading.probe_ns,
+                        "sidecar": _thread_dict(w.sidecar), "app": _thread_dict(w.app)})  # fmt: skip
+
+    def pooled(ws: list[Window]) -> Window:
+        out = ws[0]
+        for w in ws[1:]:
+            out = out + w
+        return out
+
+    pm, pd = pooled(m_windows), pooled(d_windows)
+    per_pair = [mesh_breakdown(m, d if probe_app else None) for m, d in zip(m_windows, d_windows)]
+    diffs = [m - d for m, d in zip(m_mean, d_mean)]
+    return ProbeResult(
+        latency=mesh_breakdown(pm, pd if probe_app else None),
+        sidecar_only=mesh_breakdown(pm, None),
+        per_pair=per_pair,
+        overhead=estimate(diffs),
+        meshed_mean=m_mean,
+        direct_mean=d_mean,
+        requests=pm.requests,
+        dropped=dropped,
+        windows=raw,
+    )
+
+
+def _thread_dict(t: ThreadReading) -> dict[str, int]:
+    """The raw totals of a thread sum, for the record (ns and counts)."""
+    return {
+        "read_ns": t.read.ns, "read_n": t.read.count, "write_ns": t.write.ns, "write_n": t.write.count,
+        "epoll_ns": t.epoll.ns, "epoll_n": t.epoll.count, "notify_ns": t.notify.ns,
+        "notify_n": t.notify.count, "syscalls": t.syscalls, "sys_ns": t.sys_ns, "oncpu_ns": t.oncpu_ns,
+        "user_ns": t.user_ns, "sys_cpu_ns": t.sys_cpu_ns, "switches_in": t.switches_in,
+    }  # fmt: skip
+
+
+def sidecar_cpu(
+    bed: EchoBed, mode: Mode, size: int, qps: float, pid: int, *, run_s: float,
+    perf: Callable[[System], CpuSampler] = _real_perf,
+    schedstat_of: Callable[[int], Mapping[int, int]] = schedstat, meshed: str | None = None,
+) -> tuple[LoadResult, Breakdown, float]:  # fmt: skip
+    """One run at ``qps`` (0: as fast as possible) under perf → (load result, per-crossing
+    CPU-µs of the sidecar process ``pid``, perf/schedstat ratio).
+
+    perf gives the split, schedstat the total: perf starts sampling a few hundred ms after it
+    is spawned and misses the start of the run, schedstat misses nothing; the buckets are
+    scaled so their sum is schedstat's.
+    """
+    sampler = perf(bed.system)
+    try:
+        before = sum(schedstat_of(pid).values())
+        sampler.start()
+        res = bed.load(meshed or bed.meshed_target, mode, size, qps, duration_s=run_s)
+        prof = sampler.stop([pid])
+        after = sum(schedstat_of(pid).values())
+    finally:
+        sampler.close()
+    buckets = {b.value: ns for b, ns in prof.process(pid).items() if b.value != "probe"}
+    sampled = sum(buckets.values())
+    ratio = sampled / (after - before) if after > before else 0.0
+    if ratio > 0:
+        buckets = {b: round(ns / ratio) for b, ns in buckets.items()}
+    return res, cpu_breakdown(buckets, res.count), ratio
+
+
+# --- the profile -----------------------------------------------------------------------------
+
+
 def run_profile(
     options: ProfileOptions,
     system: System,
@@ -280,149 +570,81 @@ def run_profile(
         "envoy": envoy_version(system, envoy_bin),
         "fortio": fortio_version(system, fortio_bin),
     }
+    be = replace(be, envoy_binary=envoy_bin, fortio_binary=fortio_bin)
     ticker = _Clocked(plan.steps(), progress, be.clock)
     t_start = be.clock()
-    work = be.workdir or Path(tempfile.mkdtemp(prefix="meshtax-profile-"))
     results: dict[Mode, list[_SizeResult]] = {}
-
-    with Testbed(system, state_dir=be.state_dir, lock_timeout=be.lock_timeout, procs=be.procs) as tb:
-        client = tb.add_pod("client")
-        server = tb.add_pod("server")
-        tb.mesh(server, proxy_uid=PROXY_UID,
-                exclude_inbound_ports=(15000, 15090, *APP_PORTS.values()))  # fmt: skip
-        app = FortioServer(
-            system, work / "app", host="0.0.0.0",
-            http_port=APP_PORTS[Mode.HTTP], grpc_port=APP_PORTS[Mode.GRPC], tcp_port=APP_PORTS[Mode.TCP],
-            place=server.place(cpus=plan.pinning.app), binary=fortio_bin,
-        )  # fmt: skip
-        app.start()
-        assert app.process is not None
-        tb.adopt(app.process, app.argv, netns=server.netns)
+    with be.niceness(plan.nice), echo_testbed(system, plan.pinning, be) as bed:
         for mode in plan.modes:
             ticker.next("setup", mode)
-            results[mode] = _measure_mode(mode, plan, system, tb, client, server, envoy_bin, fortio_bin, work, be, ticker)
-        app.stop()
-
+            results[mode] = _measure_mode(mode, plan, bed, be, ticker)
     wall_s = be.clock() - t_start
     return _build_profile(name, created, plan, results, versions, wall_s, store, options.replace)
 
 
-def _measure_mode(
-    mode: Mode, plan: Plan, system: System, tb: Testbed, client: Pod, server: Pod,
-    envoy_bin: Path, fortio_bin: Path, work: Path, be: Backends, ticker: _Clocked,
-) -> list[_SizeResult]:  # fmt: skip
-    cfg = EnvoyConfig(mode=mode, inbound_upstream=("127.0.0.1", APP_PORTS[mode]))
-    envoy = EnvoyProcess(system, cfg, work / mode.value,
-                         place=server.place(cpus=plan.pinning.sidecars, uid=PROXY_UID), binary=envoy_bin)  # fmt: skip
-    envoy.start()
+def _measure_mode(mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked) -> list[_SizeResult]:
+    envoy = bed.start_sidecar(mode)
     assert envoy.process is not None
-    tb.adopt(envoy.process, ["envoy", mode.value], netns=server.netns)
     pid = envoy.process.pid
-    meshed = f"{server.ip}:{SERVICE_PORT}"
-    direct = f"{server.ip}:{APP_PORTS[mode]}"
-    cplace = client.place(cpus=plan.pinning.client)
-
-    def load(target: str, size: int, qps: float = 0.0, *, duration: float | None = None,
-             n: int | None = None) -> LoadResult:  # fmt: skip
-        return run_load(target, mode, size, qps, duration_s=duration, n=n, system=system,
-                        place=cplace, binary=fortio_bin)  # fmt: skip
-
+    meshed, direct = bed.meshed_target, bed.direct_target(mode)
     out: list[_SizeResult] = []
     try:
         for size in plan.sizes:
             ticker.next("latency", mode, size)
             # warm both paths (connection set-up, allocator, caches) before anything counts
-            load(direct, size, n=plan.warmup_n)
-            load(meshed, size, n=plan.warmup_n)
-            r = _latency(plan, size, load, meshed, direct, be.clock)
-
+            bed.load(direct, mode, size, n=plan.warmup_n)
+            bed.load(meshed, mode, size, n=plan.warmup_n)
+            po = measure_overhead(bed, mode, size, run_s=plan.latency_run_s,
+                                  rel_halfwidth=plan.latency_rel_halfwidth,
+                                  min_runs=plan.latency_min_runs, max_runs=plan.latency_max_runs,
+                                  budget_s=plan.latency_budget_s, clock=be.clock)  # fmt: skip
             ticker.next("probe", mode, size)
-            probe = be.probe(system)
-            try:
-                probe.start([pid])
-                pr = load(meshed, size, duration=plan.probe_run_s)
-                reading = probe.stop()
-            finally:
-                probe.close()
-            r.probe_mean_us = pr.avg_us
-            r.probe_requests = pr.count
-            r.probe_dropped = reading.dropped
-            r.probe_bpf_us = reading.probe_ns * 1e-3 / (2 * pr.count)
-            r.latency = latency_breakdown(reading, pr.count)
+            pr = probe_components(bed, mode, size, pid, run_s=plan.probe_run_s, pairs=plan.probe_pairs,
+                                  probe_app=plan.probe_app, probe=be.probe)  # fmt: skip
+            r = _SizeResult(size, po, pr)
 
             ticker.next("maxqps", mode, size)
-            r.max_qps = load(meshed, size, duration=plan.maxqps_run_s).actual_qps
-
+            if 1.0 in plan.rate_fractions:
+                res, bd, ratio = sidecar_cpu(bed, mode, size, 0.0, pid, run_s=plan.maxqps_run_s,
+                                             perf=be.perf, schedstat_of=be.schedstat)  # fmt: skip
+                r.max_qps = res.actual_qps
+                max_point = (res.actual_qps, bd, ratio)
+            else:
+                r.max_qps = bed.load(meshed, mode, size, duration_s=plan.maxqps_run_s).actual_qps
             for f in plan.rate_fractions:
+                if f >= 1.0:
+                    r.cpu.append(max_point)
+                    continue
                 ticker.next("cpu", mode, size, f)
-                r.cpu.append(_cpu_run(f * r.max_qps, size, plan, load, meshed, pid, system, be))
+                res, bd, ratio = sidecar_cpu(bed, mode, size, max(f * r.max_qps, 1.0), pid,
+                                             run_s=plan.cpu_run_s, perf=be.perf,
+                                             schedstat_of=be.schedstat)  # fmt: skip
+                r.cpu.append((res.actual_qps, bd, ratio))
             out.append(r)
     finally:
         envoy.stop()
     return out
 
 
-def _latency(
-    plan: Plan, size: int, load: Callable[..., LoadResult], meshed: str, direct: str,
-    clock: Callable[[], float],
-) -> _SizeResult:  # fmt: skip
-    r = _SizeResult(size, Estimate(0, 0, 0, 0, ()), [], [], [], [])
-
-    def pair() -> float:
-        # alternate which side goes first so a drifting machine does not bias the difference
-        first_direct = len(r.meshed_mean) % 2 == 0
-        order = (direct, meshed) if first_direct else (meshed, direct)
-        got = {t: load(t, size, duration=plan.latency_run_s) for t in order}
-        d, m = got[direct], got[meshed]
-        r.direct_mean.append(d.avg_us)
-        r.meshed_mean.append(m.avg_us)
-        r.direct_p50.append(d.p50_us)
-        r.meshed_p50.append(m.p50_us)
-        # means, not p50s: components are means too, and fortio's p50 is bucket-interpolated
-        return m.avg_us - d.avg_us
-
-    r.overhead = repeat_until(pair, rel_halfwidth=plan.latency_rel_halfwidth,
-                              min_runs=plan.latency_min_runs, max_runs=plan.latency_max_runs,
-                              budget_s=plan.latency_budget_s, clock=clock)  # fmt: skip
-    return r
-
-
-def _cpu_run(
-    qps: float, size: int, plan: Plan, load: Callable[..., LoadResult], meshed: str, pid: int,
-    system: System, be: Backends,
-) -> tuple[float, Breakdown, float]:  # fmt: skip
-    perf = be.perf(system)
-    try:
-        before = sum(be.schedstat(pid).values())
-        perf.start()
-        res = load(meshed, size, max(qps, 1.0), duration=plan.cpu_run_s)
-        prof = perf.stop([pid])
-        after = sum(be.schedstat(pid).values())
-    finally:
-        perf.close()
-    buckets = {b.value: ns for b, ns in prof.process(pid).items() if b.value != "probe"}
-    sampled = sum(buckets.values())
-    ratio = sampled / (after - before) if after > before else 0.0
-    if ratio > 0:
-        # perf gives the split, schedstat the total: perf starts sampling a few hundred ms
-        # after it is spawned and misses the start of the run, schedstat misses nothing
-        buckets = {b: round(ns / ratio) for b, ns in buckets.items()}
-    return res.actual_qps, cpu_breakdown(buckets, res.count), ratio
-
-
 def _points(mode: Mode, rs: list[_SizeResult], tcp: Mapping[int, _SizeResult]) -> list[SizePoint]:
     pts: list[SizePoint] = []
     for r in rs:
         base = tcp.get(r.size)
-        lat = assemble(mode, r.latency, base.latency if base else None)
+        lat = assemble(mode, r.probed.latency, base.probed.latency if base else None)
         cpu: list[tuple[float, Mapping[Component, float]]] = []
         for i, (rate, bd, _) in enumerate(r.cpu):
             bbd = base.cpu[min(i, len(base.cpu) - 1)][1] if base and base.cpu else None
             cpu.append((rate, assemble(mode, bd, bbd)))
-        o = r.overhead
+        # closure against the overhead of the same (probed) windows: like with like
+        o = r.probed.overhead
         pts.append(SizePoint(r.size, lat, per_crossing(o.median), per_crossing(o.lo),
                              per_crossing(o.hi), tuple(cpu)))  # fmt: skip
     return pts
+
+
+def _unprobed_closure(rs: Sequence[_SizeResult]) -> float:
+    """Mean over sizes of the un-probed overhead per crossing (µs)."""
+    return sum(per_crossing(r.overhead.median) for r in rs) / len(rs) if rs else 0.0
 
 
 def _build_profile(
@@ -434,8 +656,13 @@ def _build_profile(
     notes: list[str] = [
         "models are per message crossing one sidecar one way; measured per request through "
         "one inbound sidecar (request + response = 2 crossings), halved",
-        "latency components from one eBPF probe window; overhead = mean latency with sidecar "
-        "minus without, paired runs in the same testbed",
+        "latency components = the sidecar's on-path time + the change of the app's own path "
+        "(meshed − direct), from paired eBPF probe windows on sidecar and app (definitions: "
+        "meshtax.profile.decompose); the closure compares them with the overhead measured in "
+        "those same probed windows (mean latency with sidecar minus without)",
+        "the un-probed overhead (paired runs, no probe) and the probe perturbation (probed − "
+        "un-probed overhead) are in options.measurements and "
+        "options.probe_perturbation_us_per_request",
     ]
     if Mode.TCP not in results:
         notes.append("no TCP mode measured: Parsing is not separated from Other")
@@ -451,6 +678,11 @@ def _build_profile(
                    "— this profile does NOT close")  # fmt: skip
             notes.append("NOT CLOSED: " + msg)
             warnings.warn(msg, ClosureWarning, stacklevel=2)
+        un = _unprobed_closure(rs)
+        if c is not None:
+            notes.append(f"{mode.value}: un-probed overhead {un:.1f} µs per message; components "
+                         f"{c.components_us:.1f} µs are {c.components_us / un - 1:+.0%} of it"
+                         if un else f"{mode.value}: un-probed overhead 0")  # fmt: skip
     perturb = {m.value: {str(r.size): r.perturbation_us for r in rs} for m, rs in results.items()}
     options: dict[str, Any] = {
         **plan.to_dict(),
