@@ -107,7 +107,10 @@ class Cli:
                 self.watch()
                 return
             if self.proc.poll() is not None:
-                pytest.fail(f"meshtax profile ended early ({self.proc.returncode}): {self.proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
+                code, out = self.finish(timeout=5)
+                if BUSY in out:
+                    raise Busy(out)
+                pytest.fail(f"meshtax profile ended early ({code}): {out[-2000:]}")
             time.sleep(0.05)
         pytest.fail("the run never started its sidecar")
 
@@ -116,7 +119,7 @@ class Cli:
         while self.proc.poll() is None and time.monotonic() < deadline:
             self.watch()
             time.sleep(0.05)
-        out, err = self.proc.communicate(timeout=10)
+        out, err = self.proc.communicate(timeout=10)  # also closes the pipes
         return self.proc.returncode, out + err
 
     def leftovers(self) -> tuple[set[str], set[int]]:
@@ -126,7 +129,10 @@ class Cli:
         """Whatever the assertions said: end our processes by PID and delete our namespaces."""
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(10)
+        self.proc.wait(10)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
         for p in self.pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
@@ -142,15 +148,30 @@ def clis(tmp_path: Path) -> Iterator[list[Cli]]:
         c.force_cleanup()
 
 
+class Busy(Exception):
+    """Another profiling run took the lock between our check and our start."""
+
+
 def start(clis: list[Cli], tmp_path: Path, name: str) -> Cli:
     c = Cli(tmp_path / "profiles.db", name)
     clis.append(c)
     return c
 
 
+def start_measuring(clis: list[Cli], tmp_path: Path, name: str, tries: int = 3) -> Cli:
+    """Start a run and wait until its sidecar runs; retry when the lock was taken meanwhile."""
+    for _ in range(tries):
+        c = start(clis, tmp_path, name)
+        try:
+            c.wait_until_measuring()
+            return c
+        except Busy:
+            continue
+    pytest.skip("the profiling lock kept being taken by other runs")
+
+
 def test_ctrl_c_leaves_nothing(clis: list[Cli], tmp_path: Path) -> None:
-    c = start(clis, tmp_path, "sigint")
-    c.wait_until_measuring()
+    c = start_measuring(clis, tmp_path, "sigint")
     assert c.netns and c.pids, "saw no namespace or process of the run"
     os.kill(c.proc.pid, signal.SIGINT)
     code, out = c.finish(timeout=30)
@@ -159,10 +180,9 @@ def test_ctrl_c_leaves_nothing(clis: list[Cli], tmp_path: Path) -> None:
 
 
 def test_killed_run_is_reaped_by_the_next_which_then_leaves_nothing(clis: list[Cli], tmp_path: Path) -> None:
-    dead = start(clis, tmp_path, "killed")
-    dead.wait_until_measuring()
+    dead = start_measuring(clis, tmp_path, "killed")
     os.kill(dead.proc.pid, signal.SIGKILL)
-    dead.proc.wait(10)
+    dead.finish(timeout=10)
     ns, pids = dead.leftovers()
     assert ns and pids, "SIGKILL should leave the run's namespaces and processes behind"
     nxt = start(clis, tmp_path, "after")
