@@ -82,6 +82,6 @@ def test_with_duration_and_to_dict() -> None:
     d = p.to_dict()
     assert d["modes"] == ["tcp", "http", "grpc"] and d["sizes"] == [100, 1024, 4096]
     assert d["pinning"] == {"client": [0], "sidecars": [1], "app": [1]}
-    assert (d["probe_pairs"], d["probe_app"], d["nice"]) == (3, True, -20)
+    assert (d["probe_pairs"], d["probe_app"], d["nice"]) == (4, True, -20)
     with pytest.raises(ValueError):
         p.with_duration(0)

@@ -41,7 +41,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,7 +66,7 @@ from meshtax.profile.plan import Plan, Step, full_plan, quick_plan
 from meshtax.profile.probes import ProbeSession, RealProbe, ThreadReading
 from meshtax.profile.runstate import STATE_DIR, ProcOps
 from meshtax.profile.pinning import Pinning
-from meshtax.profile.stats import Estimate, estimate, repeat_until
+from meshtax.profile.stats import Estimate, estimate, median, repeat_until
 from meshtax.profile.system import System
 from meshtax.profile.testbed import Pod, Testbed
 
@@ -417,13 +417,16 @@ def measure_overhead(
 class ProbeResult:
     """Paired probe windows of one mode and size.
 
-    ``latency``: components per crossing (µs) from all windows pooled (sidecar + Δapp, see
-    :mod:`~meshtax.profile.decompose`); ``sidecar_only``: the same without the app terms;
-    ``per_pair``: the components of each pair alone (their spread is the interval);
+    ``latency``: components per crossing (µs), each the median over the window pairs of that
+    pair's value (sidecar + Δapp, see :mod:`~meshtax.profile.decompose`; a window hit by a
+    noisy neighbour does not drag it); ``pooled``: all windows summed instead (the mean);
+    ``sidecar_only``: pooled, without the app terms; ``per_pair``: each pair alone (their
+    spread is the interval);
     ``overhead``: per-request overhead measured in the same probed windows.
     """
 
     latency: Breakdown
+    pooled: Breakdown
     sidecar_only: Breakdown
     per_pair: list[Breakdown]
     overhead: Estimate
@@ -436,6 +439,7 @@ class ProbeResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "latency_breakdown_us": self.latency.to_dict(),
+            "pooled_breakdown_us": self.pooled.to_dict(),
             "sidecar_only_breakdown_us": self.sidecar_only.to_dict(),
             "per_pair_breakdown_us": [b.to_dict() for b in self.per_pair],
             "overhead_per_request_us": self.overhead.to_dict(),
@@ -445,6 +449,9 @@ class ProbeResult:
             "dropped_events": self.dropped,
             "windows": self.windows,
         }
+
+
+_BD_FIELDS = tuple(f.name for f in fields(Breakdown))
 
 
 def probe_components(
@@ -492,7 +499,8 @@ def probe_components(
     per_pair = [mesh_breakdown(m, d if probe_app else None) for m, d in zip(m_windows, d_windows)]
     diffs = [m - d for m, d in zip(m_mean, d_mean)]
     return ProbeResult(
-        latency=mesh_breakdown(pm, pd if probe_app else None),
+        latency=Breakdown(**{f: median([getattr(b, f) for b in per_pair]) for f in _BD_FIELDS}),
+        pooled=mesh_breakdown(pm, pd if probe_app else None),
         sidecar_only=mesh_breakdown(pm, None),
         per_pair=per_pair,
         overhead=estimate(diffs),
