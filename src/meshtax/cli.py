@@ -352,10 +352,11 @@ def config_from_k8s(directory: str, ecg: bool) -> None:
 @click.option("--memory", is_flag=True, help="Also profile resident memory against open connections.")
 @click.option("--large", is_flag=True, help="Also profile large messages (up to 1 MB) and where they split.")
 @click.option("--base", help="With --filters/--mtls/--memory/--large: add to this stored profile (default: this machine's newest; measured first if none).")
+@click.option("--wait", "wait_s", type=float, default=0.0, show_default=True, help="Seconds to wait for another profiling run to finish (0: fail at once).")
 @db_option
 @user_errors
 def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: float | None, name: str | None, replace: bool,
-                filters: str | None, mtls: bool, memory: bool, large: bool, base: str | None, db: str | None) -> None:
+                filters: str | None, mtls: bool, memory: bool, large: bool, base: str | None, wait_s: float, db: str | None) -> None:
     """Measure a real Envoy sidecar on this machine (root) and store its profile.
 
     Pods in network namespaces with Istio-style interception, fortio load, eBPF probes and
@@ -368,7 +369,7 @@ def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: flo
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from meshtax.profile.run import ClosureWarning, ProfileOptions, run_profile
+    from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, run_profile
     from meshtax.profile.runstate import RunBusy
     from meshtax.profile.system import RealSystem
 
@@ -403,7 +404,7 @@ def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: flo
             elif extras and host_profile is not None:
                 prof = host_profile
             else:
-                prof = run_profile(opts, RealSystem(), store, progress)
+                prof = run_profile(opts, RealSystem(), store, progress, backends=Backends(lock_timeout=wait_s))
             if extras:
                 from meshtax.profile.extras import ExtrasOptions, profile_extras
 
