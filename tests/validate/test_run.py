@@ -70,12 +70,13 @@ def _ours() -> list[str]:
 @pytest.mark.root
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 def test_bookinfo_tcp_prediction_within_2x() -> None:
-    """A short tcp-only profile, then Bookinfo in tcp mode: both overheads (p50 latency and
+    """A short tcp-only profile, then Bookinfo in tcp mode: both overheads (mean latency and
     CPU per request) are predicted within a factor of 2, and nothing is left behind."""
     before = _ours()
-    plan = Plan(modes=(Mode.TCP,), sizes=(100, 1024), rate_fractions=(0.5,), latency_run_s=0.3,
-                latency_min_runs=3, latency_max_runs=3, probe_run_s=1.0, maxqps_run_s=0.5,
-                cpu_run_s=0.5, warmup_n=50)  # fmt: skip
+    # short, but not so short that the profile's own latency is mostly noise
+    plan = Plan(modes=(Mode.TCP,), sizes=(100, 1024), rate_fractions=(0.5,), latency_run_s=0.5,
+                latency_min_runs=4, latency_max_runs=4, probe_run_s=1.0, maxqps_run_s=0.5,
+                cpu_run_s=0.5, warmup_n=100)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)  # a noisy shared machine may not close
         prof = run_profile(ProfileOptions(name="ci-validate", plan=plan), RealSystem(), None, backends=Backends(lock_timeout=300.0))
@@ -84,7 +85,9 @@ def test_bookinfo_tcp_prediction_within_2x() -> None:
     (case,) = res.cases
     assert case.error is None, case.error
     k = case.comparisons
-    for metric in ("latency", "cpu"):
+    # mean latency (the profiler's own latency statistic; a short run's p50 difference can
+    # jump between histogram modes) and CPU per request
+    for metric in ("mean", "cpu"):
         c = k[metric]
         assert c.measured.median > 0, f"{metric}: no overhead measured"
         ratio = c.predicted / c.measured.median
