@@ -77,7 +77,7 @@ def test_real_start_time_of_self_is_stable() -> None:
 
 def test_state_roundtrip_and_registry(tmp_path: Path) -> None:
     st = RunState("r1", 10, 99, created=5.0)
-    reg = Registry(tmp_path, st)
+    reg = Registry(tmp_path, st, tmp_path / "index")
     reg.add_netns("mtx-r1-a")
     reg.add_process(ProcRecord(11, 100, ["sleep", "1"], "mtx-r1-a"))
     [(path, loaded)] = load_states(tmp_path)
@@ -126,31 +126,45 @@ def test_lock_holder_in_another_process(tmp_path: Path) -> None:
 def test_reap_dead_runs_orphans_and_reused_pids(tmp_path: Path) -> None:
     # dead run: owner 10 gone; its process 11 alive with the recorded start; its process 12's
     # PID was reused by another program (start differs) and must not be touched
+    idx = tmp_path / "index"
     Registry(tmp_path, RunState("dead", 10, 1000, ["mtx-dead-bridge", "mtx-dead-a"],
-             [ProcRecord(11, 1100, ["envoy"]), ProcRecord(12, 1200, ["fortio"])])).save()  # fmt: skip
+             [ProcRecord(11, 1100, ["envoy"]), ProcRecord(12, 1200, ["fortio"])]), idx).save()  # fmt: skip
     # live run: owner 20 alive with matching start; nothing of it may be touched
     Registry(tmp_path, RunState("live", 20, 2000, ["mtx-live-a"],
-             [ProcRecord(21, 2100, ["envoy"])])).save()  # fmt: skip
+             [ProcRecord(21, 2100, ["envoy"])]), idx).save()  # fmt: skip
     netns = ["mtx-dead-bridge", "mtx-dead-a", "mtx-live-a", "mtx-orphan-x", "someone-else"]
     procs = FakeProcs(
         {11: 1100, 12: 9999, 20: 2000, 21: 2100, 31: 3100, 41: 4100},
         netns_of={31: "mtx-dead-a", 41: "mtx-orphan-x"},
     )
     sysm = ip_answers(netns, {"mtx-dead-a": [31], "mtx-orphan-x": [41]})
-    rep = reap(sysm, procs, tmp_path)
+    rep = reap(sysm, procs, tmp_path, index_dir=idx)
     assert rep.runs == ["dead"]
     assert rep.netns == ["mtx-dead-a", "mtx-dead-bridge", "mtx-orphan-x"]
     assert sorted(rep.processes) == [11, 31, 41]
     assert sorted(procs.terminated) == [11, 31, 41]
     assert netns == ["mtx-live-a", "someone-else"]
     assert [s.run_id for _, s in load_states(tmp_path) if s] == ["live"]
+    assert [s.run_id for _, s in load_states(idx) if s] == ["live"]  # the dead run left the index too
+
+
+def test_reap_spares_live_runs_of_other_state_dirs(tmp_path: Path) -> None:
+    # a run registered under another state dir (tests, validation) is alive: a reaper of this
+    # state dir must not take its namespaces for orphans; once its owner is dead, it may
+    idx, mine, other = tmp_path / "index", tmp_path / "mine", tmp_path / "other"
+    Registry(other, RunState("else", 20, 2000, ["mtx-else-a"]), idx).save()
+    netns = ["mtx-else-a", "mtx-orphan-x"]
+    rep = reap(ip_answers(netns, {}), FakeProcs({20: 2000}), mine, index_dir=idx)
+    assert rep.netns == ["mtx-orphan-x"] and netns == ["mtx-else-a"]
+    rep = reap(ip_answers(netns, {}), FakeProcs({}), mine, index_dir=idx)
+    assert rep.netns == ["mtx-else-a"] and netns == []
 
 
 def test_reap_keeps_named_runs_and_drops_corrupt_files(tmp_path: Path) -> None:
-    Registry(tmp_path, RunState("mine", 10, None, ["mtx-mine-a"])).save()
+    Registry(tmp_path, RunState("mine", 10, None, ["mtx-mine-a"]), tmp_path / "index").save()
     (tmp_path / "broken.json").write_text("")
     netns = ["mtx-mine-a"]
-    rep = reap(ip_answers(netns, {}), FakeProcs({}), tmp_path, keep_runs=["mine"])
+    rep = reap(ip_answers(netns, {}), FakeProcs({}), tmp_path, keep_runs=["mine"], index_dir=tmp_path / "index")
     assert not rep and netns == ["mtx-mine-a"]
     assert not (tmp_path / "broken.json").exists()
 
@@ -180,7 +194,7 @@ def test_real_terminate_checks_start_time() -> None:
 
 
 def test_cleanup_stale_takes_the_lock(tmp_path: Path) -> None:
-    Registry(tmp_path, RunState("dead", 10, 1000, ["mtx-dead-a"])).save()
+    Registry(tmp_path, RunState("dead", 10, 1000, ["mtx-dead-a"]), tmp_path / "index").save()
     netns = ["mtx-dead-a"]
     held = RunLock(tmp_path)
     held.acquire()

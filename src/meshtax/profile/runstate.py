@@ -24,6 +24,8 @@ from typing import Protocol
 from meshtax.profile.system import System
 
 STATE_DIR = Path("/run/meshtax")
+# every run's state, whatever its own state dir: no reaper deletes another live run's namespaces
+INDEX_DIR = STATE_DIR / "index"
 LOCK_NAME = "profile.lock"
 NETNS_PREFIX = "mtx-"
 STATE_VERSION = 1
@@ -181,17 +183,31 @@ class RunState:
 
 
 class Registry:
-    """The state file of the current run; every change is written through atomically."""
+    """The state file of the current run; every change is written through atomically.
 
-    def __init__(self, state_dir: Path, state: RunState) -> None:
+    A copy goes to the machine-wide :data:`INDEX_DIR` (best effort), so a reaper working on
+    another state dir still sees this run's namespaces as live.
+    """
+
+    def __init__(self, state_dir: Path, state: RunState, index_dir: Path | None = None) -> None:
         self.state_dir = state_dir
         self.state = state
         self.path = state_dir / f"{state.run_id}.json"
+        index = INDEX_DIR if index_dir is None else index_dir
+        self.index_path = None if index == state_dir else index / f"{state.run_id}.json"
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(self.state.to_json())
-        os.replace(tmp, self.path)
+        for path in (self.path, self.index_path):
+            if path is None:
+                continue
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(self.state.to_json())
+                os.replace(tmp, path)
+            except OSError:
+                if path == self.path:
+                    raise  # the run's own state file is not optional; the index copy is
 
     def add_netns(self, name: str) -> None:
         self.state.netns.append(name)
@@ -202,10 +218,12 @@ class Registry:
         self.save()
 
     def remove(self) -> None:
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        for path in (self.path, self.index_path):
+            if path is not None:
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
 
 
 def load_states(state_dir: Path) -> list[tuple[Path, RunState | None]]:
@@ -342,11 +360,18 @@ def reap(
     *,
     keep_runs: Sequence[str] = (),
     timeout: float = 2.0,
+    index_dir: Path | None = None,
 ) -> ReapReport:
     """Remove leftovers of dead runs: their recorded processes and namespaces, their state
-    files, and any ``mtx-*`` namespace no live run owns. Call it holding the lock."""
+    files, and any ``mtx-*`` namespace no live run owns — live in this state dir or in the
+    machine-wide index (runs of other state dirs). Call it holding the lock."""
     report = ReapReport()
-    live_netns: set[str] = set()
+    index = INDEX_DIR if index_dir is None else index_dir
+    # live runs registered elsewhere keep their namespaces (never unlinked here: with fake
+    # process ops every owner looks dead)
+    live_netns: set[str] = {
+        ns for _, st in load_states(index) if st is not None and owner_alive(procs, st) for ns in st.netns
+    } if index != state_dir else set()
     for path, st in load_states(state_dir):
         if st is not None and (st.run_id in keep_runs or owner_alive(procs, st)):
             live_netns.update(st.netns)
@@ -361,6 +386,8 @@ def reap(
                 report.processes += delete_netns(system, procs, ns, timeout)
                 report.netns.append(ns)
             report.runs.append(st.run_id)
+            if index != state_dir:
+                (index / path.name).unlink(missing_ok=True)
         path.unlink(missing_ok=True)
     for ns in list_netns(system):
         if ns.startswith(NETNS_PREFIX) and ns not in live_netns and ns not in report.netns:
