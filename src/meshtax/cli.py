@@ -340,6 +340,58 @@ def config_from_k8s(directory: str, ecg: bool) -> None:
     click.echo(imp.to_ecg_services_yaml() if ecg else imp.report())
 
 
+@main.command()
+@click.argument("topology")
+@click.option("--query", "queries", multiple=True, help="Query to validate (repeatable; default: every query of the topology).")
+@click.option("--modes", default="tcp,http,grpc", show_default=True, help="Comma-separated sidecar modes.")
+@click.option("--rate", type=float, default=200.0, show_default=True, help="Requests/s of every run (0: closed loop).")
+@click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
+@click.option("--profile", "profile", help="Profile to predict with (default: this machine's newest measured profile).")
+@click.option("--sweep", type=click.Choice(["size", "rate"]), help="Instead: one hop, message size 100 B → 64 KB or rate 25 → 100 %% of the no-mesh maximum.")
+@click.option("--quick", is_flag=True, help="Shorter runs and fewer pairs (smoke runs, CI).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@report_option
+@db_option
+@user_errors
+def validate(topology: str, queries: tuple[str, ...], modes: str, rate: float, duration: float, profile: str | None, sweep: str | None,
+             quick: bool, fmt: str, report_path: str | None, db: str | None) -> None:
+    """Deploy TOPOLOGY (bookinfo, online-boutique, hotel-reservation, or a topology file) in pods
+    without and with sidecars, measure end-to-end latency and CPU, predict from the app's own
+    traces, and report measured vs predicted overhead (root)."""
+    import os
+
+    from meshtax.profile.system import RealSystem
+    from meshtax.validate.run import ValidateOptions, run_sweep, run_validation
+
+    if os.geteuid() != 0:
+        raise UsageError("validation creates network namespaces and sidecars: run it as root")
+    store = ProfileStore(db)
+    try:
+        mode_list = tuple(Mode(m.strip()) for m in modes.split(","))
+    except ValueError as e:
+        raise UsageError(f"--modes: {e}; expected e.g. tcp,http,grpc") from None
+
+    def progress(msg: str) -> None:
+        click.echo(msg, err=True)
+
+    try:
+        if sweep:
+            sres = run_sweep(sweep, RealSystem(), store, mode=mode_list[0], duration_s=duration, profile_name=profile, progress=progress)  # type: ignore[arg-type]
+            doc = sres.to_document()
+            click.echo(json.dumps(doc, indent=2, default=str))
+            if report_path:
+                from meshtax.validate.run import write_report
+
+                write_report(doc, report_path)
+            return
+        opts = ValidateOptions(topology=topology, queries=queries, modes=mode_list, rate=rate, duration_s=duration, profile_name=profile,
+                               report_path=report_path, quick=quick)
+        res = run_validation(opts, RealSystem(), store, progress)
+    except (ValueError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from None
+    click.echo(json.dumps(res.to_document(), indent=2, default=str) if fmt == "json" else res.table())
+
+
 @main.command("profile")
 @click.option("--quick", is_flag=True, help="Quick preset (3 sizes, short runs; aim ≤ 3 min) instead of the full one (aim ≤ 20 min).")
 @click.option("--modes", help="Comma-separated modes to profile (tcp,http,grpc).")

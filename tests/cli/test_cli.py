@@ -151,3 +151,14 @@ def test_profile_refuses_without_root_and_bad_modes(env: dict[str, str], monkeyp
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     r = invoke(["profile", "--quick"], env)
     assert r.exit_code == 2 and "run it as root" in r.output
+
+
+def test_validate_refuses_without_root_and_bad_modes(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    if os.geteuid() == 0:
+        r = invoke(["validate", "bookinfo", "--modes", "quic"], env)
+        assert r.exit_code == 2 and "--modes" in r.output
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    r = invoke(["validate", "bookinfo"], env)
+    assert r.exit_code == 2 and "run it as root" in r.output
