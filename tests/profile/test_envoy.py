@@ -376,3 +376,11 @@ def test_real_original_dst_after_redirect(pod_pair: tuple[str, str], mode: Mode,
     # both directions went through Envoy, to the recovered original destinations
     assert stats[f"cluster.inbound_original_dst.{unit}"] >= want
     assert stats[f"cluster.outbound_original_dst.{unit}"] >= want
+
+
+def test_process_refuses_a_second_start(tmp_path: Path) -> None:
+    fake = _admin("LIVE\n")
+    with EnvoyProcess(fake, EnvoyConfig(mode=Mode.TCP), tmp_path, binary=Path("/e")) as ep:
+        with pytest.raises(EnvoyError, match="already running"):
+            ep.start()
+    assert len(fake.processes) == 1 and fake.processes[0].returncode is not None

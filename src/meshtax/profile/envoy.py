@@ -424,6 +424,9 @@ class EnvoyProcess:
     def start(self, timeout: float = 15.0) -> None:
         """Spawn Envoy (its bootstrap also saved as ``envoy.json`` for the record) and wait
         until admin ``/ready`` says LIVE."""
+        if self.process is not None and self.process.poll() is None:
+            # a second spawn would orphan the first: stop() only knows the newest
+            raise EnvoyError(f"Envoy already running (PID {self.process.pid}); stop it first (the context manager starts it)")
         self.workdir.mkdir(parents=True, exist_ok=True)
         write_config(bootstrap(self.cfg), self.config_path)
         # opened here (as root) and inherited: works whatever UID the proxy runs as
