@@ -182,10 +182,6 @@ class CostModel:
             note=(self.note + f"; scaled ×{factor:g}").lstrip("; "),
         )
 
-    def shifted(self, delta: float) -> CostModel:
-        """Intercept moved by ``delta`` (used to build confidence bounds)."""
-        return replace(self, intercept=self.intercept + delta)
-
     # ---- serialization -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from meshtax.model.sidecar import NO_SIDECAR, SidecarConfig
+from meshtax.model.sidecar import SidecarConfig
 
 #: Published defaults (Zhu et al.): 100 B messages.
 DEFAULT_MESSAGE_BYTES = 100.0
@@ -57,11 +57,6 @@ class ECG:
     services: Mapping[str, Service]
     invocations: tuple[Invocation, ...]
     meta: Mapping[str, Any] = field(default_factory=dict)
-
-    def service(self, name: str) -> Service:
-        if name == EXTERNAL:
-            return Service(EXTERNAL, NO_SIDECAR)
-        return self.services[name]
 
 
 class ECGError(ValueError):

@@ -254,17 +254,7 @@ def cpu_breakdown(buckets_ns: Mapping[str, int], requests: int) -> Breakdown:
     n = _crossings(requests)
     us = 1e-3 / n
 
-    def get(k: str) -> float:
-        return float(buckets_ns.get(k, 0)) * us
-
-    return Breakdown(
-        read=get("read"),
-        write=get("write"),
-        ipc=get("ipc"),
-        notification=get("notification"),
-        user=get("user"),
-        kernel_other=get("kernel_other"),
-    )
+    return Breakdown(**{f.name: float(buckets_ns.get(f.name, 0)) * us for f in fields(Breakdown)})
 
 
 def assemble(mode: Mode, bd: Breakdown, tcp_baseline: Breakdown | None) -> dict[Component, float]:
