@@ -15,7 +15,8 @@ from meshtax.model.sidecar import Mode
 #: Version of the profile document format (bump with a dated note when it changes).
 #: 1 — 2026-11-22: first format. Later the same day, optional per-mode ``memory``,
 #:     ``memory_mtls`` and ``tls_handshake`` (absent or null in older documents; readers of
-#:     the first shape ignore them).
+#:     the first shape ignore them). Optional per-mode ``carried`` (models of the mode
+#:     measured with an application protocol on the wire; absent in older documents).
 PROFILE_FORMAT = 1
 
 
@@ -139,6 +140,12 @@ class ModeProfile:
     open downstream connections (``M + n·m``), plaintext and with mTLS.
     ``tls_handshake``: what one mTLS connection set-up costs one sidecar (latency µs and
     CPU-µs per connection, as intercepts), apart from the per-message TLS component.
+    ``carried``: this mode's components measured with another application protocol on the
+    wire, by protocol (``"grpc"``, ``"http"``). A tcp-mode sidecar does not parse, but what
+    it forwards still matters: one gRPC call is several TCP writes each way (HEADERS, DATA,
+    trailers, flow-control and BDP pings), so it costs more than one echoed message. The
+    engine prices an invocation of that protocol with these models; the top-level
+    ``components`` are for raw byte streams (or an unknown protocol).
     """
 
     mode: Mode
@@ -147,6 +154,7 @@ class ModeProfile:
     memory: CostModel | None = None
     memory_mtls: CostModel | None = None
     tls_handshake: ComponentModel | None = None
+    carried: Mapping[str, ModeProfile] = field(default_factory=dict)
 
     def filters(self) -> tuple[str, ...]:
         return tuple(sorted(c.name for c in self.components if c.name))
@@ -159,6 +167,7 @@ class ModeProfile:
             "memory": None if self.memory is None else self.memory.to_dict(),
             "memory_mtls": None if self.memory_mtls is None else self.memory_mtls.to_dict(),
             "tls_handshake": None if self.tls_handshake is None else self.tls_handshake.to_dict(),
+            "carried": {p: mp.to_dict() for p, mp in sorted(self.carried.items())},
         }
 
     @classmethod
@@ -170,6 +179,7 @@ class ModeProfile:
             memory=None if d.get("memory") is None else CostModel.from_dict(d["memory"]),
             memory_mtls=None if d.get("memory_mtls") is None else CostModel.from_dict(d["memory_mtls"]),
             tls_handshake=None if d.get("tls_handshake") is None else ComponentModel.from_dict(d["tls_handshake"]),
+            carried={str(p): ModeProfile.from_dict(v) for p, v in (d.get("carried") or {}).items()},
         )
 
 
