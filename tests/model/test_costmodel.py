@@ -71,3 +71,44 @@ def test_component_rejects_unknown_and_bad_names() -> None:
         filter_component("Bad Name")
     with pytest.raises(ValueError):
         Component(Kind.IPC, "x")
+
+
+def test_fit_rate_term_recovers_cost_below_the_highest_rate_and_clamps() -> None:
+    # y = 10 + 0.01·s + 20·ln(3000 / r): exact, so the fit must recover it
+    sizes = [100, 1000, 4000] * 3
+    rates = [100.0] * 3 + [300.0] * 3 + [3000.0] * 3
+    ys = [10 + 0.01 * s + 20 * np.log(3000 / r) for s, r in zip(sizes, rates)]
+    m = CostModel.fit(sizes, ys, rates=rates)
+    assert (m.intercept, m.slope, m.rate_coef) == pytest.approx((10.0, 0.01, 20.0))
+    assert (m.rate_lo, m.rate_hi) == (100.0, 3000.0)
+    # without a rate: the highest profiled rate (the intercept is the cost there)
+    assert m.predict([1000])[0] == pytest.approx(20.0)
+    assert m.predict([1000], [300.0])[0] == pytest.approx(20.0 + 20 * np.log(10))
+    # outside the profiled range the rate is clamped, never extrapolated
+    assert m.predict([1000], [1.0])[0] == pytest.approx(m.predict([1000], [100.0])[0])
+    assert m.predict([1000], [1e6])[0] == pytest.approx(20.0)
+    assert m.stats is not None and len(m.stats.stderr) == 4
+    back = CostModel.from_dict(m.to_dict())
+    assert back.predict([1000], [300.0])[0] == pytest.approx(m.predict([1000], [300.0])[0])
+    assert m.scaled(0.5).predict([1000], [100.0])[0] == pytest.approx(0.5 * m.predict([1000], [100.0])[0])
+
+
+def test_fit_one_rate_has_no_rate_term_and_old_documents_still_read() -> None:
+    m = CostModel.fit([100, 1000, 4000], [11, 20, 50], rates=[500.0] * 3)
+    assert m.rate_coef == 0.0 and m.rate_lo is None
+    assert m.predict([1000], [5.0])[0] == pytest.approx(m.predict([1000])[0])
+    # a document written before the rate term: 3 standard errors, a 3×3 covariance
+    d = CostModel.fit([100, 1000, 2000, 4000], [11, 20, 31, 50]).to_dict()
+    for k in ("rate_coef", "rate_lo", "rate_hi"):
+        d.pop(k)
+    d["stats"]["stderr"] = d["stats"]["stderr"][:3]
+    d["stats"]["cov"] = [row[:3] for row in d["stats"]["cov"][:3]]
+    old = CostModel.from_dict(d)
+    assert old.stderr_at([1000], [50.0])[0] > 0 and old.rate_coef == 0.0
+
+
+def test_fit_rejects_bad_rates() -> None:
+    with pytest.raises(ValueError, match="rates"):
+        CostModel.fit([100, 1000], [1, 2], rates=[0.0, 10.0])
+    with pytest.raises(ValueError, match="one rate per sample"):
+        CostModel.fit([100, 1000], [1, 2], rates=[10.0])
