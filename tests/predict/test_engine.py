@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, TLS, WRITE, filter_component
+from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import to_batch
+from meshtax.model.profile import ModeProfile
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
 from meshtax.predict.engine import PredictionError, predict_batch, single_profile
 from meshtax.predict.whatif import apply_speedup, speedup_from_dict
@@ -232,3 +236,54 @@ def test_memory_per_pod_from_connection_counts() -> None:
     assert mem["total_bytes"] == 60e6 + 1.6e6 + 62e6 + 0.32e6
     none, w = memory_by_service({"a": Service("a", HTTP, connections=1)}, single_profile(base))
     assert none is None and "no http memory model" in w[0]
+
+
+def test_cpu_follows_the_rate_term_within_the_profiled_range() -> None:
+    # OTHER: 2 CPU-µs at the highest profiled rate (1000/s), +3 per e-fold below it, profiled from 10/s
+    rated = ComponentModel(CostModel(5.0), CostModel(2.0, rate_coef=3.0, rate_lo=10.0, rate_hi=1000.0))
+    prof = profile({Mode.HTTP: {OTHER: rated}})
+    for rate, per_crossing in ((1000.0, 2.0), (100.0, 2.0 + 3 * np.log(10)), (1.0, 2.0 + 3 * np.log(100))):
+        g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=rate)])
+        _, bp = run(g, prof)
+        # two crossings (request, response) at `rate` calls/s; latency has no rate term
+        assert bp.cpu_vcpu[0] == pytest.approx(2 * per_crossing * rate * 1e-6)
+        assert bp.latency_overhead_us[0] == 10.0
+
+
+def test_tcp_mode_prices_grpc_on_the_wire_with_the_carried_models() -> None:
+    tcp = SidecarConfig(Mode.TCP)
+    base = ModeProfile(Mode.TCP, {OTHER: flat(3, 1)}, carried={"grpc": ModeProfile(Mode.TCP, {OTHER: flat(7, 4)})})
+    prof = replace(profile({}), modes={Mode.TCP: base})
+    calls = [inv("r", EXTERNAL, "A", 0, 100), inv("g", "A", "B", 10, 30, "r"), inv("h", "A", "C", 50, 30, "r")]
+    calls = [calls[0], replace(calls[1], protocol="grpc"), replace(calls[2], protocol="http")]
+    b, bp = run(ecg({"A": tcp, "B": tcp, "C": tcp}, calls), prof)
+    # root (unknown protocol) 2×3, gRPC call 4×7 (A out, B in), HTTP call 4×3 (no carried http model)
+    assert bp.latency_overhead_us[0] == 2 * 3 + 4 * 7 + 4 * 3
+    assert bp.cpu_vcpu[0] == pytest.approx((2 * 1 + 4 * 4 + 4 * 1) * 1000 * 1e-6)
+    assert not bp.warnings
+    # a parsing sidecar ignores the carried models; a tcp profile without them warns for gRPC
+    _, bp2 = run(ecg({"A": tcp, "B": tcp, "C": tcp}, calls), replace(prof, modes={Mode.TCP: replace(base, carried={})}))
+    assert bp2.latency_overhead_us[0] == 10 * 3 and any("gRPC" in w for w in bp2.warnings)
+
+
+def test_shared_cpus_bound_latency_by_the_requests_cpu_work() -> None:
+    # parallel B and C (both 10–40): on their own CPUs only one hop delay reaches A (10 + 20);
+    # on shared CPUs the request's CPU work queues, so the overhead is at least work ÷ CPUs
+    g = ecg({"A": HTTP, "B": HTTP, "C": HTTP},
+            [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r"), inv("c", "A", "C", 10, 30, "r")])
+    b = to_batch([g])
+    own = predict_batch(b, single_profile(P))
+    assert own.latency_overhead_us[0] == 30 and own.pod_cpus is None and own.cpu_bound is None
+    # CPU work per request: root 2 crossings + 4 each for B and C = 10 crossings × 2 CPU-µs = 20 µs
+    # → on 1 CPU: max(30, 20) = 30 (the critical path still dominates: latency 5 µs > CPU 2 µs)
+    one = predict_batch(b, single_profile(P), pod_cpus=1)
+    assert one.latency_overhead_us[0] == 30 and not one.cpu_bound[0]  # type: ignore[index]
+    # where CPU exceeds on-path latency (8 CPU-µs vs 5 µs per crossing): 10 × 8 = 80 on one CPU, 40 on two
+    heavy = profile({Mode.HTTP: {OTHER: flat(5, 8)}})
+    one = predict_batch(b, single_profile(heavy), pod_cpus=1)
+    two = predict_batch(b, single_profile(heavy), pod_cpus=2)
+    assert one.latency_overhead_us[0] == 80 and one.cpu_bound[0]  # type: ignore[index]
+    assert two.latency_overhead_us[0] == 40
+    assert one.latency_by_component[0].sum() == 80 and one.absorbed_us[0] == 0
+    with pytest.raises(ValueError, match="pod_cpus"):
+        predict_batch(b, single_profile(P), pod_cpus=0)

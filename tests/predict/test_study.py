@@ -24,7 +24,9 @@ from meshtax.traces.store import Store, concat_batches
 
 def _profile(scale: float = 1.0, name: str = "test") -> Profile:
     def cm(lat: float, cpu: float) -> ComponentModel:
-        return ComponentModel(CostModel(lat * scale, 0.01 * scale), CostModel(cpu * scale, 0.002 * scale))
+        # CPU with a rate term, so the study's (size, rate) evaluation is compared too
+        rated = CostModel(cpu * scale, 0.002 * scale, rate_coef=0.5 * scale, rate_lo=10.0, rate_hi=50_000.0)
+        return ComponentModel(CostModel(lat * scale, 0.01 * scale), rated)
 
     modes = []
     for mode, parse in ((Mode.TCP, 0.0), (Mode.HTTP, 20.0), (Mode.GRPC, 30.0)):

@@ -111,3 +111,16 @@ def test_bundled_examples_load() -> None:
     for n in names:
         with resources.as_file(root.joinpath(n)) as p:
             assert load_ecg_file(p)
+
+
+def test_protocol_per_call_and_default(tmp_path: Path) -> None:
+    p = tmp_path / "g.yaml"
+    p.write_text(
+        "defaults: {protocol: grpc}\nservices: {a: {sidecar: tcp}, b: {sidecar: tcp}}\n"
+        "invocations:\n  - {id: r, callee: a, duration_us: 100}\n  - {id: c, parent: r, callee: b, protocol: http, duration_us: 10}\n"
+    )
+    (g,) = load_ecg_file(p)
+    assert [i.protocol for i in g.invocations] == ["grpc", "http"]
+    p.write_text("services: {a: {sidecar: tcp}}\ninvocations:\n  - {id: r, callee: a, protocol: thrift}\n")
+    with pytest.raises(ECGError, match="protocol"):
+        load_ecg_file(p)

@@ -184,3 +184,13 @@ def test_fuzz_bytes_give_clear_errors(tmp_path_factory: pytest.TempPathFactory, 
             load_traces(p, fmt)
         except TraceFormatError:
             pass
+
+
+@pytest.mark.parametrize("fmt", ["jaeger", "otlp", "zipkin"])
+def test_protocol_from_semantic_conventions(fmt: str) -> None:
+    # rpc.system: grpc → grpc; any http.* attribute → http; nothing said → unknown ("")
+    r = load_traces(FIX / f"trace.{fmt}.json", options=SpanOptions(rate=1.0))
+    proto = {i.callee: i.protocol for i in r.ecgs[0].invocations}
+    assert proto == {"frontend": "http", "cart": "", "redis": "", "catalog": "http", "checkout-service": "", "payment": "grpc"}
+    codes = r.batch.protocol
+    assert codes is not None and sorted(codes.tolist()) == [0, 0, 0, 1, 1, 2]

@@ -23,6 +23,11 @@ DEFAULT_RATE_RPS = 30_000.0
 
 EXTERNAL = ""  # caller name of an invocation made by a client outside the graph (no sidecar)
 
+#: Application protocols an invocation can name (``EcgBatch.protocol`` codes are indices;
+#: 0, "", is unknown or raw bytes). Only a sidecar that does not parse (tcp mode) prices them
+#: differently, with the models its profile measured for that protocol on the wire.
+PROTOCOLS: tuple[str, ...] = ("", "http", "grpc")
+
 
 @dataclass(frozen=True)
 class Service:
@@ -47,6 +52,7 @@ class Invocation:
     start_us: float = 0.0
     duration_us: float = 0.0
     parent: str | None = None
+    protocol: str = ""  # application protocol on the wire, one of PROTOCOLS ("" unknown)
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,8 @@ def validate(name: str, services: Mapping[str, Service], invocations: Sequence[I
                 problems.append(f"{where}.{fname}: {v!r}; expected a finite number ≥ 0")
         if not np.isfinite(inv.start_us):
             problems.append(f"{where}.start_us: {inv.start_us!r}; expected a finite number")
+        if inv.protocol not in PROTOCOLS:
+            problems.append(f"{where}.protocol: {inv.protocol!r}; expected one of {', '.join(p for p in PROTOCOLS if p)}")
     # parents, cycles, containment
     for i, inv in enumerate(invocations):
         where = f"invocations[{i}] (id {inv.id!r})"
@@ -197,6 +205,7 @@ class EcgBatch:
     specs: tuple[SidecarSpec, ...]
     graph_names: tuple[str, ...]
     row_ids: tuple[str, ...] = ()  # invocation ids, when the graphs came with them
+    protocol: IntArray | None = None  # index into PROTOCOLS per row; None: all unknown
 
     @property
     def n_graphs(self) -> int:
@@ -222,6 +231,7 @@ class BatchBuilder:
         self._ptr = [0]
         self._names: list[str] = []
         self._ids: list[str] = []
+        self._proto: list[int] = []
 
     def service(self, name: str, sidecar: SidecarConfig, platform: str | None = None) -> int:
         """Index of a service (registered on first use; its sidecar must not change)."""
@@ -237,9 +247,11 @@ class BatchBuilder:
             raise ValueError(f"service {name!r} appears with two different sidecar configurations")
         return idx
 
-    def add_graph(self, name: str, rows: Iterable[tuple[int, int, int, float, float, float, float, float]]) -> None:
+    def add_graph(
+        self, name: str, rows: Iterable[tuple[int, int, int, float, float, float, float, float]], protocols: Sequence[int] | None = None
+    ) -> None:
         """Add one graph. Rows: (local parent or -1, caller svc or -1, callee svc, req, resp, rate, start, dur),
-        parents before children."""
+        parents before children; ``protocols``: a PROTOCOLS index per row (None: unknown)."""
         base = self._ptr[-1]
         n = 0
         c = self._cols
@@ -255,6 +267,9 @@ class BatchBuilder:
             c["start"].append(start)
             c["dur"].append(dur)
             n += 1
+        if protocols is not None and len(protocols) != n:
+            raise ValueError(f"graph {name!r}: {len(protocols)} protocols for {n} rows")
+        self._proto.extend(protocols if protocols is not None else [0] * n)
         self._ptr.append(base + n)
         self._names.append(name)
 
@@ -283,6 +298,7 @@ class BatchBuilder:
                 )
                 for inv in ecg.invocations
             ),
+            [PROTOCOLS.index(inv.protocol) for inv in ecg.invocations],
         )
 
     def build(self) -> EcgBatch:
@@ -308,6 +324,7 @@ class BatchBuilder:
             specs=tuple(self._specs),
             graph_names=tuple(self._names),
             row_ids=tuple(self._ids) if len(self._ids) == self._ptr[-1] else (),
+            protocol=np.asarray(self._proto, dtype=np.int64) if any(self._proto) else None,
         )
 
 

@@ -3,9 +3,18 @@
 For every invocation the request crosses the caller's sidecar outbound and the callee's
 sidecar inbound; the response crosses them in reverse. Each crossing costs every component
 of that sidecar's mode plus each filter of its chain (and TLS where mTLS is on), evaluated at
-the message size. CPU sums over all invocations and all crossings at their rates; latency adds
-each invocation's crossings to its duration and recomputes the end-to-end latency
-(:mod:`meshtax.predict.critical_path`).
+the message size and the invocation's rate. A tcp-mode sidecar forwarding a protocol its
+profile measured on the wire (``ModeProfile.carried``: gRPC is several TCP writes per call)
+is priced with those models. CPU sums over all invocations and all crossings at their rates;
+latency adds each invocation's crossings to its duration and recomputes the end-to-end
+latency (:mod:`meshtax.predict.critical_path`).
+
+Placement (``pod_cpus``): the critical path assumes every pod has CPUs of its own. When the
+graph's pods share ``k`` CPUs, a request's added CPU work ``W`` (all its crossings) cannot
+finish in less than ``W / k`` even if it sits off the critical path — parallel calls and the
+work a sidecar does after forwarding queue behind each other. With one request in flight on
+one shared CPU this bound is exact (measured here: latency overhead ÷ CPU overhead = 1.00 in
+the http/grpc validation cases); with ``k`` CPUs the overhead is ``max(critical path, W / k)``.
 """
 
 from __future__ import annotations
@@ -17,9 +26,10 @@ import numpy as np
 import numpy.typing as npt
 
 from meshtax.model.components import BASE_COMPONENTS, TLS, UNATTRIBUTED, Component, filter_component
-from meshtax.model.costmodel import CostModel
-from meshtax.model.ecg import EcgBatch, SidecarSpec
-from meshtax.model.profile import Profile
+from meshtax.model.costmodel import ComponentModel, CostModel
+from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
+from meshtax.model.profile import ModeProfile, Profile
+from meshtax.model.sidecar import Mode
 from meshtax.predict.critical_path import Propagation, Structure, propagate, structure
 
 FloatArray = npt.NDArray[np.float64]
@@ -61,17 +71,18 @@ class Costs:
         return self.cpu_caller + self.cpu_callee
 
 
-def spec_models(spec: SidecarSpec, profile: Profile, warnings: list[str]) -> dict[Component, tuple[CostModel, CostModel]]:
-    """Latency and CPU model of every component a message crossing this sidecar pays."""
+def spec_models(
+    spec: SidecarSpec, profile: Profile, warnings: list[str], protocol: str = ""
+) -> dict[Component, tuple[CostModel, CostModel]]:
+    """Latency and CPU model of every component a message crossing this sidecar pays, for an
+    invocation speaking ``protocol`` (one of :data:`~meshtax.model.ecg.PROTOCOLS`)."""
     try:
         mp = profile.mode(spec.config.mode)
     except KeyError as e:
         raise PredictionError(f"{e.args[0]}; profile that mode, or describe the service with a mode the profile has") from None
     models: dict[Component, tuple[CostModel, CostModel]] = {}
-    for c in (*BASE_COMPONENTS, UNATTRIBUTED):
-        if c in mp.components:
-            m = mp.components[c]
-            models[c] = (m.latency, m.cpu)
+    for c, m in _base(mp, protocol, profile.name, warnings).items():
+        models[c] = (m.latency, m.cpu)
     missing = []
     for f in spec.config.filters:
         fc = filter_component(f)
@@ -97,35 +108,61 @@ def spec_models(spec: SidecarSpec, profile: Profile, warnings: list[str]) -> dic
     return models
 
 
+def _base(mp: ModeProfile, protocol: str, name: str, warnings: list[str]) -> dict[Component, ComponentModel]:
+    """The mode's own components, or those measured with ``protocol`` on the wire when the
+    sidecar does not parse it (tcp mode) and the profile has them."""
+    src = mp.components
+    if protocol and mp.mode is Mode.TCP:
+        if protocol in mp.carried:
+            src = mp.carried[protocol].components
+        elif protocol == "grpc":
+            warnings.append(
+                f"profile {name!r} has no tcp-mode model of gRPC on the wire: gRPC calls through tcp-mode sidecars "
+                "are priced as one TCP message each way, which under-counts (a call is several writes each way)"
+            )
+    return {c: src[c] for c in (*BASE_COMPONENTS, UNATTRIBUTED) if c in src}
+
+
 def _sum(a: CostModel, b: CostModel) -> CostModel:
-    if a.split_bytes != b.split_bytes:
-        raise PredictionError("cannot add two models of one filter with different split sizes")
-    return CostModel(a.intercept + b.intercept, a.slope + b.slope, a.split_bytes, a.per_unit + b.per_unit, note="sum")
+    if a.split_bytes != b.split_bytes or (a.rate_lo, a.rate_hi) != (b.rate_lo, b.rate_hi):
+        raise PredictionError("cannot add two models of one filter with different split sizes or rate ranges")
+    return CostModel(
+        a.intercept + b.intercept, a.slope + b.slope, a.split_bytes, a.per_unit + b.per_unit,
+        a.rate_coef + b.rate_coef, a.rate_lo, a.rate_hi, note="sum",
+    )  # fmt: skip
 
 
 def hop_costs(batch: EcgBatch, profiles: ProfileLookup) -> Costs:
     """Evaluate every crossing of every invocation, per component."""
     warnings: list[str] = []
-    per_spec = [spec_models(s, profiles(s.platform), warnings) for s in batch.specs]
-    comps = tuple(sorted({c for m in per_spec for c in m}))
+    n = batch.n_invocations
+    proto = batch.protocol if batch.protocol is not None else np.zeros(n, dtype=np.int64)
+    codes = [int(c) for c in np.unique(proto)] or [0]
+    # models per (sidecar spec, protocol of the rows that use it)
+    per: dict[tuple[int, int], dict[Component, tuple[CostModel, CostModel]]] = {}
+    for s, spec in enumerate(batch.specs):
+        used = np.unique(proto[(batch.caller_spec == s) | (batch.callee_spec == s)]) if n else np.zeros(0, dtype=np.int64)
+        for code in [int(c) for c in used] or codes[:1]:
+            per[s, code] = spec_models(spec, profiles(spec.platform), warnings, PROTOCOLS[code])
+    comps = tuple(sorted({c for m in per.values() for c in m}))
     col = {c: k for k, c in enumerate(comps)}
-    n, K = batch.n_invocations, len(comps)
+    K = len(comps)
     out = {name: np.zeros((n, K)) for name in ("lc", "ld", "cc", "cd")}
     lse = np.zeros(n)
     cse = np.zeros(n)
-    req, resp = batch.request_bytes, batch.response_bytes
-    for side, spec_col, lat_key, cpu_key in (("caller", batch.caller_spec, "lc", "cc"), ("callee", batch.callee_spec, "ld", "cd")):
-        for s, models in enumerate(per_spec):
-            rows = np.flatnonzero(spec_col == s)
+    req, resp, rate = batch.request_bytes, batch.response_bytes, batch.rate
+    for spec_col, lat_key, cpu_key in ((batch.caller_spec, "lc", "cc"), (batch.callee_spec, "ld", "cd")):
+        for (s, code), models in per.items():
+            rows = np.flatnonzero((spec_col == s) & (proto == code))
             if rows.size == 0:
                 continue
-            q, p = req[rows], resp[rows]
+            q, p, r = req[rows], resp[rows], rate[rows]
             for c, (lat, cpu) in models.items():
                 k = col[c]
-                out[lat_key][rows, k] += lat.predict(q) + lat.predict(p)
-                out[cpu_key][rows, k] += cpu.predict(q) + cpu.predict(p)
-                lse[rows] += lat.stderr_at(q) + lat.stderr_at(p)
-                cse[rows] += cpu.stderr_at(q) + cpu.stderr_at(p)
+                out[lat_key][rows, k] += lat.predict(q, r) + lat.predict(p, r)
+                out[cpu_key][rows, k] += cpu.predict(q, r) + cpu.predict(p, r)
+                lse[rows] += lat.stderr_at(q, r) + lat.stderr_at(p, r)
+                cse[rows] += cpu.stderr_at(q, r) + cpu.stderr_at(p, r)
     return Costs(comps, out["lc"], out["ld"], out["cc"], out["cd"], lse, cse, tuple(dict.fromkeys(warnings)))
 
 
@@ -138,6 +175,9 @@ class BatchPrediction:
     interval together (conservative); equal to the estimate where models carry no uncertainty.
     ``latency_by_component`` sums each component over the new critical path; the part of that
     sum hidden by parallel calls is ``absorbed_us`` (so components − absorbed = overhead).
+    ``pod_cpus``: the shared-CPU placement the latency was bounded for (None: CPUs of their own);
+    ``cpu_bound`` marks the graphs whose overhead that bound set (their ``latency_by_component``
+    is then the request's CPU by component ÷ ``pod_cpus``).
     """
 
     components: tuple[Component, ...]
@@ -159,6 +199,8 @@ class BatchPrediction:
     row_cpu_caller_vcpu: FloatArray
     row_cpu_callee_vcpu: FloatArray
     warnings: tuple[str, ...] = field(default=())
+    pod_cpus: int | None = None
+    cpu_bound: npt.NDArray[np.bool_] | None = None
 
     @property
     def latency_overhead_pct(self) -> FloatArray:
@@ -166,9 +208,14 @@ class BatchPrediction:
             return np.where(self.base_latency_us > 0, 100.0 * self.latency_overhead_us / self.base_latency_us, np.nan)
 
 
-def predict_batch(batch: EcgBatch, profiles: ProfileLookup, *, costs: Costs | None = None, shape: Structure | None = None) -> BatchPrediction:
+def predict_batch(
+    batch: EcgBatch, profiles: ProfileLookup, *, costs: Costs | None = None, shape: Structure | None = None, pod_cpus: int | None = None
+) -> BatchPrediction:
     """Predict every graph of ``batch``; ``profiles(name)`` resolves a service's platform
-    (``None`` → the profile chosen for this prediction)."""
+    (``None`` → the profile chosen for this prediction). ``pod_cpus``: the number of CPUs the
+    graph's pods share (None: every pod has its own; see the module docstring)."""
+    if pod_cpus is not None and pod_cpus < 1:
+        raise ValueError(f"pod_cpus must be at least 1, got {pod_cpus}")
     costs = costs or hop_costs(batch, profiles)
     shape = shape or structure(batch)
     lat = costs.latency
@@ -196,13 +243,24 @@ def predict_batch(batch: EcgBatch, profiles: ProfileLookup, *, costs: Costs | No
     cpu_comp = per_graph(cpu_rows)
     cpu_total = cpu_comp.sum(axis=1)
     cpu_se = np.bincount(g, weights=costs.cpu_se * batch.rate * 1e-6, minlength=G)
-    overhead = prop.overhead_us
+    overhead, lo_us, hi_us = prop.overhead_us, lo.overhead_us, hi.overhead_us
+    bound_mask: npt.NDArray[np.bool_] | None = None
+    if pod_cpus is not None:
+        # the request's added CPU work (CPU-µs per execution of the graph) over the shared CPUs
+        work = per_graph(costs.cpu) / pod_cpus
+        w = work.sum(axis=1)
+        w_se = np.bincount(g, weights=costs.cpu_se, minlength=G) / pod_cpus
+        bound_mask = w > overhead
+        overhead = np.maximum(overhead, w)
+        lo_us = np.maximum(lo_us, np.maximum(w - Z95 * w_se, 0.0))
+        hi_us = np.maximum(hi_us, w + Z95 * w_se)
+        lat_comp = np.where(bound_mask[:, None], work, lat_comp)
     return BatchPrediction(
         components=costs.components,
         base_latency_us=prop.base_us,
         latency_overhead_us=overhead,
-        latency_lo_us=lo.overhead_us,
-        latency_hi_us=hi.overhead_us,
+        latency_lo_us=lo_us,
+        latency_hi_us=hi_us,
         cpu_vcpu=cpu_total,
         cpu_lo_vcpu=np.maximum(cpu_total - Z95 * cpu_se, 0.0),
         cpu_hi_vcpu=cpu_total + Z95 * cpu_se,
@@ -216,6 +274,8 @@ def predict_batch(batch: EcgBatch, profiles: ProfileLookup, *, costs: Costs | No
         row_cpu_caller_vcpu=costs.cpu_caller.sum(axis=1) * batch.rate * 1e-6,
         row_cpu_callee_vcpu=costs.cpu_callee.sum(axis=1) * batch.rate * 1e-6,
         warnings=costs.warnings,
+        pod_cpus=pod_cpus,
+        cpu_bound=bound_mask,
     )
 
 

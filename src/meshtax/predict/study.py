@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from meshtax.model.components import filter_component
-from meshtax.model.ecg import EcgBatch, SidecarSpec
+from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import propagate, structure
@@ -102,20 +102,34 @@ def retarget(batch: EcgBatch, sidecar: SidecarConfig) -> EcgBatch:
 def _row_costs(batch: EcgBatch, sidecar: SidecarConfig, profile: Profile) -> tuple[FloatArray, FloatArray]:
     """Latency (µs) and CPU (CPU-µs per call) added to every row when every meshed sidecar runs
     ``sidecar``: the same models as :func:`~meshtax.predict.engine.hop_costs`, summed over
-    components once and evaluated on the distinct message sizes only (traces without sizes
-    have one), instead of per component and row."""
+    components once and evaluated on the distinct (message size, rate) pairs only (traces
+    without sizes have one), instead of per component and row."""
     warnings: list[str] = []
-    models = spec_models(SidecarSpec(sidecar, None), profile, warnings)
-    sizes, inv = np.unique(np.concatenate([batch.request_bytes, batch.response_bytes]), return_inverse=True)
-    lat_s = np.zeros(sizes.size)
-    cpu_s = np.zeros(sizes.size)
-    for lat, cpu in models.values():
-        lat_s += lat.predict(sizes)
-        cpu_s += cpu.predict(sizes)
     n = batch.n_invocations
+    proto = batch.protocol if batch.protocol is not None else np.zeros(n, dtype=np.int64)
+    codes = [int(c) for c in np.unique(proto)]
+    per_code = {c: spec_models(SidecarSpec(sidecar, None), profile, warnings, PROTOCOLS[c]) for c in codes}
+    sizes = np.concatenate([batch.request_bytes, batch.response_bytes])
+    if any(m.rate_coef for ms in per_code.values() for pair in ms.values() for m in pair):
+        pairs, inv = np.unique(np.column_stack([sizes, np.tile(batch.rate, 2)]), axis=0, return_inverse=True)
+    else:  # no rate term: the distinct sizes are enough (a 1-D unique is much faster)
+        u, inv = np.unique(sizes, return_inverse=True)
+        pairs = np.column_stack([u, np.full(u.size, np.nan)])
+    inv = inv.reshape(-1)
     q, p = inv[:n], inv[n:]
+    lat_row = np.zeros(n)
+    cpu_row = np.zeros(n)
+    for code, models in per_code.items():
+        lat_s = np.zeros(len(pairs))
+        cpu_s = np.zeros(len(pairs))
+        for lat, cpu in models.values():
+            lat_s += lat.predict(pairs[:, 0], pairs[:, 1])
+            cpu_s += cpu.predict(pairs[:, 0], pairs[:, 1])
+        rows = proto == code
+        lat_row[rows] = (lat_s[q] + lat_s[p])[rows]
+        cpu_row[rows] = (cpu_s[q] + cpu_s[p])[rows]
     crossings = (batch.caller_spec >= 0).astype(np.float64) + (batch.callee_spec >= 0)
-    return crossings * (lat_s[q] + lat_s[p]), crossings * (cpu_s[q] + cpu_s[p])
+    return crossings * lat_row, crossings * cpu_row
 
 
 def predict_partition(batch: EcgBatch, configs: Sequence[StudyConfig], profile: Profile, after: Profile | None = None) -> dict[str, FloatArray]:

@@ -104,6 +104,7 @@ def ecgs_from_dict(doc: Any, source: str) -> list[ECG]:
                     start_us=float(r.get("start_us", 0.0)),
                     duration_us=float(r.get("duration_us", 0.0)),
                     parent=parent,
+                    protocol=str(r.get("protocol", defaults.get("protocol", ""))),
                 )
             )
         name = g.get("name") or (base_name if len(graphs) == 1 else f"{base_name}#{gi}")

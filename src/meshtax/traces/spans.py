@@ -312,6 +312,16 @@ def _size(attrs: Mapping[str, Any], keys: Sequence[str], default: float) -> floa
     return default
 
 
+def _protocol(attrs: Mapping[str, Any]) -> str:
+    """The application protocol by OpenTelemetry semantic conventions: ``rpc.system: grpc``,
+    else any ``http.*`` attribute; "" when the span does not say."""
+    if str(attrs.get("rpc.system", "")).lower() == "grpc":
+        return "grpc"
+    if any(k.startswith("http.") for k in attrs):
+        return "http"
+    return ""
+
+
 @dataclass
 class _Call:
     id: str
@@ -322,6 +332,7 @@ class _Call:
     req: float
     resp: float
     parent: str | None
+    protocol: str
     owner: str  # span id whose descendants are inside this call (the server span, or the client span)
 
 
@@ -376,6 +387,7 @@ def spans_to_ecgs(spans: Iterable[Span], options: SpanOptions, report: ImportRep
                         _size(merged, REQ_SIZE_KEYS, options.request_bytes),
                         _size(merged, RESP_SIZE_KEYS, options.response_bytes),
                         enclosing,
+                        _protocol(merged),
                         s.span_id,
                     )
                     calls.append(c)
@@ -395,6 +407,7 @@ def spans_to_ecgs(spans: Iterable[Span], options: SpanOptions, report: ImportRep
                     _size(s.attrs, REQ_SIZE_KEYS, options.request_bytes),
                     _size(s.attrs, RESP_SIZE_KEYS, options.response_bytes),
                     enclosing,
+                    _protocol(s.attrs),
                     s.span_id,
                 )
                 if enclosing is not None:
@@ -441,6 +454,7 @@ def spans_to_ecgs(spans: Iterable[Span], options: SpanOptions, report: ImportRep
                 start_us=c.start - t0,
                 duration_us=c.dur,
                 parent=c.parent,
+                protocol=c.protocol,
             )
             for c in calls
         ]
