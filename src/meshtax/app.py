@@ -34,6 +34,7 @@ class PredictOptions:
     trace_format: str | None = None  # None: ECG files; "auto" or a format: distributed traces
     sidecar_mode: str = "http"  # with traces: every traced service's sidecar mode
     service_map: str | None = None  # with traces: trace name → Kubernetes name overrides
+    pod_cpus: int | None = None  # CPUs the pods share (None: each pod has CPUs of its own)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,7 +128,7 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
     def lookup(name: str | None) -> Profile:
         return profile if name is None or name == profile.name else store.get(name)
 
-    bp = predict_batch(batch, lookup)
+    bp = predict_batch(batch, lookup, pod_cpus=opts.pod_cpus)
     whatif = None
     if opts.speedup:
         sp = speedup_from_dict(load_speedup_file(opts.speedup), opts.speedup)
@@ -137,7 +138,7 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
         def lookup_after(name: str | None) -> Profile:
             return after_profile if name is None or name == profile.name else store.get(name)
 
-        whatif = (sp.describe(), predict_batch(batch, lookup_after), after_profile)
+        whatif = (sp.describe(), predict_batch(batch, lookup_after, pod_cpus=opts.pod_cpus), after_profile)
     memory, mw = memory_by_service(loaded.services, lookup)
     warnings += mw
     doc = prediction_document(batch, bp, profile, host=this_host(), options=opts.to_dict(), warnings=warnings, whatif=whatif)

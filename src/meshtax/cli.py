@@ -76,6 +76,9 @@ def main() -> None:
 @click.option("--sidecar", "sidecar_mode", type=click.Choice(["tcp", "http", "grpc"]), default="http", show_default=True,
               help="With --traces: the sidecar mode of every traced service.")
 @click.option("--service-map", type=click.Path(exists=True, dir_okay=False), help="With --traces: trace → Kubernetes service names (YAML/JSON).")
+@click.option("--pod-cpus", type=click.IntRange(min=1),
+              help="The pods share this many CPUs: latency overhead is at least the request's sidecar CPU work ÷ N "
+                   "(default: every pod has CPUs of its own, the critical path alone).")
 @db_option
 @format_option
 @output_option
@@ -83,7 +86,7 @@ def main() -> None:
 @user_errors
 def predict(
     ecg_files: tuple[str, ...], profile: str | None, speedup: str | None, rate: float | None, traces: bool, trace_format: str | None, sidecar_mode: str,
-    service_map: str | None, db: str | None, fmt: str, output: str | None, report_path: str | None,
+    service_map: str | None, pod_cpus: int | None, db: str | None, fmt: str, output: str | None, report_path: str | None,
 ) -> None:
     """Predict latency and CPU overhead of sidecars on ECG_FILES (YAML/JSON call graphs).
 
@@ -91,7 +94,7 @@ def predict(
     """
     opts = PredictOptions(ecg_files=ecg_files, profile=profile, speedup=speedup, rate=rate,
                           trace_format=(trace_format or "auto") if traces or trace_format else None,
-                          sidecar_mode=sidecar_mode, service_map=service_map)
+                          sidecar_mode=sidecar_mode, service_map=service_map, pod_cpus=pod_cpus)
     store = ProfileStore(db)
     doc = predict_files(opts, store)
     _emit(prediction_text(doc) if fmt == "table" else EXPORTERS[fmt].export(doc), output)
@@ -392,11 +395,23 @@ def validate(topology: str, queries: tuple[str, ...], modes: str, rate: float, d
     click.echo(json.dumps(res.to_document(), indent=2, default=str) if fmt == "json" else res.table())
 
 
+V = TypeVar("V")
+
+
+def _csv(text: str, conv: Callable[[str], V]) -> tuple[V, ...]:
+    """``"a,b"`` → ``(conv("a"), conv("b"))``; ``"none"`` (or empty) → ``()``."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    return tuple(conv(x.strip()) for x in text.split(","))
+
+
 @main.command("profile")
 @click.option("--quick", is_flag=True, help="Quick preset (3 sizes, short runs; aim ≤ 3 min) instead of the full one (aim ≤ 20 min).")
 @click.option("--modes", help="Comma-separated modes to profile (tcp,http,grpc).")
 @click.option("--sizes", help="Comma-separated message sizes in bytes, e.g. 100,1024,4096.")
 @click.option("--duration", type=float, help="Base seconds per load run.")
+@click.option("--carried", help="Application protocols to measure through a tcp-mode sidecar (grpc,http; 'none': off; default: the preset's, grpc).")
+@click.option("--low-rates", "low_rates", help="Absolute low rates (requests/s) of extra CPU runs, e.g. 100,300 ('none': off; default: the preset's).")
 @click.option("--name", help="Profile name (default: <hostname>-<UTC time>).")
 @click.option("--replace", is_flag=True, help="Replace a stored profile of the same name.")
 @click.option("--filters", help="Also profile filters: 'all' or a comma-separated list (e.g. lua,wasm,rbac_http_1000).")
@@ -407,8 +422,8 @@ def validate(topology: str, queries: tuple[str, ...], modes: str, rate: float, d
 @click.option("--wait", "wait_s", type=float, default=0.0, show_default=True, help="Seconds to wait for another profiling run to finish (0: fail at once).")
 @db_option
 @user_errors
-def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: float | None, name: str | None, replace: bool,
-                filters: str | None, mtls: bool, memory: bool, large: bool, base: str | None, wait_s: float, db: str | None) -> None:
+def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: float | None, carried: str | None,
+                low_rates: str | None, name: str | None, replace: bool, filters: str | None, mtls: bool, memory: bool, large: bool, base: str | None, wait_s: float, db: str | None) -> None:
     """Measure a real Envoy sidecar on this machine (root) and store its profile.
 
     Pods in network namespaces with Istio-style interception, fortio load, eBPF probes and
@@ -435,9 +450,13 @@ def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: flo
             sizes=tuple(int(x) for x in sizes.split(",")) if sizes else None,
             duration_s=duration,
             replace=replace,
+            carried=None if carried is None else _csv(carried, str),
+            low_rates=None if low_rates is None else _csv(low_rates, float),
         )
+        opts.resolve_plan()  # refuse a bad combination before anything starts
     except ValueError as e:
-        raise UsageError(f"--modes/--sizes: {e}; expected e.g. --modes tcp,http,grpc --sizes 100,1024") from None
+        raise UsageError(f"--modes/--sizes/--carried/--low-rates: {e}; expected e.g. --modes tcp,http,grpc "
+                         "--sizes 100,1024 --carried grpc --low-rates 100,300") from None
     store = ProfileStore(db)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with warnings.catch_warnings(record=True) as caught, Progress(*columns, transient=False) as bar:

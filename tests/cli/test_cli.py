@@ -162,3 +162,19 @@ def test_validate_refuses_without_root_and_bad_modes(env: dict[str, str], monkey
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     r = invoke(["validate", "bookinfo"], env)
     assert r.exit_code == 2 and "run it as root" in r.output
+
+
+def test_predict_pod_cpus_bounds_latency_by_cpu_work(examples: Path, env: dict[str, str]) -> None:
+    f = str(examples / "online-boutique-view-cart.yaml")
+    own = json.loads(invoke(["predict", f, "--profile", "reference", "--rate", "100", "--format", "json"], env).output)
+    r = invoke(["predict", f, "--profile", "reference", "--rate", "100", "--pod-cpus", "1", "--format", "json"], env)
+    assert r.exit_code == 0, r.output
+    one = json.loads(r.output)
+    (g0,), (g1,) = own["graphs"], one["graphs"]
+    # one shared CPU: every crossing's CPU work (CPU-µs per request) is on the path
+    work_us = g1["cpu_vcpu"]["value"] / 100 * 1e6
+    assert g1["latency_overhead_us"]["value"] == pytest.approx(max(work_us, g0["latency_overhead_us"]["value"]))
+    assert g1["latency_overhead_us"]["value"] > g0["latency_overhead_us"]["value"]  # parallel calls serialize
+    assert sum(s["latency_on_path_us"] for s in g1["by_service"]) == pytest.approx(g1["latency_overhead_us"]["value"])
+    assert one["placement"]["pod_cpus"] == 1 and one["options"]["pod_cpus"] == 1 and "placement" not in own
+    assert invoke(["predict", f, "--profile", "reference", "--pod-cpus", "0"], env).exit_code == 2

@@ -35,3 +35,9 @@ def test_describe_and_round_trip(pin: Pinning, text: str) -> None:
 def test_available_cpus_is_nonempty_and_sorted() -> None:
     cpus = available_cpus()
     assert cpus and list(cpus) == sorted(cpus)
+
+
+def test_pod_cpus_counts_the_cpus_apps_and_sidecars_share() -> None:
+    assert Pinning(client=(0,), sidecars=(1,), app=(1,)).pod_cpus((0, 1)) == 1
+    assert Pinning(client=(0,), sidecars=(1,), app=(2, 3)).pod_cpus((0, 1, 2, 3)) == 3
+    assert Pinning().pod_cpus((0, 1)) == 2  # unpinned: anywhere

@@ -7,6 +7,7 @@ the measurement, so it is chosen explicitly and recorded with the results.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meshtax.profile.system import Placement
@@ -37,6 +38,15 @@ class Pinning:
             return "*" if c is None else ",".join(map(str, c))
 
         return f"client={f(self.client)} sidecars={f(self.sidecars)} app={f(self.app)}"
+
+    def pod_cpus(self, available: Sequence[int] | None = None) -> int:
+        """How many CPUs the pods (apps and sidecars) share: the union of their sets; an
+        unpinned role may run on any of ``available`` (default: this process's CPUs)."""
+        every = tuple(available) if available is not None else available_cpus()
+        cpus: set[int] = set()
+        for c in (self.sidecars, self.app):
+            cpus.update(every if c is None else c)
+        return max(1, len(cpus))
 
     def to_dict(self) -> dict[str, list[int] | None]:
         return {

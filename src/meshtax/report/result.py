@@ -59,6 +59,7 @@ def _graph(batch: EcgBatch, bp: BatchPrediction, g: int, detailed: bool) -> dict
     rows = range(lo, hi)
     svc_lat: dict[str, float] = {}
     svc_cpu: dict[str, float] = {}
+    bound = bp.cpu_bound is not None and bool(bp.cpu_bound[g])
     for r in rows:
         for side, lat, cpu in (
             (batch.caller[r], bp.row_latency_caller_us[r], bp.row_cpu_caller_vcpu[r]),
@@ -67,7 +68,11 @@ def _graph(batch: EcgBatch, bp: BatchPrediction, g: int, detailed: bool) -> dict
             if side < 0:
                 continue
             name = batch.services[side]
-            svc_lat[name] = svc_lat.get(name, 0.0) + (float(lat) if bp.critical[r] else 0.0)
+            if bound:  # the request's CPU work queued on the shared CPUs sets the latency
+                on_path = float(cpu) / float(batch.rate[r]) * 1e6 / (bp.pod_cpus or 1) if batch.rate[r] > 0 else 0.0
+            else:
+                on_path = float(lat) if bp.critical[r] else 0.0
+            svc_lat[name] = svc_lat.get(name, 0.0) + on_path
             svc_cpu[name] = svc_cpu.get(name, 0.0) + float(cpu)
     out["by_service"] = [
         {"service": s, "latency_on_path_us": svc_lat.get(s, 0.0), "cpu_vcpu": svc_cpu[s]} for s in sorted(svc_cpu, key=lambda k: -svc_cpu[k])
@@ -145,6 +150,12 @@ def prediction_document(
         "graphs": [_graph(batch, bp, g, detailed) for g in range(batch.n_graphs)],
         "summary": summary(bp),
     }
+    if bp.pod_cpus is not None and bp.cpu_bound is not None:
+        doc["placement"] = {
+            "pod_cpus": bp.pod_cpus,
+            "graphs_bound_by_cpu": int(bp.cpu_bound.sum()),
+            "rule": "latency overhead = max(critical path, the request's sidecar CPU work ÷ pod_cpus)",
+        }
     if not detailed:
         doc["warnings"].append(f"{batch.n_graphs} graphs: per-graph paths, services and invocations are left out beyond {MAX_DETAILED_GRAPHS}")
     if whatif is not None:

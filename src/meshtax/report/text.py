@@ -46,6 +46,10 @@ def prediction_text(doc: Mapping[str, Any]) -> str:
     src = {"published": "published data", "measured": "measured", "derived": "derived"}.get(p["source"], p["source"])
     items.append(f"profile {p['name']!r} ({src}; platform: {p['platform']['cpu_model']}, {p['platform']['cores']} cores, "
                  f"Linux {p['platform']['kernel']}, {p['platform']['proxy']} {p['platform']['proxy_version']} — {where})")
+    if "placement" in doc:
+        pl = doc["placement"]
+        items.append(f"pods share {pl['pod_cpus']} CPU(s): in {pl['graphs_bound_by_cpu']} of {len(doc['graphs'])} graph(s) the request's "
+                     "sidecar CPU work, queued on those CPUs, sets the latency overhead rather than the critical path")
     for g in doc["graphs"][:20]:
         items.append("")
         items.append(f"[bold]{g['name']}[/bold]: mesh-free latency {g['base_latency_us']:.0f} µs")

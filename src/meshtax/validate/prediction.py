@@ -60,24 +60,26 @@ def predict_traces(
     rate: float,
     *,
     default_sidecar: SidecarConfig | None = None,
+    pod_cpus: int | None = None,
 ) -> Predicted:
-    """Import OTLP/JSON traces with every call at ``rate`` and predict with ``profile``."""
+    """Import OTLP/JSON traces with every call at ``rate`` and predict with ``profile``
+    (``pod_cpus``: the CPUs the pods share, see :func:`~meshtax.predict.engine.predict_batch`)."""
     if rate <= 0 or math.isnan(rate):
         raise ValueError("rate must be positive")
     opts = SpanOptions(rate=rate, sidecars=dict(sidecars), default_sidecar=default_sidecar or SidecarConfig())
     res = load_traces(trace_file, "otlp", opts)
     if res.batch.n_graphs == 0:
         raise ValueError(f"{trace_file}: no usable call graph:\n{res.report.summary()}")
-    bp = predict_batch(res.batch, single_profile(profile))
+    bp = predict_batch(res.batch, single_profile(profile), pod_cpus=pod_cpus)
     return summarize(bp, rate)
 
 
 def one_hop(
-    profile: Profile, sidecar: SidecarConfig, size_bytes: int, rate: float, base_us: float = 100.0
+    profile: Profile, sidecar: SidecarConfig, size_bytes: int, rate: float, base_us: float = 100.0, pod_cpus: int | None = None
 ) -> Predicted:
     """A client outside the mesh calling one service with ``sidecar``: request and response
     of ``size_bytes`` (the sweeps' echo)."""
     inv = Invocation("0", EXTERNAL, "echo", float(size_bytes), float(size_bytes), rate, 0.0, base_us)
     ecg = validate("one-hop", {"echo": Service("echo", sidecar)}, [inv])
-    bp = predict_batch(to_batch([ecg]), single_profile(profile))
+    bp = predict_batch(to_batch([ecg]), single_profile(profile), pod_cpus=pod_cpus)
     return summarize(bp, rate)

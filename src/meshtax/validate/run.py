@@ -257,7 +257,8 @@ def run_case(
                 env.stop()
         say(f"{topology.name}/{q.name} {mode.value}: predict")
         rate = options.rate or statistics.median(b.actual_qps for b, _ in pairs)
-        pred: Predicted = predict_traces(trace, profile, {s: SidecarConfig(m) for s, m in modes.items()}, rate)
+        pred: Predicted = predict_traces(trace, profile, {s: SidecarConfig(m) for s, m in modes.items()}, rate,
+                                         pod_cpus=pinning.pod_cpus())  # fmt: skip
         result = CaseResult(topology.name, q.name, mode.value, rate, tuple(pairs), pred, result.sidecar_modes,
                             wall_s=time.monotonic() - t0)  # fmt: skip
         del why
@@ -312,7 +313,8 @@ def run_validation(options: ValidateOptions, system: System, store: ProfileSourc
 
 def _notes(pinning: Pinning) -> tuple[str, ...]:
     return (
-        f"placement {pinning.describe()}: the profile's own pinning (client apart, apps and sidecars together), so measured and modelled costs share it",
+        f"placement {pinning.describe()}: the profile's own pinning (client apart, apps and sidecars together), so measured and modelled costs share it; "
+        f"the prediction knows the pods share {pinning.pod_cpus()} CPU(s) (latency overhead ≥ the request's sidecar CPU work ÷ that)",
         "latency: client-side p50/p90 of fortio at a fixed rate, mesh − no mesh per pair; CPU: schedstat of every process of every pod, per request, mesh − no mesh",
         "prediction: OTLP traces of the no-mesh copy imported by meshtax.traces (sizes from span attributes, rate = the fortio rate), this machine's profile",
         "role: db services get tcp-mode sidecars (Istio does not parse their protocols)",
@@ -448,7 +450,7 @@ def run_sweep(
                     say(f"sweep size {s} B")
                     pairs = measure(s, rate)
                     actual = _median_rate(pairs)
-                    points.append(SweepPoint(float(s), s, actual, tuple(pairs), one_hop(profile, SidecarConfig(mode), s, actual)))
+                    points.append(SweepPoint(float(s), s, actual, tuple(pairs), one_hop(profile, SidecarConfig(mode), s, actual, pod_cpus=pinning.pod_cpus())))
             else:
                 for side in pods:
                     load(side, size_bytes, 0.0, n=500)
@@ -457,7 +459,7 @@ def run_sweep(
                     say(f"sweep rate {f:.0%} of {max_qps:.0f}/s")
                     pairs = measure(size_bytes, f * max_qps)
                     actual = _median_rate(pairs)
-                    points.append(SweepPoint(f, size_bytes, actual, tuple(pairs), one_hop(profile, SidecarConfig(mode), size_bytes, actual)))
+                    points.append(SweepPoint(f, size_bytes, actual, tuple(pairs), one_hop(profile, SidecarConfig(mode), size_bytes, actual, pod_cpus=pinning.pod_cpus())))
             env.stop()
             for srv in servers.values():
                 srv.stop()
