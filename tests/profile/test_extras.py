@@ -153,3 +153,50 @@ def test_real_handshake_costs_cpu(tmp_path: Path) -> None:
     # an ECDHE handshake with two certificate verifications is tens of µs at the least
     assert hs.cpu_us.median > 20.0
     assert np.isfinite(hs.latency_us.median)
+
+
+def test_extras_measure_both_tls_versions_and_per_connection_rbac() -> None:
+    """mTLS: the primary version fills tls/tls_handshake, every version lands in
+    tls_by_version; network RBAC gets a per-connection model in the modes the loop speaks."""
+    world = _world()
+    world.cpu = {**world.cpu, "rbac_network_1": 40.0}
+    world.lat = {**world.lat, "rbac_network_1": 200.0}
+    world.instr = {**world.instr, "rbac_network_1": 40_000.0}
+    conn_cpu = {"plain_out": 100.0, "mtls_out": 500.0, BASE: 90.0, "rbac_network_1": 93.0}
+
+    def connect(port: int, k: int) -> float:
+        world.cpu_ns += round(conn_cpu[world.port_names[port]] * 1000 * k)
+        return 1e-4
+
+    def connect_mode(port: int, k: int, mode: Mode) -> float:
+        return connect(port, k)
+
+    be = ExtrasBackends(filters=_backends(world, callgrind=False), connect=connect, connect_mode=connect_mode)
+    base = profile({Mode.HTTP: {OTHER: flat(7.0, 3.0)}, Mode.TCP: {OTHER: flat(5.0, 2.0)}}, name="box")
+    store = DictStore(base)
+    out = profile_extras(ExtrasOptions(filters=("rbac_network_1",), mtls=True, quick=True, modes=(Mode.TCP, Mode.HTTP)),
+                         FakeSystem(), store, "box", backends=be)  # fmt: skip
+    for mode in (Mode.TCP, Mode.HTTP):
+        mp = out.modes[mode]
+        assert mp.tls_version == "1.3" and set(mp.tls_by_version) == {"1.3", "1.2"}
+        t12 = mp.tls_by_version["1.2"]
+        assert t12.version == "1.2" and t12.handshake is not None and t12.per_message is not None
+        assert t12.handshake.cpu.intercept == pytest.approx(200.0)
+        assert mp.tls_handshake == mp.tls_by_version["1.3"].handshake
+        assert mp.components[TLS] == mp.tls_by_version["1.3"].per_message
+        pc = mp.per_connection[filter_component("rbac_network_1")]
+        assert pc.cpu.intercept == pytest.approx(3.0)
+    rec = out.provenance.options["extras"]
+    assert set(rec["mtls"]["by_version"]) == {"1.3", "1.2"} and "handshake" in rec["mtls"]
+    assert "per_connection" in rec["filters"]["tcp"]
+    # the new fields round-trip; a document without them (older writer) still loads
+    back = Profile.from_dict(out.to_dict())
+    assert back == out
+    old = out.to_dict()
+    for mp_doc in old["modes"].values():
+        for k in ("tls_version", "tls_by_version", "per_connection"):
+            del mp_doc[k]
+    older = Profile.from_dict(old)
+    assert older.modes[Mode.TCP].tls_version is None and not older.modes[Mode.TCP].per_connection
+    # unset fields are not written: documents of profiles without them keep their shape
+    assert "per_connection" not in base.modes[Mode.TCP].to_dict() and "tls_version" not in base.modes[Mode.TCP].to_dict()

@@ -18,7 +18,13 @@ from meshtax.profile.filterprof import (
     BASE,
     FilterBackends,
     FilterRunOptions,
+    ModeRun,
+    VariantSamples,
     additivity,
+    additivity_components,
+    connect_loop,
+    measure_connections,
+    total_errors_by_round,
     combos_for,
     differences,
     filter_models,
@@ -147,6 +153,124 @@ def test_fake_run_differences_models_and_additivity(tmp_path: Path) -> None:
     cpu_loads = [n for n, s, k in world.loads if k == OPTS.n]
     assert len(cpu_loads) == 2 * 4 * OPTS.rounds
     assert cpu_loads[:2] == [BASE, "fault_injection"] and cpu_loads[8:10] == ["rate_limit", BASE]
+
+
+def test_additivity_total_cpu_against_the_chain(tmp_path: Path) -> None:
+    """Total = base + Σ increments vs the chain's own CPU; the increment error is far larger
+    for the same absolute miss (the reason the done-criterion is on the total)."""
+    world = _world()
+    world.cpu = {**world.cpu, "cpp": 73.0}  # increment 33 instead of 1 + 2 + 20
+    comps = ["fault_injection", "rate_limit", "tap"]
+    combos = combos_for(Mode.HTTP, comps)
+    run = profile_filters(Mode.HTTP, comps, OPTS, FakeSystem(), combos=combos, backends=_backends(world, False), workdir=tmp_path)
+    (row,) = additivity(run, combos)
+    assert row.base_cpu_us == pytest.approx(40.0)
+    assert row.predicted_total_cpu_us == pytest.approx(63.0)
+    assert row.measured_total_cpu_us is not None and row.measured_total_cpu_us.median == pytest.approx(73.0)
+    assert row.total_error == pytest.approx(63 / 73 - 1)
+    assert row.increment_error == pytest.approx(23 / 33 - 1)
+    assert row.total_error_rounds is not None and row.total_error_rounds.n == OPTS.rounds
+    assert row.total_error_rounds.median == pytest.approx(63 / 73 - 1)
+    d = row.to_dict()
+    assert d["total_error"] == pytest.approx(63 / 73 - 1) and d["increment_error"] == d["cpu_error"]
+
+
+def test_total_errors_by_round_use_each_rounds_adjacent_base() -> None:
+    def vs(cpu: list[float], base: list[float]) -> VariantSamples:
+        return VariantSamples(cpu_us=cpu, latency_us=[1.0, 1.0], base_cpu_us=base, base_latency_us=[1.0, 1.0])
+
+    by = {
+        BASE: vs([40.0, 50.0], []),
+        "a": vs([42.0, 51.0], [40.0, 50.0]),
+        "b": vs([45.0, 56.0], [40.0, 51.0]),
+        "a+b": vs([50.0, 55.0], [41.0, 49.0]),
+    }
+    # round 0: 41 + 2 + 5 = 48 vs 50; round 1: 49 + 1 + 5 = 55 vs 55
+    assert total_errors_by_round(by, "a+b", ["a", "b"]) == pytest.approx([48 / 50 - 1, 0.0])
+    run = ModeRun(Mode.HTTP, {100: by})
+    (row,) = additivity(run, {"a+b": ("a", "b")})
+    assert row.base_cpu_us == pytest.approx(45.0)
+    assert row.predicted_cpu_us == pytest.approx(1.5 + 5.0)
+
+
+def test_additivity_components_are_the_combinations_members() -> None:
+    comps = additivity_components()
+    assert set(comps) == {c for v in (*COMBINATIONS.values(), *MIXES.values()) for c in v}
+    assert len(comps) == len(set(comps)) and "rbac_network_1000" in comps
+
+
+def test_measure_connections_per_connection_difference(tmp_path: Path) -> None:
+    world = _world()
+    per_conn = {BASE: 100.0, "rbac_network_1": 101.0, "rbac_network_1000": 160.0}
+    seen: list[tuple[str, int, Mode]] = []
+
+    def connect(port: int, k: int, mode: Mode) -> float:
+        name = world.port_names[port]
+        seen.append((name, k, mode))
+        world.cpu_ns += round(per_conn[name] * 1000 * k)
+        return {BASE: 300e-6, "rbac_network_1": 300e-6, "rbac_network_1000": 350e-6}[name]
+
+    got = measure_connections(Mode.TCP, ["rbac_network_1", "rbac_network_1000"], OPTS, FakeSystem(),
+                              backends=_backends(world, False), connect=connect, k=50, workdir=tmp_path)  # fmt: skip
+    assert set(got) == {"rbac_network_1", "rbac_network_1000"}
+    big = got["rbac_network_1000"]
+    assert big.cpu_us.median == pytest.approx(60.0) and big.latency_us.median == pytest.approx(50.0)
+    assert big.base_cpu_us == pytest.approx(100.0) and big.cpu_us.n == OPTS.rounds
+    assert got["rbac_network_1"].cpu_us.median == pytest.approx(1.0)
+    m = big.model()
+    assert m.cpu.intercept == pytest.approx(60.0) and m.latency.intercept == pytest.approx(50.0)
+    counted = [x for x in seen if x[1] == 50]
+    assert len(counted) == 2 * 2 * OPTS.rounds and {x[2] for x in seen} == {Mode.TCP}
+
+
+def _serve(handler: Any) -> Iterator[int]:
+    import socket
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def loop() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except TimeoutError:
+                continue
+            with c:
+                handler(c)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        t.join()
+        srv.close()
+
+
+def test_connect_loop_speaks_tcp_echo_and_http() -> None:
+    def echo(c: Any) -> None:
+        c.sendall(c.recv(4096))
+
+    def http(c: Any) -> None:
+        c.recv(4096)
+        c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+
+    def refuse(c: Any) -> None:
+        c.recv(4096)
+        c.sendall(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
+
+    for port in _serve(echo):
+        assert connect_loop(port, 3, Mode.TCP) > 0
+    for port in _serve(http):
+        assert connect_loop(port, 3, Mode.HTTP) > 0
+    for port in _serve(refuse):
+        with pytest.raises(ConnectionError, match="403"):
+            connect_loop(port, 1, Mode.HTTP)
+    with pytest.raises(ValueError, match="gRPC"):
+        connect_loop(1, 1, Mode.GRPC)
 
 
 def test_fake_run_without_callgrind_uses_schedstat(tmp_path: Path) -> None:

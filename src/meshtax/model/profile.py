@@ -17,6 +17,10 @@ from meshtax.model.sidecar import Mode
 #:     ``memory_mtls`` and ``tls_handshake`` (absent or null in older documents; readers of
 #:     the first shape ignore them). Optional per-mode ``carried`` (models of the mode
 #:     measured with an application protocol on the wire; absent in older documents).
+#:     Optional per-mode ``tls_version``, ``tls_by_version`` and ``per_connection`` (issue #4:
+#:     which TLS version ``tls``/``tls_handshake`` are for, the models of every measured
+#:     version, and per-connection costs of filters that run once per connection; written
+#:     only when set, absent in older documents).
 PROFILE_FORMAT = 1
 
 
@@ -133,6 +137,32 @@ class Closure:
 
 
 @dataclass(frozen=True)
+class TlsModels:
+    """mTLS cost of one TLS version (``"1.2"``, ``"1.3"``): ``per_message`` per crossing (the
+    shape of the ``tls`` component) and ``handshake`` per new connection per sidecar (the
+    shape of :attr:`ModeProfile.tls_handshake`)."""
+
+    version: str
+    per_message: ComponentModel | None = None
+    handshake: ComponentModel | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "per_message": None if self.per_message is None else self.per_message.to_dict(),
+            "handshake": None if self.handshake is None else self.handshake.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TlsModels:
+        return cls(
+            version=str(d["version"]),
+            per_message=None if d.get("per_message") is None else ComponentModel.from_dict(d["per_message"]),
+            handshake=None if d.get("handshake") is None else ComponentModel.from_dict(d["handshake"]),
+        )
+
+
+@dataclass(frozen=True)
 class ModeProfile:
     """Component models of one protocol mode. Filters are components of kind FILTER.
 
@@ -146,6 +176,12 @@ class ModeProfile:
     trailers, flow-control and BDP pings), so it costs more than one echoed message. The
     engine prices an invocation of that protocol with these models; the top-level
     ``components`` are for raw byte streams (or an unknown protocol).
+    ``tls_version``: the TLS version the ``tls`` component and ``tls_handshake`` are for
+    (None: not recorded; profiles before it was recorded measured TLS 1.3).
+    ``tls_by_version``: mTLS models of every measured TLS version, by version.
+    ``per_connection``: per new downstream connection through one sidecar (latency µs and
+    CPU-µs as intercepts) of components that run once per connection, not per message
+    (network RBAC, ``filter:rbac_network_N``); their per-message models stay in ``components``.
     """
 
     mode: Mode
@@ -155,6 +191,9 @@ class ModeProfile:
     memory_mtls: CostModel | None = None
     tls_handshake: ComponentModel | None = None
     carried: Mapping[str, ModeProfile] = field(default_factory=dict)
+    tls_version: str | None = None
+    tls_by_version: Mapping[str, TlsModels] = field(default_factory=dict)
+    per_connection: Mapping[Component, ComponentModel] = field(default_factory=dict)
 
     def filters(self) -> tuple[str, ...]:
         return tuple(sorted(c.name for c in self.components if c.name))
@@ -168,6 +207,12 @@ class ModeProfile:
             "memory_mtls": None if self.memory_mtls is None else self.memory_mtls.to_dict(),
             "tls_handshake": None if self.tls_handshake is None else self.tls_handshake.to_dict(),
             "carried": {p: mp.to_dict() for p, mp in sorted(self.carried.items())},
+            # written only when set, so documents without them keep their exact shape
+            **({} if self.tls_version is None else {"tls_version": self.tls_version}),
+            **({"tls_by_version": {v: t.to_dict() for v, t in sorted(self.tls_by_version.items())}}
+               if self.tls_by_version else {}),  # fmt: skip
+            **({"per_connection": {c.key: m.to_dict() for c, m in sorted(self.per_connection.items())}}
+               if self.per_connection else {}),  # fmt: skip
         }
 
     @classmethod
@@ -180,6 +225,9 @@ class ModeProfile:
             memory_mtls=None if d.get("memory_mtls") is None else CostModel.from_dict(d["memory_mtls"]),
             tls_handshake=None if d.get("tls_handshake") is None else ComponentModel.from_dict(d["tls_handshake"]),
             carried={str(p): ModeProfile.from_dict(v) for p, v in (d.get("carried") or {}).items()},
+            tls_version=None if d.get("tls_version") is None else str(d["tls_version"]),
+            tls_by_version={str(v): TlsModels.from_dict(t) for v, t in (d.get("tls_by_version") or {}).items()},
+            per_connection={Component.parse(k): ComponentModel.from_dict(v) for k, v in (d.get("per_connection") or {}).items()},
         )
 
 

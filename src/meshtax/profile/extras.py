@@ -37,9 +37,11 @@ import numpy as np
 from meshtax import __version__
 from meshtax.model.components import OTHER, TLS, filter_component
 from meshtax.model.costmodel import ComponentModel, CostModel, extra_units
-from meshtax.model.profile import ModeProfile, Profile, Provenance
+from meshtax.model.profile import ModeProfile, Profile, Provenance, TlsModels
 from meshtax.model.sidecar import Mode
 from meshtax.profile.envoy import EnvoyConfig
+from meshtax.profile.filterprof import ConnectFn as ModeConnectFn
+from meshtax.profile.filterprof import connect_loop as mode_connect_loop
 from meshtax.profile.filterprof import (
     BASE,
     LO,
@@ -54,6 +56,7 @@ from meshtax.profile.filterprof import (
     echo_server,
     filter_models,
     free_ports,
+    measure_connections,
     multi_bootstrap,
     profile_filters,
     real_load,
@@ -86,6 +89,9 @@ LARGE_CHECK = (16384, 65536, 262144, 1048576)
 TLS_SIZES = (100, 4096, 16384, 65536)
 TLS_RECORD = 16384
 SPLIT_CANDIDATES = (16384, 32768, 65536, 131072)
+# components that run once per connection (their per-message cost is ~0 on reused connections)
+PER_CONNECTION_PREFIX = "rbac_network_"
+CONNECT_MODES = (Mode.TCP, Mode.HTTP)  # what the connection loop speaks
 SMALL_MAX = 4096  # sizes that fit one unit whatever the split: the "paper's line" is fitted on them
 
 
@@ -102,7 +108,8 @@ class ExtrasOptions:
     large: bool = False
     modes: tuple[Mode | str, ...] | None = None
     name: str | None = None
-    tls_version: str = "1.3"
+    tls_version: str = "1.3"  # the version of the top-level ``tls``/``tls_handshake`` and of memory
+    tls_versions: tuple[str, ...] = ("1.3", "1.2")  # every version measured (``tls_by_version``)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +120,7 @@ class ExtrasOptions:
             "large": self.large,
             "modes": None if self.modes is None else [Mode(m).value for m in self.modes],
             "tls_version": self.tls_version,
+            "tls_versions": list(self.tls_versions),
         }
 
 
@@ -406,6 +414,7 @@ class ExtrasBackends:
     filters: FilterBackends = field(default_factory=FilterBackends)
     memory: Callable[[Mode, bool, bool, str, System], Any] | None = None  # → MemoryResult
     connect: ConnectFn = connect_loop
+    connect_mode: ModeConnectFn = mode_connect_loop  # per-connection filter costs (TCP, HTTP)
     now: Callable[[], _dt.datetime] = field(default=lambda: _dt.datetime.now(_dt.timezone.utc))
 
 
@@ -476,21 +485,41 @@ def profile_extras(
                 cs.update({filter_component(n): m for n, m in models.items()})
                 mps[mode] = dataclasses.replace(mps[mode], components=cs)
                 rec[mode.value] = _filters_record(run, combos_for(mode, comps))
+                per_conn = [c for c in comps if c.startswith(PER_CONNECTION_PREFIX)]
+                if per_conn and mode in CONNECT_MODES:
+                    say(f"filters, {mode.value} mode: {len(per_conn)} per-connection components")
+                    conns = measure_connections(mode, per_conn, opts, system, backends=fb, connect=be.connect_mode,
+                                                k=100 if options.quick else 300, workdir=work / f"conn-{mode.value}",
+                                                progress=say)  # fmt: skip
+                    pc = dict(mps[mode].per_connection)
+                    pc.update({filter_component(n): m.model() for n, m in conns.items()})
+                    mps[mode] = dataclasses.replace(mps[mode], per_connection=pc)
+                    rec[mode.value]["per_connection"] = {n: m.to_dict() for n, m in conns.items()}
             record["filters"] = {**record.get("filters", {}), **rec}
         if options.mtls:
             rec = {}
-            say("mTLS: handshake per connection (TCP)")
-            hs = measure_handshake(opts, system, fb, work, options.tls_version, be.connect, k=100 if options.quick else 300)
-            rec["handshake"] = hs.to_dict()
             sizes: tuple[int, ...] = TLS_SIZES[:3] if options.quick else TLS_SIZES
-            for mode in modes:
-                say(f"mTLS: per message, {mode.value} mode")
-                r = measure_tls(mode, sizes, opts, system, fb, work, options.tls_version)
-                rec[mode.value] = r.to_dict()
-                cs = dict(mps[mode].components)
-                cs[TLS] = tls_models(r)
-                mps[mode] = dataclasses.replace(mps[mode], components=cs, tls_handshake=hs.model())
-            record["mtls"] = rec
+            # the primary version first: it fills the top-level tls/tls_handshake
+            for version in dict.fromkeys((options.tls_version, *options.tls_versions)):
+                vrec: dict[str, Any] = {}
+                say(f"mTLS {version}: handshake per connection (TCP)")
+                hs = measure_handshake(opts, system, fb, work, version, be.connect, k=100 if options.quick else 300)
+                vrec["handshake"] = hs.to_dict()
+                for mode in modes:
+                    say(f"mTLS {version}: per message, {mode.value} mode")
+                    r = measure_tls(mode, sizes, opts, system, fb, work, version)
+                    vrec[mode.value] = r.to_dict()
+                    per_msg = tls_models(r)
+                    tv = {**mps[mode].tls_by_version, version: TlsModels(version, per_msg, hs.model())}
+                    mps[mode] = dataclasses.replace(mps[mode], tls_by_version=tv)
+                    if version == options.tls_version:
+                        cs = dict(mps[mode].components)
+                        cs[TLS] = per_msg
+                        mps[mode] = dataclasses.replace(mps[mode], components=cs, tls_handshake=hs.model(),
+                                                        tls_version=version)  # fmt: skip
+                rec[version] = vrec
+            # the primary version's record also at the top, where earlier readers look
+            record["mtls"] = {**rec.get(options.tls_version, {}), "by_version": rec}
         if options.memory:
             rec = {}
             for mode in modes:
