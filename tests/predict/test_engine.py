@@ -287,3 +287,24 @@ def test_shared_cpus_bound_latency_by_the_requests_cpu_work() -> None:
     assert one.latency_by_component[0].sum() == 80 and one.absorbed_us[0] == 0
     with pytest.raises(ValueError, match="pod_cpus"):
         predict_batch(b, single_profile(P), pod_cpus=0)
+
+
+def test_new_connections_pay_the_handshake_and_per_connection_filters() -> None:
+    # http: OTHER 5 µs / 2 CPU-µs per crossing; handshake 100 µs / 40 CPU-µs per connection per
+    # sidecar; network RBAC 0 per message, 3 µs / 1 CPU-µs per connection
+    rbac = filter_component("rbac_network_100")
+    mp = ModeProfile(Mode.HTTP, {OTHER: flat(5, 2), TLS: flat(1, 1), rbac: flat(0, 0)},
+                     tls_handshake=flat(100, 40), per_connection={rbac: flat(3, 1)})  # fmt: skip
+    prof = replace(profile({}), modes={Mode.HTTP: mp})
+    side = SidecarConfig(Mode.HTTP, filters=("rbac_network_100",), mtls=True)
+    calls = [inv("r", EXTERNAL, "A", 0, 1000), replace(inv("c", "A", "B", 10, 100, "r"), new_connections=0.25)]
+    _, bp = run(ecg({"A": side, "B": side}, calls), prof)
+    # per message: root 2 crossings, A→B 4 crossings, each OTHER 5 + TLS 1 = 6 µs → 36;
+    # a quarter of A→B's calls open a connection: 2 sidecars × (100 + 3) × 0.25 = 51.5
+    assert bp.latency_overhead_us[0] == pytest.approx(36 + 51.5)
+    assert bp.cpu_vcpu[0] == pytest.approx((6 * 3 + 2 * (40 + 1) * 0.25) * 1000 * 1e-6)
+    k = bp.components.index(TLS)
+    assert bp.cpu_by_component[0, k] == pytest.approx((6 * 1 + 2 * 40 * 0.25) * 1000 * 1e-6)
+    # without a handshake model: a warning, not a guess
+    _, bp2 = run(ecg({"A": side, "B": side}, calls), replace(prof, modes={Mode.HTTP: replace(mp, tls_handshake=None)}))
+    assert any("handshake" in w for w in bp2.warnings)

@@ -99,3 +99,28 @@ def test_dask_local_cluster_identical(store: Store, tmp_path: Path) -> None:
     assert s.engine == "dask"
     assert _table(tmp_path / "local").equals(_table(tmp_path / "dask"))
     assert (tmp_path / "local" / "cdf.csv").read_text() == (tmp_path / "dask" / "cdf.csv").read_text()
+
+
+def test_partition_prices_new_connections_and_protocols_like_predict_batch() -> None:
+    from dataclasses import replace
+
+    from meshtax.model.components import TLS
+    from meshtax.model.ecg import to_batch
+    from meshtax.model.sidecar import SidecarConfig
+    from meshtax.predict.study import predict_partition
+    from tests.helpers import EXTERNAL, ecg, inv
+
+    base = _profile()
+    tcp = replace(base.modes[Mode.TCP], tls_handshake=ComponentModel(CostModel(90.0), CostModel(30.0)),
+                  components={**base.modes[Mode.TCP].components, TLS: ComponentModel(CostModel(1.0), CostModel(0.5))},
+                  carried={"grpc": ModeProfile(Mode.TCP, {OTHER: ComponentModel(CostModel(20.0), CostModel(15.0))})})  # fmt: skip
+    prof = replace(base, modes={**base.modes, Mode.TCP: tcp})
+    side = SidecarConfig(Mode.TCP, mtls=True)
+    calls = [inv("r", EXTERNAL, "A", 0, 1000, rate=500), replace(inv("c", "A", "B", 10, 100, "r", rate=500), new_connections=0.3, protocol="grpc")]
+    batch = to_batch([ecg({"A": side, "B": side}, calls)])
+    cols = predict_partition(batch, [StudyConfig("t", side)], prof)
+    pred = predict_batch(retarget(batch, side), single_profile(prof))
+    assert cols["t.latency_overhead_us"][0] == pytest.approx(pred.latency_overhead_us[0])
+    assert cols["t.cpu_vcpu"][0] == pytest.approx(pred.cpu_vcpu[0])
+    # the handshake and the carried gRPC model are in it: 2 sidecars × 0.3 × 90 µs of latency at least
+    assert pred.latency_overhead_us[0] > 2 * 0.3 * 90

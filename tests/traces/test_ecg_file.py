@@ -124,3 +124,13 @@ def test_protocol_per_call_and_default(tmp_path: Path) -> None:
     p.write_text("services: {a: {sidecar: tcp}}\ninvocations:\n  - {id: r, callee: a, protocol: thrift}\n")
     with pytest.raises(ECGError, match="protocol"):
         load_ecg_file(p)
+
+
+def test_new_connections_share(tmp_path: Path) -> None:
+    p = tmp_path / "g.yaml"
+    p.write_text("services: {a: {sidecar: http}}\ninvocations:\n  - {id: r, callee: a, new_connections: 0.5}\n")
+    (g,) = load_ecg_file(p)
+    assert g.invocations[0].new_connections == 0.5
+    p.write_text("services: {a: {sidecar: http}}\ninvocations:\n  - {id: r, callee: a, new_connections: 2}\n")
+    with pytest.raises(ECGError, match="new_connections"):
+        load_ecg_file(p)

@@ -53,6 +53,7 @@ class Invocation:
     duration_us: float = 0.0
     parent: str | None = None
     protocol: str = ""  # application protocol on the wire, one of PROTOCOLS ("" unknown)
+    new_connections: float = 0.0  # share of calls that open a new connection (0: pooled, 1: one per call)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,8 @@ def validate(name: str, services: Mapping[str, Service], invocations: Sequence[I
                 problems.append(f"{where}.{fname}: {v!r}; expected a finite number ≥ 0")
         if not np.isfinite(inv.start_us):
             problems.append(f"{where}.start_us: {inv.start_us!r}; expected a finite number")
+        if not (np.isfinite(inv.new_connections) and 0.0 <= inv.new_connections <= 1.0):
+            problems.append(f"{where}.new_connections: {inv.new_connections!r}; expected a share between 0 and 1")
         if inv.protocol not in PROTOCOLS:
             problems.append(f"{where}.protocol: {inv.protocol!r}; expected one of {', '.join(p for p in PROTOCOLS if p)}")
     # parents, cycles, containment
@@ -206,6 +209,7 @@ class EcgBatch:
     graph_names: tuple[str, ...]
     row_ids: tuple[str, ...] = ()  # invocation ids, when the graphs came with them
     protocol: IntArray | None = None  # index into PROTOCOLS per row; None: all unknown
+    new_connections: FloatArray | None = None  # share of calls opening a connection per row; None: all 0
 
     @property
     def n_graphs(self) -> int:
@@ -232,6 +236,7 @@ class BatchBuilder:
         self._names: list[str] = []
         self._ids: list[str] = []
         self._proto: list[int] = []
+        self._conn: list[float] = []
 
     def service(self, name: str, sidecar: SidecarConfig, platform: str | None = None) -> int:
         """Index of a service (registered on first use; its sidecar must not change)."""
@@ -248,10 +253,15 @@ class BatchBuilder:
         return idx
 
     def add_graph(
-        self, name: str, rows: Iterable[tuple[int, int, int, float, float, float, float, float]], protocols: Sequence[int] | None = None
+        self,
+        name: str,
+        rows: Iterable[tuple[int, int, int, float, float, float, float, float]],
+        protocols: Sequence[int] | None = None,
+        new_connections: Sequence[float] | None = None,
     ) -> None:
         """Add one graph. Rows: (local parent or -1, caller svc or -1, callee svc, req, resp, rate, start, dur),
-        parents before children; ``protocols``: a PROTOCOLS index per row (None: unknown)."""
+        parents before children; ``protocols``: a PROTOCOLS index per row (None: unknown);
+        ``new_connections``: the share of calls opening a connection per row (None: 0)."""
         base = self._ptr[-1]
         n = 0
         c = self._cols
@@ -267,9 +277,11 @@ class BatchBuilder:
             c["start"].append(start)
             c["dur"].append(dur)
             n += 1
-        if protocols is not None and len(protocols) != n:
-            raise ValueError(f"graph {name!r}: {len(protocols)} protocols for {n} rows")
+        for what, col in (("protocols", protocols), ("new_connections", new_connections)):
+            if col is not None and len(col) != n:
+                raise ValueError(f"graph {name!r}: {len(col)} {what} for {n} rows")
         self._proto.extend(protocols if protocols is not None else [0] * n)
+        self._conn.extend(new_connections if new_connections is not None else [0.0] * n)
         self._ptr.append(base + n)
         self._names.append(name)
 
@@ -299,6 +311,7 @@ class BatchBuilder:
                 for inv in ecg.invocations
             ),
             [PROTOCOLS.index(inv.protocol) for inv in ecg.invocations],
+            [inv.new_connections for inv in ecg.invocations],
         )
 
     def build(self) -> EcgBatch:
@@ -325,6 +338,7 @@ class BatchBuilder:
             graph_names=tuple(self._names),
             row_ids=tuple(self._ids) if len(self._ids) == self._ptr[-1] else (),
             protocol=np.asarray(self._proto, dtype=np.int64) if any(self._proto) else None,
+            new_connections=np.asarray(self._conn, dtype=np.float64) if any(self._conn) else None,
         )
 
 

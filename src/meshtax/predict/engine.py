@@ -5,7 +5,10 @@ sidecar inbound; the response crosses them in reverse. Each crossing costs every
 of that sidecar's mode plus each filter of its chain (and TLS where mTLS is on), evaluated at
 the message size and the invocation's rate. A tcp-mode sidecar forwarding a protocol its
 profile measured on the wire (``ModeProfile.carried``: gRPC is several TCP writes per call)
-is priced with those models. CPU sums over all invocations and all crossings at their rates;
+is priced with those models. A call that opens a new connection (``new_connections``, the
+share of calls that do) also pays, at each sidecar, what the profile measured per connection:
+the mTLS handshake where mTLS is on, and filters that run once per connection (network RBAC).
+CPU sums over all invocations and all crossings at their rates;
 latency adds each invocation's crossings to its duration and recomputes the end-to-end
 latency (:mod:`meshtax.predict.critical_path`).
 
@@ -108,6 +111,26 @@ def spec_models(
     return models
 
 
+def connection_models(spec: SidecarSpec, profile: Profile, warnings: list[str]) -> dict[Component, ComponentModel]:
+    """Latency and CPU per new connection through this sidecar (intercepts), by component:
+    the TLS handshake (as :data:`TLS`) with mTLS, and each filter of the chain the profile
+    prices per connection. Missing models are warned about, not guessed."""
+    mp = profile.mode(spec.config.mode)
+    out: dict[Component, ComponentModel] = {}
+    if spec.config.mtls:
+        if mp.tls_handshake is not None:
+            out[TLS] = mp.tls_handshake
+        else:
+            warnings.append(f"profile {profile.name!r} has no {spec.config.mode.value}-mode TLS handshake model: new mTLS connections cost nothing extra")
+    for f in spec.config.filters:
+        fc = filter_component(f)
+        if fc in mp.per_connection:
+            m = mp.per_connection[fc]
+            prev = out.get(fc)
+            out[fc] = m if prev is None else ComponentModel(_sum(prev.latency, m.latency), _sum(prev.cpu, m.cpu))
+    return out
+
+
 def _base(mp: ModeProfile, protocol: str, name: str, warnings: list[str]) -> dict[Component, ComponentModel]:
     """The mode's own components, or those measured with ``protocol`` on the wire when the
     sidecar does not parse it (tcp mode) and the profile has them."""
@@ -144,7 +167,9 @@ def hop_costs(batch: EcgBatch, profiles: ProfileLookup) -> Costs:
         used = np.unique(proto[(batch.caller_spec == s) | (batch.callee_spec == s)]) if n else np.zeros(0, dtype=np.int64)
         for code in [int(c) for c in used] or codes[:1]:
             per[s, code] = spec_models(spec, profiles(spec.platform), warnings, PROTOCOLS[code])
-    comps = tuple(sorted({c for m in per.values() for c in m}))
+    share = batch.new_connections
+    conn = {s: connection_models(spec, profiles(spec.platform), warnings) for s, spec in enumerate(batch.specs)} if share is not None else {}
+    comps = tuple(sorted({c for m in per.values() for c in m} | {c for m in conn.values() for c in m}))
     col = {c: k for k, c in enumerate(comps)}
     K = len(comps)
     out = {name: np.zeros((n, K)) for name in ("lc", "ld", "cc", "cd")}
@@ -163,6 +188,12 @@ def hop_costs(batch: EcgBatch, profiles: ProfileLookup) -> Costs:
                 out[cpu_key][rows, k] += cpu.predict(q, r) + cpu.predict(p, r)
                 lse[rows] += lat.stderr_at(q, r) + lat.stderr_at(p, r)
                 cse[rows] += cpu.stderr_at(q, r) + cpu.stderr_at(p, r)
+        if share is not None:  # per new connection, once per sidecar, for the share of calls that open one
+            for s, per_conn in conn.items():
+                rows = np.flatnonzero((spec_col == s) & (share > 0))
+                for c, m in per_conn.items():
+                    out[lat_key][rows, col[c]] += share[rows] * m.latency.intercept
+                    out[cpu_key][rows, col[c]] += share[rows] * m.cpu.intercept
     return Costs(comps, out["lc"], out["ld"], out["cc"], out["cd"], lse, cse, tuple(dict.fromkeys(warnings)))
 
 

@@ -41,7 +41,7 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import propagate, structure
 # the engine's per-sidecar model selection, reused so the study prices exactly like predict_batch
-from meshtax.predict.engine import spec_models
+from meshtax.predict.engine import connection_models, spec_models
 from meshtax.traces.store import Store, open_store, read_partition
 
 FloatArray = npt.NDArray[np.float64]
@@ -128,6 +128,10 @@ def _row_costs(batch: EcgBatch, sidecar: SidecarConfig, profile: Profile) -> tup
         rows = proto == code
         lat_row[rows] = (lat_s[q] + lat_s[p])[rows]
         cpu_row[rows] = (cpu_s[q] + cpu_s[p])[rows]
+    if batch.new_connections is not None:  # per new connection, at each meshed side
+        per_conn = connection_models(SidecarSpec(sidecar, None), profile, warnings).values()
+        lat_row += batch.new_connections * sum(m.latency.intercept for m in per_conn)
+        cpu_row += batch.new_connections * sum(m.cpu.intercept for m in per_conn)
     crossings = (batch.caller_spec >= 0).astype(np.float64) + (batch.callee_spec >= 0)
     return crossings * lat_row, crossings * cpu_row
 

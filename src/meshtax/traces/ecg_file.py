@@ -105,6 +105,7 @@ def ecgs_from_dict(doc: Any, source: str) -> list[ECG]:
                     duration_us=float(r.get("duration_us", 0.0)),
                     parent=parent,
                     protocol=str(r.get("protocol", defaults.get("protocol", ""))),
+                    new_connections=float(r.get("new_connections", defaults.get("new_connections", 0.0))),
                 )
             )
         name = g.get("name") or (base_name if len(graphs) == 1 else f"{base_name}#{gi}")
