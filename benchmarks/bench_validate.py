@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="artifacts/validation")
+    ap.add_argument("--keep-traces", action="store_true", help="keep each case's no-mesh traces in <out>/traces (for validate_repredict.py)")
     a = ap.parse_args()
     store = ProfileStore(a.db) if a.db else ProfileStore()
     out = Path(a.out)
@@ -48,7 +49,8 @@ def main() -> None:
     results: list[ValidationResult] = []
     for topo in a.topologies.split(","):
         opts = ValidateOptions(topo, tuple(q for q in a.queries.split(",") if q), tuple(Mode(m) for m in a.modes.split(",")),
-                               rate=a.rate, duration_s=a.duration, profile_name=a.profile, quick=a.quick)  # fmt: skip
+                               rate=a.rate, duration_s=a.duration, profile_name=a.profile, quick=a.quick,
+                               traces_dir=str(out / "traces") if a.keep_traces else None)  # fmt: skip
         res = run_validation(opts, RealSystem(), store, progress=lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True))
         write_report(res.to_document(), out / f"{topo}.json")
         print(res.table(), flush=True)

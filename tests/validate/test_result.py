@@ -47,8 +47,12 @@ def test_rel_error_and_case_document() -> None:
     assert doc["sidecar_cpu_us_per_request"] == pytest.approx(150.0)
     assert doc["cpu_by_service_us_per_request"] == {"a": pytest.approx(100.0), "b": pytest.approx(100.0)}
     assert len(doc["runs"]) == 6
+    # the measured side comes back from the document, to be predicted again
+    back = CaseResult.measured_from_case(doc)
+    assert (back.topology, back.query, back.mode, back.rate, back.pairs, back.predicted) == ("bookinfo", "productpage", "http", 200.0, PAIRS, None)
     failed = CaseResult("bookinfo", "productpage", "grpc", 200.0, error="LoadFailed: boom")
     assert failed.comparisons == {} and failed.to_case()["error_message"] == "LoadFailed: boom"
+    assert CaseResult.measured_from_case(failed.to_case()).error == "LoadFailed: boom"
 
     v = ValidationResult("bookinfo", (c, failed), "p1", {"host": "h"}, {"rate": 200})
     d = v.to_document()

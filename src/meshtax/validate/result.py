@@ -65,6 +65,13 @@ class RunSample:
             "sidecar_cpu_ns": self.sidecar_cpu_ns,
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunSample:
+        return cls(
+            float(d["p50_us"]), float(d["p90_us"]), float(d["mean_us"]), int(d["count"]), float(d["actual_qps"]),
+            float(d["duration_s"]), {str(k): int(v) for k, v in d.get("cpu_ns", {}).items()}, int(d.get("sidecar_cpu_ns", 0)),
+        )  # fmt: skip
+
 
 def overheads(pairs: Sequence[tuple[RunSample, RunSample]]) -> dict[str, Estimate]:
     """Median (with its 95 % order-statistic interval) over pairs of mesh − no mesh, for
@@ -208,6 +215,15 @@ class CaseResult:
         doc["prediction"] = self.predicted.to_dict()
         doc["runs"] = [{"no_mesh": b.to_dict(), "mesh": m.to_dict()} for b, m in self.pairs]
         return doc
+
+    @classmethod
+    def measured_from_case(cls, doc: Mapping[str, Any]) -> CaseResult:
+        """The measured side of a case document (:meth:`to_case`), without its prediction: to
+        predict the same runs again (another profile or model)."""
+        topology, query = str(doc["name"]).split("/", 1)
+        pairs = tuple((RunSample.from_dict(r["no_mesh"]), RunSample.from_dict(r["mesh"])) for r in doc.get("runs", ()))
+        return cls(topology, query, str(doc["mode"]), float(doc["rate"]), pairs, None, dict(doc.get("sidecar_modes", {})),
+                   doc.get("error_message"), float(doc.get("wall_s", 0.0)))  # fmt: skip
 
 
 def _median_abs(xs: Sequence[float]) -> float:

@@ -88,6 +88,8 @@ class ValidateOptions:
     then uses the rate the no-mesh side reached).
     ``duration_s``: seconds per run. ``quick``: shorter runs and fewer pairs (CI, smoke).
     ``filters``/``mtls``: not supported yet (refused rather than silently ignored).
+    ``traces_dir``: keep each case's no-mesh traces there as ``<topology>-<query>-<mode>.json``
+    (the prediction's input, so another profile or model can be compared on the same runs).
     """
 
     topology: str
@@ -106,6 +108,7 @@ class ValidateOptions:
     warmup_n: int = 300
     lock_timeout_s: float = 900.0
     keep_workdir: bool = False
+    traces_dir: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
@@ -253,6 +256,10 @@ def run_case(
                 if side.app is not None:
                     side.app.stop()  # SIGTERM: the spans are flushed
             trace = appctl.write_merged_traces(sides["no_mesh"].deployment.trace_files, work / "no_mesh-traces.json")
+            if options.traces_dir:
+                kept = Path(options.traces_dir)
+                kept.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(trace, kept / f"{topology.name}-{q.name}-{mode.value}.json")
             for env in mesh.envoys.values():
                 env.stop()
         say(f"{topology.name}/{q.name} {mode.value}: predict")
