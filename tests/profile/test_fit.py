@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 
 from meshtax.model.components import BASE_COMPONENTS, IPC, OTHER, PARSING, READ, Component
 from meshtax.model.costmodel import extra_units
 from meshtax.model.sidecar import Mode
-from meshtax.profile.fit import SizePoint, choose_split, closure, fit_mode, fit_model
+from meshtax.profile.fit import SizePoint, choose_split, closure, fit_carried, fit_mode, fit_model
 
 SIZES = [100.0, 1024.0, 4096.0, 16384.0, 32768.0, 65536.0]
 
@@ -85,3 +86,31 @@ def test_fit_mode_without_cpu_and_without_points() -> None:
     assert mp.components[IPC].latency.intercept == 1.0
     with pytest.raises(ValueError, match="no measurements"):
         fit_mode(Mode.HTTP, [])
+
+
+def test_fit_carried_fits_each_protocol_like_the_mode() -> None:
+    base_pts = [point(100, 1.0, 10.0, 11.0, 10.0, 12.0, ((4000.0, {OTHER: 2.0}),))]
+    base = fit_mode(Mode.TCP, base_pts)
+    # gRPC through the tcp sidecar: Other CPU 6 µs at 4000/s and 20 µs at 100/s at both sizes;
+    # IPC latency 2 µs + 0.001 µs/B
+    cpu = ((4000.0, {OTHER: 6.0}), (100.0, {OTHER: 20.0}))
+    g = [point(100, 2.1, 12.0, 15.0, 14.0, 16.0, cpu), point(4100, 6.1, 12.0, 19.0, 18.0, 20.0, cpu)]
+    mp = fit_carried(base, {"grpc": g, "http": []}, tolerance=0.15)
+    assert set(mp.carried) == {"grpc"}  # a protocol without points is left out
+    assert mp.components == base.components and mp.closure == base.closure
+    c = mp.carried["grpc"]
+    assert c.mode is Mode.TCP and set(c.components) == set(base.components) == set(BASE_COMPONENTS)
+    ipc = c.components[IPC].latency
+    assert [ipc.intercept, ipc.slope] == pytest.approx([2.0, 0.001])
+    other = c.components[OTHER].cpu
+    assert other.samples is not None and other.samples.rates == (4000.0, 100.0, 4000.0, 100.0)
+    # the rates reach CostModel.fit: 6 µs at the highest rate, 20 at the lowest
+    assert other.predict([100.0], [4000.0])[0] == pytest.approx(6.0)
+    assert other.predict([4100.0], [100.0])[0] == pytest.approx(20.0)
+    # closure: components (14.1 + 18.1) / 2 = 16.1 vs measured 17 → −5.3 %
+    assert c.closure is not None and c.closure.components_us == pytest.approx(16.1)
+    assert c.closure.measured_us == pytest.approx(17.0) and c.closure.closes
+    # models already carried for another protocol are kept; a refit replaces its own
+    again = fit_carried(replace(mp, carried={"http": base, **mp.carried}), {"grpc": g[:1]})
+    assert set(again.carried) == {"grpc", "http"} and again.carried["http"] is base
+    assert again.carried["grpc"].components[IPC].latency.slope == 0.0

@@ -125,7 +125,7 @@ class WindowProbe:
         self.started: list[tuple[int, ...]] = []
         self.running = False
 
-    def start(self, pids: Sequence[int]) -> None:
+    def start(self, pids: Sequence[int], follow_netns: str | None = None) -> None:
         assert not self.running
         self.started.append(tuple(pids))
         self.running = True
@@ -171,7 +171,7 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
 
     sysm.spawn = spawn  # type: ignore[method-assign]
     plan = Plan(modes=(Mode.TCP, Mode.HTTP), sizes=(100, 1000), rate_fractions=(0.5, 1.0),
-                latency_run_s=0.1, latency_max_runs=6, probe_pairs=1, pinning=PIN, nice=-7)  # fmt: skip
+                latency_run_s=0.1, latency_max_runs=6, probe_pairs=1, pinning=PIN, nice=-7, carried=(), low_rates=())  # fmt: skip
     nice_seen: list[int | None] = []
 
     @contextlib.contextmanager
@@ -244,6 +244,90 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
     assert seen[-1].total == len(plan.steps()) and 0 <= seen[-1].fraction < 1
 
 
+def _fake_run(tmp_path: Path, plan: Plan, users: list[int]) -> tuple[Profile, EchoFakeSystem, list[Progress]]:
+    """run_profile against the fakes above; the sidecar's upstream port decides the meshed
+    latency, ``users[i]`` is the user time of the i-th sidecar started."""
+    world = World()
+    sysm = EchoFakeSystem(responders=[world])
+    sched = iter(range(0, 10**12, 6_000_000))
+    orig_spawn = sysm.spawn
+
+    def spawn(argv: Sequence[str], **kw: object) -> Process:
+        if "--config-yaml" in argv:
+            cfg = json.loads(argv[list(argv).index("--config-yaml") + 1])
+            port = cfg["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0][
+                "lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"]  # fmt: skip
+            world.mode_port = str(port)
+        return orig_spawn(argv, **kw)  # type: ignore[arg-type]
+
+    sysm.spawn = spawn  # type: ignore[method-assign]
+    probe = WindowProbe(users)
+    backends = Backends(
+        probe=lambda s: probe, perf=lambda s: FakePerf([]),
+        schedstat=lambda pid: {pid: next(sched)}, state_dir=tmp_path / "state", procs=Procs(),
+        envoy_binary=Path("/x/envoy"), fortio_binary=Path("/x/fortio"), workdir=tmp_path / "work",
+        niceness=lambda n: contextlib.nullcontext(),
+    )  # fmt: skip
+    seen: list[Progress] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ClosureWarning)
+        prof = run_profile(ProfileOptions(name="t", plan=plan), sysm, None, seen.append, backends=backends)
+    return prof, sysm, seen
+
+
+def test_run_profile_measures_grpc_carried_by_tcp_mode_and_low_rates(tmp_path: Path) -> None:
+    plan = Plan(modes=(Mode.TCP, Mode.HTTP), sizes=(100, 1000, 4000), rate_fractions=(1.0,),
+                low_rates=(100.0, 3000.0), low_rate_sizes=1, carried=("grpc",), carried_all_sizes=False,
+                carried_rate_fractions=(1.0,), latency_run_s=0.1, probe_pairs=1, carried_probe_pairs=1,
+                pinning=PIN, nice=None)  # fmt: skip
+    # sidecars in start order: tcp (user 10 ms), tcp carrying gRPC (20 ms), http (30 ms)
+    prof, sysm, seen = _fake_run(tmp_path, plan, [10_000_000, 20_000_000, 30_000_000])
+    tcp = prof.modes[Mode.TCP]
+    assert set(tcp.carried) == {"grpc"} and not prof.modes[Mode.HTTP].carried
+    g = tcp.carried["grpc"]
+    assert g.mode is Mode.TCP and set(g.components) == set(tcp.components) == set(BASE_COMPONENTS)
+    # latency per crossing from the probe windows: user 20 ms / 2000 crossings = 10 µs
+    lat = {c: m.latency.intercept for c, m in g.components.items()}
+    assert lat == pytest.approx({IPC: 1.0, READ: 1.0, WRITE: 1.0, NOTIFICATION: 2.0, OTHER: 10.0, PARSING: 0.0})
+    assert tcp.components[OTHER].latency.intercept == pytest.approx(5.0)
+    # closure against the probed overhead through the tcp sidecar to the gRPC port: (300 − 118)/2
+    assert g.closure is not None and g.closure.measured_us == pytest.approx(91.0)
+    # CPU at the smallest and largest size; the max-rate run (4000/s) and 100/s (3000/s is
+    # skipped: above half the max); perf split ×2 to schedstat: user 2 µs, read 1 µs per crossing
+    other = g.components[OTHER].cpu
+    assert other.samples is not None
+    assert other.samples.sizes == (100.0, 100.0, 4000.0)
+    assert other.samples.rates == (4000.0, 100.0, 4000.0)
+    assert other.samples.values == pytest.approx((2.0, 2.0, 2.0))
+    assert g.components[READ].cpu.predict([100.0], [100.0])[0] == pytest.approx(1.0)
+    # the modes' own CPU: low rate at the smallest size only; http's parsing against tcp's run
+    # of the same label (0 here: same perf split)
+    t_samples = tcp.components[OTHER].cpu.samples
+    assert t_samples is not None and t_samples.rates == (4000.0, 100.0, 4000.0, 4000.0)
+    h = prof.modes[Mode.HTTP].components[PARSING].cpu.samples
+    assert h is not None and h.rates == (4000.0, 100.0, 4000.0, 4000.0) and h.values == pytest.approx((0.0,) * 4)
+    # the carried sidecar is tcp mode in front of the gRPC port; its load speaks gRPC
+    cfgs = [json.loads(p.argv[list(p.argv).index("--config-yaml") + 1]) for p in sysm.processes if "--config-yaml" in p.argv]
+    ports = [c["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+             ["endpoint"]["address"]["socket_address"]["port_value"] for c in cfgs]  # fmt: skip
+    assert ports == [9078, 9079, 9080]
+    assert "tcp_proxy" in json.dumps(cfgs[1]) and "http_connection_manager" not in json.dumps(cfgs[1])
+    grpc_loads = [c for c in sysm.calls if "load" in c and "-grpc" in c]
+    assert grpc_loads and all("-ping" in c for c in grpc_loads)
+    assert {c[-1].rsplit(":", 1)[1] for c in grpc_loads} == {"8080", "9079"}
+    # recorded, and progress followed the plan's steps one by one (3000/s never announced)
+    o = prof.provenance.options
+    cm = o["carried_measurements"]["grpc"]
+    assert [m["size"] for m in cm] == [100, 4000] and [c["run"] for c in cm[0]["cpu"]] == ["max", "r100"]
+    assert "overhead_per_request_us" not in cm[0] and "probe" in cm[0]
+    assert o["low_rates"] == [100.0, 3000.0] and o["carried_sizes"] == [100, 4000]
+    assert any(n.startswith("tcp carrying grpc:") for n in prof.provenance.notes)
+    skipped = [st for st in plan.steps() if st.kind == "lowrate" and st.rate == 3000.0]
+    assert len(skipped) == 3 and not any(p.step in skipped for p in seen)
+    assert [p.index for p in seen] == [i + 1 for i, st in enumerate(plan.steps()) if st not in skipped]
+    assert all(p.returncode is not None for p in sysm.processes)
+
+
 def test_options_resolve_plan() -> None:
     p = ProfileOptions(quick=True, modes=("http",), sizes=(2048, 100), duration_s=1.0).resolve_plan()
     assert p.preset == "quick" and p.modes == (Mode.HTTP,) and p.sizes == (100, 2048)
@@ -287,10 +371,12 @@ def _ours() -> list[str]:
 @pytest.mark.root
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 def test_real_short_profile_one_mode_one_size() -> None:
+    """TCP at 100 B, one low rate, and gRPC carried through the tcp-mode sidecar."""
     before = _ours()
     plan = Plan(modes=(Mode.TCP,), sizes=(100,), rate_fractions=(0.5,), latency_run_s=0.3,
                 latency_min_runs=3, latency_max_runs=3, probe_run_s=1.0, maxqps_run_s=0.5,
-                cpu_run_s=0.5, warmup_n=50)  # fmt: skip
+                cpu_run_s=0.5, low_rates=(200.0,), low_rate_run_s=0.5, carried=("grpc",),
+                carried_probe_pairs=1, carried_rate_fractions=(1.0,), warmup_n=50)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)  # a noisy shared machine may not close
         prof = run_profile(ProfileOptions(name="smoke", plan=plan), RealSystem(), None,
@@ -304,5 +390,14 @@ def test_real_short_profile_one_mode_one_size() -> None:
     m = prof.provenance.options["measurements"]["tcp"][0]
     assert m["probe"]["requests"] > 0 and m["max_qps"] > 0
     assert tcp.components[OTHER].cpu.samples is not None
+    assert [c["run"] for c in m["cpu"]] == ["f0.5", "r200"] and 150 < m["cpu"][1]["rate"] < 250
+    # gRPC through the tcp-mode sidecar: every call succeeded (fortio fails the run otherwise),
+    # and the sidecar spent CPU on it at the max rate and at 200/s
+    g = tcp.carried["grpc"]
+    assert set(g.components) == set(BASE_COMPONENTS) and g.components[PARSING].cpu.intercept == 0.0
+    samples = g.components[OTHER].cpu.samples
+    assert samples is not None and len(samples.rates) == 2 and min(samples.rates) < 250
+    total = sum(sum(c["breakdown_us"].values()) for c in prof.provenance.options["carried_measurements"]["grpc"][0]["cpu"])
+    assert total > 0 and prof.provenance.options["carried_measurements"]["grpc"][0]["probe"]["requests"] > 0
     # nothing of this run left behind
     assert set(_ours()) <= set(before)

@@ -5,12 +5,15 @@ probe window) and CPU over sizes and rates (one value per size and rate). A spli
 chosen among candidates only when it explains the samples clearly better than a straight
 line (:func:`choose_split`). Closure compares, averaged over the measured sizes, the sum of
 component latencies with the directly measured overhead (with sidecar − without).
+:func:`fit_carried` fits a mode's models measured with an application protocol on the wire
+(``ModeProfile.carried``) the same way. Low-rate CPU runs are ordinary CPU points with their
+rates; :meth:`CostModel.fit` decides what the rates explain.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -19,7 +22,7 @@ from meshtax.model.costmodel import ComponentModel, CostModel, extra_units
 from meshtax.model.profile import Closure, ModeProfile
 from meshtax.model.sidecar import Mode
 
-__all__ = ["MIN_SPLIT_GAIN", "SizePoint", "choose_split", "closure", "fit_mode", "fit_model"]
+__all__ = ["MIN_SPLIT_GAIN", "SizePoint", "choose_split", "closure", "fit_carried", "fit_mode", "fit_model"]
 
 #: a split must remove at least this share of the straight line's squared residuals
 MIN_SPLIT_GAIN = 0.5
@@ -136,3 +139,18 @@ def fit_mode(
             cpu = CostModel(note="CPU not measured")
         models[comp] = ComponentModel(latency=latency, cpu=cpu)
     return ModeProfile(mode=mode, components=models, closure=closure(points, tolerance))
+
+
+def fit_carried(
+    base: ModeProfile,
+    carried: Mapping[str, Sequence[SizePoint]],
+    *,
+    candidates: Sequence[int] = (),
+    tolerance: float = 0.15,
+) -> ModeProfile:
+    """``base`` with ``carried[protocol]`` fitted (:func:`fit_mode`, same mode, components and
+    units) from each protocol's points; protocols without points are left out, models
+    ``base`` already carries for other protocols are kept."""
+    fitted = {p: fit_mode(base.mode, pts, candidates=candidates, tolerance=tolerance)
+              for p, pts in carried.items() if pts}  # fmt: skip
+    return replace(base, carried={**base.carried, **fitted})

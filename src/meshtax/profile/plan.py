@@ -16,7 +16,9 @@ from meshtax.model.sidecar import Mode
 from meshtax.profile.pinning import Pinning, available_cpus
 
 __all__ = [
+    "CARRIED_PROTOCOLS",
     "FULL_SIZES",
+    "LOW_RATES",
     "QUICK_SIZES",
     "Plan",
     "Step",
@@ -29,11 +31,16 @@ QUICK_SIZES: tuple[int, ...] = (100, 1024, 4096)
 FULL_SIZES: tuple[int, ...] = (100, 1024, 2048, 3072, 4096, 16384, 65536)
 ALL_MODES: tuple[Mode, ...] = (Mode.TCP, Mode.HTTP, Mode.GRPC)
 RATE_FRACTIONS: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
+# absolute low rates (requests/s): per-message CPU roughly doubles between thousands/s and
+# 100/s (fixed per-wake-up and timer costs are not amortised), and applications run there
+LOW_RATES: tuple[float, ...] = (100.0, 300.0)
+#: application protocols a tcp-mode sidecar can be measured carrying (``ModeProfile.carried``)
+CARRIED_PROTOCOLS: tuple[str, ...] = ("grpc", "http")
 # 16 KB: Envoy's read slice, HTTP/2 default max frame and a TLS record; 64 KB: lo's MTU.
 SPLIT_CANDIDATES: tuple[int, ...] = (16384, 65536)
 # a fixed cost per step the durations do not cover (process start, perf script, probe attach)
 # (measured: probe attach + detach ≈ 0.25 s; fortio start ≈ 0.1 s; perf record + script ≈ 0.8 s)
-STEP_OVERHEAD_S = {"setup": 2.0, "latency": 0.1, "probe": 0.35, "maxqps": 0.2, "cpu": 0.8}
+STEP_OVERHEAD_S = {"setup": 2.0, "latency": 0.1, "probe": 0.35, "maxqps": 0.2, "cpu": 0.8, "warmup": 0.3}
 
 
 def default_pinning(cpus: Sequence[int] | None = None) -> Pinning:
@@ -51,20 +58,26 @@ def default_pinning(cpus: Sequence[int] | None = None) -> Pinning:
 
 @dataclass(frozen=True)
 class Step:
-    """One measurement step (for progress and ETA); ``kind`` is setup/latency/probe/maxqps/cpu."""
+    """One measurement step (for progress and ETA); ``kind`` is setup/latency/probe/maxqps/cpu
+    (a fraction of the max rate) or lowrate (an absolute ``rate``). ``protocol``: the
+    application protocol a tcp-mode sidecar carries in this step ("" for the mode's own)."""
 
     kind: str
     mode: Mode
     size: int = 0
     rate_fraction: float = 0.0
     expected_s: float = 0.0
+    rate: float = 0.0
+    protocol: str = ""
 
     def describe(self) -> str:
+        who = f"{self.mode.value}+{self.protocol}" if self.protocol else self.mode.value
         if self.kind == "setup":
-            return f"{self.mode.value}: start sidecar"
+            return f"{who}: start sidecar"
         what = {"latency": "latency with/without sidecar", "probe": "probes attached",
-                "maxqps": "max rate", "cpu": f"CPU at {self.rate_fraction:.0%} of max"}[self.kind]  # fmt: skip
-        return f"{self.mode.value} {self.size} B: {what}"
+                "maxqps": "max rate", "cpu": f"CPU at {self.rate_fraction:.0%} of max",
+                "lowrate": f"CPU at {self.rate:g}/s"}[self.kind]  # fmt: skip
+        return f"{who} {self.size} B: {what}"
 
 
 @dataclass(frozen=True)
@@ -79,7 +92,16 @@ class Plan:
     attached to the sidecar and (``probe_app``) the app, so components and the overhead they
     must add up to come from the same, equally perturbed windows. CPU: the max-rate run
     (``maxqps_run_s``) and fixed-rate runs of ``cpu_run_s`` at the ``rate_fractions`` below 1
-    of that maximum, all under ``perf record`` (fraction 1 is the max-rate run itself).
+    of that maximum, all under ``perf record`` (fraction 1 is the max-rate run itself). Low
+    rates: runs of ``low_rate_run_s`` at each absolute rate of ``low_rates`` (requests/s,
+    below the max), at the smallest ``low_rate_sizes`` sizes (None: every size).
+
+    Carried (tcp mode only): for each protocol of ``carried``, a tcp-mode sidecar forwarding
+    to the app's server of that protocol, driven by that protocol's client, at the smallest
+    and largest size (``carried_all_sizes``: every size): ``carried_probe_pairs`` probe
+    window pairs (latency components and the overhead they close against; no separate
+    un-probed latency runs), then CPU at the max rate, ``carried_rate_fractions`` and the low
+    rates → ``ModeProfile.carried[protocol]``.
     """
 
     modes: tuple[Mode, ...] = ALL_MODES
@@ -95,6 +117,16 @@ class Plan:
     probe_app: bool = True
     maxqps_run_s: float = 1.0
     cpu_run_s: float = 1.0
+    low_rates: tuple[float, ...] = LOW_RATES
+    # measured (2-core VM, tcp/gRPC/HTTP via a tcp-mode sidecar, 3 repeats): the spread of
+    # CPU per message at 100/s and 300/s was 15–30 % at 0.5, 1 and 2 s alike — the machine's
+    # state, not the request count, sets it — so runs need not be long
+    low_rate_run_s: float = 1.0
+    low_rate_sizes: int | None = None
+    carried: tuple[str, ...] = ("grpc",)
+    carried_all_sizes: bool = True
+    carried_probe_pairs: int = 2
+    carried_rate_fractions: tuple[float, ...] = RATE_FRACTIONS
     warmup_n: int = 200
     split_candidates: tuple[int, ...] = SPLIT_CANDIDATES
     closure_tolerance: float = 0.15
@@ -113,9 +145,20 @@ class Plan:
             raise ValueError("modes and sizes must not repeat")
         if any(s <= 0 for s in self.sizes):
             raise ValueError(f"sizes must be positive byte counts, got {self.sizes}")
-        if any(not 0 < f <= 1 for f in self.rate_fractions):
-            raise ValueError(f"rate fractions must be in (0, 1], got {self.rate_fractions}")
-        durations = (self.latency_run_s, self.probe_run_s, self.maxqps_run_s, self.cpu_run_s)
+        if any(not 0 < f <= 1 for f in (*self.rate_fractions, *self.carried_rate_fractions)):
+            raise ValueError(f"rate fractions must be in (0, 1], got {self.rate_fractions} / "
+                             f"{self.carried_rate_fractions}")  # fmt: skip
+        if any(r <= 0 for r in self.low_rates) or len(set(self.low_rates)) != len(self.low_rates):
+            raise ValueError(f"low rates must be distinct positive requests/s, got {self.low_rates}")
+        if self.low_rate_sizes is not None and self.low_rate_sizes < 1:
+            raise ValueError("low_rate_sizes: at least one size (None: every size)")
+        bad = [p for p in self.carried if p not in CARRIED_PROTOCOLS]
+        if bad or len(set(self.carried)) != len(self.carried):
+            raise ValueError(f"carried protocols must be distinct, of {CARRIED_PROTOCOLS}; got {self.carried}")
+        if self.carried_probe_pairs < 1:
+            raise ValueError("need at least one pair of carried probe windows")
+        durations = (self.latency_run_s, self.probe_run_s, self.maxqps_run_s, self.cpu_run_s,
+                     self.low_rate_run_s)  # fmt: skip
         if min(durations) <= 0:
             raise ValueError("run durations must be positive")
         if self.probe_pairs < 1:
@@ -123,6 +166,7 @@ class Plan:
         # the order the run uses: TCP first, so HTTP/gRPC parsing can subtract it
         object.__setattr__(self, "modes", tuple(m for m in ALL_MODES if m in self.modes))
         object.__setattr__(self, "sizes", tuple(sorted(self.sizes)))
+        object.__setattr__(self, "low_rates", tuple(sorted(float(r) for r in self.low_rates)))
 
     def with_duration(self, seconds: float) -> Plan:
         """Every load run scaled to a base of ``seconds`` (``--duration``): latency runs take
@@ -135,6 +179,7 @@ class Plan:
             probe_run_s=seconds,
             cpu_run_s=seconds,
             maxqps_run_s=max(seconds, 0.5),
+            low_rate_run_s=max(seconds, 0.5),
             latency_budget_s=max(self.latency_budget_s, 2 * seconds * self.latency_min_runs),
         )
 
@@ -155,13 +200,51 @@ class Plan:
                 out.append(Step("probe", m, s, expected_s=probe_s))
                 max_s = self.maxqps_run_s + o["maxqps"] + (o["cpu"] if 1.0 in self.rate_fractions else 0.0)
                 out.append(Step("maxqps", m, s, expected_s=max_s))
-                for f in self.cpu_fractions():
-                    out.append(Step("cpu", m, s, f, expected_s=self.cpu_run_s + o["cpu"]))
+                out += self._cpu_steps(m, s, self.cpu_fractions())
+            if m is Mode.TCP:
+                out += self.carried_steps()
+        return out
+
+    def _cpu_steps(self, m: Mode, s: int, fractions: tuple[float, ...], protocol: str = "") -> list[Step]:
+        o = STEP_OVERHEAD_S
+        out = [Step("cpu", m, s, f, expected_s=self.cpu_run_s + o["cpu"], protocol=protocol) for f in fractions]
+        if s in self.low_rate_size_list():
+            out += [Step("lowrate", m, s, expected_s=self.low_rate_run_s + o["cpu"], rate=r, protocol=protocol)
+                    for r in self.low_rates]  # fmt: skip
+        return out
+
+    def carried_steps(self) -> list[Step]:
+        """The carried-protocol steps (they follow tcp mode's own steps)."""
+        o = STEP_OVERHEAD_S
+        out: list[Step] = []
+        if Mode.TCP not in self.modes:
+            return out
+        for p in self.carried:
+            out.append(Step("setup", Mode.TCP, expected_s=o["setup"], protocol=p))
+            for s in self.carried_sizes():
+                probe_s = o["warmup"] + 2 * self.carried_probe_pairs * (self.probe_run_s + o["probe"])
+                out.append(Step("probe", Mode.TCP, s, expected_s=probe_s, protocol=p))
+                max_s = self.maxqps_run_s + o["maxqps"] + o["cpu"]
+                out.append(Step("maxqps", Mode.TCP, s, expected_s=max_s, protocol=p))
+                fr = tuple(f for f in self.carried_rate_fractions if f < 1.0)
+                out += self._cpu_steps(Mode.TCP, s, fr, p)
         return out
 
     def cpu_fractions(self) -> tuple[float, ...]:
         """Rate fractions that need their own fixed-rate run (1.0 is the max-rate run)."""
         return tuple(f for f in self.rate_fractions if f < 1.0)
+
+    def low_rate_size_list(self) -> tuple[int, ...]:
+        """The sizes that get the low-rate runs (the smallest ``low_rate_sizes``)."""
+        if not self.low_rates:
+            return ()
+        return self.sizes if self.low_rate_sizes is None else self.sizes[: self.low_rate_sizes]
+
+    def carried_sizes(self) -> tuple[int, ...]:
+        """Sizes of the carried-protocol runs: every size, or the smallest and the largest."""
+        if self.carried_all_sizes:
+            return self.sizes
+        return tuple(sorted({self.sizes[0], self.sizes[-1]}))
 
     def expected_s(self) -> float:
         return sum(s.expected_s for s in self.steps())
@@ -182,6 +265,13 @@ class Plan:
             "probe_app": self.probe_app,
             "maxqps_run_s": self.maxqps_run_s,
             "cpu_run_s": self.cpu_run_s,
+            "low_rates": list(self.low_rates),
+            "low_rate_run_s": self.low_rate_run_s,
+            "low_rate_sizes": list(self.low_rate_size_list()),
+            "carried": list(self.carried),
+            "carried_sizes": list(self.carried_sizes()) if Mode.TCP in self.modes and self.carried else [],
+            "carried_probe_pairs": self.carried_probe_pairs,
+            "carried_rate_fractions": list(self.carried_rate_fractions),
             "warmup_n": self.warmup_n,
             "split_candidates": list(self.split_candidates),
             "closure_tolerance": self.closure_tolerance,
@@ -193,12 +283,18 @@ class Plan:
 def quick_plan(**changes: Any) -> Plan:
     """``--quick``: 100 B, 1 KB, 4 KB; short runs (aim: ≤ 3 min for tcp+http+grpc; a real
     run measured 201 s with 0.5 s latency and 1 s CPU runs; 137 s with 0.4 s, 0.6 s and
-    3 probe pairs, so a fourth pair fits)."""
-    return replace(Plan(latency_run_s=0.4, cpu_run_s=0.6, probe_pairs=4), **changes)
+    3 probe pairs, so a fourth pair fits). Low rates at the smallest size only; gRPC carried
+    through tcp mode at the smallest and largest size, one probe pair, CPU at the max rate and
+    the low rates (≈ 25 s of the budget)."""
+    base = Plan(latency_run_s=0.4, cpu_run_s=0.6, probe_pairs=4, low_rate_run_s=0.8, low_rate_sizes=1,
+                carried_all_sizes=False, carried_probe_pairs=1, carried_rate_fractions=(1.0,))  # fmt: skip
+    return replace(base, **changes)
 
 
 def full_plan(**changes: Any) -> Plan:
-    """Full: 100 B … 4 KB and 16/64 KB (so splits show); longer runs (aim: ≤ 20 min)."""
+    """Full: 100 B … 4 KB and 16/64 KB (so splits show); longer runs (aim: ≤ 20 min). Low
+    rates at the two smallest sizes; gRPC carried through tcp mode at every size (one probe
+    pair of 1.5 s windows, CPU at the max rate and the low rates)."""
     base = Plan(
         sizes=FULL_SIZES,
         latency_run_s=1.0,
@@ -209,6 +305,10 @@ def full_plan(**changes: Any) -> Plan:
         probe_pairs=4,
         maxqps_run_s=2.0,
         cpu_run_s=2.0,
+        low_rate_run_s=1.5,
+        low_rate_sizes=2,
+        carried_probe_pairs=1,
+        carried_rate_fractions=(1.0,),
         warmup_n=500,
         preset="full",
     )

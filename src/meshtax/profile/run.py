@@ -19,9 +19,15 @@ HTTP/gRPC parsing can subtract it) and size:
    (:mod:`~meshtax.profile.decompose`) and the overhead *in those same windows*, which the
    closure compares them with; probed − un-probed overhead is the probe's perturbation
    (:func:`probe_components`);
-3. the max-rate run and fixed-rate runs under perf → CPU per component (:func:`sidecar_cpu`).
+3. the max-rate run and fixed-rate runs under perf → CPU per component (:func:`sidecar_cpu`):
+   fractions of the max rate and absolute low rates (``Plan.low_rates``; per-message CPU
+   rises at low rates, where applications run).
 
-Then :mod:`~meshtax.profile.fit` fits models and checks closure.
+In tcp mode, then, for each protocol of ``Plan.carried`` (gRPC): a tcp-mode sidecar forwarding
+to the app's server of that protocol, driven by that protocol's client — probe windows and CPU
+runs as above → ``ModeProfile.carried[protocol]`` (one gRPC call is several TCP writes each
+way, which a TCP echo does not show). Then :mod:`~meshtax.profile.fit` fits models and checks
+closure.
 
 Building blocks for other profilers (filters, mTLS, memory …): :func:`echo_testbed` /
 :class:`EchoBed` (testbed + app; ``start_sidecar`` with any :class:`EnvoyConfig`; ``load``),
@@ -34,6 +40,7 @@ orchestration runs against fakes in tests.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import socket
 import tempfile
@@ -59,7 +66,7 @@ from meshtax.profile.decompose import (
     per_crossing,
 )
 from meshtax.profile.envoy import EnvoyConfig, EnvoyProcess, config_hash, envoy_binary, envoy_version
-from meshtax.profile.fit import SizePoint, fit_mode
+from meshtax.profile.fit import SizePoint, fit_carried, fit_mode
 from meshtax.profile.fortio import FortioServer, LoadResult, fortio_binary, fortio_version, run_load
 from meshtax.profile.perfcpu import PerfProfile, PerfSession, schedstat
 from meshtax.profile.plan import Plan, Step, full_plan, quick_plan
@@ -105,8 +112,9 @@ class ClosureWarning(UserWarning):
 class ProfileOptions:
     """What ``meshtax profile`` asks for (the CLI maps argv onto this, nothing else).
 
-    ``modes``/``sizes``/``duration_s`` override the preset (``quick`` or full); ``plan``, if
-    given, replaces the preset entirely. ``name`` defaults to ``<hostname>-<UTC time>``.
+    ``modes``/``sizes``/``duration_s``/``carried``/``low_rates`` override the preset (``quick``
+    or full; ``()`` turns carried protocols or low-rate runs off); ``plan``, if given, replaces
+    the preset entirely. ``name`` defaults to ``<hostname>-<UTC time>``.
     """
 
     name: str | None = None
@@ -116,6 +124,8 @@ class ProfileOptions:
     duration_s: float | None = None
     replace: bool = False
     plan: Plan | None = None
+    carried: tuple[str, ...] | None = None
+    low_rates: tuple[float, ...] | None = None
 
     def resolve_plan(self) -> Plan:
         p = self.plan or (quick_plan() if self.quick else full_plan())
@@ -124,6 +134,10 @@ class ProfileOptions:
             changes["modes"] = tuple(Mode(m) for m in self.modes)
         if self.sizes:
             changes["sizes"] = tuple(self.sizes)
+        if self.carried is not None:
+            changes["carried"] = tuple(self.carried)
+        if self.low_rates is not None:
+            changes["low_rates"] = tuple(self.low_rates)
         if changes:
             p = Plan(**{**_plan_fields(p), **changes})
         if self.duration_s is not None:
@@ -213,34 +227,56 @@ class Backends:
     now: Callable[[], _dt.datetime] = field(default=lambda: _dt.datetime.now(_dt.timezone.utc))
 
 
+@dataclass(frozen=True)
+class _CpuRun:
+    """One CPU run: ``label`` ("max", "f0.25" of the max rate, "r100" requests/s), the rate
+    achieved, per-crossing CPU and perf/schedstat."""
+
+    label: str
+    rate: float
+    bd: Breakdown
+    ratio: float
+
+
 @dataclass
 class _SizeResult:
     size: int
-    unprobed: PairedOverhead
+    unprobed: PairedOverhead | None  # None: only probed windows (carried protocols)
     probed: ProbeResult
     max_qps: float = 0.0
-    cpu: list[tuple[float, Breakdown, float]] = field(default_factory=list)  # rate, bd, perf/schedstat
+    cpu: list[_CpuRun] = field(default_factory=list)
 
     @property
     def overhead(self) -> Estimate:
-        """Per-request overhead without probes (the profile's measured overhead)."""
-        return self.unprobed.estimate
+        """Per-request overhead without probes (the profile's measured overhead; the probed
+        one when no un-probed runs were made)."""
+        return self.probed.overhead if self.unprobed is None else self.unprobed.estimate
 
     @property
     def perturbation_us(self) -> float:
         """Per-request overhead with probes minus without (both paired, same run)."""
-        return self.probed.overhead.median - self.unprobed.estimate.median
+        return self.probed.overhead.median - self.overhead.median
+
+    def cpu_like(self, run: _CpuRun) -> _CpuRun | None:
+        """The run of the same label, else the one nearest in rate (the TCP baseline of an
+        HTTP/gRPC run)."""
+        same = [c for c in self.cpu if c.label == run.label]
+        if same:
+            return same[0]
+        if not self.cpu or run.rate <= 0:
+            return self.cpu[-1] if self.cpu else None
+        return min(self.cpu, key=lambda c: abs(math.log(max(c.rate, 1e-9) / run.rate)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "size": self.size,
-            **self.unprobed.to_dict(),
+            **({} if self.unprobed is None else self.unprobed.to_dict()),
             "probe": {**self.probed.to_dict(), "perturbation_us_per_request": self.perturbation_us},
             "latency_breakdown_us": self.probed.latency.to_dict(),
             "max_qps": self.max_qps,
             "cpu": [
-                {"rate": r, "breakdown_us": bd.to_dict(), "perf_over_schedstat": ratio}
-                for r, bd, ratio in self.cpu
+                {"run": c.label, "rate": c.rate, "breakdown_us": c.bd.to_dict(), "perf_over_schedstat": c.ratio}
+                for c in self.cpu
             ],
         }
 
@@ -258,12 +294,14 @@ class _Clocked:
         self.i = 0
         self.done_expected = 0.0
 
-    def next(self, kind: str, mode: Mode, size: int = 0, fraction: float = 0.0) -> None:
+    def next(self, kind: str, mode: Mode, size: int = 0, fraction: float = 0.0, *,
+             rate: float = 0.0, protocol: str = "") -> None:  # fmt: skip
         # steps are announced in plan order; find this one (robust if the plan skips some)
+        want = (kind, mode, size, fraction, rate, protocol)
         while self.i < len(self.steps):
             st = self.steps[self.i]
             self.i += 1
-            if (st.kind, st.mode, st.size, st.rate_fraction) == (kind, mode, size, fraction):
+            if (st.kind, st.mode, st.size, st.rate_fraction, st.rate, st.protocol) == want:
                 break
             self.done_expected += st.expected_s
         else:
@@ -582,12 +620,87 @@ def run_profile(
     ticker = _Clocked(plan.steps(), progress, be.clock)
     t_start = be.clock()
     results: dict[Mode, list[_SizeResult]] = {}
+    carried: dict[str, list[_SizeResult]] = {}
     with be.niceness(plan.nice), echo_testbed(system, plan.pinning, be) as bed:
         for mode in plan.modes:
             ticker.next("setup", mode)
             results[mode] = _measure_mode(mode, plan, bed, be, ticker)
+            if mode is Mode.TCP:
+                for proto in plan.carried:
+                    carried[proto] = _measure_carried(proto, plan, bed, be, ticker)
     wall_s = be.clock() - t_start
-    return _build_profile(name, created, plan, results, versions, wall_s, store, options.replace)
+    return _build_profile(name, created, plan, results, versions, wall_s, store, options.replace,
+                          carried=carried)  # fmt: skip
+
+
+def _cpu_runs(
+    bed: EchoBed, load_mode: Mode, size: int, pid: int, plan: Plan, be: Backends, ticker: _Clocked,
+    *, fractions: Sequence[float], step_mode: Mode, protocol: str = "",
+) -> tuple[float, list[_CpuRun]]:  # fmt: skip
+    """The max-rate run, the fixed-rate runs at ``fractions`` of it, and the plan's low rates
+    (at the sizes it gives them) → (max rate, CPU runs). ``load_mode``: the protocol the
+    client speaks; ``step_mode``/``protocol``: the sidecar's mode and the carried protocol
+    (progress steps)."""
+    runs: list[_CpuRun] = []
+
+    def cpu(qps: float, run_s: float) -> tuple[float, Breakdown, float]:
+        res, bd, ratio = sidecar_cpu(bed, load_mode, size, qps, pid, run_s=run_s, perf=be.perf,
+                                     schedstat_of=be.schedstat)  # fmt: skip
+        return res.actual_qps, bd, ratio
+
+    ticker.next("maxqps", step_mode, size, protocol=protocol)
+    if 1.0 in fractions:
+        max_run = _CpuRun("max", *cpu(0.0, plan.maxqps_run_s))
+        max_qps = max_run.rate
+    else:
+        max_qps = bed.load(bed.meshed_target, load_mode, size, duration_s=plan.maxqps_run_s).actual_qps
+    for f in fractions:
+        if f >= 1.0:
+            runs.append(max_run)
+            continue
+        ticker.next("cpu", step_mode, size, f, protocol=protocol)
+        runs.append(_CpuRun(f"f{f:g}", *cpu(max(f * max_qps, 1.0), plan.cpu_run_s)))
+    if size in plan.low_rate_size_list():
+        for rate in plan.low_rates:
+            # a fixed rate near the maximum is not a low rate (and may not be sustained)
+            if rate >= LOW_RATE_MAX_SHARE * max_qps:
+                continue
+            ticker.next("lowrate", step_mode, size, rate=rate, protocol=protocol)
+            runs.append(_CpuRun(f"r{rate:g}", *cpu(rate, plan.low_rate_run_s)))
+    return max_qps, runs
+
+
+#: low-rate runs are skipped at sizes where they would exceed this share of the max rate
+LOW_RATE_MAX_SHARE = 0.5
+
+
+def _measure_carried(proto: str, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked) -> list[_SizeResult]:
+    """A tcp-mode sidecar in front of the app's ``proto`` server, driven by ``proto``'s client:
+    probe windows and CPU runs at the plan's carried sizes (no un-probed latency runs: the
+    closure compares with the overhead of the same probed windows, as for the modes)."""
+    load_mode = Mode(proto)
+    ticker.next("setup", Mode.TCP, protocol=proto)
+    cfg = EnvoyConfig(mode=Mode.TCP, inbound_upstream=("127.0.0.1", APP_PORTS[load_mode]))
+    envoy = bed.start_sidecar(Mode.TCP, cfg, name=f"tcp-{proto}")
+    assert envoy.process is not None
+    pid = envoy.process.pid
+    out: list[_SizeResult] = []
+    try:
+        for size in plan.carried_sizes():
+            ticker.next("probe", Mode.TCP, size, protocol=proto)
+            bed.load(bed.direct_target(load_mode), load_mode, size, n=plan.warmup_n)
+            bed.load(bed.meshed_target, load_mode, size, n=plan.warmup_n)
+            pr = probe_components(bed, load_mode, size, pid, run_s=plan.probe_run_s,
+                                  pairs=plan.carried_probe_pairs, probe_app=plan.probe_app,
+                                  probe=be.probe)  # fmt: skip
+            r = _SizeResult(size, None, pr)
+            r.max_qps, r.cpu = _cpu_runs(bed, load_mode, size, pid, plan, be, ticker,
+                                         fractions=plan.carried_rate_fractions, step_mode=Mode.TCP,
+                                         protocol=proto)  # fmt: skip
+            out.append(r)
+    finally:
+        envoy.stop()
+    return out
 
 
 def _measure_mode(mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked) -> list[_SizeResult]:
@@ -610,24 +723,8 @@ def _measure_mode(mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _C
             pr = probe_components(bed, mode, size, pid, run_s=plan.probe_run_s, pairs=plan.probe_pairs,
                                   probe_app=plan.probe_app, probe=be.probe)  # fmt: skip
             r = _SizeResult(size, po, pr)
-
-            ticker.next("maxqps", mode, size)
-            if 1.0 in plan.rate_fractions:
-                res, bd, ratio = sidecar_cpu(bed, mode, size, 0.0, pid, run_s=plan.maxqps_run_s,
-                                             perf=be.perf, schedstat_of=be.schedstat)  # fmt: skip
-                r.max_qps = res.actual_qps
-                max_point = (res.actual_qps, bd, ratio)
-            else:
-                r.max_qps = bed.load(meshed, mode, size, duration_s=plan.maxqps_run_s).actual_qps
-            for f in plan.rate_fractions:
-                if f >= 1.0:
-                    r.cpu.append(max_point)
-                    continue
-                ticker.next("cpu", mode, size, f)
-                res, bd, ratio = sidecar_cpu(bed, mode, size, max(f * r.max_qps, 1.0), pid,
-                                             run_s=plan.cpu_run_s, perf=be.perf,
-                                             schedstat_of=be.schedstat)  # fmt: skip
-                r.cpu.append((res.actual_qps, bd, ratio))
+            r.max_qps, r.cpu = _cpu_runs(bed, mode, size, pid, plan, be, ticker,
+                                         fractions=plan.rate_fractions, step_mode=mode)  # fmt: skip
             out.append(r)
     finally:
         envoy.stop()
@@ -640,9 +737,9 @@ def _points(mode: Mode, rs: list[_SizeResult], tcp: Mapping[int, _SizeResult]) -
         base = tcp.get(r.size)
         lat = assemble(mode, r.probed.latency, base.probed.latency if base else None)
         cpu: list[tuple[float, Mapping[Component, float]]] = []
-        for i, (rate, bd, _) in enumerate(r.cpu):
-            bbd = base.cpu[min(i, len(base.cpu) - 1)][1] if base and base.cpu else None
-            cpu.append((rate, assemble(mode, bd, bbd)))
+        for run in r.cpu:
+            like = base.cpu_like(run) if base else None
+            cpu.append((run.rate, assemble(mode, run.bd, like.bd if like else None)))
         # closure against the overhead of the same (probed) windows: like with like
         o = r.probed.overhead
         pts.append(SizePoint(r.size, lat, per_crossing(o.median), per_crossing(o.lo),
@@ -658,8 +755,10 @@ def _unprobed_closure(rs: Sequence[_SizeResult]) -> float:
 def _build_profile(
     name: str, created: _dt.datetime, plan: Plan, results: Mapping[Mode, list[_SizeResult]],
     versions: Mapping[str, str], wall_s: float, store: ProfileSink | None, replace: bool,
+    *, carried: Mapping[str, list[_SizeResult]] | None = None,
 ) -> Profile:  # fmt: skip
     tcp = {r.size: r for r in results.get(Mode.TCP, [])}
+    carried = {p: rs for p, rs in (carried or {}).items() if rs}
     modes: list[ModeProfile] = []
     notes: list[str] = [
         "models are per message crossing one sidecar one way; measured per request through "
@@ -677,6 +776,17 @@ def _build_profile(
     for mode, rs in results.items():
         mp = fit_mode(mode, _points(mode, rs, tcp), candidates=plan.split_candidates,
                       tolerance=plan.closure_tolerance)  # fmt: skip
+        if mode is Mode.TCP and carried:
+            mp = fit_carried(mp, {p: _points(Mode.TCP, crs, {}) for p, crs in carried.items()},
+                             candidates=plan.split_candidates, tolerance=plan.closure_tolerance)  # fmt: skip
+            for p, cmp_ in sorted(mp.carried.items()):
+                cc = cmp_.closure
+                notes.append(f"tcp carrying {p}: a tcp-mode sidecar in front of the app's {p} server, "
+                             f"driven by fortio's {p} client; per crossing = per message direction of "
+                             "one call; latency components from probe windows only (closure against "
+                             "their own overhead"
+                             + (f": components {cc.components_us:.1f} µs vs {cc.measured_us:.1f} µs, "
+                                f"{cc.error:+.0%})" if cc is not None else ")"))  # fmt: skip
         modes.append(mp)
         c = mp.closure
         if c is not None and not c.closes:
@@ -701,6 +811,7 @@ def _build_profile(
         "probe_perturbation_us_per_request": perturb,
         "wall_time_s": wall_s,
         "measurements": {m.value: [r.to_dict() for r in rs] for m, rs in results.items()},
+        "carried_measurements": {p: [r.to_dict() for r in rs] for p, rs in carried.items()},
     }
     profile = Profile(
         name=name,

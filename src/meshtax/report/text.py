@@ -150,14 +150,17 @@ def profile_text(profile: Profile, size: float = TABLE_BYTES, rate: float = TABL
     ]
     t = Table(header_style="bold", box=None, pad_edge=False)
     t.add_column("component")
-    modes = list(profile.modes.values())
-    for mp in modes:
-        t.add_column(f"{mp.mode.value} latency (µs)", justify="right")
-        t.add_column(f"{mp.mode.value} CPU (vCPU)", justify="right")
+    # a mode's carried models (e.g. gRPC through a tcp-mode sidecar) get columns "tcp+grpc"
+    cols = [(mp.mode.value, mp) for mp in profile.modes.values()]
+    cols = [c for name, mp in cols for c in [(name, mp), *((f"{name}+{p}", cm) for p, cm in sorted(mp.carried.items()))]]
+    modes = [mp for _, mp in cols]
+    for name, mp in cols:
+        t.add_column(f"{name} latency (µs)", justify="right")
+        t.add_column(f"{name} CPU (vCPU)", justify="right")
     order = {c: i for i, c in enumerate(BASE_COMPONENTS)}
     comps = sorted({c for mp in modes for c in mp.components if not c.name}, key=lambda c: (order.get(c, len(order)), c.key))
     filters = sorted({c for mp in modes for c in mp.components if c.name})
-    totals = {mp.mode: [0.0, 0.0] for mp in modes}
+    totals = {id(mp): [0.0, 0.0] for mp in modes}
     s = np.array([size])
 
     def row(c: Component) -> list[str]:
@@ -173,24 +176,24 @@ def profile_text(profile: Profile, size: float = TABLE_BYTES, rate: float = TABL
             cse = 2 * float(m.cpu.stderr_at(s)[0]) * rate * 1e-6
             pct = ""
             if c.name:  # filters: CPU % over the base mode, as in the paper's Table 3 (latency is within noise here)
-                base_cpu = totals[mp.mode][1]
+                base_cpu = totals[id(mp)][1]
                 pct = f" ({100 * cpu / base_cpu:+.0f}%)" if base_cpu else ""
             else:
-                totals[mp.mode][0] += lat
-                totals[mp.mode][1] += cpu
+                totals[id(mp)][0] += lat
+                totals[id(mp)][1] += cpu
             cells += [_cell(lat, lse, "{:.2f}"), _cell(cpu, cse, "{:.2f}") + pct]
         return cells
 
     for c in comps:
         t.add_row(c.label, *row(c))
-    t.add_row("[bold]total[/bold]" + (" (without filters)" if filters else ""), *[f"{v:.2f}" for mp in modes for v in totals[mp.mode]])
+    t.add_row("[bold]total[/bold]" + (" (without filters)" if filters else ""), *[f"{v:.2f}" for mp in modes for v in totals[id(mp)]])
     for c in filters:
         t.add_row(c.label, *row(c))
     closure = [
-        f"closure {mp.mode.value}: components {mp.closure.components_us:.1f} µs vs measured {mp.closure.measured_us:.1f} µs "
+        f"closure {name}: components {mp.closure.components_us:.1f} µs vs measured {mp.closure.measured_us:.1f} µs "
         f"[{mp.closure.measured_lo_us:.1f}, {mp.closure.measured_hi_us:.1f}] → {100 * mp.closure.error:+.1f}% "
         + ("(closes)" if mp.closure.closes else f"(DOES NOT CLOSE within ±{100 * mp.closure.tolerance:.0f}%)")
-        for mp in modes
+        for name, mp in cols
         if mp.closure is not None
     ]
     return _render(*head, "", t, *closure, width=160)
