@@ -21,7 +21,8 @@ import pytest
 
 from meshtax.profile.runstate import STATE_DIR, RunBusy, RunLock
 
-ARGS = ["profile", "--modes", "tcp", "--sizes", "100", "--duration", "0.2", "--replace"]
+# one low rate, and gRPC carried through the tcp sidecar (the preset's default) at 100 B
+ARGS = ["profile", "--modes", "tcp", "--sizes", "100", "--duration", "0.2", "--low-rates", "200", "--replace"]
 BUSY = "another meshtax profiling run holds"
 
 
@@ -190,6 +191,16 @@ def test_killed_run_is_reaped_by_the_next_which_then_leaves_nothing(clis: list[C
     if code != 0 and BUSY in out:
         pytest.skip("another engineer's profiling run took the lock between our two runs")
     assert code == 0, out
-    assert "tcp" in out  # the breakdown table of the stored profile
+    assert "tcp" in out and "tcp+grpc" in out  # the breakdown table of the stored profile
     assert dead.leftovers() == (set(), set()), out
     assert nxt.netns and nxt.leftovers() == (set(), set()), out
+
+
+def test_bad_carried_protocol_or_low_rate_is_a_usage_error(tmp_path: Path) -> None:
+    exe = str(Path(sys.executable).with_name("meshtax"))
+    env = {**os.environ, "MESHTAX_DB": str(tmp_path / "profiles.db")}
+    for bad in (["--carried", "udp"], ["--low-rates", "0"], ["--low-rates", "fast"]):
+        done = subprocess.run([exe, "profile", "--modes", "tcp", *bad], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stdout + done.stderr
+        # refused while the options are checked, before any namespace or process is made
+        assert "--carried/--low-rates" in done.stderr and "Traceback" not in done.stderr
