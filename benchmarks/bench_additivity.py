@@ -13,7 +13,7 @@ nothing (loopback), but Envoy, fortio and valgrind must be installed.
     .venv/bin/python benchmarks/bench_additivity.py --modes http,grpc --out /tmp/additivity.json
     .venv/bin/python benchmarks/bench_additivity.py --quick --filters fault_injection,rate_limit,tap,lua,wasm
     # the combinations' members only, many rounds, no callgrind: the total-CPU comparison
-    .venv/bin/python benchmarks/bench_additivity.py --modes http --filters combos --rounds 15 --no-callgrind
+    .venv/bin/python benchmarks/bench_additivity.py --modes http --filters combos --rounds 15 --no-callgrind --equal-time
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--no-callgrind", action="store_true")
+    ap.add_argument("--equal-time", action="store_true", help="scale n down for slow variants (equal time per run)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/meshtax-additivity.json"))
     a = ap.parse_args(argv)
     opts = FilterRunOptions.quick() if a.quick else FilterRunOptions()
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = FilterRunOptions(**{**opts.__dict__, "rounds": a.rounds})
     if a.n:
         opts = FilterRunOptions(**{**opts.__dict__, "n": a.n})
+    if a.equal_time:
+        opts = FilterRunOptions(**{**opts.__dict__, "equal_time": True})
     if a.no_callgrind:
         opts = FilterRunOptions(**{**opts.__dict__, "callgrind": False})
     modes = [Mode(m) for m in a.modes.split(",")]

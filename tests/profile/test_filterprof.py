@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -19,6 +19,7 @@ from meshtax.profile.filterprof import (
     FilterBackends,
     FilterRunOptions,
     ModeRun,
+    MultiEnvoy,
     VariantSamples,
     additivity,
     additivity_components,
@@ -33,6 +34,7 @@ from meshtax.profile.filterprof import (
     parse_callgrind_total,
     profile_filters,
     resolve_filters,
+    run_length,
     steady_per_request,
     worker_cpu_ns,
 )
@@ -104,7 +106,8 @@ def _backends(world: FakeWorld, callgrind: bool = True) -> FilterBackends:
     return FilterBackends(
         cpu_ns=lambda pid: world.cpu_ns,
         load=world.load,
-        envoy=lambda system, boot, workdir, callgrind=False: FakeEnvoy(world, system, boot, workdir, callgrind),
+        # duck-typed stand-in for MultiEnvoy (pid, zero, dump, context manager)
+        envoy=lambda system, boot, workdir, callgrind=False: cast(MultiEnvoy, FakeEnvoy(world, system, boot, workdir, callgrind)),
         free_ports=lambda k: [next(ports) for _ in range(k)],
         callgrind_available=lambda: callgrind,
         echo=_no_echo,
@@ -191,6 +194,24 @@ def test_total_errors_by_round_use_each_rounds_adjacent_base() -> None:
     (row,) = additivity(run, {"a+b": ("a", "b")})
     assert row.base_cpu_us == pytest.approx(45.0)
     assert row.predicted_cpu_us == pytest.approx(1.5 + 5.0)
+
+
+def test_run_length_equal_time() -> None:
+    eq = FilterRunOptions(n=1000, min_n=100, equal_time=True)
+    assert run_length(eq, 200.0, 200.0) == 1000
+    assert run_length(eq, 200.0, 150.0) == 1000  # never longer than n
+    assert run_length(eq, 200.0, 800.0) == 250
+    assert run_length(eq, 200.0, 20_000.0) == 100  # at least min_n
+    assert run_length(FilterRunOptions(n=1000), 200.0, 800.0) == 1000  # off by default
+
+
+def test_equal_time_runs_in_a_fake_run(tmp_path: Path) -> None:
+    world = _world()
+    opts = FilterRunOptions(sizes=(100,), rounds=2, n=40, warmup_n=2, callgrind=False, equal_time=True, min_n=5)
+    run = profile_filters(Mode.HTTP, ["tap"], opts, FakeSystem(), backends=_backends(world, False), workdir=tmp_path)
+    # tap's mean latency is 230 µs vs base 200: 40 × 200/230 → 35 requests per run
+    assert sorted({k for n, s, k in world.loads if n == "tap" and k != 2}) == [35]
+    assert differences(run)[100]["tap"].cpu_us.median == pytest.approx(20.0)
 
 
 def test_additivity_components_are_the_combinations_members() -> None:

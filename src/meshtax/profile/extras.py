@@ -1,13 +1,17 @@
 """What ``meshtax profile --filters/--mtls/--memory/--large`` adds to a base profile.
 
 * **filters** (:mod:`meshtax.profile.filterprof`): one ``filter:NAME`` component per
-  catalogue filter and mode, by difference against the base sidecar.
+  catalogue filter and mode, by difference against the base sidecar. Filters that run once
+  per connection (network RBAC) also get a per-connection model in TCP and HTTP mode (one
+  message per new connection, with minus without) → ``ModeProfile.per_connection``.
 * **mTLS**: a sidecar pair (client sidecar → server sidecar → echo) in one Envoy, plaintext
   and mTLS side by side. Per message: worker CPU and latency per request with mTLS minus
   plaintext over sizes, divided by 4 crossings (each of the two sidecars encrypts or decrypts
   the request and the response) → the ``tls`` component, fitted with a split at the TLS record
   size (16 KiB). Per connection: TCP-mode connections opened one after another (connect, one
   echoed line, close), mTLS minus plaintext, halved per sidecar → ``ModeProfile.tls_handshake``.
+  Every version in ``tls_versions`` (1.3 and 1.2) is measured into ``ModeProfile.tls_by_version``;
+  the primary ``tls_version`` also fills ``tls``/``tls_handshake`` (``ModeProfile.tls_version``).
 * **memory** (:mod:`meshtax.profile.memory`): the server sidecar's RSS against its open
   connections, plaintext and mTLS → ``ModeProfile.memory``/``memory_mtls``.
 * **large messages**: the base sidecar at sizes up to 1 MiB; a straight line through the small

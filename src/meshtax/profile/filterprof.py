@@ -83,6 +83,7 @@ __all__ = [
     "profile_filters",
     "real_load",
     "resolve_filters",
+    "run_length",
     "steady_per_request",
     "variant",
     "worker_cpu_ns",
@@ -369,6 +370,11 @@ class FilterRunOptions:
     cg_warmup: int = 200
     cg_n1: int = 200
     cg_n2: int = 1000
+    # equal time per run: a variant slower per request than base gets n × (base / variant)
+    # requests (at least min_n), from the warm-up's mean latency; a 10 000-rule RBAC run then
+    # lasts as long as a base run instead of 20× longer, so more rounds fit in the same time
+    equal_time: bool = False
+    min_n: int = 100
 
     @classmethod
     def quick(cls) -> FilterRunOptions:
@@ -473,13 +479,13 @@ def measure_variants(
     say = progress or (lambda _m: None)
     with be.envoy(system, boot, workdir / f"{mode.value}-cpu") as env:
         for size in opts.sizes:
-            for v in variants:
-                load(f"{LO}:{v.port}", mode, size, opts.warmup_n)
+            warm = {v.name: load(f"{LO}:{v.port}", mode, size, opts.warmup_n).avg_us for v in variants}
             base, others = variants[0], variants[1:]
+            n_of = {v.name: run_length(opts, warm[BASE], warm[v.name]) for v in variants}
 
             def run(v: Variant) -> tuple[float, float]:
                 c0 = be.cpu_ns(env.pid)
-                res = load(f"{LO}:{v.port}", mode, size, opts.n)
+                res = load(f"{LO}:{v.port}", mode, size, n_of[v.name])
                 c1 = be.cpu_ns(env.pid)
                 return (c1 - c0) / 1e3 / res.count, res.avg_us
 
@@ -513,6 +519,14 @@ def measure_variants(
                     i2 = env.dump()
                     out[size][v.name].instructions = steady_per_request(i1, opts.cg_n1, i2, opts.cg_n2)
     return ModeRun(mode, out, be.clock() - t0)
+
+
+def run_length(opts: FilterRunOptions, base_us: float, variant_us: float) -> int:
+    """Requests per run of a variant whose warm-up mean latency is ``variant_us`` (base:
+    ``base_us``): ``opts.n``, or with ``equal_time`` scaled down to last as long as base."""
+    if not opts.equal_time or variant_us <= base_us or base_us <= 0:
+        return opts.n
+    return max(min(opts.min_n, opts.n), round(opts.n * base_us / variant_us))
 
 
 def real_load(system: System, *, stdclient: bool = False) -> LoadFn:
