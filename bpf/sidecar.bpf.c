@@ -7,6 +7,8 @@
  *   Notification    sched_wakeup of a thread sleeping in epoll_* -> return of that epoll_*;
  *   on-CPU split    sched_switch in/out and syscall boundaries split on-CPU time into
  *                   user (between syscalls) and sys (inside syscalls).
+ * Optionally also for every task of one more network namespace (the client pod), found on
+ * its first syscall and marked "followed".
  * and, for loopback in the target's network namespace (not per thread):
  *   IPC             net_dev_queue(lo) -> netif_receive_skb(lo) of the same skb.
  * Everything is summed in maps; nothing is streamed, so nothing can be lost in a buffer.
@@ -40,6 +42,9 @@
 const volatile __u32 targ_tgid[MAX_TGIDS] = {};
 const volatile __u32 n_tgids = 0;
 const volatile __u32 targ_netns = 0;	/* netns inode for IPC; 0 = any netns */
+/* also follow every task of this netns (inode; 0 = none): the load generator's pod, whose
+ * processes start after the probe (one per window), so they cannot be named by PID */
+const volatile __u32 follow_netns = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -91,6 +96,16 @@ static __always_inline bool is_target(__u32 tgid)
 	return false;
 }
 
+static __always_inline bool in_follow_netns(void)
+{
+	struct task_struct *task;
+
+	if (!follow_netns)
+		return false;
+	task = (struct task_struct *)bpf_get_current_task();
+	return BPF_CORE_READ(task, nsproxy, net_ns, ns.inum) == follow_netns;
+}
+
 /* Current task's entry, created on first sight; NULL if not a target or the map is full. */
 static __always_inline struct thread_stat *current_stat(void)
 {
@@ -98,11 +113,11 @@ static __always_inline struct thread_stat *current_stat(void)
 	__u32 tgid = id >> 32, tid = (__u32)id;
 	struct thread_stat *st;
 
-	if (!is_target(tgid))
-		return NULL;
 	st = bpf_map_lookup_elem(&threads, &tid);
 	if (st)
 		return st;
+	if (!is_target(tgid) && !in_follow_netns())
+		return NULL;
 	/* EEXIST (a racing insert) is fine; a full map shows up as a failed lookup */
 	bpf_map_update_elem(&threads, &tid, &zero_stat, BPF_NOEXIST);
 	st = bpf_map_lookup_elem(&threads, &tid);
@@ -112,6 +127,7 @@ static __always_inline struct thread_stat *current_stat(void)
 	}
 	st->tgid = tgid;
 	st->tid = tid;
+	st->followed = !is_target(tgid);
 	bpf_get_current_comm(&st->comm, sizeof(st->comm));
 	return st;
 }

@@ -2,7 +2,7 @@
 /*
  * sidecar - per-thread Read/Write/Notification/on-CPU and loopback IPC aggregates of a proxy.
  *
- * USAGE: sidecar -p PID[,PID...] [-d SECONDS] [-a] [-s] [-v]
+ * USAGE: sidecar -p PID[,PID...] [-f NETNS] [-d SECONDS] [-a] [-s] [-v]
  *
  * Runs until SIGINT/SIGTERM or the duration, then prints one JSON object to stdout.
  * Prints "sidecar: ready" to stderr once every program is attached.
@@ -33,6 +33,7 @@
 static struct env {
 	__u32 pids[MAX_TGIDS];
 	int n_pids;
+	const char *follow;	/* netns path whose tasks are followed too */
 	double duration;	/* seconds; 0 = until a signal */
 	bool all_netns;
 	bool run_stats;
@@ -42,8 +43,10 @@ static struct env {
 static volatile sig_atomic_t exiting;
 
 static const char usage[] =
-"Usage: sidecar -p PID[,PID...] [-d SECONDS] [-a] [-s] [-v]\n"
+"Usage: sidecar -p PID[,PID...] [-f NETNS] [-d SECONDS] [-a] [-s] [-v]\n"
 "  -p  target process IDs (thread groups), at most 8\n"
+"  -f  also follow every task of this network namespace (e.g. /run/netns/NAME), found on\n"
+"      its first syscall: processes started after the probe (a load generator)\n"
 "  -d  stop after SECONDS (default: run until SIGINT/SIGTERM)\n"
 "  -a  time loopback skbs of every network namespace (default: the first PID's)\n"
 "  -s  kernel BPF run-time stats per program (costs two clock reads per event)\n"
@@ -75,7 +78,7 @@ static int parse_args(int argc, char **argv)
 	char *tok, *save, *end;
 	int opt;
 
-	while ((opt = getopt(argc, argv, "p:d:asvh")) != -1) {
+	while ((opt = getopt(argc, argv, "p:f:d:asvh")) != -1) {
 		switch (opt) {
 		case 'p':
 			for (tok = strtok_r(optarg, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -91,6 +94,9 @@ static int parse_args(int argc, char **argv)
 				}
 				env.pids[env.n_pids++] = pid;
 			}
+			break;
+		case 'f':
+			env.follow = optarg;
 			break;
 		case 'd':
 			env.duration = strtod(optarg, &end);
@@ -268,7 +274,8 @@ static int print_threads(int fd, struct thread_stat *total)
 			continue;	/* deleted under us */
 		/* the seeded comm may predate an exec; prefer the live one */
 		read_comm(st.tgid, st.tid, st.comm, sizeof(st.comm));
-		printf("%s{\"tid\":%u,\"tgid\":%u,\"comm\":", first ? "" : ",", st.tid, st.tgid);
+		printf("%s{\"tid\":%u,\"tgid\":%u,\"followed\":%u,\"comm\":", first ? "" : ",",
+		       st.tid, st.tgid, st.followed ? 1 : 0);
 		print_json_str(st.comm, sizeof(st.comm));
 		putchar(',');
 		print_stat_body(&st);
@@ -357,7 +364,7 @@ int main(int argc, char **argv)
 	struct bpf_program *prog;
 	struct bpf_link *links[16] = {};
 	int n_links = 0, stats_fd = -1, ncpus, err;
-	__u64 netns = 0, t_start, t_end, deadline;
+	__u64 netns = 0, follow_ino = 0, t_start, t_end, deadline;
 	struct rlimit rl = { RLIM_INFINITY, RLIM_INFINITY };
 	struct sigaction sa = { .sa_handler = sig_handler };
 	char path[64];
@@ -386,6 +393,14 @@ int main(int argc, char **argv)
 		}
 		netns = sb.st_ino;
 	}
+	if (env.follow) {
+		if (stat(env.follow, &sb)) {
+			fprintf(stderr, "sidecar: cannot stat %s: %s\n", env.follow, strerror(errno));
+			err = -errno;
+			goto cleanup;
+		}
+		follow_ino = sb.st_ino;
+	}
 	ncpus = libbpf_num_possible_cpus();
 	if (ncpus < 0) {
 		err = ncpus;
@@ -403,6 +418,7 @@ int main(int argc, char **argv)
 		obj->rodata->targ_tgid[i] = env.pids[i];
 	obj->rodata->n_tgids = env.n_pids;
 	obj->rodata->targ_netns = (__u32)netns;
+	obj->rodata->follow_netns = (__u32)follow_ino;
 
 	err = sidecar_bpf__load(obj);
 	if (err) {
@@ -446,8 +462,9 @@ int main(int argc, char **argv)
 	printf("{\"version\":%d,\"tool\":\"sidecar\",\"pids\":[", FORMAT_VERSION);
 	for (int i = 0; i < env.n_pids; i++)
 		printf("%s%u", i ? "," : "", env.pids[i]);
-	printf("],\"netns\":%llu,\"duration_ns\":%llu,\"stats_enabled\":%s,",
-	       (unsigned long long)netns, (unsigned long long)(t_end - t_start),
+	printf("],\"netns\":%llu,\"follow_netns\":%llu,\"duration_ns\":%llu,\"stats_enabled\":%s,",
+	       (unsigned long long)netns, (unsigned long long)follow_ino,
+	       (unsigned long long)(t_end - t_start),
 	       stats_fd >= 0 ? "true" : "false");
 	err = print_threads(bpf_map__fd(obj->maps.threads), &total);
 	if (err)

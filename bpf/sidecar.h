@@ -60,7 +60,7 @@ struct thread_stat {
 	__u64 wake_ts;
 	__s64 sys_nr;
 	__u32 mode;
-	__u32 pad;
+	__u32 followed;		/* tracked because of its netns (-f), not its PID */
 };
 
 struct ipc_stat {

@@ -117,11 +117,33 @@ def test_fake_probe_scripted_readings() -> None:
     with pytest.raises(ProbeError, match="no more"):
         fake.stop()
     assert fake.started == [(1, 2), (3,), (4,), (5,)]
+    assert fake.followed == [None, None, None, None]
+    fake.close()
+    fake.readings.append(r)
+    fake.start([6], follow_netns="/run/netns/c")
+    assert fake.followed[-1] == "/run/netns/c"
+
+
+def test_parse_followed_threads_and_namespace() -> None:
+    d = json.loads(READING)
+    d["follow_netns"] = 4026532392
+    for t in d["threads"]:
+        t["followed"] = int(t["tid"] == 8627)
+    r = parse_reading(json.dumps(d))
+    assert r.follow_netns == 4026532392
+    assert [t.followed for t in r.threads] == [False, True]
+    # a sum is followed only if every part is
+    assert not (r.threads[0] + r.threads[1]).followed
+    assert (r.threads[1] + r.threads[1]).followed
+    # readings of loaders that predate -f parse as "nothing followed"
+    old = parse_reading(READING)
+    assert old.follow_netns == 0 and not any(t.followed for t in old.threads)
 
 
 def test_real_probe_argv() -> None:
     p = RealProbe(FakeSystem(), binary=Path("/x/sidecar"))
     assert p.argv([12, 34]) == ["/x/sidecar", "-p", "12,34"]
+    assert p.argv([12], "/run/netns/c") == ["/x/sidecar", "-p", "12", "-f", "/run/netns/c"]
     assert RealProbe(FakeSystem(), binary=Path("/x/sidecar"), all_netns=True).argv([5]) == [
         "/x/sidecar", "-p", "5", "-a",
     ]
@@ -278,3 +300,36 @@ def test_real_probe_fails_clearly_for_missing_pid() -> None:
     # PID 2**22+1 is above PID_MAX_LIMIT, so it never exists
     with pytest.raises(ProbeError, match="4194305"):
         probe.start([2**22 + 1])
+
+
+@pytest.mark.root
+def test_real_probe_follows_a_namespace_and_reads_a_later_client(load: Load) -> None:
+    """A process started in the followed namespace *after* the probe attached (as fortio's
+    client is, once per window) is tracked: non-zero write time, marked followed."""
+    binary = _build_probe()
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2 (ip) not installed")
+    ns = f"mtxtest-follow-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        probe = RealProbe(RealSystem(), binary=binary)
+        probe.start([load.p.pid], follow_netns=f"/run/netns/{ns}")
+        try:
+            client = subprocess.run(
+                ["ip", "netns", "exec", ns, "dd", "if=/dev/zero", "of=/dev/null", "bs=1",
+                 "count=2000"], capture_output=True, check=True,
+            )  # fmt: skip
+            assert client.returncode == 0
+            reading = probe.stop()
+        finally:
+            probe.close()
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns], check=True)
+    followed = [t for t in reading.threads if t.followed]
+    assert reading.follow_netns > 0
+    assert followed and all(t.tgid != load.p.pid for t in followed)
+    writes = sum(t.write.count for t in followed)
+    assert writes >= 2000 and sum(t.write.ns for t in followed) > 0
+    assert sum(t.read.count for t in followed) >= 2000
+    # the PID target is still tracked normally and never marked followed
+    assert all(not t.followed for t in reading.threads if t.tgid == load.p.pid)

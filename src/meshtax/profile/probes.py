@@ -12,6 +12,10 @@ The probe aggregates in kernel maps, per thread of the target processes:
   on-CPU time into user (between syscalls — Parsing/Filter/Other are computed from it) and sys.
   Interrupts and softirqs are charged to whatever thread they interrupt.
 
+Besides the target PIDs, ``follow_netns`` (``-f``) also tracks every task of one more network
+namespace from its first syscall on (:attr:`ThreadReading.followed`): the client pod, whose
+load generator is a new process in every window and cannot be named by PID beforehand.
+
 and, for the first target's network namespace (not per thread):
 
 * **IPC**: ``net:net_dev_queue`` on ``lo`` → ``net:netif_receive_skb`` on ``lo`` of the same skb
@@ -107,6 +111,7 @@ class ThreadReading:
     sys_cpu_ns: int
     unknown_cpu_ns: int
     switches_in: int
+    followed: bool = False  # tracked because of its netns, not its PID
 
     def __add__(self, other: ThreadReading) -> ThreadReading:
         same = self.tgid == other.tgid
@@ -125,6 +130,7 @@ class ThreadReading:
             sys_cpu_ns=self.sys_cpu_ns + other.sys_cpu_ns,
             unknown_cpu_ns=self.unknown_cpu_ns + other.unknown_cpu_ns,
             switches_in=self.switches_in + other.switches_in,
+            followed=self.followed and other.followed,
         )
 
 
@@ -172,6 +178,7 @@ class ProbeReading:
     programs: tuple[ProgramStat, ...]
     stats_enabled: bool
     version: int = FORMAT_VERSION
+    follow_netns: int = 0  # inode of the followed namespace (0: none)
 
     @property
     def dropped(self) -> int:
@@ -228,6 +235,7 @@ def _thread(d: Mapping[str, Any], tid: int = 0, tgid: int = 0, comm: str = "") -
         sys_cpu_ns=int(d["sys_cpu_ns"]),
         unknown_cpu_ns=int(d["unknown_cpu_ns"]),
         switches_in=int(d["switches_in"]),
+        followed=bool(d.get("followed", 0)),
     )
 
 
@@ -266,6 +274,7 @@ def parse_reading(text: str) -> ProbeReading:
             ),
             stats_enabled=bool(d["stats_enabled"]),
             version=int(d["version"]),
+            follow_netns=int(d.get("follow_netns", 0)),
         )
     except ProbeError:
         raise
@@ -276,10 +285,12 @@ def parse_reading(text: str) -> ProbeReading:
 class ProbeSession(Protocol):
     """A probe window: ``start`` on some processes, ``stop`` to get the reading.
 
-    ``close`` ends a running window without a reading (idempotent); use it in ``finally``.
+    ``follow_netns`` (a path such as ``/run/netns/NAME``) also tracks every task of that
+    network namespace, including processes started later. ``close`` ends a running window
+    without a reading (idempotent); use it in ``finally``.
     """
 
-    def start(self, pids: Sequence[int]) -> None: ...
+    def start(self, pids: Sequence[int], *, follow_netns: str | None = None) -> None: ...
 
     def stop(self) -> ProbeReading: ...
 
@@ -320,17 +331,19 @@ class RealProbe:
     _dir: Path | None = field(default=None, init=False, repr=False)
     _files: list[IO[bytes]] = field(default_factory=list, init=False, repr=False)
 
-    def argv(self, pids: Sequence[int]) -> list[str]:
+    def argv(self, pids: Sequence[int], follow_netns: str | None = None) -> list[str]:
         if not pids:
             raise ValueError("no target PIDs")
         binary = self.binary or probe_binary()
         out = [str(binary), "-p", ",".join(str(int(p)) for p in pids)]
+        if follow_netns:
+            out += ["-f", follow_netns]
         return out + (["-a"] if self.all_netns else []) + (["-s"] if self.run_stats else [])
 
-    def start(self, pids: Sequence[int]) -> None:
+    def start(self, pids: Sequence[int], *, follow_netns: str | None = None) -> None:
         if self._proc is not None:
             raise ProbeError("probe already running")
-        argv = self.argv(pids)
+        argv = self.argv(pids, follow_netns)
         self._dir = Path(tempfile.mkdtemp(prefix="meshtax-probe-"))
         out = open(self._dir / "reading.json", "wb")  # noqa: SIM115 - closed in close()
         err = open(self._dir / "probe.log", "wb")  # noqa: SIM115
@@ -388,16 +401,19 @@ class RealProbe:
 
 @dataclass
 class FakeProbe:
-    """Returns ``readings`` in order, one per window; records the PIDs of each ``start``."""
+    """Returns ``readings`` in order, one per window; records the PIDs (and the followed
+    namespace) of each ``start``."""
 
     readings: list[ProbeReading]
     started: list[tuple[int, ...]] = field(default_factory=list)
+    followed: list[str | None] = field(default_factory=list)
     running: bool = False
 
-    def start(self, pids: Sequence[int]) -> None:
+    def start(self, pids: Sequence[int], *, follow_netns: str | None = None) -> None:
         if self.running:
             raise ProbeError("probe already running")
         self.started.append(tuple(pids))
+        self.followed.append(follow_netns)
         self.running = True
 
     def stop(self) -> ProbeReading:

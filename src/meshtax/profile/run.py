@@ -355,6 +355,11 @@ class EchoBed:
     def direct_target(self, mode: Mode) -> str:
         return f"{self.server.ip}:{APP_PORTS[mode]}"
 
+    @property
+    def client_netns_path(self) -> str:
+        """The client pod's namespace file (what the probe follows to see the load generator)."""
+        return f"/run/netns/{self.client.netns}"
+
     def load(self, target: str, mode: Mode, size: int, qps: float = 0.0, *,
              duration_s: float | None = None, n: int | None = None,
              connections: int = 1) -> LoadResult:  # fmt: skip
@@ -495,12 +500,15 @@ _BD_FIELDS = tuple(f.name for f in fields(Breakdown))
 def probe_components(
     bed: EchoBed, mode: Mode, size: int, sidecar_pid: int, *, run_s: float, pairs: int,
     probe_app: bool = True, probe: Callable[[System], ProbeSession] = _real_probe,
-    meshed: str | None = None,
+    meshed: str | None = None, probe_client: bool = True,
 ) -> ProbeResult:  # fmt: skip
     """``pairs`` × (a meshed and a direct probe window of ``run_s``, order alternating), the
-    probe on the sidecar and (``probe_app``) the app → components and the probed overhead."""
+    probe on the sidecar, (``probe_app``) the app and (``probe_client``) every process of the
+    client pod → components and the probed overhead."""
     m_t, d_t = meshed or bed.meshed_target, bed.direct_target(mode)
     pids = [sidecar_pid, bed.app_pid] if probe_app else [sidecar_pid]
+    # the load generator is a new process per window: follow its namespace, not a PID
+    follow = bed.client_netns_path if probe_client and probe_app else None
     app_tgid = bed.app_pid if probe_app else None
     m_windows: list[Window] = []
     d_windows: list[Window] = []
@@ -512,7 +520,10 @@ def probe_components(
         for target in ((m_t, d_t) if i % 2 == 0 else (d_t, m_t)):
             session = probe(bed.system)
             try:
-                session.start(pids)
+                if follow is None:
+                    session.start(pids)
+                else:
+                    session.start(pids, follow_netns=follow)
                 res = bed.load(target, mode, size, duration_s=run_s)
                 reading = session.stop()
             finally:
@@ -525,7 +536,8 @@ def probe_components(
             raw.append({"meshed": is_m, "requests": res.count, "mean_us": res.avg_us,
                         "duration_ns": reading.duration_ns, "ipc_packets": w.ipc_packets,
                         "ipc_ns": w.ipc_ns, "ipc_bytes": w.ipc_bytes, "probe_bpf_ns": reading.probe_ns,
-                        "sidecar": _thread_dict(w.sidecar), "app": _thread_dict(w.app)})  # fmt: skip
+                        "sidecar": _thread_dict(w.sidecar), "app": _thread_dict(w.app),
+                        "client": _thread_dict(w.client)})  # fmt: skip
 
     def pooled(ws: list[Window]) -> Window:
         out = ws[0]
