@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, WRITE
@@ -140,3 +142,46 @@ def test_mesh_breakdown_adds_the_change_of_the_apps_path() -> None:
     assert alone == Breakdown(read=2.0, write=3.5, ipc=1.5, notification=3.0, user=4.0, kernel_other=1.0)
     with pytest.raises(ValueError, match="positive request count"):
         mesh_breakdown(Window(0), None)
+
+
+# ---- the client (followed threads of the load generator's pod) -------------------------------
+
+
+def followed(t: ThreadReading) -> ThreadReading:
+    return replace(t, followed=True)
+
+
+# the client (tgid 300): meshed, its writes carry the interception (NAT toward the sidecar)
+CLIENT_M = followed(thread(301, read=2000, write=12000, epoll=90000, notify=3000, user=7000, tgid=300))
+CLIENT_D = followed(thread(301, read=3000, write=16000, epoll=90000, notify=4000, user=9000, tgid=300))
+
+
+def test_window_puts_followed_threads_in_client_only() -> None:
+    w = Window.of(make_reading([WORKER, APP_IO_M, CLIENT_M], ipc_ns=0), 1,
+                  sidecar_tgid=100, app_tgid=200)  # fmt: skip
+    assert (w.client.write.ns, w.client.read.ns, w.client.user_ns) == (12000, 2000, 7000)
+    assert (w.sidecar.write.ns, w.app.write.ns) == (10000, 4000)
+    # without a sidecar tgid the busy threads are the sidecar's: still not the client's
+    assert Window.of(make_reading([WORKER, CLIENT_M], ipc_ns=0), 1, sidecar_tgid=None).sidecar.write.ns == 10000
+    assert (w + w).client.write.ns == 24000
+
+
+def test_mesh_breakdown_adds_the_clients_change() -> None:
+    meshed = Window.of(make_reading([WORKER, APP_IO_M, CLIENT_M], ipc_ns=3000), 1,
+                       sidecar_tgid=100, app_tgid=200)  # fmt: skip
+    direct = Window.of(make_reading([APP_IO_D, CLIENT_D], ipc_ns=0, ipc_count=0), 2,
+                       sidecar_tgid=100, app_tgid=200)  # fmt: skip
+    bd = mesh_breakdown(meshed, direct)
+    # client Δ per crossing (meshed /2e3, direct /4e3): write 6 − 4 = 2 → IPC (the
+    # interception's delivery), read 1 − 0.75 = 0.25 → Read, notify 1.5 − 1 = 0.5 →
+    # Notification; its user time is not used. The loopback IPC (1.5) alone is subtracted
+    # from Write: the client's writes are not inside the sidecar's or the app's.
+    assert bd.ipc == pytest.approx(1.5 + 2.0)
+    assert bd.write == pytest.approx(3.25)  # as without a client
+    assert bd.read == pytest.approx(2.625 + 0.25)
+    assert bd.notification == pytest.approx(2.25 + 0.5)
+    assert bd.user == pytest.approx(4 + 4.5 - 2)  # sidecar + Δapp (no sleeper here)
+    assert bd.kernel_other == pytest.approx(1.0)
+    # the client does not enter the sidecar-only definition
+    assert mesh_breakdown(meshed, None) == Breakdown(read=2.0, write=3.5, ipc=1.5, notification=3.0,
+                                                     user=4.0, kernel_other=1.0)  # fmt: skip

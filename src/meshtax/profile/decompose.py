@@ -9,11 +9,15 @@ Latency: overhead = the sidecar's on-path time + how the app's own path changes.
 With the sidecar, the app talks to its sidecar over loopback; without it, the app talks to the
 client over the pod's veth. So the mesh both *adds* the sidecar's work and *changes* the app's
 (its write toward the client becomes a loopback write toward the sidecar; it is woken by the
-sidecar on its own CPU instead of by the client from another CPU). The probe therefore watches
-the sidecar *and* the app, in windows that alternate meshed and direct runs
-(:class:`Window`), and :func:`mesh_breakdown` computes, per crossing:
+sidecar on its own CPU instead of by the client from another CPU). It also changes the client's: the
+client's request now goes through the server pod's interception (PREROUTING REDIRECT to the
+sidecar), whose netfilter work runs in the *client's* send path — on loopback and over veth the
+receiver's RX path runs as softirq inside the sender's write, on the sender's CPU. The probe
+therefore watches the sidecar, the app *and* the client (every process of the client pod,
+followed by namespace), in windows that alternate meshed and direct runs (:class:`Window`),
+and :func:`mesh_breakdown` computes, per crossing:
 
-* **Read** = sidecar read-family wall time + Δapp read (meshed − direct).
+* **Read** = sidecar read-family wall time + Δapp read + Δclient read (meshed − direct).
 * **Write** = sidecar write-family wall time + Δapp write − IPC. Without the app term the
   sidecar's write toward the client (veth → bridge → veth, with the client's RX path and a
   cross-CPU wake-up inside it) would be counted as overhead although the direct path has the
@@ -22,10 +26,18 @@ the sidecar *and* the app, in windows that alternate meshed and direct runs
   ``local_bh_enable``), so IPC is inside the writes and is subtracted (DESIGN.md: "Write …
   minus IPC").
 * **IPC** = loopback delivery (``net_dev_queue`` → ``netif_receive_skb`` on ``lo`` of the
-  pod), meshed − direct. Every ``lo`` packet counts — both senders' data and any separate
-  ACK/window update — because, with the app term above, both senders' writes are counted
-  too; the direct path has no ``lo`` traffic.
-* **Notification** = sidecar wake-up→epoll-return + Δapp notification. This includes the
+  pod), meshed − direct, + Δclient write. Every ``lo`` packet counts — both senders' data and
+  any separate ACK/window update — because, with the app term above, both senders' writes are
+  counted too; the direct path has no ``lo`` traffic. Δclient write is the interception's
+  kernel delivery of the message to the sidecar instead of the app (REDIRECT's NAT and
+  conntrack work, delivery to the sidecar's socket, its wake-up): the client's write carries
+  the very same bytes in both windows, so what changes is only how the kernel delivers them,
+  and "kernel delivery of a message between an app and its sidecar" (DESIGN.md) is what
+  interception is for — without a sidecar there is no redirect. It is not Write (the
+  sidecar's own syscalls) and not subtracted from Write (it is not inside the sidecar's or the
+  app's writes).
+* **Notification** = sidecar wake-up→epoll-return + Δapp notification + Δclient
+  notification. This includes the
   run-queue wait for the CPU the sidecar shares with the app (real on-path time in this
   placement). The sidecar's first wake-up of a request (by the client, from the other CPU)
   replaces the app's wake-up of the direct path; Δapp notification removes that.
@@ -34,7 +46,10 @@ the sidecar *and* the app, in windows that alternate meshed and direct runs
   syscalls (not read/write/epoll). Only sidecar threads that read or wrote count
   (:func:`traffic_threads`); the app's threads are summed whole (its runtime threads behave
   the same in both windows, so they cancel in Δ) and its other syscalls are not used (Go's
-  futex sleeps are not on any path).
+  futex sleeps are not on any path). The client's user time and other syscalls are not used
+  either: its user-space work is the same request loop in both windows (a Δ there is cache
+  and frequency noise of the shared machine, not mesh work), and it sleeps in futex between
+  requests.
 
 Known residuals (measured with one-off bpftrace/sched_switch accounting on the 2-CPU dev VM,
 TCP 100 B, not corrected because the aggregate probe cannot separate them):
@@ -68,7 +83,7 @@ buckets map one to one (perf already charges the loopback RX path to ``ipc``, no
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, WRITE, Component
 from meshtax.model.sidecar import Mode
@@ -153,7 +168,8 @@ class Window:
     """Probe windows reduced to what :func:`mesh_breakdown` needs (totals in ns).
 
     ``sidecar``: the sidecar's threads that read or wrote; ``app``: all threads of the app
-    (empty if it was not probed); ``ipc_*``: loopback skbs of the pod; ``requests``: requests
+    (empty if it was not probed); ``client``: all followed threads (the load generator's pod;
+    empty if it was not followed); ``ipc_*``: loopback skbs of the pod; ``requests``: requests
     the load generator completed in the window. Windows of one kind add up (``+``).
     """
 
@@ -163,17 +179,26 @@ class Window:
     ipc_ns: int = 0
     ipc_packets: int = 0
     ipc_bytes: int = 0
+    client: ThreadReading = EMPTY_THREAD
 
     @classmethod
     def of(cls, reading: ProbeReading, requests: int, *, sidecar_tgid: int | None,
            app_tgid: int | None = None) -> Window:  # fmt: skip
-        """Split a reading into sidecar and app (``app_tgid=None``: no app threads)."""
+        """Split a reading into sidecar, app (``app_tgid=None``: no app threads) and client
+        (the followed threads)."""
+        mine = [t for t in reading.threads if not t.followed]
+        own = replace(reading, threads=tuple(mine))
         if sidecar_tgid is None:
-            side = traffic_threads(reading)
+            side = traffic_threads(own)
         else:
-            side = _threads_of(reading, sidecar_tgid, busy_only=True)
-        app = EMPTY_THREAD if app_tgid is None else _threads_of(reading, app_tgid, busy_only=False)
-        return cls(requests, side, app, reading.ipc.ns, reading.ipc.count, reading.ipc.bytes)
+            side = _threads_of(own, sidecar_tgid, busy_only=True)
+        app = EMPTY_THREAD if app_tgid is None else _threads_of(own, app_tgid, busy_only=False)
+        client = EMPTY_THREAD
+        for t in reading.threads:
+            if t.followed:
+                client = client + t
+        return cls(requests, side, app, reading.ipc.ns, reading.ipc.count, reading.ipc.bytes,
+                   client)  # fmt: skip
 
     def __add__(self, other: Window) -> Window:
         return Window(
@@ -183,6 +208,7 @@ class Window:
             self.ipc_ns + other.ipc_ns,
             self.ipc_packets + other.ipc_packets,
             self.ipc_bytes + other.ipc_bytes,
+            self.client + other.client,
         )
 
 
@@ -207,23 +233,28 @@ def mesh_breakdown(meshed: Window, direct: Window | None) -> Breakdown:
 
     read, write = us(s.read.ns), us(s.write.ns)
     notify, user = us(s.notify.ns), us(s.user_ns)
-    ipc = us(meshed.ipc_ns)
+    lo = us(meshed.ipc_ns)  # inside the writes of sidecar and app
+    intercept = 0.0  # inside the client's writes, not theirs
     if direct is not None:
         nd = _crossings(direct.requests)
-        a, d = meshed.app, direct.app
 
         def delta(m_ns: float, d_ns: float) -> float:
             return m_ns * 1e-3 / n - d_ns * 1e-3 / nd
 
+        a, d = meshed.app, direct.app
         read += delta(a.read.ns, d.read.ns)
         write += delta(a.write.ns, d.write.ns)
         notify += delta(a.notify.ns, d.notify.ns)
         user += delta(a.user_ns, d.user_ns)
-        ipc -= direct.ipc_ns * 1e-3 / nd
+        lo -= direct.ipc_ns * 1e-3 / nd
+        c, e = meshed.client, direct.client
+        intercept = delta(c.write.ns, e.write.ns)
+        read += delta(c.read.ns, e.read.ns)
+        notify += delta(c.notify.ns, e.notify.ns)
     return Breakdown(
         read=read,
-        write=write - ipc,
-        ipc=ipc,
+        write=write - lo,
+        ipc=lo + intercept,
         notification=notify,
         user=user,
         kernel_other=us(_other_syscalls_ns(s)),
