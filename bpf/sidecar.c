@@ -4,7 +4,9 @@
  *
  * USAGE: sidecar -p PID[,PID...] [-f NETNS] [-d SECONDS] [-a] [-s] [-v]
  *
- * Runs until SIGINT/SIGTERM or the duration, then prints one JSON object to stdout.
+ * Runs until SIGINT/SIGTERM or the duration, then prints one JSON object (one line) to stdout.
+ * SIGUSR1 prints the totals so far as one such line and keeps running (cumulative: the caller
+ * subtracts two snapshots to get a window without re-attaching).
  * Prints "sidecar: ready" to stderr once every program is attached.
  */
 #define _GNU_SOURCE
@@ -41,6 +43,7 @@ static struct env {
 } env;
 
 static volatile sig_atomic_t exiting;
+static volatile sig_atomic_t dump;
 
 static const char usage[] =
 "Usage: sidecar -p PID[,PID...] [-f NETNS] [-d SECONDS] [-a] [-s] [-v]\n"
@@ -62,8 +65,10 @@ static const char *counter_names[CNT_MAX] = {
 
 static void sig_handler(int sig)
 {
-	(void)sig;
-	exiting = 1;
+	if (sig == SIGUSR1)
+		dump = 1;
+	else
+		exiting = 1;
 }
 
 static int libbpf_print_fn(enum libbpf_print_level level, const char *format, va_list args)
@@ -357,14 +362,47 @@ static void print_programs(struct sidecar_bpf *obj)
 	printf("]");
 }
 
+/* One JSON object on one line: the cumulative totals since attach. */
+static int print_reading(struct sidecar_bpf *obj, __u64 netns, __u64 follow_ino, __u64 duration,
+			 int ncpus, int stats_fd)
+{
+	struct thread_stat total = {};
+	int err, rc = 0;
+
+	printf("{\"version\":%d,\"tool\":\"sidecar\",\"pids\":[", FORMAT_VERSION);
+	for (int i = 0; i < env.n_pids; i++)
+		printf("%s%u", i ? "," : "", env.pids[i]);
+	printf("],\"netns\":%llu,\"follow_netns\":%llu,\"duration_ns\":%llu,\"stats_enabled\":%s,",
+	       (unsigned long long)netns, (unsigned long long)follow_ino,
+	       (unsigned long long)duration,
+	       stats_fd >= 0 ? "true" : "false");
+	err = print_threads(bpf_map__fd(obj->maps.threads), &total);
+	if (err)
+		fprintf(stderr, "sidecar: error iterating threads: %d\n", (rc = err));
+	printf(",\"total\":{");
+	print_stat_body(&total);
+	printf("},");
+	err = print_ipc(bpf_map__fd(obj->maps.ipc), ncpus);
+	if (err)
+		fprintf(stderr, "sidecar: cannot read ipc map: %d\n", (rc = err));
+	putchar(',');
+	err = print_counters(bpf_map__fd(obj->maps.counters), ncpus);
+	if (err)
+		fprintf(stderr, "sidecar: cannot read counters: %d\n", (rc = err));
+	putchar(',');
+	print_programs(obj);
+	printf("}\n");
+	fflush(stdout);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	struct sidecar_bpf *obj = NULL;
-	struct thread_stat total = {};
 	struct bpf_program *prog;
 	struct bpf_link *links[16] = {};
 	int n_links = 0, stats_fd = -1, ncpus, err;
-	__u64 netns = 0, follow_ino = 0, t_start, t_end, deadline;
+	__u64 netns = 0, follow_ino = 0, t_start, deadline;
 	struct rlimit rl = { RLIM_INFINITY, RLIM_INFINITY };
 	struct sigaction sa = { .sa_handler = sig_handler };
 	char path[64];
@@ -376,6 +414,7 @@ int main(int argc, char **argv)
 	/* signals first: a stop request during setup still ends in a clean exit */
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGUSR1, &sa, NULL);
 
 	/* kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK */
 	if (setrlimit(RLIMIT_MEMLOCK, &rl) && env.verbose)
@@ -455,34 +494,15 @@ int main(int argc, char **argv)
 	while (!exiting && (!deadline || now_ns() < deadline)) {
 		struct timespec ts = { 0, 20 * 1000 * 1000 };
 
-		nanosleep(&ts, NULL);	/* EINTR on a signal is the exit path */
+		if (dump) {
+			dump = 0;
+			print_reading(obj, netns, follow_ino, now_ns() - t_start, ncpus, stats_fd);
+			continue;
+		}
+		nanosleep(&ts, NULL);	/* a signal ends the sleep early (EINTR) */
 	}
-	t_end = now_ns();
 
-	printf("{\"version\":%d,\"tool\":\"sidecar\",\"pids\":[", FORMAT_VERSION);
-	for (int i = 0; i < env.n_pids; i++)
-		printf("%s%u", i ? "," : "", env.pids[i]);
-	printf("],\"netns\":%llu,\"follow_netns\":%llu,\"duration_ns\":%llu,\"stats_enabled\":%s,",
-	       (unsigned long long)netns, (unsigned long long)follow_ino,
-	       (unsigned long long)(t_end - t_start),
-	       stats_fd >= 0 ? "true" : "false");
-	err = print_threads(bpf_map__fd(obj->maps.threads), &total);
-	if (err)
-		fprintf(stderr, "sidecar: error iterating threads: %d\n", err);
-	printf(",\"total\":{");
-	print_stat_body(&total);
-	printf("},");
-	err = print_ipc(bpf_map__fd(obj->maps.ipc), ncpus);
-	if (err)
-		fprintf(stderr, "sidecar: cannot read ipc map: %d\n", err);
-	putchar(',');
-	err = print_counters(bpf_map__fd(obj->maps.counters), ncpus);
-	if (err)
-		fprintf(stderr, "sidecar: cannot read counters: %d\n", err);
-	putchar(',');
-	print_programs(obj);
-	printf("}\n");
-	fflush(stdout);
+	err = print_reading(obj, netns, follow_ino, now_ns() - t_start, ncpus, stats_fd);
 
 cleanup:
 	for (int i = 0; i < n_links; i++)

@@ -9,16 +9,19 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from meshtax.profile.probes import (
     FakeProbe,
+    IpcStat,
     OpStat,
     ProbeError,
     ProbeReading,
     RealProbe,
+    SnapshotSession,
     parse_reading,
 )
 from meshtax.profile.system import FakeSystem, RealSystem
@@ -186,6 +189,76 @@ def test_real_probe_session_against_fake_loader(tmp_path: Path) -> None:
         probe.stop()
 
 
+def test_real_probe_snapshots_against_fake_loader(tmp_path: Path) -> None:
+    """SIGUSR1 → one line with the totals so far; stop → the last line after snapshots."""
+    one_line = json.dumps(json.loads(READING))
+    loader = _fake_loader(
+        tmp_path,
+        f"""
+        import json, signal, sys, time
+        stop, dumps = [], []
+        signal.signal(signal.SIGINT, lambda *a: stop.append(1))
+        signal.signal(signal.SIGUSR1, lambda *a: dumps.append(1))
+        base = json.loads({one_line!r})
+        print("sidecar: ready (6 programs)", file=sys.stderr, flush=True)
+        def emit(k):
+            d = dict(base, duration_ns=k)
+            print(json.dumps(d), flush=True)
+        k = 0
+        while not stop:
+            if dumps:
+                dumps.pop()
+                k += 1
+                emit(k)
+            time.sleep(0.005)
+        emit(99)
+        """,
+    )
+    probe = RealProbe(RealSystem(), binary=loader)
+    probe.start([8526])
+    try:
+        assert probe.snapshot().duration_ns == 1
+        assert probe.snapshot().duration_ns == 2
+        assert probe.stop().duration_ns == 99
+    finally:
+        probe.close()
+
+
+def test_since_is_the_window_between_snapshots() -> None:
+    r = parse_reading(READING)
+    writer = r.threads[1]
+    grown = replace(writer, write=writer.write + OpStat(10, 5000, 1000, 0), user_ns=writer.user_ns + 700,
+                    syscalls=writer.syscalls + 10)  # fmt: skip
+    newcomer = replace(writer, tid=9999, followed=True)
+    later = replace(
+        r, threads=(r.threads[0], grown, newcomer), duration_ns=r.duration_ns + 500,
+        ipc=IpcStat(r.ipc.method, r.ipc.count + 3, r.ipc.ns + 300, r.ipc.bytes + 30, 7),
+        counters={**r.counters, "exit_unmatched": r.counters["exit_unmatched"] + 1},
+    )  # fmt: skip
+    w = later.since(r)
+    assert w.duration_ns == 500
+    by_tid = {t.tid: t for t in w.threads}
+    assert by_tid[8526].write == OpStat() and by_tid[8526].user_ns == 0  # idle in the window
+    assert by_tid[8627].write == OpStat(10, 5000, 1000, 0) and by_tid[8627].user_ns == 700
+    assert by_tid[9999] == newcomer  # new in the window: whole
+    assert w.total.write == OpStat(10, 5000, 1000, 0) + newcomer.write
+    assert (w.ipc.count, w.ipc.ns, w.ipc.bytes, w.ipc.max_ns) == (3, 300, 30, 7)
+    assert w.counters["exit_unmatched"] == 1 and w.counters["thread_map_full"] == 0
+    assert all(p.run_cnt == 0 for p in w.programs)
+    assert r.since(r).total.write == OpStat()
+
+
+def test_fake_probe_snapshot_stays_started() -> None:
+    r = parse_reading(READING)
+    fake = FakeProbe([r, r])
+    assert isinstance(fake, SnapshotSession)
+    with pytest.raises(ProbeError, match="not started"):
+        fake.snapshot()
+    fake.start([1])
+    assert fake.snapshot() is r and fake.running
+    assert fake.stop() is r
+
+
 def test_real_probe_reports_loader_failure(tmp_path: Path) -> None:
     loader = _fake_loader(
         tmp_path,
@@ -315,12 +388,14 @@ def test_real_probe_follows_a_namespace_and_reads_a_later_client(load: Load) -> 
         probe = RealProbe(RealSystem(), binary=binary)
         probe.start([load.p.pid], follow_netns=f"/run/netns/{ns}")
         try:
+            before = probe.snapshot()
             client = subprocess.run(
                 ["ip", "netns", "exec", ns, "dd", "if=/dev/zero", "of=/dev/null", "bs=1",
                  "count=2000"], capture_output=True, check=True,
             )  # fmt: skip
             assert client.returncode == 0
-            reading = probe.stop()
+            reading = probe.snapshot().since(before)
+            final = probe.stop()
         finally:
             probe.close()
     finally:
@@ -333,3 +408,6 @@ def test_real_probe_follows_a_namespace_and_reads_a_later_client(load: Load) -> 
     assert sum(t.read.count for t in followed) >= 2000
     # the PID target is still tracked normally and never marked followed
     assert all(not t.followed for t in reading.threads if t.tgid == load.p.pid)
+    # nothing ran in the namespace before the first snapshot; the final reading has it all
+    assert not any(t.followed for t in before.threads)
+    assert sum(t.write.count for t in final.threads if t.followed) >= writes
