@@ -1,11 +1,11 @@
 """Predict the runs of a validation again: another profile, or another placement model, on the
 very same measurements (issue 6).
 
-``.venv/bin/python benchmarks/validate_repredict.py --doc artifacts/validation/all.json
---traces artifacts/validation/traces [--db PROFILES.db] [--profile NAME] [--pod-cpus N|none]``
+``.venv/bin/python benchmarks/validate_repredict.py --doc artifacts/validation/all.json [more.json …]
+[--db PROFILES.db] [--profile NAME] [--pod-cpus N|none]``
 
-``--doc``: the ``all.json`` of ``benchmarks/bench_validate.py``; ``--traces``: the directory it
-kept the no-mesh traces in (``--keep-traces``). ``--pod-cpus none`` predicts as if every pod
+``--doc``: one or more ``all.json`` of ``benchmarks/bench_validate.py --keep-traces``; the no-mesh
+traces are read from the ``traces`` directory next to each. ``--pod-cpus none`` predicts as if every pod
 had CPUs of its own (the critical path alone); the default is the placement the validation
 ran with. Prints the per-case table and the summary; measures nothing.
 """
@@ -26,31 +26,30 @@ from meshtax.validate.result import CaseResult, ValidationResult
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--doc", required=True)
-    ap.add_argument("--traces", required=True)
+    ap.add_argument("--doc", required=True, nargs="+")
     ap.add_argument("--db", default=None)
     ap.add_argument("--profile", default=None, help="default: the profile the validation used")
     ap.add_argument("--pod-cpus", default="auto", help="N, 'none' (own CPUs), or 'auto' (the validation's placement)")
     a = ap.parse_args()
-    doc = json.loads(Path(a.doc).read_text())
+    docs = [(json.loads(Path(d).read_text()), Path(d).parent / "traces") for d in a.doc]
     store = ProfileStore(a.db) if a.db else ProfileStore()
-    profile = store.get(a.profile or doc["profile"])
+    profile = store.get(a.profile or docs[0][0]["profile"])
     if a.pod_cpus == "auto":
         pinning = Pinning.from_dict(profile.provenance.options.get("pinning") or {})
         pod_cpus: int | None = pinning.pod_cpus()
     else:
         pod_cpus = None if a.pod_cpus == "none" else int(a.pod_cpus)
     cases: list[CaseResult] = []
-    for c in doc["cases"]:
+    for c, traces in ((c, t) for doc, t in docs for c in doc["cases"]):
         measured = CaseResult.measured_from_case(c)
-        trace = Path(a.traces) / f"{measured.topology}-{measured.query}-{measured.mode}.json"
+        trace = traces / f"{measured.topology}-{measured.query}-{measured.mode}.json"
         if measured.error is not None or not trace.exists():
             cases.append(replace(measured, error=measured.error or f"no kept traces at {trace}"))
             continue
         sidecars = {s: SidecarConfig(Mode(m)) for s, m in measured.sidecar_modes.items()}
         pred = predict_traces(trace, profile, sidecars, measured.rate, pod_cpus=pod_cpus)
         cases.append(replace(measured, predicted=pred))
-    res = ValidationResult("repredicted", tuple(cases), profile.name, doc.get("machine", {}), {"pod_cpus": pod_cpus}, ())
+    res = ValidationResult("repredicted", tuple(cases), profile.name, docs[0][0].get("machine", {}), {"pod_cpus": pod_cpus}, ())
     print(f"profile {profile.name}, pod_cpus {pod_cpus}")
     print(res.table())
     s = res.summary()

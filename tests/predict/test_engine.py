@@ -12,7 +12,7 @@ from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import to_batch
 from meshtax.model.profile import ModeProfile
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
-from meshtax.predict.engine import PredictionError, predict_batch, single_profile
+from meshtax.predict.engine import PredictionError, predict_batch, shared_cpu_rates, single_profile
 from meshtax.predict.whatif import apply_speedup, speedup_from_dict
 from meshtax.reference import reference_profile
 from tests.helpers import EXTERNAL, ecg, flat, inv, profile
@@ -308,3 +308,20 @@ def test_new_connections_pay_the_handshake_and_per_connection_filters() -> None:
     # without a handshake model: a warning, not a guess
     _, bp2 = run(ecg({"A": side, "B": side}, calls), replace(prof, modes={Mode.HTTP: replace(mp, tls_handshake=None)}))
     assert any("handshake" in w for w in bp2.warnings)
+
+
+def test_shared_cpus_price_messages_at_the_rate_that_loads_the_cpu_alike() -> None:
+    # OTHER CPU: 2 CPU-µs at 1000/s, +3 per e-fold below, profiled from 10/s; no latency-path effect
+    rated = ComponentModel(CostModel(0.1), CostModel(2.0, rate_coef=3.0, rate_lo=10.0, rate_hi=1000.0))
+    prof = profile({Mode.HTTP: {OTHER: rated}})
+    calls = [inv("r", EXTERNAL, "A", 0, 100, rate=100), inv("b", "A", "B", 10, 30, "r", rate=100), inv("c", "A", "C", 50, 30, "r", rate=100)]
+    b = to_batch([ecg({"A": HTTP, "B": HTTP, "C": HTTP}, calls)])
+    # 10 crossings per request at 100/s = 1000 crossings/s on one CPU: a one-hop at 500/s loads it alike
+    assert shared_cpu_rates(b, 1).tolist() == [500.0] * 3
+    assert shared_cpu_rates(b, 2).tolist() == [250.0] * 3
+    per_crossing = 2.0 + 3.0 * np.log(1000 / 500)
+    one = predict_batch(b, single_profile(prof), pod_cpus=1)
+    assert one.cpu_vcpu[0] == pytest.approx(10 * per_crossing * 100 * 1e-6)
+    # on CPUs of their own, every sidecar is priced at its own rate (100/s)
+    own = predict_batch(b, single_profile(prof))
+    assert own.cpu_vcpu[0] == pytest.approx(10 * (2.0 + 3.0 * np.log(10)) * 100 * 1e-6)

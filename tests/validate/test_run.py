@@ -70,33 +70,29 @@ def _ours() -> list[str]:
 @pytest.mark.root
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 def test_bookinfo_http_prediction_not_grossly_off() -> None:
-    """A short http-only profile, then Bookinfo in http mode: CPU per request predicted within
-    2x, mean latency within 3x (see the comment below), and nothing is left behind.
+    """A short http-only profile, then Bookinfo in http mode at 100 requests/s: CPU per request
+    and mean latency predicted within 2x, and nothing is left behind.
 
-    http, not tcp: tcp mode carries a known systematic CPU under-prediction of ~50 % (gRPC and
-    HTTP framing through a TCP proxy is several writes per message; docs/validation.md, bias 1)
-    that sits right on a 2x gate, while http mode's median CPU error over the 21 cases is ~7 %,
-    so a 2x divergence there means something broke. 400 requests/s, not 100: per-message CPU
-    falls with the rate (bias 4) and the short profile measures CPU at half the maximum, so at
-    100/s CPU is under-predicted by ~2x from that alone (ratios 0.31-0.49 seen; 0.59 at 400/s)."""
+    http, not tcp: http mode's median error over the 21 cases is the tool's core claim, so a 2x
+    divergence there means something broke. The profile measures CPU at 100/s too (per-message
+    CPU roughly doubles between thousands/s and 100/s, docs/validation.md), and the prediction
+    knows every pod shares one CPU (latency overhead = the request's sidecar CPU work)."""
     before = _ours()
     # short, but not so short that the profile's own latency is mostly noise
-    plan = Plan(modes=(Mode.HTTP,), sizes=(100, 1024), rate_fractions=(0.5,), latency_run_s=0.5,
+    plan = Plan(modes=(Mode.HTTP,), sizes=(100, 1024), rate_fractions=(0.5,), low_rates=(100.0,), latency_run_s=0.5,
                 latency_min_runs=4, latency_max_runs=4, probe_run_s=1.0, maxqps_run_s=0.5,
                 cpu_run_s=0.5, warmup_n=100)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)  # a noisy shared machine may not close
         prof = run_profile(ProfileOptions(name="ci-validate", plan=plan), RealSystem(), None, backends=Backends(lock_timeout=300.0))
-    opts = ValidateOptions("bookinfo", modes=(Mode.HTTP,), quick=True, rate=400.0, profile_name="ci-validate", warmup_n=100, lock_timeout_s=300.0)
+    opts = ValidateOptions("bookinfo", modes=(Mode.HTTP,), quick=True, rate=100.0, profile_name="ci-validate", warmup_n=100, lock_timeout_s=300.0)
     res = run_validation(opts, RealSystem(), _OneProfile(prof))
     (case,) = res.cases
     assert case.error is None, case.error
     k = case.comparisons
-    # CPU per request within 2x. Latency (mean, the profiler's own statistic; a short run's p50
-    # difference jumps between histogram modes) within 3x: with every pod on one CPU all
-    # sidecar work lands on the critical path and latency is under-predicted by 25-55 % here
-    # (docs/validation.md, bias 2), which puts a 2x gate on the edge (ratios 0.43-0.50 seen).
-    for metric, factor in (("cpu", 2.0), ("mean", 3.0)):
+    # latency: the mean, the profiler's own statistic (a short run's p50 difference jumps
+    # between histogram modes)
+    for metric, factor in (("cpu", 2.0), ("mean", 2.0)):
         c = k[metric]
         assert c.measured.median > 0, f"{metric}: no overhead measured"
         ratio = c.predicted / c.measured.median

@@ -18,6 +18,15 @@ finish in less than ``W / k`` even if it sits off the critical path — parallel
 work a sidecar does after forwarding queue behind each other. With one request in flight on
 one shared CPU this bound is exact (measured here: latency overhead ÷ CPU overhead = 1.00 in
 the http/grpc validation cases); with ``k`` CPUs the overhead is ``max(critical path, W / k)``.
+
+Shared CPUs also change which rate prices a message. Per-message CPU depends on how busy the
+CPU is (an idle CPU wakes cold for every message), and the profile measured it with one
+sidecar whose CPU sees ``2·r`` crossings per second at request rate ``r``. On ``k`` shared
+CPUs, every crossing of the graph lands on them, so each message is priced at the one-hop
+rate that loads a CPU alike: ``r_eff = Σ crossings/s of the graph / (2·k)``. (Measured on
+this machine, http chains at 100 and 1000 requests/s: CPU per crossing followed ``r_eff``
+within 20–30 %, while pricing at each sidecar's own rate over-predicted a 4-service chain at
+100/s by 40–60 % and ignoring the rate under-predicted it by ~60 %.)
 """
 
 from __future__ import annotations
@@ -155,8 +164,9 @@ def _sum(a: CostModel, b: CostModel) -> CostModel:
     )  # fmt: skip
 
 
-def hop_costs(batch: EcgBatch, profiles: ProfileLookup) -> Costs:
-    """Evaluate every crossing of every invocation, per component."""
+def hop_costs(batch: EcgBatch, profiles: ProfileLookup, *, rates: FloatArray | None = None) -> Costs:
+    """Evaluate every crossing of every invocation, per component; models with a rate term at
+    ``rates`` (per row; default: each invocation's own rate)."""
     warnings: list[str] = []
     n = batch.n_invocations
     proto = batch.protocol if batch.protocol is not None else np.zeros(n, dtype=np.int64)
@@ -175,7 +185,8 @@ def hop_costs(batch: EcgBatch, profiles: ProfileLookup) -> Costs:
     out = {name: np.zeros((n, K)) for name in ("lc", "ld", "cc", "cd")}
     lse = np.zeros(n)
     cse = np.zeros(n)
-    req, resp, rate = batch.request_bytes, batch.response_bytes, batch.rate
+    req, resp = batch.request_bytes, batch.response_bytes
+    rate = batch.rate if rates is None else rates
     for spec_col, lat_key, cpu_key in ((batch.caller_spec, "lc", "cc"), (batch.callee_spec, "ld", "cd")):
         for (s, code), models in per.items():
             rows = np.flatnonzero((spec_col == s) & (proto == code))
@@ -247,7 +258,7 @@ def predict_batch(
     graph's pods share (None: every pod has its own; see the module docstring)."""
     if pod_cpus is not None and pod_cpus < 1:
         raise ValueError(f"pod_cpus must be at least 1, got {pod_cpus}")
-    costs = costs or hop_costs(batch, profiles)
+    costs = costs or hop_costs(batch, profiles, rates=None if pod_cpus is None else shared_cpu_rates(batch, pod_cpus))
     shape = shape or structure(batch)
     lat = costs.latency
     extra = lat.sum(axis=1)
@@ -308,6 +319,17 @@ def predict_batch(
         pod_cpus=pod_cpus,
         cpu_bound=bound_mask,
     )
+
+
+def shared_cpu_rates(batch: EcgBatch, pod_cpus: int) -> FloatArray:
+    """Per row, the one-hop request rate that loads a CPU as the row's graph loads its
+    ``pod_cpus`` shared CPUs: Σ over the graph of crossings × rate, ÷ (2 · pod_cpus)."""
+    sides = (batch.caller_spec >= 0).astype(np.float64) + (batch.callee_spec >= 0)
+    g = batch.graph_of()
+    per_s = np.bincount(g, weights=2.0 * sides * batch.rate, minlength=batch.n_graphs)  # crossings/s
+    r = per_s[g] / (2.0 * pod_cpus)
+    # a row of a graph without any sidecar has no crossing to price: keep its own rate
+    return np.asarray(np.where(r > 0, r, batch.rate), dtype=np.float64)
 
 
 def single_profile(profile: Profile, others: Mapping[str, Profile] | None = None) -> ProfileLookup:
