@@ -189,10 +189,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--db", type=Path, default=None,
+                    help="keep the profiles in this database (default: a scratch one, deleted)")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="meshtax-bench-"))
     try:
-        db = scratch / "profiles.db"
+        db = args.db or scratch / "profiles.db"
         runs = [one_run(f"bench-{i}", db) for i in range(1, args.runs + 1)]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
