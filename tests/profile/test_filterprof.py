@@ -416,3 +416,16 @@ def test_real_short_run(tmp_path: Path) -> None:
     assert 0 < hm < tap
     assert all(len(s.cpu_us) == 2 for n, s in run.samples[100].items() if n != BASE)
     assert list((tmp_path / "out" / "tap").iterdir()), "tap wrote no files"
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("mode", [Mode.TCP, Mode.HTTP])
+def test_real_connections_network_rbac(mode: Mode, tmp_path: Path) -> None:
+    """A real Envoy: new connections through a 1000-rule network RBAC listener and through
+    base are served (one message each), and the result has one sample per round."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    opts = FilterRunOptions(rounds=2)
+    got = measure_connections(mode, ["rbac_network_1000"], opts, RealSystem(), k=20, workdir=tmp_path)
+    m = got["rbac_network_1000"]
+    assert m.cpu_us.n == 2 and m.base_cpu_us > 0 and m.base_latency_us > 0
