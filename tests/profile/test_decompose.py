@@ -151,15 +151,18 @@ def followed(t: ThreadReading) -> ThreadReading:
     return replace(t, followed=True)
 
 
-# the client (tgid 300): meshed, its writes carry the interception (NAT toward the sidecar)
-CLIENT_M = followed(thread(301, read=2000, write=12000, epoll=90000, notify=3000, user=7000, tgid=300))
-CLIENT_D = followed(thread(301, read=3000, write=16000, epoll=90000, notify=4000, user=9000, tgid=300))
+# the client (tgid 300). Meshed: 1 request, 2 calls of each kind (1 per crossing, as a gRPC
+# client that is woken twice per response); direct: 2 requests, 2 calls (0.5 per crossing).
+# Per call, meshed: read 2000, write 6000 (the interception's NAT), notify 4000 ns;
+# direct: 1500, 4000, 3000 ns.
+CLIENT_M = followed(thread(301, read=4000, write=12000, epoll=90000, notify=8000, user=7000, tgid=300))
+CLIENT_D = followed(thread(301, read=3000, write=8000, epoll=90000, notify=6000, user=9000, tgid=300))
 
 
 def test_window_puts_followed_threads_in_client_only() -> None:
     w = Window.of(make_reading([WORKER, APP_IO_M, CLIENT_M], ipc_ns=0), 1,
                   sidecar_tgid=100, app_tgid=200)  # fmt: skip
-    assert (w.client.write.ns, w.client.read.ns, w.client.user_ns) == (12000, 2000, 7000)
+    assert (w.client.write.ns, w.client.read.ns, w.client.user_ns) == (12000, 4000, 7000)
     assert (w.sidecar.write.ns, w.app.write.ns) == (10000, 4000)
     # without a sidecar tgid the busy threads are the sidecar's: still not the client's
     assert Window.of(make_reading([WORKER, CLIENT_M], ipc_ns=0), 1, sidecar_tgid=None).sidecar.write.ns == 10000
@@ -172,11 +175,13 @@ def test_mesh_breakdown_adds_the_clients_change() -> None:
     direct = Window.of(make_reading([APP_IO_D, CLIENT_D], ipc_ns=0, ipc_count=0), 2,
                        sidecar_tgid=100, app_tgid=200)  # fmt: skip
     bd = mesh_breakdown(meshed, direct)
-    # client Δ per crossing (meshed /2e3, direct /4e3): write 6 − 4 = 2 → IPC (the
-    # interception's delivery), read 1 − 0.75 = 0.25 → Read, notify 1.5 − 1 = 0.5 →
-    # Notification; its user time is not used. The loopback IPC (1.5) alone is subtracted
-    # from Write: the client's writes are not inside the sidecar's or the app's.
-    assert bd.ipc == pytest.approx(1.5 + 2.0)
+    # client Δ per call × direct calls per crossing (2 calls / 4 crossings = 0.5), µs:
+    # write (6 − 4) × 0.5 = 1 → IPC (the interception's delivery), read (2 − 1.5) × 0.5 = 0.25
+    # → Read, notify (4 − 3) × 0.5 = 0.5 → Notification. The meshed window's extra calls do
+    # not count (a total-time Δ would give write 12/2 − 8/4 = 4). Its user time is not used.
+    # The loopback IPC (1.5) alone is subtracted from Write: the client's writes are not
+    # inside the sidecar's or the app's.
+    assert bd.ipc == pytest.approx(1.5 + 1.0)
     assert bd.write == pytest.approx(3.25)  # as without a client
     assert bd.read == pytest.approx(2.625 + 0.25)
     assert bd.notification == pytest.approx(2.25 + 0.5)

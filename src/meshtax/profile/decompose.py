@@ -17,7 +17,7 @@ therefore watches the sidecar, the app *and* the client (every process of the cl
 followed by namespace), in windows that alternate meshed and direct runs (:class:`Window`),
 and :func:`mesh_breakdown` computes, per crossing:
 
-* **Read** = sidecar read-family wall time + Δapp read + Δclient read (meshed − direct).
+* **Read** = sidecar read-family wall time + Δapp read (meshed − direct) + Δclient read.
 * **Write** = sidecar write-family wall time + Δapp write − IPC. Without the app term the
   sidecar's write toward the client (veth → bridge → veth, with the client's RX path and a
   cross-CPU wake-up inside it) would be counted as overhead although the direct path has the
@@ -37,7 +37,8 @@ and :func:`mesh_breakdown` computes, per crossing:
   sidecar's own syscalls) and not subtracted from Write (it is not inside the sidecar's or the
   app's writes).
 * **Notification** = sidecar wake-up→epoll-return + Δapp notification + Δclient
-  notification. This includes the
+  notification (the client's wake-up from its longer wait takes longer — on this VM
+  ≈ 3–5 µs per crossing in tcp mode: its CPU idles deeper; on the path, so counted). This includes the
   run-queue wait for the CPU the sidecar shares with the app (real on-path time in this
   placement). The sidecar's first wake-up of a request (by the client, from the other CPU)
   replaces the app's wake-up of the direct path; Δapp notification removes that.
@@ -47,23 +48,28 @@ and :func:`mesh_breakdown` computes, per crossing:
   (:func:`traffic_threads`); the app's threads are summed whole (its runtime threads behave
   the same in both windows, so they cancel in Δ) and its other syscalls are not used (Go's
   futex sleeps are not on any path). The client's user time and other syscalls are not used
-  either: its user-space work is the same request loop in both windows (a Δ there is cache
-  and frequency noise of the shared machine, not mesh work), and it sleeps in futex between
-  requests.
+  either: its request loop is the same in both windows; what grows (+0.4–3 µs per crossing in
+  tcp/http, +9–17 µs in gRPC) is its Go runtime spinning and parking while it waits longer,
+  which is not on the path as a whole, and it sleeps in futex between requests.
+* **Δclient** terms are *per call*: (meshed − direct mean time of one read / write /
+  notification) × the calls per crossing of the direct path. The client's request needs the
+  same calls with or without the mesh; the mesh changes what each costs. In gRPC mode Envoy
+  sends each response in two writes, so the meshed client reads and wakes twice per request
+  (once in direct): a total-time Δ counted that second wake-up (+5–8 µs per crossing, largely
+  off the path: closure went to +15…+19 %); the per-call Δ does not. In tcp and http the
+  call counts match and both give the same.
 
-Known residuals (measured with one-off bpftrace/sched_switch accounting on the 2-CPU dev VM,
-TCP 100 B, not corrected because the aggregate probe cannot separate them):
+Known residuals (measured on the 2-CPU dev VM; numbers in BENCHMARKS.md, issue #3 section):
 
-* the app's work after it has written the response (Go runtime parking, ≈ 4.6 µs per request)
-  is on the path with the sidecar (which waits for the shared CPU) but not without it; it
-  cancels in Δapp user, so it is missing (under-count);
-* the sender's kernel work for intercepted traffic (conntrack/NAT of the REDIRECTed connection
-  runs in the client's send path on its own CPU: +4–5 µs per request of client CPU) and the
-  longer idle → wake-up latency of the shared CPU are outside the probed processes (under-
-  count) — together these explain TCP's ≈ 6–7 µs per crossing shortfall;
+* the client's user-time growth (above) is left out; in tcp/http what stays unattributed after
+  the client terms is −2…+10 µs per crossing, scattered around zero across sizes and runs
+  (the window noise of the probed overhead itself is ±5–10 µs);
 * app work the mesh causes *after* the response has left (gRPC: Envoy's HTTP/2 control frames
   wake the app a second time per request) is counted in Δapp though it is off the path
-  (over-count, gRPC).
+  (over-count, gRPC: components exceed the probed overhead by ≈ 10–20 µs per crossing);
+* the app's work after writing its response (Go runtime parking) is on the path with the
+  sidecar only; the sidecar's Notification (wake-up → epoll return) contains the run-queue
+  wait behind it, which is where this definition counts it.
 
 The sidecar never got preempted by the app on this machine (the woken app waits until the
 sidecar blocks), so the sidecar's intervals do not hide the app's work.
@@ -87,7 +93,7 @@ from dataclasses import dataclass, fields, replace
 
 from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, WRITE, Component
 from meshtax.model.sidecar import Mode
-from meshtax.profile.probes import EMPTY_THREAD, ProbeReading, ThreadReading
+from meshtax.profile.probes import EMPTY_THREAD, OpStat, ProbeReading, ThreadReading
 
 __all__ = [
     "CROSSINGS_PER_REQUEST",
@@ -248,9 +254,14 @@ def mesh_breakdown(meshed: Window, direct: Window | None) -> Breakdown:
         user += delta(a.user_ns, d.user_ns)
         lo -= direct.ipc_ns * 1e-3 / nd
         c, e = meshed.client, direct.client
-        intercept = delta(c.write.ns, e.write.ns)
-        read += delta(c.read.ns, e.read.ns)
-        notify += delta(c.notify.ns, e.notify.ns)
+
+        def per_call(m: OpStat, d: OpStat) -> float:
+            # the change of what each call costs, times the calls the direct path needs
+            return (m.mean_ns - d.mean_ns) * d.count * 1e-3 / nd
+
+        intercept = per_call(c.write, e.write)
+        read += per_call(c.read, e.read)
+        notify += per_call(c.notify, e.notify)
     return Breakdown(
         read=read,
         write=write - lo,

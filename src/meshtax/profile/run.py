@@ -460,16 +460,19 @@ def measure_overhead(
 class ProbeResult:
     """Paired probe windows of one mode and size.
 
-    ``latency``: components per crossing (µs), each the median over the window pairs of that
-    pair's value (sidecar + Δapp, see :mod:`~meshtax.profile.decompose`; a window hit by a
-    noisy neighbour does not drag it); ``pooled``: all windows summed instead (the mean);
-    ``sidecar_only``: pooled, without the app terms; ``per_pair``: each pair alone (their
-    spread is the interval);
+    ``latency``: components per crossing (µs) from all windows of a kind summed (sidecar + Δapp
+    + Δclient, see :mod:`~meshtax.profile.decompose`) — the per-message mean; two consecutive
+    quick profiles agreed on more components with it than with per-field medians over the
+    pairs (23 vs 19 of 36, BENCHMARKS.md issue #3); ``pooled``: the same (kept for readers of
+    older records); ``median``: per-field medians over the pairs; ``sidecar_only``: pooled,
+    without the app and client terms; ``per_pair``: each pair alone (their spread is the
+    interval);
     ``overhead``: per-request overhead measured in the same probed windows.
     """
 
     latency: Breakdown
     pooled: Breakdown
+    median: Breakdown
     sidecar_only: Breakdown
     per_pair: list[Breakdown]
     overhead: Estimate
@@ -483,6 +486,7 @@ class ProbeResult:
         return {
             "latency_breakdown_us": self.latency.to_dict(),
             "pooled_breakdown_us": self.pooled.to_dict(),
+            "median_breakdown_us": self.median.to_dict(),
             "sidecar_only_breakdown_us": self.sidecar_only.to_dict(),
             "per_pair_breakdown_us": [b.to_dict() for b in self.per_pair],
             "overhead_per_request_us": self.overhead.to_dict(),
@@ -556,9 +560,11 @@ def probe_components(
     pm, pd = pooled(m_windows), pooled(d_windows)
     per_pair = [mesh_breakdown(m, d if probe_app else None) for m, d in zip(m_windows, d_windows)]
     diffs = [m - d for m, d in zip(m_mean, d_mean)]
+    pooled_bd = mesh_breakdown(pm, pd if probe_app else None)
     return ProbeResult(
-        latency=Breakdown(**{f: median([getattr(b, f) for b in per_pair]) for f in _BD_FIELDS}),
-        pooled=mesh_breakdown(pm, pd if probe_app else None),
+        latency=pooled_bd,
+        pooled=pooled_bd,
+        median=Breakdown(**{f: median([getattr(b, f) for b in per_pair]) for f in _BD_FIELDS}),
         sidecar_only=mesh_breakdown(pm, None),
         per_pair=per_pair,
         overhead=estimate(diffs),
