@@ -68,12 +68,12 @@ def test_steps_and_expected_time() -> None:
     assert [s.kind for s in steps] == ["setup"] + ["latency", "probe", "maxqps", "cpu"] * 2
     assert [s.size for s in steps[1:5]] == [100] * 4
     assert steps[4].rate_fraction == 0.5 and p.cpu_fractions() == (0.5,)
-    # latency: 6 pairs × (2 × 0.5 s + 2 × 0.1 s) = 7.2 s; probe 2 pairs × 2 × (2 + 0.35) = 9.4;
+    # latency: 6 pairs × (2 × 0.5 s + 2 × 0.1 s) = 7.2 s; probe 2 pairs × 2 × (2 + 0.30) = 9.2;
     # maxqps 1 + 0.2 + 0.8 (perf) = 2.0; cpu 1.8
     assert steps[1].expected_s == pytest.approx(7.2)
-    assert steps[2].expected_s == pytest.approx(9.4)
+    assert steps[2].expected_s == pytest.approx(9.2)
     assert steps[3].expected_s == pytest.approx(2.0)
-    assert p.expected_s() == pytest.approx(2.0 + 2 * (7.2 + 9.4 + 2.0 + 1.8))
+    assert p.expected_s() == pytest.approx(2.0 + 2 * (7.2 + 9.2 + 2.0 + 1.8))
     assert steps[4].describe() == "tcp 100 B: CPU at 50% of max"
     assert steps[0].describe() == "tcp: start sidecar"
     with pytest.raises(ValueError, match="pair"):
@@ -99,10 +99,10 @@ def test_low_rate_and_carried_steps() -> None:
     # carried steps follow tcp mode's own (http's parsing needs nothing from them)
     assert kinds == [("setup", "tcp", 0, 0.0, "")] + own("tcp") + carried + [("setup", "http", 0, 0.0, "")] + own("http")
     by = {k: s for k, s in zip(kinds, steps)}
-    # low rate: 2 s + 0.8 s perf; carried probe: warm-up 0.3 + 1 pair × 2 × (2 + 0.35) = 5.0;
+    # low rate: 2 s + 0.8 s perf; carried probe: warm-up 0.3 + 1 pair × 2 × (2 + 0.30) = 4.9;
     # carried max rate: 1 + 0.2 + 0.8 (perf) = 2.0
     assert by[("lowrate", "tcp", 100, 100.0, "")].expected_s == pytest.approx(2.8)
-    assert by[("probe", "tcp", 100, 0.0, "grpc")].expected_s == pytest.approx(5.0)
+    assert by[("probe", "tcp", 100, 0.0, "grpc")].expected_s == pytest.approx(4.9)
     assert by[("maxqps", "tcp", 4096, 0.0, "grpc")].expected_s == pytest.approx(2.0)
     assert by[("setup", "tcp", 0, 0.0, "grpc")].expected_s == pytest.approx(2.0)
     assert steps[kinds.index(("lowrate", "tcp", 100, 300.0, "grpc"))].describe() == "tcp+grpc 100 B: CPU at 300/s"
@@ -125,7 +125,7 @@ def test_quick_preset_fits_the_three_minute_aim() -> None:
     assert q.expected_s() <= 200.0
     assert full_plan(pinning=PIN).expected_s() <= 20 * 60.0
     # quick: low rates at the smallest size, gRPC carried at the smallest and largest size
-    assert q.low_rates == (100.0, 300.0) and q.low_rate_size_list() == (100,)
+    assert q.low_rates == (100.0, 1000.0) and q.low_rate_size_list() == (100,)
     assert q.carried == ("grpc",) and q.carried_sizes() == (100, 4096) and q.carried_rate_fractions == (1.0,)
     extra = sum(s.expected_s for s in q.steps() if s.kind == "lowrate" or s.protocol)
     assert extra <= 25.0

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from meshtax.profile.runstate import STATE_DIR, RunBusy, RunLock
+from meshtax.profile.runstate import STATE_DIR, RunBusy, RunLock, load_states
 
 # one low rate, and gRPC carried through the tcp sidecar (the preset's default) at 100 B
 ARGS = ["profile", "--modes", "tcp", "--sizes", "100", "--duration", "0.2", "--low-rates", "200", "--replace"]
@@ -94,7 +94,11 @@ class Cli:
         self.pids: set[int] = set()
 
     def watch(self) -> None:
-        for ns in _netns() - self.before:
+        # only the namespaces this CLI's run registered: between their cases other runs (a
+        # validation, another engineer's profile) create mtx-* namespaces too, and deleting
+        # those in force_cleanup killed their processes
+        mine = {ns for _, st in load_states(STATE_DIR) if st is not None and st.owner_pid == self.proc.pid for ns in st.netns}
+        for ns in (_netns() - self.before) & mine:
             self.netns.add(ns)
             self.pids |= _pids_in(ns)
 

@@ -33,14 +33,18 @@ ALL_MODES: tuple[Mode, ...] = (Mode.TCP, Mode.HTTP, Mode.GRPC)
 RATE_FRACTIONS: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 # absolute low rates (requests/s): per-message CPU roughly doubles between thousands/s and
 # 100/s (fixed per-wake-up and timer costs are not amortised), and applications run there
-LOW_RATES: tuple[float, ...] = (100.0, 300.0)
+# and 1 000/s: a multi-service app on shared CPUs at 100 requests/s loads each CPU like a
+# one-hop at several hundred to a few thousand requests/s (predict.engine.shared_cpu_rates)
+LOW_RATES: tuple[float, ...] = (100.0, 300.0, 1000.0)
 #: application protocols a tcp-mode sidecar can be measured carrying (``ModeProfile.carried``)
 CARRIED_PROTOCOLS: tuple[str, ...] = ("grpc", "http")
 # 16 KB: Envoy's read slice, HTTP/2 default max frame and a TLS record; 64 KB: lo's MTU.
 SPLIT_CANDIDATES: tuple[int, ...] = (16384, 65536)
 # a fixed cost per step the durations do not cover (process start, perf script, probe attach)
-# (measured: probe attach + detach ≈ 0.25 s; fortio start ≈ 0.1 s; perf record + script ≈ 0.8 s)
-STEP_OVERHEAD_S = {"setup": 2.0, "latency": 0.1, "probe": 0.35, "maxqps": 0.2, "cpu": 0.8, "warmup": 0.3}
+# (measured: probe attach + detach ≈ 0.25 s, once per size now that windows are snapshots of
+# one attached probe, which saves ≈ 0.05 s per window; fortio start ≈ 0.1 s; perf record +
+# script ≈ 0.8 s)
+STEP_OVERHEAD_S = {"setup": 2.0, "latency": 0.1, "probe": 0.30, "maxqps": 0.2, "cpu": 0.8, "warmup": 0.3}
 
 
 def default_pinning(cpus: Sequence[int] | None = None) -> Pinning:
@@ -285,8 +289,9 @@ def quick_plan(**changes: Any) -> Plan:
     run measured 201 s with 0.5 s latency and 1 s CPU runs; 137 s with 0.4 s, 0.6 s and
     3 probe pairs, so a fourth pair fits). Low rates at the smallest size only; gRPC carried
     through tcp mode at the smallest and largest size, one probe pair, CPU at the max rate and
-    the low rates (≈ 25 s of the budget)."""
-    base = Plan(latency_run_s=0.4, cpu_run_s=0.6, probe_pairs=4, low_rate_run_s=0.8, low_rate_sizes=1,
+    the low rates (≈ 25 s of the budget). Two low rates, 100/s and 1 000/s, the ends of where
+    shared-CPU apps at ~100 requests/s put their sidecars (the full plan adds 300/s)."""
+    base = Plan(latency_run_s=0.4, cpu_run_s=0.6, probe_pairs=4, low_rates=(100.0, 1000.0), low_rate_run_s=0.8, low_rate_sizes=1,
                 carried_all_sizes=False, carried_probe_pairs=1, carried_rate_fractions=(1.0,))  # fmt: skip
     return replace(base, **changes)
 
@@ -305,7 +310,7 @@ def full_plan(**changes: Any) -> Plan:
         probe_pairs=4,
         maxqps_run_s=2.0,
         cpu_run_s=2.0,
-        low_rate_run_s=1.5,
+        low_rate_run_s=1.0,  # longer low-rate runs do not narrow their spread (the machine's state sets it)
         low_rate_sizes=2,
         carried_probe_pairs=1,
         carried_rate_fractions=(1.0,),
