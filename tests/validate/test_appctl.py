@@ -26,9 +26,10 @@ from meshtax.profile.system import free_ports as _free_ports
 
 
 def test_bundled_topologies_and_queries() -> None:
-    assert appctl.bundled_topologies() == ("bookinfo", "hotel-reservation", "online-boutique")
+    assert appctl.bundled_topologies() == ("bookinfo", "chain", "hotel-reservation", "online-boutique")
     want = {
         "bookinfo": ["productpage"],
+        "chain": ["one", "two", "four"],
         "online-boutique": ["index", "browse_product", "view_cart"],
         "hotel-reservation": ["user", "search", "reservation"],
     }
