@@ -28,9 +28,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import shutil
-import socket
 import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,18 +262,7 @@ ConnectFn = Callable[[int, int], float]  # (port, k connections) → mean second
 
 def connect_loop(port: int, k: int) -> float:
     """Open ``k`` connections one after another: connect, send a line, read it back, close."""
-    line = b"meshtax-handshake\n"
-    t0 = time.perf_counter()
-    for _ in range(k):
-        with socket.create_connection((LO, port), timeout=5) as s:
-            s.sendall(line)
-            got = b""
-            while len(got) < len(line):
-                chunk = s.recv(4096)
-                if not chunk:
-                    raise ConnectionError(f"connection to {port} closed after {len(got)} bytes")
-                got += chunk
-    return (time.perf_counter() - t0) / k
+    return mode_connect_loop(port, k, Mode.TCP)
 
 
 def measure_handshake(
