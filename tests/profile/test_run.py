@@ -148,17 +148,9 @@ class WindowProbe:
         self.running = False
 
 
-def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
-    world = World()
-    sysm = EchoFakeSystem(responders=[world])
-    probe = WindowProbe([10_000_000, 30_000_000])
-    perf_windows: list[tuple[int, ...]] = []
-    sched = iter(range(0, 10**12, 6_000_000))  # every read +6 ms: twice what perf sampled
 
-    def fake_sched(pid: int) -> Mapping[int, int]:
-        return {pid: next(sched)}
-
-    # the sidecar's mode changes the meshed latency: follow Envoy starts
+def _follow_envoy_port(sysm: EchoFakeSystem, world: World) -> None:
+    """The sidecar's mode changes the meshed latency: note each Envoy's upstream port."""
     orig_spawn = sysm.spawn
 
     def spawn(argv: Sequence[str], **kw: object) -> Process:
@@ -170,6 +162,18 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
         return orig_spawn(argv, **kw)  # type: ignore[arg-type]
 
     sysm.spawn = spawn  # type: ignore[method-assign]
+
+def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
+    world = World()
+    sysm = EchoFakeSystem(responders=[world])
+    probe = WindowProbe([10_000_000, 30_000_000])
+    perf_windows: list[tuple[int, ...]] = []
+    sched = iter(range(0, 10**12, 6_000_000))  # every read +6 ms: twice what perf sampled
+
+    def fake_sched(pid: int) -> Mapping[int, int]:
+        return {pid: next(sched)}
+
+    _follow_envoy_port(sysm, world)
     plan = Plan(modes=(Mode.TCP, Mode.HTTP), sizes=(100, 1000), rate_fractions=(0.5, 1.0),
                 latency_run_s=0.1, latency_max_runs=6, probe_pairs=1, pinning=PIN, nice=-7, carried=(), low_rates=())  # fmt: skip
     nice_seen: list[int | None] = []
@@ -250,17 +254,7 @@ def _fake_run(tmp_path: Path, plan: Plan, users: list[int]) -> tuple[Profile, Ec
     world = World()
     sysm = EchoFakeSystem(responders=[world])
     sched = iter(range(0, 10**12, 6_000_000))
-    orig_spawn = sysm.spawn
-
-    def spawn(argv: Sequence[str], **kw: object) -> Process:
-        if "--config-yaml" in argv:
-            cfg = json.loads(argv[list(argv).index("--config-yaml") + 1])
-            port = cfg["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0][
-                "lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"]  # fmt: skip
-            world.mode_port = str(port)
-        return orig_spawn(argv, **kw)  # type: ignore[arg-type]
-
-    sysm.spawn = spawn  # type: ignore[method-assign]
+    _follow_envoy_port(sysm, world)
     probe = WindowProbe(users)
     backends = Backends(
         probe=lambda s: probe, perf=lambda s: FakePerf([]),
