@@ -23,10 +23,11 @@ Shared CPUs also change which rate prices a message. Per-message CPU depends on 
 CPU is (an idle CPU wakes cold for every message), and the profile measured it with one
 sidecar whose CPU sees ``2·r`` crossings per second at request rate ``r``. On ``k`` shared
 CPUs, every crossing of the graph lands on them, so each message is priced at the one-hop
-rate that loads a CPU alike: ``r_eff = Σ crossings/s of the graph / (2·k)``. (Measured on
-this machine, http chains at 100 and 1000 requests/s: CPU per crossing followed ``r_eff``
-within 20–30 %, while pricing at each sidecar's own rate over-predicted a 4-service chain at
-100/s by 40–60 % and ignoring the rate under-predicted it by ~60 %.)
+rate that loads a CPU alike: ``r_eff = Σ crossings/s of the graph / (2·k)``. It is a proxy
+for how warm the CPU is, and only that (benchmarks/bench_chain_rates.py, http chains of 1, 2
+and 4 services on one CPU: within +6…+25 % at 100 requests/s, where pricing at each sidecar's
+own rate over-predicts ~2×; at 1 000/s, where the 4-service chain saturates the CPU, from +93 %
+for one service to −52 % for four — the CPU's load and co-located working sets matter too).
 """
 
 from __future__ import annotations
