@@ -34,4 +34,13 @@ def ecg(services: Mapping[str, SidecarConfig], invs: list[Invocation], name: str
     return validate(name, {n: Service(n, c) for n, c in services.items()}, invs)
 
 
-__all__ = ["EXTERNAL", "flat", "profile", "inv", "ecg", "PLATFORM"]
+def default_sigint() -> None:
+    """``preexec_fn`` for a child a test will interrupt: SIGINT back to its default. A shell
+    that starts the suite in the background (``cmd &``, nohup) ignores SIGINT, the child would
+    inherit that, and Ctrl-C tests would then test nothing (or hang)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+__all__ = ["EXTERNAL", "flat", "profile", "inv", "ecg", "PLATFORM", "default_sigint"]

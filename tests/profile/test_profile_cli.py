@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from meshtax.profile.runstate import STATE_DIR, RunBusy, RunLock, load_states
+from tests.helpers import default_sigint
 
 # one low rate, and gRPC carried through the tcp sidecar (the preset's default) at 100 B
 ARGS = ["profile", "--modes", "tcp", "--sizes", "100", "--duration", "0.2", "--low-rates", "200", "--replace"]
@@ -89,7 +90,8 @@ class Cli:
         env = {**os.environ, "MESHTAX_DB": str(db)}
         exe = str(Path(sys.executable).with_name("meshtax"))
         self.proc = subprocess.Popen([exe, *ARGS, "--name", name], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                     preexec_fn=default_sigint)  # fmt: skip
         self.netns: set[str] = set()
         self.pids: set[int] = set()
 

@@ -15,6 +15,7 @@ import pytest
 
 from meshtax.profile.runstate import RunBusy, list_netns
 from meshtax.profile.system import Completed, FakeSystem, Placement, RealSystem, wait_until
+from tests.helpers import default_sigint
 from meshtax.profile.testbed import CleanupError, Interception, Testbed, istio_rules
 
 HERE = Path(__file__).parent
@@ -352,7 +353,7 @@ def run_child() -> tuple[subprocess.Popen[str], dict[str, object]]:
     env = {**os.environ, "PYTHONPATH": str(HERE.parents[1] / "src")}
     child = subprocess.Popen(
         [sys.executable, CHILD], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True, env=env,
+        text=True, env=env, preexec_fn=default_sigint,
     )  # fmt: skip
     assert child.stdout is not None
     line = child.stdout.readline()
@@ -372,7 +373,12 @@ def test_real_cleanup_after_signal(sig: signal.Signals) -> None:
     pids: list[int] = info["pids"]  # type: ignore[assignment]
     assert names <= netns_now() and all(alive(p) for p in pids)
     child.send_signal(sig)
-    rc = child.wait(20)
+    try:
+        rc = child.wait(20)
+    finally:
+        if child.poll() is None:  # never leave a child holding the machine-wide lock
+            child.kill()
+            child.wait(10)
     # SIGTERM becomes Terminated (exit 143); after KeyboardInterrupt Python re-raises SIGINT
     assert rc == (143 if sig == signal.SIGTERM else -signal.SIGINT)
     assert not names & netns_now()
