@@ -43,4 +43,26 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-__all__ = ["EXTERNAL", "flat", "profile", "inv", "ecg", "PLATFORM", "default_sigint"]
+def missing_for_real_profile() -> str | None:
+    """Why a real profiling run cannot happen here (root, tools, Envoy, fortio, the eBPF
+    probe), or None; a missing piece is a skip reason, said plainly."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        return "needs root"
+    for tool in ("ip", "iptables", "perf", "curl"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed"
+    try:
+        from meshtax.profile.envoy import envoy_binary
+        from meshtax.profile.fortio import fortio_binary
+        from meshtax.profile.probes import probe_binary
+
+        envoy_binary(), fortio_binary(), probe_binary()
+    except Exception as e:
+        return str(e)
+    return None
+
+
+__all__ = ["EXTERNAL", "flat", "profile", "inv", "ecg", "PLATFORM", "default_sigint", "missing_for_real_profile"]

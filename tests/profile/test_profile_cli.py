@@ -9,7 +9,6 @@ the pod namespaces and go with them) or a process that ran inside one. Each run 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from meshtax.profile.runstate import STATE_DIR, RunBusy, RunLock, load_states
-from tests.helpers import default_sigint
+from tests.helpers import default_sigint, missing_for_real_profile
 
 # one low rate, and gRPC carried through the tcp sidecar (the preset's default) at 100 B
 ARGS = ["profile", "--modes", "tcp", "--sizes", "100", "--duration", "0.2", "--low-rates", "200", "--replace"]
@@ -28,22 +27,9 @@ BUSY = "another meshtax profiling run holds"
 
 
 def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root"
-    for tool in ("ip", "iptables", "perf", "curl"):
-        if shutil.which(tool) is None:
-            return f"{tool} not installed"
     if not Path(sys.executable).with_name("meshtax").exists():
         return "meshtax console script not installed next to the interpreter"
-    try:
-        from meshtax.profile.envoy import envoy_binary
-        from meshtax.profile.fortio import fortio_binary
-        from meshtax.profile.probes import probe_binary
-
-        envoy_binary(), fortio_binary(), probe_binary()
-    except Exception as e:  # a missing piece is a skip reason, said plainly
-        return str(e)
-    return None
+    return missing_for_real_profile()
 
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]

@@ -7,7 +7,6 @@ import contextlib
 import datetime as dt
 import json
 import os
-import shutil
 import subprocess
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,6 +25,7 @@ from meshtax.profile.probes import ProbeReading
 from meshtax.profile.runstate import STATE_DIR
 from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, Progress, run_profile
 from meshtax.profile.system import Completed, FakeSystem, Placement, Process, RealSystem
+from tests.helpers import missing_for_real_profile
 from tests.profile.test_decompose import make_reading, thread
 
 PIN = Pinning(client=(0,), sidecars=(1,), app=(1,))
@@ -335,23 +335,6 @@ def test_options_resolve_plan() -> None:
 # ---- one short real run ----------------------------------------------------------------------
 
 
-def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root"
-    for tool in ("ip", "iptables", "perf", "curl"):
-        if shutil.which(tool) is None:
-            return f"{tool} not installed"
-    try:
-        from meshtax.profile.envoy import envoy_binary
-        from meshtax.profile.fortio import fortio_binary
-        from meshtax.profile.probes import probe_binary
-
-        envoy_binary(), fortio_binary(), probe_binary()
-    except Exception as e:  # any missing piece is a skip reason, said plainly
-        return str(e)
-    return None
-
-
 def _ours() -> list[str]:
     """``mtx-*`` namespaces no other live run records (other engineers' runs come and go on
     this shared machine while ours runs)."""
@@ -363,7 +346,7 @@ def _ours() -> list[str]:
 
 
 @pytest.mark.root
-@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+@pytest.mark.skipif(missing_for_real_profile() is not None, reason=str(missing_for_real_profile()))
 def test_real_short_profile_one_mode_one_size() -> None:
     """TCP at 100 B, one low rate, and gRPC carried through the tcp-mode sidecar."""
     before = _ours()
