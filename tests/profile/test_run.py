@@ -322,6 +322,55 @@ def test_run_profile_measures_grpc_carried_by_tcp_mode_and_low_rates(tmp_path: P
     assert all(p.returncode is not None for p in sysm.processes)
 
 
+class AppUserProbe(WindowProbe):
+    """WindowProbe whose app also runs in user space in meshed windows: ``app_user[i]`` ns in
+    the i-th sidecar's windows (none in direct ones)."""
+
+    def __init__(self, user_by_mode: list[int], app_user: list[int]) -> None:
+        super().__init__(user_by_mode)
+        self.app_user = app_user
+
+    def stop(self) -> ProbeReading:
+        r = super().stop()
+        k = len({p[0] for p in self.started}) - 1
+        if len(self.started) % 2 == 0:  # direct window
+            return r
+        side, app = r.threads
+        app = thread(8, read=500_000, write=1_000_000, epoll=100_000_000, user=self.app_user[k], tgid=app.tgid)
+        return make_reading([side, app], ipc_ns=2_000_000)
+
+
+def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
+    """The app parses what the sidecar adds: its user-time change (meshed − direct) is CPU the
+    mesh costs. Per crossing: tcp 2 ms / 2000 = 1 µs → Other; http 8 ms / 2000 = 4 µs, of
+    which 3 µs beyond tcp's → Parsing (as the latency counts it)."""
+    plan = Plan(modes=(Mode.TCP, Mode.HTTP), sizes=(100,), rate_fractions=(1.0,), low_rates=(),
+                carried=(), latency_run_s=0.1, probe_pairs=1, pinning=PIN, nice=None)  # fmt: skip
+    world = World()
+    sysm = EchoFakeSystem(responders=[world])
+    sched = iter(range(0, 10**12, 6_000_000))
+    _follow_envoy_port(sysm, world)
+    probe = AppUserProbe([10_000_000, 10_000_000], [2_000_000, 8_000_000])
+    backends = Backends(
+        probe=lambda s: probe, perf=lambda s: FakePerf([]), schedstat=lambda pid: {pid: next(sched)},
+        state_dir=tmp_path / "state", procs=Procs(), envoy_binary=Path("/x/envoy"),
+        fortio_binary=Path("/x/fortio"), workdir=tmp_path / "work", niceness=lambda n: contextlib.nullcontext(),
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ClosureWarning)
+        prof = run_profile(ProfileOptions(name="t", plan=plan), sysm, None, backends=backends)
+    tcp, http = prof.modes[Mode.TCP].components, prof.modes[Mode.HTTP].components
+    # the sidecar's perf split: user 2 µs per crossing in both modes (FakePerf)
+    assert tcp[OTHER].cpu.intercept == pytest.approx(2.0 + 1.0)
+    assert http[OTHER].cpu.intercept == pytest.approx(2.0 + 1.0)
+    assert http[PARSING].cpu.intercept == pytest.approx(3.0)
+    assert tcp[READ].cpu.intercept == pytest.approx(1.0)  # the app's kernel side is not added
+    # the latency counted the same change: sidecar 5 µs + app 1 µs (tcp), parsing 4 − 1 = 3
+    assert tcp[OTHER].latency.intercept == pytest.approx(6.0)
+    assert http[PARSING].latency.intercept == pytest.approx(3.0)
+    assert any("user-space CPU change" in n for n in prof.provenance.notes)
+
+
 def test_options_resolve_plan() -> None:
     p = ProfileOptions(quick=True, modes=("http",), sizes=(2048, 100), duration_s=1.0).resolve_plan()
     assert p.preset == "quick" and p.modes == (Mode.HTTP,) and p.sizes == (100, 2048)

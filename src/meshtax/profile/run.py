@@ -257,6 +257,19 @@ class _SizeResult:
         """Per-request overhead with probes minus without (both paired, same run)."""
         return self.probed.overhead.median - self.overhead.median
 
+    @property
+    def app_user_us(self) -> float:
+        """The app's user-space CPU change per crossing (meshed − direct, µs; from the probe
+        windows): parsing what the sidecar adds (headers, HTTP/2 control frames). Its kernel-side
+        change is not counted: it depends on where client and app run (direct, the app's write
+        wakes the client on the other CPU; meshed, the sidecar on its own)."""
+        return self.probed.latency.user - self.probed.sidecar_only.user
+
+    def cpu_bd(self, run: _CpuRun) -> Breakdown:
+        """A CPU run's per-crossing breakdown: the sidecar's (perf split, schedstat total)
+        plus the app's user-space change (:attr:`app_user_us`), as the latency counts it."""
+        return replace(run.bd, user=run.bd.user + self.app_user_us)
+
     def cpu_like(self, run: _CpuRun) -> _CpuRun | None:
         """The run of the same label, else the one nearest in rate (the TCP baseline of an
         HTTP/gRPC run)."""
@@ -785,7 +798,8 @@ def _points(mode: Mode, rs: list[_SizeResult], tcp: Mapping[int, _SizeResult]) -
         cpu: list[tuple[float, Mapping[Component, float]]] = []
         for run in r.cpu:
             like = base.cpu_like(run) if base else None
-            cpu.append((run.rate, assemble(mode, run.bd, like.bd if like else None)))
+            cpu.append((run.rate, assemble(mode, r.cpu_bd(run),
+                                           base.cpu_bd(like) if base and like else None)))  # fmt: skip
         # closure against the overhead of the same (probed) windows: like with like
         o = r.probed.overhead
         pts.append(SizePoint(r.size, lat, per_crossing(o.median), per_crossing(o.lo),
@@ -816,6 +830,10 @@ def _build_profile(
         "the un-probed overhead (paired runs, no probe) and the probe perturbation (probed − "
         "un-probed overhead) are in options.measurements and "
         "options.probe_perturbation_us_per_request",
+        "CPU components = the sidecar's CPU (perf split scaled to schedstat) + the app's "
+        "user-space CPU change (meshed − direct, from the probe windows: it parses what the "
+        "sidecar adds), so Parsing counts both; the app's kernel-side change is not counted "
+        "(it depends on the placement of client and app)",
     ]
     if Mode.TCP not in results:
         notes.append("no TCP mode measured: Parsing is not separated from Other")
