@@ -67,6 +67,20 @@ def test_rel_error_and_case_document() -> None:
     assert "| bookinfo/productpage | http | 305 [300, 310] | 330 | +8% |" in table and "failed: LoadFailed: boom" in table
 
 
+def test_cpu_error_is_reported_by_the_pods_cpu_load() -> None:
+    """Mesh runs burn 300 CPU-µs per request (PAIRS): 0.06 CPU-s/s at 200/s, 0.6 at 2000/s."""
+    lo = CaseResult("t", "a", "http", 200.0, PAIRS, Predicted(300.0, 400.0, 300.0, 180.0, 1))  # −10 %
+    hi1 = CaseResult("t", "b", "http", 2000.0, PAIRS, Predicted(300.0, 400.0, 300.0, 140.0, 1))  # −30 %
+    hi2 = CaseResult("t", "c", "grpc", 2000.0, PAIRS, Predicted(300.0, 400.0, 300.0, 180.0, 1))  # −10 %
+    assert lo.pod_load == pytest.approx(0.06) and hi1.pod_load == pytest.approx(0.6)
+    v = ValidationResult("t", (lo, hi1, hi2, CaseResult("t", "d", "tcp", 200.0, error="x")), "p")
+    bands = v.summary()["cpu_by_load"]
+    assert [(b["load_lo"], b["load_hi"], b["cases"]) for b in bands] == [(0.0, 0.25, 1), (0.5, math.inf, 2)]
+    assert bands[0]["mean_error"] == pytest.approx(-0.10) and bands[1]["mean_error"] == pytest.approx(-0.20)
+    assert bands[1]["median_abs_error"] == pytest.approx(0.20)
+    assert "CPU bias by the pods' CPU load (CPU-s/s with the mesh; cases): 0–0.25: -10% (1); ≥ 0.5: -20% (2)." in v.table()
+
+
 class Clock:
     def __init__(self) -> None:
         self.t = 0.0

@@ -181,6 +181,13 @@ class CaseResult:
             return {}
         return compare(self.predicted, self.pairs)
 
+    @property
+    def pod_load(self) -> float:
+        """CPU-seconds per second all pods burn with the mesh (median over the pairs): how busy
+        the CPUs they share are; the CPU error follows it (:meth:`ValidationResult.summary`)."""
+        xs = [m.cpu_us_per_request * self.rate * 1e-6 for _, m in self.pairs if m.count]
+        return statistics.median(xs) if xs else math.nan
+
     def per_service_cpu_us(self) -> dict[str, float]:
         """Median over pairs of each pod's CPU-µs per request, mesh − no mesh."""
         if not self.pairs:
@@ -226,6 +233,10 @@ class CaseResult:
                    doc.get("error_message"), float(doc.get("wall_s", 0.0)))  # fmt: skip
 
 
+#: edges (CPU-s/s of all pods with the mesh) of the load bands the CPU error is reported in
+LOAD_BANDS = (0.25, 0.5)
+
+
 def _median_abs(xs: Sequence[float]) -> float:
     ys = [abs(x) for x in xs if not math.isnan(x)]
     return statistics.median(ys) if ys else math.nan
@@ -258,6 +269,21 @@ class ValidationResult:
                 "worst": None if worst is None else {"case": f"{worst.name} ({worst.mode})", "error": worst.comparisons[metric].error},
                 "beyond_30pct": [f"{c.name} ({c.mode})" for c in ok if abs(c.comparisons[metric].error) > 0.30],
             }
+        out["cpu_by_load"] = self.cpu_by_load()
+        return out
+
+    def cpu_by_load(self, edges: Sequence[float] = LOAD_BANDS) -> list[dict[str, Any]]:
+        """CPU error per band of :attr:`CaseResult.pod_load` (``[lo, hi)`` CPU-s/s): the
+        per-message models come from a one-hop testbed, so the error moves with how busy the
+        shared CPU is (colder below, co-located working sets and queueing above)."""
+        ok = [c for c in self.cases if c.comparisons]
+        bounds = [0.0, *edges, math.inf]
+        out: list[dict[str, Any]] = []
+        for lo, hi in zip(bounds, bounds[1:]):
+            errs = [c.comparisons["cpu"].error for c in ok if lo <= c.pod_load < hi]
+            if errs:
+                out.append({"load_lo": lo, "load_hi": hi, "cases": len(errs), "median_abs_error": _median_abs(errs),
+                            "mean_error": statistics.fmean(errs)})  # fmt: skip
         return out
 
     def to_document(self) -> dict[str, Any]:
@@ -298,4 +324,8 @@ class ValidationResult:
             f"Median absolute error: latency p50 {s['latency']['median_abs_error']:.1%}, p90 {s['p90']['median_abs_error']:.1%}, "
             f"CPU {s['cpu']['median_abs_error']:.1%}; mean signed error (bias): latency {s['latency']['mean_error']:+.1%}, CPU {s['cpu']['mean_error']:+.1%}."
         )
+        bands = [f"{b['load_lo']:g}–{b['load_hi']:g}: {b['mean_error']:+.0%} ({b['cases']})" if math.isfinite(b["load_hi"])
+                 else f"≥ {b['load_lo']:g}: {b['mean_error']:+.0%} ({b['cases']})" for b in s["cpu_by_load"]]  # fmt: skip
+        if bands:
+            rows.append(f"CPU bias by the pods' CPU load (CPU-s/s with the mesh; cases): {'; '.join(bands)}.")
         return "\n".join(rows)
