@@ -14,6 +14,16 @@ nothing (loopback), but Envoy, fortio and valgrind must be installed.
     .venv/bin/python benchmarks/bench_additivity.py --quick --filters fault_injection,rate_limit,tap,lua,wasm
     # the combinations' members only, many rounds, no callgrind: the total-CPU comparison
     .venv/bin/python benchmarks/bench_additivity.py --modes http --filters combos --rounds 15 --no-callgrind --equal-time
+    # paired blocks (the current additivity design): chunks of ≤ 10 min under the lock, merged
+    flock /run/meshtax-measure.lock .venv/bin/python benchmarks/bench_additivity.py --paired --modes http \
+        --budget-s 540 --out /tmp/add-http.json --append
+    .venv/bin/python benchmarks/bench_additivity.py --report /tmp/add-http.json /tmp/add-grpc.json
+
+``--paired``: per round, one block per combination: base, each member and the chain run back
+to back in a palindrome (:func:`meshtax.profile.filterprof.block_order`), so each combination
+is compared with its own singles and base measured seconds apart; error per block, median
+and 95 % interval over blocks. ``--append`` adds this chunk's blocks to ``--out`` (rounds
+continue the rotation); ``--report`` merges files and prints the table (no measurement).
 """
 
 from __future__ import annotations
@@ -25,11 +35,15 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from meshtax.model.sidecar import Mode
 from meshtax.profile.filterprof import (
+    Block,
     FilterRunOptions,
     additivity,
+    block_additivity,
+    profile_blocks,
     additivity_components,
     combos_for,
     differences,
@@ -50,7 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-callgrind", action="store_true")
     ap.add_argument("--equal-time", action="store_true", help="scale n down for slow variants (equal time per run)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/meshtax-additivity.json"))
+    ap.add_argument("--paired", action="store_true", help="paired blocks per combination (see above)")
+    ap.add_argument("--pin", action="store_true", help="--paired: client on CPU 0, Envoy and app on CPU 1")
+    ap.add_argument("--budget-s", type=float, help="--paired: stop before a block would overrun this")
+    ap.add_argument("--append", action="store_true", help="--paired: add this chunk's blocks to --out")
+    ap.add_argument("--report", type=Path, nargs="+", help="merge these --paired outputs and print the table")
     a = ap.parse_args(argv)
+    if a.report:
+        print(report(merge([json.loads(p.read_text()) for p in a.report])))
+        return 0
     opts = FilterRunOptions.quick() if a.quick else FilterRunOptions()
     if a.rounds:
         opts = FilterRunOptions(**{**opts.__dict__, "rounds": a.rounds})
@@ -60,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         opts = FilterRunOptions(**{**opts.__dict__, "equal_time": True})
     if a.no_callgrind:
         opts = FilterRunOptions(**{**opts.__dict__, "callgrind": False})
+    if a.pin:
+        opts = FilterRunOptions(**{**opts.__dict__, "pin": True})
     modes = [Mode(m) for m in a.modes.split(",")]
+    if a.paired:
+        return paired(a, opts, modes)
     chosen = {"all": "all", "combos": additivity_components()}.get(a.filters) or a.filters.split(",")
     wanted = resolve_filters(chosen, modes)
     doc: dict[str, object] = {
@@ -112,6 +138,67 @@ def main(argv: list[str] | None = None) -> int:
     a.out.write_text(json.dumps(doc, indent=1))
     print(f"\nwritten {a.out}")
     return 0
+
+
+def paired(a: argparse.Namespace, opts: FilterRunOptions, modes: list[Mode]) -> int:
+    """One chunk of paired blocks per mode, appended to ``--out`` when asked."""
+    doc: dict[str, Any] = json.loads(a.out.read_text()) if a.append and a.out.exists() else {"kind": "paired-blocks", "modes": {}}
+    budget = a.budget_s / len(modes) if a.budget_s else None
+    for mode in modes:
+        comps = resolve_filters(additivity_components(), [mode])[mode]
+        combos = combos_for(mode, comps)
+        m = doc["modes"].setdefault(mode.value, {"chunks": [], "blocks": []})
+        first = 1 + max((int(b["round"]) for b in m["blocks"]), default=-1)
+        chunk = {"command": " ".join(sys.argv), "machine": platform.node(), "utc_start": _utc(),
+                 "load_average_start": os.getloadavg(), "options": opts.to_dict(), "budget_s": budget}  # fmt: skip
+        t = time.time()
+        blocks = profile_blocks(mode, combos, opts, RealSystem(), budget_s=budget, first_round=first,
+                                progress=lambda s: print("  " + s, file=sys.stderr, flush=True))  # fmt: skip
+        chunk.update(utc_end=_utc(), load_average_end=os.getloadavg(), wall_s=time.time() - t, blocks=len(blocks),
+                     rounds=sorted({b.round for b in blocks}))  # fmt: skip
+        m["chunks"].append(chunk)
+        m["blocks"].extend(b.to_dict() for b in blocks)
+        a.out.write_text(json.dumps(doc, indent=1))  # after every mode: a killed run keeps what it had
+    print(report(doc))
+    print(f"\nwritten {a.out}")
+    return 0
+
+
+def _utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several ``--paired`` outputs as one (chunks and blocks concatenated per mode)."""
+    out: dict[str, Any] = {"kind": "paired-blocks", "modes": {}}
+    for d in docs:
+        if d.get("kind") != "paired-blocks":
+            raise SystemExit("--report reads --paired outputs only")
+        for mode, m in d["modes"].items():
+            o = out["modes"].setdefault(mode, {"chunks": [], "blocks": []})
+            o["chunks"] += m["chunks"]
+            o["blocks"] += m["blocks"]
+    return out
+
+
+def report(doc: dict[str, Any]) -> str:
+    """A markdown table per mode: every combination, predicted vs measured, error and its CI."""
+    lines = []
+    for mode, m in doc["modes"].items():
+        rows = block_additivity([Block.from_dict(b) for b in m["blocks"]])
+        lines.append(f"\n{mode}: {len(m['blocks'])} blocks in {len(m['chunks'])} chunks; " + "; ".join(
+            f"{c['utc_start']}–{c['utc_end']} load {c['load_average_start'][0]:.2f}→{c['load_average_end'][0]:.2f}"
+            for c in m["chunks"]))  # fmt: skip
+        lines.append("| combination | blocks | base µs | predicted total µs [95 % CI] | measured total µs [95 % CI] "
+                     "| **error per block** [95 % CI] | increment Σ vs measured µs |")  # fmt: skip
+        lines.append("|---|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            p, c, e = r.predicted_us, r.chain_us, r.error
+            lines.append(f"| {r.name} | {r.blocks} | {r.base_us.median:.0f} | {p.median:.0f} [{p.lo:.0f}, {p.hi:.0f}] "
+                         f"| {c.median:.0f} [{c.lo:.0f}, {c.hi:.0f}] | **{100 * e.median:+.1f} %** "
+                         f"[{100 * e.lo:+.1f}, {100 * e.hi:+.1f}] | {r.increment_predicted_us:.1f} vs "
+                         f"{r.increment_measured_us:.1f} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

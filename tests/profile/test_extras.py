@@ -200,3 +200,28 @@ def test_extras_measure_both_tls_versions_and_per_connection_rbac() -> None:
     assert older.modes[Mode.TCP].tls_version is None and not older.modes[Mode.TCP].per_connection
     # unset fields are not written: documents of profiles without them keep their shape
     assert "per_connection" not in base.modes[Mode.TCP].to_dict() and "tls_version" not in base.modes[Mode.TCP].to_dict()
+
+
+def test_extras_per_connection_rbac_in_grpc_mode() -> None:
+    """The connection loop speaks gRPC too: a gRPC-mode profile gets network RBAC's
+    per-connection model, measured with gRPC connections."""
+    world = _world()
+    world.cpu = {**world.cpu, "rbac_network_1": 40.0}
+    world.lat = {**world.lat, "rbac_network_1": 200.0}
+    world.instr = {**world.instr, "rbac_network_1": 40_000.0}
+    conn_cpu = {BASE: 120.0, "rbac_network_1": 125.0}
+    modes: set[Mode] = set()
+
+    def connect_mode(port: int, k: int, mode: Mode) -> float:
+        modes.add(mode)
+        world.cpu_ns += round(conn_cpu[world.port_names[port]] * 1000 * k)
+        return 1e-4
+
+    be = ExtrasBackends(filters=_backends(world, callgrind=False), connect_mode=connect_mode)
+    store = DictStore(profile({Mode.GRPC: {OTHER: flat(9.0, 4.0)}}, name="box"))
+    out = profile_extras(ExtrasOptions(filters=("rbac_network_1",), quick=True, modes=(Mode.GRPC,)), FakeSystem(), store, "box",
+                         backends=be)  # fmt: skip
+    pc = out.modes[Mode.GRPC].per_connection[filter_component("rbac_network_1")]
+    assert pc.cpu.intercept == pytest.approx(5.0)
+    assert modes == {Mode.GRPC}
+    assert "per_connection" in out.provenance.options["extras"]["filters"]["grpc"]

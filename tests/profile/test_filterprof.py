@@ -20,10 +20,19 @@ from meshtax.profile.filterprof import (
     FilterRunOptions,
     ModeRun,
     MultiEnvoy,
+    Block,
     VariantSamples,
     additivity,
+    block_additivity,
+    block_order,
+    profile_blocks,
     additivity_components,
+    GRPC_PING_PAYLOAD,
     connect_loop,
+    echo_server,
+    free_ports,
+    grpc_ping_request,
+    h2_frame,
     measure_connections,
     total_errors_by_round,
     combos_for,
@@ -39,7 +48,7 @@ from meshtax.profile.filterprof import (
     worker_cpu_ns,
 )
 from meshtax.profile.filters import COMBINATIONS, MIXES, catalogue, component_name, filter_config
-from meshtax.profile.fortio import LoadResult, LoadSpec
+from meshtax.profile.fortio import FortioError, LoadResult, LoadSpec, fortio_binary
 from meshtax.profile.system import FakeSystem, RealSystem
 from meshtax.traces.envoy_config import classify_filter
 
@@ -290,8 +299,65 @@ def test_connect_loop_speaks_tcp_echo_and_http() -> None:
     for port in _serve(refuse):
         with pytest.raises(ConnectionError, match="403"):
             connect_loop(port, 1, Mode.HTTP)
-    with pytest.raises(ValueError, match="gRPC"):
-        connect_loop(1, 1, Mode.GRPC)
+
+
+def test_grpc_ping_request_frames() -> None:
+    req = grpc_ping_request("app")
+    assert req.startswith(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0))
+    # the last frame: DATA, END_STREAM, stream 1, a 5-byte gRPC prefix + PingMessage{payload}
+    msg = b"\x1a" + bytes([len(GRPC_PING_PAYLOAD)]) + GRPC_PING_PAYLOAD
+    assert req.endswith(h2_frame(0, 1, 1, b"\x00" + len(msg).to_bytes(4, "big") + msg))
+    assert b"\x07:method\x04POST" in req and b"\x05:path\x16/fgrpc.PingServer/Ping" in req
+    assert h2_frame(7, 0, 3, b"ab") == b"\x00\x00\x02\x07\x00\x00\x00\x00\x03ab"
+
+
+def test_grpc_ping_rejects_a_reset_and_a_missing_payload() -> None:
+    def reader(c: Any) -> None:
+        buf = b""
+        while len(buf) < len(grpc_ping_request()):
+            buf += c.recv(4096)
+
+    def drain(c: Any) -> None:  # until the client closes (it sends ACKs and GOAWAY first)
+        while c.recv(4096):
+            pass
+
+    def reset(c: Any) -> None:
+        reader(c)
+        c.sendall(h2_frame(4, 0, 0) + h2_frame(3, 0, 1, (7).to_bytes(4, "big")))
+        drain(c)
+
+    def trailers_only(c: Any) -> None:  # a gRPC error: HEADERS with END_STREAM, no DATA
+        reader(c)
+        c.sendall(h2_frame(4, 0, 0) + h2_frame(1, 0x5, 1, b"\x88"))
+        drain(c)
+
+    def echo(c: Any) -> None:
+        reader(c)
+        msg = b"\x1a" + bytes([len(GRPC_PING_PAYLOAD)]) + GRPC_PING_PAYLOAD
+        c.sendall(h2_frame(4, 0, 0) + h2_frame(6, 0, 0, b"12345678") + h2_frame(1, 0x4, 1, b"\x88")
+                  + h2_frame(0, 0, 1, b"\x00" + len(msg).to_bytes(4, "big") + msg) + h2_frame(1, 0x5, 1, b"\x88"))  # fmt: skip
+        drain(c)
+
+    for port in _serve(reset):
+        with pytest.raises(ConnectionError, match="RST_STREAM"):
+            connect_loop(port, 1, Mode.GRPC)
+    for port in _serve(trailers_only):
+        with pytest.raises(ConnectionError, match="without the echoed payload"):
+            connect_loop(port, 1, Mode.GRPC)
+    for port in _serve(echo):
+        assert connect_loop(port, 2, Mode.GRPC) > 0
+
+
+@pytest.mark.root
+def test_grpc_connect_loop_against_fortio(tmp_path: Path) -> None:
+    """The hand-built HTTP/2 call is one fortio's gRPC ping server answers (payload echoed)."""
+    try:
+        fortio_binary()
+    except FortioError:
+        pytest.skip("fortio missing (scripts/install.sh)")
+    port = free_ports(1)[0]
+    with echo_server(RealSystem(), tmp_path, Mode.GRPC, port):
+        assert connect_loop(port, 3, Mode.GRPC) > 0
 
 
 def test_fake_run_without_callgrind_uses_schedstat(tmp_path: Path) -> None:
@@ -419,7 +485,7 @@ def test_real_short_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.root
-@pytest.mark.parametrize("mode", [Mode.TCP, Mode.HTTP])
+@pytest.mark.parametrize("mode", [Mode.TCP, Mode.HTTP, Mode.GRPC])
 def test_real_connections_network_rbac(mode: Mode, tmp_path: Path) -> None:
     """A real Envoy: new connections through a 1000-rule network RBAC listener and through
     base are served (one message each), and the result has one sample per round."""
@@ -429,3 +495,97 @@ def test_real_connections_network_rbac(mode: Mode, tmp_path: Path) -> None:
     got = measure_connections(mode, ["rbac_network_1000"], opts, RealSystem(), k=20, workdir=tmp_path)
     m = got["rbac_network_1000"]
     assert m.cpu_us.n == 2 and m.base_cpu_us > 0 and m.base_latency_us > 0
+
+
+# ---- paired blocks -----------------------------------------------------------------------
+
+
+def test_block_order_rotates_then_mirrors() -> None:
+    assert block_order(["a", "b", "c"], 0) == ["a", "b", "c", "c", "b", "a"]
+    assert block_order(["a", "b", "c"], 4) == ["b", "c", "a", "a", "c", "b"]
+    assert block_order([], 3) == []
+
+
+@dataclass
+class _Clocked:
+    """A FakeWorld whose every load takes 1 s and adds ``step`` µs to every later request."""
+
+    world: FakeWorld
+    step: float = 0.0
+    now: float = 0.0
+
+    def load(self, target: str, mode: Mode, size: int, n: int) -> LoadResult:
+        self.now += 1.0
+        self.world.drift += self.step
+        return self.world.load(target, mode, size, n)
+
+
+def _block_backends(c: _Clocked) -> FilterBackends:
+    be = _backends(c.world, callgrind=False)
+    be.load = c.load
+    be.clock = lambda: c.now
+    return be
+
+
+def test_paired_blocks_cancel_linear_drift(tmp_path: Path) -> None:
+    c = _Clocked(_world(), step=3.0)  # 3 µs more per request after every run: large against 1 µs filters
+    combos = {"cpp": COMBINATIONS["cpp"]}
+    opts = FilterRunOptions(rounds=4, n=12, warmup_n=2, callgrind=False)
+    blocks = profile_blocks(Mode.HTTP, combos, opts, FakeSystem(), backends=_block_backends(c), workdir=tmp_path)
+    assert [b.round for b in blocks] == [0, 1, 2, 3]
+    # each variant twice per block, mirrored: its mean run sits at the block's centre
+    b1 = blocks[1]
+    assert list(b1.cpu_us) == ["fault_injection", "rate_limit", "tap", "cpp", BASE]
+    assert all(len(v) == 2 for v in b1.cpu_us.values())
+    assert b1.chain_us - b1.base_us == pytest.approx(23.0)
+    assert b1.predicted_us == pytest.approx(b1.chain_us)
+    (row,) = block_additivity(blocks)
+    assert row.blocks == 4 and row.error.median == pytest.approx(0.0, abs=1e-12)
+    assert row.increment_predicted_us == pytest.approx(23.0) and row.increment_measured_us == pytest.approx(23.0)
+    # the loads of one block, in order: base f r t cpp cpp t r f base (round 0)
+    counted = [n for n, s, k in c.world.loads if k == opts.n]
+    assert counted[:10] == [BASE, "fault_injection", "rate_limit", "tap", "cpp", "cpp", "tap", "rate_limit", "fault_injection", BASE]
+
+
+def test_paired_blocks_error_budget_and_rounds_continue(tmp_path: Path) -> None:
+    c = _Clocked(_world())
+    c.world.cpu = {**c.world.cpu, "cpp": 70.0}  # increment 30 instead of 23: not additive
+    combos = {"cpp": COMBINATIONS["cpp"]}
+    opts = FilterRunOptions(rounds=10, n=12, warmup_n=2, callgrind=False)
+    # 5 warm-up loads, then 10 loads (10 s) per block: blocks end at 15, 25, 35; a 4th would end at 45
+    blocks = profile_blocks(Mode.HTTP, combos, opts, FakeSystem(), budget_s=35.0, first_round=4,
+                            backends=_block_backends(c), workdir=tmp_path)  # fmt: skip
+    assert [b.round for b in blocks] == [4, 5, 6]
+    assert list(blocks[0].cpu_us) == ["cpp", BASE, "fault_injection", "rate_limit", "tap"]  # rotated by 4
+    (row,) = block_additivity(blocks)
+    assert row.error.median == pytest.approx(63 / 70 - 1)
+    assert row.predicted_us.median == pytest.approx(63.0) and row.chain_us.median == pytest.approx(70.0)
+    assert row.base_us.median == pytest.approx(40.0)
+    again = [Block.from_dict(b.to_dict()) for b in blocks]
+    assert again == blocks
+
+
+def test_block_error_by_hand() -> None:
+    b = Block("a+b", ("a", "b"), 0, {BASE: (40.0, 50.0), "a": (46.0, 48.0), "b": (50.0, 52.0), "a+b": (60.0, 64.0)})
+    # base 45, a +2, b +6 → 53 vs 62
+    assert b.predicted_us == pytest.approx(53.0) and b.error == pytest.approx(53 / 62 - 1)
+
+
+def test_paired_blocks_pin_envoy_and_app_to_cpu_1(tmp_path: Path) -> None:
+    c = _Clocked(_world())
+    be = _block_backends(c)
+    seen: dict[str, Any] = {}
+
+    def envoy(system: Any, boot: Mapping[str, Any], workdir: Path, callgrind: bool = False, place: Any = None) -> MultiEnvoy:
+        seen["envoy"] = place
+        return cast(MultiEnvoy, FakeEnvoy(c.world, system, boot, workdir, callgrind))
+
+    @contextmanager
+    def echo(*a: Any) -> Iterator[None]:
+        seen["echo"] = a[4:]
+        yield
+
+    be.envoy, be.echo = envoy, echo
+    opts = FilterRunOptions(rounds=1, n=12, warmup_n=2, callgrind=False, pin=True)
+    profile_blocks(Mode.HTTP, {"cpp": COMBINATIONS["cpp"]}, opts, FakeSystem(), backends=be, workdir=tmp_path)
+    assert seen["envoy"].cpus == (1,) and seen["echo"][0].cpus == (1,)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,47 @@ def test_validation_cases_nested_or_flat(case: dict[str, object]) -> None:
 def test_study_distributions_drop_missing_values() -> None:
     (d,) = T.study_distributions({"configurations": {"tcp": {"latency_overhead_pct": [1.0, None, 3.0], "cpu_vcpu": [0.5]}}})
     assert d.label == "tcp" and d.latency_pct.tolist() == [1.0, 3.0] and d.cpu_vcpu.tolist() == [0.5]
+
+
+def _with_carried() -> dict[str, object]:
+    """The golden profile with gRPC-through-tcp models: IPC 5 µs / 10 CPU-µs and Other
+    7 µs / 25 CPU-µs per crossing, closure 12 µs (components) vs 10 µs (measured)."""
+    from dataclasses import replace
+
+    from meshtax.model.components import Component, Kind
+    from meshtax.model.costmodel import ComponentModel, CostModel
+    from meshtax.model.profile import Closure, ModeProfile
+    from meshtax.model.sidecar import Mode
+
+    prof = D.golden_profile()
+    tcp = prof.modes[Mode.TCP]
+    carried = ModeProfile(Mode.TCP, {Component(Kind.IPC): ComponentModel(CostModel(5.0), CostModel(10.0)),
+                                     Component(Kind.OTHER): ComponentModel(CostModel(7.0), CostModel(25.0))},
+                          Closure(10.0, 9.0, 11.0, 12.0, 0.15))  # fmt: skip
+    return replace(prof, modes={**prof.modes, Mode.TCP: replace(tcp, carried={"grpc": carried})}).to_dict()
+
+
+def test_breakdown_shows_carried_models_right_after_their_mode() -> None:
+    modes = T.breakdown(_with_carried())
+    assert [m.mode for m in modes] == ["tcp", "tcp+grpc", "http", "grpc"]
+    g = modes[1]
+    assert g.carried == "grpc" and modes[0].carried is None
+    # one request = two crossings; CPU at 30 000 requests/s
+    assert g.latency_us == {"ipc": T.Cell(10.0), "other": T.Cell(14.0)}
+    assert g.cpu_vcpu["ipc"].value == pytest.approx(2 * 10.0 * 0.03)
+    assert g.cpu_vcpu["other"].value == pytest.approx(2 * 25.0 * 0.03)
+    assert g.total("latency").value == pytest.approx(24.0)
+    assert g.closure is not None and g.closure["components_us"] == 12.0 and g.closure["measured_us"] == 10.0
+    # a document without carried models (older format: no key at all) is unchanged
+    doc = D.golden_profile().to_dict()
+    for mp in doc["modes"].values():
+        mp.pop("carried")
+    assert [m.mode for m in T.breakdown(doc)] == ["tcp", "http", "grpc"]
+
+
+def test_html_report_has_carried_columns(tmp_path: Path) -> None:
+    from meshtax.report.build import build_report
+
+    html = build_report([], [_with_carried()], out_path=tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "tcp+grpc latency (µs)" in html and "tcp+grpc CPU (vCPU)" in html
+    assert html.index("tcp CPU (vCPU)") < html.index("tcp+grpc latency (µs)") < html.index("http latency (µs)")

@@ -93,7 +93,7 @@ TLS_RECORD = 16384
 SPLIT_CANDIDATES = (16384, 32768, 65536, 131072)
 # components that run once per connection (their per-message cost is ~0 on reused connections)
 PER_CONNECTION_PREFIX = "rbac_network_"
-CONNECT_MODES = (Mode.TCP, Mode.HTTP)  # what the connection loop speaks
+CONNECT_MODES = (Mode.TCP, Mode.HTTP, Mode.GRPC)  # what the connection loop speaks
 SMALL_MAX = 4096  # sizes that fit one unit whatever the split: the "paper's line" is fitted on them
 
 
@@ -405,7 +405,7 @@ class ExtrasBackends:
     filters: FilterBackends = field(default_factory=FilterBackends)
     memory: Callable[[Mode, bool, bool, str, System], Any] | None = None  # → MemoryResult
     connect: ConnectFn = connect_loop
-    connect_mode: ModeConnectFn = mode_connect_loop  # per-connection filter costs (TCP, HTTP)
+    connect_mode: ModeConnectFn = mode_connect_loop  # per-connection filter costs (TCP, HTTP, gRPC)
     now: Callable[[], _dt.datetime] = field(default=lambda: _dt.datetime.now(_dt.timezone.utc))
 
 

@@ -64,11 +64,20 @@ __all__ = [
     "Variant",
     "VariantSamples",
     "AdditivityRow",
+    "Block",
+    "BlockRow",
     "additivity",
+    "block_additivity",
+    "block_order",
+    "measure_blocks",
+    "profile_blocks",
     "ConnectFn",
     "ConnectionMeasurement",
     "additivity_components",
     "connect_loop",
+    "grpc_ping",
+    "grpc_ping_request",
+    "h2_frame",
     "measure_connections",
     "total_errors_by_round",
     "combos_for",
@@ -91,6 +100,8 @@ __all__ = [
 
 BASE = "base"
 LO = "127.0.0.1"
+CLIENT_CPU = Placement(cpus=(0,))  # FilterRunOptions.pin: the load generator
+SIDECAR_CPU = Placement(cpus=(1,))  # … Envoy and the echo app
 CALLGRIND_START_S = 300.0  # Envoy takes ~20 s to start under callgrind (more with big RBAC)
 
 
@@ -375,6 +386,9 @@ class FilterRunOptions:
     # lasts as long as a base run instead of 20× longer, so more rounds fit in the same time
     equal_time: bool = False
     min_n: int = 100
+    # paired blocks only: the client on CPU 0, Envoy and the echo app on CPU 1 (the
+    # profiler's placement); unpinned, which core fortio lands on moves Envoy's CPU per request
+    pin: bool = False
 
     @classmethod
     def quick(cls) -> FilterRunOptions:
@@ -416,10 +430,11 @@ class FilterBackends:
     echo: Callable[[System, Path, Mode, int], Any] | None = None  # a context manager (the app)
 
 
-def echo_server(system: System, workdir: Path, mode: Mode, port: int) -> FortioServer:
+def echo_server(system: System, workdir: Path, mode: Mode, port: int, place: Placement = Placement()) -> FortioServer:
     """A fortio echo app for ``mode`` on ``127.0.0.1:port``."""
     return FortioServer(system, workdir, host=LO, http_port=port if mode is Mode.HTTP else None,
-                        grpc_port=port if mode is Mode.GRPC else None, tcp_port=port if mode is Mode.TCP else None)  # fmt: skip
+                        grpc_port=port if mode is Mode.GRPC else None, tcp_port=port if mode is Mode.TCP else None,
+                        place=place)  # fmt: skip
 
 
 def free_ports(k: int) -> list[int]:
@@ -529,7 +544,7 @@ def run_length(opts: FilterRunOptions, base_us: float, variant_us: float) -> int
     return max(min(opts.min_n, opts.n), round(opts.n * base_us / variant_us))
 
 
-def real_load(system: System, *, stdclient: bool = False) -> LoadFn:
+def real_load(system: System, *, stdclient: bool = False, place: Placement = Placement()) -> LoadFn:
     """fortio closed-loop runs of n requests (the default :attr:`FilterBackends.load`).
 
     ``stdclient``: Go's standard HTTP client; fortio's fast client fails every other request
@@ -541,7 +556,7 @@ def real_load(system: System, *, stdclient: bool = False) -> LoadFn:
 
     def load(target: str, mode: Mode, size: int, n: int) -> LoadResult:
         spec = LoadSpec(target, mode, size, 0.0, n=n, timeout_s=30.0, extra_args=extra if mode is Mode.HTTP else ())
-        return run_spec(spec, system, binary=binary)
+        return run_spec(spec, system, binary=binary, place=place)
 
     return load
 
@@ -829,14 +844,16 @@ _GET = b"GET /echo HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n"
 
 def connect_loop(port: int, k: int, mode: Mode = Mode.TCP) -> float:
     """Open ``k`` connections to ``127.0.0.1:port`` one after another, one message each:
-    TCP: send a line, read it back, close; HTTP: one ``Connection: close`` GET, read to EOF.
-    Returns the mean seconds per connection."""
-    if mode is Mode.GRPC:
-        raise ValueError("connect_loop speaks raw TCP and HTTP/1.1, not gRPC")
+    TCP: send a line, read it back, close; HTTP: one ``Connection: close`` GET, read to EOF;
+    gRPC: HTTP/2 with prior knowledge, one unary ``fgrpc.PingServer/Ping`` call to fortio's
+    ping service (its payload must come back), then GOAWAY and close. Returns the mean
+    seconds per connection."""
     t0 = time.perf_counter()
     for _ in range(k):
         with socket.create_connection((LO, port), timeout=5) as s:
-            if mode is Mode.TCP:
+            if mode is Mode.GRPC:
+                grpc_ping(s, port)
+            elif mode is Mode.TCP:
                 s.sendall(_LINE)
                 got = b""
                 while len(got) < len(_LINE):
@@ -852,6 +869,74 @@ def connect_loop(port: int, k: int, mode: Mode = Mode.TCP) -> float:
                 if not got.startswith(b"HTTP/1.1 200"):
                     raise ConnectionError(f"{port}: {got[:40]!r}")
     return (time.perf_counter() - t0) / k
+
+
+# ---- a minimal HTTP/2 gRPC client: one unary call per connection ------------------------------
+# No HTTP/2 library is installed and a whole one is not needed: the request is a fixed byte
+# string (HPACK literals without indexing or Huffman), and success is judged by the echoed
+# ping payload in the response's DATA, so the server's (Huffman, indexed) headers need no decoding.
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_H2_DATA, _H2_HEADERS, _H2_RST, _H2_SETTINGS, _H2_PING, _H2_GOAWAY = 0, 1, 3, 4, 6, 7
+_END_STREAM, _END_HEADERS, _ACK = 0x1, 0x4, 0x1
+GRPC_PING_PAYLOAD = b"meshtax-connect"
+
+
+def h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    """One HTTP/2 frame: 24-bit length, type, flags, 31-bit stream id, payload."""
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def _hpack_literal(name: bytes, value: bytes) -> bytes:
+    # "literal header field without indexing, new name", 7-bit lengths (all ours are < 127)
+    assert len(name) < 127 and len(value) < 127
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+def grpc_ping_request(authority: str = "app") -> bytes:
+    """Preface, SETTINGS, HEADERS and DATA (END_STREAM) of one unary Ping on stream 1."""
+    headers = b"".join(_hpack_literal(n, v) for n, v in (
+        (b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/fgrpc.PingServer/Ping"),
+        (b":authority", authority.encode()), (b"content-type", b"application/grpc"), (b"te", b"trailers")))  # fmt: skip
+    msg = b"\x1a" + bytes([len(GRPC_PING_PAYLOAD)]) + GRPC_PING_PAYLOAD  # PingMessage.payload (field 3)
+    data = b"\x00" + len(msg).to_bytes(4, "big") + msg  # gRPC length-prefixed message, uncompressed
+    return (_H2_PREFACE + h2_frame(_H2_SETTINGS, 0, 0) + h2_frame(_H2_HEADERS, _END_HEADERS, 1, headers)
+            + h2_frame(_H2_DATA, _END_STREAM, 1, data))  # fmt: skip
+
+
+def _recv_exact(s: socket.socket, n: int, port: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"{port}: HTTP/2 connection closed mid-frame")
+        buf += chunk
+    return buf
+
+
+def grpc_ping(s: socket.socket, port: int) -> None:
+    """One unary gRPC Ping on a fresh connection ``s``; returns when stream 1 ends with the
+    payload echoed, raises :class:`ConnectionError` on a reset, GOAWAY or missing payload."""
+    s.sendall(grpc_ping_request())
+    data = b""
+    while True:
+        head = _recv_exact(s, 9, port)
+        length, kind, flags = int.from_bytes(head[:3], "big"), head[3], head[4]
+        stream = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+        body = _recv_exact(s, length, port) if length else b""
+        if kind == _H2_SETTINGS and not flags & _ACK:
+            s.sendall(h2_frame(_H2_SETTINGS, _ACK, 0))
+        elif kind == _H2_PING and not flags & _ACK:
+            s.sendall(h2_frame(_H2_PING, _ACK, 0, body))
+        elif kind == _H2_GOAWAY or (kind == _H2_RST and stream == 1):
+            raise ConnectionError(f"{port}: HTTP/2 {'GOAWAY' if kind == _H2_GOAWAY else 'RST_STREAM'} before the response")
+        elif kind == _H2_DATA and stream == 1:
+            data += body
+        if stream == 1 and kind in (_H2_DATA, _H2_HEADERS) and flags & _END_STREAM:
+            break
+    if GRPC_PING_PAYLOAD not in data:
+        raise ConnectionError(f"{port}: gRPC call ended without the echoed payload (status in trailers)")
+    s.sendall(h2_frame(_H2_GOAWAY, 0, 0, (1).to_bytes(4, "big") + (0).to_bytes(4, "big")))
 
 
 @dataclass(frozen=True)
@@ -894,7 +979,7 @@ def measure_connections(
     workdir: Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, ConnectionMeasurement]:
-    """Per new connection: each component against base in one Envoy (``mode`` TCP or HTTP),
+    """Per new connection: each component against base in one Envoy (any mode: see :func:`connect_loop`),
     ``opts.rounds`` paired rounds of ``k`` connections, order alternating and rotating."""
     be = backends or FilterBackends()
     say = progress or (lambda _m: None)
@@ -928,3 +1013,201 @@ def measure_connections(
             shutil.rmtree(tmp, ignore_errors=True)
     return {c: ConnectionMeasurement(c, mode, k, estimate(dc), estimate(dl), median(bc), median(bl))
             for c, (dc, dl, bc, bl) in samples.items() if dc}  # fmt: skip
+
+
+# ---- additivity in paired blocks -----------------------------------------------------------
+#
+# The round design above pairs each variant with its own base, but a combination and its
+# members are measured up to minutes apart within a round, and on this shared machine a
+# base run's CPU per request moves by 2× within seconds. A *block* runs, for one
+# combination, base, every member and the chain back to back (seconds in all), in a
+# palindrome: every variant twice, the second pass mirrored, so each variant's mean run time
+# is the block's centre and a drift linear in time over the block cancels exactly. The error
+# of that block compares the chain with its own members and base; the additivity result is
+# the median of the per-block errors with its 95 % interval.
+
+
+def block_order(names: Sequence[str], r: int) -> list[str]:
+    """``names`` rotated by ``r``, then mirrored: ``[a, b, c]``, r=1 → ``b c a a c b``."""
+    if not names:
+        return []
+    k = r % len(names)
+    rot = [*names[k:], *names[:k]]
+    return [*rot, *reversed(rot)]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One paired round of one combination (see :func:`block_order`): per variant its runs'
+    worker CPU per request (µs) in run order; ``t_start``/``t_end`` in Unix seconds."""
+
+    combo: str
+    members: tuple[str, ...]
+    round: int
+    cpu_us: Mapping[str, tuple[float, ...]]
+    t_start: float = 0.0
+    t_end: float = 0.0
+
+    def mean(self, name: str) -> float:
+        xs = self.cpu_us[name]
+        return sum(xs) / len(xs)
+
+    @property
+    def base_us(self) -> float:
+        return self.mean(BASE)
+
+    @property
+    def chain_us(self) -> float:
+        return self.mean(self.combo)
+
+    @property
+    def predicted_us(self) -> float:
+        """Base + Σ (member − base), all from this block."""
+        b = self.base_us
+        return b + sum(self.mean(m) - b for m in self.members)
+
+    @property
+    def error(self) -> float:
+        """Predicted total / measured chain − 1."""
+        return self.predicted_us / self.chain_us - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"combo": self.combo, "members": list(self.members), "round": self.round,
+                "cpu_us": {k: list(v) for k, v in self.cpu_us.items()},
+                "t_start": self.t_start, "t_end": self.t_end}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Block:
+        return cls(str(d["combo"]), tuple(d["members"]), int(d["round"]),
+                   {str(k): tuple(float(x) for x in v) for k, v in d["cpu_us"].items()},
+                   float(d.get("t_start", 0.0)), float(d.get("t_end", 0.0)))  # fmt: skip
+
+
+def measure_blocks(
+    mode: Mode,
+    variants: Sequence[Variant],
+    combos: Mapping[str, Sequence[str]],
+    opts: FilterRunOptions,
+    system: System,
+    workdir: Path,
+    be: FilterBackends,
+    *,
+    budget_s: float | None = None,
+    first_round: int = 0,
+    progress: Callable[[str], None] | None = None,
+    wall: Callable[[], float] = time.time,
+) -> list[Block]:
+    """``opts.rounds`` rounds of one block per combination in one Envoy (first size only),
+    stopping early before a block that would overrun ``budget_s`` (judged by the longest
+    block so far). Rounds are numbered from ``first_round`` so chunks continue the rotation."""
+    t0 = be.clock()
+    load = be.load or real_load(system, place=CLIENT_CPU if opts.pin else Placement())
+    by_name = {v.name: v for v in variants}
+    admin = (be.free_ports or free_ports)(1)[0]
+    size = opts.sizes[0]
+    say = progress or (lambda _m: None)
+    blocks: list[Block] = []
+    longest = 0.0
+    boot = multi_bootstrap(variants, admin)
+    pinned = {"place": SIDECAR_CPU} if opts.pin else {}
+    with be.envoy(system, boot, workdir / f"{mode.value}-blocks", **pinned) as env:
+        warm = {v.name: load(f"{LO}:{v.port}", mode, size, opts.warmup_n).avg_us for v in variants}
+        n_of = {v.name: run_length(opts, warm[BASE], warm[v.name]) for v in variants}
+
+        def run(name: str) -> float:
+            c0 = be.cpu_ns(env.pid)
+            res = load(f"{LO}:{by_name[name].port}", mode, size, n_of[name])
+            return (be.cpu_ns(env.pid) - c0) / 1e3 / res.count
+
+        names = list(combos)
+        for r in range(first_round, first_round + opts.rounds):
+            k = r % max(len(names), 1)
+            for combo in [*names[k:], *names[:k]]:
+                now = be.clock()
+                if budget_s is not None and blocks and (now - t0) + longest > budget_s:
+                    say(f"{mode.value}: budget of {budget_s:.0f} s reached after {len(blocks)} blocks")
+                    return blocks
+                members = tuple(combos[combo])
+                got: dict[str, list[float]] = {}
+                ts = wall()
+                for name in block_order([BASE, *members, combo], r):
+                    got.setdefault(name, []).append(run(name))
+                blocks.append(Block(combo, members, r, {k2: tuple(v) for k2, v in got.items()}, ts, wall()))
+                longest = max(longest, be.clock() - now)
+            say(f"{mode.value}: round {r + 1 - first_round}/{opts.rounds}, {len(blocks)} blocks, "
+                f"{be.clock() - t0:.0f} s")  # fmt: skip
+    return blocks
+
+
+def profile_blocks(
+    mode: Mode,
+    combos: Mapping[str, Sequence[str]],
+    opts: FilterRunOptions,
+    system: System,
+    *,
+    budget_s: float | None = None,
+    first_round: int = 0,
+    backends: FilterBackends | None = None,
+    workdir: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Block]:
+    """:func:`measure_blocks` with an echo app and one Envoy holding base, every member and
+    every chain of ``combos``; tap/access-log output is removed afterwards."""
+    be = backends or FilterBackends()
+    comps = list(dict.fromkeys(c for v in combos.values() for c in v))
+    tmp = Path(tempfile.mkdtemp(prefix="meshtax-blocks-")) if workdir is None else workdir
+    try:
+        ports = (be.free_ports or free_ports)(2 + len(comps) + len(combos))
+        echo_port, vports = ports[0], ports[1:]
+        variants = filter_variants(mode, comps, vports, (LO, echo_port), combos=combos, outdir=tmp / "out")
+        for v in variants:
+            for o in v.outputs:
+                Path(o).parent.mkdir(parents=True, exist_ok=True)
+        echo = (be.echo or echo_server)(system, tmp / "echo", mode, echo_port, *([SIDECAR_CPU] if opts.pin else []))
+        with echo:
+            return measure_blocks(mode, variants, combos, opts, system, tmp, be, budget_s=budget_s,
+                                  first_round=first_round, progress=progress)  # fmt: skip
+    finally:
+        if workdir is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class BlockRow:
+    """A combination's additivity over its blocks: per-block base, predicted total, measured
+    chain and error (predicted / chain − 1), each a median with its 95 % interval."""
+
+    name: str
+    members: tuple[str, ...]
+    base_us: Estimate
+    predicted_us: Estimate
+    chain_us: Estimate
+    error: Estimate
+    increment_predicted_us: float  # median over blocks of Σ (member − base)
+    increment_measured_us: float  # median over blocks of chain − base
+
+    @property
+    def blocks(self) -> int:
+        return self.error.n
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "members": list(self.members), "blocks": self.blocks,
+                "base_us": self.base_us.to_dict(), "predicted_total_us": self.predicted_us.to_dict(),
+                "measured_total_us": self.chain_us.to_dict(), "error": self.error.to_dict(),
+                "increment_predicted_us": self.increment_predicted_us,
+                "increment_measured_us": self.increment_measured_us}  # fmt: skip
+
+
+def block_additivity(blocks: Sequence[Block]) -> list[BlockRow]:
+    """One :class:`BlockRow` per combination, in first-seen order."""
+    by: dict[str, list[Block]] = {}
+    for b in blocks:
+        by.setdefault(b.combo, []).append(b)
+    rows = []
+    for name, bs in by.items():
+        rows.append(BlockRow(
+            name, bs[0].members, estimate([b.base_us for b in bs]), estimate([b.predicted_us for b in bs]),
+            estimate([b.chain_us for b in bs]), estimate([b.error for b in bs]),
+            median([b.predicted_us - b.base_us for b in bs]), median([b.chain_us - b.base_us for b in bs]),
+        ))  # fmt: skip
+    return rows

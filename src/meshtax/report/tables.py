@@ -64,6 +64,7 @@ class ModeBreakdown:
     latency_us: dict[str, Cell]  # component key → cell (filters included)
     cpu_vcpu: dict[str, Cell]
     closure: Mapping[str, Any] | None = None
+    carried: str | None = None  # the application protocol of a mode's carried models ("grpc")
 
     def base_components(self) -> list[str]:
         return [k for k in self.latency_us if not is_filter(k)]
@@ -84,10 +85,12 @@ def cost_model(d: Mapping[str, Any]) -> CostModel:
 
 def breakdown(profile_doc: Mapping[str, Any], size: float = TABLE_BYTES, rate: float = TABLE_RATE) -> list[ModeBreakdown]:
     """Per mode and component: latency (µs) and CPU (vCPU at ``rate``) of one request of ``size``
-    bytes through one sidecar — two messages, as in the paper's Table 2 and :func:`profile_text`."""
+    bytes through one sidecar — two messages, as in the paper's Table 2 and :func:`profile_text`.
+    A mode's carried models follow it as their own entry, ``mode+protocol`` (e.g. ``tcp+grpc``)."""
     s = np.array([size])
     out = []
-    for mode, mp in profile_doc["modes"].items():
+
+    def one(name: str, mp: Mapping[str, Any], carried: str | None) -> ModeBreakdown:
         lat: dict[str, Cell] = {}
         cpu: dict[str, Cell] = {}
         for key in sorted(mp["components"], key=component_sort_key):
@@ -95,7 +98,14 @@ def breakdown(profile_doc: Mapping[str, Any], size: float = TABLE_BYTES, rate: f
             lm, cmod = cost_model(cm["latency"]), cost_model(cm["cpu"])
             lat[key] = Cell(2 * float(lm.predict(s)[0]), 1.96 * 2 * float(lm.stderr_at(s)[0]))
             cpu[key] = Cell(2 * float(cmod.predict(s)[0]) * rate * 1e-6, 1.96 * 2 * float(cmod.stderr_at(s)[0]) * rate * 1e-6)
-        out.append(ModeBreakdown(str(mode), lat, cpu, mp.get("closure")))
+        return ModeBreakdown(name, lat, cpu, mp.get("closure"), carried)
+
+    for mode, mp in profile_doc["modes"].items():
+        out.append(one(str(mode), mp, None))
+        # a mode's carried models (gRPC through a tcp-mode sidecar) right after it, as
+        # "tcp+grpc" (the name `meshtax profiles show` uses); older documents have none
+        for proto, cm in sorted((mp.get("carried") or {}).items()):
+            out.append(one(f"{mode}+{proto}", cm, str(proto)))
     return out
 
 
