@@ -255,8 +255,8 @@ def traces_generate(graphs: int, out_path: str, version: str, seed: int, broken_
 @click.argument("store_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory (Parquet per graph, cdf.csv, summary.json).")
 @click.option("--profile", "profile", help="Profile name (default: this machine's newest measured profile).")
-@click.option("--config", "configs", multiple=True, metavar="NAME=MODE[+FILTER…][+mtls]",
-              help="A configuration to study (repeatable), e.g. http=http or lua=http+lua. Default: the paper's five.")
+@click.option("--config", "configs", multiple=True, metavar="NAME=MODE[+FILTER…][+mtls[1.2|1.3]]",
+              help="A configuration to study (repeatable), e.g. http=http, lua=http+lua or tls=tcp+mtls1.2. Default: the paper's five.")
 @click.option("--speedup", type=click.Path(exists=True, dir_okay=False), help="What-if speedup YAML, compared across all graphs.")
 @click.option("--engine", type=click.Choice(["local", "dask"]), default="local", show_default=True)
 @click.option("--scheduler", help="With --engine dask: a dask.distributed scheduler address (default: a local cluster).")
@@ -296,9 +296,14 @@ def _study_config(text: str) -> tuple[str, SidecarConfig]:
     try:
         mode = Mode(parts[0])
     except (ValueError, IndexError):
-        raise UsageError(f"--config {text!r}: expected NAME=MODE[+FILTER…][+mtls] with MODE tcp, http or grpc") from None
+        raise UsageError(f"--config {text!r}: expected NAME=MODE[+FILTER…][+mtls[1.2|1.3]] with MODE tcp, http or grpc") from None
     rest = parts[1:]
-    return name, SidecarConfig(mode, tuple(p for p in rest if p != "mtls"), "mtls" in rest)
+    tls = [p for p in rest if p.startswith("mtls")]
+    version = tls[-1][4:] or None if tls else None
+    try:
+        return name, SidecarConfig(mode, tuple(p for p in rest if not p.startswith("mtls")), bool(tls), tls_version=version)
+    except ValueError as e:
+        raise UsageError(f"--config {text!r}: {e} (write +mtls, +mtls1.2 or +mtls1.3)") from None
 
 
 @main.group()

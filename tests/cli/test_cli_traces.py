@@ -62,6 +62,17 @@ def test_generate_import_study(env: dict[str, str], tmp_path: Path) -> None:
     assert (out / "cdf.csv").exists() and (out / "summary.json").exists()
     bad = invoke(["study", str(store), "--out", str(out), "--profile", "reference", "--config", "x=quic"], env)
     assert bad.exit_code == 2 and "expected NAME=MODE" in bad.output
+    bad = invoke(["study", str(store), "--out", str(out), "--profile", "reference", "--config", "x=tcp+mtls1.1"], env)
+    assert bad.exit_code == 2 and "tls_version '1.1': expected one of 1.2, 1.3 (write +mtls, +mtls1.2 or +mtls1.3)" in bad.output
+
+
+def test_study_config_names_the_tls_version() -> None:
+    from meshtax.cli import _study_config
+    from meshtax.model.sidecar import Mode, SidecarConfig
+
+    assert _study_config("a=tcp+mtls1.2") == ("a", SidecarConfig(Mode.TCP, (), True, tls_version="1.2"))
+    assert _study_config("b=http+lua+mtls") == ("b", SidecarConfig(Mode.HTTP, ("lua",), True))
+    assert _study_config("c=grpc") == ("c", SidecarConfig(Mode.GRPC))
 
 
 def test_config_from_envoy_and_k8s(env: dict[str, str]) -> None:

@@ -10,7 +10,7 @@ import pytest
 from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, TLS, WRITE, filter_component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import to_batch
-from meshtax.model.profile import ModeProfile
+from meshtax.model.profile import ModeProfile, TlsModels
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
 from meshtax.predict.engine import PredictionError, predict_batch, shared_cpu_rates, single_profile
 from meshtax.predict.whatif import apply_speedup, speedup_from_dict
@@ -309,6 +309,40 @@ def test_new_connections_pay_the_handshake_and_per_connection_filters() -> None:
     _, bp2 = run(ecg({"A": side, "B": side}, calls), replace(prof, modes={Mode.HTTP: replace(mp, tls_handshake=None)}))
     assert any("handshake" in w for w in bp2.warnings)
 
+
+def test_mtls_is_priced_with_the_pinned_tls_version() -> None:
+    # primary (1.3): TLS 1 µs / 1 CPU-µs per crossing, handshake 100 / 40; 1.2: 2 / 3 and 50 / 20
+    mp = ModeProfile(Mode.HTTP, {OTHER: flat(5, 2), TLS: flat(1, 1)}, tls_handshake=flat(100, 40), tls_version="1.3",
+                     tls_by_version={"1.3": TlsModels("1.3", flat(1, 1), flat(100, 40)), "1.2": TlsModels("1.2", flat(2, 3), flat(50, 20))})  # fmt: skip
+    prof = replace(profile({}), modes={Mode.HTTP: mp})
+    calls = [replace(inv("r", EXTERNAL, "A", 0, 1000), new_connections=0.5)]
+
+    def one(side: SidecarConfig) -> tuple[float, float]:
+        _, bp = run(ecg({"A": side}, calls), prof)
+        assert bp.warnings == ()
+        return float(bp.latency_overhead_us[0]), float(bp.cpu_vcpu[0] * 1e6 / 1000)
+
+    # 2 crossings × (5 + TLS) + half the calls × handshake, at the one sidecar
+    assert one(SidecarConfig(Mode.HTTP, mtls=True)) == pytest.approx((2 * 6 + 50, 2 * 3 + 20))
+    assert one(SidecarConfig(Mode.HTTP, mtls=True, tls_version="1.3")) == pytest.approx((2 * 6 + 50, 2 * 3 + 20))
+    assert one(SidecarConfig(Mode.HTTP, mtls=True, tls_version="1.2")) == pytest.approx((2 * 7 + 25, 2 * 5 + 10))
+    # a version the profile never measured: not priced with the other one, and said so
+    only13 = replace(prof, modes={Mode.HTTP: replace(mp, tls_by_version={})})
+    _, bp = run(ecg({"A": SidecarConfig(Mode.HTTP, mtls=True, tls_version="1.2")}, calls), only13)
+    assert bp.latency_overhead_us[0] == pytest.approx(2 * 5)
+    assert [w for w in bp.warnings if "TLS 1.2" in w] == [
+        "profile 'test' has no http-mode models of TLS 1.2 (measured: 1.3): mTLS cost of those sidecars is not counted; "
+        "`meshtax profile --mtls` measures 1.3 and 1.2"]
+
+
+def test_sidecar_tls_version_is_checked_and_round_trips() -> None:
+    s = SidecarConfig(Mode.TCP, mtls=True, tls_version="1.2")
+    assert SidecarConfig.from_dict(s.to_dict()) == s and s.describe() == "tcp mTLS 1.2"
+    assert "tls_version" not in SidecarConfig(Mode.TCP, mtls=True).to_dict()
+    with pytest.raises(ValueError, match="expected one of 1.2, 1.3"):
+        SidecarConfig(Mode.TCP, mtls=True, tls_version="1.1")
+    with pytest.raises(ValueError, match="without mtls"):
+        SidecarConfig(Mode.TCP, tls_version="1.3")
 
 def test_shared_cpus_price_messages_at_the_rate_that_loads_the_cpu_alike() -> None:
     # OTHER CPU: 2 CPU-µs at 1000/s, +3 per e-fold below, profiled from 10/s; no latency-path effect

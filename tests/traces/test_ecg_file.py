@@ -134,3 +134,24 @@ def test_new_connections_share(tmp_path: Path) -> None:
     p.write_text("services: {a: {sidecar: http}}\ninvocations:\n  - {id: r, callee: a, new_connections: 2}\n")
     with pytest.raises(ECGError, match="new_connections"):
         load_ecg_file(p)
+
+
+def test_tls_version_of_a_sidecar(tmp_path: Path) -> None:
+    p = tmp_path / "g.yaml"
+    p.write_text(
+        "defaults: {sidecar: {mode: http, mtls: true, tls_version: '1.2'}}\n"
+        "services: {a: {}, b: {sidecar: {mtls: false}}, c: {sidecar: {tls_version: '1.3'}}}\n"
+        "invocations:\n  - {id: r, callee: a}\n  - {id: x, parent: r, callee: b}\n  - {id: y, parent: r, callee: c}\n"
+    )
+    (g,) = load_ecg_file(p)
+    s = {k: (v.sidecar.mtls, v.sidecar.tls_version) for k, v in g.services.items()}
+    # switching mTLS off drops the default's version with it
+    assert s == {"a": (True, "1.2"), "b": (False, None), "c": (True, "1.3")}
+    p.write_text("services: {a: {sidecar: {mode: tcp, tls_version: '1.3'}}, b: {sidecar: {mode: tcp, mtls: true, tls_version: '1.1'}}}\n"
+                 "invocations:\n  - {id: r, callee: a}\n")
+    with pytest.raises(ECGError) as e:
+        load_ecg_file(p)
+    assert "services.b.sidecar.tls_version: '1.1' is not one of ['1.2', '1.3']" in str(e.value)
+    p.write_text("services: {a: {sidecar: {mode: tcp, tls_version: '1.3'}}}\ninvocations:\n  - {id: r, callee: a}\n")
+    with pytest.raises(ECGError, match=r"services.a.sidecar: tls_version 1.3 without mtls: set mtls: true"):
+        load_ecg_file(p)

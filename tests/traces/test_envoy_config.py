@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,8 @@ T = "type.googleapis.com/"
         (
             "bootstrap_grpc_mtls.json",
             {},
-            SidecarConfig(Mode.GRPC, ("fault_injection", "rbac_http_3", "ip_tagging_2", "header_mutation"), mtls=True),
+            # tls_params: minimum TLSv1_3 pins the version
+            SidecarConfig(Mode.GRPC, ("fault_injection", "rbac_http_3", "ip_tagging_2", "header_mutation"), mtls=True, tls_version="1.3"),
             ("envoy.filters.http.jwt_authn",),
         ),
         ("listener_tcp_rbac.yaml", {}, SidecarConfig(Mode.TCP, ("rbac_network_2",)), ()),
@@ -51,6 +53,8 @@ def test_istio_dump_explains_choices_and_ignored_filters() -> None:
     assert "chose the inbound listener 'virtualInbound'" in notes
     assert "serves ports 8080, 9090: modelled port 8080" in notes
     assert "PERMISSIVE" in notes
+    # Istio's 1.2–1.3 range leaves the version to the peer
+    assert imp.config.tls_version is None and "TLS version not pinned by the listener" in notes
     ignored = {i.split(":")[0] for i in imp.ignored}
     assert ignored == {
         "istio.metadata_exchange",
@@ -62,6 +66,20 @@ def test_istio_dump_explains_choices_and_ignored_filters() -> None:
     }
     assert "envoy.filters.http.jwt_authn" not in imp.report()
     assert imp.report().splitlines()[0].endswith("http +wasm+lua+access_log mTLS")
+
+
+@pytest.mark.parametrize(("params", "version"), [
+    ({"tls_maximum_protocol_version": "TLSv1_2"}, "1.2"),
+    ({"tls_minimum_protocol_version": "TLSv1_3"}, "1.3"),
+    ({"tls_minimum_protocol_version": "TLSv1_2", "tls_maximum_protocol_version": "TLSv1_3"}, None),
+    ({}, None),
+])  # fmt: skip
+def test_tls_params_pin_the_version(params: dict[str, str], version: str | None) -> None:
+    doc = json.loads((FIX / "bootstrap_grpc_mtls.json").read_text())
+    chain = doc["static_resources"]["listeners"][0]["filter_chains"][0]
+    chain["transport_socket"]["typed_config"]["common_tls_context"]["tls_params"] = params
+    imp = envoy_from_dict(doc)
+    assert imp.config.mtls and imp.config.tls_version == version
 
 
 def test_report_names_the_filter_without_profile() -> None:

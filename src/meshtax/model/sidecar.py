@@ -15,6 +15,10 @@ class Mode(str, Enum):
     GRPC = "grpc"
 
 
+#: TLS versions a sidecar's mTLS can be pinned to (``SidecarConfig.tls_version``)
+TLS_VERSIONS: tuple[str, ...] = ("1.2", "1.3")
+
+
 class Architecture(str, Enum):
     """Where the proxy sits. ``none``: no proxy, no overhead."""
 
@@ -24,12 +28,25 @@ class Architecture(str, Enum):
 
 @dataclass(frozen=True)
 class SidecarConfig:
-    """Protocol mode, ordered filter chain, mTLS, and mesh architecture."""
+    """Protocol mode, ordered filter chain, mTLS, and mesh architecture.
+
+    ``tls_version`` pins the mTLS version ("1.2" or "1.3"; None: whatever the profile measured
+    first). It matters: a TLS 1.3 reconnection still does a full key exchange, a TLS 1.2 one
+    resumes without (this machine: 444 vs 218 CPU-µs per connection through a pair).
+    """
 
     mode: Mode = Mode.HTTP
     filters: tuple[str, ...] = ()
     mtls: bool = False
     architecture: Architecture = Architecture.SIDECAR
+    tls_version: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tls_version is not None:
+            if self.tls_version not in TLS_VERSIONS:
+                raise ValueError(f"tls_version {self.tls_version!r}: expected one of {', '.join(TLS_VERSIONS)}")
+            if not self.mtls:
+                raise ValueError(f"tls_version {self.tls_version} without mtls: set mtls: true, or drop tls_version")
 
     @property
     def meshed(self) -> bool:
@@ -42,7 +59,7 @@ class SidecarConfig:
         if self.filters:
             parts.append("+" + "+".join(self.filters))
         if self.mtls:
-            parts.append("mTLS")
+            parts.append("mTLS" if self.tls_version is None else f"mTLS {self.tls_version}")
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -51,6 +68,8 @@ class SidecarConfig:
             "filters": list(self.filters),
             "mtls": self.mtls,
             "architecture": self.architecture.value,
+            # written only when pinned, so configurations without it keep their exact shape
+            **({} if self.tls_version is None else {"tls_version": self.tls_version}),
         }
 
     @classmethod
@@ -60,6 +79,7 @@ class SidecarConfig:
             filters=tuple(d.get("filters", ())),
             mtls=bool(d.get("mtls", False)),
             architecture=Architecture(d.get("architecture", "sidecar")),
+            tls_version=None if d.get("tls_version") is None else str(d["tls_version"]),
         )
 
 

@@ -41,8 +41,8 @@ import numpy.typing as npt
 from meshtax.model.components import BASE_COMPONENTS, TLS, UNATTRIBUTED, Component, filter_component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
-from meshtax.model.profile import ModeProfile, Profile
-from meshtax.model.sidecar import Mode
+from meshtax.model.profile import ModeProfile, Profile, TlsModels
+from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import Propagation, Structure, propagate, structure
 
 FloatArray = npt.NDArray[np.float64]
@@ -113,12 +113,29 @@ def spec_models(
             f"(profiled filters: {have}); profile them with `meshtax profile --filters ...` or remove them from the configuration"
         )
     if spec.config.mtls:
-        if TLS in mp.components:
-            m = mp.components[TLS]
-            models[TLS] = (m.latency, m.cpu)
-        else:
+        tls = tls_models(mp, spec.config, profile.name, warnings)
+        if tls is not None and tls.per_message is not None:
+            models[TLS] = (tls.per_message.latency, tls.per_message.cpu)
+        elif tls is not None:
             warnings.append(f"profile {profile.name!r} has no TLS model in {spec.config.mode.value} mode: mTLS cost is not counted")
     return models
+
+
+def tls_models(mp: ModeProfile, config: SidecarConfig, name: str, warnings: list[str]) -> TlsModels | None:
+    """The mTLS models of ``config``'s TLS version: the profile's primary ones (the ``tls``
+    component and ``tls_handshake``) when no version is pinned or it is the primary's, else
+    ``tls_by_version``. None (with a warning) when the profile did not measure that version —
+    the other version's cost is not a stand-in (1.3 reconnects cost 2× what 1.2 ones do here)."""
+    v = config.tls_version
+    primary = mp.tls_version or "1.3"  # profiles before the version was recorded measured 1.3
+    if v is None or (v == primary and TLS in mp.components):
+        return TlsModels(primary, mp.components.get(TLS), mp.tls_handshake)
+    if v in mp.tls_by_version:
+        return mp.tls_by_version[v]
+    have = ", ".join(sorted({*mp.tls_by_version, *([primary] if TLS in mp.components else [])})) or "none"
+    warnings.append(f"profile {name!r} has no {config.mode.value}-mode models of TLS {v} (measured: {have}): "
+                    f"mTLS cost of those sidecars is not counted; `meshtax profile --mtls` measures 1.3 and 1.2")  # fmt: skip
+    return None
 
 
 def connection_models(spec: SidecarSpec, profile: Profile, warnings: list[str]) -> dict[Component, ComponentModel]:
@@ -128,9 +145,10 @@ def connection_models(spec: SidecarSpec, profile: Profile, warnings: list[str]) 
     mp = profile.mode(spec.config.mode)
     out: dict[Component, ComponentModel] = {}
     if spec.config.mtls:
-        if mp.tls_handshake is not None:
-            out[TLS] = mp.tls_handshake
-        else:
+        tls = tls_models(mp, spec.config, profile.name, warnings)
+        if tls is not None and tls.handshake is not None:
+            out[TLS] = tls.handshake
+        elif tls is not None:
             warnings.append(f"profile {profile.name!r} has no {spec.config.mode.value}-mode TLS handshake model: new mTLS connections cost nothing extra")
     for f in spec.config.filters:
         fc = filter_component(f)

@@ -34,7 +34,10 @@ def _path(parts: Any) -> str:
 
 
 def _describe(err: jsonschema.ValidationError) -> str:
-    where = _path(err.absolute_path)
+    return _describe_at(_path(err.absolute_path), err)
+
+
+def _describe_at(where: str, err: jsonschema.ValidationError) -> str:
     v, inst = err.validator, err.instance
     if v == "minimum":
         return f"{where}: {inst!r}; expected a number ≥ {err.validator_value}"
@@ -46,8 +49,14 @@ def _describe(err: jsonschema.ValidationError) -> str:
         return f"{where}: {err.message} (see docs/ecg-format.md for the fields)"
     if v == "oneOf" and where == "(top level)":
         return f"{where}: expected exactly one of 'invocations' or 'graphs'"
+    if v == "oneOf" and isinstance(inst, Mapping) and err.context:
+        # a sidecar mapping: say which of its fields is wrong, not only that the whole is
+        inner = [c for c in err.context if c.path]
+        if inner:
+            sub = max(inner, key=lambda c: len(c.path))
+            return _describe_at(f"{where}.{_path(sub.path)}", sub)
     if v == "oneOf":
-        return f"{where}: {inst!r}; expected 'none', a mode (tcp, http, grpc) or {{mode, filters, mtls, architecture}}"
+        return f"{where}: {inst!r}; expected 'none', a mode (tcp, http, grpc) or {{mode, filters, mtls, tls_version, architecture}}"
     return f"{where}: {err.message}"
 
 
@@ -57,6 +66,8 @@ def parse_sidecar(value: Any, default: SidecarConfig) -> SidecarConfig:
     if isinstance(value, str):
         return NO_SIDECAR if value == "none" else SidecarConfig(mode=Mode(value))
     merged = {**default.to_dict(), **value}
+    if not merged.get("mtls") and "tls_version" not in value:
+        merged.pop("tls_version", None)  # mTLS switched off here: the default's version goes with it
     return SidecarConfig.from_dict(merged)
 
 
@@ -68,16 +79,21 @@ def ecgs_from_dict(doc: Any, source: str) -> list[ECG]:
     if errors:
         raise ECGError(source, [_describe(e) for e in errors])
     defaults = doc.get("defaults", {})
-    default_sidecar = parse_sidecar(defaults.get("sidecar"), SidecarConfig())
-    services = {
-        name: Service(
-            name,
-            parse_sidecar(s.get("sidecar"), default_sidecar),
-            s.get("platform", defaults.get("platform")),
-            s.get("connections"),
-        )
-        for name, s in doc["services"].items()
-    }
+    try:
+        default_sidecar = parse_sidecar(defaults.get("sidecar"), SidecarConfig())
+    except ValueError as e:
+        raise ECGError(source, [f"defaults.sidecar: {e}"]) from None
+    services: dict[str, Service] = {}
+    bad: list[str] = []
+    for name, s in doc["services"].items():
+        try:
+            sidecar = parse_sidecar(s.get("sidecar"), default_sidecar)
+        except ValueError as e:
+            bad.append(f"services.{name}.sidecar: {e}")
+            continue
+        services[name] = Service(name, sidecar, s.get("platform", defaults.get("platform")), s.get("connections"))
+    if bad:
+        raise ECGError(source, bad)
     graphs = doc.get("graphs") or [{"name": doc.get("name"), "invocations": doc["invocations"]}]
     base_name = doc.get("name") or Path(source).stem
     out: list[ECG] = []

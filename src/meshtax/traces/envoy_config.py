@@ -448,6 +448,7 @@ class _Chain:
     tls: str  # "", "tls" (server only) or "mtls"
     notes: tuple[str, ...]
     passthrough: bool
+    tls_version: str | None = None  # pinned by the chain's tls_params (see _tls_version)
 
 
 def _chain_match_port(ch: Mapping[str, Any]) -> int | None:
@@ -470,6 +471,27 @@ def _downstream_tls(ch: Mapping[str, Any]) -> str:
         return ""
     cfg = tc if isinstance(tc, Mapping) else {}
     return "mtls" if _bool(cfg.get("require_client_certificate")) else "tls"
+
+
+_TLS_PARAM_VERSIONS = {"TLSV1_2": "1.2", "TLSV1_3": "1.3"}
+
+
+def _tls_version(ch: Mapping[str, Any]) -> str | None:
+    """The TLS version a downstream TLS chain's ``tls_params`` pin: a maximum of 1.2 or a
+    minimum of 1.3 (Envoy's server defaults, 1.2–1.3, leave it to the peer: None)."""
+    ts = ch.get("transport_socket")
+    tc = ts.get("typed_config") if isinstance(ts, Mapping) else None
+    ctx = tc.get("common_tls_context") if isinstance(tc, Mapping) else None
+    params = ctx.get("tls_params") if isinstance(ctx, Mapping) else None
+    if not isinstance(params, Mapping):
+        return None
+    lo = _TLS_PARAM_VERSIONS.get(str(params.get("tls_minimum_protocol_version", "")).upper())
+    hi = _TLS_PARAM_VERSIONS.get(str(params.get("tls_maximum_protocol_version", "")).upper())
+    if hi == "1.2":
+        return "1.2"
+    if lo == "1.3":
+        return "1.3"
+    return None
 
 
 def _route_grpc_and_clusters(rc: Mapping[str, Any]) -> tuple[bool, set[str]]:
@@ -557,7 +579,8 @@ def _analyse_chain(ch: Mapping[str, Any], label: str, ctx: _Ctx) -> _Chain:
     if not tls and upstream_mtls:
         tls = "mtls"
         notes.append("mTLS from the upstream cluster's client certificate (an outbound proxy)")
-    return _Chain(label, _chain_match_port(ch), mode, tuple(filters), tuple(unknown), tuple(ignored), tls, tuple(notes), passthrough)
+    return _Chain(label, _chain_match_port(ch), mode, tuple(filters), tuple(unknown), tuple(ignored), tls, tuple(notes), passthrough,
+                  _tls_version(ch) if tls == "mtls" else None)  # fmt: skip
 
 
 def _hcm_routes(hcm: Mapping[str, Any], ctx: _Ctx) -> Mapping[str, Any] | None:
@@ -736,7 +759,12 @@ def envoy_from_dict(doc: Any, source: str = "<envoy>", doc_index: int | None = N
     assert main.mode is not None
     if main.mode is Mode.TCP:
         notes = [n for n in notes if not n.startswith(("gRPC mode", "http mode"))]
-    cfg = SidecarConfig(mode=main.mode, filters=main.filters, mtls=mtls)
+    versions = {c.tls_version for c in sel if c.tls == "mtls"}
+    version = next(iter(versions)) if mtls and len(versions) == 1 else None
+    if mtls and version is None:
+        notes.append("TLS version not pinned by the listener (tls_params): negotiated with the peer (1.3 between Istio "
+                     "sidecars); priced with the profile's first measured version")  # fmt: skip
+    cfg = SidecarConfig(mode=main.mode, filters=main.filters, mtls=mtls, tls_version=version)
     return EnvoyImport(cfg, tuple(infos), unknown, ignored, tuple(notes), source)
 
 
