@@ -227,8 +227,16 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 		break;
 	case SC_EPOLL:
 		add_op(&st->epoll, dur, ret);
-		if (st->wake_ts && st->wake_ts <= now)
-			add_op(&st->notify, now - st->wake_ts, ret);
+		if (st->wake_ts && st->wake_ts <= now) {
+			__u64 lat = now - st->wake_ts;
+			__u64 bin = lat >> NOTIFY_BIN_SHIFT;
+
+			add_op(&st->notify, lat, ret);
+			if (bin >= NOTIFY_BINS)
+				bin = NOTIFY_BINS - 1;
+			st->notify_hist_n[bin]++;
+			st->notify_hist_ns[bin] += lat;
+		}
 		break;
 	}
 out:

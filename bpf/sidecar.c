@@ -30,7 +30,7 @@
 #include "sidecar.h"
 #include "sidecar.skel.h"
 
-#define FORMAT_VERSION 1
+#define FORMAT_VERSION 1	/* "notify_hist" was added to threads: optional for readers */
 
 static struct env {
 	__u32 pids[MAX_TGIDS];
@@ -262,6 +262,22 @@ static void print_stat_body(const struct thread_stat *st)
 	       (unsigned long long)st->unknown_cpu_ns, (unsigned long long)st->switches_in);
 }
 
+/* sparse: [[bin, count, ns], ...] for the non-empty bins (bin width 2^shift ns) */
+static void print_notify_hist(const struct thread_stat *st)
+{
+	bool first = true;
+
+	printf(",\"notify_hist_shift\":%d,\"notify_hist\":[", NOTIFY_BIN_SHIFT);
+	for (int i = 0; i < NOTIFY_BINS; i++) {
+		if (!st->notify_hist_n[i])
+			continue;
+		printf("%s[%d,%u,%llu]", first ? "" : ",", i, st->notify_hist_n[i],
+		       (unsigned long long)st->notify_hist_ns[i]);
+		first = false;
+	}
+	putchar(']');
+}
+
 static int print_threads(int fd, struct thread_stat *total)
 {
 	__u32 key, next;
@@ -284,6 +300,7 @@ static int print_threads(int fd, struct thread_stat *total)
 		print_json_str(st.comm, sizeof(st.comm));
 		putchar(',');
 		print_stat_body(&st);
+		print_notify_hist(&st);
 		putchar('}');
 		first = false;
 		add_op(&total->read, &st.read);

@@ -7,6 +7,11 @@
 #define MAX_THREADS	4096
 #define MAX_INFLIGHT_SKBS	16384
 #define TASK_COMM_LEN	16
+/* Notification histogram: per-event wake-up -> epoll return latency in bins of
+ * 2^NOTIFY_BIN_SHIFT ns (1.024 us), the last bin open-ended, with the exact ns of each bin,
+ * so the profile can take robust per-event statistics (one co-tenant hiccup moves a sum) */
+#define NOTIFY_BIN_SHIFT	10
+#define NOTIFY_BINS	128
 
 /* Thread accounting mode: which bucket the current on-CPU segment belongs to. */
 enum mode {
@@ -54,6 +59,8 @@ struct thread_stat {
 	__u64 sys_cpu_ns;	/* on-CPU inside syscalls (incl. softirq run there) */
 	__u64 unknown_cpu_ns;	/* on-CPU before the first syscall boundary was seen */
 	__u64 switches_in;
+	__u32 notify_hist_n[NOTIFY_BINS];
+	__u64 notify_hist_ns[NOTIFY_BINS];
 	/* tracking state, not an aggregate */
 	__u64 seg_start;	/* start of the current on-CPU segment, 0 = off CPU */
 	__u64 sys_start;

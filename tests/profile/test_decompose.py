@@ -190,3 +190,32 @@ def test_mesh_breakdown_adds_the_clients_change() -> None:
     # the client does not enter the sidecar-only definition
     assert mesh_breakdown(meshed, None) == Breakdown(read=2.0, write=3.5, ipc=1.5, notification=3.0,
                                                      user=4.0, kernel_other=1.0)  # fmt: skip
+
+
+def test_mesh_breakdown_trimmed_notification() -> None:
+    from meshtax.profile.decompose import notify_ns
+    from meshtax.profile.probes import Histogram
+
+    def hist(t: ThreadReading, rows: tuple[tuple[int, int, int], ...]) -> ThreadReading:
+        h = Histogram(rows, shift=10)
+        assert (h.count, h.ns) == (t.notify.count, t.notify.ns)  # the fixture's totals
+        return replace(t, notify_hist=h)
+
+    # sidecar: 2 wake-ups, 1000 + 5000 ns; app meshed 2 × 500; app direct 2 wake-ups, 1000 +
+    # 4000; client meshed 2 × 4000, direct 2000 + 4000
+    worker = hist(WORKER, ((0, 1, 1000), (4, 1, 5000)))
+    app_m = hist(APP_IO_M, ((0, 2, 1000),))
+    app_d = hist(APP_IO_D, ((0, 1, 1000), (3, 1, 4000)))
+    cl_m = hist(CLIENT_M, ((3, 2, 8000),))
+    cl_d = hist(CLIENT_D, ((1, 1, 2000), (3, 1, 4000)))
+    meshed = Window.of(make_reading([worker, app_m, cl_m], ipc_ns=3000), 1, sidecar_tgid=100, app_tgid=200)
+    direct = Window.of(make_reading([app_d, cl_d], ipc_ns=0, ipc_count=0), 2, sidecar_tgid=100, app_tgid=200)
+    plain = mesh_breakdown(meshed, direct)
+    assert mesh_breakdown(meshed, direct, notify_trim=0.0) == plain
+    assert notify_ns(worker, 0.5) == pytest.approx(2000.0)  # 2 wake-ups × the faster one
+    assert notify_ns(WORKER, 0.5) == WORKER.notify.ns  # no histogram: the sum
+    half = mesh_breakdown(meshed, direct, notify_trim=0.5)
+    # sidecar 2000/2e3 = 1; Δapp 1000/2e3 − 2000/4e3 = 0; client per call (4000 − 2000) × 2/4e3 = 1
+    assert half.notification == pytest.approx(1.0 + 0.0 + 1.0)
+    # only Notification changes
+    assert replace(half, notification=plain.notification) == plain

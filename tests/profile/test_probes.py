@@ -16,6 +16,7 @@ import pytest
 
 from meshtax.profile.probes import (
     FakeProbe,
+    Histogram,
     IpcStat,
     OpStat,
     ProbeError,
@@ -23,8 +24,9 @@ from meshtax.profile.probes import (
     RealProbe,
     SnapshotSession,
     parse_reading,
+    realtime,
 )
-from meshtax.profile.system import FakeSystem, RealSystem
+from meshtax.profile.system import Completed, FakeSystem, RealSystem
 
 FIXTURES = Path(__file__).parent / "fixtures"
 READING = (FIXTURES / "sidecar_reading.json").read_text()
@@ -224,6 +226,40 @@ def test_real_probe_snapshots_against_fake_loader(tmp_path: Path) -> None:
         probe.close()
 
 
+def test_histogram_sums_trims_and_quantiles() -> None:
+    # bins of 1024 ns: 3 events in bin 2 (2500 ns each), 1 in bin 10 (10500 ns)
+    h = Histogram(((2, 3, 7500), (10, 1, 10500)), shift=10)
+    assert (h.count, h.ns) == (4, 18000)
+    assert h.trimmed_mean_ns(0.0) == pytest.approx(4500.0)  # the plain mean
+    assert h.trimmed_mean_ns(0.25) == pytest.approx(2500.0)  # the slowest event dropped
+    # a cut inside a bin takes that bin's mean: keep 3.5 of 4 → (7500 + 0.5 × 10500) / 3.5
+    assert h.trimmed_mean_ns(0.125) == pytest.approx((7500 + 5250) / 3.5)
+    assert h.quantile_ns(0.5) == pytest.approx((2 + 2 / 3) * 1024)
+    assert Histogram().trimmed_mean_ns(0.1) == 0.0
+    with pytest.raises(ValueError, match="trim"):
+        h.trimmed_mean_ns(1.0)
+    # windows add and subtract bin by bin; a bin that empties disappears
+    g = Histogram(((2, 1, 2000), (5, 2, 11000)), shift=10)
+    assert (h + g).bins == ((2, 4, 9500), (5, 2, 11000), (10, 1, 10500))
+    assert (h + g) - g == h
+    assert Histogram() + h == h and h - Histogram() == h
+    with pytest.raises(ValueError, match="bin widths"):
+        h + Histogram(((1, 1, 1),), shift=9)
+
+
+def test_parse_notify_histogram_optional() -> None:
+    d = json.loads(READING)
+    assert all(t.notify_hist == Histogram() for t in parse_reading(READING).threads)  # older loader
+    d["threads"][0]["notify_hist"] = [[3, 2, 7000], [40, 1, 41500]]
+    d["threads"][0]["notify_hist_shift"] = 10
+    r = parse_reading(json.dumps(d))
+    t = next(t for t in r.threads if t.tid == d["threads"][0]["tid"])
+    assert t.notify_hist == Histogram(((3, 2, 7000), (40, 1, 41500)), 10)
+    # a window between snapshots has the histogram of its events only
+    grown = replace(t, notify_hist=t.notify_hist + Histogram(((3, 1, 3100),), 10))
+    assert (grown - t).notify_hist.bins == ((3, 1, 3100),)
+
+
 def test_since_is_the_window_between_snapshots() -> None:
     r = parse_reading(READING)
     writer = r.threads[1]
@@ -356,6 +392,8 @@ def test_real_probe_counts_a_known_syscall_load(load: Load) -> None:
     assert t.read.bytes >= n_sock * 100 + n_pipe
     assert 1 <= t.notify.count <= t.epoll.count
     assert 0 < t.notify.ns
+    # the per-event histogram holds every notification, to the ns
+    assert (t.notify_hist.count, t.notify_hist.ns) == (t.notify.count, t.notify.ns)
     # TCP_NODELAY: every send is one data skb on lo (plus ACKs)
     assert reading.ipc.count >= n_sock
     assert reading.ipc.bytes >= n_sock * 100
@@ -411,3 +449,38 @@ def test_real_probe_follows_a_namespace_and_reads_a_later_client(load: Load) -> 
     # nothing ran in the namespace before the first snapshot; the final reading has it all
     assert not any(t.followed for t in before.threads)
     assert sum(t.write.count for t in final.threads if t.followed) >= writes
+
+
+# --- real-time probe windows ------------------------------------------------------------------
+
+
+def test_realtime_sets_and_restores_every_pid() -> None:
+    sys_ = FakeSystem()
+    with realtime(sys_, [11, 22], 3) as on:
+        assert on
+        assert sys_.calls == [("chrt", "-f", "-a", "-p", "3", "11"), ("chrt", "-f", "-a", "-p", "3", "22")]
+        sys_.calls.clear()
+    assert sys_.calls == [("chrt", "-o", "-a", "-p", "0", "22"), ("chrt", "-o", "-a", "-p", "0", "11")]
+    # restored on an exception too
+    sys_.calls.clear()
+    with pytest.raises(KeyError), realtime(sys_, [11], 1):
+        raise KeyError("x")
+    assert sys_.calls[-1] == ("chrt", "-o", "-a", "-p", "0", "11")
+    # off: nothing runs
+    none = FakeSystem()
+    with realtime(none, [11], None) as on:
+        assert not on
+    assert none.calls == []
+
+
+def test_realtime_is_all_or_nothing() -> None:
+    def refuse_22(argv: tuple[str, ...]) -> Completed | None:
+        return Completed(argv, 1, "", "EPERM") if argv[:2] == ("chrt", "-f") and argv[-1] == "22" else None
+
+    sys_ = FakeSystem(responders=[refuse_22])
+    with realtime(sys_, [11, 22, 33], 1) as on:
+        assert not on
+        # 11 was set, then put back before the block ran; 33 was never tried
+        assert sys_.calls == [("chrt", "-f", "-a", "-p", "1", "11"), ("chrt", "-f", "-a", "-p", "1", "22"),
+                              ("chrt", "-o", "-a", "-p", "0", "11")]  # fmt: skip
+    assert len(sys_.calls) == 3  # nothing more to restore

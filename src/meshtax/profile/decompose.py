@@ -103,6 +103,7 @@ __all__ = [
     "cpu_breakdown",
     "latency_breakdown",
     "mesh_breakdown",
+    "notify_ns",
     "per_crossing",
     "traffic_threads",
 ]
@@ -224,12 +225,26 @@ def _other_syscalls_ns(t: ThreadReading) -> int:
     return max(0, t.sys_ns - t.read.ns - t.write.ns - t.epoll.ns)
 
 
-def mesh_breakdown(meshed: Window, direct: Window | None) -> Breakdown:
+def notify_ns(t: ThreadReading, trim: float = 0.0) -> float:
+    """Total notification time of ``t`` (ns): its sum, or with ``trim`` > 0 and a per-event
+    histogram, the wake-ups times their mean after dropping the slowest ``trim`` share."""
+    if trim <= 0.0 or t.notify_hist.count <= 0:
+        return float(t.notify.ns)
+    return t.notify_hist.trimmed_mean_ns(trim) * t.notify.count
+
+
+def _notify_op(t: ThreadReading, trim: float) -> OpStat:
+    return OpStat(t.notify.count, round(notify_ns(t, trim)), t.notify.bytes, t.notify.errors)
+
+
+def mesh_breakdown(meshed: Window, direct: Window | None, *, notify_trim: float = 0.0) -> Breakdown:
     """Per-crossing latency components (µs) from meshed windows and, if the app was probed,
     the direct windows that pair with them (see the module docstring for the definitions).
 
     Write is kept signed (a negative value means the app-side change outweighed the sidecar's
-    writes: a measurement to look at, not to hide).
+    writes: a measurement to look at, not to hide). ``notify_trim``: every notification term
+    (sidecar, app, client, meshed and direct alike) uses the per-event mean without the
+    slowest ``notify_trim`` share of wake-ups (:func:`notify_ns`); 0 is the plain mean.
     """
     n = _crossings(meshed.requests)
     s = meshed.sidecar
@@ -238,7 +253,7 @@ def mesh_breakdown(meshed: Window, direct: Window | None) -> Breakdown:
         return ns * 1e-3 / n
 
     read, write = us(s.read.ns), us(s.write.ns)
-    notify, user = us(s.notify.ns), us(s.user_ns)
+    notify, user = us(notify_ns(s, notify_trim)), us(s.user_ns)
     lo = us(meshed.ipc_ns)  # inside the writes of sidecar and app
     intercept = 0.0  # inside the client's writes, not theirs
     if direct is not None:
@@ -250,7 +265,7 @@ def mesh_breakdown(meshed: Window, direct: Window | None) -> Breakdown:
         a, d = meshed.app, direct.app
         read += delta(a.read.ns, d.read.ns)
         write += delta(a.write.ns, d.write.ns)
-        notify += delta(a.notify.ns, d.notify.ns)
+        notify += delta(notify_ns(a, notify_trim), notify_ns(d, notify_trim))
         user += delta(a.user_ns, d.user_ns)
         lo -= direct.ipc_ns * 1e-3 / nd
         c, e = meshed.client, direct.client
@@ -261,7 +276,7 @@ def mesh_breakdown(meshed: Window, direct: Window | None) -> Breakdown:
 
         intercept = per_call(c.write, e.write)
         read += per_call(c.read, e.read)
-        notify += per_call(c.notify, e.notify)
+        notify += per_call(_notify_op(c, notify_trim), _notify_op(e, notify_trim))
     return Breakdown(
         read=read,
         write=write - lo,

@@ -36,7 +36,8 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
@@ -46,6 +47,7 @@ from meshtax.profile.system import Placement, Process, RealSystem, System
 __all__ = [
     "FORMAT_VERSION",
     "FakeProbe",
+    "Histogram",
     "IpcStat",
     "OpStat",
     "ProbeError",
@@ -58,6 +60,7 @@ __all__ = [
     "ThreadReading",
     "parse_reading",
     "probe_binary",
+    "realtime",
 ]
 
 FORMAT_VERSION = 1
@@ -106,6 +109,85 @@ class OpStat:
 
 
 @dataclass(frozen=True)
+class Histogram:
+    """Per-event latencies in bins of ``2**shift`` ns (the last bin the loader has is
+    open-ended): sparse ``(bin, count, ns)`` rows sorted by bin, ``ns`` the exact sum of the
+    bin's events. Lets the profile take robust per-event statistics of a window instead of
+    only its sum (``notify_hist``: wake-up → epoll return). Empty when the loader predates it.
+    """
+
+    bins: tuple[tuple[int, int, int], ...] = ()
+    shift: int = 10
+
+    @property
+    def count(self) -> int:
+        return sum(n for _, n, _ in self.bins)
+
+    @property
+    def ns(self) -> int:
+        return sum(ns for _, _, ns in self.bins)
+
+    def _merge(self, other: Histogram, sign: int) -> Histogram:
+        if not other.bins:
+            return self
+        if not self.bins:
+            return other if sign > 0 else Histogram(tuple((b, -n, -t) for b, n, t in other.bins), other.shift)
+        if self.shift != other.shift:
+            raise ValueError(f"histograms of different bin widths: 2^{self.shift} vs 2^{other.shift} ns")
+        acc: dict[int, tuple[int, int]] = {b: (n, t) for b, n, t in self.bins}
+        for b, n, t in other.bins:
+            n0, t0 = acc.get(b, (0, 0))
+            acc[b] = (n0 + sign * n, t0 + sign * t)
+        return Histogram(tuple((b, n, t) for b, (n, t) in sorted(acc.items()) if n or t), self.shift)
+
+    def __add__(self, other: Histogram) -> Histogram:
+        return self._merge(other, 1)
+
+    def __sub__(self, other: Histogram) -> Histogram:
+        return self._merge(other, -1)
+
+    def trimmed_mean_ns(self, trim: float) -> float:
+        """Mean per event after dropping the slowest ``trim`` share of events (0: the plain
+        mean). Inside the bin where the cut falls, events are taken at that bin's mean."""
+        if not 0.0 <= trim < 1.0:
+            raise ValueError(f"trim must be in [0, 1), got {trim}")
+        total = self.count
+        if total <= 0:
+            return 0.0
+        keep = total * (1.0 - trim)
+        taken = 0.0
+        ns = 0.0
+        for _, n, t in self.bins:
+            if n <= 0:
+                continue
+            k = min(float(n), keep - taken)
+            ns += t * (k / n)
+            taken += k
+            if taken >= keep:
+                break
+        return ns / taken if taken else 0.0
+
+    def quantile_ns(self, q: float) -> float:
+        """The ``q`` quantile, linear inside its bin (bin edges from ``shift``)."""
+        total = self.count
+        if total <= 0:
+            return 0.0
+        target = q * total
+        seen = 0
+        width = 1 << self.shift
+        for b, n, _ in self.bins:
+            if n <= 0:
+                continue
+            if seen + n >= target:
+                return (b + (target - seen) / n) * width
+            seen += n
+        return float((self.bins[-1][0] + 1) * width)
+
+
+EMPTY_HIST = Histogram()
+
+
+@dataclass(frozen=True)
 class ThreadReading:
     """Aggregates of one thread (or a sum of threads when ``tid`` is 0)."""
 
@@ -124,6 +206,7 @@ class ThreadReading:
     unknown_cpu_ns: int
     switches_in: int
     followed: bool = False  # tracked because of its netns, not its PID
+    notify_hist: Histogram = EMPTY_HIST  # per-event notification latencies (sums to ``notify``)
 
     def __add__(self, other: ThreadReading) -> ThreadReading:
         same = self.tgid == other.tgid
@@ -143,6 +226,7 @@ class ThreadReading:
             unknown_cpu_ns=self.unknown_cpu_ns + other.unknown_cpu_ns,
             switches_in=self.switches_in + other.switches_in,
             followed=self.followed and other.followed,
+            notify_hist=self.notify_hist + other.notify_hist,
         )
 
     def __sub__(self, other: ThreadReading) -> ThreadReading:
@@ -160,6 +244,7 @@ class ThreadReading:
             sys_cpu_ns=self.sys_cpu_ns - other.sys_cpu_ns,
             unknown_cpu_ns=self.unknown_cpu_ns - other.unknown_cpu_ns,
             switches_in=self.switches_in - other.switches_in,
+            notify_hist=self.notify_hist - other.notify_hist,
         )
 
 
@@ -294,6 +379,10 @@ def _thread(d: Mapping[str, Any], tid: int = 0, tgid: int = 0, comm: str = "") -
         unknown_cpu_ns=int(d["unknown_cpu_ns"]),
         switches_in=int(d["switches_in"]),
         followed=bool(d.get("followed", 0)),
+        notify_hist=Histogram(
+            tuple((int(b), int(n), int(t)) for b, n, t in d.get("notify_hist", ())),
+            int(d.get("notify_hist_shift", 10)),
+        ),
     )
 
 
@@ -360,6 +449,42 @@ class SnapshotSession(ProbeSession, Protocol):
     """A session that can also report its cumulative totals so far without stopping."""
 
     def snapshot(self) -> ProbeReading: ...
+
+
+@contextmanager
+def realtime(system: System, pids: Sequence[int], priority: int | None) -> Iterator[bool]:
+    """Run the block with every thread of ``pids`` at ``SCHED_FIFO`` ``priority`` (``chrt``),
+    then back to ``SCHED_OTHER`` (their nice value is kept). Yields whether it took effect
+    (``priority=None``, or ``chrt`` refused: False, nothing changed).
+
+    Why: on this shared 2-vCPU machine most of a probe window's notification time came from a
+    few wake-ups of 0.2–5 ms (BENCHMARKS.md, issue #3): the woken thread, even at nice −20,
+    waits behind another process's CFS slice on its CPU (EEVDF lets the running task finish
+    its slice). They landed at random in meshed or direct windows and swung Notification and
+    the overhead by tens of percent. A real-time thread preempts CFS tasks at once. Processes
+    spawned by a listed PID later (the load generator of each window, when the caller lists
+    itself) inherit the policy.
+    """
+    if priority is None or not pids:
+        yield False
+        return
+    done: list[int] = []
+    try:
+        for pid in pids:
+            r = system.run(["chrt", "-f", "-a", "-p", str(priority), str(pid)], check=False)
+            if r.returncode != 0:
+                break
+            done.append(pid)
+        ok = len(done) == len(pids)
+        if not ok:
+            # all or nothing: a half real-time path would be a third regime
+            for pid in reversed(done):
+                system.run(["chrt", "-o", "-a", "-p", "0", str(pid)], check=False)
+            done.clear()
+        yield ok
+    finally:
+        for pid in reversed(done):
+            system.run(["chrt", "-o", "-a", "-p", "0", str(pid)], check=False)
 
 
 def probe_binary() -> Path:

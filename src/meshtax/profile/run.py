@@ -517,11 +517,13 @@ _BD_FIELDS = tuple(f.name for f in fields(Breakdown))
 def probe_components(
     bed: EchoBed, mode: Mode, size: int, sidecar_pid: int, *, run_s: float, pairs: int,
     probe_app: bool = True, probe: Callable[[System], ProbeSession] = _real_probe,
-    meshed: str | None = None, probe_client: bool = True,
+    meshed: str | None = None, probe_client: bool = True, rt_priority: int | None = None,
 ) -> ProbeResult:  # fmt: skip
     """``pairs`` × (a meshed and a direct probe window of ``run_s``, order alternating), the
     probe on the sidecar, (``probe_app``) the app and (``probe_client``) every process of the
-    client pod → components and the probed overhead."""
+    client pod → components and the probed overhead. ``rt_priority``: the windows run with
+    sidecar, app and this process (so each window's load generator, its child) at
+    ``SCHED_FIFO`` (:func:`~meshtax.profile.probes.realtime`)."""
     m_t, d_t = meshed or bed.meshed_target, bed.direct_target(mode)
     pids = [sidecar_pid, bed.app_pid] if probe_app else [sidecar_pid]
     # the load generator is a new process per window: follow its namespace, not a PID
@@ -541,26 +543,39 @@ def probe_components(
         held.close()
     else:
         _start_probe(snap, pids, follow)
+    # imported here: this function's own dependency (run.py's imports are shared)
+    from meshtax.profile.probes import realtime
+
+    # the profiler itself too: each window's load generator is its child and inherits it
+    rt_pids = [*pids, os.getpid()]
+    rt = False
     try:
-        last = snap.snapshot() if snap is not None else None
-        for i in range(pairs):
-            for target in ((m_t, d_t) if i % 2 == 0 else (d_t, m_t)):
-                if snap is not None and last is not None:
-                    res = bed.load(target, mode, size, duration_s=run_s)
-                    now = snap.snapshot()
-                    reading, last = now.since(last), now
-                else:
-                    res, reading = _probed_load(bed, probe, pids, follow, target, mode, size, run_s)
-                w = Window.of(reading, res.count, sidecar_tgid=sidecar_pid, app_tgid=app_tgid)
-                dropped += reading.dropped
-                is_m = target == m_t
-                (m_windows if is_m else d_windows).append(w)
-                (m_mean if is_m else d_mean).append(res.avg_us)
-                raw.append({"meshed": is_m, "requests": res.count, "mean_us": res.avg_us,
-                            "duration_ns": reading.duration_ns, "ipc_packets": w.ipc_packets,
-                            "ipc_ns": w.ipc_ns, "ipc_bytes": w.ipc_bytes, "probe_bpf_ns": reading.probe_ns,
-                            "sidecar": _thread_dict(w.sidecar), "app": _thread_dict(w.app),
-                            "client": _thread_dict(w.client)})  # fmt: skip
+        with realtime(bed.system, rt_pids, rt_priority) as rt:
+            last = snap.snapshot() if snap is not None else None
+            for i in range(pairs):
+                for target in ((m_t, d_t) if i % 2 == 0 else (d_t, m_t)):
+                    if snap is not None and last is not None:
+                        res = bed.load(target, mode, size, duration_s=run_s)
+                        now = snap.snapshot()
+                        reading, last = now.since(last), now
+                    else:
+                        res, reading = _probed_load(bed, probe, pids, follow, target, mode, size, run_s)
+                    w = Window.of(reading, res.count, sidecar_tgid=sidecar_pid, app_tgid=app_tgid)
+                    dropped += reading.dropped
+                    is_m = target == m_t
+                    (m_windows if is_m else d_windows).append(w)
+                    (m_mean if is_m else d_mean).append(res.avg_us)
+                    raw.append({"meshed": is_m, "requests": res.count, "mean_us": res.avg_us,
+                                "duration_ns": reading.duration_ns, "ipc_packets": w.ipc_packets,
+                                "ipc_ns": w.ipc_ns, "ipc_bytes": w.ipc_bytes, "probe_bpf_ns": reading.probe_ns,
+                                "sidecar": _thread_dict(w.sidecar), "app": _thread_dict(w.app),
+                                "client": _thread_dict(w.client),
+                                # per-event notification latencies, [bin, count, ns] in 2^shift ns bins
+                                "notify_hist": {k: [list(b) for b in t.notify_hist.bins]
+                                                for k, t in (("sidecar", w.sidecar), ("app", w.app),
+                                                             ("client", w.client))},
+                                "notify_hist_shift": w.sidecar.notify_hist.shift,
+                                "sched": f"fifo:{rt_priority}" if rt else "other"})  # fmt: skip
     finally:
         held.close()
 
@@ -751,7 +766,7 @@ def _measure_carried(proto: str, plan: Plan, bed: EchoBed, be: Backends, ticker:
             bed.load(bed.meshed_target, load_mode, size, n=plan.warmup_n)
             pr = probe_components(bed, load_mode, size, pid, run_s=plan.probe_run_s,
                                   pairs=plan.carried_probe_pairs, probe_app=plan.probe_app,
-                                  probe=be.probe)  # fmt: skip
+                                  probe=be.probe, rt_priority=plan.probe_rt_priority)  # fmt: skip
             r = _SizeResult(size, None, pr)
             r.max_qps, r.cpu = _cpu_runs(bed, load_mode, size, pid, plan, be, ticker,
                                          fractions=plan.carried_rate_fractions, step_mode=Mode.TCP,
@@ -780,7 +795,8 @@ def _measure_mode(mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _C
                                   budget_s=plan.latency_budget_s, clock=be.clock)  # fmt: skip
             ticker.next("probe", mode, size)
             pr = probe_components(bed, mode, size, pid, run_s=plan.probe_run_s, pairs=plan.probe_pairs,
-                                  probe_app=plan.probe_app, probe=be.probe)  # fmt: skip
+                                  probe_app=plan.probe_app, probe=be.probe,
+                                  rt_priority=plan.probe_rt_priority)  # fmt: skip
             r = _SizeResult(size, po, pr)
             r.max_qps, r.cpu = _cpu_runs(bed, mode, size, pid, plan, be, ticker,
                                          fractions=plan.rate_fractions, step_mode=mode)  # fmt: skip
