@@ -53,7 +53,7 @@ def test_modes_are_ordered_tcp_first_and_sizes_sorted() -> None:
         {"carried_probe_pairs": 0},
         {"carried_rate_fractions": (2.0,)},
         {"probe_rt_priority": 0},
-        {"probe_rt_priority": 100},
+        {"probe_rt_priority": 99},
     ],
 )
 def test_invalid_plans(kw: dict[str, object]) -> None:

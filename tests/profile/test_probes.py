@@ -456,19 +456,19 @@ def test_real_probe_follows_a_namespace_and_reads_a_later_client(load: Load) -> 
 
 def test_realtime_sets_and_restores_every_pid() -> None:
     sys_ = FakeSystem()
-    with realtime(sys_, [11, 22], 3) as on:
+    with realtime(sys_, {11: 3, 22: 4}) as on:
         assert on
-        assert sys_.calls == [("chrt", "-f", "-a", "-p", "3", "11"), ("chrt", "-f", "-a", "-p", "3", "22")]
+        assert sys_.calls == [("chrt", "-f", "-a", "-p", "3", "11"), ("chrt", "-f", "-a", "-p", "4", "22")]
         sys_.calls.clear()
     assert sys_.calls == [("chrt", "-o", "-a", "-p", "0", "22"), ("chrt", "-o", "-a", "-p", "0", "11")]
     # restored on an exception too
     sys_.calls.clear()
-    with pytest.raises(KeyError), realtime(sys_, [11], 1):
+    with pytest.raises(KeyError), realtime(sys_, {11: 1}):
         raise KeyError("x")
     assert sys_.calls[-1] == ("chrt", "-o", "-a", "-p", "0", "11")
     # off: nothing runs
     none = FakeSystem()
-    with realtime(none, [11], None) as on:
+    with realtime(none, {}) as on:
         assert not on
     assert none.calls == []
 
@@ -478,7 +478,7 @@ def test_realtime_is_all_or_nothing() -> None:
         return Completed(argv, 1, "", "EPERM") if argv[:2] == ("chrt", "-f") and argv[-1] == "22" else None
 
     sys_ = FakeSystem(responders=[refuse_22])
-    with realtime(sys_, [11, 22, 33], 1) as on:
+    with realtime(sys_, {11: 1, 22: 1, 33: 1}) as on:
         assert not on
         # 11 was set, then put back before the block ran; 33 was never tried
         assert sys_.calls == [("chrt", "-f", "-a", "-p", "1", "11"), ("chrt", "-f", "-a", "-p", "1", "22"),

@@ -71,6 +71,15 @@ Known residuals (measured on the 2-CPU dev VM; numbers in BENCHMARKS.md, issue #
   sidecar only; the sidecar's Notification (wake-up → epoll return) contains the run-queue
   wait behind it, which is where this definition counts it.
 
+Wake-up stalls. The probe also keeps a per-event histogram of notification latency
+(:attr:`~meshtax.profile.probes.ThreadReading.notify_hist`). On the shared 2-vCPU dev VM a
+handful of wake-ups per window took 0.2–5 ms (10–60 % of a window's notification time,
+most in gRPC's direct windows) and decided how Notification came out; BENCHMARKS.md (issue
+#3) has the numbers. Dropping them (``notify_trim``, or a cut at 131 µs) from Notification
+alone made closure worse (they are in the measured overhead too), so the default keeps the
+plain mean and the profile instead runs its probe windows at ``SCHED_FIFO``
+(:func:`~meshtax.profile.probes.realtime`).
+
 The sidecar never got preempted by the app on this machine (the woken app waits until the
 sidecar blocks), so the sidecar's intervals do not hide the app's work.
 

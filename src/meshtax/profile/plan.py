@@ -95,7 +95,7 @@ class Plan:
     one direct closed-loop run of ``probe_run_s`` each (order alternating), the eBPF probe
     attached to the sidecar and (``probe_app``) the app, so components and the overhead they
     must add up to come from the same, equally perturbed windows; the windows run with
-    client, sidecar and app at ``SCHED_FIFO`` ``probe_rt_priority`` (None: not), so other
+    client and app at ``SCHED_FIFO`` ``probe_rt_priority``, the sidecar one above (None: not), so other
     processes' CPU slices do not land in them as millisecond wake-up stalls. CPU: the max-rate run
     (``maxqps_run_s``) and fixed-rate runs of ``cpu_run_s`` at the ``rate_fractions`` below 1
     of that maximum, all under ``perf record`` (fraction 1 is the max-rate run itself). Low
@@ -121,8 +121,8 @@ class Plan:
     probe_run_s: float = 0.5
     probe_pairs: int = 3
     probe_app: bool = True
-    # probe windows with the client, sidecar and app at SCHED_FIFO of this priority (None:
-    # as the rest of the run): see meshtax.profile.probes.realtime
+    # probe windows with the client and app at SCHED_FIFO of this priority, the sidecar one
+    # above (None: as the rest of the run): see meshtax.profile.probes.realtime
     probe_rt_priority: int | None = 1
     maxqps_run_s: float = 1.0
     cpu_run_s: float = 1.0
@@ -172,8 +172,8 @@ class Plan:
             raise ValueError("run durations must be positive")
         if self.probe_pairs < 1:
             raise ValueError("need at least one pair of probe windows")
-        if self.probe_rt_priority is not None and not 1 <= self.probe_rt_priority <= 99:
-            raise ValueError(f"SCHED_FIFO priority must be 1..99, got {self.probe_rt_priority}")
+        if self.probe_rt_priority is not None and not 1 <= self.probe_rt_priority <= 98:
+            raise ValueError(f"SCHED_FIFO priority must be 1..98 (the sidecar gets one more), got {self.probe_rt_priority}")
         # the order the run uses: TCP first, so HTTP/gRPC parsing can subtract it
         object.__setattr__(self, "modes", tuple(m for m in ALL_MODES if m in self.modes))
         object.__setattr__(self, "sizes", tuple(sorted(self.sizes)))

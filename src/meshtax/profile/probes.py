@@ -452,30 +452,28 @@ class SnapshotSession(ProbeSession, Protocol):
 
 
 @contextmanager
-def realtime(system: System, pids: Sequence[int], priority: int | None) -> Iterator[bool]:
-    """Run the block with every thread of ``pids`` at ``SCHED_FIFO`` ``priority`` (``chrt``),
-    then back to ``SCHED_OTHER`` (their nice value is kept). Yields whether it took effect
-    (``priority=None``, or ``chrt`` refused: False, nothing changed).
+def realtime(system: System, priorities: Mapping[int, int]) -> Iterator[bool]:
+    """Run the block with every thread of each PID at ``SCHED_FIFO`` of its priority
+    (``chrt``), then back to ``SCHED_OTHER`` (their nice value is kept). Yields whether it
+    took effect (an empty mapping, or ``chrt`` refused: False, nothing changed).
 
     Why: on this shared 2-vCPU machine most of a probe window's notification time came from a
     few wake-ups of 0.2–5 ms (BENCHMARKS.md, issue #3): the woken thread, even at nice −20,
     waits behind another process's CFS slice on its CPU (EEVDF lets the running task finish
     its slice). They landed at random in meshed or direct windows and swung Notification and
     the overhead by tens of percent. A real-time thread preempts CFS tasks at once. Processes
-    spawned by a listed PID later (the load generator of each window, when the caller lists
-    itself) inherit the policy.
+    spawned later by a listed PID (the load generator of each window, when the caller lists
+    itself) inherit the policy. Equal priorities never preempt each other: give a process that
+    must preempt another on its CPU (the sidecar, woken while the app still runs) a higher one.
     """
-    if priority is None or not pids:
-        yield False
-        return
     done: list[int] = []
     try:
-        for pid in pids:
-            r = system.run(["chrt", "-f", "-a", "-p", str(priority), str(pid)], check=False)
+        for pid, prio in priorities.items():
+            r = system.run(["chrt", "-f", "-a", "-p", str(prio), str(pid)], check=False)
             if r.returncode != 0:
                 break
             done.append(pid)
-        ok = len(done) == len(pids)
+        ok = bool(priorities) and len(done) == len(priorities)
         if not ok:
             # all or nothing: a half real-time path would be a third regime
             for pid in reversed(done):
