@@ -141,6 +141,6 @@ def test_with_duration_and_to_dict() -> None:
     assert d["modes"] == ["tcp", "http", "grpc"] and d["sizes"] == [100, 1024, 4096]
     assert d["pinning"] == {"client": [0], "sidecars": [1], "app": [1]}
     assert (d["probe_pairs"], d["probe_app"], d["nice"]) == (4, True, -20)
-    assert d["probe_rt_priority"] == 1 and Plan(probe_rt_priority=None, pinning=PIN).to_dict()["probe_rt_priority"] is None
+    assert d["probe_rt_priority"] is None and Plan(probe_rt_priority=2, pinning=PIN).to_dict()["probe_rt_priority"] == 2
     with pytest.raises(ValueError):
         p.with_duration(0)

@@ -77,8 +77,9 @@ handful of wake-ups per window took 0.2–5 ms (10–60 % of a window's notifica
 most in gRPC's direct windows) and decided how Notification came out; BENCHMARKS.md (issue
 #3) has the numbers. Dropping them (``notify_trim``, or a cut at 131 µs) from Notification
 alone made closure worse (they are in the measured overhead too), so the default keeps the
-plain mean and the profile instead runs its probe windows at ``SCHED_FIFO``
-(:func:`~meshtax.profile.probes.realtime`).
+plain mean. Probe windows at ``SCHED_FIFO`` (:func:`~meshtax.profile.probes.realtime`,
+``Plan.probe_rt_priority``) removed the stalls but changed how sidecar and app share their
+CPU (closure +19 % in gRPC) and agreed worse; off by default.
 
 The sidecar never got preempted by the app on this machine (the woken app waits until the
 sidecar blocks), so the sidecar's intervals do not hide the app's work.

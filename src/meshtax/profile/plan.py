@@ -94,9 +94,8 @@ class Plan:
     ``latency_budget_s`` end it. Probes: ``probe_pairs`` pairs of probe windows, one meshed and
     one direct closed-loop run of ``probe_run_s`` each (order alternating), the eBPF probe
     attached to the sidecar and (``probe_app``) the app, so components and the overhead they
-    must add up to come from the same, equally perturbed windows; the windows run with
-    client and app at ``SCHED_FIFO`` ``probe_rt_priority``, the sidecar one above (None: not), so other
-    processes' CPU slices do not land in them as millisecond wake-up stalls. CPU: the max-rate run
+    must add up to come from the same, equally perturbed windows (``probe_rt_priority``:
+    run them at ``SCHED_FIFO``, off by default). CPU: the max-rate run
     (``maxqps_run_s``) and fixed-rate runs of ``cpu_run_s`` at the ``rate_fractions`` below 1
     of that maximum, all under ``perf record`` (fraction 1 is the max-rate run itself). Low
     rates: runs of ``low_rate_run_s`` at each absolute rate of ``low_rates`` (requests/s,
@@ -122,8 +121,10 @@ class Plan:
     probe_pairs: int = 3
     probe_app: bool = True
     # probe windows with the client and app at SCHED_FIFO of this priority, the sidecar one
-    # above (None: as the rest of the run): see meshtax.profile.probes.realtime
-    probe_rt_priority: int | None = 1
+    # above (None: as the rest of the run, CFS at ``nice``): see probes.realtime. Off: it
+    # removed the millisecond wake-up stalls but changed how sidecar and app share their CPU,
+    # and closure and run-to-run agreement got worse (BENCHMARKS.md, issue #3)
+    probe_rt_priority: int | None = None
     maxqps_run_s: float = 1.0
     cpu_run_s: float = 1.0
     low_rates: tuple[float, ...] = LOW_RATES
