@@ -9,7 +9,8 @@ windows, with [min, max] over the window pairs), the overhead measured in the pr
 and without probes (µs per crossing, median with its order-statistic interval), the probe
 perturbation, the closure error (components vs the probed overhead, as the profile checks
 it, and vs the un-probed overhead), and the client's change (meshed − direct, pooled over the
-windows) per crossing. Across runs: the relative difference of every component larger than
+windows) per crossing, and the wake-up stalls (> 130 µs) the probe's notification histograms
+saw. Across runs: the relative difference of every component larger than
 5 µs (the issue asks for ≤ 15 %), per mode and size, twice: of the per-size medians the
 models are fitted to (``agreement_rel_diff``) and of the fitted latency models evaluated at
 the same sizes (``model_agreement_rel_diff``: what ``meshtax predict`` uses). Nothing is
@@ -119,6 +120,25 @@ def client_delta(r: dict[str, Any]) -> dict[str, float] | None:
     return out
 
 
+def stalls(r: dict[str, Any]) -> dict[str, float] | None:
+    """Wake-ups in the histogram's open-ended bin (> 130 µs: stalls, BENCHMARKS.md issue #3) of
+    sidecar, app and client together, per window kind: how many per window and their share of
+    the notification ns. None for windows recorded without histograms."""
+    ws = r["probe"].get("windows", [])
+    if not ws or "notify_hist" not in ws[0]:
+        return None
+    out: dict[str, float] = {}
+    for meshed, tag in ((True, "meshed"), (False, "direct")):
+        sel = [w for w in ws if w["meshed"] is meshed]
+        last = 127  # NOTIFY_BINS - 1 in bpf/sidecar.h
+        rows = [b for w in sel for h in w["notify_hist"].values() for b in h]
+        n = sum(c for b, c, _ in rows if b == last)
+        ns = sum(t for b, _, t in rows if b == last)
+        out[f"{tag}_per_window"] = round(n / max(len(sel), 1), 1)
+        out[f"{tag}_share"] = round(ns / max(sum(t for _, _, t in rows), 1), 3)
+    return out
+
+
 def half(e: dict[str, Any]) -> dict[str, float]:
     return {"median": round(e["median"] / 2, 2), "lo": round(e["lo"] / 2, 2), "hi": round(e["hi"] / 2, 2),
             "n": e["n"], "coverage": round(e["coverage"], 3)}  # fmt: skip
@@ -147,6 +167,7 @@ def summary(prof: Profile, wall: float, load0: list[float], load1: list[float]) 
                 "closure_vs_unprobed": round(total / unprobed["median"] - 1, 3) if unprobed["median"] else None,
                 "unattributed_us": round(probed["median"] - total, 2),
                 "client_delta_us": client_delta(r),
+                "notify_stalls": stalls(r),
             }
         entry["modes"][mode.value] = {
             "closure": {"components_us": round(c.components_us, 2), "measured_us": round(c.measured_us, 2),
