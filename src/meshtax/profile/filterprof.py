@@ -1096,6 +1096,7 @@ def measure_blocks(
     first_round: int = 0,
     progress: Callable[[str], None] | None = None,
     wall: Callable[[], float] = time.time,
+    admin_port: int | None = None,
 ) -> list[Block]:
     """``opts.rounds`` rounds of one block per combination in one Envoy (first size only),
     stopping early before a block that would overrun ``budget_s`` (judged by the longest
@@ -1103,7 +1104,7 @@ def measure_blocks(
     t0 = be.clock()
     load = be.load or real_load(system, place=CLIENT_CPU if opts.pin else Placement())
     by_name = {v.name: v for v in variants}
-    admin = (be.free_ports or free_ports)(1)[0]
+    admin = admin_port if admin_port is not None else (be.free_ports or free_ports)(1)[0]
     size = opts.sizes[0]
     say = progress or (lambda _m: None)
     blocks: list[Block] = []
@@ -1157,8 +1158,10 @@ def profile_blocks(
     comps = list(dict.fromkeys(c for v in combos.values() for c in v))
     tmp = Path(tempfile.mkdtemp(prefix="meshtax-blocks-")) if workdir is None else workdir
     try:
-        ports = (be.free_ports or free_ports)(2 + len(comps) + len(combos))
-        echo_port, vports = ports[0], ports[1:]
+        # the admin port is chosen with the others: chosen apart, a port just released could
+        # come back as the admin port (seen once: "variant names and ports … must be distinct")
+        ports = (be.free_ports or free_ports)(3 + len(comps) + len(combos))
+        echo_port, admin, vports = ports[0], ports[1], ports[2:]
         variants = filter_variants(mode, comps, vports, (LO, echo_port), combos=combos, outdir=tmp / "out")
         for v in variants:
             for o in v.outputs:
@@ -1166,7 +1169,7 @@ def profile_blocks(
         echo = (be.echo or echo_server)(system, tmp / "echo", mode, echo_port, *([SIDECAR_CPU] if opts.pin else []))
         with echo:
             return measure_blocks(mode, variants, combos, opts, system, tmp, be, budget_s=budget_s,
-                                  first_round=first_round, progress=progress)  # fmt: skip
+                                  first_round=first_round, progress=progress, admin_port=admin)  # fmt: skip
     finally:
         if workdir is None:
             shutil.rmtree(tmp, ignore_errors=True)
