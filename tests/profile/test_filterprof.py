@@ -589,3 +589,29 @@ def test_paired_blocks_pin_envoy_and_app_to_cpu_1(tmp_path: Path) -> None:
     opts = FilterRunOptions(rounds=1, n=12, warmup_n=2, callgrind=False, pin=True)
     profile_blocks(Mode.HTTP, {"cpp": COMBINATIONS["cpp"]}, opts, FakeSystem(), backends=be, workdir=tmp_path)
     assert seen["envoy"].cpus == (1,) and seen["echo"][0].cpus == (1,)
+
+
+def test_bench_additivity_merges_chunks_and_reports_every_row() -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_additivity.py"
+    spec = importlib.util.spec_from_file_location("bench_additivity", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def chunk(start: str, chain: float, rounds: range) -> dict[str, Any]:
+        blocks = [Block("a+b", ("a", "b"), r, {BASE: (40.0, 40.0), "a": (42.0, 42.0), "b": (45.0, 45.0), "a+b": (chain, chain)})
+                  for r in rounds]  # fmt: skip
+        c = {"utc_start": start, "utc_end": start, "load_average_start": [1.0, 1.0, 1.0], "load_average_end": [2.0, 2.0, 2.0]}
+        return {"kind": "paired-blocks", "modes": {"http": {"chunks": [c], "blocks": [b.to_dict() for b in blocks]}}}
+
+    merged = bench.merge([chunk("T1", 47.0, range(3)), chunk("T2", 50.0, range(3, 6))])
+    assert len(merged["modes"]["http"]["blocks"]) == 6 and len(merged["modes"]["http"]["chunks"]) == 2
+    text = bench.report(merged)
+    assert "6 blocks in 2 chunks; T1–T1 load 1.00→2.00; T2–T2" in text
+    # errors per block: 47/47 − 1 = 0 (×3) and 47/50 − 1 = −6 % (×3); median of 6 = −3 %
+    row = next(ln for ln in text.splitlines() if ln.startswith("| a+b |"))
+    assert "| 6 | 40 | 47 [47, 47] |" in row and "**-3.0 %** [-6.0, +0.0]" in row
+    with pytest.raises(SystemExit):
+        bench.merge([{"modes": {}}])
