@@ -70,7 +70,7 @@ from meshtax.profile.fit import SizePoint, fit_carried, fit_mode
 from meshtax.profile.fortio import FortioServer, LoadResult, fortio_binary, fortio_version, run_load
 from meshtax.profile.perfcpu import PerfProfile, PerfSession, schedstat
 from meshtax.profile.plan import Plan, Step, full_plan, quick_plan
-from meshtax.profile.probes import ProbeReading, ProbeSession, RealProbe, SnapshotSession, ThreadReading
+from meshtax.profile.probes import ProbeReading, ProbeSession, RealProbe, SnapshotSession, ThreadReading, realtime
 from meshtax.profile.runstate import STATE_DIR, ProcOps
 from meshtax.profile.pinning import Pinning
 from meshtax.profile.stats import Estimate, estimate, median, repeat_until
@@ -543,9 +543,6 @@ def probe_components(
         held.close()
     else:
         _start_probe(snap, pids, follow)
-    # imported here: this function's own dependency (run.py's imports are shared)
-    from meshtax.profile.probes import realtime
-
     # the profiler itself too: each window's load generator is its child and inherits it.
     # The sidecar one above the rest: on CFS it preempts the app that woke it (the app's Go
     # runtime then parks); at equal FIFO priorities it would wait for that (measured: gRPC
