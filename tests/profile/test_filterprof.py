@@ -31,8 +31,7 @@ from meshtax.profile.filterprof import (
     connect_loop,
     echo_server,
     free_ports,
-    grpc_ping_request,
-    h2_frame,
+    grpc_ping_message,
     measure_connections,
     total_errors_by_round,
     combos_for,
@@ -301,56 +300,67 @@ def test_connect_loop_speaks_tcp_echo_and_http() -> None:
             connect_loop(port, 1, Mode.HTTP)
 
 
-def test_grpc_ping_request_frames() -> None:
-    req = grpc_ping_request("app")
-    assert req.startswith(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0))
-    # the last frame: DATA, END_STREAM, stream 1, a 5-byte gRPC prefix + PingMessage{payload}
-    msg = b"\x1a" + bytes([len(GRPC_PING_PAYLOAD)]) + GRPC_PING_PAYLOAD
-    assert req.endswith(h2_frame(0, 1, 1, b"\x00" + len(msg).to_bytes(4, "big") + msg))
-    assert b"\x07:method\x04POST" in req and b"\x05:path\x16/fgrpc.PingServer/Ping" in req
-    assert h2_frame(7, 0, 3, b"ab") == b"\x00\x00\x02\x07\x00\x00\x00\x00\x03ab"
+def test_grpc_ping_message_is_fortios_ping() -> None:
+    # gRPC prefix (uncompressed, 4-byte length) + PingMessage field 3 (payload, bytes)
+    msg = grpc_ping_message()
+    assert msg[0] == 0 and int.from_bytes(msg[1:5], "big") == len(msg) - 5
+    assert msg[5:] == b"\x1a" + bytes([len(GRPC_PING_PAYLOAD)]) + GRPC_PING_PAYLOAD
+
+
+def _grpc_server(answer: str) -> Any:
+    """A one-call HTTP/2 server (h2, server side) that answers the ping with ``answer``:
+    "reset" (RST_STREAM), "trailers" (a trailers-only gRPC error, no DATA), "echo" (a PING,
+    then headers, the request's message back and trailers)."""
+    from h2.config import H2Configuration
+    from h2.connection import H2Connection
+    from h2.events import DataReceived, StreamEnded
+
+    def handle(c: Any) -> None:
+        conn = H2Connection(H2Configuration(client_side=False))
+        conn.initiate_connection()
+        c.sendall(conn.data_to_send())
+        body, done = b"", False
+        while not done:
+            chunk = c.recv(65536)
+            if not chunk:
+                return
+            for ev in conn.receive_data(chunk):
+                if isinstance(ev, DataReceived):
+                    body += ev.data
+                elif isinstance(ev, StreamEnded):
+                    done = True
+            c.sendall(conn.data_to_send())
+        assert body == grpc_ping_message()
+        if answer == "reset":
+            conn.reset_stream(1, 7)
+        elif answer == "trailers":
+            conn.send_headers(1, [(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "12")], end_stream=True)
+        else:
+            conn.ping(b"12345678")
+            conn.send_headers(1, [(":status", "200"), ("content-type", "application/grpc")])
+            conn.send_data(1, body)
+            conn.send_headers(1, [("grpc-status", "0")], end_stream=True)
+        c.sendall(conn.data_to_send())
+        while c.recv(4096):  # until the client closes (after its GOAWAY)
+            pass
+
+    return handle
 
 
 def test_grpc_ping_rejects_a_reset_and_a_missing_payload() -> None:
-    def reader(c: Any) -> None:
-        buf = b""
-        while len(buf) < len(grpc_ping_request()):
-            buf += c.recv(4096)
-
-    def drain(c: Any) -> None:  # until the client closes (it sends ACKs and GOAWAY first)
-        while c.recv(4096):
-            pass
-
-    def reset(c: Any) -> None:
-        reader(c)
-        c.sendall(h2_frame(4, 0, 0) + h2_frame(3, 0, 1, (7).to_bytes(4, "big")))
-        drain(c)
-
-    def trailers_only(c: Any) -> None:  # a gRPC error: HEADERS with END_STREAM, no DATA
-        reader(c)
-        c.sendall(h2_frame(4, 0, 0) + h2_frame(1, 0x5, 1, b"\x88"))
-        drain(c)
-
-    def echo(c: Any) -> None:
-        reader(c)
-        msg = b"\x1a" + bytes([len(GRPC_PING_PAYLOAD)]) + GRPC_PING_PAYLOAD
-        c.sendall(h2_frame(4, 0, 0) + h2_frame(6, 0, 0, b"12345678") + h2_frame(1, 0x4, 1, b"\x88")
-                  + h2_frame(0, 0, 1, b"\x00" + len(msg).to_bytes(4, "big") + msg) + h2_frame(1, 0x5, 1, b"\x88"))  # fmt: skip
-        drain(c)
-
-    for port in _serve(reset):
+    for port in _serve(_grpc_server("reset")):
         with pytest.raises(ConnectionError, match="RST_STREAM"):
             connect_loop(port, 1, Mode.GRPC)
-    for port in _serve(trailers_only):
+    for port in _serve(_grpc_server("trailers")):
         with pytest.raises(ConnectionError, match="without the echoed payload"):
             connect_loop(port, 1, Mode.GRPC)
-    for port in _serve(echo):
+    for port in _serve(_grpc_server("echo")):
         assert connect_loop(port, 2, Mode.GRPC) > 0
 
 
 @pytest.mark.root
 def test_grpc_connect_loop_against_fortio(tmp_path: Path) -> None:
-    """The hand-built HTTP/2 call is one fortio's gRPC ping server answers (payload echoed)."""
+    """The HTTP/2 call (h2) is one fortio's gRPC ping server answers (payload echoed)."""
     try:
         fortio_binary()
     except FortioError:

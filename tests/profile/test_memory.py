@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +18,9 @@ from meshtax.profile.memory import (
     HolderTls,
     MemoryPoint,
     MemorySpec,
-    _hpack_int,
     _sidecars,
     _wait_status,
     fit_memory,
-    h2_request_bytes,
     holder_argv,
     measure_memory,
     parse_vmrss,
@@ -93,34 +90,6 @@ def test_spec_checks() -> None:
     assert MemorySpec(mtls=False).to_dict()["tls_version"] is None
 
 
-def test_hpack_int_rfc7541_example() -> None:
-    assert _hpack_int(10, 5) == bytes([10])
-    assert _hpack_int(1337, 5) == bytes([31, 154, 10])  # RFC 7541 C.1.2
-
-
-def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
-    out, i = [], 0
-    while i < len(data):
-        length = int.from_bytes(data[i : i + 3], "big")
-        kind, flags = data[i + 3], data[i + 4]
-        (stream,) = struct.unpack(">I", data[i + 5 : i + 9])
-        out.append((kind, flags, stream, data[i + 9 : i + 9 + length]))
-        i += 9 + length
-    return out
-
-
-def test_h2_request_frames() -> None:
-    data = h2_request_bytes("svc")
-    assert data.startswith(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-    frames = _frames(data[24:])
-    assert [(k, f, s) for k, f, s, _ in frames] == [(0x4, 0, 0), (0x1, 0x4, 1), (0x0, 0x1, 1)]
-    headers = frames[1][3]
-    # literal without indexing, new name: 0x00, len, name, len, value
-    assert b"\x00\x05:path\x1c/grpc.health.v1.Health/Check" in headers
-    assert b"\x00\x0a:authority\x03svc" in headers
-    assert frames[2][3] == b"\x00\x00\x00\x00\x00"  # an empty, uncompressed gRPC message
-
-
 def test_holder_argv(tmp_path: Path) -> None:
     tls = HolderTls(tmp_path / "c.crt", tmp_path / "c.key", tmp_path / "ca.crt", "1.2")
     argv = holder_argv(("127.0.0.1", 9), Mode.GRPC, 400, tmp_path / "s.json", 16, tls)
@@ -166,7 +135,9 @@ def _established_to(port: int) -> int:
 
 
 @need_fortio
-def test_holder_holds_connections_for_real(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", [Mode.TCP, Mode.GRPC])
+def test_holder_holds_connections_for_real(mode: Mode, tmp_path: Path) -> None:
+    """TCP: an echoed line per connection; gRPC: one health-check call (h2) per connection."""
     import socket
 
     s = socket.socket()
@@ -174,9 +145,9 @@ def test_holder_holds_connections_for_real(tmp_path: Path) -> None:
     port = s.getsockname()[1]
     s.close()
     system = RealSystem()
-    with FortioServer(system, tmp_path / "echo", tcp_port=port):
+    with FortioServer(system, tmp_path / "echo", **{"tcp_port" if mode is Mode.TCP else "grpc_port": port}):
         status = tmp_path / "hold.json"
-        proc = system.spawn(holder_argv(("127.0.0.1", port), Mode.TCP, 50, status))
+        proc = system.spawn(holder_argv(("127.0.0.1", port), mode, 50, status))
         try:
             doc = _wait_status(status, proc, 20)
             assert (doc["open"], doc["failed"]) == (50, 0)

@@ -35,6 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from h2 import events as h2events
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.sidecar import Mode
 from meshtax.profile.envoy import EnvoyConfig, EnvoyError, bootstrap, envoy_binary
@@ -76,8 +80,7 @@ __all__ = [
     "additivity_components",
     "connect_loop",
     "grpc_ping",
-    "grpc_ping_request",
-    "h2_frame",
+    "grpc_ping_message",
     "measure_connections",
     "total_errors_by_round",
     "combos_for",
@@ -871,72 +874,48 @@ def connect_loop(port: int, k: int, mode: Mode = Mode.TCP) -> float:
     return (time.perf_counter() - t0) / k
 
 
-# ---- a minimal HTTP/2 gRPC client: one unary call per connection ------------------------------
-# No HTTP/2 library is installed and a whole one is not needed: the request is a fixed byte
-# string (HPACK literals without indexing or Huffman), and success is judged by the echoed
-# ping payload in the response's DATA, so the server's (Huffman, indexed) headers need no decoding.
+# ---- one unary gRPC call per connection (HTTP/2 by the h2 library) ---------------------------
 
-_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-_H2_DATA, _H2_HEADERS, _H2_RST, _H2_SETTINGS, _H2_PING, _H2_GOAWAY = 0, 1, 3, 4, 6, 7
-_END_STREAM, _END_HEADERS, _ACK = 0x1, 0x4, 0x1
 GRPC_PING_PAYLOAD = b"meshtax-connect"
 
 
-def h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    """One HTTP/2 frame: 24-bit length, type, flags, 31-bit stream id, payload."""
-    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
-
-
-def _hpack_literal(name: bytes, value: bytes) -> bytes:
-    # "literal header field without indexing, new name", 7-bit lengths (all ours are < 127)
-    assert len(name) < 127 and len(value) < 127
-    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
-
-
-def grpc_ping_request(authority: str = "app") -> bytes:
-    """Preface, SETTINGS, HEADERS and DATA (END_STREAM) of one unary Ping on stream 1."""
-    headers = b"".join(_hpack_literal(n, v) for n, v in (
-        (b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/fgrpc.PingServer/Ping"),
-        (b":authority", authority.encode()), (b"content-type", b"application/grpc"), (b"te", b"trailers")))  # fmt: skip
-    msg = b"\x1a" + bytes([len(GRPC_PING_PAYLOAD)]) + GRPC_PING_PAYLOAD  # PingMessage.payload (field 3)
-    data = b"\x00" + len(msg).to_bytes(4, "big") + msg  # gRPC length-prefixed message, uncompressed
-    return (_H2_PREFACE + h2_frame(_H2_SETTINGS, 0, 0) + h2_frame(_H2_HEADERS, _END_HEADERS, 1, headers)
-            + h2_frame(_H2_DATA, _END_STREAM, 1, data))  # fmt: skip
-
-
-def _recv_exact(s: socket.socket, n: int, port: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError(f"{port}: HTTP/2 connection closed mid-frame")
-        buf += chunk
-    return buf
+def grpc_ping_message() -> bytes:
+    """fortio's ``PingMessage{payload}`` as one gRPC length-prefixed, uncompressed message."""
+    msg = b"\x1a" + bytes([len(GRPC_PING_PAYLOAD)]) + GRPC_PING_PAYLOAD  # field 3, bytes
+    return b"\x00" + len(msg).to_bytes(4, "big") + msg
 
 
 def grpc_ping(s: socket.socket, port: int) -> None:
-    """One unary gRPC Ping on a fresh connection ``s``; returns when stream 1 ends with the
-    payload echoed, raises :class:`ConnectionError` on a reset, GOAWAY or missing payload."""
-    s.sendall(grpc_ping_request())
+    """One unary gRPC Ping on a fresh connection ``s`` (HTTP/2 with prior knowledge); returns
+    when the stream ends with the payload echoed, raises :class:`ConnectionError` on a reset,
+    GOAWAY, early close or missing payload; closes with GOAWAY."""
+    conn = H2Connection(H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", "/fgrpc.PingServer/Ping"),
+                          (":authority", "app"), ("content-type", "application/grpc"), ("te", "trailers")])  # fmt: skip
+    conn.send_data(1, grpc_ping_message(), end_stream=True)
+    s.sendall(conn.data_to_send())
     data = b""
-    while True:
-        head = _recv_exact(s, 9, port)
-        length, kind, flags = int.from_bytes(head[:3], "big"), head[3], head[4]
-        stream = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
-        body = _recv_exact(s, length, port) if length else b""
-        if kind == _H2_SETTINGS and not flags & _ACK:
-            s.sendall(h2_frame(_H2_SETTINGS, _ACK, 0))
-        elif kind == _H2_PING and not flags & _ACK:
-            s.sendall(h2_frame(_H2_PING, _ACK, 0, body))
-        elif kind == _H2_GOAWAY or (kind == _H2_RST and stream == 1):
-            raise ConnectionError(f"{port}: HTTP/2 {'GOAWAY' if kind == _H2_GOAWAY else 'RST_STREAM'} before the response")
-        elif kind == _H2_DATA and stream == 1:
-            data += body
-        if stream == 1 and kind in (_H2_DATA, _H2_HEADERS) and flags & _END_STREAM:
-            break
+    ended = False
+    while not ended:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"{port}: HTTP/2 connection closed before the response ended")
+        for ev in conn.receive_data(chunk):
+            if isinstance(ev, h2events.DataReceived):
+                data += ev.data
+                conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            elif isinstance(ev, h2events.StreamReset):
+                raise ConnectionError(f"{port}: HTTP/2 RST_STREAM before the response")
+            elif isinstance(ev, h2events.ConnectionTerminated):
+                raise ConnectionError(f"{port}: HTTP/2 GOAWAY before the response")
+            elif isinstance(ev, h2events.StreamEnded):
+                ended = True
+        s.sendall(conn.data_to_send())  # SETTINGS/PING acknowledgements, window updates
     if GRPC_PING_PAYLOAD not in data:
         raise ConnectionError(f"{port}: gRPC call ended without the echoed payload (status in trailers)")
-    s.sendall(h2_frame(_H2_GOAWAY, 0, 0, (1).to_bytes(4, "big") + (0).to_bytes(4, "big")))
+    conn.close_connection()
+    s.sendall(conn.data_to_send())
 
 
 @dataclass(frozen=True)

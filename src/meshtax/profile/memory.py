@@ -28,7 +28,6 @@ import os
 import resource
 import signal
 import ssl
-import struct
 import sys
 import tempfile
 import time
@@ -36,6 +35,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from h2 import events as h2events
+from h2.config import H2Configuration
+from h2.connection import H2Connection
 
 from meshtax.model.costmodel import CostModel
 from meshtax.model.sidecar import Mode
@@ -246,51 +249,10 @@ def raise_nofile(needed: int) -> int:
     return needed
 
 
-# HTTP/2 by hand: a connection preface, SETTINGS, and one gRPC call, enough to make a real
-# stream through both sidecars without a gRPC library
-H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-H2_DATA, H2_HEADERS, H2_RST, H2_SETTINGS, H2_GOAWAY = 0x0, 0x1, 0x3, 0x4, 0x7
-END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
-
-
-def _h2_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
-
-
-def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes([first | value])
-    out = [first | limit]
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _hpack_literal(name: str, value: str) -> bytes:
-    # literal header field without indexing, new name, no Huffman: no table state to keep
-    n, v = name.encode(), value.encode()
-    return b"\x00" + _hpack_int(len(n), 7) + n + _hpack_int(len(v), 7) + v
-
-
-def h2_request_bytes(authority: str = "app") -> bytes:
-    """Preface, empty SETTINGS, and a unary gRPC health check on stream 1 (empty message)."""
-    headers = b"".join(
-        _hpack_literal(k, v)
-        for k, v in (
-            (":method", "POST"), (":scheme", "http"), (":path", "/grpc.health.v1.Health/Check"),
-            (":authority", authority), ("content-type", "application/grpc"), ("te", "trailers"),
-        )
-    )  # fmt: skip
-    return (
-        H2_PREFACE
-        + _h2_frame(H2_SETTINGS, 0, 0, b"")
-        + _h2_frame(H2_HEADERS, END_HEADERS, 1, headers)
-        + _h2_frame(H2_DATA, END_STREAM, 1, b"\x00\x00\x00\x00\x00")
-    )
+GRPC_HEALTH_HEADERS = [(":method", "POST"), (":scheme", "http"), (":path", "/grpc.health.v1.Health/Check"),
+                       (":authority", "app"), ("content-type", "application/grpc"), ("te", "trailers")]  # fmt: skip
+#: an empty, uncompressed gRPC message (HealthCheckRequest{})
+GRPC_EMPTY_MESSAGE = b"\x00\x00\x00\x00\x00"
 
 
 # ---- the holder (a child process) --------------------------------------------------------
@@ -316,20 +278,24 @@ async def _exchange(mode: Mode, reader: asyncio.StreamReader, writer: asyncio.St
                 length = int(line.split(b":", 1)[1])
         await reader.readexactly(length)
         return
-    writer.write(h2_request_bytes())
-    await writer.drain()
-    while True:  # until the call's trailers (HEADERS with END_STREAM on stream 1)
-        hdr = await reader.readexactly(9)
-        length = int.from_bytes(hdr[:3], "big")
-        kind, flags, stream = hdr[3], hdr[4], int.from_bytes(hdr[5:9], "big") & 0x7FFFFFFF
-        await reader.readexactly(length)
-        if kind == H2_SETTINGS and not flags & ACK:
-            writer.write(_h2_frame(H2_SETTINGS, ACK, 0, b""))
-            await writer.drain()
-        elif kind in (H2_RST, H2_GOAWAY):
-            raise MemoryRunError(f"h2 frame type {kind} from the sidecar")
-        elif stream == 1 and kind in (H2_HEADERS, H2_DATA) and flags & END_STREAM:
-            return
+    # HTTP/2 (the h2 library): one unary gRPC health check, a real stream through both sidecars
+    conn = H2Connection(H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(1, GRPC_HEALTH_HEADERS)
+    conn.send_data(1, GRPC_EMPTY_MESSAGE, end_stream=True)
+    while True:  # until the call's trailers end stream 1
+        writer.write(conn.data_to_send())  # the request, then SETTINGS/PING acks and window updates
+        await writer.drain()
+        chunk = await reader.read(65536)
+        if not chunk:
+            raise MemoryRunError("h2 connection closed by the sidecar before the call ended")
+        for ev in conn.receive_data(chunk):
+            if isinstance(ev, (h2events.StreamReset, h2events.ConnectionTerminated)):
+                raise MemoryRunError(f"h2 {type(ev).__name__} from the sidecar")
+            if isinstance(ev, h2events.StreamEnded) and ev.stream_id == 1:
+                writer.write(conn.data_to_send())
+                await writer.drain()
+                return
 
 
 async def _hold(
