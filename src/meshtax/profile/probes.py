@@ -32,11 +32,12 @@ windows do not pay a probe attach and detach each (≈ 0.3 s here).
 from __future__ import annotations
 
 import json
+import operator
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -208,45 +209,29 @@ class ThreadReading:
     followed: bool = False  # tracked because of its netns, not its PID
     notify_hist: Histogram = EMPTY_HIST  # per-event notification latencies (sums to ``notify``)
 
+    def _fieldwise(self, other: ThreadReading, op: Callable[[Any, Any], Any]) -> dict[str, Any]:
+        """``op`` of every counter of the two readings (one list, so a new counter cannot be
+        summed but forgotten in the difference)."""
+        return {f: op(getattr(self, f), getattr(other, f)) for f in _COUNTERS}
+
     def __add__(self, other: ThreadReading) -> ThreadReading:
         same = self.tgid == other.tgid
         return ThreadReading(
             tid=0,
             tgid=self.tgid if same else 0,
             comm=self.comm if self.comm == other.comm else "",
-            read=self.read + other.read,
-            write=self.write + other.write,
-            epoll=self.epoll + other.epoll,
-            notify=self.notify + other.notify,
-            syscalls=self.syscalls + other.syscalls,
-            sys_ns=self.sys_ns + other.sys_ns,
-            oncpu_ns=self.oncpu_ns + other.oncpu_ns,
-            user_ns=self.user_ns + other.user_ns,
-            sys_cpu_ns=self.sys_cpu_ns + other.sys_cpu_ns,
-            unknown_cpu_ns=self.unknown_cpu_ns + other.unknown_cpu_ns,
-            switches_in=self.switches_in + other.switches_in,
             followed=self.followed and other.followed,
-            notify_hist=self.notify_hist + other.notify_hist,
+            **self._fieldwise(other, operator.add),
         )
 
     def __sub__(self, other: ThreadReading) -> ThreadReading:
         """What this (later, cumulative) reading of a thread adds to ``other``."""
-        return replace(
-            self,
-            read=self.read - other.read,
-            write=self.write - other.write,
-            epoll=self.epoll - other.epoll,
-            notify=self.notify - other.notify,
-            syscalls=self.syscalls - other.syscalls,
-            sys_ns=self.sys_ns - other.sys_ns,
-            oncpu_ns=self.oncpu_ns - other.oncpu_ns,
-            user_ns=self.user_ns - other.user_ns,
-            sys_cpu_ns=self.sys_cpu_ns - other.sys_cpu_ns,
-            unknown_cpu_ns=self.unknown_cpu_ns - other.unknown_cpu_ns,
-            switches_in=self.switches_in - other.switches_in,
-            notify_hist=self.notify_hist - other.notify_hist,
-        )
+        return replace(self, **self._fieldwise(other, operator.sub))
 
+
+#: the additive fields of a :class:`ThreadReading`
+_COUNTERS = ("read", "write", "epoll", "notify", "syscalls", "sys_ns", "oncpu_ns", "user_ns", "sys_cpu_ns",
+             "unknown_cpu_ns", "switches_in", "notify_hist")  # fmt: skip
 
 EMPTY_THREAD = ThreadReading(
     0, 0, "", OpStat(), OpStat(), OpStat(), OpStat(), 0, 0, 0, 0, 0, 0, 0
