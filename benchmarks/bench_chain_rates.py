@@ -1,4 +1,4 @@
-"""CPU overhead per request of 1-, 2- and 4-service HTTP chains at a low and a high rate (issue 6).
+"""CPU overhead per request of 1-, 2-, 4- and 8-service HTTP chains at a low and a high rate (issue 6).
 
 Run as root under the measurement lock: ``flock /run/meshtax-measure.lock .venv/bin/python
 benchmarks/bench_chain_rates.py --db PROFILES.db --profile NAME [--rates 100,1000]``.
@@ -22,7 +22,7 @@ from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.run import ValidateOptions, run_validation
 
 # crossings per request: client → s1 is one sidecar (2 crossings), every further hop two (4)
-CROSSINGS = {"one": 2, "two": 6, "four": 14}
+CROSSINGS = {"one": 2, "two": 6, "four": 14, "eight": 30}
 
 
 def main() -> None:

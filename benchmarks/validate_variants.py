@@ -7,10 +7,12 @@ engine's model does (issue 6). Analysis only: it measures nothing.
 Variants (the same traces and profile each time):
 
 - ``engine``: what ``predict`` does with the validation's placement (``pod_cpus=1``: the
-  shared-CPU latency bound, messages priced at the shared CPU's rate);
-- ``own-rate``: the bound, but each sidecar priced at its own request rate;
+  shared-CPU latency bound, messages priced at ``r_own^(1−α)·r_cpu^α`` with the profile's
+  calibrated ``α``, 1 when it has none);
+- ``cpu-rate``: the bound, every message at the shared CPU's rate (``α`` = 1);
+- ``own-rate``: the bound, each sidecar at its own rate (``α`` = 0);
 - ``highest-rate``: the bound, every message at the profile's highest rate (no rate effect);
-- ``critical-path``: no placement at all (critical path only, each sidecar at its own rate).
+- ``critical-path``: no placement at all (critical path only, each invocation at its own rate).
 """
 
 from __future__ import annotations
@@ -26,31 +28,35 @@ from typing import Any
 import numpy as np
 
 import meshtax.predict.engine as engine
+from meshtax.model.profile import Colocation, Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.prediction import predict_traces
 from meshtax.validate.result import CaseResult, ValidationResult
 
-VARIANTS = ("engine", "own-rate", "highest-rate", "critical-path")
+VARIANTS = ("engine", "cpu-rate", "own-rate", "highest-rate", "critical-path")
 
 
 @contextmanager
-def pricing(variant: str) -> Iterator[None]:
-    """Swap the rates the engine prices messages at (the engine's own choice for ``engine``)."""
+def highest_rate(on: bool) -> Iterator[None]:
+    """Price every message at the profile's highest rate (the models clamp an infinite rate)."""
     orig = engine.hop_costs
 
     def hop(batch: Any, profiles: Any, *, rates: Any = None) -> engine.Costs:
-        if variant in ("own-rate", "critical-path"):
-            rates = None
-        elif variant == "highest-rate":
-            rates = np.full(batch.n_invocations, np.inf)
-        return orig(batch, profiles, rates=rates)
+        return orig(batch, profiles, rates=np.full(batch.n_invocations, np.inf))
 
-    engine.hop_costs = hop
+    if on:
+        engine.hop_costs = hop
     try:
         yield
     finally:
         engine.hop_costs = orig
+
+
+def variant_profile(profile: Profile, variant: str) -> Profile:
+    """The profile with the variant's co-location exponent (the engine's own for ``engine``)."""
+    alpha = {"cpu-rate": 1.0, "own-rate": 0.0}.get(variant)
+    return profile if alpha is None else replace(profile, colocation=Colocation(alpha, alpha, alpha, "http", 100.0, note=variant))
 
 
 def main() -> None:
@@ -65,7 +71,8 @@ def main() -> None:
     print("|---|---:|---:|")
     for v in VARIANTS:
         cases = []
-        with pricing(v):
+        prof = variant_profile(profile, v)
+        with highest_rate(v == "highest-rate"):
             for doc, traces in docs:
                 for c in doc["cases"]:
                     m = CaseResult.measured_from_case(c)
@@ -73,7 +80,7 @@ def main() -> None:
                     if m.error is not None or not tr.exists():
                         continue
                     sidecars = {s: SidecarConfig(Mode(x)) for s, x in m.sidecar_modes.items()}
-                    pred = predict_traces(tr, profile, sidecars, m.rate, pod_cpus=None if v == "critical-path" else 1)
+                    pred = predict_traces(tr, prof, sidecars, m.rate, pod_cpus=None if v == "critical-path" else 1)
                     cases.append(replace(m, predicted=pred))
         s = ValidationResult(v, tuple(cases), profile.name, {}, {}, ()).summary()
         cells = [f"{s[k]['median_abs_error']:.1%} ({s[k]['mean_error']:+.1%}), {len(s[k]['beyond_30pct'])}" for k in ("latency", "cpu")]

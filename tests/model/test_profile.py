@@ -42,3 +42,17 @@ def test_reference_profile_is_labelled_as_published() -> None:
     for mp in r.modes.values():
         for m in mp.components.values():
             assert m.latency.slope == 0 and "slope not published" in m.latency.note
+
+
+def test_colocation_round_trips_and_is_optional() -> None:
+    from dataclasses import replace
+
+    from meshtax.model.profile import Colocation, ColocationPoint
+
+    p = profile({Mode.HTTP: {OTHER: flat(5, 2)}})
+    assert "colocation" not in p.to_dict() and p.alpha == 1.0  # older documents: the CPU's rate alone
+    col = Colocation(0.8, 0.7, 0.9, "http", 100.0, (ColocationPoint(1, 300.0, 280.0, 330.0, 290.0), ColocationPoint(8, 5000.0, 4600.0, 5400.0, 5100.0)), "n")
+    q = replace(p, colocation=col)
+    assert Profile.from_dict(q.to_dict()) == q and q.alpha == 0.8
+    with pytest.raises(ValueError, match=r"within \[0, 1\]"):
+        Colocation(1.2, 1.0, 1.3, "http", 100.0)

@@ -12,7 +12,7 @@ from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import to_batch
 from meshtax.model.profile import ModeProfile, TlsModels
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
-from meshtax.predict.engine import PredictionError, predict_batch, shared_cpu_rates, single_profile
+from meshtax.predict.engine import PredictionError, predict_batch, priced_rates, shared_cpu_rates, sidecar_rates, single_profile
 from meshtax.predict.whatif import apply_speedup, speedup_from_dict
 from meshtax.reference import reference_profile
 from tests.helpers import EXTERNAL, ecg, flat, inv, profile
@@ -359,3 +359,32 @@ def test_shared_cpus_price_messages_at_the_rate_that_loads_the_cpu_alike() -> No
     # on CPUs of their own, every sidecar is priced at its own rate (100/s)
     own = predict_batch(b, single_profile(prof))
     assert own.cpu_vcpu[0] == pytest.approx(10 * (2.0 + 3.0 * np.log(10)) * 100 * 1e-6)
+
+
+def test_colocation_exponent_prices_between_each_sidecars_own_rate_and_the_cpus() -> None:
+    rated = ComponentModel(CostModel(0.1), CostModel(2.0, rate_coef=3.0, rate_lo=10.0, rate_hi=1000.0))
+    prof = profile({Mode.HTTP: {OTHER: rated}})
+    calls = [inv("r", EXTERNAL, "A", 0, 100, rate=100), inv("b", "A", "B", 10, 30, "r", rate=100), inv("c", "A", "C", 50, 30, "r", rate=100)]
+    b = to_batch([ecg({"A": HTTP, "B": HTTP, "C": HTTP}, calls)])
+    # A's sidecar carries all three calls (600 crossings/s: a one-hop at 300/s), B's and C's one each;
+    # the external client has none (its side keeps the row's rate, nothing is priced there)
+    caller, callee = sidecar_rates(b)
+    assert (caller.tolist(), callee.tolist()) == ([100.0, 300.0, 300.0], [300.0, 100.0, 100.0])
+    assert [x.tolist() for x in priced_rates(b, 1, 0.0)] == [caller.tolist(), callee.tolist()]
+    assert [x.tolist() for x in priced_rates(b, 1, 1.0)] == [[500.0] * 3] * 2  # the CPU's rate alone
+    with pytest.raises(ValueError, match="alpha"):
+        priced_rates(b, 1, 1.5)
+    # the profile's measured exponent is what predict uses unless told otherwise
+    from meshtax.model.profile import Colocation
+
+    calibrated = replace(prof, colocation=Colocation(0.5, 0.4, 0.6, "http", 100.0))
+
+    def cost(r: float) -> float:
+        return 2.0 + 3.0 * np.log(1000 / r)
+
+    # A: 6 crossings at √(300·500); B and C: 2 each at √(100·500)
+    want = (6 * cost(np.sqrt(300 * 500)) + 4 * cost(np.sqrt(100 * 500))) * 100 * 1e-6
+    assert predict_batch(b, single_profile(calibrated), pod_cpus=1).cpu_vcpu[0] == pytest.approx(want)
+    assert predict_batch(b, single_profile(calibrated), pod_cpus=1, alpha=1.0).cpu_vcpu[0] == pytest.approx(predict_batch(b, single_profile(prof), pod_cpus=1).cpu_vcpu[0])
+    # CPUs of their own: no exponent applies
+    assert predict_batch(b, single_profile(calibrated)).cpu_vcpu[0] == pytest.approx(predict_batch(b, single_profile(prof)).cpu_vcpu[0])

@@ -29,7 +29,7 @@ def test_bundled_topologies_and_queries() -> None:
     assert appctl.bundled_topologies() == ("bookinfo", "chain", "hotel-reservation", "online-boutique")
     want = {
         "bookinfo": ["productpage"],
-        "chain": ["one", "two", "four"],
+        "chain": ["one", "two", "four", "eight"],
         "online-boutique": ["index", "browse_product", "view_cart"],
         "hotel-reservation": ["user", "search", "reservation"],
     }

@@ -20,7 +20,9 @@ from meshtax.model.sidecar import Mode
 #:     Optional per-mode ``tls_version``, ``tls_by_version`` and ``per_connection`` (issue #4:
 #:     which TLS version ``tls``/``tls_handshake`` are for, the models of every measured
 #:     version, and per-connection costs of filters that run once per connection; written
-#:     only when set, absent in older documents).
+#:     only when set, absent in older documents). Optional top-level ``colocation`` (issue #6:
+#:     how much the CPU's message rate warms one of many co-located sidecars; absent in older
+#:     documents, which price every message at the shared CPU's rate, ``alpha`` = 1).
 PROFILE_FORMAT = 1
 
 
@@ -232,6 +234,61 @@ class ModeProfile:
 
 
 @dataclass(frozen=True)
+class ColocationPoint:
+    """One chain of the co-location calibration: ``services`` sidecars on the shared CPU(s),
+    measured CPU overhead per request (median of paired runs, 95 % interval) and the
+    prediction at the fitted ``alpha``."""
+
+    services: int
+    measured_us: float
+    measured_lo_us: float
+    measured_hi_us: float
+    predicted_us: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"services": self.services, "measured_us": self.measured_us, "measured_lo_us": self.measured_lo_us,
+                "measured_hi_us": self.measured_hi_us, "predicted_us": self.predicted_us}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ColocationPoint:
+        return cls(int(d["services"]), float(d["measured_us"]), float(d["measured_lo_us"]), float(d["measured_hi_us"]), float(d["predicted_us"]))
+
+
+@dataclass(frozen=True)
+class Colocation:
+    """How warm a sidecar is when its pod shares CPUs with many others (measured by
+    ``meshtax calibrate``, :mod:`meshtax.validate.colocation`).
+
+    A message through a sidecar that sees ``r_own`` messages/s on CPUs that see ``r_cpu``
+    (in one-hop terms, :func:`meshtax.predict.engine.shared_cpu_rates`) is priced at
+    ``r_own^(1−alpha) · r_cpu^alpha``: ``alpha`` = 1 when the CPU's busy-ness is all that warms
+    it, 0 when only its own traffic does (caches and predictors evicted by its neighbours).
+    ``lo``/``hi``: 95 % bootstrap interval over the calibration's paired runs.
+    """
+
+    alpha: float
+    lo: float
+    hi: float
+    mode: str
+    rate: float
+    points: tuple[ColocationPoint, ...] = ()
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"colocation alpha must be within [0, 1], got {self.alpha}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "lo": self.lo, "hi": self.hi, "mode": self.mode, "rate": self.rate,
+                "points": [p.to_dict() for p in self.points], "note": self.note}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Colocation:
+        return cls(float(d["alpha"]), float(d["lo"]), float(d["hi"]), str(d["mode"]), float(d["rate"]),
+                   tuple(ColocationPoint.from_dict(p) for p in d.get("points", ())), str(d.get("note", "")))  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Profile:
     """A platform's sidecar cost models, per protocol mode, with provenance.
 
@@ -243,6 +300,12 @@ class Profile:
     platform: Platform
     provenance: Provenance
     modes: Mapping[Mode, ModeProfile]
+    colocation: Colocation | None = None
+
+    @property
+    def alpha(self) -> float:
+        """The co-location exponent the engine prices shared CPUs with (1 when not calibrated)."""
+        return 1.0 if self.colocation is None else self.colocation.alpha
 
     def mode(self, mode: Mode) -> ModeProfile:
         try:
@@ -261,6 +324,7 @@ class Profile:
             "platform": self.platform.to_dict(),
             "provenance": self.provenance.to_dict(),
             "modes": {m.value: mp.to_dict() for m, mp in self.modes.items()},
+            **({} if self.colocation is None else {"colocation": self.colocation.to_dict()}),
         }
 
     @classmethod
@@ -273,4 +337,5 @@ class Profile:
             platform=Platform.from_dict(d["platform"]),
             provenance=Provenance.from_dict(d["provenance"]),
             modes={Mode(k): ModeProfile.from_dict(v) for k, v in d["modes"].items()},
+            colocation=Colocation.from_dict(d["colocation"]) if d.get("colocation") else None,
         )

@@ -24,10 +24,12 @@ CPU is (an idle CPU wakes cold for every message), and the profile measured it w
 sidecar whose CPU sees ``2·r`` crossings per second at request rate ``r``. On ``k`` shared
 CPUs, every crossing of the graph lands on them, so each message is priced at the one-hop
 rate that loads a CPU alike: ``r_eff = Σ crossings/s of the graph / (2·k)``. It is a proxy
-for how warm the CPU is, and only that (benchmarks/bench_chain_rates.py, http chains of 1, 2
-and 4 services on one CPU: within +6…+25 % at 100 requests/s, where pricing at each sidecar's
-own rate over-predicts ~2×; at 1 000/s, where the 4-service chain saturates the CPU, from +93 %
-for one service to −52 % for four — the CPU's load and co-located working sets matter too).
+for how warm the CPU is, and only that: a sidecar among many on a busy CPU is colder than one
+alone at ``r_eff`` (its caches and predictors are evicted by its neighbours). So a message is
+priced at ``r_own^(1−α) · r_eff^α``, where ``r_own`` is the one-hop rate of that sidecar's own
+traffic (its crossings/s ÷ 2, all its calls in and out) and the exponent ``α`` is what the
+profile measured (:class:`~meshtax.model.profile.Colocation`, ``meshtax calibrate``: chains of
+1–8 services on the shared CPUs), 1 (the CPU's rate alone) for profiles without it.
 """
 
 from __future__ import annotations
@@ -183,9 +185,10 @@ def _sum(a: CostModel, b: CostModel) -> CostModel:
     )  # fmt: skip
 
 
-def hop_costs(batch: EcgBatch, profiles: ProfileLookup, *, rates: FloatArray | None = None) -> Costs:
+def hop_costs(batch: EcgBatch, profiles: ProfileLookup, *, rates: FloatArray | tuple[FloatArray, FloatArray] | None = None) -> Costs:
     """Evaluate every crossing of every invocation, per component; models with a rate term at
-    ``rates`` (per row; default: each invocation's own rate)."""
+    ``rates`` (per row, or per row for the caller's and the callee's sidecar; default: each
+    invocation's own rate)."""
     warnings: list[str] = []
     n = batch.n_invocations
     proto = batch.protocol if batch.protocol is not None else np.zeros(n, dtype=np.int64)
@@ -205,8 +208,8 @@ def hop_costs(batch: EcgBatch, profiles: ProfileLookup, *, rates: FloatArray | N
     lse = np.zeros(n)
     cse = np.zeros(n)
     req, resp = batch.request_bytes, batch.response_bytes
-    rate = batch.rate if rates is None else rates
-    for spec_col, lat_key, cpu_key in ((batch.caller_spec, "lc", "cc"), (batch.callee_spec, "ld", "cd")):
+    by_side = (batch.rate, batch.rate) if rates is None else rates if isinstance(rates, tuple) else (rates, rates)
+    for spec_col, rate, lat_key, cpu_key in ((batch.caller_spec, by_side[0], "lc", "cc"), (batch.callee_spec, by_side[1], "ld", "cd")):
         for (s, code), models in per.items():
             rows = np.flatnonzero((spec_col == s) & (proto == code))
             if rows.size == 0:
@@ -270,14 +273,23 @@ class BatchPrediction:
 
 
 def predict_batch(
-    batch: EcgBatch, profiles: ProfileLookup, *, costs: Costs | None = None, shape: Structure | None = None, pod_cpus: int | None = None
+    batch: EcgBatch,
+    profiles: ProfileLookup,
+    *,
+    costs: Costs | None = None,
+    shape: Structure | None = None,
+    pod_cpus: int | None = None,
+    alpha: float | None = None,
 ) -> BatchPrediction:
     """Predict every graph of ``batch``; ``profiles(name)`` resolves a service's platform
     (``None`` → the profile chosen for this prediction). ``pod_cpus``: the number of CPUs the
-    graph's pods share (None: every pod has its own; see the module docstring)."""
+    graph's pods share (None: every pod has its own; see the module docstring). ``alpha``: the
+    co-location exponent of shared CPUs (None: the chosen profile's, :attr:`Profile.alpha`)."""
     if pod_cpus is not None and pod_cpus < 1:
         raise ValueError(f"pod_cpus must be at least 1, got {pod_cpus}")
-    costs = costs or hop_costs(batch, profiles, rates=None if pod_cpus is None else shared_cpu_rates(batch, pod_cpus))
+    if costs is None:
+        rates = None if pod_cpus is None else priced_rates(batch, pod_cpus, profiles(None).alpha if alpha is None else alpha)
+        costs = hop_costs(batch, profiles, rates=rates)
     shape = shape or structure(batch)
     lat = costs.latency
     extra = lat.sum(axis=1)
@@ -349,6 +361,37 @@ def shared_cpu_rates(batch: EcgBatch, pod_cpus: int) -> FloatArray:
     r = per_s[g] / (2.0 * pod_cpus)
     # a row of a graph without any sidecar has no crossing to price: keep its own rate
     return np.asarray(np.where(r > 0, r, batch.rate), dtype=np.float64)
+
+
+def sidecar_rates(batch: EcgBatch) -> tuple[FloatArray, FloatArray]:
+    """Per row, the one-hop request rate of the caller's and of the callee's sidecar: all the
+    crossings/s through that service's sidecar in the row's graph (every call in and out), ÷ 2.
+    A side without a sidecar keeps the row's rate (nothing is priced there)."""
+    g = batch.graph_of()
+    S = max(len(batch.services), 1)
+    out = []
+    for svc, spec in ((batch.caller, batch.caller_spec), (batch.callee, batch.callee_spec)):
+        meshed = (spec >= 0) & (svc >= 0)
+        key = np.where(meshed, g * S + svc, -1)
+        out.append((key, meshed))
+    total = np.zeros(batch.n_graphs * S)
+    for key, meshed in out:  # 2 crossings per call at each meshed side
+        np.add.at(total, key[meshed], 2.0 * batch.rate[meshed])
+    caller, callee = (np.where(meshed, total[np.maximum(key, 0)] / 2.0, batch.rate) for key, meshed in out)
+    return np.asarray(caller, dtype=np.float64), np.asarray(callee, dtype=np.float64)
+
+
+def priced_rates(batch: EcgBatch, pod_cpus: int, alpha: float = 1.0) -> tuple[FloatArray, FloatArray]:
+    """Per row, the rate the caller's and the callee's sidecar price its messages at on
+    ``pod_cpus`` shared CPUs: ``r_own^(1−alpha) · r_eff^alpha`` (:func:`sidecar_rates`,
+    :func:`shared_cpu_rates`)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be within [0, 1], got {alpha}")
+    eff = shared_cpu_rates(batch, pod_cpus)
+    if alpha == 1.0:
+        return eff, eff
+    caller, callee = sidecar_rates(batch)
+    return caller ** (1.0 - alpha) * eff**alpha, callee ** (1.0 - alpha) * eff**alpha
 
 
 def single_profile(profile: Profile, others: Mapping[str, Profile] | None = None) -> ProfileLookup:

@@ -58,6 +58,7 @@ __all__ = [
     "SweepResult",
     "ValidateOptions",
     "app_protocol",
+    "pinning_of",
     "run_case",
     "run_sweep",
     "run_validation",
@@ -275,7 +276,7 @@ def run_case(
     return result
 
 
-def _pinning_of(profile: Profile) -> Pinning:
+def pinning_of(profile: Profile) -> Pinning:
     d = profile.provenance.options.get("pinning")
     return Pinning.from_dict(d) if isinstance(d, dict) else default_pinning()
 
@@ -295,7 +296,7 @@ def run_validation(options: ValidateOptions, system: System, store: ProfileSourc
     topo = appctl.load_topology(options.topology)
     queries = options.queries or tuple(topo.queries)
     profile = _choose_profile(store, options.profile_name)
-    pinning = _pinning_of(profile)
+    pinning = pinning_of(profile)
     work = Path(tempfile.mkdtemp(prefix="meshtax-validate-"))
     cases: list[CaseResult] = []
     load_before = os.getloadavg()
@@ -311,20 +312,23 @@ def run_validation(options: ValidateOptions, system: System, store: ProfileSourc
     res = ValidationResult(
         name=topo.name, cases=tuple(cases), profile=profile.name, machine=mach,
         options={**options.to_dict(), "pinning": pinning.describe()},
-        notes=_notes(pinning),
+        notes=_notes(pinning, profile),
     )  # fmt: skip
     if options.report_path:
         write_report(res.to_document(), options.report_path)
     return res
 
 
-def _notes(pinning: Pinning) -> tuple[str, ...]:
+def _notes(pinning: Pinning, profile: Profile) -> tuple[str, ...]:
+    col = profile.colocation
     return (
         f"placement {pinning.describe()}: the profile's own pinning (client apart, apps and sidecars together), so measured and modelled costs share it; "
         f"the prediction knows the pods share {pinning.pod_cpus()} CPU(s) (latency overhead ≥ the request's sidecar CPU work ÷ that)",
         "latency: client-side p50/p90 of fortio at a fixed rate, mesh − no mesh per pair; CPU: schedstat of every process of every pod, per request, mesh − no mesh",
         "prediction: OTLP traces of the no-mesh copy imported by meshtax.traces (sizes from span attributes, rate = the fortio rate), this machine's profile",
         "role: db services get tcp-mode sidecars (Istio does not parse their protocols)",
+        "shared CPUs: messages priced at r_own^(1−α)·r_cpu^α with "
+        + (f"α = {col.alpha:.2f} [{col.lo:.2f}, {col.hi:.2f}] (`meshtax calibrate`: {col.note})" if col else "α = 1 (profile not calibrated: `meshtax calibrate`)"),
     )
 
 
@@ -406,7 +410,7 @@ def run_sweep(
     say = progress or (lambda _m: None)
     mode = Mode(mode)
     profile = _choose_profile(store, profile_name)
-    pinning = _pinning_of(profile)
+    pinning = pinning_of(profile)
     fortio_bin = fortio_binary()
     work = Path(tempfile.mkdtemp(prefix="meshtax-sweep-"))
     points: list[SweepPoint] = []
