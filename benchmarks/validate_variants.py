@@ -56,7 +56,9 @@ def highest_rate(on: bool) -> Iterator[None]:
 def variant_profile(profile: Profile, variant: str) -> Profile:
     """The profile with the variant's co-location exponent (the engine's own for ``engine``)."""
     alpha = {"cpu-rate": 1.0, "own-rate": 0.0}.get(variant)
-    return profile if alpha is None else replace(profile, colocation=Colocation(alpha, alpha, alpha, "http", 100.0, note=variant))
+    if alpha is None:
+        return profile
+    return replace(profile, colocation={m: Colocation(alpha, alpha, alpha, m.value, 100.0, note=variant) for m in profile.modes})
 
 
 def main() -> None:

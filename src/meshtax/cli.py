@@ -402,31 +402,37 @@ def validate(topology: str, queries: tuple[str, ...], modes: str, rate: float, d
 
 @main.command()
 @click.option("--profile", "profile", help="Profile to calibrate (default: this machine's newest measured profile).")
-@click.option("--mode", "mode", type=click.Choice([m.value for m in Mode]), default="http", show_default=True, help="Sidecar mode of the chains.")
+@click.option("--modes", default="", help="Comma-separated sidecar modes of the chains (default: every mode of the profile).")
 @click.option("--rate", type=float, default=100.0, show_default=True, help="Requests/s of every run.")
 @click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
 @click.option("--quick", is_flag=True, help="Fewer pairs (smoke runs, CI): a wide interval.")
+@click.option("--keep", "keep_dir", type=click.Path(file_okay=False), help="Keep the chains' validation documents and traces here (one directory per mode).")
 @db_option
 @user_errors
-def calibrate(profile: str | None, mode: str, rate: float, duration: float, quick: bool, db: str | None) -> None:
-    """Measure how warm a sidecar is among many on shared CPUs (root): chains of 1, 2, 4 and 8
-    services without and with sidecars, then store the exponent α the engine prices shared CPUs
-    with in the profile (replacing it)."""
+def calibrate(profile: str | None, modes: str, rate: float, duration: float, quick: bool, keep_dir: str | None, db: str | None) -> None:
+    """Measure how warm a sidecar is among many on shared CPUs (root): per mode, chains of 1, 2,
+    4 and 8 services without and with sidecars, then store the exponent α the engine prices
+    shared CPUs with in the profile (replacing it; each mode is stored as soon as it is done)."""
     import os
 
     from meshtax.profile.system import RealSystem
     from meshtax.report.text import colocation_lines
     from meshtax.validate.colocation import calibrate as run_calibration
+    from meshtax.validate.run import choose_profile
 
     if os.geteuid() != 0:
         raise UsageError("the calibration creates network namespaces and sidecars: run it as root")
     store = ProfileStore(db)
     try:
-        prof, res = run_calibration(RealSystem(), store, profile_name=profile, mode=Mode(mode), rate=rate, duration_s=duration, quick=quick,
-                                    progress=lambda msg: click.echo(msg, err=True))  # fmt: skip
+        prof = choose_profile(store, profile)
+        mode_list = tuple(Mode(m.strip()) for m in modes.split(",")) if modes.strip() else tuple(prof.modes)
+        for m in mode_list:
+            keep = None if keep_dir is None else Path(keep_dir) / m.value
+            prof, res = run_calibration(RealSystem(), store, profile_name=prof.name, mode=m, rate=rate, duration_s=duration, quick=quick,
+                                        keep_dir=keep, progress=lambda msg: click.echo(msg, err=True))  # fmt: skip
+            click.echo(f"The {m.value}-mode chains, predicted before this calibration:\n" + res.table())
     except ValueError as e:
         raise UsageError(str(e)) from None
-    click.echo(res.table())
     click.echo("\n".join(colocation_lines(prof.colocation)))
     click.echo(f"stored in profile {prof.name!r} of {store.path}")
 

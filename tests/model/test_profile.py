@@ -49,10 +49,11 @@ def test_colocation_round_trips_and_is_optional() -> None:
 
     from meshtax.model.profile import Colocation, ColocationPoint
 
-    p = profile({Mode.HTTP: {OTHER: flat(5, 2)}})
-    assert "colocation" not in p.to_dict() and p.alpha == 1.0  # older documents: the CPU's rate alone
+    p = profile({Mode.HTTP: {OTHER: flat(5, 2)}, Mode.TCP: {OTHER: flat(1, 1)}})
+    assert "colocation" not in p.to_dict() and p.alpha(Mode.HTTP) == 1.0  # older documents: the CPU's rate alone
     col = Colocation(0.8, 0.7, 0.9, "http", 100.0, (ColocationPoint(1, 300.0, 280.0, 330.0, 290.0), ColocationPoint(8, 5000.0, 4600.0, 5400.0, 5100.0)), "n")
-    q = replace(p, colocation=col)
-    assert Profile.from_dict(q.to_dict()) == q and q.alpha == 0.8
+    q = replace(p, colocation={Mode.HTTP: col})
+    assert Profile.from_dict(q.to_dict()) == q and q.to_dict()["colocation"]["http"]["alpha"] == 0.8
+    assert (q.alpha(Mode.HTTP), q.alpha(Mode.TCP)) == (0.8, 1.0)  # per mode; an uncalibrated mode keeps 1
     with pytest.raises(ValueError, match=r"within \[0, 1\]"):
         Colocation(1.2, 1.0, 1.3, "http", 100.0)

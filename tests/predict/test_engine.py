@@ -12,7 +12,7 @@ from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import to_batch
 from meshtax.model.profile import ModeProfile, TlsModels
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
-from meshtax.predict.engine import PredictionError, predict_batch, priced_rates, shared_cpu_rates, sidecar_rates, single_profile
+from meshtax.predict.engine import PredictionError, predict_batch, priced_rates, shared_cpu_rates, side_alphas, sidecar_rates, single_profile
 from meshtax.predict.whatif import apply_speedup, speedup_from_dict
 from meshtax.reference import reference_profile
 from tests.helpers import EXTERNAL, ecg, flat, inv, profile
@@ -377,7 +377,7 @@ def test_colocation_exponent_prices_between_each_sidecars_own_rate_and_the_cpus(
     # the profile's measured exponent is what predict uses unless told otherwise
     from meshtax.model.profile import Colocation
 
-    calibrated = replace(prof, colocation=Colocation(0.5, 0.4, 0.6, "http", 100.0))
+    calibrated = replace(prof, colocation={Mode.HTTP: Colocation(0.5, 0.4, 0.6, "http", 100.0)})
 
     def cost(r: float) -> float:
         return 2.0 + 3.0 * np.log(1000 / r)
@@ -388,3 +388,11 @@ def test_colocation_exponent_prices_between_each_sidecars_own_rate_and_the_cpus(
     assert predict_batch(b, single_profile(calibrated), pod_cpus=1, alpha=1.0).cpu_vcpu[0] == pytest.approx(predict_batch(b, single_profile(prof), pod_cpus=1).cpu_vcpu[0])
     # CPUs of their own: no exponent applies
     assert predict_batch(b, single_profile(calibrated)).cpu_vcpu[0] == pytest.approx(predict_batch(b, single_profile(prof)).cpu_vcpu[0])
+    # per mode: a tcp-mode sidecar keeps α = 1 when only http was calibrated
+    both = replace(calibrated, modes={**calibrated.modes, Mode.TCP: replace(calibrated.modes[Mode.HTTP], mode=Mode.TCP)})
+    mixed = to_batch([ecg({"A": HTTP, "B": SidecarConfig(Mode.TCP), "C": HTTP}, calls)])
+    a_caller, a_callee = side_alphas(mixed, single_profile(both))
+    assert (a_caller.tolist(), a_callee.tolist()) == ([1.0, 0.5, 0.5], [0.5, 1.0, 0.5])  # external caller: no sidecar
+    want_b = 2 * cost(500.0)  # B's two crossings at the CPU's rate
+    want = (6 * cost(np.sqrt(300 * 500)) + want_b + 2 * cost(np.sqrt(100 * 500))) * 100 * 1e-6
+    assert predict_batch(mixed, single_profile(both), pod_cpus=1).cpu_vcpu[0] == pytest.approx(want)

@@ -4,6 +4,7 @@ co-location calibration (meshtax.validate.colocation) on the same short profile.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import warnings
@@ -120,11 +121,14 @@ def test_calibration_measures_chains_and_stores_the_exponent(short_profile: Prof
     before = _ours()
     store = ProfileStore(tmp_path / "p.db")
     store.save(short_profile)
-    prof, res = calibrate(RealSystem(), store, profile_name="ci-validate", quick=True, chains=("one", "two"))
+    keep = tmp_path / "keep"
+    prof, res = calibrate(RealSystem(), store, profile_name="ci-validate", quick=True, chains=("one", "two"), keep_dir=keep)
     assert [c.error for c in res.cases] == [None, None]
-    col = store.get("ci-validate").colocation
-    assert col is not None and col == prof.colocation
+    assert sorted(f.name for f in (keep / "traces").iterdir()) == ["chain-one-http.json", "chain-two-http.json"]
+    assert [c["name"] for c in json.loads((keep / "chains.json").read_text())["cases"]] == ["chain/one", "chain/two"]
+    col = store.get("ci-validate").colocation[Mode.HTTP]
+    assert col == prof.colocation[Mode.HTTP] and set(prof.colocation) == {Mode.HTTP}
     assert [p.services for p in col.points] == [1, 2] and col.lo <= col.alpha <= col.hi
     two = col.points[1]
-    assert two.measured_us > 0 and 0.5 <= two.predicted_us / two.measured_us <= 2.0, "\n".join(colocation_lines(col))
+    assert two.measured_us > 0 and 0.5 <= two.predicted_us / two.measured_us <= 2.0, "\n".join(colocation_lines(prof.colocation))
     assert _ours() == before

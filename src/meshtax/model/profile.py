@@ -22,7 +22,7 @@ from meshtax.model.sidecar import Mode
 #:     version, and per-connection costs of filters that run once per connection; written
 #:     only when set, absent in older documents). Optional top-level ``colocation`` (issue #6:
 #:     how much the CPU's message rate warms one of many co-located sidecars; absent in older
-#:     documents, which price every message at the shared CPU's rate, ``alpha`` = 1).
+#:     documents, which price every message at the shared CPU's rate, ``alpha`` = 1), per mode.
 PROFILE_FORMAT = 1
 
 
@@ -256,8 +256,8 @@ class ColocationPoint:
 
 @dataclass(frozen=True)
 class Colocation:
-    """How warm a sidecar is when its pod shares CPUs with many others (measured by
-    ``meshtax calibrate``, :mod:`meshtax.validate.colocation`).
+    """How warm a sidecar of one mode is when its pod shares CPUs with many others (measured
+    by ``meshtax calibrate``, :mod:`meshtax.validate.colocation`).
 
     A message through a sidecar that sees ``r_own`` messages/s on CPUs that see ``r_cpu``
     (in one-hop terms, :func:`meshtax.predict.engine.shared_cpu_rates`) is priced at
@@ -300,12 +300,13 @@ class Profile:
     platform: Platform
     provenance: Provenance
     modes: Mapping[Mode, ModeProfile]
-    colocation: Colocation | None = None
+    colocation: Mapping[Mode, Colocation] = field(default_factory=dict)
 
-    @property
-    def alpha(self) -> float:
-        """The co-location exponent the engine prices shared CPUs with (1 when not calibrated)."""
-        return 1.0 if self.colocation is None else self.colocation.alpha
+    def alpha(self, mode: Mode) -> float:
+        """The co-location exponent the engine prices shared CPUs with in ``mode`` (1 when that
+        mode was not calibrated)."""
+        col = self.colocation.get(mode)
+        return 1.0 if col is None else col.alpha
 
     def mode(self, mode: Mode) -> ModeProfile:
         try:
@@ -324,7 +325,7 @@ class Profile:
             "platform": self.platform.to_dict(),
             "provenance": self.provenance.to_dict(),
             "modes": {m.value: mp.to_dict() for m, mp in self.modes.items()},
-            **({} if self.colocation is None else {"colocation": self.colocation.to_dict()}),
+            **({"colocation": {m.value: c.to_dict() for m, c in self.colocation.items()}} if self.colocation else {}),
         }
 
     @classmethod
@@ -337,5 +338,5 @@ class Profile:
             platform=Platform.from_dict(d["platform"]),
             provenance=Provenance.from_dict(d["provenance"]),
             modes={Mode(k): ModeProfile.from_dict(v) for k, v in d["modes"].items()},
-            colocation=Colocation.from_dict(d["colocation"]) if d.get("colocation") else None,
+            colocation={Mode(k): Colocation.from_dict(v) for k, v in (d.get("colocation") or {}).items()},
         )

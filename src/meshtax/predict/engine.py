@@ -284,11 +284,12 @@ def predict_batch(
     """Predict every graph of ``batch``; ``profiles(name)`` resolves a service's platform
     (``None`` → the profile chosen for this prediction). ``pod_cpus``: the number of CPUs the
     graph's pods share (None: every pod has its own; see the module docstring). ``alpha``: the
-    co-location exponent of shared CPUs (None: the chosen profile's, :attr:`Profile.alpha`)."""
+    co-location exponent of shared CPUs for every sidecar (None: each sidecar's profile's for
+    its mode, :meth:`Profile.alpha`)."""
     if pod_cpus is not None and pod_cpus < 1:
         raise ValueError(f"pod_cpus must be at least 1, got {pod_cpus}")
     if costs is None:
-        rates = None if pod_cpus is None else priced_rates(batch, pod_cpus, profiles(None).alpha if alpha is None else alpha)
+        rates = None if pod_cpus is None else priced_rates(batch, pod_cpus, side_alphas(batch, profiles) if alpha is None else alpha)
         costs = hop_costs(batch, profiles, rates=rates)
     shape = shape or structure(batch)
     lat = costs.latency
@@ -381,17 +382,26 @@ def sidecar_rates(batch: EcgBatch) -> tuple[FloatArray, FloatArray]:
     return np.asarray(caller, dtype=np.float64), np.asarray(callee, dtype=np.float64)
 
 
-def priced_rates(batch: EcgBatch, pod_cpus: int, alpha: float = 1.0) -> tuple[FloatArray, FloatArray]:
+def side_alphas(batch: EcgBatch, profiles: ProfileLookup) -> tuple[FloatArray, FloatArray]:
+    """Per row, the co-location exponent of the caller's and of the callee's sidecar (its
+    profile's, for its mode; 1 where there is no sidecar)."""
+    per_spec = np.array([profiles(spec.platform).alpha(spec.config.mode) for spec in batch.specs] + [1.0])
+    # index -1 (no sidecar) picks the appended 1.0
+    return per_spec[batch.caller_spec], per_spec[batch.callee_spec]
+
+
+def priced_rates(batch: EcgBatch, pod_cpus: int, alpha: float | tuple[FloatArray, FloatArray] = 1.0) -> tuple[FloatArray, FloatArray]:
     """Per row, the rate the caller's and the callee's sidecar price its messages at on
     ``pod_cpus`` shared CPUs: ``r_own^(1−alpha) · r_eff^alpha`` (:func:`sidecar_rates`,
-    :func:`shared_cpu_rates`)."""
-    if not 0.0 <= alpha <= 1.0:
+    :func:`shared_cpu_rates`); ``alpha`` for every sidecar, or per row for each side."""
+    a_caller, a_callee = (np.full(batch.n_invocations, float(alpha)), np.full(batch.n_invocations, float(alpha))) if not isinstance(alpha, tuple) else alpha
+    if ((a_caller < 0) | (a_caller > 1) | (a_callee < 0) | (a_callee > 1)).any():
         raise ValueError(f"alpha must be within [0, 1], got {alpha}")
     eff = shared_cpu_rates(batch, pod_cpus)
-    if alpha == 1.0:
+    if (a_caller == 1.0).all() and (a_callee == 1.0).all():
         return eff, eff
-    caller, callee = sidecar_rates(batch)
-    return caller ** (1.0 - alpha) * eff**alpha, callee ** (1.0 - alpha) * eff**alpha
+    own_caller, own_callee = sidecar_rates(batch)
+    return own_caller ** (1.0 - a_caller) * eff**a_caller, own_callee ** (1.0 - a_callee) * eff**a_callee
 
 
 def single_profile(profile: Profile, others: Mapping[str, Profile] | None = None) -> ProfileLookup:

@@ -4,8 +4,9 @@ The engine prices a message through a sidecar whose pod shares CPUs at
 ``r_own^(1−α) · r_eff^α`` (:func:`meshtax.predict.engine.shared_cpu_rates`): ``r_eff``, the
 one-hop rate that loads the CPU alike, says how busy the CPU is; ``r_own``, the sidecar's
 own rate, how often its own code and data come back into the caches. ``α`` is measured
-here, on the validation harness: chains of 1, 2, 4 and 8 services (``app/topologies/chain.yaml``)
-deployed without and with sidecars on the profile's placement, at one request rate. The
+here per sidecar mode (a tcp proxy's working set is not an HTTP/2 codec's), on the validation
+harness: chains of 1, 2, 4 and 8 services (``app/topologies/chain.yaml``, speaking what the
+mode parses) deployed without and with sidecars on the profile's placement, at one request rate. The
 fit takes the error ln(measured / predicted(α)) of every chain relative to the one-service
 chain's (which shares the profile's setting, so a drift of the machine since the profile
 cancels) and picks the ``α`` in [0, 1] that makes them smallest in least squares. Its 95 %
@@ -17,6 +18,7 @@ Reservation): the exponent is a property of the platform, measured once with the
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import tempfile
@@ -116,20 +118,24 @@ def calibrate(
     duration_s: float = 3.0,
     quick: bool = False,
     chains: Sequence[str] = CHAINS,
+    keep_dir: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[Profile, ValidationResult]:
-    """Measure the chains, fit the exponent and store it in the profile (replacing it);
-    returns the updated profile and the chains' validation result (predicted with the old
-    exponent)."""
-    from meshtax.validate.run import ValidateOptions, pinning_of, run_validation
+    """Measure the chains in ``mode``, fit that mode's exponent and store it in the profile
+    (replacing the profile; other modes' exponents are kept); returns the updated profile and
+    the chains' validation result (predicted with the old exponent). ``keep_dir``: keep the chains' validation document (``chains.json``) and their
+    traces (``traces/``) there, to predict them again."""
+    from meshtax.validate.run import ValidateOptions, pinning_of, run_validation, write_report
 
     if len(chains) < 2:
         raise CalibrationError("the calibration needs at least two chains (the first is the reference)")
-    traces = Path(tempfile.mkdtemp(prefix="meshtax-calibrate-"))
+    traces = Path(keep_dir) / "traces" if keep_dir is not None else Path(tempfile.mkdtemp(prefix="meshtax-calibrate-"))
     try:
         opts = ValidateOptions("chain", queries=tuple(chains), modes=(mode,), rate=rate, duration_s=duration_s,
                                profile_name=profile_name, quick=quick, traces_dir=str(traces))  # fmt: skip
         res = run_validation(opts, system, store, progress)
+        if keep_dir is not None:
+            write_report(res.to_document(), Path(keep_dir) / "chains.json")
         profile = store.get(res.profile)
         batches = {}
         for c in res.cases:
@@ -138,7 +144,8 @@ def calibrate(
                 sc = {s: SidecarConfig(Mode(m)) for s, m in c.sidecar_modes.items()}
                 batches[c.query] = load_traces(f, "otlp", SpanOptions(rate=c.rate, sidecars=sc)).batch
     finally:
-        shutil.rmtree(traces, ignore_errors=True)
+        if keep_dir is None:
+            shutil.rmtree(traces, ignore_errors=True)
     pod_cpus = pinning_of(profile).pod_cpus()
     look = single_profile(profile)
 
@@ -147,6 +154,6 @@ def calibrate(
         return float(statistics.fmean(bp.cpu_vcpu)) / case.rate * 1e6
 
     col = colocation_of(res.cases, predict, mode, rate)
-    updated = replace(profile, colocation=col)
+    updated = replace(profile, colocation={**profile.colocation, mode: col})
     store.save(updated, replace=True)
     return updated, res

@@ -58,6 +58,7 @@ __all__ = [
     "SweepResult",
     "ValidateOptions",
     "app_protocol",
+    "choose_profile",
     "pinning_of",
     "run_case",
     "run_sweep",
@@ -281,7 +282,7 @@ def pinning_of(profile: Profile) -> Pinning:
     return Pinning.from_dict(d) if isinstance(d, dict) else default_pinning()
 
 
-def _choose_profile(store: ProfileSource, name: str | None) -> Profile:
+def choose_profile(store: ProfileSource, name: str | None) -> Profile:
     if name is not None:
         return store.get(name)
     p = store.for_host(this_host())
@@ -295,7 +296,7 @@ def run_validation(options: ValidateOptions, system: System, store: ProfileSourc
     or HTML through the report builder when it ends in .html) when given."""
     topo = appctl.load_topology(options.topology)
     queries = options.queries or tuple(topo.queries)
-    profile = _choose_profile(store, options.profile_name)
+    profile = choose_profile(store, options.profile_name)
     pinning = pinning_of(profile)
     work = Path(tempfile.mkdtemp(prefix="meshtax-validate-"))
     cases: list[CaseResult] = []
@@ -328,7 +329,9 @@ def _notes(pinning: Pinning, profile: Profile) -> tuple[str, ...]:
         "prediction: OTLP traces of the no-mesh copy imported by meshtax.traces (sizes from span attributes, rate = the fortio rate), this machine's profile",
         "role: db services get tcp-mode sidecars (Istio does not parse their protocols)",
         "shared CPUs: messages priced at r_own^(1−α)·r_cpu^α with "
-        + (f"α = {col.alpha:.2f} [{col.lo:.2f}, {col.hi:.2f}] (`meshtax calibrate`: {col.note})" if col else "α = 1 (profile not calibrated: `meshtax calibrate`)"),
+        + ("; ".join(f"α = {c.alpha:.2f} [{c.lo:.2f}, {c.hi:.2f}] in {m.value} mode (`meshtax calibrate`: {c.note})" for m, c in col.items())
+           + ("; α = 1 in " + ", ".join(m.value for m in profile.modes if m not in col) if any(m not in col for m in profile.modes) else "")
+           if col else "α = 1 (profile not calibrated: `meshtax calibrate`)"),
     )
 
 
@@ -409,7 +412,7 @@ def run_sweep(
     """
     say = progress or (lambda _m: None)
     mode = Mode(mode)
-    profile = _choose_profile(store, profile_name)
+    profile = choose_profile(store, profile_name)
     pinning = pinning_of(profile)
     fortio_bin = fortio_binary()
     work = Path(tempfile.mkdtemp(prefix="meshtax-sweep-"))
