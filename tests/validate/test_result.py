@@ -134,3 +134,21 @@ def test_sweep_document_and_reports(tmp_path: Path) -> None:
     h = write_report([doc, rate.to_document()], tmp_path / "s.html")
     text = h.read_text()
     assert "Validation: sweep-size-http" in text and "Validation: sweep-rate-tcp" in text
+
+
+def test_cases_beyond_30_percent_name_what_the_data_say() -> None:
+    # latency +64 % and CPU +50 %: the latency error is the CPU's; nothing explains the CPU's
+    far = CaseResult("bookinfo", "productpage", "http", 200.0, PAIRS, Predicted(500.0, 700.0, 500.0, 300.0, 10), {"a": "http"})
+    assert far.factors("latency") == ["it follows the CPU error (+50%): on shared CPUs a request's latency overhead is its CPU work"]
+    assert far.factors("cpu") == []
+    # a wide measured interval on a busy CPU (6 500 CPU-µs per request at 200/s = 1.3 CPU-s/s), prediction inside it
+    wide = tuple((rs(1000, 10_000_000), rs(1000 + d, 10_000_000 + 290_000_000 + 1_000_000 * d)) for d in (100, 200, 300, 400, 500, 600))
+    busy = CaseResult("online-boutique", "index", "tcp", 200.0, wide, Predicted(150.0, 200.0, 150.0, 2000.0, 10), {"a": "tcp"})
+    why = busy.factors("latency")
+    assert why[0] == "the measurement is uncertain: its 95 % interval [100, 600] is ±71% of the median"
+    assert why[1:] == ["the prediction lies inside the measured 95 % interval",
+                       "the pods keep their shared CPU busy (1.30 CPU-s/s): co-located working sets and queueing, which one-hop models do not see",
+                       "it follows the CPU error (-69%): on shared CPUs a request's latency overhead is its CPU work"]
+    v = ValidationResult("x", (far, busy), "p")
+    assert set(v.summary()["beyond_30pct_factors"]) == {"bookinfo/productpage (http) latency", "bookinfo/productpage (http) cpu", "online-boutique/index (tcp) latency", "online-boutique/index (tcp) cpu"}
+    assert "- bookinfo/productpage (http) cpu: unexplained" in v.table().splitlines()

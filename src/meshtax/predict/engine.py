@@ -28,8 +28,9 @@ for how warm the CPU is, and only that: a sidecar among many on a busy CPU is co
 alone at ``r_eff`` (its caches and predictors are evicted by its neighbours). So a message is
 priced at ``r_own^(1−α) · r_eff^α``, where ``r_own`` is the one-hop rate of that sidecar's own
 traffic (its crossings/s ÷ 2, all its calls in and out) and the exponent ``α`` is what the
-profile measured (:class:`~meshtax.model.profile.Colocation`, ``meshtax calibrate``: chains of
-1–8 services on the shared CPUs), 1 (the CPU's rate alone) for profiles without it.
+profile measured for that sidecar's mode (:class:`~meshtax.model.profile.Colocation`,
+``meshtax calibrate``: chains of 1–8 services on the shared CPUs; here http 0.3–0.45, gRPC
+0.73), 1 (the CPU's rate alone) for a mode without it.
 """
 
 from __future__ import annotations

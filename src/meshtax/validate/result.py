@@ -188,6 +188,30 @@ class CaseResult:
         xs = [m.cpu_us_per_request * self.rate * 1e-6 for _, m in self.pairs if m.count]
         return statistics.median(xs) if xs else math.nan
 
+    def factors(self, metric: str) -> list[str]:
+        """What the data say about this case's ``metric`` error (``latency`` or ``cpu``), for a
+        report to explain a large one: a wide measured interval, a prediction inside it, a busy
+        shared CPU, a latency error that is the CPU error (on shared CPUs the latency overhead
+        is the request's CPU work). Empty when none applies: the error is unexplained."""
+        k = self.comparisons
+        if metric not in k:
+            return []
+        c = k[metric]
+        m = c.measured
+        out = []
+        if m.median > 0 and (m.hi - m.lo) / 2 > WIDE_INTERVAL * m.median:
+            out.append(f"the measurement is uncertain: its 95 % interval [{m.lo:.0f}, {m.hi:.0f}] is ±{(m.hi - m.lo) / 2 / m.median:.0%} of the median")
+        if c.within_interval:
+            out.append("the prediction lies inside the measured 95 % interval")
+        if self.pod_load >= BUSY_LOAD:
+            out.append(f"the pods keep their shared CPU busy ({self.pod_load:.2f} CPU-s/s): co-located working sets and queueing, "
+                       "which one-hop models do not see")  # fmt: skip
+        if metric != "cpu":
+            e, cpu = c.error, k["cpu"].error
+            if e * cpu > 0 and abs(cpu) >= abs(e) / 2:
+                out.append(f"it follows the CPU error ({cpu:+.0%}): on shared CPUs a request's latency overhead is its CPU work")
+        return out
+
     def per_service_cpu_us(self) -> dict[str, float]:
         """Median over pairs of each pod's CPU-µs per request, mesh − no mesh."""
         if not self.pairs:
@@ -235,6 +259,11 @@ class CaseResult:
 
 #: edges (CPU-s/s of all pods with the mesh) of the load bands the CPU error is reported in
 LOAD_BANDS = (0.25, 0.5)
+#: a measured 95 % interval wider than ± this share of its median makes the measurement the
+#: uncertain side of an error
+WIDE_INTERVAL = 0.15
+#: CPU-s/s of the pods from which the shared CPU counts as busy (``ValidationResult.cpu_by_load``)
+BUSY_LOAD = LOAD_BANDS[-1]
 
 
 def _median_abs(xs: Sequence[float]) -> float:
@@ -270,6 +299,13 @@ class ValidationResult:
                 "beyond_30pct": [f"{c.name} ({c.mode})" for c in ok if abs(c.comparisons[metric].error) > 0.30],
             }
         out["cpu_by_load"] = self.cpu_by_load()
+        out["beyond_30pct_factors"] = {
+            f"{c.name} ({c.mode}) {metric}": c.factors(metric)
+            for c in self.cases
+            if c.comparisons
+            for metric in ("latency", "cpu")
+            if abs(c.comparisons[metric].error) > 0.30
+        }
         return out
 
     def cpu_by_load(self, edges: Sequence[float] = LOAD_BANDS) -> list[dict[str, Any]]:
@@ -328,4 +364,8 @@ class ValidationResult:
                  else f"≥ {b['load_lo']:g}: {b['mean_error']:+.0%} ({b['cases']})" for b in s["cpu_by_load"]]  # fmt: skip
         if bands:
             rows.append(f"CPU bias by the pods' CPU load (CPU-s/s with the mesh; cases): {'; '.join(bands)}.")
+        far = s["beyond_30pct_factors"]
+        if far:
+            rows += ["", "Beyond 30 %, and what the data say about it:"]
+            rows += [f"- {key}: {'; '.join(why) if why else 'unexplained'}" for key, why in far.items()]
         return "\n".join(rows)
