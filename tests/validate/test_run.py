@@ -109,7 +109,7 @@ def test_bookinfo_http_prediction_not_grossly_off(short_profile: Profile) -> Non
         ratio = c.predicted / c.measured.median
         assert 1 / factor <= ratio <= factor, f"{metric}: predicted {c.predicted:.1f} vs measured {c.measured.median:.1f} (x{ratio:.2f})\n{res.table()}"
     assert case.predicted is not None and case.predicted.graphs >= 10
-    assert any("α = 1 (profile not calibrated" in n for n in res.notes)
+    assert any("α = 1 in http mode (not calibrated" in n for n in res.notes)
     assert _ours() == before
 
 

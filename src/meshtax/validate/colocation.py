@@ -1,13 +1,13 @@
 """Co-location calibration (``meshtax calibrate``): how warm is a sidecar among many on shared CPUs?
 
 The engine prices a message through a sidecar whose pod shares CPUs at
-``r_own^(1−α) · r_eff^α`` (:func:`meshtax.predict.engine.shared_cpu_rates`): ``r_eff``, the
+``r_own^(1−α) · r_eff^α`` (:func:`meshtax.predict.engine.priced_rates`): ``r_eff``, the
 one-hop rate that loads the CPU alike, says how busy the CPU is; ``r_own``, the sidecar's
-own rate, how often its own code and data come back into the caches. ``α`` is measured
+own rate (all its calls), how often its own code and data come back into the caches. ``α`` is measured
 here per sidecar mode (a tcp proxy's working set is not an HTTP/2 codec's), on the validation
 harness: chains of 1, 2, 4 and 8 services (``app/topologies/chain.yaml``, speaking what the
-mode parses) deployed without and with sidecars on the profile's placement, at one request rate. The
-fit takes the error ln(measured / predicted(α)) of every chain relative to the one-service
+mode parses) deployed without and with sidecars on the profile's placement, at one request
+rate. The fit takes the error ln(measured / predicted(α)) of every chain relative to the one-service
 chain's (which shares the profile's setting, so a drift of the machine since the profile
 cancels) and picks the ``α`` in [0, 1] that makes them smallest in least squares. Its 95 %
 interval comes from resampling each chain's paired runs (bootstrap).

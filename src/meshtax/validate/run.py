@@ -329,9 +329,8 @@ def _notes(pinning: Pinning, profile: Profile) -> tuple[str, ...]:
         "prediction: OTLP traces of the no-mesh copy imported by meshtax.traces (sizes from span attributes, rate = the fortio rate), this machine's profile",
         "role: db services get tcp-mode sidecars (Istio does not parse their protocols)",
         "shared CPUs: messages priced at r_own^(1−α)·r_cpu^α with "
-        + ("; ".join(f"α = {c.alpha:.2f} [{c.lo:.2f}, {c.hi:.2f}] in {m.value} mode (`meshtax calibrate`: {c.note})" for m, c in col.items())
-           + ("; α = 1 in " + ", ".join(m.value for m in profile.modes if m not in col) if any(m not in col for m in profile.modes) else "")
-           if col else "α = 1 (profile not calibrated: `meshtax calibrate`)"),
+        + "; ".join(f"α = {c.alpha:.2f} [{c.lo:.2f}, {c.hi:.2f}] in {m.value} mode (`meshtax calibrate`: {c.note})" if (c := col.get(m))
+                    else f"α = 1 in {m.value} mode (not calibrated: `meshtax calibrate`)" for m in profile.modes),  # fmt: skip
     )
 
 
