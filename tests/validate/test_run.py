@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -81,9 +82,13 @@ def short_profile() -> Profile:
     plan = Plan(modes=(Mode.HTTP,), sizes=(100, 1024), rate_fractions=(0.5,), low_rates=(100.0,), latency_run_s=0.5,
                 latency_min_runs=4, latency_max_runs=4, probe_run_s=1.0, maxqps_run_s=0.5,
                 cpu_run_s=0.5, warmup_n=100)  # fmt: skip
+    scratch = set(Path(tempfile.gettempdir()).glob("meshtax-profile-*"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)  # a noisy shared machine may not close
-        return run_profile(ProfileOptions(name="ci-validate", plan=plan), RealSystem(), None, backends=Backends(lock_timeout=300.0))
+        prof = run_profile(ProfileOptions(name="ci-validate", plan=plan), RealSystem(), None, backends=Backends(lock_timeout=300.0))
+    # the run's scratch directory (Envoy configs and logs) is gone with it
+    assert set(Path(tempfile.gettempdir()).glob("meshtax-profile-*")) <= scratch
+    return prof
 
 
 @pytest.mark.root
