@@ -9,6 +9,7 @@ the pod namespaces and go with them) or a process that ran inside one. Each run 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,12 +81,15 @@ class Cli:
                                      preexec_fn=default_sigint)  # fmt: skip
         self.netns: set[str] = set()
         self.pids: set[int] = set()
+        self.dirs: set[str] = set()
 
     def watch(self) -> None:
         # only the namespaces this CLI's run registered: between their cases other runs (a
         # validation, another engineer's profile) create mtx-* namespaces too, and deleting
         # those in force_cleanup killed their processes
-        mine = {ns for _, st in load_states(STATE_DIR) if st is not None and st.owner_pid == self.proc.pid for ns in st.netns}
+        states = [st for _, st in load_states(STATE_DIR) if st is not None and st.owner_pid == self.proc.pid]
+        mine = {ns for st in states for ns in st.netns}
+        self.dirs |= {d for st in states for d in st.dirs}
         for ns in (_netns() - self.before) & mine:
             self.netns.add(ns)
             self.pids |= _pids_in(ns)
@@ -115,8 +119,9 @@ class Cli:
         out, err = self.proc.communicate(timeout=10)  # also closes the pipes
         return self.proc.returncode, out + err
 
-    def leftovers(self) -> tuple[set[str], set[int]]:
-        return self.netns & _netns(), {p for p in self.pids if _alive(p)}
+    def leftovers(self) -> tuple[set[str], set[int], set[str]]:
+        """The run's namespaces, processes and scratch directories that still exist."""
+        return self.netns & _netns(), {p for p in self.pids if _alive(p)}, {d for d in self.dirs if Path(d).exists()}
 
     def force_cleanup(self) -> None:
         """Whatever the assertions said: end our processes by PID and delete our namespaces."""
@@ -131,6 +136,8 @@ class Cli:
                 os.kill(p, signal.SIGKILL)
         for ns in self.netns & _netns():
             subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
@@ -169,23 +176,23 @@ def test_ctrl_c_leaves_nothing(clis: list[Cli], tmp_path: Path) -> None:
     os.kill(c.proc.pid, signal.SIGINT)
     code, out = c.finish(timeout=30)
     assert code != 0, out
-    assert c.leftovers() == (set(), set()), out
+    assert c.dirs and c.leftovers() == (set(), set(), set()), out
 
 
 def test_killed_run_is_reaped_by_the_next_which_then_leaves_nothing(clis: list[Cli], tmp_path: Path) -> None:
     dead = start_measuring(clis, tmp_path, "killed")
     os.kill(dead.proc.pid, signal.SIGKILL)
     dead.finish(timeout=10)
-    ns, pids = dead.leftovers()
-    assert ns and pids, "SIGKILL should leave the run's namespaces and processes behind"
+    ns, pids, dirs = dead.leftovers()
+    assert ns and pids and dirs, "SIGKILL should leave the run's namespaces, processes and scratch directory behind"
     nxt = start(clis, tmp_path, "after")
     code, out = nxt.finish()
     if code != 0 and BUSY in out:
         pytest.skip("another engineer's profiling run took the lock between our two runs")
     assert code == 0, out
     assert "tcp" in out and "tcp+grpc" in out  # the breakdown table of the stored profile
-    assert dead.leftovers() == (set(), set()), out
-    assert nxt.netns and nxt.leftovers() == (set(), set()), out
+    assert dead.leftovers() == (set(), set(), set()), out
+    assert nxt.netns and nxt.leftovers() == (set(), set(), set()), out
 
 
 def test_bad_carried_protocol_or_low_rate_is_a_usage_error(tmp_path: Path) -> None:

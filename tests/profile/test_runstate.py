@@ -80,6 +80,7 @@ def test_state_roundtrip_and_registry(tmp_path: Path) -> None:
     reg = Registry(tmp_path, st, tmp_path / "index")
     reg.add_netns("mtx-r1-a")
     reg.add_process(ProcRecord(11, 100, ["sleep", "1"], "mtx-r1-a"))
+    reg.add_dir(tmp_path / "scratch")
     [(path, loaded)] = load_states(tmp_path)
     assert path == tmp_path / "r1.json" and loaded == st
     (tmp_path / "junk.json").write_text("{not json")
@@ -127,11 +128,14 @@ def test_reap_dead_runs_orphans_and_reused_pids(tmp_path: Path) -> None:
     # dead run: owner 10 gone; its process 11 alive with the recorded start; its process 12's
     # PID was reused by another program (start differs) and must not be touched
     idx = tmp_path / "index"
+    dead_dir, live_dir = tmp_path / "scratch-dead", tmp_path / "scratch-live"
+    for d in (dead_dir, live_dir):
+        (d / "tcp").mkdir(parents=True)
     Registry(tmp_path, RunState("dead", 10, 1000, ["mtx-dead-bridge", "mtx-dead-a"],
-             [ProcRecord(11, 1100, ["envoy"]), ProcRecord(12, 1200, ["fortio"])]), idx).save()  # fmt: skip
+             [ProcRecord(11, 1100, ["envoy"]), ProcRecord(12, 1200, ["fortio"])], dirs=[str(dead_dir)]), idx).save()  # fmt: skip
     # live run: owner 20 alive with matching start; nothing of it may be touched
     Registry(tmp_path, RunState("live", 20, 2000, ["mtx-live-a"],
-             [ProcRecord(21, 2100, ["envoy"])]), idx).save()  # fmt: skip
+             [ProcRecord(21, 2100, ["envoy"])], dirs=[str(live_dir)]), idx).save()  # fmt: skip
     netns = ["mtx-dead-bridge", "mtx-dead-a", "mtx-live-a", "mtx-orphan-x", "someone-else"]
     procs = FakeProcs(
         {11: 1100, 12: 9999, 20: 2000, 21: 2100, 31: 3100, 41: 4100},
@@ -140,6 +144,7 @@ def test_reap_dead_runs_orphans_and_reused_pids(tmp_path: Path) -> None:
     sysm = ip_answers(netns, {"mtx-dead-a": [31], "mtx-orphan-x": [41]})
     rep = reap(sysm, procs, tmp_path, index_dir=idx)
     assert rep.runs == ["dead"]
+    assert rep.dirs == [str(dead_dir)] and not dead_dir.exists() and live_dir.exists()
     assert rep.netns == ["mtx-dead-a", "mtx-dead-bridge", "mtx-orphan-x"]
     assert sorted(rep.processes) == [11, 31, 41]
     assert sorted(procs.terminated) == [11, 31, 41]

@@ -187,9 +187,14 @@ def test_cleanup_on_exception_fake(tmp_path: Path) -> None:
     with pytest.raises(ZeroDivisionError):
         with tb:
             tb.add_pod("a")
+            scratch = tb.scratch_dir("meshtax-test-")
+            (scratch / "envoy.log").write_text("x")
+            # recorded, so a crash leaves it to the reaper
+            assert json.loads((tmp_path / "abc123.json").read_text())["dirs"] == [str(scratch)]
             1 / 0
     assert ("ip", "netns", "del", "mtx-abc123-a") in sysm.calls
     assert not (tmp_path / "abc123.json").exists()
+    assert not scratch.exists()
 
 
 def test_failed_open_cleans_up_and_releases_lock(tmp_path: Path) -> None:

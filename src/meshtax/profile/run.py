@@ -42,9 +42,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import os
-import shutil
 import socket
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -404,33 +402,28 @@ def echo_testbed(system: System, pinning: Pinning, backends: Backends | None = N
                  workdir: Path | None = None) -> Iterator[EchoBed]:  # fmt: skip
     """Create the testbed of :class:`EchoBed` (taking the profiling lock), yield it, and tear
     everything down on the way out (also on exceptions and Ctrl-C), the scratch directory of
-    logs and configs included when it made one (errors quote the logs they need)."""
+    configs and logs included when it made one (errors quote the logs they need)."""
     be = backends or Backends()
     envoy_bin = be.envoy_binary or envoy_binary()
     fortio_bin = be.fortio_binary or fortio_binary()
-    given = workdir or be.workdir
-    work = given or Path(tempfile.mkdtemp(prefix="meshtax-profile-"))
-    try:
-        with Testbed(system, state_dir=be.state_dir, lock_timeout=be.lock_timeout, procs=be.procs) as tb:
-            client = tb.add_pod("client")
-            server = tb.add_pod("server")
-            tb.mesh(server, proxy_uid=PROXY_UID,
-                    exclude_inbound_ports=(15000, 15090, *APP_PORTS.values()))  # fmt: skip
-            app = FortioServer(
-                system, work / "app", host="0.0.0.0",
-                http_port=APP_PORTS[Mode.HTTP], grpc_port=APP_PORTS[Mode.GRPC], tcp_port=APP_PORTS[Mode.TCP],
-                place=server.place(cpus=pinning.app), binary=fortio_bin,
-            )  # fmt: skip
-            app.start()
-            assert app.process is not None
-            tb.adopt(app.process, app.argv, netns=server.netns)
-            try:
-                yield EchoBed(system, tb, client, server, app, pinning, envoy_bin, fortio_bin, work)
-            finally:
-                app.stop()
-    finally:
-        if given is None:
-            shutil.rmtree(work, ignore_errors=True)
+    with Testbed(system, state_dir=be.state_dir, lock_timeout=be.lock_timeout, procs=be.procs) as tb:
+        work = workdir or be.workdir or tb.scratch_dir("meshtax-profile-")
+        client = tb.add_pod("client")
+        server = tb.add_pod("server")
+        tb.mesh(server, proxy_uid=PROXY_UID,
+                exclude_inbound_ports=(15000, 15090, *APP_PORTS.values()))  # fmt: skip
+        app = FortioServer(
+            system, work / "app", host="0.0.0.0",
+            http_port=APP_PORTS[Mode.HTTP], grpc_port=APP_PORTS[Mode.GRPC], tcp_port=APP_PORTS[Mode.TCP],
+            place=server.place(cpus=pinning.app), binary=fortio_bin,
+        )  # fmt: skip
+        app.start()
+        assert app.process is not None
+        tb.adopt(app.process, app.argv, netns=server.netns)
+        try:
+            yield EchoBed(system, tb, client, server, app, pinning, envoy_bin, fortio_bin, work)
+        finally:
+            app.stop()
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Run registry, exclusive lock and reaper for profiling runs.
 
-Every network namespace and process a run creates is written to a state file under
-``/run/meshtax/`` *before* (namespaces) or right after (processes) it exists, so a run that
+Every network namespace, scratch directory and process a run creates is written to a state
+file under ``/run/meshtax/`` *before* (namespaces, directories) or right after (processes) it
+exists, so a run that
 dies — exception, Ctrl-C, SIGTERM or SIGKILL — leaves a record the next run can clean up.
 Processes are recorded with their ``/proc`` start time and are only ever signalled through a
 pidfd after the start time was checked, so a reused PID is never killed.
@@ -14,6 +15,7 @@ import fcntl
 import json
 import os
 import select
+import shutil
 import signal
 import time
 from collections.abc import Iterable, Sequence
@@ -160,6 +162,7 @@ class RunState:
     netns: list[str] = field(default_factory=list)
     processes: list[ProcRecord] = field(default_factory=list)
     created: float = field(default_factory=time.time)
+    dirs: list[str] = field(default_factory=list)  # scratch directories (configs, logs)
     version: int = STATE_VERSION
 
     def to_json(self) -> str:
@@ -179,6 +182,7 @@ class RunState:
             ],
             created=float(d.get("created", 0.0)),
             version=int(d.get("version", STATE_VERSION)),
+            dirs=[str(x) for x in d.get("dirs", [])],
         )
 
 
@@ -215,6 +219,10 @@ class Registry:
 
     def add_process(self, rec: ProcRecord) -> None:
         self.state.processes.append(rec)
+        self.save()
+
+    def add_dir(self, path: Path) -> None:
+        self.state.dirs.append(str(path))
         self.save()
 
     def remove(self) -> None:
@@ -339,14 +347,15 @@ def stop_records(procs: ProcOps, records: Iterable[ProcRecord], timeout: float =
 
 @dataclass
 class ReapReport:
-    """What a reap removed: stale run ids, namespaces, and processes signalled."""
+    """What a reap removed: stale run ids, namespaces, scratch directories, and processes signalled."""
 
     runs: list[str] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)
     processes: list[int] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.runs or self.netns or self.processes)
+        return bool(self.runs or self.netns or self.processes or self.dirs)
 
 
 def owner_alive(procs: ProcOps, st: RunState) -> bool:
@@ -362,8 +371,8 @@ def reap(
     timeout: float = 2.0,
     index_dir: Path | None = None,
 ) -> ReapReport:
-    """Remove leftovers of dead runs: their recorded processes and namespaces, their state
-    files, and any ``mtx-*`` namespace no live run owns — live in this state dir or in the
+    """Remove leftovers of dead runs: their recorded processes, namespaces and scratch
+    directories, their state files, and any ``mtx-*`` namespace no live run owns — live in this state dir or in the
     machine-wide index (runs of other state dirs). Call it holding the lock."""
     report = ReapReport()
     index = INDEX_DIR if index_dir is None else index_dir
@@ -385,6 +394,9 @@ def reap(
             for ns in reversed(st.netns):
                 report.processes += delete_netns(system, procs, ns, timeout)
                 report.netns.append(ns)
+            for d in st.dirs:
+                shutil.rmtree(d, ignore_errors=True)
+                report.dirs.append(d)
             report.runs.append(st.run_id)
             if index != state_dir:
                 (index / path.name).unlink(missing_ok=True)

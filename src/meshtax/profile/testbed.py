@@ -18,8 +18,10 @@ import ipaddress
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import types
 from collections.abc import Mapping, Sequence
@@ -254,6 +256,8 @@ class Testbed:
                         delete_netns(self.system, self.procs, ns, self.stop_timeout)
                     except Exception as e:
                         errors.append(f"delete netns {ns}: {e}")
+                for d in st.dirs:
+                    shutil.rmtree(d, ignore_errors=True)
                 self._registry.remove()
             self._spawned.clear()
             self.pods.clear()
@@ -375,6 +379,14 @@ class Testbed:
     def processes(self) -> list[Process]:
         """Processes spawned or adopted so far, oldest first."""
         return list(self._spawned)
+
+    def scratch_dir(self, prefix: str) -> Path:
+        """A new temporary directory (configs, logs) that lives as long as the testbed: removed
+        on close, and by the reaper after a crash."""
+        reg = self._require_open()
+        path = Path(tempfile.mkdtemp(prefix=prefix))
+        reg.add_dir(path)
+        return path
 
     def adopt(self, proc: Process, argv: Sequence[str] = (), *, netns: str | None = None) -> None:
         """Register a process started elsewhere so it is stopped on close and reaped after a
