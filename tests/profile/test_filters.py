@@ -195,26 +195,29 @@ def test_noop_module_exports_the_abi(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def _all_configs() -> list[tuple[str, FilterSpec, Mode]]:
+def _all_configs(outdir: Path) -> list[tuple[str, FilterSpec, Mode]]:
+    """Every config, its tap and access-log files under ``outdir`` (Envoy creates them even
+    when it only validates)."""
+    files = {"path_prefix": str(outdir / "tap"), "path": str(outdir / "access.log")}
     out = []
     for mode in Mode:
         for name, p in catalogue():
             if mode in modes_for(name):
-                spec = filter_config(name, mode, **p)
+                spec = filter_config(name, mode, **{**files, **p})
                 out.append((f"{mode.value}-{spec.name}", spec, mode))
         for combo in (*COMBINATIONS.values(), *MIXES.values()):
             # the 10k-rule pieces are validated alone above; twice more only costs seconds
             if mode is not Mode.TCP and not any(c.endswith("_10000") for c in combo):
-                spec = combination(combo, mode)
+                spec = combination(combo, mode, **files)
                 out.append((f"{mode.value}-{spec.name}", spec, mode))
     return out
 
 
 @need_envoy
 @need_wasm
-def test_real_validate_every_catalogue_config() -> None:
+def test_real_validate_every_catalogue_config(tmp_path: Path) -> None:
     """Every filter (both HTTP modes; network RBAC in tcp too) and every combination."""
-    configs = _all_configs()
+    configs = _all_configs(tmp_path)
     assert len(configs) == 18 * 2 + 4 + 9 * 2
 
     def check(item: tuple[str, FilterSpec, Mode]) -> str | None:
