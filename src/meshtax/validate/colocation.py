@@ -35,7 +35,7 @@ from meshtax.predict.engine import predict_batch, single_profile
 from meshtax.profile.system import System
 from meshtax.store.sqlite import ProfileStore
 from meshtax.traces import SpanOptions, load_traces
-from meshtax.validate.result import CaseResult, ValidationResult, overheads
+from meshtax.validate.result import CaseResult, ValidationResult, cpu_differences, overheads
 
 __all__ = ["CHAINS", "GRID", "CalibrationError", "calibrate", "fit_alpha", "colocation_of"]
 
@@ -58,15 +58,11 @@ def fit_alpha(measured: Sequence[float], predicted: FloatArray, grid: FloatArray
     m = np.asarray(measured, dtype=np.float64)
     if m.ndim != 1 or predicted.shape != (len(grid), len(m)) or len(m) < 2:
         raise CalibrationError(f"need predictions of ≥ 2 chains on the grid; got {predicted.shape} for {m.shape}")
-    if (m <= 0).any() or (predicted <= 0).any():
+    if not np.isfinite(m).all() or (m <= 0).any() or (predicted <= 0).any():
         raise CalibrationError(f"a chain's overhead is not positive (measured {m.round(1).tolist()}): nothing to fit")
     e = np.log(m)[None, :] - np.log(predicted)
     d = e[:, 1:] - e[:, :1]
     return float(grid[int(np.argmin((d**2).sum(axis=1)))])
-
-
-def _cpu_overheads(case: CaseResult) -> list[float]:
-    return [m.cpu_us_per_request - b.cpu_us_per_request for b, m in case.pairs if b.count and m.count]
 
 
 def colocation_of(
@@ -83,9 +79,10 @@ def colocation_of(
     bad = [f"{c.name} {c.mode}: {c.error}" for c in cases if c.error is not None or not c.pairs]
     if bad:
         raise CalibrationError("calibration case(s) failed: " + "; ".join(bad))
-    samples = [np.asarray(_cpu_overheads(c)) for c in cases]
+    samples = [np.asarray(cpu_differences(c.pairs)) for c in cases]
+    cpu = [overheads(c.pairs)["cpu"] for c in cases]  # median and 95 % interval per chain
     predicted = np.array([[predict(c, float(a)) for c in cases] for a in GRID])
-    measured = [float(np.median(s)) for s in samples]
+    measured = [float(e.median) for e in cpu]
     alpha = fit_alpha(measured, predicted)
     rng = np.random.default_rng(seed)
     boots = []
@@ -96,16 +93,11 @@ def colocation_of(
     lo, hi = (float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))) if boots else (alpha, alpha)
     k = int(np.argmin(np.abs(GRID - alpha)))
     points = tuple(
-        ColocationPoint(len(c.sidecar_modes), measured[j], *_interval(c), float(predicted[k, j])) for j, c in enumerate(cases)
+        ColocationPoint(len(c.sidecar_modes), measured[j], float(cpu[j].lo), float(cpu[j].hi), float(predicted[k, j])) for j, c in enumerate(cases)
     )
     note = (f"chains of {', '.join(str(p.services) for p in points)} services, {mode.value} mode, {rate:g} requests/s, "
             f"{min(len(s) for s in samples)}–{max(len(s) for s in samples)} paired runs each; {len(boots)} bootstrap fits")  # fmt: skip
     return Colocation(alpha, lo, hi, mode.value, rate, points, note)
-
-
-def _interval(case: CaseResult) -> tuple[float, float]:
-    k = overheads(case.pairs)["cpu"]
-    return float(k.lo), float(k.hi)
 
 
 def calibrate(

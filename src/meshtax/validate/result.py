@@ -73,6 +73,11 @@ class RunSample:
         )  # fmt: skip
 
 
+def cpu_differences(pairs: Sequence[tuple[RunSample, RunSample]]) -> list[float]:
+    """CPU-µs per request (all pods), mesh − no mesh, per pair."""
+    return [m.cpu_us_per_request - b.cpu_us_per_request for b, m in pairs]
+
+
 def overheads(pairs: Sequence[tuple[RunSample, RunSample]]) -> dict[str, Estimate]:
     """Median (with its 95 % order-statistic interval) over pairs of mesh − no mesh, for
     ``p50``, ``p90``, ``mean`` latency (µs) and ``cpu`` (CPU-µs per request, all pods)."""
@@ -82,7 +87,7 @@ def overheads(pairs: Sequence[tuple[RunSample, RunSample]]) -> dict[str, Estimat
         "p50": estimate([m.p50_us - b.p50_us for b, m in pairs]),
         "p90": estimate([m.p90_us - b.p90_us for b, m in pairs]),
         "mean": estimate([m.mean_us - b.mean_us for b, m in pairs]),
-        "cpu": estimate([m.cpu_us_per_request - b.cpu_us_per_request for b, m in pairs]),
+        "cpu": estimate(cpu_differences(pairs)),
     }
 
 
