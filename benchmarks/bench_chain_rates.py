@@ -34,16 +34,35 @@ def main() -> None:
     store = ProfileStore(a.db) if a.db else ProfileStore()
     rows = []
     for rate in (float(r) for r in a.rates.split(",")):
-        opts = ValidateOptions("chain", modes=(Mode.HTTP,), rate=rate, duration_s=3.0, profile_name=a.profile, min_pairs=6, max_pairs=8)
-        for c in run_validation(opts, RealSystem(), store, progress=lambda m: print(m, flush=True)).cases:
+        opts = ValidateOptions(
+            "chain",
+            modes=(Mode.HTTP,),
+            rate=rate,
+            duration_s=3.0,
+            profile_name=a.profile,
+            min_pairs=6,
+            max_pairs=8,
+        )
+        for c in run_validation(
+            opts, RealSystem(), store, progress=lambda m: print(m, flush=True)
+        ).cases:
             if c.error is not None:
                 rows.append({"rate": rate, "chain": c.query, "error": c.error})
                 continue
             k = c.comparisons["cpu"]
             n = CROSSINGS[c.query]
-            rows.append({"rate": rate, "chain": c.query, "crossings": n, "cpu_us_per_request": k.measured.median,
-                         "ci": [k.measured.lo, k.measured.hi], "per_crossing": k.measured.median / n,
-                         "predicted_per_request": k.predicted, "error": k.error})  # fmt: skip
+            rows.append(
+                {
+                    "rate": rate,
+                    "chain": c.query,
+                    "crossings": n,
+                    "cpu_us_per_request": k.measured.median,
+                    "ci": [k.measured.lo, k.measured.hi],
+                    "per_crossing": k.measured.median / n,
+                    "predicted_per_request": k.predicted,
+                    "error": k.error,
+                }
+            )
     print(json.dumps(rows, indent=1))
 
 

@@ -26,14 +26,26 @@ def _phase(args: argparse.Namespace) -> dict[str, float]:
         from meshtax.traces.synth import generate
 
         s = generate(args.graphs, args.seed, args.version, d / "input.csv")
-        out = {"graphs": s.graphs, "calls": s.calls, "csv_rows": s.rows, "csv_bytes": (d / "input.csv").stat().st_size}
+        out = {
+            "graphs": s.graphs,
+            "calls": s.calls,
+            "csv_rows": s.rows,
+            "csv_bytes": (d / "input.csv").stat().st_size,
+        }
     else:
         from meshtax.traces.alibaba import AlibabaOptions
         from meshtax.traces.api import ingest
 
-        opts = AlibabaOptions(bucket_bytes=args.bucket_mb << 20, partition_graphs=args.partition_graphs)
+        opts = AlibabaOptions(
+            bucket_bytes=args.bucket_mb << 20, partition_graphs=args.partition_graphs
+        )
         st, rep = ingest(d / "input.csv", d / "store", options=opts, overwrite=True, progress=False)
-        out = {"graphs": st.n_graphs, "calls": st.n_rows, "partitions": len(st.partitions), "rows_read": rep.rows_read}
+        out = {
+            "graphs": st.n_graphs,
+            "calls": st.n_rows,
+            "partitions": len(st.partitions),
+            "rows_read": rep.rows_read,
+        }
     out["seconds"] = time.perf_counter() - t
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
@@ -55,7 +67,9 @@ def main() -> None:
     Path(a.dir).mkdir(parents=True, exist_ok=True)
     res = {}
     for ph in ("generate", "ingest"):
-        out = subprocess.run([sys.executable, *sys.argv, "--phase", ph], check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, *sys.argv, "--phase", ph], check=True, capture_output=True, text=True
+        ).stdout
         res[ph] = json.loads(out.strip().splitlines()[-1])
     res["ingest"]["csv_rows_per_s"] = res["generate"]["csv_rows"] / res["ingest"]["seconds"]
     print(json.dumps({"bench": "ingest", "version": a.version, "bucket_mb": a.bucket_mb, **res}))

@@ -33,21 +33,34 @@ def main(argv: list[str] | None = None) -> int:
     system = RealSystem()
     opts = FilterRunOptions.quick() if a.quick else FilterRunOptions()
     be = FilterBackends(load=real_load(system, stdclient=True))
-    doc: dict[str, object] = {"command": " ".join(sys.argv), "machine": platform.node(), "load_average_start": os.getloadavg()}
+    doc: dict[str, object] = {
+        "command": " ".join(sys.argv),
+        "machine": platform.node(),
+        "load_average_start": os.getloadavg(),
+    }
     with tempfile.TemporaryDirectory(prefix="meshtax-bench-large-") as d:
         for m in a.modes.split(","):
             mode = Mode(m)
             lr = measure_large(mode, LARGE_SIZES, opts, system, be, Path(d))
             fits = {k: fit_large(v, k) for k, v in (("cpu", lr.cpu_us), ("latency", lr.latency_us))}
-            doc[mode.value] = {"measured": lr.to_dict(), **{k: f.to_dict() for k, f in fits.items()}}
+            doc[mode.value] = {
+                "measured": lr.to_dict(),
+                **{k: f.to_dict() for k, f in fits.items()},
+            }
             for k, f in fits.items():
-                print(f"\n{mode.value} {k} per crossing (µs): split model split={f.split.split_bytes} "
-                      f"a={f.split.intercept:.2f} b={f.split.slope * 1e3:.4f}/KB u={f.split.per_unit:.2f}; "
-                      f"R² {f.split.stats.r2 if f.split.stats else None}")
-                print(f"  {'size':>8s} {'measured':>10s} {'line':>10s} {'err':>7s} {'split':>10s} {'err':>7s}")
+                print(
+                    f"\n{mode.value} {k} per crossing (µs): split model split={f.split.split_bytes} "
+                    f"a={f.split.intercept:.2f} b={f.split.slope * 1e3:.4f}/KB u={f.split.per_unit:.2f}; "
+                    f"R² {f.split.stats.r2 if f.split.stats else None}"
+                )
+                print(
+                    f"  {'size':>8s} {'measured':>10s} {'line':>10s} {'err':>7s} {'split':>10s} {'err':>7s}"
+                )
                 for r in f.rows():
-                    print(f"  {r['size']:8.0f} {r['measured']:10.1f} {r['line']:10.1f} {100 * r['line_error']:+6.1f}% "
-                          f"{r['split_model']:10.1f} {100 * r['split_error']:+6.1f}%")
+                    print(
+                        f"  {r['size']:8.0f} {r['measured']:10.1f} {r['line']:10.1f} {100 * r['line_error']:+6.1f}% "
+                        f"{r['split_model']:10.1f} {100 * r['split_error']:+6.1f}%"
+                    )
     doc["load_average_end"] = os.getloadavg()
     a.out.write_text(json.dumps(doc, indent=1))
     print(f"\nwritten {a.out}")

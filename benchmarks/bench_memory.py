@@ -28,15 +28,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/meshtax-memory.json"))
     a = ap.parse_args(argv)
     conns = QUICK_CONNECTIONS if a.quick else CONNECTIONS
-    doc: dict[str, object] = {"command": " ".join(sys.argv), "machine": platform.node(), "load_average_start": os.getloadavg()}
+    doc: dict[str, object] = {
+        "command": " ".join(sys.argv),
+        "machine": platform.node(),
+        "load_average_start": os.getloadavg(),
+    }
     results = measure_matrix([Mode(m) for m in a.modes.split(",")], conns, tls_version=a.tls)
     doc["results"] = [r.to_dict() for r in results]
     print(f"{'mode':6s} {'mTLS':5s} {'role':7s} {'M (MiB)':>9s} {'m (KiB/conn)':>13s} {'R²':>7s}")
     for r in results:
         for role in ("server", "client"):
             r2 = r.r2(role)
-            print(f"{r.spec.mode.value:6s} {str(r.spec.mtls):5s} {role:7s} {r.base_bytes(role) / 2**20:9.2f} "
-                  f"{r.per_connection_bytes(role) / 1024:13.2f} {r2 if r2 is not None else float('nan'):7.4f}")
+            print(
+                f"{r.spec.mode.value:6s} {str(r.spec.mtls):5s} {role:7s} {r.base_bytes(role) / 2**20:9.2f} "
+                f"{r.per_connection_bytes(role) / 1024:13.2f} {r2 if r2 is not None else float('nan'):7.4f}"
+            )
     doc["load_average_end"] = os.getloadavg()
     a.out.write_text(json.dumps(doc, indent=1))
     print(f"\nwritten {a.out}")

@@ -33,7 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     system = RealSystem()
     opts = FilterRunOptions.quick() if a.quick else FilterRunOptions()
     be = FilterBackends(load=real_load(system))
-    doc: dict[str, object] = {"command": " ".join(sys.argv), "machine": platform.node(), "load_average_start": os.getloadavg()}
+    doc: dict[str, object] = {
+        "command": " ".join(sys.argv),
+        "machine": platform.node(),
+        "load_average_start": os.getloadavg(),
+    }
     versions = [v.strip() for v in a.tls.split(",")]
     if not set(versions) <= {"1.2", "1.3"}:
         ap.error("--tls: 1.2 and/or 1.3")
@@ -45,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
             hs = measure_handshake(opts, system, be, Path(d), version, k=100 if a.quick else 300)
             vdoc["handshake"] = hs.to_dict()
             e = hs.cpu_us
-            print(f"TLS {version} handshake per connection through the pair: CPU {e.median:.1f} µs [{e.lo:.1f}, {e.hi:.1f}], "
-                  f"latency {hs.latency_us.median:.1f} µs [{hs.latency_us.lo:.1f}, {hs.latency_us.hi:.1f}]")
+            print(
+                f"TLS {version} handshake per connection through the pair: CPU {e.median:.1f} µs [{e.lo:.1f}, {e.hi:.1f}], "
+                f"latency {hs.latency_us.median:.1f} µs [{hs.latency_us.lo:.1f}, {hs.latency_us.hi:.1f}]"
+            )
             for m in a.modes.split(","):
                 mode = Mode(m)
                 r = measure_tls(mode, TLS_SIZES, opts, system, be, Path(d), version)
@@ -55,10 +61,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n{mode.value}: per request through the pair, mTLS − plaintext (95 % CI)")
                 for s in r.sizes:
                     c, lt = r.cpu_us[s], r.latency_us[s]
-                    print(f"  {s:7d} B  CPU {c.median:8.2f} [{c.lo:7.2f},{c.hi:7.2f}] µs ({100 * c.median / r.plain_cpu_us[s]:5.1f}% of plaintext)"
-                          f"  latency {lt.median:8.2f} [{lt.lo:7.2f},{lt.hi:7.2f}] µs")
-                print(f"  tls component per crossing: CPU {cm.cpu.intercept:.3f} µs + {cm.cpu.slope * 1e3:.4f} µs/KB"
-                      f" + {cm.cpu.per_unit:.3f} µs per extra {cm.cpu.split_bytes} B record (R² {cm.cpu.stats.r2 if cm.cpu.stats else None})")
+                    print(
+                        f"  {s:7d} B  CPU {c.median:8.2f} [{c.lo:7.2f},{c.hi:7.2f}] µs ({100 * c.median / r.plain_cpu_us[s]:5.1f}% of plaintext)"
+                        f"  latency {lt.median:8.2f} [{lt.lo:7.2f},{lt.hi:7.2f}] µs"
+                    )
+                print(
+                    f"  tls component per crossing: CPU {cm.cpu.intercept:.3f} µs + {cm.cpu.slope * 1e3:.4f} µs/KB"
+                    f" + {cm.cpu.per_unit:.3f} µs per extra {cm.cpu.split_bytes} B record (R² {cm.cpu.stats.r2 if cm.cpu.stats else None})"
+                )
     doc["load_average_end"] = os.getloadavg()
     a.out.write_text(json.dumps(doc, indent=1))
     print(f"\nwritten {a.out}")

@@ -31,7 +31,11 @@ def random_batch(n_graphs: int, size: int, seed: int = 1) -> EcgBatch:
     b = BatchBuilder()
     svcs = [b.service(f"s{i}", SidecarConfig(Mode.HTTP)) for i in range(50)]
     for g in range(n_graphs):
-        parents = np.concatenate([[-1], rng.integers(0, np.arange(1, size))]) if size > 1 else np.array([-1])
+        parents = (
+            np.concatenate([[-1], rng.integers(0, np.arange(1, size))])
+            if size > 1
+            else np.array([-1])
+        )
         start = np.zeros(size)
         dur = np.zeros(size)
         dur[0] = 10_000.0
@@ -44,7 +48,18 @@ def random_batch(n_graphs: int, size: int, seed: int = 1) -> EcgBatch:
                 lo, hi = start[p], start[p] + dur[p]
                 start[i] = lo + rng.random() * (hi - lo) * 0.5
                 dur[i] = (hi - start[i]) * rng.random()
-            rows.append((p, -1 if p < 0 else svcs[callee[p]], svcs[callee[i]], 100.0, 100.0, 1000.0, start[i], dur[i]))
+            rows.append(
+                (
+                    p,
+                    -1 if p < 0 else svcs[callee[p]],
+                    svcs[callee[i]],
+                    100.0,
+                    100.0,
+                    1000.0,
+                    start[i],
+                    dur[i],
+                )
+            )
         b.add_graph(f"g{g}", rows)
     return b.build()
 
@@ -54,9 +69,27 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     look = single_profile(reference_profile())
-    predict_batch(random_batch(2, 5), look)  # compile the kernel (cached on disk after the first run)
-    cases = [("1 ECG x 10", 1, 10), ("1 ECG x 100", 1, 100), ("1 ECG x 10 000", 1, 10_000), ("100 000 ECGs x 10", 100_000, 10)]
-    print(json.dumps({"machine": {"cpu": cpu_model(), "cores": 2, "kernel": platform.release(), "python": platform.python_version()}}))
+    predict_batch(
+        random_batch(2, 5), look
+    )  # compile the kernel (cached on disk after the first run)
+    cases = [
+        ("1 ECG x 10", 1, 10),
+        ("1 ECG x 100", 1, 100),
+        ("1 ECG x 10 000", 1, 10_000),
+        ("100 000 ECGs x 10", 100_000, 10),
+    ]
+    print(
+        json.dumps(
+            {
+                "machine": {
+                    "cpu": cpu_model(),
+                    "cores": 2,
+                    "kernel": platform.release(),
+                    "python": platform.python_version(),
+                }
+            }
+        )
+    )
     for name, graphs, size in cases:
         batch = random_batch(graphs, size)
         times = []
@@ -66,9 +99,19 @@ def main() -> None:
             times.append(time.perf_counter() - t)
         n = batch.n_invocations
         med = statistics.median(times)
-        print(json.dumps({"case": name, "invocations": n, "median_s": round(med, 6), "min_s": round(min(times), 6),
-                          "max_s": round(max(times), 6), "invocations_per_s_median": round(n / med),
-                          "invocations_per_s_range": [round(n / max(times)), round(n / min(times))]}))
+        print(
+            json.dumps(
+                {
+                    "case": name,
+                    "invocations": n,
+                    "median_s": round(med, 6),
+                    "min_s": round(min(times), 6),
+                    "max_s": round(max(times), 6),
+                    "invocations_per_s_median": round(n / med),
+                    "invocations_per_s_range": [round(n / max(times)), round(n / min(times))],
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ AGREE = 0.15
 SIGNIFICANT_US = 5.0
 
 
-def one_run(name: str, db: Path, tries: int = 20) -> tuple[Profile, float, list[float], list[float]]:
+def one_run(
+    name: str, db: Path, tries: int = 20
+) -> tuple[Profile, float, list[float], list[float]]:
     exe = Path(sys.executable).with_name("meshtax")
     cmd = [str(exe), "profile", "--quick", "--name", name]
     for _ in range(tries):
@@ -53,7 +55,9 @@ def one_run(name: str, db: Path, tries: int = 20) -> tuple[Profile, float, list[
         lock.release()
         load0 = [round(x, 2) for x in os.getloadavg()]
         t0 = time.monotonic()
-        done = subprocess.run(cmd, env={**os.environ, "MESHTAX_DB": str(db)}, capture_output=True, text=True)
+        done = subprocess.run(
+            cmd, env={**os.environ, "MESHTAX_DB": str(db)}, capture_output=True, text=True
+        )
         wall = time.monotonic() - t0
         if done.returncode != 0 and "another meshtax profiling run holds" in done.stderr:
             continue
@@ -76,16 +80,26 @@ def components(prof: Profile) -> dict[str, dict[int, dict[str, Any]]]:
         out[mode] = {}
         for r in rs:
             base = tcp.get(r["size"])
-            pooled = assemble(Mode(mode), _bd(r["probe"]["latency_breakdown_us"]),
-                              _bd(base["probe"]["latency_breakdown_us"]) if base else None)  # fmt: skip
-            pairs = [assemble(Mode(mode), _bd(p), _bd(bp) if base else None)
-                     for p, bp in zip(r["probe"]["per_pair_breakdown_us"],
-                                      (base or r)["probe"]["per_pair_breakdown_us"])]  # fmt: skip
+            pooled = assemble(
+                Mode(mode),
+                _bd(r["probe"]["latency_breakdown_us"]),
+                _bd(base["probe"]["latency_breakdown_us"]) if base else None,
+            )
+            pairs = [
+                assemble(Mode(mode), _bd(p), _bd(bp) if base else None)
+                for p, bp in zip(
+                    r["probe"]["per_pair_breakdown_us"],
+                    (base or r)["probe"]["per_pair_breakdown_us"],
+                )
+            ]
             out[mode][r["size"]] = {
-                c.key: {"value": round(v, 2), "lo": round(min(p[c] for p in pairs), 2),
-                        "hi": round(max(p[c] for p in pairs), 2)}
+                c.key: {
+                    "value": round(v, 2),
+                    "lo": round(min(p[c] for p in pairs), 2),
+                    "hi": round(max(p[c] for p in pairs), 2),
+                }
                 for c, v in pooled.items()
-            }  # fmt: skip
+            }
     return out
 
 
@@ -115,7 +129,9 @@ def client_delta(r: dict[str, Any]) -> dict[str, float] | None:
         per = {}
         for meshed in (True, False):
             sel = [w for w in ws if w["meshed"] is meshed]
-            per[meshed] = sum(w["client"][k] for w in sel) * 1e-3 / (2 * sum(w["requests"] for w in sel))
+            per[meshed] = (
+                sum(w["client"][k] for w in sel) * 1e-3 / (2 * sum(w["requests"] for w in sel))
+            )
         out[k.removesuffix("_ns")] = round(per[True] - per[False], 2)
     return out
 
@@ -140,15 +156,25 @@ def stalls(r: dict[str, Any]) -> dict[str, float] | None:
 
 
 def half(e: dict[str, Any]) -> dict[str, float]:
-    return {"median": round(e["median"] / 2, 2), "lo": round(e["lo"] / 2, 2), "hi": round(e["hi"] / 2, 2),
-            "n": e["n"], "coverage": round(e["coverage"], 3)}  # fmt: skip
+    return {
+        "median": round(e["median"] / 2, 2),
+        "lo": round(e["lo"] / 2, 2),
+        "hi": round(e["hi"] / 2, 2),
+        "n": e["n"],
+        "coverage": round(e["coverage"], 3),
+    }
 
 
 def summary(prof: Profile, wall: float, load0: list[float], load1: list[float]) -> dict[str, Any]:
     comps = components(prof)
-    entry: dict[str, Any] = {"name": prof.name, "wall_s": round(wall, 1),
-                             "profile_wall_s": round(prof.provenance.options["wall_time_s"], 1),
-                             "loadavg_before": load0, "loadavg_after": load1, "modes": {}}  # fmt: skip
+    entry: dict[str, Any] = {
+        "name": prof.name,
+        "wall_s": round(wall, 1),
+        "profile_wall_s": round(prof.provenance.options["wall_time_s"], 1),
+        "loadavg_before": load0,
+        "loadavg_after": load1,
+        "modes": {},
+    }
     for mode, mp in prof.modes.items():
         c = mp.closure
         assert c is not None
@@ -163,23 +189,32 @@ def summary(prof: Profile, wall: float, load0: list[float], load1: list[float]) 
                 "overhead_probed_us": probed,
                 "overhead_unprobed_us": unprobed,
                 "perturbation_us": round(probed["median"] - unprobed["median"], 2),
-                "closure_vs_probed": round(total / probed["median"] - 1, 3) if probed["median"] else None,
-                "closure_vs_unprobed": round(total / unprobed["median"] - 1, 3) if unprobed["median"] else None,
+                "closure_vs_probed": round(total / probed["median"] - 1, 3)
+                if probed["median"]
+                else None,
+                "closure_vs_unprobed": round(total / unprobed["median"] - 1, 3)
+                if unprobed["median"]
+                else None,
                 "unattributed_us": round(probed["median"] - total, 2),
                 "client_delta_us": client_delta(r),
                 "notify_stalls": stalls(r),
             }
         entry["modes"][mode.value] = {
-            "closure": {"components_us": round(c.components_us, 2), "measured_us": round(c.measured_us, 2),
-                        "measured_ci_us": [round(c.measured_lo_us, 2), round(c.measured_hi_us, 2)],
-                        "error": round(c.error, 3), "closes": c.closes},  # fmt: skip
+            "closure": {
+                "components_us": round(c.components_us, 2),
+                "measured_us": round(c.measured_us, 2),
+                "measured_ci_us": [round(c.measured_lo_us, 2), round(c.measured_hi_us, 2)],
+                "error": round(c.error, 3),
+                "closes": c.closes,
+            },
             "sizes": sizes,
         }
     return entry
 
 
-def _rel_diffs(ca: dict[str, dict[int, dict[str, float]]],
-               cb: dict[str, dict[int, dict[str, float]]]) -> dict[str, float]:  # fmt: skip
+def _rel_diffs(
+    ca: dict[str, dict[int, dict[str, float]]], cb: dict[str, dict[int, dict[str, float]]]
+) -> dict[str, float]:
     out: dict[str, float] = {}
     for mode, sizes in ca.items():
         for size, comps in sizes.items():
@@ -195,8 +230,10 @@ def agreement(a: Profile, b: Profile) -> dict[str, float]:
     """Relative differences of the per-size medians (components > 5 µs in either run)."""
 
     def values(p: Profile) -> dict[str, dict[int, dict[str, float]]]:
-        return {m: {s: {c: v["value"] for c, v in cs.items()} for s, cs in ss.items()}
-                for m, ss in components(p).items()}  # fmt: skip
+        return {
+            m: {s: {c: v["value"] for c, v in cs.items()} for s, cs in ss.items()}
+            for m, ss in components(p).items()
+        }
 
     return _rel_diffs(values(a), values(b))
 
@@ -210,8 +247,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--db", type=Path, default=None,
-                    help="keep the profiles in this database (default: a scratch one, deleted)")
+    ap.add_argument(
+        "--db",
+        type=Path,
+        default=None,
+        help="keep the profiles in this database (default: a scratch one, deleted)",
+    )
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="meshtax-bench-"))
     try:
@@ -219,8 +260,10 @@ def main() -> None:
         runs = [one_run(f"bench-{i}", db) for i in range(1, args.runs + 1)]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    report: dict[str, Any] = {"command": "meshtax profile --quick --name bench-N (MESHTAX_DB=scratch)",
-                              "runs": [summary(*r) for r in runs]}  # fmt: skip
+    report: dict[str, Any] = {
+        "command": "meshtax profile --quick --name bench-N (MESHTAX_DB=scratch)",
+        "runs": [summary(*r) for r in runs],
+    }
     if len(runs) >= 2:
         agree = agreement(runs[0][0], runs[1][0])
         report["agreement_rel_diff"] = agree

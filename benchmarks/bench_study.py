@@ -29,7 +29,9 @@ def bench_profile() -> Profile:
     for m, mp in p.modes.items():
         comps = dict(mp.components)
         for f in PAPER_FILTERS:
-            comps[filter_component(f)] = ComponentModel(CostModel(5.0, note="placeholder"), CostModel(5.0, note="placeholder"))
+            comps[filter_component(f)] = ComponentModel(
+                CostModel(5.0, note="placeholder"), CostModel(5.0, note="placeholder")
+            )
         modes[m] = replace(mp, components=comps)
     return replace(p, name="bench-placeholder-filters", modes=modes)
 
@@ -41,7 +43,15 @@ def main() -> None:
     ap.add_argument("--scheduler", default=None)
     a = ap.parse_args()
     t = time.perf_counter()
-    s = run_study(f"{a.dir}/store", None, bench_profile(), f"{a.dir}/study-{a.engine}", engine=a.engine, scheduler=a.scheduler, progress=False)
+    s = run_study(
+        f"{a.dir}/store",
+        None,
+        bench_profile(),
+        f"{a.dir}/study-{a.engine}",
+        engine=a.engine,
+        scheduler=a.scheduler,
+        progress=False,
+    )
     sec = time.perf_counter() - t
     print(
         json.dumps(

@@ -34,14 +34,29 @@ def plot(results: list[SweepResult], path: Path) -> None:
     for row, r in zip(axs, results):
         cases = r.cases()
         xs = [p.x for p in r.points]
-        for ax, metric, label in ((row[0], "latency", "latency overhead p50 (µs)"), (row[1], "cpu", "CPU overhead (CPU-µs per request)")):
+        for ax, metric, label in (
+            (row[0], "latency", "latency overhead p50 (µs)"),
+            (row[1], "cpu", "CPU overhead (CPU-µs per request)"),
+        ):
             k = [c.comparisons[metric] for c in cases]
             med = [c.measured.median for c in k]
-            ax.errorbar(xs, med, yerr=[[m - c.measured.lo for m, c in zip(med, k)], [c.measured.hi - m for m, c in zip(med, k)]],
-                        marker="o", capsize=3, label="measured")  # fmt: skip
+            ax.errorbar(
+                xs,
+                med,
+                yerr=[
+                    [m - c.measured.lo for m, c in zip(med, k)],
+                    [c.measured.hi - m for m, c in zip(med, k)],
+                ],
+                marker="o",
+                capsize=3,
+                label="measured",
+            )
             ax.plot(xs, [c.predicted for c in k], marker="s", label="predicted")
             ax.set_ylabel(label, fontsize=8)
-            ax.set_xlabel("message size (B)" if r.kind == "size" else "rate (fraction of no-mesh max)", fontsize=8)
+            ax.set_xlabel(
+                "message size (B)" if r.kind == "size" else "rate (fraction of no-mesh max)",
+                fontsize=8,
+            )
             if r.kind == "size":
                 ax.set_xscale("log", base=2)
             ax.set_title(f"{r.mode}, {r.kind} sweep", fontsize=9)
@@ -69,21 +84,35 @@ def main() -> None:
     for mode in a.modes.split(","):
         for kind in a.kinds.split(","):
             assert kind in ("size", "rate")
-            r = run_sweep(kind, RealSystem(), store, mode=Mode(mode), rate=a.rate, duration_s=a.duration, profile_name=a.profile,
-                          policy=PairPolicy(min_pairs=a.pairs, max_pairs=a.pairs, budget_s=None),
-                          progress=lambda m: print(f"[{time.monotonic() - t0:5.0f}s] {m}", flush=True))  # fmt: skip
+            r = run_sweep(
+                kind,
+                RealSystem(),
+                store,
+                mode=Mode(mode),
+                rate=a.rate,
+                duration_s=a.duration,
+                profile_name=a.profile,
+                policy=PairPolicy(min_pairs=a.pairs, max_pairs=a.pairs, budget_s=None),
+                progress=lambda m: print(f"[{time.monotonic() - t0:5.0f}s] {m}", flush=True),
+            )
             write_report(r.to_document(), out / f"sweep-{kind}-{mode}.json")
             results.append(r)
             print(f"\n{mode} {kind} sweep (no-mesh max {r.max_qps_no_mesh:.0f}/s):")
-            print("| x | rate/s | latency measured [CI] | predicted | error | CPU µs/req measured [CI] | predicted | error |")
+            print(
+                "| x | rate/s | latency measured [CI] | predicted | error | CPU µs/req measured [CI] | predicted | error |"
+            )
             print("|---|---|---|---|---|---|---|---|")
             for c in r.cases():
                 k = c.comparisons
                 lat, cpu = k["latency"], k["cpu"]
-                print(f"| {c.query} | {c.rate:.0f} | {lat.measured.median:.0f} [{lat.measured.lo:.0f}, {lat.measured.hi:.0f}] | {lat.predicted:.0f} | {lat.error:+.0%} "
-                      f"| {cpu.measured.median:.1f} [{cpu.measured.lo:.1f}, {cpu.measured.hi:.1f}] | {cpu.predicted:.1f} | {cpu.error:+.0%} |")  # fmt: skip
+                print(
+                    f"| {c.query} | {c.rate:.0f} | {lat.measured.median:.0f} [{lat.measured.lo:.0f}, {lat.measured.hi:.0f}] | {lat.predicted:.0f} | {lat.error:+.0%} "
+                    f"| {cpu.measured.median:.1f} [{cpu.measured.lo:.1f}, {cpu.measured.hi:.1f}] | {cpu.predicted:.1f} | {cpu.error:+.0%} |"
+                )
     plot(results, out / "sweeps.svg")
-    print(f"\nload average {os.getloadavg()}; wall {time.monotonic() - t0:.0f} s; plots in {out / 'sweeps.svg'}")
+    print(
+        f"\nload average {os.getloadavg()}; wall {time.monotonic() - t0:.0f} s; plots in {out / 'sweeps.svg'}"
+    )
 
 
 if __name__ == "__main__":

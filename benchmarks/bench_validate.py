@@ -31,7 +31,9 @@ from meshtax.validate.run import ValidateOptions, machine, run_validation, write
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", default=None, help="profile database (default: $MESHTAX_DB or the user data dir)")
+    ap.add_argument(
+        "--db", default=None, help="profile database (default: $MESHTAX_DB or the user data dir)"
+    )
     ap.add_argument("--profile", default=None)
     ap.add_argument("--topologies", default="bookinfo,online-boutique,hotel-reservation")
     ap.add_argument("--queries", default="", help="comma-separated; empty: all of each topology")
@@ -40,7 +42,11 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="artifacts/validation")
-    ap.add_argument("--keep-traces", action="store_true", help="keep each case's no-mesh traces in <out>/traces (for validate_repredict.py)")
+    ap.add_argument(
+        "--keep-traces",
+        action="store_true",
+        help="keep each case's no-mesh traces in <out>/traces (for validate_repredict.py)",
+    )
     a = ap.parse_args()
     store = ProfileStore(a.db) if a.db else ProfileStore()
     out = Path(a.out)
@@ -48,15 +54,34 @@ def main() -> None:
     t0 = time.monotonic()
     results: list[ValidationResult] = []
     for topo in a.topologies.split(","):
-        opts = ValidateOptions(topo, tuple(q for q in a.queries.split(",") if q), tuple(Mode(m) for m in a.modes.split(",")),
-                               rate=a.rate, duration_s=a.duration, profile_name=a.profile, quick=a.quick,
-                               traces_dir=str(out / "traces") if a.keep_traces else None)  # fmt: skip
-        res = run_validation(opts, RealSystem(), store, progress=lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True))
+        opts = ValidateOptions(
+            topo,
+            tuple(q for q in a.queries.split(",") if q),
+            tuple(Mode(m) for m in a.modes.split(",")),
+            rate=a.rate,
+            duration_s=a.duration,
+            profile_name=a.profile,
+            quick=a.quick,
+            traces_dir=str(out / "traces") if a.keep_traces else None,
+        )
+        res = run_validation(
+            opts,
+            RealSystem(),
+            store,
+            progress=lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True),
+        )
         write_report(res.to_document(), out / f"{topo}.json")
         print(res.table(), flush=True)
         results.append(res)
     cases: tuple[CaseResult, ...] = tuple(c for r in results for c in r.cases)
-    everything = ValidationResult("all", cases, results[0].profile if results else "", machine(), results[0].options if results else {}, results[0].notes if results else ())
+    everything = ValidationResult(
+        "all",
+        cases,
+        results[0].profile if results else "",
+        machine(),
+        results[0].options if results else {},
+        results[0].notes if results else (),
+    )
     doc: dict[str, Any] = everything.to_document()
     doc["wall_s"] = time.monotonic() - t0
     (out / "all.json").write_text(json.dumps(doc, indent=1, default=float))
@@ -76,12 +101,17 @@ def main() -> None:
     for m in ("latency", "p90", "mean", "cpu"):
         x = s[m]
         worst = x["worst"] or {"case": "-", "error": float("nan")}
-        lines.append(f"| {m} | {x['median_abs_error']:.1%} | {x['mean_error']:+.1%} | {worst['case']} {worst['error']:+.0%} | {', '.join(x['beyond_30pct']) or '-'} |")
+        lines.append(
+            f"| {m} | {x['median_abs_error']:.1%} | {x['mean_error']:+.1%} | {worst['case']} {worst['error']:+.0%} | {', '.join(x['beyond_30pct']) or '-'} |"
+        )
     by_mode = {}
     for mode in a.modes.split(","):
         errs = [c.comparisons for c in cases if c.mode == mode and c.comparisons]
         if errs:
-            by_mode[mode] = (statistics.fmean(e["latency"].error for e in errs), statistics.fmean(e["cpu"].error for e in errs))
+            by_mode[mode] = (
+                statistics.fmean(e["latency"].error for e in errs),
+                statistics.fmean(e["cpu"].error for e in errs),
+            )
     lines += ["", "| mode | mean latency error | mean CPU error |", "|---|---|---|"]
     lines += [f"| {m} | {lat:+.1%} | {cpu:+.1%} |" for m, (lat, cpu) in by_mode.items()]
     (out / "validation.md").write_text("\n".join(lines) + "\n")

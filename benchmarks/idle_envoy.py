@@ -26,8 +26,15 @@ def main() -> None:
     ap.add_argument("--mode", default="http", choices=[m.value for m in Mode])
     a = ap.parse_args()
     admin, inbound, outbound = free_ports(3)
-    cfg = EnvoyConfig(mode=Mode(a.mode), admin_port=admin, inbound_port=inbound, outbound_port=outbound,
-                      listen_address="127.0.0.1", inbound_upstream=("127.0.0.1", 1), outbound_upstream=("127.0.0.1", 1))
+    cfg = EnvoyConfig(
+        mode=Mode(a.mode),
+        admin_port=admin,
+        inbound_port=inbound,
+        outbound_port=outbound,
+        listen_address="127.0.0.1",
+        inbound_upstream=("127.0.0.1", 1),
+        outbound_upstream=("127.0.0.1", 1),
+    )
     with tempfile.TemporaryDirectory() as d, EnvoyProcess(RealSystem(), cfg, Path(d)) as envoy:
         assert envoy.process is not None
         pid = envoy.process.pid
@@ -36,8 +43,10 @@ def main() -> None:
         time.sleep(a.seconds)
         s1, t1 = sum(schedstat(pid).values()), time.monotonic()
     cpu = (s1 - s0) / 1e9 / (t1 - t0)
-    print(f"idle Envoy ({a.mode}): {cpu * 1e3:.3f} ms CPU per second; per request at 100/s: {cpu / 100 * 1e6:.1f} µs, "
-          f"at 1000/s: {cpu / 1000 * 1e6:.2f} µs (load average {os.getloadavg()[0]:.2f})")
+    print(
+        f"idle Envoy ({a.mode}): {cpu * 1e3:.3f} ms CPU per second; per request at 100/s: {cpu / 100 * 1e6:.1f} µs, "
+        f"at 1000/s: {cpu / 1000 * 1e6:.2f} µs (load average {os.getloadavg()[0]:.2f})"
+    )
 
 
 if __name__ == "__main__":

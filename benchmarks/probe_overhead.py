@@ -78,15 +78,22 @@ def main(rounds: int = 8, n: int = 5000) -> None:
         target.close()
         other.close()
     med = {k: statistics.median(v) for k, v in res.items()}
-    print(json.dumps({
-        "rounds": rounds,
-        "pairs_per_round": n,
-        "ns_per_syscall_median": {k: round(v, 1) for k, v in med.items()},
-        "added_ns_per_syscall_target": round(med["on_t"] - med["off_t"], 1),
-        "added_ns_per_syscall_untargeted": round(med["on_o"] - med["off_o"], 1),
-        "bpf_ns_per_raw_syscall_event_median": round(statistics.median(per_call), 1) if per_call else None,
-        "raw": res,
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "rounds": rounds,
+                "pairs_per_round": n,
+                "ns_per_syscall_median": {k: round(v, 1) for k, v in med.items()},
+                "added_ns_per_syscall_target": round(med["on_t"] - med["off_t"], 1),
+                "added_ns_per_syscall_untargeted": round(med["on_o"] - med["off_o"], 1),
+                "bpf_ns_per_raw_syscall_event_median": round(statistics.median(per_call), 1)
+                if per_call
+                else None,
+                "raw": res,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

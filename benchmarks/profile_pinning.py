@@ -33,27 +33,48 @@ def main(modes: list[str], repeats: int = 5, n: int = 3000, size: int = 100) -> 
     system = RealSystem()
     work = Path(tempfile.mkdtemp(prefix="meshtax-pin-"))
     for pin in PLACEMENTS:
-        with FortioServer(system, work / "srv", http_port=PORTS["http"], grpc_port=PORTS["grpc"],
-                          tcp_port=PORTS["tcp"], place=pin.place("app")):
+        with FortioServer(
+            system,
+            work / "srv",
+            http_port=PORTS["http"],
+            grpc_port=PORTS["grpc"],
+            tcp_port=PORTS["tcp"],
+            place=pin.place("app"),
+        ):
             for mode in modes:
                 up = ("127.0.0.1", PORTS[mode])
-                cfg = EnvoyConfig(mode=mode, listen_address="127.0.0.1", inbound_port=SIDECAR_PORT,
-                                  outbound_port=SIDECAR_PORT + 1, admin_port=ADMIN_PORT,
-                                  inbound_upstream=up, outbound_upstream=up)
+                cfg = EnvoyConfig(
+                    mode=mode,
+                    listen_address="127.0.0.1",
+                    inbound_port=SIDECAR_PORT,
+                    outbound_port=SIDECAR_PORT + 1,
+                    admin_port=ADMIN_PORT,
+                    inbound_upstream=up,
+                    outbound_upstream=up,
+                )
                 with EnvoyProcess(system, cfg, work / mode, place=pin.place("sidecars")):
                     p50: dict[str, list[float]] = {"direct": [], "envoy": []}
                     p90: dict[str, list[float]] = {"direct": [], "envoy": []}
                     for _ in range(repeats):
                         for name, port in (("direct", PORTS[mode]), ("envoy", SIDECAR_PORT)):
-                            r = run_load(f"127.0.0.1:{port}", mode, size, 0, n=n, place=pin.place("client"))
+                            r = run_load(
+                                f"127.0.0.1:{port}", mode, size, 0, n=n, place=pin.place("client")
+                            )
                             p50[name].append(r.p50_us)
                             p90[name].append(r.p90_us)
                     cells = []
                     for name in ("direct", "envoy"):
-                        cells.append(f"{name} p50 {median(p50[name]):6.1f} (spread {max(p50[name]) - min(p50[name]):5.1f})"
-                                     f" p90 {median(p90[name]):6.1f}")
+                        cells.append(
+                            f"{name} p50 {median(p50[name]):6.1f} (spread {max(p50[name]) - min(p50[name]):5.1f})"
+                            f" p90 {median(p90[name]):6.1f}"
+                        )
                     over = median(p50["envoy"]) - median(p50["direct"])
-                    print(f"{pin.describe():34s} {mode:4s} " + " | ".join(cells) + f" | overhead {over:6.1f}", flush=True)
+                    print(
+                        f"{pin.describe():34s} {mode:4s} "
+                        + " | ".join(cells)
+                        + f" | overhead {over:6.1f}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

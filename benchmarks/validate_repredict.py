@@ -29,7 +29,11 @@ def main() -> None:
     ap.add_argument("--doc", required=True, nargs="+")
     ap.add_argument("--db", default=None)
     ap.add_argument("--profile", default=None, help="default: the profile the validation used")
-    ap.add_argument("--pod-cpus", default="auto", help="N, 'none' (own CPUs), or 'auto' (the validation's placement)")
+    ap.add_argument(
+        "--pod-cpus",
+        default="auto",
+        help="N, 'none' (own CPUs), or 'auto' (the validation's placement)",
+    )
     a = ap.parse_args()
     docs = [(json.loads(Path(d).read_text()), Path(d).parent / "traces") for d in a.doc]
     store = ProfileStore(a.db) if a.db else ProfileStore()
@@ -49,17 +53,30 @@ def main() -> None:
         sidecars = {s: SidecarConfig(Mode(m)) for s, m in measured.sidecar_modes.items()}
         pred = predict_traces(trace, profile, sidecars, measured.rate, pod_cpus=pod_cpus)
         cases.append(replace(measured, predicted=pred))
-    res = ValidationResult("repredicted", tuple(cases), profile.name, docs[0][0].get("machine", {}), {"pod_cpus": pod_cpus}, ())
+    res = ValidationResult(
+        "repredicted",
+        tuple(cases),
+        profile.name,
+        docs[0][0].get("machine", {}),
+        {"pod_cpus": pod_cpus},
+        (),
+    )
     print(f"profile {profile.name}, pod_cpus {pod_cpus}")
     print(res.table())
     s = res.summary()
     for m in ("latency", "p90", "cpu"):
         x = s[m]
-        print(f"{m}: median abs error {x['median_abs_error']:.1%}, bias {x['mean_error']:+.1%}, beyond 30 %: {len(x['beyond_30pct'])}")
+        print(
+            f"{m}: median abs error {x['median_abs_error']:.1%}, bias {x['mean_error']:+.1%}, beyond 30 %: {len(x['beyond_30pct'])}"
+        )
     for mode in ("tcp", "http", "grpc"):
-        sub = ValidationResult(mode, tuple(c for c in cases if c.mode == mode), profile.name, {}, {}, ()).summary()
-        print(f"  {mode}: latency {sub['latency']['median_abs_error']:.1%} (bias {sub['latency']['mean_error']:+.1%}), "
-              f"cpu {sub['cpu']['median_abs_error']:.1%} (bias {sub['cpu']['mean_error']:+.1%})")
+        sub = ValidationResult(
+            mode, tuple(c for c in cases if c.mode == mode), profile.name, {}, {}, ()
+        ).summary()
+        print(
+            f"  {mode}: latency {sub['latency']['median_abs_error']:.1%} (bias {sub['latency']['mean_error']:+.1%}), "
+            f"cpu {sub['cpu']['median_abs_error']:.1%} (bias {sub['cpu']['mean_error']:+.1%})"
+        )
 
 
 if __name__ == "__main__":

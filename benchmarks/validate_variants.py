@@ -58,7 +58,12 @@ def variant_profile(profile: Profile, variant: str) -> Profile:
     alpha = {"cpu-rate": 1.0, "own-rate": 0.0}.get(variant)
     if alpha is None:
         return profile
-    return replace(profile, colocation={m: Colocation(alpha, alpha, alpha, m.value, 100.0, note=variant) for m in profile.modes})
+    return replace(
+        profile,
+        colocation={
+            m: Colocation(alpha, alpha, alpha, m.value, 100.0, note=variant) for m in profile.modes
+        },
+    )
 
 
 def main() -> None:
@@ -82,10 +87,15 @@ def main() -> None:
                     if m.error is not None or not tr.exists():
                         continue
                     sidecars = {s: SidecarConfig(Mode(x)) for s, x in m.sidecar_modes.items()}
-                    pred = predict_traces(tr, prof, sidecars, m.rate, pod_cpus=None if v == "critical-path" else 1)
+                    pred = predict_traces(
+                        tr, prof, sidecars, m.rate, pod_cpus=None if v == "critical-path" else 1
+                    )
                     cases.append(replace(m, predicted=pred))
         s = ValidationResult(v, tuple(cases), profile.name, {}, {}, ()).summary()
-        cells = [f"{s[k]['median_abs_error']:.1%} ({s[k]['mean_error']:+.1%}), {len(s[k]['beyond_30pct'])}" for k in ("latency", "cpu")]
+        cells = [
+            f"{s[k]['median_abs_error']:.1%} ({s[k]['mean_error']:+.1%}), {len(s[k]['beyond_30pct'])}"
+            for k in ("latency", "cpu")
+        ]
         print(f"| {v} ({len(cases)} cases) | {cells[0]} | {cells[1]} |")
 
 

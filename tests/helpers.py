@@ -6,18 +6,22 @@ from collections.abc import Mapping
 
 from meshtax.model.components import Component
 from meshtax.model.costmodel import ComponentModel, CostModel
-from meshtax.model.ecg import EXTERNAL, ECG, Invocation, Service, validate
+from meshtax.model.ecg import ECG, EXTERNAL, Invocation, Service, validate
 from meshtax.model.profile import ModeProfile, Platform, Profile, Provenance
 from meshtax.model.sidecar import Mode, SidecarConfig
 
 PLATFORM = Platform("Test CPU", 2, "6.0", "envoy", "1.40", "cfg")
 
 
-def flat(latency: float, cpu: float, slope_lat: float = 0.0, slope_cpu: float = 0.0) -> ComponentModel:
+def flat(
+    latency: float, cpu: float, slope_lat: float = 0.0, slope_cpu: float = 0.0
+) -> ComponentModel:
     return ComponentModel(CostModel(latency, slope_lat), CostModel(cpu, slope_cpu))
 
 
-def profile(modes: Mapping[Mode, Mapping[Component, ComponentModel]], name: str = "test") -> Profile:
+def profile(
+    modes: Mapping[Mode, Mapping[Component, ComponentModel]], name: str = "test"
+) -> Profile:
     return Profile(
         name,
         PLATFORM,
@@ -26,7 +30,17 @@ def profile(modes: Mapping[Mode, Mapping[Component, ComponentModel]], name: str 
     )
 
 
-def inv(id: str, caller: str, callee: str, start: float, dur: float, parent: str | None = None, req: float = 100, resp: float = 100, rate: float = 1000) -> Invocation:
+def inv(
+    id: str,
+    caller: str,
+    callee: str,
+    start: float,
+    dur: float,
+    parent: str | None = None,
+    req: float = 100,
+    resp: float = 100,
+    rate: float = 1000,
+) -> Invocation:
     return Invocation(id, caller, callee, req, resp, rate, start, dur, parent)
 
 
@@ -65,4 +79,13 @@ def missing_for_real_profile() -> str | None:
     return None
 
 
-__all__ = ["EXTERNAL", "flat", "profile", "inv", "ecg", "PLATFORM", "default_sigint", "missing_for_real_profile"]
+__all__ = [
+    "EXTERNAL",
+    "flat",
+    "profile",
+    "inv",
+    "ecg",
+    "PLATFORM",
+    "default_sigint",
+    "missing_for_real_profile",
+]

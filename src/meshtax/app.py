@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from meshtax.host import this_host
-from meshtax.model.ecg import ECG, ECGError, EcgBatch, Service, to_batch
+from meshtax.model.ecg import ECG, EcgBatch, ECGError, Service, to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import predict_batch
@@ -95,10 +95,22 @@ def load_batch(opts: PredictOptions) -> Loaded:
     if opts.trace_format is None:
         ecgs = load_ecgs(opts.ecg_files)
         if opts.rate is not None:
-            ecgs = [replace(e, invocations=tuple(replace(i, rate=opts.rate) for i in e.invocations)) for e in ecgs]
+            ecgs = [
+                replace(e, invocations=tuple(replace(i, rate=opts.rate) for i in e.invocations))
+                for e in ecgs
+            ]
         notes = list(dict.fromkeys(n for e in ecgs for n in e.meta.get("notes", ())))
-        return Loaded(to_batch(ecgs), None, notes, {k: v for e in ecgs for k, v in e.services.items()})
-    from meshtax.traces import AlibabaOptions, SpanOptions, TraceFormatError, detect_format, load_service_map, load_traces
+        return Loaded(
+            to_batch(ecgs), None, notes, {k: v for e in ecgs for k, v in e.services.items()}
+        )
+    from meshtax.traces import (
+        AlibabaOptions,
+        SpanOptions,
+        TraceFormatError,
+        detect_format,
+        load_service_map,
+        load_traces,
+    )
 
     sidecar = SidecarConfig(Mode(opts.sidecar_mode))
     try:
@@ -106,7 +118,9 @@ def load_batch(opts: PredictOptions) -> Loaded:
         fmt = fmt or detect_format(opts.ecg_files[0])
         options: Any
         if fmt.startswith("alibaba"):
-            options = AlibabaOptions(sidecar=sidecar, **({"rate": opts.rate} if opts.rate is not None else {}))
+            options = AlibabaOptions(
+                sidecar=sidecar, **({"rate": opts.rate} if opts.rate is not None else {})
+            )
         else:
             smap = load_service_map(opts.service_map) if opts.service_map else {}
             options = SpanOptions(rate=opts.rate, service_map=smap, default_sidecar=sidecar)
@@ -114,7 +128,9 @@ def load_batch(opts: PredictOptions) -> Loaded:
     except (TraceFormatError, OSError) as e:
         raise UsageError(f"traces: {e}") from None
     if res.batch.n_graphs == 0:
-        raise UsageError(f"traces: no usable call graph in {', '.join(opts.ecg_files)}:\n{res.report.summary()}")
+        raise UsageError(
+            f"traces: no usable call graph in {', '.join(opts.ecg_files)}:\n{res.report.summary()}"
+        )
     return Loaded(res.batch, res.report.to_dict(), [], {})
 
 
@@ -138,10 +154,22 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
         def lookup_after(name: str | None) -> Profile:
             return after_profile if name is None or name == profile.name else store.get(name)
 
-        whatif = (sp.describe(), predict_batch(batch, lookup_after, pod_cpus=opts.pod_cpus), after_profile)
+        whatif = (
+            sp.describe(),
+            predict_batch(batch, lookup_after, pod_cpus=opts.pod_cpus),
+            after_profile,
+        )
     memory, mw = memory_by_service(loaded.services, lookup)
     warnings += mw
-    doc = prediction_document(batch, bp, profile, host=this_host(), options=opts.to_dict(), warnings=warnings, whatif=whatif)
+    doc = prediction_document(
+        batch,
+        bp,
+        profile,
+        host=this_host(),
+        options=opts.to_dict(),
+        warnings=warnings,
+        whatif=whatif,
+    )
     if loaded.imported is not None:
         doc["import"] = loaded.imported
     if memory is not None:
@@ -149,4 +177,12 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
     return doc
 
 
-__all__ = ["PredictOptions", "UsageError", "predict_files", "choose_profile", "ECGError", "StoreError", "SpeedupError"]
+__all__ = [
+    "PredictOptions",
+    "UsageError",
+    "predict_files",
+    "choose_profile",
+    "ECGError",
+    "StoreError",
+    "SpeedupError",
+]

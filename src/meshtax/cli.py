@@ -53,10 +53,27 @@ def _emit(text: str, output: str | None) -> None:
         click.echo(text, nl=False)
 
 
-db_option = click.option("--db", type=click.Path(dir_okay=False), help="Profile database (default: $MESHTAX_DB or the user data dir).")
-format_option = click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown", "html"]), default="table", show_default=True)
-report_option = click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Also write a self-contained HTML report here.")
-output_option = click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
+db_option = click.option(
+    "--db",
+    type=click.Path(dir_okay=False),
+    help="Profile database (default: $MESHTAX_DB or the user data dir).",
+)
+format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "csv", "markdown", "html"]),
+    default="table",
+    show_default=True,
+)
+report_option = click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False),
+    help="Also write a self-contained HTML report here.",
+)
+output_option = click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout."
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,41 +84,88 @@ def main() -> None:
 
 @main.command()
 @click.argument("ecg_files", nargs=-1, required=True, type=click.Path())
-@click.option("--profile", "profile", help="Profile name (default: the newest measured profile of this machine). 'reference' is the bundled published profile.")
-@click.option("--speedup", type=click.Path(), help="What-if speedup YAML: report before/after and the saving.")
+@click.option(
+    "--profile",
+    "profile",
+    help="Profile name (default: the newest measured profile of this machine). 'reference' is the bundled published profile.",
+)
+@click.option(
+    "--speedup", type=click.Path(), help="What-if speedup YAML: report before/after and the saving."
+)
 @click.option("--rate", type=float, help="Override every invocation's rate (requests/s).")
-@click.option("--traces", is_flag=True, help="The files are distributed traces (Jaeger, OTLP, Zipkin, Alibaba CSV), not ECG files.")
-@click.option("--trace-format", type=click.Choice(["jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022"]),
-              help="With --traces: the format (default: detected from the first file).")
-@click.option("--sidecar", "sidecar_mode", type=click.Choice(["tcp", "http", "grpc"]), default="http", show_default=True,
-              help="With --traces: the sidecar mode of every traced service.")
-@click.option("--service-map", type=click.Path(exists=True, dir_okay=False), help="With --traces: trace → Kubernetes service names (YAML/JSON).")
-@click.option("--pod-cpus", type=click.IntRange(min=1),
-              help="The pods share this many CPUs: latency overhead is at least the request's sidecar CPU work ÷ N "
-                   "(default: every pod has CPUs of its own, the critical path alone).")
+@click.option(
+    "--traces",
+    is_flag=True,
+    help="The files are distributed traces (Jaeger, OTLP, Zipkin, Alibaba CSV), not ECG files.",
+)
+@click.option(
+    "--trace-format",
+    type=click.Choice(["jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022"]),
+    help="With --traces: the format (default: detected from the first file).",
+)
+@click.option(
+    "--sidecar",
+    "sidecar_mode",
+    type=click.Choice(["tcp", "http", "grpc"]),
+    default="http",
+    show_default=True,
+    help="With --traces: the sidecar mode of every traced service.",
+)
+@click.option(
+    "--service-map",
+    type=click.Path(exists=True, dir_okay=False),
+    help="With --traces: trace → Kubernetes service names (YAML/JSON).",
+)
+@click.option(
+    "--pod-cpus",
+    type=click.IntRange(min=1),
+    help="The pods share this many CPUs: latency overhead is at least the request's sidecar CPU work ÷ N "
+    "(default: every pod has CPUs of its own, the critical path alone).",
+)
 @db_option
 @format_option
 @output_option
 @report_option
 @user_errors
 def predict(
-    ecg_files: tuple[str, ...], profile: str | None, speedup: str | None, rate: float | None, traces: bool, trace_format: str | None, sidecar_mode: str,
-    service_map: str | None, pod_cpus: int | None, db: str | None, fmt: str, output: str | None, report_path: str | None,
+    ecg_files: tuple[str, ...],
+    profile: str | None,
+    speedup: str | None,
+    rate: float | None,
+    traces: bool,
+    trace_format: str | None,
+    sidecar_mode: str,
+    service_map: str | None,
+    pod_cpus: int | None,
+    db: str | None,
+    fmt: str,
+    output: str | None,
+    report_path: str | None,
 ) -> None:
     """Predict latency and CPU overhead of sidecars on ECG_FILES (YAML/JSON call graphs).
 
     Several graphs of one API (files, or a file with 'graphs:') give a distribution.
     """
-    opts = PredictOptions(ecg_files=ecg_files, profile=profile, speedup=speedup, rate=rate,
-                          trace_format=(trace_format or "auto") if traces or trace_format else None,
-                          sidecar_mode=sidecar_mode, service_map=service_map, pod_cpus=pod_cpus)
+    opts = PredictOptions(
+        ecg_files=ecg_files,
+        profile=profile,
+        speedup=speedup,
+        rate=rate,
+        trace_format=(trace_format or "auto") if traces or trace_format else None,
+        sidecar_mode=sidecar_mode,
+        service_map=service_map,
+        pod_cpus=pod_cpus,
+    )
     store = ProfileStore(db)
     doc = predict_files(opts, store)
     _emit(prediction_text(doc) if fmt == "table" else EXPORTERS[fmt].export(doc), output)
     if report_path:
         from meshtax.report.build import build_report
 
-        click.echo(f"wrote {build_report([doc], [store.get(doc['profile']['name']).to_dict()], out_path=report_path)}", err=True)
+        click.echo(
+            f"wrote {build_report([doc], [store.get(doc['profile']['name']).to_dict()], out_path=report_path)}",
+            err=True,
+        )
 
 
 @main.group()
@@ -111,14 +175,31 @@ def profiles() -> None:
 
 @profiles.command("list")
 @db_option
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
 @user_errors
 def profiles_list(db: str | None, fmt: str) -> None:
     """Every stored profile, and the bundled reference."""
     rows = ProfileStore(db).list()
     if fmt == "json":
-        click.echo(json.dumps([{"name": r.name, "source": r.source, "created": r.created, "modes": r.modes, "filters": r.filters,
-                                "platform": r.platform.to_dict(), "bundled": r.bundled} for r in rows], indent=2))
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "name": r.name,
+                        "source": r.source,
+                        "created": r.created,
+                        "modes": r.modes,
+                        "filters": r.filters,
+                        "platform": r.platform.to_dict(),
+                        "bundled": r.bundled,
+                    }
+                    for r in rows
+                ],
+                indent=2,
+            )
+        )
     else:
         click.echo(profiles_text(rows), nl=False)
 
@@ -127,20 +208,37 @@ def profiles_list(db: str | None, fmt: str) -> None:
 @click.argument("name")
 @db_option
 @format_option
-@click.option("--size", type=float, default=100.0, show_default=True, help="Message size (bytes) of the table.")
-@click.option("--rate", type=float, default=30000.0, show_default=True, help="Rate (requests/s) for CPU in vCPU.")
+@click.option(
+    "--size",
+    type=float,
+    default=100.0,
+    show_default=True,
+    help="Message size (bytes) of the table.",
+)
+@click.option(
+    "--rate",
+    type=float,
+    default=30000.0,
+    show_default=True,
+    help="Rate (requests/s) for CPU in vCPU.",
+)
 @user_errors
 def profiles_show(name: str, db: str | None, fmt: str, size: float, rate: float) -> None:
     """The component breakdown of profile NAME (the paper's Table 2 layout)."""
     p = ProfileStore(db).get(name)
-    click.echo(profile_text(p, size, rate) if fmt == "table" else EXPORTERS[fmt].export(p.to_dict()), nl=False)
+    click.echo(
+        profile_text(p, size, rate) if fmt == "table" else EXPORTERS[fmt].export(p.to_dict()),
+        nl=False,
+    )
 
 
 @profiles.command("export")
 @click.argument("name")
 @db_option
 @output_option
-@click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default="json", show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["json", "csv"]), default="json", show_default=True
+)
 @user_errors
 def profiles_export(name: str, db: str | None, output: str | None, fmt: str) -> None:
     """Write profile NAME as a self-describing document (JSON, with samples) or CSV."""
@@ -161,7 +259,9 @@ def profiles_import(file: str, name: str | None, replace: bool, db: str | None) 
             doc["name"] = name
         p = Profile.from_dict(doc)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise UsageError(f"{file}: not a meshtax profile document ({e.__class__.__name__}: {e})") from None
+        raise UsageError(
+            f"{file}: not a meshtax profile document ({e.__class__.__name__}: {e})"
+        ) from None
     ProfileStore(db).save(p, replace=replace)
     click.echo(f"imported profile {p.name!r} ({p.provenance.source}, {p.platform.describe()})")
 
@@ -177,7 +277,9 @@ def profiles_delete(name: str, db: str | None) -> None:
 
 
 @main.command()
-@click.option("--dest", type=click.Path(file_okay=False), default="meshtax-examples", show_default=True)
+@click.option(
+    "--dest", type=click.Path(file_okay=False), default="meshtax-examples", show_default=True
+)
 @user_errors
 def example(dest: str) -> None:
     """Write the bundled example ECGs (Bookinfo, Online Boutique, Hotel Reservation) and a speedup file to DEST."""
@@ -200,17 +302,51 @@ def traces() -> None:
 
 @traces.command("import")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Store directory (partitioned Parquet).")
-@click.option("--format", "fmt", type=click.Choice(["jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022"]),
-              help="Input format (default: detected).")
-@click.option("--sidecar", "sidecar_mode", type=click.Choice(["tcp", "http", "grpc"]), default="http", show_default=True)
-@click.option("--request-bytes", type=float, default=100.0, show_default=True, help="Size when the traces give none (the paper's 100 B).")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Store directory (partitioned Parquet).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022"]),
+    help="Input format (default: detected).",
+)
+@click.option(
+    "--sidecar",
+    "sidecar_mode",
+    type=click.Choice(["tcp", "http", "grpc"]),
+    default="http",
+    show_default=True,
+)
+@click.option(
+    "--request-bytes",
+    type=float,
+    default=100.0,
+    show_default=True,
+    help="Size when the traces give none (the paper's 100 B).",
+)
 @click.option("--response-bytes", type=float, default=100.0, show_default=True)
-@click.option("--rate", type=float, help="Requests/s of every call (Alibaba default: the paper's 30 000; spans: counted).")
+@click.option(
+    "--rate",
+    type=float,
+    help="Requests/s of every call (Alibaba default: the paper's 30 000; spans: counted).",
+)
 @click.option("--overwrite", is_flag=True)
 @user_errors
-def traces_import(files: tuple[str, ...], out_dir: str, fmt: str | None, sidecar_mode: str, request_bytes: float, response_bytes: float,
-                  rate: float | None, overwrite: bool) -> None:
+def traces_import(
+    files: tuple[str, ...],
+    out_dir: str,
+    fmt: str | None,
+    sidecar_mode: str,
+    request_bytes: float,
+    response_bytes: float,
+    rate: float | None,
+    overwrite: bool,
+) -> None:
     """Stream traces into a store (bounded memory); prints what was kept and dropped, and why."""
     from meshtax.traces import AlibabaOptions, SpanOptions, TraceFormatError, detect_format, ingest
 
@@ -218,11 +354,23 @@ def traces_import(files: tuple[str, ...], out_dir: str, fmt: str | None, sidecar
     try:
         f = fmt or detect_format(files[0])
         options: Any = (
-            AlibabaOptions(request_bytes=request_bytes, response_bytes=response_bytes, sidecar=sidecar, **({"rate": rate} if rate else {}))
+            AlibabaOptions(
+                request_bytes=request_bytes,
+                response_bytes=response_bytes,
+                sidecar=sidecar,
+                **({"rate": rate} if rate else {}),
+            )
             if f.startswith("alibaba")
-            else SpanOptions(request_bytes=request_bytes, response_bytes=response_bytes, rate=rate, default_sidecar=sidecar)
+            else SpanOptions(
+                request_bytes=request_bytes,
+                response_bytes=response_bytes,
+                rate=rate,
+                default_sidecar=sidecar,
+            )
         )
-        store, rep = ingest(list(files), out_dir, f, options, overwrite=overwrite, progress=sys.stderr.isatty())
+        store, rep = ingest(
+            list(files), out_dir, f, options, overwrite=overwrite, progress=sys.stderr.isatty()
+        )
     except (TraceFormatError, OSError, FileExistsError) as e:
         raise UsageError(str(e)) from None
     click.echo(rep.summary())
@@ -231,12 +379,32 @@ def traces_import(files: tuple[str, ...], out_dir: str, fmt: str | None, sidecar
 
 @traces.command("generate")
 @click.option("--graphs", type=int, required=True, help="Number of call graphs.")
-@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="CSV file (.gz compresses).")
-@click.option("--version", "version", type=click.Choice(["v2021", "v2022"]), default="v2021", show_default=True)
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="CSV file (.gz compresses).",
+)
+@click.option(
+    "--version",
+    "version",
+    type=click.Choice(["v2021", "v2022"]),
+    default="v2021",
+    show_default=True,
+)
 @click.option("--seed", type=int, default=1, show_default=True)
-@click.option("--broken-fraction", type=float, default=0.0, show_default=True, help="Share of graphs with a missing inner call (as in real traces).")
+@click.option(
+    "--broken-fraction",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Share of graphs with a missing inner call (as in real traces).",
+)
 @user_errors
-def traces_generate(graphs: int, out_path: str, version: str, seed: int, broken_fraction: float) -> None:
+def traces_generate(
+    graphs: int, out_path: str, version: str, seed: int, broken_fraction: float
+) -> None:
     """Alibaba-like call graphs (calibrated to the published statistics), in the v2021/v2022 CSV schema."""
     from rich.progress import Progress
 
@@ -246,25 +414,62 @@ def traces_generate(graphs: int, out_path: str, version: str, seed: int, broken_
         raise UsageError("--graphs must be positive")
     with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
         task = bar.add_task("generating", total=graphs)
-        summ = generate(graphs, seed, f"alibaba-{version}", out_path, broken_fraction=broken_fraction,
-                        progress=lambda done, total: bar.update(task, completed=done, total=total))
-    click.echo(f"wrote {summ.graphs} graphs, {summ.calls} calls, {summ.rows} rows ({summ.version}, seed {summ.seed}) to {summ.path}")
+        summ = generate(
+            graphs,
+            seed,
+            f"alibaba-{version}",
+            out_path,
+            broken_fraction=broken_fraction,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    click.echo(
+        f"wrote {summ.graphs} graphs, {summ.calls} calls, {summ.rows} rows ({summ.version}, seed {summ.seed}) to {summ.path}"
+    )
 
 
 @main.command()
 @click.argument("store_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory (Parquet per graph, cdf.csv, summary.json).")
-@click.option("--profile", "profile", help="Profile name (default: this machine's newest measured profile).")
-@click.option("--config", "configs", multiple=True, metavar="NAME=MODE[+FILTER…][+mtls[1.2|1.3]]",
-              help="A configuration to study (repeatable), e.g. http=http, lua=http+lua or tls=tcp+mtls1.2. Default: the paper's five.")
-@click.option("--speedup", type=click.Path(exists=True, dir_okay=False), help="What-if speedup YAML, compared across all graphs.")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Output directory (Parquet per graph, cdf.csv, summary.json).",
+)
+@click.option(
+    "--profile", "profile", help="Profile name (default: this machine's newest measured profile)."
+)
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    metavar="NAME=MODE[+FILTER…][+mtls[1.2|1.3]]",
+    help="A configuration to study (repeatable), e.g. http=http, lua=http+lua or tls=tcp+mtls1.2. Default: the paper's five.",
+)
+@click.option(
+    "--speedup",
+    type=click.Path(exists=True, dir_okay=False),
+    help="What-if speedup YAML, compared across all graphs.",
+)
 @click.option("--engine", type=click.Choice(["local", "dask"]), default="local", show_default=True)
-@click.option("--scheduler", help="With --engine dask: a dask.distributed scheduler address (default: a local cluster).")
+@click.option(
+    "--scheduler",
+    help="With --engine dask: a dask.distributed scheduler address (default: a local cluster).",
+)
 @report_option
 @db_option
 @user_errors
-def study(store_dir: str, out_dir: str, profile: str | None, configs: tuple[str, ...], speedup: str | None, engine: str,
-          scheduler: str | None, report_path: str | None, db: str | None) -> None:
+def study(
+    store_dir: str,
+    out_dir: str,
+    profile: str | None,
+    configs: tuple[str, ...],
+    speedup: str | None,
+    engine: str,
+    scheduler: str | None,
+    report_path: str | None,
+    db: str | None,
+) -> None:
     """Predict latency and CPU overhead of every call graph of an ingested STORE_DIR under several configurations."""
     from meshtax.app import choose_profile, load_speedup_file
     from meshtax.predict.study import StudyConfig, run_study
@@ -281,13 +486,24 @@ def study(store_dir: str, out_dir: str, profile: str | None, configs: tuple[str,
         after, sw = apply_speedup(prof, sp, store.get)
         for w in sw:
             click.echo(f"warning: {w}", err=True)
-    summ = run_study(store_dir, [StudyConfig(n, c) for n, c in cfgs] if cfgs else None, prof, out_dir, engine=engine,  # type: ignore[arg-type]
-                     scheduler=scheduler, speedup_profile=after, progress=sys.stderr.isatty())
+    summ = run_study(
+        store_dir,
+        [StudyConfig(n, c) for n, c in cfgs] if cfgs else None,
+        prof,
+        out_dir,
+        engine=engine,  # type: ignore[arg-type]
+        scheduler=scheduler,
+        speedup_profile=after,
+        progress=sys.stderr.isatty(),
+    )
     click.echo(json.dumps(summ.to_dict(), indent=2, default=str))
     if report_path:
         from meshtax.report.build import report_from_files
 
-        click.echo(f"wrote {report_from_files([str(Path(out_dir) / 'summary.json')], [prof.to_dict()], out_path=report_path)}", err=True)
+        click.echo(
+            f"wrote {report_from_files([str(Path(out_dir) / 'summary.json')], [prof.to_dict()], out_path=report_path)}",
+            err=True,
+        )
 
 
 def _study_config(text: str) -> tuple[str, SidecarConfig]:
@@ -296,12 +512,16 @@ def _study_config(text: str) -> tuple[str, SidecarConfig]:
     try:
         mode = Mode(parts[0])
     except (ValueError, IndexError):
-        raise UsageError(f"--config {text!r}: expected NAME=MODE[+FILTER…][+mtls[1.2|1.3]] with MODE tcp, http or grpc") from None
+        raise UsageError(
+            f"--config {text!r}: expected NAME=MODE[+FILTER…][+mtls[1.2|1.3]] with MODE tcp, http or grpc"
+        ) from None
     rest = parts[1:]
     tls = [p for p in rest if p.startswith("mtls")]
     version = tls[-1][4:] or None if tls else None
     try:
-        return name, SidecarConfig(mode, tuple(p for p in rest if not p.startswith("mtls")), bool(tls), tls_version=version)
+        return name, SidecarConfig(
+            mode, tuple(p for p in rest if not p.startswith("mtls")), bool(tls), tls_version=version
+        )
     except ValueError as e:
         raise UsageError(f"--config {text!r}: {e} (write +mtls, +mtls1.2 or +mtls1.3)") from None
 
@@ -313,9 +533,15 @@ def config() -> None:
 
 @config.command("from-envoy")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--listener", help="Model this listener (default: the inbound one, e.g. virtualInbound/15006).")
-@click.option("--port", type=int, help="Within the listener, the filter chain of this destination port.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--listener", help="Model this listener (default: the inbound one, e.g. virtualInbound/15006)."
+)
+@click.option(
+    "--port", type=int, help="Within the listener, the filter chain of this destination port."
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
 @user_errors
 def config_from_envoy(file: str, listener: str | None, port: int | None, fmt: str) -> None:
     """The sidecar configuration meshtax models (mode, filter chain, TLS) of an Envoy config FILE."""
@@ -326,15 +552,26 @@ def config_from_envoy(file: str, listener: str | None, port: int | None, fmt: st
     except ConfigImportError as e:
         raise UsageError(str(e)) from None
     if fmt == "json":
-        click.echo(json.dumps({"sidecar": imp.config.to_dict(), "unknown_filters": list(imp.unknown_filters), "ignored": list(imp.ignored),
-                               "notes": list(imp.notes)}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "sidecar": imp.config.to_dict(),
+                    "unknown_filters": list(imp.unknown_filters),
+                    "ignored": list(imp.ignored),
+                    "notes": list(imp.notes),
+                },
+                indent=2,
+            )
+        )
     else:
         click.echo(imp.report())
 
 
 @config.command("from-k8s")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
-@click.option("--ecg", is_flag=True, help="Print an ECG 'services:' block to paste into a call graph.")
+@click.option(
+    "--ecg", is_flag=True, help="Print an ECG 'services:' block to paste into a call graph."
+)
 @user_errors
 def config_from_k8s(directory: str, ecg: bool) -> None:
     """Each service's sidecar configuration from Kubernetes/Istio manifests in DIRECTORY, and what was assumed."""
@@ -350,19 +587,53 @@ def config_from_k8s(directory: str, ecg: bool) -> None:
 
 @main.command()
 @click.argument("topology")
-@click.option("--query", "queries", multiple=True, help="Query to validate (repeatable; default: every query of the topology).")
-@click.option("--modes", default="tcp,http,grpc", show_default=True, help="Comma-separated sidecar modes.")
-@click.option("--rate", type=float, default=200.0, show_default=True, help="Requests/s of every run (0: closed loop).")
+@click.option(
+    "--query",
+    "queries",
+    multiple=True,
+    help="Query to validate (repeatable; default: every query of the topology).",
+)
+@click.option(
+    "--modes", default="tcp,http,grpc", show_default=True, help="Comma-separated sidecar modes."
+)
+@click.option(
+    "--rate",
+    type=float,
+    default=200.0,
+    show_default=True,
+    help="Requests/s of every run (0: closed loop).",
+)
 @click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
-@click.option("--profile", "profile", help="Profile to predict with (default: this machine's newest measured profile).")
-@click.option("--sweep", type=click.Choice(["size", "rate"]), help="Instead: one hop, message size 100 B → 64 KB or rate 25 → 100 %% of the no-mesh maximum.")
+@click.option(
+    "--profile",
+    "profile",
+    help="Profile to predict with (default: this machine's newest measured profile).",
+)
+@click.option(
+    "--sweep",
+    type=click.Choice(["size", "rate"]),
+    help="Instead: one hop, message size 100 B → 64 KB or rate 25 → 100 %% of the no-mesh maximum.",
+)
 @click.option("--quick", is_flag=True, help="Shorter runs and fewer pairs (smoke runs, CI).")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
 @report_option
 @db_option
 @user_errors
-def validate(topology: str, queries: tuple[str, ...], modes: str, rate: float, duration: float, profile: str | None, sweep: str | None,
-             quick: bool, fmt: str, report_path: str | None, db: str | None) -> None:
+def validate(
+    topology: str,
+    queries: tuple[str, ...],
+    modes: str,
+    rate: float,
+    duration: float,
+    profile: str | None,
+    sweep: str | None,
+    quick: bool,
+    fmt: str,
+    report_path: str | None,
+    db: str | None,
+) -> None:
     """Deploy TOPOLOGY (bookinfo, online-boutique, hotel-reservation, or a topology file) in pods
     without and with sidecars, measure end-to-end latency and CPU, predict from the app's own
     traces, and report measured vs predicted overhead (root)."""
@@ -384,7 +655,15 @@ def validate(topology: str, queries: tuple[str, ...], modes: str, rate: float, d
 
     try:
         if sweep:
-            sres = run_sweep(sweep, RealSystem(), store, mode=mode_list[0], duration_s=duration, profile_name=profile, progress=progress)  # type: ignore[arg-type]
+            sres = run_sweep(
+                sweep,
+                RealSystem(),
+                store,
+                mode=mode_list[0],
+                duration_s=duration,
+                profile_name=profile,
+                progress=progress,
+            )  # type: ignore[arg-type]
             doc = sres.to_document()
             click.echo(json.dumps(doc, indent=2, default=str))
             if report_path:
@@ -392,24 +671,57 @@ def validate(topology: str, queries: tuple[str, ...], modes: str, rate: float, d
 
                 write_report(doc, report_path)
             return
-        opts = ValidateOptions(topology=topology, queries=queries, modes=mode_list, rate=rate, duration_s=duration, profile_name=profile,
-                               report_path=report_path, quick=quick)
+        opts = ValidateOptions(
+            topology=topology,
+            queries=queries,
+            modes=mode_list,
+            rate=rate,
+            duration_s=duration,
+            profile_name=profile,
+            report_path=report_path,
+            quick=quick,
+        )
         res = run_validation(opts, RealSystem(), store, progress)
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
-    click.echo(json.dumps(res.to_document(), indent=2, default=str) if fmt == "json" else res.table())
+    click.echo(
+        json.dumps(res.to_document(), indent=2, default=str) if fmt == "json" else res.table()
+    )
 
 
 @main.command()
-@click.option("--profile", "profile", help="Profile to calibrate (default: this machine's newest measured profile).")
-@click.option("--modes", default="", help="Comma-separated sidecar modes of the chains (default: every mode of the profile).")
-@click.option("--rate", type=float, default=100.0, show_default=True, help="Requests/s of every run.")
+@click.option(
+    "--profile",
+    "profile",
+    help="Profile to calibrate (default: this machine's newest measured profile).",
+)
+@click.option(
+    "--modes",
+    default="",
+    help="Comma-separated sidecar modes of the chains (default: every mode of the profile).",
+)
+@click.option(
+    "--rate", type=float, default=100.0, show_default=True, help="Requests/s of every run."
+)
 @click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
 @click.option("--quick", is_flag=True, help="Fewer pairs (smoke runs, CI): a wide interval.")
-@click.option("--keep", "keep_dir", type=click.Path(file_okay=False), help="Keep the chains' validation documents and traces here (one directory per mode).")
+@click.option(
+    "--keep",
+    "keep_dir",
+    type=click.Path(file_okay=False),
+    help="Keep the chains' validation documents and traces here (one directory per mode).",
+)
 @db_option
 @user_errors
-def calibrate(profile: str | None, modes: str, rate: float, duration: float, quick: bool, keep_dir: str | None, db: str | None) -> None:
+def calibrate(
+    profile: str | None,
+    modes: str,
+    rate: float,
+    duration: float,
+    quick: bool,
+    keep_dir: str | None,
+    db: str | None,
+) -> None:
     """Measure how warm a sidecar is among many on shared CPUs (root): per mode, chains of 1, 2,
     4 and 8 services without and with sidecars, then store the exponent α the engine prices
     shared CPUs with in the profile (replacing it; each mode is stored as soon as it is done)."""
@@ -425,12 +737,25 @@ def calibrate(profile: str | None, modes: str, rate: float, duration: float, qui
     store = ProfileStore(db)
     try:
         prof = choose_profile(store, profile)
-        mode_list = tuple(Mode(m.strip()) for m in modes.split(",")) if modes.strip() else tuple(prof.modes)
+        mode_list = (
+            tuple(Mode(m.strip()) for m in modes.split(",")) if modes.strip() else tuple(prof.modes)
+        )
         for m in mode_list:
             keep = None if keep_dir is None else Path(keep_dir) / m.value
-            prof, res = run_calibration(RealSystem(), store, profile_name=prof.name, mode=m, rate=rate, duration_s=duration, quick=quick,
-                                        keep_dir=keep, progress=lambda msg: click.echo(msg, err=True))  # fmt: skip
-            click.echo(f"The {m.value}-mode chains, predicted before this calibration:\n" + res.table())
+            prof, res = run_calibration(
+                RealSystem(),
+                store,
+                profile_name=prof.name,
+                mode=m,
+                rate=rate,
+                duration_s=duration,
+                quick=quick,
+                keep_dir=keep,
+                progress=lambda msg: click.echo(msg, err=True),
+            )
+            click.echo(
+                f"The {m.value}-mode chains, predicted before this calibration:\n" + res.table()
+            )
     except ValueError as e:
         raise UsageError(str(e)) from None
     click.echo("\n".join(colocation_lines(prof.colocation)))
@@ -448,24 +773,71 @@ def _csv(text: str, conv: Callable[[str], V]) -> tuple[V, ...]:
 
 
 @main.command("profile")
-@click.option("--quick", is_flag=True, help="Quick preset (3 sizes, short runs; aim ≤ 3 min) instead of the full one (aim ≤ 20 min).")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Quick preset (3 sizes, short runs; aim ≤ 3 min) instead of the full one (aim ≤ 20 min).",
+)
 @click.option("--modes", help="Comma-separated modes to profile (tcp,http,grpc).")
 @click.option("--sizes", help="Comma-separated message sizes in bytes, e.g. 100,1024,4096.")
 @click.option("--duration", type=float, help="Base seconds per load run.")
-@click.option("--carried", help="Application protocols to measure through a tcp-mode sidecar (grpc,http; 'none': off; default: the preset's, grpc).")
-@click.option("--low-rates", "low_rates", help="Absolute low rates (requests/s) of extra CPU runs, e.g. 100,300 ('none': off; default: the preset's).")
+@click.option(
+    "--carried",
+    help="Application protocols to measure through a tcp-mode sidecar (grpc,http; 'none': off; default: the preset's, grpc).",
+)
+@click.option(
+    "--low-rates",
+    "low_rates",
+    help="Absolute low rates (requests/s) of extra CPU runs, e.g. 100,300 ('none': off; default: the preset's).",
+)
 @click.option("--name", help="Profile name (default: <hostname>-<UTC time>).")
 @click.option("--replace", is_flag=True, help="Replace a stored profile of the same name.")
-@click.option("--filters", help="Also profile filters: 'all' or a comma-separated list (e.g. lua,wasm,rbac_http_1000).")
-@click.option("--mtls", is_flag=True, help="Also profile sidecar-to-sidecar mTLS (per-byte and per-connection handshake cost).")
-@click.option("--memory", is_flag=True, help="Also profile resident memory against open connections.")
-@click.option("--large", is_flag=True, help="Also profile large messages (up to 1 MB) and where they split.")
-@click.option("--base", help="With --filters/--mtls/--memory/--large: add to this stored profile (default: this machine's newest; measured first if none).")
-@click.option("--wait", "wait_s", type=float, default=0.0, show_default=True, help="Seconds to wait for another profiling run to finish (0: fail at once).")
+@click.option(
+    "--filters",
+    help="Also profile filters: 'all' or a comma-separated list (e.g. lua,wasm,rbac_http_1000).",
+)
+@click.option(
+    "--mtls",
+    is_flag=True,
+    help="Also profile sidecar-to-sidecar mTLS (per-byte and per-connection handshake cost).",
+)
+@click.option(
+    "--memory", is_flag=True, help="Also profile resident memory against open connections."
+)
+@click.option(
+    "--large", is_flag=True, help="Also profile large messages (up to 1 MB) and where they split."
+)
+@click.option(
+    "--base",
+    help="With --filters/--mtls/--memory/--large: add to this stored profile (default: this machine's newest; measured first if none).",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Seconds to wait for another profiling run to finish (0: fail at once).",
+)
 @db_option
 @user_errors
-def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: float | None, carried: str | None,
-                low_rates: str | None, name: str | None, replace: bool, filters: str | None, mtls: bool, memory: bool, large: bool, base: str | None, wait_s: float, db: str | None) -> None:
+def profile_cmd(
+    quick: bool,
+    modes: str | None,
+    sizes: str | None,
+    duration: float | None,
+    carried: str | None,
+    low_rates: str | None,
+    name: str | None,
+    replace: bool,
+    filters: str | None,
+    mtls: bool,
+    memory: bool,
+    large: bool,
+    base: str | None,
+    wait_s: float,
+    db: str | None,
+) -> None:
     """Measure a real Envoy sidecar on this machine (root) and store its profile.
 
     Pods in network namespaces with Istio-style interception, fortio load, eBPF probes and
@@ -476,14 +848,22 @@ def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: flo
     import os
     import warnings
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, run_profile
     from meshtax.profile.runstate import RunBusy
     from meshtax.profile.system import RealSystem
 
     if os.geteuid() != 0:
-        raise UsageError("profiling creates network namespaces and attaches eBPF probes: run it as root (see `meshtax doctor`)")
+        raise UsageError(
+            "profiling creates network namespaces and attaches eBPF probes: run it as root (see `meshtax doctor`)"
+        )
     try:
         opts = ProfileOptions(
             name=name,
@@ -497,10 +877,19 @@ def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: flo
         )
         opts.resolve_plan()  # refuse a bad combination before anything starts
     except ValueError as e:
-        raise UsageError(f"--modes/--sizes/--carried/--low-rates: {e}; expected e.g. --modes tcp,http,grpc "
-                         "--sizes 100,1024 --carried grpc --low-rates 100,300") from None
+        raise UsageError(
+            f"--modes/--sizes/--carried/--low-rates: {e}; expected e.g. --modes tcp,http,grpc "
+            "--sizes 100,1024 --carried grpc --low-rates 100,300"
+        ) from None
     store = ProfileStore(db)
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
     with warnings.catch_warnings(record=True) as caught, Progress(*columns, transient=False) as bar:
         warnings.simplefilter("always", ClosureWarning)
         task = bar.add_task("starting", total=None)
@@ -517,15 +906,31 @@ def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: flo
             elif extras and host_profile is not None:
                 prof = host_profile
             else:
-                prof = run_profile(opts, RealSystem(), store, progress, backends=Backends(lock_timeout=wait_s))
+                prof = run_profile(
+                    opts, RealSystem(), store, progress, backends=Backends(lock_timeout=wait_s)
+                )
             if extras:
                 from meshtax.profile.extras import ExtrasOptions, profile_extras
 
                 xo = ExtrasOptions(
-                    filters=None if not filters else ("all" if filters == "all" else tuple(f.strip() for f in filters.split(","))),
-                    quick=quick, mtls=mtls, memory=memory, large=large, modes=opts.modes,
+                    filters=None
+                    if not filters
+                    else (
+                        "all" if filters == "all" else tuple(f.strip() for f in filters.split(","))
+                    ),
+                    quick=quick,
+                    mtls=mtls,
+                    memory=memory,
+                    large=large,
+                    modes=opts.modes,
                 )
-                prof = profile_extras(xo, RealSystem(), store, prof.name, lambda msg: bar.update(task, description=msg))
+                prof = profile_extras(
+                    xo,
+                    RealSystem(),
+                    store,
+                    prof.name,
+                    lambda msg: bar.update(task, description=msg),
+                )
         except RunBusy as e:
             raise UsageError(str(e)) from None
         except ValueError as e:
@@ -534,18 +939,35 @@ def profile_cmd(quick: bool, modes: str | None, sizes: str | None, duration: flo
     for w in caught:
         if issubclass(w.category, ClosureWarning):
             click.echo(f"WARNING: {w.message}", err=True)
-    click.echo(f"stored profile {prof.name!r} in {store.path}; `meshtax predict` uses it by default on this machine")
+    click.echo(
+        f"stored profile {prof.name!r} in {store.path}; `meshtax predict` uses it by default on this machine"
+    )
 
 
 @main.command()
 @click.argument("files", nargs=-1, type=click.Path())
-@click.option("--profiles", "profile_names", multiple=True, help="Include stored profile NAME (repeatable).")
+@click.option(
+    "--profiles", "profile_names", multiple=True, help="Include stored profile NAME (repeatable)."
+)
 @click.option("--compare", nargs=2, metavar="A B", help="Compare two stored profiles side by side.")
-@click.option("-o", "--output", default="meshtax-report.html", show_default=True, type=click.Path(dir_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    default="meshtax-report.html",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+)
 @click.option("--open", "open_", is_flag=True, help="Open the report in a browser.")
 @db_option
 @user_errors
-def report(files: tuple[str, ...], profile_names: tuple[str, ...], compare: tuple[str, str] | None, output: str, open_: bool, db: str | None) -> None:
+def report(
+    files: tuple[str, ...],
+    profile_names: tuple[str, ...],
+    compare: tuple[str, str] | None,
+    output: str,
+    open_: bool,
+    db: str | None,
+) -> None:
     """Build one self-contained HTML report from result FILES (prediction/study/validation JSON,
     study Parquet) and stored profiles."""
     from meshtax.report.build import open_in_browser, report_from_files
@@ -558,7 +980,9 @@ def report(files: tuple[str, ...], profile_names: tuple[str, ...], compare: tupl
             files,
             [store.get(n).to_dict() for n in profile_names],
             out_path=output,
-            compare=(store.get(compare[0]).to_dict(), store.get(compare[1]).to_dict()) if compare else None,
+            compare=(store.get(compare[0]).to_dict(), store.get(compare[1]).to_dict())
+            if compare
+            else None,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -568,8 +992,14 @@ def report(files: tuple[str, ...], profile_names: tuple[str, ...], compare: tupl
 
 
 @main.command()
-@click.option("--prepare", is_flag=True, help="Also fix what can be fixed here: mount tracefs/bpffs, raise the memlock limit.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--prepare",
+    is_flag=True,
+    help="Also fix what can be fixed here: mount tracefs/bpffs, raise the memlock limit.",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
 @user_errors
 def doctor(prepare: bool, fmt: str) -> None:
     """Check what profiling needs (root, tracefs, bpffs, BTF, memlock, netns, iptables, Envoy, fortio, perf, probe build)."""
@@ -582,10 +1012,18 @@ def doctor(prepare: bool, fmt: str) -> None:
             click.echo(f"prepared: {change}")
     checks = doc.check_all(system)
     if fmt == "json":
-        click.echo(json.dumps([{"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix} for c in checks], indent=2))
+        click.echo(
+            json.dumps(
+                [{"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix} for c in checks],
+                indent=2,
+            )
+        )
     else:
         for c in checks:
-            click.echo(f"{'ok ' if c.ok else 'MISSING'} {c.name}: {c.detail}" + ("" if c.ok else f"\n        fix: {c.fix}"))
+            click.echo(
+                f"{'ok ' if c.ok else 'MISSING'} {c.name}: {c.detail}"
+                + ("" if c.ok else f"\n        fix: {c.fix}")
+            )
     if not all(c.ok for c in checks):
         sys.exit(1)
 

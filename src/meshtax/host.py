@@ -21,4 +21,6 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 def this_host(proxy: str = "envoy", proxy_version: str = "", config_hash: str = "") -> Platform:
     """This machine as a :class:`Platform` (the proxy fields are the caller's to fill)."""
-    return Platform(cpu_model(), os.cpu_count() or 1, platform.release(), proxy, proxy_version, config_hash)
+    return Platform(
+        cpu_model(), os.cpu_count() or 1, platform.release(), proxy, proxy_version, config_hash
+    )

@@ -42,7 +42,9 @@ def reference_profile() -> Profile:
     p = d["platform"]
     return Profile(
         name=REFERENCE_NAME,
-        platform=Platform(str(p["cpu_model"]), int(p["cores"]), str(p["kernel"]), "envoy", str(p["proxy_version"])),
+        platform=Platform(
+            str(p["cpu_model"]), int(p["cores"]), str(p["kernel"]), "envoy", str(p["proxy_version"])
+        ),
         provenance=Provenance(
             source="published",
             by=str(d["source"]),

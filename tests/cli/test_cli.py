@@ -28,22 +28,41 @@ def invoke(args: list[str], env: dict[str, str]):  # type: ignore[no-untyped-def
 
 
 def test_example_writes_every_bundled_file(examples: Path) -> None:
-    assert sorted(p.name for p in examples.iterdir()) == sorted([
-        "bookinfo.yaml", "online-boutique-index.yaml", "online-boutique-browse-product.yaml", "online-boutique-view-cart.yaml",
-        "hotel-reservation-user.yaml", "hotel-reservation-search.yaml", "hotel-reservation-reservation.yaml", "speedup-paper.yaml"])
+    assert sorted(p.name for p in examples.iterdir()) == sorted(
+        [
+            "bookinfo.yaml",
+            "online-boutique-index.yaml",
+            "online-boutique-browse-product.yaml",
+            "online-boutique-view-cart.yaml",
+            "hotel-reservation-user.yaml",
+            "hotel-reservation-search.yaml",
+            "hotel-reservation-reservation.yaml",
+            "speedup-paper.yaml",
+        ]
+    )
 
 
 def test_predict_bookinfo_json(examples: Path, env: dict[str, str]) -> None:
-    r = invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "reference", "--format", "json"], env)
+    r = invoke(
+        ["predict", str(examples / "bookinfo.yaml"), "--profile", "reference", "--format", "json"],
+        env,
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     assert doc["format"] == "meshtax-prediction/1" and doc["tool"]["name"] == "meshtax"
-    assert doc["profile"]["source"] == "published" and doc["profile"]["platform_is_this_host"] is False
+    assert (
+        doc["profile"]["source"] == "published" and doc["profile"]["platform_is_this_host"] is False
+    )
     assert any("different platform" in w for w in doc["warnings"])
     (g,) = doc["graphs"]
     # http: 82.585 µs per crossing; client→frontend 2 crossings, then 3 meshed hops of 4 on the path
     assert g["latency_overhead_us"]["value"] == pytest.approx(165.17 * 7)
-    assert g["critical_path"] == ["client→frontend", "frontend→product", "product→reviews", "reviews→ratings"]
+    assert g["critical_path"] == [
+        "client→frontend",
+        "frontend→product",
+        "product→reviews",
+        "reviews→ratings",
+    ]
     assert doc["options"]["profile"] == "reference"
 
 
@@ -66,7 +85,19 @@ def test_predict_csv_and_distribution(examples: Path, env: dict[str, str]) -> No
 def test_predict_speedup(examples: Path, env: dict[str, str]) -> None:
     sp = examples / "all.yaml"
     sp.write_text("name: half\nscale: {all: -50%}\n")
-    r = invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "reference", "--speedup", str(sp), "--format", "json"], env)
+    r = invoke(
+        [
+            "predict",
+            str(examples / "bookinfo.yaml"),
+            "--profile",
+            "reference",
+            "--speedup",
+            str(sp),
+            "--format",
+            "json",
+        ],
+        env,
+    )
     w = json.loads(r.output)["whatif"]
     assert w["after"]["cpu_vcpu_total"] == pytest.approx(w["before"]["cpu_vcpu_total"] / 2)
     assert w["saving"]["cpu_saving_fraction"] == pytest.approx(0.5)
@@ -80,9 +111,14 @@ def test_predict_without_profile_of_this_host_explains(examples: Path, env: dict
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [("services: {a: {}}\ninvocations: [{callee: b}]\n", "unknown service 'b'"), ("{", "YAML syntax error")],
+    [
+        ("services: {a: {}}\ninvocations: [{callee: b}]\n", "unknown service 'b'"),
+        ("{", "YAML syntax error"),
+    ],
 )
-def test_bad_ecg_is_a_clear_error_not_a_traceback(tmp_path: Path, env: dict[str, str], content: str, message: str) -> None:
+def test_bad_ecg_is_a_clear_error_not_a_traceback(
+    tmp_path: Path, env: dict[str, str], content: str, message: str
+) -> None:
     f = tmp_path / "bad.yaml"
     f.write_text(content)
     r = invoke(["predict", str(f), "--profile", "reference"], env)
@@ -92,7 +128,17 @@ def test_bad_ecg_is_a_clear_error_not_a_traceback(tmp_path: Path, env: dict[str,
 def test_bad_speedup_and_unknown_profile(examples: Path, env: dict[str, str]) -> None:
     sp = examples / "bad-speedup.yaml"
     sp.write_text("scale: {ipc: fast}\n")
-    r = invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "reference", "--speedup", str(sp)], env)
+    r = invoke(
+        [
+            "predict",
+            str(examples / "bookinfo.yaml"),
+            "--profile",
+            "reference",
+            "--speedup",
+            str(sp),
+        ],
+        env,
+    )
     assert r.exit_code == 2 and "expected a percent change" in r.output
     r = invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "nope"], env)
     assert r.exit_code == 2 and "no profile named 'nope'" in r.output
@@ -117,13 +163,32 @@ def test_profiles_export_import_show(tmp_path: Path, env: dict[str, str]) -> Non
 
 
 def test_real_entry_point_runs(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "meshtax.cli", "--version"], capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "meshtax.cli", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert r.stdout.startswith("meshtax, version ")
 
 
-def test_predict_writes_report_and_markdown(examples: Path, env: dict[str, str], tmp_path: Path) -> None:
+def test_predict_writes_report_and_markdown(
+    examples: Path, env: dict[str, str], tmp_path: Path
+) -> None:
     out = tmp_path / "r.html"
-    r = invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "reference", "--format", "markdown", "--report", str(out)], env)
+    r = invoke(
+        [
+            "predict",
+            str(examples / "bookinfo.yaml"),
+            "--profile",
+            "reference",
+            "--format",
+            "markdown",
+            "--report",
+            str(out),
+        ],
+        env,
+    )
     assert r.exit_code == 0, r.output
     assert r.output.startswith("# meshtax prediction")
     html = out.read_text()
@@ -132,9 +197,37 @@ def test_predict_writes_report_and_markdown(examples: Path, env: dict[str, str],
 
 def test_report_command(examples: Path, env: dict[str, str], tmp_path: Path) -> None:
     pred = tmp_path / "p.json"
-    assert invoke(["predict", str(examples / "bookinfo.yaml"), "--profile", "reference", "--format", "json", "-o", str(pred)], env).exit_code == 0
+    assert (
+        invoke(
+            [
+                "predict",
+                str(examples / "bookinfo.yaml"),
+                "--profile",
+                "reference",
+                "--format",
+                "json",
+                "-o",
+                str(pred),
+            ],
+            env,
+        ).exit_code
+        == 0
+    )
     out = tmp_path / "rep.html"
-    r = invoke(["report", str(pred), "--profiles", "reference", "--compare", "reference", "reference", "-o", str(out)], env)
+    r = invoke(
+        [
+            "report",
+            str(pred),
+            "--profiles",
+            "reference",
+            "--compare",
+            "reference",
+            "reference",
+            "-o",
+            str(out),
+        ],
+        env,
+    )
     assert r.exit_code == 0, r.output
     assert out.stat().st_size > 10_000
     bad = invoke(["report", str(tmp_path / "missing.json"), "-o", str(out)], env)
@@ -142,7 +235,9 @@ def test_report_command(examples: Path, env: dict[str, str], tmp_path: Path) -> 
     assert invoke(["report", "-o", str(out)], env).exit_code == 2
 
 
-def test_profile_refuses_without_root_and_bad_modes(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_profile_refuses_without_root_and_bad_modes(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import os
 
     r = invoke(["profile", "--modes", "quic"], env)
@@ -153,7 +248,9 @@ def test_profile_refuses_without_root_and_bad_modes(env: dict[str, str], monkeyp
     assert r.exit_code == 2 and "run it as root" in r.output
 
 
-def test_validate_refuses_without_root_and_bad_modes(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_validate_refuses_without_root_and_bad_modes(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import os
 
     if os.geteuid() == 0:
@@ -164,12 +261,18 @@ def test_validate_refuses_without_root_and_bad_modes(env: dict[str, str], monkey
     assert r.exit_code == 2 and "run it as root" in r.output
 
 
-def test_calibrate_refuses_without_root_and_names_a_missing_profile(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_calibrate_refuses_without_root_and_names_a_missing_profile(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import os
 
     if os.geteuid() == 0:  # the profile is looked up before anything is deployed
         r = invoke(["calibrate", "--profile", "nope"], env)
-        assert r.exit_code == 2 and "no profile named 'nope'" in r.output and "Traceback" not in r.output
+        assert (
+            r.exit_code == 2
+            and "no profile named 'nope'" in r.output
+            and "Traceback" not in r.output
+        )
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     r = invoke(["calibrate"], env)
     assert r.exit_code == 2 and "run it as root" in r.output
@@ -177,15 +280,43 @@ def test_calibrate_refuses_without_root_and_names_a_missing_profile(env: dict[st
 
 def test_predict_pod_cpus_bounds_latency_by_cpu_work(examples: Path, env: dict[str, str]) -> None:
     f = str(examples / "online-boutique-view-cart.yaml")
-    own = json.loads(invoke(["predict", f, "--profile", "reference", "--rate", "100", "--format", "json"], env).output)
-    r = invoke(["predict", f, "--profile", "reference", "--rate", "100", "--pod-cpus", "1", "--format", "json"], env)
+    own = json.loads(
+        invoke(
+            ["predict", f, "--profile", "reference", "--rate", "100", "--format", "json"], env
+        ).output
+    )
+    r = invoke(
+        [
+            "predict",
+            f,
+            "--profile",
+            "reference",
+            "--rate",
+            "100",
+            "--pod-cpus",
+            "1",
+            "--format",
+            "json",
+        ],
+        env,
+    )
     assert r.exit_code == 0, r.output
     one = json.loads(r.output)
     (g0,), (g1,) = own["graphs"], one["graphs"]
     # one shared CPU: every crossing's CPU work (CPU-µs per request) is on the path
     work_us = g1["cpu_vcpu"]["value"] / 100 * 1e6
-    assert g1["latency_overhead_us"]["value"] == pytest.approx(max(work_us, g0["latency_overhead_us"]["value"]))
-    assert g1["latency_overhead_us"]["value"] > g0["latency_overhead_us"]["value"]  # parallel calls serialize
-    assert sum(s["latency_on_path_us"] for s in g1["by_service"]) == pytest.approx(g1["latency_overhead_us"]["value"])
-    assert one["placement"]["pod_cpus"] == 1 and one["options"]["pod_cpus"] == 1 and "placement" not in own
+    assert g1["latency_overhead_us"]["value"] == pytest.approx(
+        max(work_us, g0["latency_overhead_us"]["value"])
+    )
+    assert (
+        g1["latency_overhead_us"]["value"] > g0["latency_overhead_us"]["value"]
+    )  # parallel calls serialize
+    assert sum(s["latency_on_path_us"] for s in g1["by_service"]) == pytest.approx(
+        g1["latency_overhead_us"]["value"]
+    )
+    assert (
+        one["placement"]["pod_cpus"] == 1
+        and one["options"]["pod_cpus"] == 1
+        and "placement" not in own
+    )
     assert invoke(["predict", f, "--profile", "reference", "--pod-cpus", "0"], env).exit_code == 2

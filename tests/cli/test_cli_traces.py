@@ -26,10 +26,19 @@ def invoke(args: list[str], env: dict[str, str]):  # type: ignore[no-untyped-def
 def test_predict_from_traces_same_for_jaeger_otlp_zipkin(env: dict[str, str]) -> None:
     docs = []
     for f in ("trace.jaeger.json", "trace.otlp.json", "trace.zipkin.json"):
-        r = invoke(["predict", "--traces", str(FIX / f), "--profile", "reference", "--format", "json"], env)
+        r = invoke(
+            ["predict", "--traces", str(FIX / f), "--profile", "reference", "--format", "json"], env
+        )
         assert r.exit_code == 0, r.output
         docs.append(json.loads(r.output))
-    key = [(d["graphs"][0]["latency_overhead_us"]["value"], d["graphs"][0]["cpu_vcpu"]["value"], d["graphs"][0]["critical_path"]) for d in docs]
+    key = [
+        (
+            d["graphs"][0]["latency_overhead_us"]["value"],
+            d["graphs"][0]["cpu_vcpu"]["value"],
+            d["graphs"][0]["critical_path"],
+        )
+        for d in docs
+    ]
     assert key[0] == key[1] == key[2]
     assert docs[0]["import"]["format"] == "jaeger" and docs[2]["import"]["format"] == "zipkin"
 
@@ -54,46 +63,101 @@ def test_generate_import_study(env: dict[str, str], tmp_path: Path) -> None:
     r = invoke(["traces", "import", str(csv), "--out", str(store)], env)
     assert r.exit_code == 0 and "300 kept" in r.output, r.output
     out = tmp_path / "study"
-    r = invoke(["study", str(store), "--out", str(out), "--profile", "reference", "--config", "t=tcp", "--config", "g=grpc"], env)
+    r = invoke(
+        [
+            "study",
+            str(store),
+            "--out",
+            str(out),
+            "--profile",
+            "reference",
+            "--config",
+            "t=tcp",
+            "--config",
+            "g=grpc",
+        ],
+        env,
+    )
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout)
     assert s["configs"] == ["t", "g"] and s["graphs"] == 300
-    assert s["stats"]["g"]["latency_overhead_us"]["mean"] > s["stats"]["t"]["latency_overhead_us"]["mean"] > 0
+    assert (
+        s["stats"]["g"]["latency_overhead_us"]["mean"]
+        > s["stats"]["t"]["latency_overhead_us"]["mean"]
+        > 0
+    )
     assert (out / "cdf.csv").exists() and (out / "summary.json").exists()
-    bad = invoke(["study", str(store), "--out", str(out), "--profile", "reference", "--config", "x=quic"], env)
+    bad = invoke(
+        ["study", str(store), "--out", str(out), "--profile", "reference", "--config", "x=quic"],
+        env,
+    )
     assert bad.exit_code == 2 and "expected NAME=MODE" in bad.output
-    bad = invoke(["study", str(store), "--out", str(out), "--profile", "reference", "--config", "x=tcp+mtls1.1"], env)
-    assert bad.exit_code == 2 and "tls_version '1.1': expected one of 1.2, 1.3 (write +mtls, +mtls1.2 or +mtls1.3)" in bad.output
+    bad = invoke(
+        [
+            "study",
+            str(store),
+            "--out",
+            str(out),
+            "--profile",
+            "reference",
+            "--config",
+            "x=tcp+mtls1.1",
+        ],
+        env,
+    )
+    assert (
+        bad.exit_code == 2
+        and "tls_version '1.1': expected one of 1.2, 1.3 (write +mtls, +mtls1.2 or +mtls1.3)"
+        in bad.output
+    )
 
 
 def test_study_config_names_the_tls_version() -> None:
     from meshtax.cli import _study_config
     from meshtax.model.sidecar import Mode, SidecarConfig
 
-    assert _study_config("a=tcp+mtls1.2") == ("a", SidecarConfig(Mode.TCP, (), True, tls_version="1.2"))
+    assert _study_config("a=tcp+mtls1.2") == (
+        "a",
+        SidecarConfig(Mode.TCP, (), True, tls_version="1.2"),
+    )
     assert _study_config("b=http+lua+mtls") == ("b", SidecarConfig(Mode.HTTP, ("lua",), True))
     assert _study_config("c=grpc") == ("c", SidecarConfig(Mode.GRPC))
 
 
 def test_config_from_envoy_and_k8s(env: dict[str, str]) -> None:
-    r = invoke(["config", "from-envoy", str(FIX / "envoy" / "bootstrap_grpc_mtls.json"), "--format", "json"], env)
+    r = invoke(
+        [
+            "config",
+            "from-envoy",
+            str(FIX / "envoy" / "bootstrap_grpc_mtls.json"),
+            "--format",
+            "json",
+        ],
+        env,
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert d["sidecar"]["mode"] == "grpc" and d["sidecar"]["mtls"] is True and "envoy.filters.http.jwt_authn" in d["unknown_filters"]
+    assert (
+        d["sidecar"]["mode"] == "grpc"
+        and d["sidecar"]["mtls"] is True
+        and "envoy.filters.http.jwt_authn" in d["unknown_filters"]
+    )
     r = invoke(["config", "from-envoy", str(FIX / "envoy" / "not_envoy.yaml")], env)
     assert r.exit_code == 2 and "Traceback" not in r.output
     r = invoke(["config", "from-k8s", str(FIX / "k8s" / "shop"), "--ecg"], env)
     assert r.exit_code == 0 and r.output.count("sidecar:") >= 5
 
 
-def test_ecg_may_reference_envoy_config_and_k8s_manifests(env: dict[str, str], tmp_path: Path) -> None:
+def test_ecg_may_reference_envoy_config_and_k8s_manifests(
+    env: dict[str, str], tmp_path: Path
+) -> None:
     ecg = tmp_path / "g.yaml"
     ecg.write_text(f"""
-sidecars_from_k8s: {FIX / 'k8s' / 'shop'}
+sidecars_from_k8s: {FIX / "k8s" / "shop"}
 services:
   frontend: {{}}
   cart: {{}}
-  edge: {{sidecar: {{from_envoy: {FIX / 'envoy' / 'bootstrap_http.yaml'}}}}}
+  edge: {{sidecar: {{from_envoy: {FIX / "envoy" / "bootstrap_http.yaml"}}}}}
 invocations:
   - {{id: r, callee: edge, duration_us: 1000}}
   - {{id: a, parent: r, callee: frontend, start_us: 10, duration_us: 500}}
@@ -101,4 +165,8 @@ invocations:
 """)
     r = invoke(["predict", str(ecg), "--profile", "reference", "--format", "json"], env)
     # the reference profile has no filter models: the imported chains must reach the engine
-    assert r.exit_code == 2 and "no http-mode model for filter" in r.output and "rate_limit" in r.output
+    assert (
+        r.exit_code == 2
+        and "no http-mode model for filter" in r.output
+        and "rate_limit" in r.output
+    )

@@ -56,10 +56,22 @@ def test_scaled_and_round_trip() -> None:
     m = CostModel.fit([100, 1000, 2000], [11, 20, 30], split_bytes=1500)
     assert CostModel.from_dict(m.to_dict()) == m
     s = m.scaled(0.5)
-    assert s.intercept == pytest.approx(m.intercept / 2) and s.slope == pytest.approx(m.slope / 2) and s.stats is None
+    assert (
+        s.intercept == pytest.approx(m.intercept / 2)
+        and s.slope == pytest.approx(m.slope / 2)
+        and s.stats is None
+    )
 
 
-@pytest.mark.parametrize(("text", "key"), [("IPC", "ipc"), ("Filter(lua)", "filter:lua"), ("filter:wasm", "filter:wasm"), ("notification", "notification")])
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("IPC", "ipc"),
+        ("Filter(lua)", "filter:lua"),
+        ("filter:wasm", "filter:wasm"),
+        ("notification", "notification"),
+    ],
+)
 def test_component_parse(text: str, key: str) -> None:
     assert Component.parse(text).key == key
 
@@ -90,7 +102,9 @@ def test_fit_rate_term_recovers_cost_below_the_highest_rate_and_clamps() -> None
     assert m.stats is not None and len(m.stats.stderr) == 4
     back = CostModel.from_dict(m.to_dict())
     assert back.predict([1000], [300.0])[0] == pytest.approx(m.predict([1000], [300.0])[0])
-    assert m.scaled(0.5).predict([1000], [100.0])[0] == pytest.approx(0.5 * m.predict([1000], [100.0])[0])
+    assert m.scaled(0.5).predict([1000], [100.0])[0] == pytest.approx(
+        0.5 * m.predict([1000], [100.0])[0]
+    )
 
 
 def test_fit_one_rate_has_no_rate_term_and_old_documents_still_read() -> None:

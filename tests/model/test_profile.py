@@ -28,9 +28,17 @@ def test_missing_mode_names_what_exists() -> None:
         profile({Mode.HTTP: {OTHER: flat(5, 2)}}).mode(Mode.GRPC)
 
 
-@pytest.mark.parametrize(("components", "closes"), [(110.0, True), (116.0, False), (86.0, True), (84.0, False)])
+@pytest.mark.parametrize(
+    ("components", "closes"), [(110.0, True), (116.0, False), (86.0, True), (84.0, False)]
+)
 def test_closure_tolerance(components: float, closes: bool) -> None:
-    c = Closure(measured_us=100.0, measured_lo_us=95.0, measured_hi_us=105.0, components_us=components, tolerance=0.15)
+    c = Closure(
+        measured_us=100.0,
+        measured_lo_us=95.0,
+        measured_hi_us=105.0,
+        components_us=components,
+        tolerance=0.15,
+    )
     assert c.closes is closes
 
 
@@ -50,10 +58,26 @@ def test_colocation_round_trips_and_is_optional() -> None:
     from meshtax.model.profile import Colocation, ColocationPoint
 
     p = profile({Mode.HTTP: {OTHER: flat(5, 2)}, Mode.TCP: {OTHER: flat(1, 1)}})
-    assert "colocation" not in p.to_dict() and p.alpha(Mode.HTTP) == 1.0  # older documents: the CPU's rate alone
-    col = Colocation(0.8, 0.7, 0.9, "http", 100.0, (ColocationPoint(1, 300.0, 280.0, 330.0, 290.0), ColocationPoint(8, 5000.0, 4600.0, 5400.0, 5100.0)), "n")
+    assert (
+        "colocation" not in p.to_dict() and p.alpha(Mode.HTTP) == 1.0
+    )  # older documents: the CPU's rate alone
+    col = Colocation(
+        0.8,
+        0.7,
+        0.9,
+        "http",
+        100.0,
+        (
+            ColocationPoint(1, 300.0, 280.0, 330.0, 290.0),
+            ColocationPoint(8, 5000.0, 4600.0, 5400.0, 5100.0),
+        ),
+        "n",
+    )
     q = replace(p, colocation={Mode.HTTP: col})
     assert Profile.from_dict(q.to_dict()) == q and q.to_dict()["colocation"]["http"]["alpha"] == 0.8
-    assert (q.alpha(Mode.HTTP), q.alpha(Mode.TCP)) == (0.8, 1.0)  # per mode; an uncalibrated mode keeps 1
+    assert (q.alpha(Mode.HTTP), q.alpha(Mode.TCP)) == (
+        0.8,
+        1.0,
+    )  # per mode; an uncalibrated mode keeps 1
     with pytest.raises(ValueError, match=r"within \[0, 1\]"):
         Colocation(1.2, 1.0, 1.3, "http", 100.0)

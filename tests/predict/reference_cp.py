@@ -15,7 +15,9 @@ def _precedes(a: int, c: int, start: Sequence[float], end: Sequence[float]) -> b
     return end[a] <= start[c] and (start[a], end[a], a) < (start[c], end[c], c)
 
 
-def graph_latency(parent: Sequence[int], start: Sequence[float], dur: Sequence[float], extra: Sequence[float]) -> tuple[float, float]:
+def graph_latency(
+    parent: Sequence[int], start: Sequence[float], dur: Sequence[float], extra: Sequence[float]
+) -> tuple[float, float]:
     """(mesh-free latency, latency with ``extra`` added to every call) of one graph; ``parent``
     holds local indices, -1 for roots (children of a virtual client)."""
     n = len(parent)

@@ -22,7 +22,14 @@ def graphs(draw: st.DrawFn) -> list[tuple[int, float, float, float]]:
     rows = []
     for i in range(n):
         parent = draw(st.integers(-1, i - 1))  # -1 more than once: multiple roots
-        rows.append((parent, draw(times), draw(st.sampled_from([0.0, 0.0, 1.0, 2.0, 3.0, 5.0])), draw(st.sampled_from([0.0, 0.5, 1.0, 3.0]))))
+        rows.append(
+            (
+                parent,
+                draw(times),
+                draw(st.sampled_from([0.0, 0.0, 1.0, 2.0, 3.0, 5.0])),
+                draw(st.sampled_from([0.0, 0.5, 1.0, 3.0])),
+            )
+        )
     return rows
 
 
@@ -38,7 +45,9 @@ def test_kernel_matches_reference(gs: list[list[tuple[int, float, float, float]]
     batch = b.build()
     prop = propagate(structure(batch), np.array(extra))
     for k, g in enumerate(gs):
-        base, new = graph_latency([p for p, *_ in g], [s for _, s, _, _ in g], [d for _, _, d, _ in g], [e for *_, e in g])
+        base, new = graph_latency(
+            [p for p, *_ in g], [s for _, s, _, _ in g], [d for _, _, d, _ in g], [e for *_, e in g]
+        )
         assert prop.base_us[k] == base
         assert abs(prop.new_us[k] - new) <= 1e-9 * max(1.0, new)
         # some call is on the critical path of every non-empty graph

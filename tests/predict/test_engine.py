@@ -7,12 +7,29 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, TLS, WRITE, filter_component
+from meshtax.model.components import (
+    IPC,
+    NOTIFICATION,
+    OTHER,
+    PARSING,
+    READ,
+    TLS,
+    WRITE,
+    filter_component,
+)
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import to_batch
 from meshtax.model.profile import ModeProfile, TlsModels
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
-from meshtax.predict.engine import PredictionError, predict_batch, priced_rates, shared_cpu_rates, side_alphas, sidecar_rates, single_profile
+from meshtax.predict.engine import (
+    PredictionError,
+    predict_batch,
+    priced_rates,
+    shared_cpu_rates,
+    side_alphas,
+    sidecar_rates,
+    single_profile,
+)
 from meshtax.predict.whatif import apply_speedup, speedup_from_dict
 from meshtax.reference import reference_profile
 from tests.helpers import EXTERNAL, ecg, flat, inv, profile
@@ -32,9 +49,14 @@ def run(g, prof=P):  # type: ignore[no-untyped-def]
     ("mode", "latency", "vcpu"),
     [(Mode.TCP, 41.09, 3.35), (Mode.HTTP, 165.17, 9.70), (Mode.GRPC, 191.67, 13.36)],
 )
-def test_one_hop_reproduces_published_single_sidecar_totals(mode: Mode, latency: float, vcpu: float) -> None:
+def test_one_hop_reproduces_published_single_sidecar_totals(
+    mode: Mode, latency: float, vcpu: float
+) -> None:
     # a client without a sidecar calls an echo service with one: 100 B each way, 30K requests/s
-    g = ecg({"echo": SidecarConfig(mode)}, [inv("a", EXTERNAL, "echo", 0, 1000, req=100, resp=100, rate=30_000)])
+    g = ecg(
+        {"echo": SidecarConfig(mode)},
+        [inv("a", EXTERNAL, "echo", 0, 1000, req=100, resp=100, rate=30_000)],
+    )
     _, bp = run(g, reference_profile())
     assert bp.latency_overhead_us[0] == pytest.approx(latency, rel=1e-12)
     assert bp.cpu_vcpu[0] == pytest.approx(vcpu, rel=1e-12)
@@ -42,8 +64,14 @@ def test_one_hop_reproduces_published_single_sidecar_totals(mode: Mode, latency:
 
 def test_sequential_children_add_up() -> None:
     # A calls B (10–40) then C (50–80): C waits for B. Overheads: client→A 2×5, A→B and A→C 4×5.
-    g = ecg({"A": HTTP, "B": HTTP, "C": HTTP},
-            [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r"), inv("c", "A", "C", 50, 30, "r")])
+    g = ecg(
+        {"A": HTTP, "B": HTTP, "C": HTTP},
+        [
+            inv("r", EXTERNAL, "A", 0, 100),
+            inv("b", "A", "B", 10, 30, "r"),
+            inv("c", "A", "C", 50, 30, "r"),
+        ],
+    )
     _, bp = run(g)
     assert bp.base_latency_us[0] == 100
     assert bp.latency_overhead_us[0] == 10 + 20 + 20
@@ -52,8 +80,14 @@ def test_sequential_children_add_up() -> None:
 
 def test_parallel_children_overlap() -> None:
     # B (10–40) and C (20–50) overlap: only one 20 µs hop delay reaches the parent
-    g = ecg({"A": HTTP, "B": HTTP, "C": HTTP},
-            [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r"), inv("c", "A", "C", 20, 30, "r")])
+    g = ecg(
+        {"A": HTTP, "B": HTTP, "C": HTTP},
+        [
+            inv("r", EXTERNAL, "A", 0, 100),
+            inv("b", "A", "B", 10, 30, "r"),
+            inv("c", "A", "C", 20, 30, "r"),
+        ],
+    )
     _, bp = run(g)
     assert bp.latency_overhead_us[0] == 10 + 20
     assert bp.critical.tolist() == [True, False, True]  # C ends last
@@ -63,8 +97,14 @@ def test_parallel_children_overlap() -> None:
 def test_critical_path_changes_when_overhead_is_added() -> None:
     # parallel B (10–60, http: 20 µs added) and C (10–55, grpc callee: 2×5 + 2×10 = 30 µs added).
     # Before: B ends last. After: B ends at 80, C at 85 → C is critical; 5 µs of C's delay is B's slack.
-    g = ecg({"A": HTTP, "B": HTTP, "C": GRPC},
-            [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 50, "r"), inv("c", "A", "C", 10, 45, "r")])
+    g = ecg(
+        {"A": HTTP, "B": HTTP, "C": GRPC},
+        [
+            inv("r", EXTERNAL, "A", 0, 100),
+            inv("b", "A", "B", 10, 50, "r"),
+            inv("c", "A", "C", 10, 45, "r"),
+        ],
+    )
     _, bp = run(g)
     assert bp.critical_before.tolist() == [True, True, False]
     assert bp.critical.tolist() == [True, False, True]
@@ -75,9 +115,15 @@ def test_critical_path_changes_when_overhead_is_added() -> None:
 def test_waiting_sibling_is_anchored_to_its_latest_predecessor() -> None:
     # B (10–40) and C (15–45) both end before D starts (50); D's start is anchored to the
     # latest of their delayed ends, and the 5 µs gap after C is the parent's compute.
-    g = ecg({"A": HTTP, "B": GRPC, "C": NO_SIDECAR, "D": NO_SIDECAR},
-            [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r"), inv("c", "A", "C", 15, 30, "r"),
-             inv("d", "A", "D", 50, 20, "r")])
+    g = ecg(
+        {"A": HTTP, "B": GRPC, "C": NO_SIDECAR, "D": NO_SIDECAR},
+        [
+            inv("r", EXTERNAL, "A", 0, 100),
+            inv("b", "A", "B", 10, 30, "r"),
+            inv("c", "A", "C", 15, 30, "r"),
+            inv("d", "A", "D", 50, 20, "r"),
+        ],
+    )
     _, bp = run(g)
     # B: A outbound 2×5 + B inbound grpc 2×10 = 30 → ends 70; C: A outbound only 10 → ends 55.
     # D waits for max(70, 55) = 70 vs 45 → +25; D itself +10 (A outbound); parent tail: +35; root +10
@@ -86,9 +132,14 @@ def test_waiting_sibling_is_anchored_to_its_latest_predecessor() -> None:
 
 
 def test_cpu_counts_calls_off_the_critical_path() -> None:
-    g = ecg({"A": HTTP, "B": HTTP, "C": HTTP},
-            [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000),
-             inv("c", "A", "C", 20, 30, "r", rate=1000)])
+    g = ecg(
+        {"A": HTTP, "B": HTTP, "C": HTTP},
+        [
+            inv("r", EXTERNAL, "A", 0, 100, rate=1000),
+            inv("b", "A", "B", 10, 30, "r", rate=1000),
+            inv("c", "A", "C", 20, 30, "r", rate=1000),
+        ],
+    )
     _, bp = run(g)
     # crossings: 2 + 4 + 4 = 10, 2 CPU-µs each, 1000 calls/s → 0.02 vCPU; B is off the critical path
     assert bp.cpu_vcpu[0] == pytest.approx(10 * 2e-6 * 1000)
@@ -96,7 +147,10 @@ def test_cpu_counts_calls_off_the_critical_path() -> None:
 
 
 def test_services_without_sidecars_add_nothing() -> None:
-    g = ecg({"A": NO_SIDECAR, "B": HTTP}, [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r")])
+    g = ecg(
+        {"A": NO_SIDECAR, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r")],
+    )
     _, bp = run(g)
     assert bp.latency_overhead_us[0] == 10  # only B's inbound sidecar, request + response
     assert bp.row_latency_caller_us.tolist() == [0, 0]
@@ -117,8 +171,17 @@ def test_size_slopes_and_split_units() -> None:
     assert bp.latency_overhead_us[0] == pytest.approx(34.0)
 
 
-ALL = {IPC: flat(1, 1), READ: flat(2, 1), WRITE: flat(3, 1), NOTIFICATION: flat(4, 1), PARSING: flat(5, 1), OTHER: flat(6, 1),
-       filter_component("lua"): flat(7, 1), filter_component("wasm"): flat(8, 1), TLS: flat(9, 1)}
+ALL = {
+    IPC: flat(1, 1),
+    READ: flat(2, 1),
+    WRITE: flat(3, 1),
+    NOTIFICATION: flat(4, 1),
+    PARSING: flat(5, 1),
+    OTHER: flat(6, 1),
+    filter_component("lua"): flat(7, 1),
+    filter_component("wasm"): flat(8, 1),
+    TLS: flat(9, 1),
+}
 
 
 def test_every_component_kind_is_priced_and_broken_down() -> None:
@@ -127,20 +190,51 @@ def test_every_component_kind_is_priced_and_broken_down() -> None:
     g = ecg({"A": cfg}, [inv("r", EXTERNAL, "A", 0, 100)])
     _, bp = run(g, prof)
     by = dict(zip((c.key for c in bp.components), bp.latency_by_component[0]))
-    assert by == {"ipc": 2, "read": 4, "write": 6, "notification": 8, "parsing": 10, "other": 12, "filter:lua": 14, "filter:wasm": 16, "tls": 18}
+    assert by == {
+        "ipc": 2,
+        "read": 4,
+        "write": 6,
+        "notification": 8,
+        "parsing": 10,
+        "other": 12,
+        "filter:lua": 14,
+        "filter:wasm": 16,
+        "tls": 18,
+    }
     assert bp.latency_overhead_us[0] == 90
 
 
 def test_speedup_scales_every_component_kind() -> None:
     prof = profile({Mode.HTTP: ALL})
-    sp = speedup_from_dict({"scale": {"ipc": "-30%", "write": "-50%", "parsing": "-20%", "filter:lua": "-100%", "filters": "-50%", "tls": -10}})
+    sp = speedup_from_dict(
+        {
+            "scale": {
+                "ipc": "-30%",
+                "write": "-50%",
+                "parsing": "-20%",
+                "filter:lua": "-100%",
+                "filters": "-50%",
+                "tls": -10,
+            }
+        }
+    )
     after, warnings = apply_speedup(prof, sp)
     assert warnings == ()
     cfg = SidecarConfig(Mode.HTTP, filters=("lua", "wasm"), mtls=True)
     g = ecg({"A": cfg}, [inv("r", EXTERNAL, "A", 0, 100)])
     _, bp = run(g, after)
     by = dict(zip((c.key for c in bp.components), np.round(bp.latency_by_component[0], 9)))
-    assert by == {"ipc": 1.4, "read": 4, "write": 3, "notification": 8, "parsing": 8, "other": 12, "filter:lua": 0, "filter:wasm": 8, "tls": 16.2}
+    assert by == {
+        "ipc": 1.4,
+        "read": 4,
+        "write": 3,
+        "notification": 8,
+        "parsing": 8,
+        "other": 12,
+        "filter:lua": 0,
+        "filter:wasm": 8,
+        "tls": 16.2,
+    }
 
 
 def test_speedup_warns_for_components_the_profile_lacks() -> None:
@@ -149,14 +243,27 @@ def test_speedup_warns_for_components_the_profile_lacks() -> None:
 
 
 def test_distribution_over_several_graphs() -> None:
-    graphs = [ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100 + i)], name=f"g{i}") for i in range(4)]
-    graphs.append(ecg({"A": HTTP, "B": HTTP}, [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r")], name="g4"))
+    graphs = [
+        ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100 + i)], name=f"g{i}") for i in range(4)
+    ]
+    graphs.append(
+        ecg(
+            {"A": HTTP, "B": HTTP},
+            [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r")],
+            name="g4",
+        )
+    )
     _, bp = run(graphs)
     assert bp.latency_overhead_us.tolist() == [10, 10, 10, 10, 30]
     from meshtax.report.result import summary
 
     s = summary(bp)["latency_overhead_us"]
-    assert s["mean"] == 14 and s["p50"] == 10 and s["p90"] == pytest.approx(22) and s["p99"] == pytest.approx(29.2)
+    assert (
+        s["mean"] == 14
+        and s["p50"] == 10
+        and s["p90"] == pytest.approx(22)
+        and s["p99"] == pytest.approx(29.2)
+    )
 
 
 def test_unprofiled_filter_is_a_clear_error() -> None:
@@ -184,7 +291,9 @@ def test_intervals_widen_with_model_uncertainty() -> None:
 
 def test_speedup_replaces_a_component_by_another_profiles_model() -> None:
     base = profile({Mode.HTTP: ALL})
-    faster = profile({Mode.HTTP: {PARSING: flat(1, 0.5)}, Mode.GRPC: {PARSING: flat(2, 0.25)}}, name="next")
+    faster = profile(
+        {Mode.HTTP: {PARSING: flat(1, 0.5)}, Mode.GRPC: {PARSING: flat(2, 0.25)}}, name="next"
+    )
     sp = speedup_from_dict({"name": "swap", "replace": {"parsing": {"profile": "next"}}})
     after, _ = apply_speedup(base, sp, {"next": faster}.__getitem__)
     assert after.mode(Mode.HTTP).components[PARSING] == faster.mode(Mode.HTTP).components[PARSING]
@@ -197,9 +306,14 @@ def test_speedup_replaces_a_component_by_another_profiles_model() -> None:
 
 @pytest.mark.parametrize(
     ("doc", "message"),
-    [({"scale": {"ipc": "fast"}}, "expected a percent change"), ({"scale": {"epoll": "-5%"}}, "unknown component"),
-     ({"scale": {"ipc": "-150%"}}, "≥ -100%"), ({"replace": {"ipc": "x"}}, "expected {profile"), ({}, "nothing to change"),
-     ({"scale": {"ipc": "-5%"}, "extra": 1}, "unknown key")],
+    [
+        ({"scale": {"ipc": "fast"}}, "expected a percent change"),
+        ({"scale": {"epoll": "-5%"}}, "unknown component"),
+        ({"scale": {"ipc": "-150%"}}, "≥ -100%"),
+        ({"replace": {"ipc": "x"}}, "expected {profile"),
+        ({}, "nothing to change"),
+        ({"scale": {"ipc": "-5%"}, "extra": 1}, "unknown key"),
+    ],
 )
 def test_bad_speedups_are_clear_errors(doc: dict, message: str) -> None:  # type: ignore[type-arg]
     from meshtax.predict.whatif import SpeedupError
@@ -222,7 +336,9 @@ def test_memory_per_pod_from_connection_counts() -> None:
     from meshtax.predict.memory import memory_by_service
 
     base = profile({Mode.HTTP: {OTHER: flat(5, 2)}})
-    mp = replace(base.mode(Mode.HTTP), memory=CostModel(60e6, 16e3), memory_mtls=CostModel(62e6, 32e3))
+    mp = replace(
+        base.mode(Mode.HTTP), memory=CostModel(60e6, 16e3), memory_mtls=CostModel(62e6, 32e3)
+    )
     prof = replace(base, modes={Mode.HTTP: mp})
     svcs = {
         "a": Service("a", HTTP, connections=100),
@@ -232,7 +348,10 @@ def test_memory_per_pod_from_connection_counts() -> None:
     }
     mem, warnings = memory_by_service(svcs, single_profile(prof))
     assert mem is not None and warnings == []
-    assert [(r["service"], r["bytes"]) for r in mem["per_pod"]] == [("a", 60e6 + 100 * 16e3), ("b", 62e6 + 10 * 32e3)]
+    assert [(r["service"], r["bytes"]) for r in mem["per_pod"]] == [
+        ("a", 60e6 + 100 * 16e3),
+        ("b", 62e6 + 10 * 32e3),
+    ]
     assert mem["total_bytes"] == 60e6 + 1.6e6 + 62e6 + 0.32e6
     none, w = memory_by_service({"a": Service("a", HTTP, connections=1)}, single_profile(base))
     assert none is None and "no http memory model" in w[0]
@@ -240,9 +359,15 @@ def test_memory_per_pod_from_connection_counts() -> None:
 
 def test_cpu_follows_the_rate_term_within_the_profiled_range() -> None:
     # OTHER: 2 CPU-µs at the highest profiled rate (1000/s), +3 per e-fold below it, profiled from 10/s
-    rated = ComponentModel(CostModel(5.0), CostModel(2.0, rate_coef=3.0, rate_lo=10.0, rate_hi=1000.0))
+    rated = ComponentModel(
+        CostModel(5.0), CostModel(2.0, rate_coef=3.0, rate_lo=10.0, rate_hi=1000.0)
+    )
     prof = profile({Mode.HTTP: {OTHER: rated}})
-    for rate, per_crossing in ((1000.0, 2.0), (100.0, 2.0 + 3 * np.log(10)), (1.0, 2.0 + 3 * np.log(100))):
+    for rate, per_crossing in (
+        (1000.0, 2.0),
+        (100.0, 2.0 + 3 * np.log(10)),
+        (1.0, 2.0 + 3 * np.log(100)),
+    ):
         g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=rate)])
         _, bp = run(g, prof)
         # two crossings (request, response) at `rate` calls/s; latency has no rate term
@@ -252,9 +377,15 @@ def test_cpu_follows_the_rate_term_within_the_profiled_range() -> None:
 
 def test_tcp_mode_prices_grpc_on_the_wire_with_the_carried_models() -> None:
     tcp = SidecarConfig(Mode.TCP)
-    base = ModeProfile(Mode.TCP, {OTHER: flat(3, 1)}, carried={"grpc": ModeProfile(Mode.TCP, {OTHER: flat(7, 4)})})
+    base = ModeProfile(
+        Mode.TCP, {OTHER: flat(3, 1)}, carried={"grpc": ModeProfile(Mode.TCP, {OTHER: flat(7, 4)})}
+    )
     prof = replace(profile({}), modes={Mode.TCP: base})
-    calls = [inv("r", EXTERNAL, "A", 0, 100), inv("g", "A", "B", 10, 30, "r"), inv("h", "A", "C", 50, 30, "r")]
+    calls = [
+        inv("r", EXTERNAL, "A", 0, 100),
+        inv("g", "A", "B", 10, 30, "r"),
+        inv("h", "A", "C", 50, 30, "r"),
+    ]
     calls = [calls[0], replace(calls[1], protocol="grpc"), replace(calls[2], protocol="http")]
     b, bp = run(ecg({"A": tcp, "B": tcp, "C": tcp}, calls), prof)
     # root (unknown protocol) 2×3, gRPC call 4×7 (A out, B in), HTTP call 4×3 (no carried http model)
@@ -262,15 +393,24 @@ def test_tcp_mode_prices_grpc_on_the_wire_with_the_carried_models() -> None:
     assert bp.cpu_vcpu[0] == pytest.approx((2 * 1 + 4 * 4 + 4 * 1) * 1000 * 1e-6)
     assert not bp.warnings
     # a parsing sidecar ignores the carried models; a tcp profile without them warns for gRPC
-    _, bp2 = run(ecg({"A": tcp, "B": tcp, "C": tcp}, calls), replace(prof, modes={Mode.TCP: replace(base, carried={})}))
+    _, bp2 = run(
+        ecg({"A": tcp, "B": tcp, "C": tcp}, calls),
+        replace(prof, modes={Mode.TCP: replace(base, carried={})}),
+    )
     assert bp2.latency_overhead_us[0] == 10 * 3 and any("gRPC" in w for w in bp2.warnings)
 
 
 def test_shared_cpus_bound_latency_by_the_requests_cpu_work() -> None:
     # parallel B and C (both 10–40): on their own CPUs only one hop delay reaches A (10 + 20);
     # on shared CPUs the request's CPU work queues, so the overhead is at least work ÷ CPUs
-    g = ecg({"A": HTTP, "B": HTTP, "C": HTTP},
-            [inv("r", EXTERNAL, "A", 0, 100), inv("b", "A", "B", 10, 30, "r"), inv("c", "A", "C", 10, 30, "r")])
+    g = ecg(
+        {"A": HTTP, "B": HTTP, "C": HTTP},
+        [
+            inv("r", EXTERNAL, "A", 0, 100),
+            inv("b", "A", "B", 10, 30, "r"),
+            inv("c", "A", "C", 10, 30, "r"),
+        ],
+    )
     b = to_batch([g])
     own = predict_batch(b, single_profile(P))
     assert own.latency_overhead_us[0] == 30 and own.pod_cpus is None and own.cpu_bound is None
@@ -293,11 +433,18 @@ def test_new_connections_pay_the_handshake_and_per_connection_filters() -> None:
     # http: OTHER 5 µs / 2 CPU-µs per crossing; handshake 100 µs / 40 CPU-µs per connection per
     # sidecar; network RBAC 0 per message, 3 µs / 1 CPU-µs per connection
     rbac = filter_component("rbac_network_100")
-    mp = ModeProfile(Mode.HTTP, {OTHER: flat(5, 2), TLS: flat(1, 1), rbac: flat(0, 0)},
-                     tls_handshake=flat(100, 40), per_connection={rbac: flat(3, 1)})  # fmt: skip
+    mp = ModeProfile(
+        Mode.HTTP,
+        {OTHER: flat(5, 2), TLS: flat(1, 1), rbac: flat(0, 0)},
+        tls_handshake=flat(100, 40),
+        per_connection={rbac: flat(3, 1)},
+    )
     prof = replace(profile({}), modes={Mode.HTTP: mp})
     side = SidecarConfig(Mode.HTTP, filters=("rbac_network_100",), mtls=True)
-    calls = [inv("r", EXTERNAL, "A", 0, 1000), replace(inv("c", "A", "B", 10, 100, "r"), new_connections=0.25)]
+    calls = [
+        inv("r", EXTERNAL, "A", 0, 1000),
+        replace(inv("c", "A", "B", 10, 100, "r"), new_connections=0.25),
+    ]
     _, bp = run(ecg({"A": side, "B": side}, calls), prof)
     # per message: root 2 crossings, A→B 4 crossings, each OTHER 5 + TLS 1 = 6 µs → 36;
     # a quarter of A→B's calls open a connection: 2 sidecars × (100 + 3) × 0.25 = 51.5
@@ -306,14 +453,25 @@ def test_new_connections_pay_the_handshake_and_per_connection_filters() -> None:
     k = bp.components.index(TLS)
     assert bp.cpu_by_component[0, k] == pytest.approx((6 * 1 + 2 * 40 * 0.25) * 1000 * 1e-6)
     # without a handshake model: a warning, not a guess
-    _, bp2 = run(ecg({"A": side, "B": side}, calls), replace(prof, modes={Mode.HTTP: replace(mp, tls_handshake=None)}))
+    _, bp2 = run(
+        ecg({"A": side, "B": side}, calls),
+        replace(prof, modes={Mode.HTTP: replace(mp, tls_handshake=None)}),
+    )
     assert any("handshake" in w for w in bp2.warnings)
 
 
 def test_mtls_is_priced_with_the_pinned_tls_version() -> None:
     # primary (1.3): TLS 1 µs / 1 CPU-µs per crossing, handshake 100 / 40; 1.2: 2 / 3 and 50 / 20
-    mp = ModeProfile(Mode.HTTP, {OTHER: flat(5, 2), TLS: flat(1, 1)}, tls_handshake=flat(100, 40), tls_version="1.3",
-                     tls_by_version={"1.3": TlsModels("1.3", flat(1, 1), flat(100, 40)), "1.2": TlsModels("1.2", flat(2, 3), flat(50, 20))})  # fmt: skip
+    mp = ModeProfile(
+        Mode.HTTP,
+        {OTHER: flat(5, 2), TLS: flat(1, 1)},
+        tls_handshake=flat(100, 40),
+        tls_version="1.3",
+        tls_by_version={
+            "1.3": TlsModels("1.3", flat(1, 1), flat(100, 40)),
+            "1.2": TlsModels("1.2", flat(2, 3), flat(50, 20)),
+        },
+    )
     prof = replace(profile({}), modes={Mode.HTTP: mp})
     calls = [replace(inv("r", EXTERNAL, "A", 0, 1000), new_connections=0.5)]
 
@@ -324,15 +482,20 @@ def test_mtls_is_priced_with_the_pinned_tls_version() -> None:
 
     # 2 crossings × (5 + TLS) + half the calls × handshake, at the one sidecar
     assert one(SidecarConfig(Mode.HTTP, mtls=True)) == pytest.approx((2 * 6 + 50, 2 * 3 + 20))
-    assert one(SidecarConfig(Mode.HTTP, mtls=True, tls_version="1.3")) == pytest.approx((2 * 6 + 50, 2 * 3 + 20))
-    assert one(SidecarConfig(Mode.HTTP, mtls=True, tls_version="1.2")) == pytest.approx((2 * 7 + 25, 2 * 5 + 10))
+    assert one(SidecarConfig(Mode.HTTP, mtls=True, tls_version="1.3")) == pytest.approx(
+        (2 * 6 + 50, 2 * 3 + 20)
+    )
+    assert one(SidecarConfig(Mode.HTTP, mtls=True, tls_version="1.2")) == pytest.approx(
+        (2 * 7 + 25, 2 * 5 + 10)
+    )
     # a version the profile never measured: not priced with the other one, and said so
     only13 = replace(prof, modes={Mode.HTTP: replace(mp, tls_by_version={})})
     _, bp = run(ecg({"A": SidecarConfig(Mode.HTTP, mtls=True, tls_version="1.2")}, calls), only13)
     assert bp.latency_overhead_us[0] == pytest.approx(2 * 5)
     assert [w for w in bp.warnings if "TLS 1.2" in w] == [
         "profile 'test' has no http-mode models of TLS 1.2 (measured: 1.3): mTLS cost of those sidecars is not counted; "
-        "`meshtax profile --mtls` measures 1.3 and 1.2"]
+        "`meshtax profile --mtls` measures 1.3 and 1.2"
+    ]
 
 
 def test_sidecar_tls_version_is_checked_and_round_trips() -> None:
@@ -344,11 +507,18 @@ def test_sidecar_tls_version_is_checked_and_round_trips() -> None:
     with pytest.raises(ValueError, match="without mtls"):
         SidecarConfig(Mode.TCP, tls_version="1.3")
 
+
 def test_shared_cpus_price_messages_at_the_rate_that_loads_the_cpu_alike() -> None:
     # OTHER CPU: 2 CPU-µs at 1000/s, +3 per e-fold below, profiled from 10/s; no latency-path effect
-    rated = ComponentModel(CostModel(0.1), CostModel(2.0, rate_coef=3.0, rate_lo=10.0, rate_hi=1000.0))
+    rated = ComponentModel(
+        CostModel(0.1), CostModel(2.0, rate_coef=3.0, rate_lo=10.0, rate_hi=1000.0)
+    )
     prof = profile({Mode.HTTP: {OTHER: rated}})
-    calls = [inv("r", EXTERNAL, "A", 0, 100, rate=100), inv("b", "A", "B", 10, 30, "r", rate=100), inv("c", "A", "C", 50, 30, "r", rate=100)]
+    calls = [
+        inv("r", EXTERNAL, "A", 0, 100, rate=100),
+        inv("b", "A", "B", 10, 30, "r", rate=100),
+        inv("c", "A", "C", 50, 30, "r", rate=100),
+    ]
     b = to_batch([ecg({"A": HTTP, "B": HTTP, "C": HTTP}, calls)])
     # 10 crossings per request at 100/s = 1000 crossings/s on one CPU: a one-hop at 500/s loads it alike
     assert shared_cpu_rates(b, 1).tolist() == [500.0] * 3
@@ -362,16 +532,24 @@ def test_shared_cpus_price_messages_at_the_rate_that_loads_the_cpu_alike() -> No
 
 
 def test_colocation_exponent_prices_between_each_sidecars_own_rate_and_the_cpus() -> None:
-    rated = ComponentModel(CostModel(0.1), CostModel(2.0, rate_coef=3.0, rate_lo=10.0, rate_hi=1000.0))
+    rated = ComponentModel(
+        CostModel(0.1), CostModel(2.0, rate_coef=3.0, rate_lo=10.0, rate_hi=1000.0)
+    )
     prof = profile({Mode.HTTP: {OTHER: rated}})
-    calls = [inv("r", EXTERNAL, "A", 0, 100, rate=100), inv("b", "A", "B", 10, 30, "r", rate=100), inv("c", "A", "C", 50, 30, "r", rate=100)]
+    calls = [
+        inv("r", EXTERNAL, "A", 0, 100, rate=100),
+        inv("b", "A", "B", 10, 30, "r", rate=100),
+        inv("c", "A", "C", 50, 30, "r", rate=100),
+    ]
     b = to_batch([ecg({"A": HTTP, "B": HTTP, "C": HTTP}, calls)])
     # A's sidecar carries all three calls (600 crossings/s: a one-hop at 300/s), B's and C's one each;
     # the external client has none (its side keeps the row's rate, nothing is priced there)
     caller, callee = sidecar_rates(b)
     assert (caller.tolist(), callee.tolist()) == ([100.0, 300.0, 300.0], [300.0, 100.0, 100.0])
     assert [x.tolist() for x in priced_rates(b, 1, 0.0)] == [caller.tolist(), callee.tolist()]
-    assert [x.tolist() for x in priced_rates(b, 1, 1.0)] == [[500.0] * 3] * 2  # the CPU's rate alone
+    assert [x.tolist() for x in priced_rates(b, 1, 1.0)] == [
+        [500.0] * 3
+    ] * 2  # the CPU's rate alone
     with pytest.raises(ValueError, match="alpha"):
         priced_rates(b, 1, 1.5)
     # the profile's measured exponent is what predict uses unless told otherwise
@@ -384,15 +562,27 @@ def test_colocation_exponent_prices_between_each_sidecars_own_rate_and_the_cpus(
 
     # A: 6 crossings at √(300·500); B and C: 2 each at √(100·500)
     want = (6 * cost(np.sqrt(300 * 500)) + 4 * cost(np.sqrt(100 * 500))) * 100 * 1e-6
-    assert predict_batch(b, single_profile(calibrated), pod_cpus=1).cpu_vcpu[0] == pytest.approx(want)
-    assert predict_batch(b, single_profile(calibrated), pod_cpus=1, alpha=1.0).cpu_vcpu[0] == pytest.approx(predict_batch(b, single_profile(prof), pod_cpus=1).cpu_vcpu[0])
+    assert predict_batch(b, single_profile(calibrated), pod_cpus=1).cpu_vcpu[0] == pytest.approx(
+        want
+    )
+    assert predict_batch(b, single_profile(calibrated), pod_cpus=1, alpha=1.0).cpu_vcpu[
+        0
+    ] == pytest.approx(predict_batch(b, single_profile(prof), pod_cpus=1).cpu_vcpu[0])
     # CPUs of their own: no exponent applies
-    assert predict_batch(b, single_profile(calibrated)).cpu_vcpu[0] == pytest.approx(predict_batch(b, single_profile(prof)).cpu_vcpu[0])
+    assert predict_batch(b, single_profile(calibrated)).cpu_vcpu[0] == pytest.approx(
+        predict_batch(b, single_profile(prof)).cpu_vcpu[0]
+    )
     # per mode: a tcp-mode sidecar keeps α = 1 when only http was calibrated
-    both = replace(calibrated, modes={**calibrated.modes, Mode.TCP: replace(calibrated.modes[Mode.HTTP], mode=Mode.TCP)})
+    both = replace(
+        calibrated,
+        modes={**calibrated.modes, Mode.TCP: replace(calibrated.modes[Mode.HTTP], mode=Mode.TCP)},
+    )
     mixed = to_batch([ecg({"A": HTTP, "B": SidecarConfig(Mode.TCP), "C": HTTP}, calls)])
     a_caller, a_callee = side_alphas(mixed, single_profile(both))
-    assert (a_caller.tolist(), a_callee.tolist()) == ([1.0, 0.5, 0.5], [0.5, 1.0, 0.5])  # external caller: no sidecar
+    assert (a_caller.tolist(), a_callee.tolist()) == (
+        [1.0, 0.5, 0.5],
+        [0.5, 1.0, 0.5],
+    )  # external caller: no sidecar
     want_b = 2 * cost(500.0)  # B's two crossings at the CPU's rate
     want = (6 * cost(np.sqrt(300 * 500)) + want_b + 2 * cost(np.sqrt(100 * 500))) * 100 * 1e-6
     assert predict_batch(mixed, single_profile(both), pod_cpus=1).cpu_vcpu[0] == pytest.approx(want)

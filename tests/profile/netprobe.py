@@ -1,20 +1,20 @@
 """Test helper (stdlib only): a TCP listener that reports what it saw, and its client.
 
-    netprobe.py listen PORT [PORT ...]
-        accept on 0.0.0.0:PORT...; each connection gets one line
-        "port=<listening port> orig=<SO_ORIGINAL_DST or -> uid=<euid>" and is closed.
-        Prints "ready" once all ports are bound.
-    netprobe.py connect IP PORT
-        connect, print the line received, exit 0 (exit 1 on connection failure).
+netprobe.py listen PORT [PORT ...]
+    accept on 0.0.0.0:PORT...; each connection gets one line
+    "port=<listening port> orig=<SO_ORIGINAL_DST or -> uid=<euid>" and is closed.
+    Prints "ready" once all ports are bound.
+netprobe.py connect IP PORT
+    connect, print the line received, exit 0 (exit 1 on connection failure).
 """
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
 import struct
 import sys
-import os
 
 SO_ORIGINAL_DST = 80
 

@@ -34,7 +34,7 @@ def main() -> None:
         if cmd == "sock":
             n = int(arg)
 
-            def writer() -> None:
+            def writer(n: int = n) -> None:
                 for _ in range(n):
                     a.send(b"x" * 100)
                     time.sleep(0.0002)  # let the reader fall asleep in epoll_wait

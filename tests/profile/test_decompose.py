@@ -21,17 +21,36 @@ from meshtax.profile.decompose import (
 from meshtax.profile.probes import EMPTY_THREAD, IpcStat, OpStat, ProbeReading, ThreadReading
 
 
-def thread(tid: int, *, read: int = 0, write: int = 0, epoll: int = 0, notify: int = 0,
-           rest: int = 0, user: int = 0, calls: int = 2, tgid: int = 100) -> ThreadReading:  # fmt: skip
+def thread(
+    tid: int,
+    *,
+    read: int = 0,
+    write: int = 0,
+    epoll: int = 0,
+    notify: int = 0,
+    rest: int = 0,
+    user: int = 0,
+    calls: int = 2,
+    tgid: int = 100,
+) -> ThreadReading:
     """A thread whose syscall wall time is read+write+epoll+rest ns."""
     n = calls if (read or write) else 0
     return ThreadReading(
-        tid=tid, tgid=tgid, comm=f"t{tid}",
-        read=OpStat(n, read, 100 * n, 0), write=OpStat(n, write, 100 * n, 0),
-        epoll=OpStat(calls, epoll, 0, 0), notify=OpStat(calls, notify, 0, 0),
-        syscalls=3 * calls, sys_ns=read + write + epoll + rest, oncpu_ns=user + 1000,
-        user_ns=user, sys_cpu_ns=1000, unknown_cpu_ns=0, switches_in=calls,
-    )  # fmt: skip
+        tid=tid,
+        tgid=tgid,
+        comm=f"t{tid}",
+        read=OpStat(n, read, 100 * n, 0),
+        write=OpStat(n, write, 100 * n, 0),
+        epoll=OpStat(calls, epoll, 0, 0),
+        notify=OpStat(calls, notify, 0, 0),
+        syscalls=3 * calls,
+        sys_ns=read + write + epoll + rest,
+        oncpu_ns=user + 1000,
+        user_ns=user,
+        sys_cpu_ns=1000,
+        unknown_cpu_ns=0,
+        switches_in=calls,
+    )
 
 
 def make_reading(threads: list[ThreadReading], ipc_ns: int, ipc_count: int = 4) -> ProbeReading:
@@ -39,9 +58,16 @@ def make_reading(threads: list[ThreadReading], ipc_ns: int, ipc_count: int = 4) 
     for t in threads:
         total = total + t
     return ProbeReading(
-        pids=(100,), netns=1, duration_ns=10**9, threads=tuple(threads), total=total,
-        ipc=IpcStat("lo", ipc_count, ipc_ns, 100 * ipc_count, ipc_ns), counters={}, programs=(), stats_enabled=False,
-    )  # fmt: skip
+        pids=(100,),
+        netns=1,
+        duration_ns=10**9,
+        threads=tuple(threads),
+        total=total,
+        ipc=IpcStat("lo", ipc_count, ipc_ns, 100 * ipc_count, ipc_ns),
+        counters={},
+        programs=(),
+        stats_enabled=False,
+    )
 
 
 WORKER = thread(101, read=4000, write=10000, epoll=50000, notify=6000, rest=2000, user=8000)
@@ -56,7 +82,9 @@ def test_per_crossing_halves_a_request() -> None:
 def test_latency_breakdown_per_crossing_write_minus_ipc_workers_only() -> None:
     bd = latency_breakdown(make_reading([MAIN, WORKER], ipc_ns=2000), requests=1)
     # 1 request = 2 crossings: ns / 2 / 1000 = µs per crossing
-    assert bd == Breakdown(read=2.0, write=4.0, ipc=1.0, notification=3.0, user=4.0, kernel_other=1.0)
+    assert bd == Breakdown(
+        read=2.0, write=4.0, ipc=1.0, notification=3.0, user=4.0, kernel_other=1.0
+    )
     assert bd.total() == 15.0
     assert bd.sidecar_work == 5.0
 
@@ -77,8 +105,15 @@ def test_latency_breakdown_clamps_write_below_ipc_and_rejects_zero_requests() ->
 
 
 def test_cpu_breakdown_ignores_probe_bucket() -> None:
-    buckets = {"user": 4000, "read": 2000, "write": 1000, "ipc": 3000, "notification": 500,
-               "kernel_other": 100, "probe": 99999}  # fmt: skip
+    buckets = {
+        "user": 4000,
+        "read": 2000,
+        "write": 1000,
+        "ipc": 3000,
+        "notification": 500,
+        "kernel_other": 100,
+        "probe": 99999,
+    }
     assert cpu_breakdown(buckets, requests=2) == Breakdown(
         read=0.5, write=0.25, ipc=0.75, notification=0.125, user=1.0, kernel_other=0.025
     )
@@ -97,36 +132,66 @@ def test_cpu_breakdown_ignores_probe_bucket() -> None:
 def test_assemble(mode: Mode, baseline: Breakdown | None, other: float, parsing: float) -> None:
     bd = Breakdown(read=1.0, write=2.0, ipc=3.0, notification=4.0, user=4.0, kernel_other=1.0)
     got = assemble(mode, bd, baseline)
-    assert got == {IPC: 3.0, READ: 1.0, WRITE: 2.0, NOTIFICATION: 4.0, OTHER: other, PARSING: parsing}
+    assert got == {
+        IPC: 3.0,
+        READ: 1.0,
+        WRITE: 2.0,
+        NOTIFICATION: 4.0,
+        OTHER: other,
+        PARSING: parsing,
+    }
 
 
 # ---- sidecar + app, meshed and direct windows -------------------------------------------------
 
 # the app (tgid 200): a Go-like runtime with an I/O thread and a thread that sleeps in futex
-APP_IO_M = thread(201, read=3000, write=4000, epoll=90000, notify=1000, rest=5000, user=9000, tgid=200)
-APP_IO_D = thread(201, read=3500, write=9000, epoll=90000, notify=5000, rest=5000, user=8000, tgid=200)
+APP_IO_M = thread(
+    201, read=3000, write=4000, epoll=90000, notify=1000, rest=5000, user=9000, tgid=200
+)
+APP_IO_D = thread(
+    201, read=3500, write=9000, epoll=90000, notify=5000, rest=5000, user=8000, tgid=200
+)
 APP_SLEEPER = thread(202, rest=10**9, user=1000, tgid=200)
 
 
 def test_window_splits_sidecar_and_app_and_adds_up() -> None:
-    w = Window.of(make_reading([MAIN, WORKER, APP_IO_M, APP_SLEEPER], ipc_ns=2000), 1,
-                  sidecar_tgid=100, app_tgid=200)  # fmt: skip
+    w = Window.of(
+        make_reading([MAIN, WORKER, APP_IO_M, APP_SLEEPER], ipc_ns=2000),
+        1,
+        sidecar_tgid=100,
+        app_tgid=200,
+    )
     # sidecar: only its threads that did I/O; app: every thread of the app
     assert (w.sidecar.read.ns, w.sidecar.user_ns) == (4000, 8000)
     assert (w.app.read.ns, w.app.user_ns, w.app.sys_ns) == (3000, 10000, 102000 + 10**9)
     assert (w.ipc_ns, w.ipc_packets, w.ipc_bytes, w.requests) == (2000, 4, 400, 1)
-    assert Window.of(make_reading([WORKER, APP_IO_M], ipc_ns=0), 1, sidecar_tgid=100).app.read.ns == 0
+    assert (
+        Window.of(make_reading([WORKER, APP_IO_M], ipc_ns=0), 1, sidecar_tgid=100).app.read.ns == 0
+    )
     two = w + w
-    assert (two.requests, two.sidecar.write.ns, two.app.write.ns, two.ipc_ns) == (2, 20000, 8000, 4000)
+    assert (two.requests, two.sidecar.write.ns, two.app.write.ns, two.ipc_ns) == (
+        2,
+        20000,
+        8000,
+        4000,
+    )
 
 
 def test_mesh_breakdown_adds_the_change_of_the_apps_path() -> None:
-    meshed = Window.of(make_reading([WORKER, APP_IO_M, APP_SLEEPER], ipc_ns=3000), 1,
-                       sidecar_tgid=100, app_tgid=200)  # fmt: skip
+    meshed = Window.of(
+        make_reading([WORKER, APP_IO_M, APP_SLEEPER], ipc_ns=3000),
+        1,
+        sidecar_tgid=100,
+        app_tgid=200,
+    )
     # direct: 2 requests; the app writes toward the client (veth: dearer) and is woken from
     # the other CPU; no loopback traffic
-    direct = Window.of(make_reading([APP_IO_D, APP_SLEEPER], ipc_ns=0, ipc_count=0), 2,
-                       sidecar_tgid=100, app_tgid=200)  # fmt: skip
+    direct = Window.of(
+        make_reading([APP_IO_D, APP_SLEEPER], ipc_ns=0, ipc_count=0),
+        2,
+        sidecar_tgid=100,
+        app_tgid=200,
+    )
     bd = mesh_breakdown(meshed, direct)
     # per crossing, meshed: /2 crossings /1000; direct: /4 crossings /1000
     # read 4000/2e3 + (3000/2e3 − 3500/4e3) = 2 + 0.625; write 10000/2e3 + (4000/2e3 − 9000/4e3)
@@ -139,7 +204,9 @@ def test_mesh_breakdown_adds_the_change_of_the_apps_path() -> None:
     assert bd.kernel_other == pytest.approx(1.0)  # the sidecar's other syscalls only
     # without the direct windows: the sidecar alone, Write = its writes − all IPC (signed)
     alone = mesh_breakdown(meshed, None)
-    assert alone == Breakdown(read=2.0, write=3.5, ipc=1.5, notification=3.0, user=4.0, kernel_other=1.0)
+    assert alone == Breakdown(
+        read=2.0, write=3.5, ipc=1.5, notification=3.0, user=4.0, kernel_other=1.0
+    )
     with pytest.raises(ValueError, match="positive request count"):
         mesh_breakdown(Window(0), None)
 
@@ -155,25 +222,35 @@ def followed(t: ThreadReading) -> ThreadReading:
 # client that is woken twice per response); direct: 2 requests, 2 calls (0.5 per crossing).
 # Per call, meshed: read 2000, write 6000 (the interception's NAT), notify 4000 ns;
 # direct: 1500, 4000, 3000 ns.
-CLIENT_M = followed(thread(301, read=4000, write=12000, epoll=90000, notify=8000, user=7000, tgid=300))
-CLIENT_D = followed(thread(301, read=3000, write=8000, epoll=90000, notify=6000, user=9000, tgid=300))
+CLIENT_M = followed(
+    thread(301, read=4000, write=12000, epoll=90000, notify=8000, user=7000, tgid=300)
+)
+CLIENT_D = followed(
+    thread(301, read=3000, write=8000, epoll=90000, notify=6000, user=9000, tgid=300)
+)
 
 
 def test_window_puts_followed_threads_in_client_only() -> None:
-    w = Window.of(make_reading([WORKER, APP_IO_M, CLIENT_M], ipc_ns=0), 1,
-                  sidecar_tgid=100, app_tgid=200)  # fmt: skip
+    w = Window.of(
+        make_reading([WORKER, APP_IO_M, CLIENT_M], ipc_ns=0), 1, sidecar_tgid=100, app_tgid=200
+    )
     assert (w.client.write.ns, w.client.read.ns, w.client.user_ns) == (12000, 4000, 7000)
     assert (w.sidecar.write.ns, w.app.write.ns) == (10000, 4000)
     # without a sidecar tgid the busy threads are the sidecar's: still not the client's
-    assert Window.of(make_reading([WORKER, CLIENT_M], ipc_ns=0), 1, sidecar_tgid=None).sidecar.write.ns == 10000
+    assert (
+        Window.of(make_reading([WORKER, CLIENT_M], ipc_ns=0), 1, sidecar_tgid=None).sidecar.write.ns
+        == 10000
+    )
     assert (w + w).client.write.ns == 24000
 
 
 def test_mesh_breakdown_adds_the_clients_change() -> None:
-    meshed = Window.of(make_reading([WORKER, APP_IO_M, CLIENT_M], ipc_ns=3000), 1,
-                       sidecar_tgid=100, app_tgid=200)  # fmt: skip
-    direct = Window.of(make_reading([APP_IO_D, CLIENT_D], ipc_ns=0, ipc_count=0), 2,
-                       sidecar_tgid=100, app_tgid=200)  # fmt: skip
+    meshed = Window.of(
+        make_reading([WORKER, APP_IO_M, CLIENT_M], ipc_ns=3000), 1, sidecar_tgid=100, app_tgid=200
+    )
+    direct = Window.of(
+        make_reading([APP_IO_D, CLIENT_D], ipc_ns=0, ipc_count=0), 2, sidecar_tgid=100, app_tgid=200
+    )
     bd = mesh_breakdown(meshed, direct)
     # client Δ per call × direct calls per crossing (2 calls / 4 crossings = 0.5), µs:
     # write (6 − 4) × 0.5 = 1 → IPC (the interception's delivery), read (2 − 1.5) × 0.5 = 0.25
@@ -188,8 +265,9 @@ def test_mesh_breakdown_adds_the_clients_change() -> None:
     assert bd.user == pytest.approx(4 + 4.5 - 2)  # sidecar + Δapp (no sleeper here)
     assert bd.kernel_other == pytest.approx(1.0)
     # the client does not enter the sidecar-only definition
-    assert mesh_breakdown(meshed, None) == Breakdown(read=2.0, write=3.5, ipc=1.5, notification=3.0,
-                                                     user=4.0, kernel_other=1.0)  # fmt: skip
+    assert mesh_breakdown(meshed, None) == Breakdown(
+        read=2.0, write=3.5, ipc=1.5, notification=3.0, user=4.0, kernel_other=1.0
+    )
 
 
 def test_mesh_breakdown_trimmed_notification() -> None:
@@ -208,8 +286,12 @@ def test_mesh_breakdown_trimmed_notification() -> None:
     app_d = hist(APP_IO_D, ((0, 1, 1000), (3, 1, 4000)))
     cl_m = hist(CLIENT_M, ((3, 2, 8000),))
     cl_d = hist(CLIENT_D, ((1, 1, 2000), (3, 1, 4000)))
-    meshed = Window.of(make_reading([worker, app_m, cl_m], ipc_ns=3000), 1, sidecar_tgid=100, app_tgid=200)
-    direct = Window.of(make_reading([app_d, cl_d], ipc_ns=0, ipc_count=0), 2, sidecar_tgid=100, app_tgid=200)
+    meshed = Window.of(
+        make_reading([worker, app_m, cl_m], ipc_ns=3000), 1, sidecar_tgid=100, app_tgid=200
+    )
+    direct = Window.of(
+        make_reading([app_d, cl_d], ipc_ns=0, ipc_count=0), 2, sidecar_tgid=100, app_tgid=200
+    )
     plain = mesh_breakdown(meshed, direct)
     assert mesh_breakdown(meshed, direct, notify_trim=0.0) == plain
     assert notify_ns(worker, 0.5) == pytest.approx(2000.0)  # 2 wake-ups × the faster one

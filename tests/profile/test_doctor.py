@@ -14,16 +14,16 @@ from meshtax.profile.system import Completed, FakeSystem, RealSystem
 GOOD_MOUNTS = [("/sys/kernel/tracing", "tracefs"), ("/sys/fs/bpf", "bpf"), ("/", "ext4")]
 ENVOY_BIN = "/venv/site-packages/envoy/_bin/envoy"
 FORTIO_BIN = "/repo/.tools/bin/fortio"
-ENVOY_OUT = "\nenvoy  version: 9e5580933739775e8bce696a57a2e1bc99368f23/1.40.0/Clean/RELEASE/BoringSSL\n\n"
+ENVOY_OUT = (
+    "\nenvoy  version: 9e5580933739775e8bce696a57a2e1bc99368f23/1.40.0/Clean/RELEASE/BoringSSL\n\n"
+)
 
 
 @dataclass
 class FakeHost:
     uid: int = 0
     mount_list: list[tuple[str, str]] = field(default_factory=lambda: list(GOOD_MOUNTS))
-    files: set[str] = field(
-        default_factory=lambda: {doctor.BTF, doctor.LIBBPF_HEADER, FORTIO_BIN}
-    )
+    files: set[str] = field(default_factory=lambda: {doctor.BTF, doctor.LIBBPF_HEADER, FORTIO_BIN})
     tools: dict[str, str] = field(
         default_factory=lambda: {t: f"/usr/bin/{t}" for t in ("perf", "clang", "bpftool")}
     )
@@ -84,16 +84,29 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
     return {c.name: c for c in checks}
 
 
-def run(host: FakeHost, table: dict[tuple[str, ...], tuple[int, str]] | None = None,
-        ) -> tuple[dict[str, Check], FakeSystem]:  # fmt: skip
+def run(
+    host: FakeHost,
+    table: dict[tuple[str, ...], tuple[int, str]] | None = None,
+) -> tuple[dict[str, Check], FakeSystem]:
     sysm = answers({**GOOD, **(table or {})})
     return by_name(doctor.check_all(sysm, host, fortio_paths=[FORTIO_BIN])), sysm
 
 
 def test_all_good() -> None:
     checks, sysm = run(FakeHost())
-    assert list(checks) == ["root", "tracefs", "bpffs", "btf", "memlock", "netns", "iptables",
-                            "envoy", "fortio", "perf", "probe-build"]  # fmt: skip
+    assert list(checks) == [
+        "root",
+        "tracefs",
+        "bpffs",
+        "btf",
+        "memlock",
+        "netns",
+        "iptables",
+        "envoy",
+        "fortio",
+        "perf",
+        "probe-build",
+    ]
     bad = [c for c in checks.values() if not c.ok]
     assert bad == []
     assert checks["envoy"].detail == f"{ENVOY_BIN}: Envoy 1.40.0"
@@ -110,8 +123,11 @@ def test_all_good() -> None:
     ("host", "name", "fix_has"),
     [
         (FakeHost(uid=1000), "root", "root"),
-        (FakeHost(mount_list=[("/sys/fs/bpf", "bpf")]), "tracefs",
-         "mount -t tracefs nodev /sys/kernel/tracing"),
+        (
+            FakeHost(mount_list=[("/sys/fs/bpf", "bpf")]),
+            "tracefs",
+            "mount -t tracefs nodev /sys/kernel/tracing",
+        ),
         (FakeHost(mount_list=[("/sys/kernel/tracing", "tracefs")]), "bpffs", "mount -t bpf"),
         (FakeHost(files={doctor.LIBBPF_HEADER, FORTIO_BIN}), "btf", "CONFIG_DEBUG_INFO_BTF"),
         (FakeHost(release="5.10.0", limit=(65536, 65536)), "memlock", "ulimit -l unlimited"),
@@ -121,7 +137,7 @@ def test_all_good() -> None:
         (FakeHost(tools={"perf": "/p", "bpftool": "/b"}), "probe-build", "clang"),
         (FakeHost(files={doctor.BTF, FORTIO_BIN}), "probe-build", "libbpf-dev"),
     ],
-)  # fmt: skip
+)
 def test_each_failure_is_reported_with_its_fix(host: FakeHost, name: str, fix_has: str) -> None:
     checks, _ = run(host)
     assert not checks[name].ok
@@ -135,12 +151,15 @@ def test_memlock_ok_when_unlimited_or_memcg_kernel() -> None:
 
 
 def test_command_failures() -> None:
-    checks, _ = run(FakeHost(), {
-        (FORTIO_BIN, "version"): (0, "1.60.0\n"),
-        ("--", "true"): (1, "perf_event_open(..., PERF_FLAG_FD_CLOEXEC) failed"),
-        ("--uid-owner", "1337", "-j", "REDIRECT", "--to-ports", "15001"): (1, "No chain"),
-        (ENVOY_BIN, "--version"): (0, ENVOY_OUT.replace("1.40.0", "1.20.1")),
-    })  # fmt: skip
+    checks, _ = run(
+        FakeHost(),
+        {
+            (FORTIO_BIN, "version"): (0, "1.60.0\n"),
+            ("--", "true"): (1, "perf_event_open(..., PERF_FLAG_FD_CLOEXEC) failed"),
+            ("--uid-owner", "1337", "-j", "REDIRECT", "--to-ports", "15001"): (1, "No chain"),
+            (ENVOY_BIN, "--version"): (0, ENVOY_OUT.replace("1.40.0", "1.20.1")),
+        },
+    )
     assert not checks["fortio"].ok and "want 1.68.2" in checks["fortio"].detail
     assert not checks["perf"].ok and "perf_event_paranoid" in checks["perf"].fix
     assert not checks["iptables"].ok and "No chain" in checks["iptables"].detail
@@ -149,8 +168,15 @@ def test_command_failures() -> None:
 
 
 def test_no_netns_support() -> None:
-    checks, sysm = run(FakeHost(), {("ip", "netns", "add", f"mtxdoctor-{os.getpid()}"):
-                                    (1, "mount --make-shared /run/netns failed")})  # fmt: skip
+    checks, sysm = run(
+        FakeHost(),
+        {
+            ("ip", "netns", "add", f"mtxdoctor-{os.getpid()}"): (
+                1,
+                "mount --make-shared /run/netns failed",
+            )
+        },
+    )
     assert not checks["netns"].ok and "make-shared" in checks["netns"].detail
     assert not checks["iptables"].ok
     assert sysm.calls[-1][:3] != ("ip", "-n", f"mtxdoctor-{os.getpid()}")

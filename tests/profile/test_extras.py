@@ -66,7 +66,10 @@ def test_add_large_keeps_the_profiled_line_and_adds_units() -> None:
     # no split found: unchanged
     flat_f = fit_large({s: [2 * (10 + 0.001 * s)] * 3 for s in SIZES}, "cpu")
     assert flat_f.split.split_bytes is None
-    assert add_large(p.modes[Mode.HTTP], flat_f, flat_f).components[OTHER] == p.modes[Mode.HTTP].components[OTHER]
+    assert (
+        add_large(p.modes[Mode.HTTP], flat_f, flat_f).components[OTHER]
+        == p.modes[Mode.HTTP].components[OTHER]
+    )
 
 
 def test_tls_and_handshake_models_are_per_crossing_and_per_sidecar() -> None:
@@ -97,8 +100,22 @@ class DictStore:
 
 
 def _world() -> FakeWorld:
-    cpu = {BASE: 40.0, "header_mutation": 41.5, "plain_out": 80.0, "plain_in": 0.0, "mtls_out": 92.0, "mtls_in": 0.0}
-    lat = {BASE: 200.0, "header_mutation": 201.0, "plain_out": 400.0, "plain_in": 0.0, "mtls_out": 420.0, "mtls_in": 0.0}
+    cpu = {
+        BASE: 40.0,
+        "header_mutation": 41.5,
+        "plain_out": 80.0,
+        "plain_in": 0.0,
+        "mtls_out": 92.0,
+        "mtls_in": 0.0,
+    }
+    lat = {
+        BASE: 200.0,
+        "header_mutation": 201.0,
+        "plain_out": 400.0,
+        "plain_in": 0.0,
+        "mtls_out": 420.0,
+        "mtls_in": 0.0,
+    }
     instr = {k: 1000.0 * v for k, v in cpu.items()}
     return FakeWorld(cpu, lat, instr)
 
@@ -113,21 +130,43 @@ def test_profile_extras_adds_to_a_copy_and_merges_later_runs() -> None:
 
     class Mem:
         def __init__(self, mtls: bool) -> None:
-            self.rss_models = {"server": CostModel.fit([1, 100, 400], [1e7 + n * (9e4 if mtls else 3e4) for n in (1, 100, 400)])}
+            self.rss_models = {
+                "server": CostModel.fit(
+                    [1, 100, 400], [1e7 + n * (9e4 if mtls else 3e4) for n in (1, 100, 400)]
+                )
+            }
 
         def to_dict(self) -> dict[str, Any]:
             return {"fake": True}
 
-    be = ExtrasBackends(filters=_backends(world), memory=lambda mode, mtls, quick, v, system: Mem(mtls), connect=connect)
-    base = profile({Mode.HTTP: {OTHER: flat(7.0, 3.0)}, Mode.TCP: {OTHER: flat(5.0, 2.0)}}, name="box")
+    be = ExtrasBackends(
+        filters=_backends(world),
+        memory=lambda mode, mtls, quick, v, system: Mem(mtls),
+        connect=connect,
+    )
+    base = profile(
+        {Mode.HTTP: {OTHER: flat(7.0, 3.0)}, Mode.TCP: {OTHER: flat(5.0, 2.0)}}, name="box"
+    )
     store = DictStore(base)
-    out = profile_extras(ExtrasOptions(filters=("header_mutation",), quick=True, modes=(Mode.HTTP,)), FakeSystem(), store, "box", backends=be)
+    out = profile_extras(
+        ExtrasOptions(filters=("header_mutation",), quick=True, modes=(Mode.HTTP,)),
+        FakeSystem(),
+        store,
+        "box",
+        backends=be,
+    )
     assert out.name == "box+extras" and store.saved["box"] == base  # the base is untouched
     hm = out.modes[Mode.HTTP].components[filter_component("header_mutation")]
     assert float(hm.cpu.predict([100])[0]) == pytest.approx(0.75)  # 1.5 µs per request, halved
     assert out.provenance.options["extras_base"] == "box"
     # a later run adds mTLS and memory to the same extended profile, keeping the filter
-    out2 = profile_extras(ExtrasOptions(mtls=True, memory=True, quick=True, modes=(Mode.HTTP,)), FakeSystem(), store, "box", backends=be)
+    out2 = profile_extras(
+        ExtrasOptions(mtls=True, memory=True, quick=True, modes=(Mode.HTTP,)),
+        FakeSystem(),
+        store,
+        "box",
+        backends=be,
+    )
     mp = out2.modes[Mode.HTTP]
     assert filter_component("header_mutation") in mp.components
     assert float(mp.components[TLS].cpu.predict([100])[0]) == pytest.approx(12 / 4)
@@ -138,7 +177,9 @@ def test_profile_extras_adds_to_a_copy_and_merges_later_runs() -> None:
     assert set(out2.provenance.options["extras"]) == {"filters", "mtls", "memory"}
     assert Mode.TCP in out2.modes and out2.modes[Mode.TCP] == base.modes[Mode.TCP]
     with pytest.raises(ValueError, match="no grpc mode"):
-        profile_extras(ExtrasOptions(mtls=True, modes=(Mode.GRPC,)), FakeSystem(), store, "box", backends=be)
+        profile_extras(
+            ExtrasOptions(mtls=True, modes=(Mode.GRPC,)), FakeSystem(), store, "box", backends=be
+        )
 
 
 @pytest.mark.root
@@ -171,11 +212,22 @@ def test_extras_measure_both_tls_versions_and_per_connection_rbac() -> None:
     def connect_mode(port: int, k: int, mode: Mode) -> float:
         return connect(port, k)
 
-    be = ExtrasBackends(filters=_backends(world, callgrind=False), connect=connect, connect_mode=connect_mode)
-    base = profile({Mode.HTTP: {OTHER: flat(7.0, 3.0)}, Mode.TCP: {OTHER: flat(5.0, 2.0)}}, name="box")
+    be = ExtrasBackends(
+        filters=_backends(world, callgrind=False), connect=connect, connect_mode=connect_mode
+    )
+    base = profile(
+        {Mode.HTTP: {OTHER: flat(7.0, 3.0)}, Mode.TCP: {OTHER: flat(5.0, 2.0)}}, name="box"
+    )
     store = DictStore(base)
-    out = profile_extras(ExtrasOptions(filters=("rbac_network_1",), mtls=True, quick=True, modes=(Mode.TCP, Mode.HTTP)),
-                         FakeSystem(), store, "box", backends=be)  # fmt: skip
+    out = profile_extras(
+        ExtrasOptions(
+            filters=("rbac_network_1",), mtls=True, quick=True, modes=(Mode.TCP, Mode.HTTP)
+        ),
+        FakeSystem(),
+        store,
+        "box",
+        backends=be,
+    )
     for mode in (Mode.TCP, Mode.HTTP):
         mp = out.modes[mode]
         assert mp.tls_version == "1.3" and set(mp.tls_by_version) == {"1.3", "1.2"}
@@ -199,7 +251,10 @@ def test_extras_measure_both_tls_versions_and_per_connection_rbac() -> None:
     older = Profile.from_dict(old)
     assert older.modes[Mode.TCP].tls_version is None and not older.modes[Mode.TCP].per_connection
     # unset fields are not written: documents of profiles without them keep their shape
-    assert "per_connection" not in base.modes[Mode.TCP].to_dict() and "tls_version" not in base.modes[Mode.TCP].to_dict()
+    assert (
+        "per_connection" not in base.modes[Mode.TCP].to_dict()
+        and "tls_version" not in base.modes[Mode.TCP].to_dict()
+    )
 
 
 def test_extras_per_connection_rbac_in_grpc_mode() -> None:
@@ -219,8 +274,13 @@ def test_extras_per_connection_rbac_in_grpc_mode() -> None:
 
     be = ExtrasBackends(filters=_backends(world, callgrind=False), connect_mode=connect_mode)
     store = DictStore(profile({Mode.GRPC: {OTHER: flat(9.0, 4.0)}}, name="box"))
-    out = profile_extras(ExtrasOptions(filters=("rbac_network_1",), quick=True, modes=(Mode.GRPC,)), FakeSystem(), store, "box",
-                         backends=be)  # fmt: skip
+    out = profile_extras(
+        ExtrasOptions(filters=("rbac_network_1",), quick=True, modes=(Mode.GRPC,)),
+        FakeSystem(),
+        store,
+        "box",
+        backends=be,
+    )
     pc = out.modes[Mode.GRPC].per_connection[filter_component("rbac_network_1")]
     assert pc.cpu.intercept == pytest.approx(5.0)
     assert modes == {Mode.GRPC}

@@ -16,34 +16,34 @@ from meshtax.model.sidecar import Mode
 from meshtax.profile.envoy import validate_config
 from meshtax.profile.filterprof import (
     BASE,
+    GRPC_PING_PAYLOAD,
+    Block,
     FilterBackends,
     FilterRunOptions,
     ModeRun,
     MultiEnvoy,
-    Block,
     VariantSamples,
     additivity,
+    additivity_components,
     block_additivity,
     block_order,
-    profile_blocks,
-    additivity_components,
-    GRPC_PING_PAYLOAD,
+    combos_for,
     connect_loop,
+    differences,
     echo_server,
+    filter_models,
+    filter_variants,
     free_ports,
     grpc_ping_message,
     measure_connections,
-    total_errors_by_round,
-    combos_for,
-    differences,
-    filter_models,
-    filter_variants,
     multi_bootstrap,
     parse_callgrind_total,
+    profile_blocks,
     profile_filters,
     resolve_filters,
     run_length,
     steady_per_request,
+    total_errors_by_round,
     worker_cpu_ns,
 )
 from meshtax.profile.filters import COMBINATIONS, MIXES, catalogue, component_name, filter_config
@@ -76,11 +76,32 @@ class FakeWorld:
         self.cpu_ns += round((self.cpu[name] + self.drift) * 1000 * n)
         self.instr_count += self.instr[name] * n + self.fixed_instr
         spec = LoadSpec(target, mode, size, n=n)
-        return LoadResult(spec, n, 0, {"200": n}, 0.0, 0.0, 0.0, self.lat[name], 0.0, 0.0, {50.0: self.lat[name]}, 1, "fake")
+        return LoadResult(
+            spec,
+            n,
+            0,
+            {"200": n},
+            0.0,
+            0.0,
+            0.0,
+            self.lat[name],
+            0.0,
+            0.0,
+            {50.0: self.lat[name]},
+            1,
+            "fake",
+        )
 
 
 class FakeEnvoy:
-    def __init__(self, world: FakeWorld, system: Any, boot: Mapping[str, Any], workdir: Path, callgrind: bool = False) -> None:
+    def __init__(
+        self,
+        world: FakeWorld,
+        system: Any,
+        boot: Mapping[str, Any],
+        workdir: Path,
+        callgrind: bool = False,
+    ) -> None:
         self.world = world
         self.callgrind = callgrind
         self.boot = boot
@@ -115,7 +136,9 @@ def _backends(world: FakeWorld, callgrind: bool = True) -> FilterBackends:
         cpu_ns=lambda pid: world.cpu_ns,
         load=world.load,
         # duck-typed stand-in for MultiEnvoy (pid, zero, dump, context manager)
-        envoy=lambda system, boot, workdir, callgrind=False: cast(MultiEnvoy, FakeEnvoy(world, system, boot, workdir, callgrind)),
+        envoy=lambda system, boot, workdir, callgrind=False: cast(
+            MultiEnvoy, FakeEnvoy(world, system, boot, workdir, callgrind)
+        ),
         free_ports=lambda k: [next(ports) for _ in range(k)],
         callgrind_available=lambda: callgrind,
         echo=_no_echo,
@@ -129,7 +152,13 @@ def _world() -> FakeWorld:
     # the slug of a combination name: cpp, lua_wasm …; single filters keep their names
     cpu = {BASE: 40.0, "fault_injection": 41.0, "rate_limit": 42.0, "tap": 60.0, "cpp": 63.0}
     lat = {BASE: 200.0, "fault_injection": 201.0, "rate_limit": 203.0, "tap": 230.0, "cpp": 234.0}
-    instr = {BASE: 100_000.0, "fault_injection": 102_000.0, "rate_limit": 103_000.0, "tap": 150_000.0, "cpp": 155_000.0}
+    instr = {
+        BASE: 100_000.0,
+        "fault_injection": 102_000.0,
+        "rate_limit": 103_000.0,
+        "tap": 150_000.0,
+        "cpp": 155_000.0,
+    }
     return FakeWorld(cpu, lat, instr)
 
 
@@ -138,7 +167,15 @@ def test_fake_run_differences_models_and_additivity(tmp_path: Path) -> None:
     comps = ["fault_injection", "rate_limit", "tap"]
     combos = combos_for(Mode.HTTP, comps)
     assert combos == {"cpp": COMBINATIONS["cpp"]}
-    run = profile_filters(Mode.HTTP, comps, OPTS, FakeSystem(), combos=combos, backends=_backends(world), workdir=tmp_path)
+    run = profile_filters(
+        Mode.HTTP,
+        comps,
+        OPTS,
+        FakeSystem(),
+        combos=combos,
+        backends=_backends(world),
+        workdir=tmp_path,
+    )
     d = differences(run)[100]
     assert d["fault_injection"].cpu_us.median == pytest.approx(1.0)
     assert d["tap"].cpu_us.median == pytest.approx(20.0)
@@ -155,7 +192,11 @@ def test_fake_run_differences_models_and_additivity(tmp_path: Path) -> None:
     assert row.predicted_instructions == pytest.approx(55_000.0)
     assert row.instructions_error == pytest.approx(0.0)
     models = filter_models(run)
-    assert set(models) == {"fault_injection", "rate_limit", "tap"}  # combinations are not components
+    assert set(models) == {
+        "fault_injection",
+        "rate_limit",
+        "tap",
+    }  # combinations are not components
     # per crossing: instructions × base µs per instruction, halved
     assert float(models["tap"].cpu.predict([100])[0]) == pytest.approx(50_000 * 40 / 100_000 / 2)
     assert float(models["tap"].latency.predict([100])[0]) == pytest.approx(15.0)
@@ -173,11 +214,22 @@ def test_additivity_total_cpu_against_the_chain(tmp_path: Path) -> None:
     world.cpu = {**world.cpu, "cpp": 73.0}  # increment 33 instead of 1 + 2 + 20
     comps = ["fault_injection", "rate_limit", "tap"]
     combos = combos_for(Mode.HTTP, comps)
-    run = profile_filters(Mode.HTTP, comps, OPTS, FakeSystem(), combos=combos, backends=_backends(world, False), workdir=tmp_path)
+    run = profile_filters(
+        Mode.HTTP,
+        comps,
+        OPTS,
+        FakeSystem(),
+        combos=combos,
+        backends=_backends(world, False),
+        workdir=tmp_path,
+    )
     (row,) = additivity(run, combos)
     assert row.base_cpu_us == pytest.approx(40.0)
     assert row.predicted_total_cpu_us == pytest.approx(63.0)
-    assert row.measured_total_cpu_us is not None and row.measured_total_cpu_us.median == pytest.approx(73.0)
+    assert (
+        row.measured_total_cpu_us is not None
+        and row.measured_total_cpu_us.median == pytest.approx(73.0)
+    )
     assert row.total_error == pytest.approx(63 / 73 - 1)
     assert row.increment_error == pytest.approx(23 / 33 - 1)
     assert row.total_error_rounds is not None and row.total_error_rounds.n == OPTS.rounds
@@ -188,7 +240,9 @@ def test_additivity_total_cpu_against_the_chain(tmp_path: Path) -> None:
 
 def test_total_errors_by_round_use_each_rounds_adjacent_base() -> None:
     def vs(cpu: list[float], base: list[float]) -> VariantSamples:
-        return VariantSamples(cpu_us=cpu, latency_us=[1.0, 1.0], base_cpu_us=base, base_latency_us=[1.0, 1.0])
+        return VariantSamples(
+            cpu_us=cpu, latency_us=[1.0, 1.0], base_cpu_us=base, base_latency_us=[1.0, 1.0]
+        )
 
     by = {
         BASE: vs([40.0, 50.0], []),
@@ -215,8 +269,12 @@ def test_run_length_equal_time() -> None:
 
 def test_equal_time_runs_in_a_fake_run(tmp_path: Path) -> None:
     world = _world()
-    opts = FilterRunOptions(sizes=(100,), rounds=2, n=40, warmup_n=2, callgrind=False, equal_time=True, min_n=5)
-    run = profile_filters(Mode.HTTP, ["tap"], opts, FakeSystem(), backends=_backends(world, False), workdir=tmp_path)
+    opts = FilterRunOptions(
+        sizes=(100,), rounds=2, n=40, warmup_n=2, callgrind=False, equal_time=True, min_n=5
+    )
+    run = profile_filters(
+        Mode.HTTP, ["tap"], opts, FakeSystem(), backends=_backends(world, False), workdir=tmp_path
+    )
     # tap's mean latency is 230 µs vs base 200: 40 × 200/230 → 35 requests per run
     assert sorted({k for n, s, k in world.loads if n == "tap" and k != 2}) == [35]
     assert differences(run)[100]["tap"].cpu_us.median == pytest.approx(20.0)
@@ -239,8 +297,16 @@ def test_measure_connections_per_connection_difference(tmp_path: Path) -> None:
         world.cpu_ns += round(per_conn[name] * 1000 * k)
         return {BASE: 300e-6, "rbac_network_1": 300e-6, "rbac_network_1000": 350e-6}[name]
 
-    got = measure_connections(Mode.TCP, ["rbac_network_1", "rbac_network_1000"], OPTS, FakeSystem(),
-                              backends=_backends(world, False), connect=connect, k=50, workdir=tmp_path)  # fmt: skip
+    got = measure_connections(
+        Mode.TCP,
+        ["rbac_network_1", "rbac_network_1000"],
+        OPTS,
+        FakeSystem(),
+        backends=_backends(world, False),
+        connect=connect,
+        k=50,
+        workdir=tmp_path,
+    )
     assert set(got) == {"rbac_network_1", "rbac_network_1000"}
     big = got["rbac_network_1000"]
     assert big.cpu_us.median == pytest.approx(60.0) and big.latency_us.median == pytest.approx(50.0)
@@ -334,7 +400,11 @@ def _grpc_server(answer: str) -> Any:
         if answer == "reset":
             conn.reset_stream(1, 7)
         elif answer == "trailers":
-            conn.send_headers(1, [(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "12")], end_stream=True)
+            conn.send_headers(
+                1,
+                [(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "12")],
+                end_stream=True,
+            )
         else:
             conn.ping(b"12345678")
             conn.send_headers(1, [(":status", "200"), ("content-type", "application/grpc")])
@@ -372,7 +442,14 @@ def test_grpc_connect_loop_against_fortio(tmp_path: Path) -> None:
 
 def test_fake_run_without_callgrind_uses_schedstat(tmp_path: Path) -> None:
     world = _world()
-    run = profile_filters(Mode.GRPC, ["tap"], OPTS, FakeSystem(), backends=_backends(world, callgrind=False), workdir=tmp_path)
+    run = profile_filters(
+        Mode.GRPC,
+        ["tap"],
+        OPTS,
+        FakeSystem(),
+        backends=_backends(world, callgrind=False),
+        workdir=tmp_path,
+    )
     assert run.samples[100]["tap"].instructions is None
     m = filter_models(run)["tap"]
     assert float(m.cpu.predict([100])[0]) == pytest.approx(10.0)
@@ -390,7 +467,12 @@ def test_steady_per_request_and_callgrind_parse() -> None:
 
 
 def test_worker_cpu_ns_reads_worker_threads(tmp_path: Path) -> None:
-    for tid, comm, ns in ((1, "envoy", 500), (2, "wrk:worker_0", 7000), (3, "wrk:worker_1", 3000), (4, "dog:main", 9)):
+    for tid, comm, ns in (
+        (1, "envoy", 500),
+        (2, "wrk:worker_0", 7000),
+        (3, "wrk:worker_1", 3000),
+        (4, "dog:main", 9),
+    ):
         d = tmp_path / "77" / "task" / str(tid)
         d.mkdir(parents=True)
         (d / "comm").write_text(comm + "\n")
@@ -405,9 +487,19 @@ def test_resolve_filters() -> None:
     every = [component_name(f, p) for f, p in catalogue()]
     got = resolve_filters("all", [Mode.HTTP, Mode.TCP])
     assert got[Mode.HTTP] == every
-    assert got[Mode.TCP] == ["rbac_network_1", "rbac_network_100", "rbac_network_1000", "rbac_network_10000"]
+    assert got[Mode.TCP] == [
+        "rbac_network_1",
+        "rbac_network_100",
+        "rbac_network_1000",
+        "rbac_network_10000",
+    ]
     assert resolve_filters(["ip_tagging", "lua", "rbac_http_100"], [Mode.GRPC])[Mode.GRPC] == [
-        "ip_tagging_1", "ip_tagging_5", "ip_tagging_10", "lua", "rbac_http_100"]  # fmt: skip
+        "ip_tagging_1",
+        "ip_tagging_5",
+        "ip_tagging_10",
+        "lua",
+        "rbac_http_100",
+    ]
     assert resolve_filters(None, [Mode.HTTP]) == {Mode.HTTP: []}
     with pytest.raises(ValueError, match="unknown filter 'nope'"):
         resolve_filters(["nope"], [Mode.HTTP])
@@ -440,7 +532,11 @@ def json_route(listener: Mapping[str, Any]) -> str:
 def test_profiled_names_match_imported_names(name: str, params: dict[str, Any]) -> None:
     """The config import classifies each generated filter under the very name it is profiled as."""
     comp = component_name(name, params)
-    spec = filter_config(name, Mode.HTTP, module=b"\x00asm\x01\x00\x00\x00", **params) if name == "wasm" else filter_config(name, Mode.HTTP, **params)
+    spec = (
+        filter_config(name, Mode.HTTP, module=b"\x00asm\x01\x00\x00\x00", **params)
+        if name == "wasm"
+        else filter_config(name, Mode.HTTP, **params)
+    )
     if name == "access_log":
         pytest.skip("access_log lives on the HTTP connection manager, not in the filter list")
     (f,) = spec.http_filters or spec.network_filters
@@ -451,7 +547,8 @@ def test_profiled_names_match_imported_names(name: str, params: dict[str, Any]) 
 # ---- real ---------------------------------------------------------------------------------
 
 needs_tools = pytest.mark.skipif(
-    shutil.which("envoy") is None and not Path(".venv/bin/envoy").exists(), reason="Envoy not installed"
+    shutil.which("envoy") is None and not Path(".venv/bin/envoy").exists(),
+    reason="Envoy not installed",
 )
 
 
@@ -471,7 +568,9 @@ def test_all_variants_validate_with_envoy(tmp_path: Path) -> None:
     for mode in (Mode.HTTP, Mode.GRPC):
         combos = {k: v for k, v in combos_for(mode, comps).items()}
         ports = list(range(21001, 21001 + 1 + len(comps) + len(combos)))
-        vs = filter_variants(mode, comps, ports, ("127.0.0.1", 21000), combos=combos, outdir=tmp_path)
+        vs = filter_variants(
+            mode, comps, ports, ("127.0.0.1", 21000), combos=combos, outdir=tmp_path
+        )
         validate_config(multi_bootstrap(vs, 20999))
 
 
@@ -485,7 +584,9 @@ def test_real_short_run(tmp_path: Path) -> None:
     if shutil.which("valgrind") is None:
         pytest.skip("valgrind missing")
     opts = FilterRunOptions(rounds=2, n=100, warmup_n=50, cg_warmup=30, cg_n1=30, cg_n2=130)
-    run = profile_filters(Mode.HTTP, ["header_mutation", "tap"], opts, RealSystem(), workdir=tmp_path)
+    run = profile_filters(
+        Mode.HTTP, ["header_mutation", "tap"], opts, RealSystem(), workdir=tmp_path
+    )
     d = differences(run)[100]
     hm, tap = d["header_mutation"].instructions, d["tap"].instructions
     assert hm is not None and tap is not None
@@ -502,7 +603,9 @@ def test_real_connections_network_rbac(mode: Mode, tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root")
     opts = FilterRunOptions(rounds=2)
-    got = measure_connections(mode, ["rbac_network_1000"], opts, RealSystem(), k=20, workdir=tmp_path)
+    got = measure_connections(
+        mode, ["rbac_network_1000"], opts, RealSystem(), k=20, workdir=tmp_path
+    )
     m = got["rbac_network_1000"]
     assert m.cpu_us.n == 2 and m.base_cpu_us > 0 and m.base_latency_us > 0
 
@@ -538,10 +641,14 @@ def _block_backends(c: _Clocked) -> FilterBackends:
 
 
 def test_paired_blocks_cancel_linear_drift(tmp_path: Path) -> None:
-    c = _Clocked(_world(), step=3.0)  # 3 µs more per request after every run: large against 1 µs filters
+    c = _Clocked(
+        _world(), step=3.0
+    )  # 3 µs more per request after every run: large against 1 µs filters
     combos = {"cpp": COMBINATIONS["cpp"]}
     opts = FilterRunOptions(rounds=4, n=12, warmup_n=2, callgrind=False)
-    blocks = profile_blocks(Mode.HTTP, combos, opts, FakeSystem(), backends=_block_backends(c), workdir=tmp_path)
+    blocks = profile_blocks(
+        Mode.HTTP, combos, opts, FakeSystem(), backends=_block_backends(c), workdir=tmp_path
+    )
     assert [b.round for b in blocks] == [0, 1, 2, 3]
     # each variant twice per block, mirrored: its mean run sits at the block's centre
     b1 = blocks[1]
@@ -551,10 +658,23 @@ def test_paired_blocks_cancel_linear_drift(tmp_path: Path) -> None:
     assert b1.predicted_us == pytest.approx(b1.chain_us)
     (row,) = block_additivity(blocks)
     assert row.blocks == 4 and row.error.median == pytest.approx(0.0, abs=1e-12)
-    assert row.increment_predicted_us == pytest.approx(23.0) and row.increment_measured_us == pytest.approx(23.0)
+    assert row.increment_predicted_us == pytest.approx(
+        23.0
+    ) and row.increment_measured_us == pytest.approx(23.0)
     # the loads of one block, in order: base f r t cpp cpp t r f base (round 0)
     counted = [n for n, s, k in c.world.loads if k == opts.n]
-    assert counted[:10] == [BASE, "fault_injection", "rate_limit", "tap", "cpp", "cpp", "tap", "rate_limit", "fault_injection", BASE]
+    assert counted[:10] == [
+        BASE,
+        "fault_injection",
+        "rate_limit",
+        "tap",
+        "cpp",
+        "cpp",
+        "tap",
+        "rate_limit",
+        "fault_injection",
+        BASE,
+    ]
 
 
 def test_paired_blocks_error_budget_and_rounds_continue(tmp_path: Path) -> None:
@@ -563,20 +683,41 @@ def test_paired_blocks_error_budget_and_rounds_continue(tmp_path: Path) -> None:
     combos = {"cpp": COMBINATIONS["cpp"]}
     opts = FilterRunOptions(rounds=10, n=12, warmup_n=2, callgrind=False)
     # 5 warm-up loads, then 10 loads (10 s) per block: blocks end at 15, 25, 35; a 4th would end at 45
-    blocks = profile_blocks(Mode.HTTP, combos, opts, FakeSystem(), budget_s=35.0, first_round=4,
-                            backends=_block_backends(c), workdir=tmp_path)  # fmt: skip
+    blocks = profile_blocks(
+        Mode.HTTP,
+        combos,
+        opts,
+        FakeSystem(),
+        budget_s=35.0,
+        first_round=4,
+        backends=_block_backends(c),
+        workdir=tmp_path,
+    )
     assert [b.round for b in blocks] == [4, 5, 6]
-    assert list(blocks[0].cpu_us) == ["cpp", BASE, "fault_injection", "rate_limit", "tap"]  # rotated by 4
+    assert list(blocks[0].cpu_us) == [
+        "cpp",
+        BASE,
+        "fault_injection",
+        "rate_limit",
+        "tap",
+    ]  # rotated by 4
     (row,) = block_additivity(blocks)
     assert row.error.median == pytest.approx(63 / 70 - 1)
-    assert row.predicted_us.median == pytest.approx(63.0) and row.chain_us.median == pytest.approx(70.0)
+    assert row.predicted_us.median == pytest.approx(63.0) and row.chain_us.median == pytest.approx(
+        70.0
+    )
     assert row.base_us.median == pytest.approx(40.0)
     again = [Block.from_dict(b.to_dict()) for b in blocks]
     assert again == blocks
 
 
 def test_block_error_by_hand() -> None:
-    b = Block("a+b", ("a", "b"), 0, {BASE: (40.0, 50.0), "a": (46.0, 48.0), "b": (50.0, 52.0), "a+b": (60.0, 64.0)})
+    b = Block(
+        "a+b",
+        ("a", "b"),
+        0,
+        {BASE: (40.0, 50.0), "a": (46.0, 48.0), "b": (50.0, 52.0), "a+b": (60.0, 64.0)},
+    )
     # base 45, a +2, b +6 → 53 vs 62
     assert b.predicted_us == pytest.approx(53.0) and b.error == pytest.approx(53 / 62 - 1)
 
@@ -586,7 +727,13 @@ def test_paired_blocks_pin_envoy_and_app_to_cpu_1(tmp_path: Path) -> None:
     be = _block_backends(c)
     seen: dict[str, Any] = {}
 
-    def envoy(system: Any, boot: Mapping[str, Any], workdir: Path, callgrind: bool = False, place: Any = None) -> MultiEnvoy:
+    def envoy(
+        system: Any,
+        boot: Mapping[str, Any],
+        workdir: Path,
+        callgrind: bool = False,
+        place: Any = None,
+    ) -> MultiEnvoy:
         seen["envoy"] = place
         return cast(MultiEnvoy, FakeEnvoy(c.world, system, boot, workdir, callgrind))
 
@@ -597,7 +744,9 @@ def test_paired_blocks_pin_envoy_and_app_to_cpu_1(tmp_path: Path) -> None:
 
     be.envoy, be.echo = envoy, echo
     opts = FilterRunOptions(rounds=1, n=12, warmup_n=2, callgrind=False, pin=True)
-    profile_blocks(Mode.HTTP, {"cpp": COMBINATIONS["cpp"]}, opts, FakeSystem(), backends=be, workdir=tmp_path)
+    profile_blocks(
+        Mode.HTTP, {"cpp": COMBINATIONS["cpp"]}, opts, FakeSystem(), backends=be, workdir=tmp_path
+    )
     assert seen["envoy"].cpus == (1,) and seen["echo"][0].cpus == (1,)
 
 
@@ -611,13 +760,30 @@ def test_bench_additivity_merges_chunks_and_reports_every_row() -> None:
     spec.loader.exec_module(bench)
 
     def chunk(start: str, chain: float, rounds: range) -> dict[str, Any]:
-        blocks = [Block("a+b", ("a", "b"), r, {BASE: (40.0, 40.0), "a": (42.0, 42.0), "b": (45.0, 45.0), "a+b": (chain, chain)})
-                  for r in rounds]  # fmt: skip
-        c = {"utc_start": start, "utc_end": start, "load_average_start": [1.0, 1.0, 1.0], "load_average_end": [2.0, 2.0, 2.0]}
-        return {"kind": "paired-blocks", "modes": {"http": {"chunks": [c], "blocks": [b.to_dict() for b in blocks]}}}
+        blocks = [
+            Block(
+                "a+b",
+                ("a", "b"),
+                r,
+                {BASE: (40.0, 40.0), "a": (42.0, 42.0), "b": (45.0, 45.0), "a+b": (chain, chain)},
+            )
+            for r in rounds
+        ]
+        c = {
+            "utc_start": start,
+            "utc_end": start,
+            "load_average_start": [1.0, 1.0, 1.0],
+            "load_average_end": [2.0, 2.0, 2.0],
+        }
+        return {
+            "kind": "paired-blocks",
+            "modes": {"http": {"chunks": [c], "blocks": [b.to_dict() for b in blocks]}},
+        }
 
     merged = bench.merge([chunk("T1", 47.0, range(3)), chunk("T2", 50.0, range(3, 6))])
-    assert len(merged["modes"]["http"]["blocks"]) == 6 and len(merged["modes"]["http"]["chunks"]) == 2
+    assert (
+        len(merged["modes"]["http"]["blocks"]) == 6 and len(merged["modes"]["http"]["chunks"]) == 2
+    )
     text = bench.report(merged)
     assert "6 blocks in 2 chunks; T1–T1 load 1.00→2.00; T2–T2" in text
     # errors per block: 47/47 − 1 = 0 (×3) and 47/50 − 1 = −6 % (×3); median of 6 = −3 %

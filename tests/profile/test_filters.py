@@ -36,8 +36,8 @@ from meshtax.profile.filters import (
 )
 from meshtax.profile.fortio import FortioError, FortioServer, fortio_binary, run_load
 from meshtax.profile.system import RealSystem
-from meshtax.profile.wasm import ABI_EXPORT, WasmBuildError, build_noop, wasm_exports
 from meshtax.profile.system import free_ports as _free_ports
+from meshtax.profile.wasm import ABI_EXPORT, WasmBuildError, build_noop, wasm_exports
 
 # a stand-in module for pure tests: building the real one is a side effect
 FAKE_WASM = b"\0asm\x01\0\0\0"
@@ -57,7 +57,9 @@ need_fortio = pytest.mark.skipif(not _have(fortio_binary), reason="fortio not in
 
 
 def _hcm(b: dict[str, Any], listener: int = 0) -> dict[str, Any]:
-    f: dict[str, Any] = b["static_resources"]["listeners"][listener]["filter_chains"][0]["filters"][-1]
+    f: dict[str, Any] = b["static_resources"]["listeners"][listener]["filter_chains"][0]["filters"][
+        -1
+    ]
     return f["typed_config"]  # type: ignore[no-any-return]
 
 
@@ -67,12 +69,25 @@ def _hcm(b: dict[str, Any], listener: int = 0) -> dict[str, Any]:
 def test_catalogue_names_and_sizes() -> None:
     names = [component_name(n, p) for n, p in catalogue()]
     assert names == [
-        "fault_injection", "rate_limit", "tap", "lua", "wasm",
-        "rbac_http_1", "rbac_http_100", "rbac_http_1000", "rbac_http_10000",
-        "rbac_network_1", "rbac_network_100", "rbac_network_1000", "rbac_network_10000",
-        "ip_tagging_1", "ip_tagging_5", "ip_tagging_10",
-        "header_mutation", "access_log",
-    ]  # fmt: skip
+        "fault_injection",
+        "rate_limit",
+        "tap",
+        "lua",
+        "wasm",
+        "rbac_http_1",
+        "rbac_http_100",
+        "rbac_http_1000",
+        "rbac_http_10000",
+        "rbac_network_1",
+        "rbac_network_100",
+        "rbac_network_1000",
+        "rbac_network_10000",
+        "ip_tagging_1",
+        "ip_tagging_5",
+        "ip_tagging_10",
+        "header_mutation",
+        "access_log",
+    ]
     for n, p in catalogue():
         assert parse_component(component_name(n, p)) == (n, p)
 
@@ -100,7 +115,10 @@ def test_rbac_rules_never_deny_and_all_are_checked(component: str, n: int) -> No
     # DENY with rules that never match: all N evaluated, nothing denied
     assert rules["action"] == "DENY" and len(rules["policies"]) == n
     if component.startswith("rbac_network"):
-        ips = {p["principals"][0]["direct_remote_ip"]["address_prefix"] for p in rules["policies"].values()}
+        ips = {
+            p["principals"][0]["direct_remote_ip"]["address_prefix"]
+            for p in rules["policies"].values()
+        }
         assert len(ips) == n and all(ip.startswith("198.1") for ip in ips)
         assert spec.http_filters == () and spec.modes == frozenset(Mode)
 
@@ -109,13 +127,17 @@ def test_ip_tagging_sizes_and_match_all() -> None:
     tc = filter_config("ip_tagging_5", Mode.HTTP).http_filters[0]["typed_config"]
     assert [t["ip_tag_name"] for t in tc["ip_tags"]] == [f"tag-{i}" for i in range(5)]
     assert {"address_prefix": "0.0.0.0", "prefix_len": 0} in tc["ip_tags"][0]["ip_list"]
-    tc = filter_config("ip_tagging", Mode.HTTP, tags=1, matching=False).http_filters[0]["typed_config"]
+    tc = filter_config("ip_tagging", Mode.HTTP, tags=1, matching=False).http_filters[0][
+        "typed_config"
+    ]
     assert tc["ip_tags"][0]["ip_list"] == [{"address_prefix": "198.18.0.0", "prefix_len": 24}]
 
 
 def test_never_firing_settings() -> None:
     fault = filter_config("fault_injection", "http").http_filters[0]["typed_config"]
-    assert fault["abort"]["percentage"]["numerator"] == 0 == fault["delay"]["percentage"]["numerator"]
+    assert (
+        fault["abort"]["percentage"]["numerator"] == 0 == fault["delay"]["percentage"]["numerator"]
+    )
     rl = filter_config("rate_limit", "grpc").http_filters[0]["typed_config"]
     assert rl["token_bucket"]["max_tokens"] >= 10**9
     assert rl["filter_enforced"]["default_value"]["numerator"] == 100
@@ -123,8 +145,12 @@ def test_never_firing_settings() -> None:
 
 def test_outputs_and_hcm_patch(tmp_path: Path) -> None:
     tap = filter_config("tap", "http", path_prefix=str(tmp_path / "t"))
-    sink = tap.http_filters[0]["typed_config"]["common_config"]["static_config"]["output_config"]["sinks"][0]
-    assert sink["file_per_tap"]["path_prefix"] == str(tmp_path / "t") and tap.outputs == (str(tmp_path / "t"),)
+    sink = tap.http_filters[0]["typed_config"]["common_config"]["static_config"]["output_config"][
+        "sinks"
+    ][0]
+    assert sink["file_per_tap"]["path_prefix"] == str(tmp_path / "t") and tap.outputs == (
+        str(tmp_path / "t"),
+    )
     log = filter_config("access_log", "http", path=str(tmp_path / "a.log"))
     assert log.http_filters == () and log.outputs == (str(tmp_path / "a.log"),)
     # appended to EnvoyConfig's own access log, on both listeners
@@ -139,15 +165,23 @@ def test_apply_and_combine_keep_order() -> None:
     assert spec.name == "lua+wasm+fault_injection+rate_limit+tap"
     b = bootstrap(spec.apply(EnvoyConfig(mode=Mode.HTTP)))
     names = [f["name"] for f in _hcm(b)["http_filters"]]
-    assert names == ["envoy.filters.http.lua", "envoy.filters.http.wasm", "envoy.filters.http.fault",
-                     "envoy.filters.http.local_ratelimit", "envoy.filters.http.tap",
-                     "envoy.filters.http.router"]  # fmt: skip
+    assert names == [
+        "envoy.filters.http.lua",
+        "envoy.filters.http.wasm",
+        "envoy.filters.http.fault",
+        "envoy.filters.http.local_ratelimit",
+        "envoy.filters.http.tap",
+        "envoy.filters.http.router",
+    ]
     assert COMBINATIONS["cpp"] == CPP_FILTERS
     mixed = combination(MIXES["rbac_network_1000+rbac_http_1000"], Mode.HTTP)
     assert mixed.modes == frozenset({Mode.HTTP, Mode.GRPC})  # the HTTP part rules out tcp
     b = bootstrap(mixed.apply(EnvoyConfig(mode=Mode.HTTP)))
     chain = b["static_resources"]["listeners"][1]["filter_chains"][0]["filters"]
-    assert [f["name"] for f in chain] == ["envoy.filters.network.rbac", "envoy.filters.network.http_connection_manager"]
+    assert [f["name"] for f in chain] == [
+        "envoy.filters.network.rbac",
+        "envoy.filters.network.http_connection_manager",
+    ]
     with pytest.raises(ValueError):
         combine([])
 
@@ -189,8 +223,15 @@ def test_noop_module_exports_the_abi(tmp_path: Path) -> None:
     assert path.parent == tmp_path and build_noop(cache=tmp_path) == path  # cached
     exports = wasm_exports(path.read_bytes())
     assert exports[ABI_EXPORT] == 0 and exports["memory"] == 2
-    for f in ("proxy_on_memory_allocate", "proxy_on_vm_start", "proxy_on_configure",
-              "proxy_on_context_create", "proxy_on_request_headers", "proxy_on_done", "proxy_on_delete"):  # fmt: skip
+    for f in (
+        "proxy_on_memory_allocate",
+        "proxy_on_vm_start",
+        "proxy_on_configure",
+        "proxy_on_context_create",
+        "proxy_on_request_headers",
+        "proxy_on_done",
+        "proxy_on_delete",
+    ):
         assert exports[f] == 0, f
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -238,15 +279,19 @@ def test_real_validate_rejects_a_module_without_abi(tmp_path: Path) -> None:
     """Validation really loads the module: one without the ABI marker is refused."""
     bad = bytes.fromhex("0061736d01000000")  # an empty module
     with pytest.raises(EnvoyError, match="ABI"):
-        validate_config(bootstrap(filter_config("wasm", Mode.HTTP, module=bad).apply(EnvoyConfig(mode=Mode.HTTP))))
-
-
+        validate_config(
+            bootstrap(
+                filter_config("wasm", Mode.HTTP, module=bad).apply(EnvoyConfig(mode=Mode.HTTP))
+            )
+        )
 
 
 @pytest.fixture(scope="module")
 def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Mode, int]]:
     http, grpc = _free_ports(2)
-    with FortioServer(RealSystem(), tmp_path_factory.mktemp("echo"), http_port=http, grpc_port=grpc):
+    with FortioServer(
+        RealSystem(), tmp_path_factory.mktemp("echo"), http_port=http, grpc_port=grpc
+    ):
         yield {Mode.HTTP: http, Mode.GRPC: grpc}
 
 
@@ -255,7 +300,11 @@ def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Mode, int]]:
 @need_fortio
 @pytest.mark.parametrize(
     ("mode", "components"),
-    [(Mode.HTTP, ("wasm",)), (Mode.GRPC, ("wasm",)), (Mode.HTTP, COMBINATIONS["all5"] + ("access_log",))],
+    [
+        (Mode.HTTP, ("wasm",)),
+        (Mode.GRPC, ("wasm",)),
+        (Mode.HTTP, COMBINATIONS["all5"] + ("access_log",)),
+    ],
     ids=["http-wasm", "grpc-wasm", "http-all5-log"],
 )
 def test_real_requests_through_filters(
@@ -263,15 +312,33 @@ def test_real_requests_through_filters(
 ) -> None:
     inbound, outbound, admin = _free_ports(3)
     (tmp_path / "tap").mkdir()
-    spec = combination(components, mode, path_prefix=str(tmp_path / "tap" / "t"), path=str(tmp_path / "access.log"))
+    spec = combination(
+        components, mode, path_prefix=str(tmp_path / "tap" / "t"), path=str(tmp_path / "access.log")
+    )
     app = ("127.0.0.1", echo[mode])
-    cfg = spec.apply(EnvoyConfig(mode=mode, listen_address="127.0.0.1", inbound_port=inbound, outbound_port=outbound,
-                                 admin_port=admin, inbound_upstream=app, outbound_upstream=app))  # fmt: skip
+    cfg = spec.apply(
+        EnvoyConfig(
+            mode=mode,
+            listen_address="127.0.0.1",
+            inbound_port=inbound,
+            outbound_port=outbound,
+            admin_port=admin,
+            inbound_upstream=app,
+            outbound_upstream=app,
+        )
+    )
     with EnvoyProcess(RealSystem(), cfg, tmp_path / "envoy") as envoy:
         r = run_load(f"127.0.0.1:{inbound}", mode, 64, 0, n=20)
         stats = envoy.stats()
     assert (r.count, r.errors) == (20, 0)
-    assert stats["http.inbound.downstream_rq_2xx" if mode is Mode.HTTP else "http.inbound.downstream_rq_total"] >= 20
+    assert (
+        stats[
+            "http.inbound.downstream_rq_2xx"
+            if mode is Mode.HTTP
+            else "http.inbound.downstream_rq_total"
+        ]
+        >= 20
+    )
     if "wasm" in components:
         assert stats["wasm.envoy.wasm.runtime.v8.active"] >= 1  # the VM is up
     if "tap" in components:

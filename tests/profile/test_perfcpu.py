@@ -17,7 +17,6 @@ from meshtax.profile.perfcpu import (
     Frame,
     PerfError,
     PerfSession,
-    Sample,
     attribute,
     classify_stack,
     classify_symbol,
@@ -111,11 +110,18 @@ def test_parse_fixture() -> None:
         ("swapper", 0, 0, 1001001),
     ]
     assert [len(s.frames) for s in samples] == [9, 38, 10, 12]
-    assert samples[0].frames[0] == Frame(0xFFFFFFFF820123CD, "tcp_recvmsg_locked", "[kernel.kallsyms]")
-    assert samples[0].frames[7] == Frame(0x10A929, "__libc_recv", "/usr/lib/x86_64-linux-gnu/libc.so.6")
+    assert samples[0].frames[0] == Frame(
+        0xFFFFFFFF820123CD, "tcp_recvmsg_locked", "[kernel.kallsyms]"
+    )
+    assert samples[0].frames[7] == Frame(
+        0x10A929, "__libc_recv", "/usr/lib/x86_64-linux-gnu/libc.so.6"
+    )
     assert samples[2].frames[1].sym == "runtime.selectnbrecv"
     assert [classify_stack(s.frames) for s in samples] == [
-        Bucket.READ, Bucket.NOTIFICATION, Bucket.USER, Bucket.KERNEL_OTHER,
+        Bucket.READ,
+        Bucket.NOTIFICATION,
+        Bucket.USER,
+        Bucket.KERNEL_OTHER,
     ]
 
 
@@ -125,7 +131,10 @@ def test_parse_without_callchains_and_odd_comms() -> None:
         "Thread (pooled) 77/78     250000 ffffffff8201352e tcp_recvmsg+0x6e ([kernel.kallsyms])\n"
     )
     s = list(parse_perf_script(text.splitlines()))
-    assert [(x.comm, x.pid, x.tid) for x in s] == [("python3", 10306, 10306), ("Thread (pooled)", 77, 78)]
+    assert [(x.comm, x.pid, x.tid) for x in s] == [
+        ("python3", 10306, 10306),
+        ("Thread (pooled)", 77, 78),
+    ]
     assert [classify_stack(x.frames) for x in s] == [Bucket.USER, Bucket.READ]
 
 
@@ -153,11 +162,26 @@ def test_attribute_filters_by_pid() -> None:
 def test_argv() -> None:
     out = Path("/t/perf.data")
     assert record_argv(out) == [
-        "perf", "record", "-e", "cpu-clock", "-F", "999", "-a", "-q", "-g", "-o", "/t/perf.data",
+        "perf",
+        "record",
+        "-e",
+        "cpu-clock",
+        "-F",
+        "999",
+        "-a",
+        "-q",
+        "-g",
+        "-o",
+        "/t/perf.data",
     ]
     assert "-g" not in record_argv(out, freq=99, callgraph=False)
     assert script_argv(out) == [
-        "perf", "script", "-i", "/t/perf.data", "-F", "comm,pid,tid,period,ip,sym,dso",
+        "perf",
+        "script",
+        "-i",
+        "/t/perf.data",
+        "-F",
+        "comm,pid,tid,period,ip,sym,dso",
     ]
 
 
@@ -198,7 +222,13 @@ def test_schedstat_reads_proc_layout(tmp_path: Path) -> None:
 
 
 def test_schedstat_increases_for_a_busy_process() -> None:
-    p = subprocess.Popen([sys.executable, "-c", "import time\nend=time.monotonic()+0.6\nwhile time.monotonic()<end: pass"])
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nend=time.monotonic()+0.6\nwhile time.monotonic()<end: pass",
+        ]
+    )
     try:
         time.sleep(0.1)
         before = sum(schedstat(p.pid).values())

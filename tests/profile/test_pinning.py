@@ -11,21 +11,49 @@ from meshtax.profile.pinning import CLIENT_APART, ONE_CPU, UNPINNED, Pinning, av
     ("pin", "role", "netns", "uid", "argv"),
     [
         (CLIENT_APART, "client", None, None, ["taskset", "-c", "0", "x"]),
-        (CLIENT_APART, "sidecars", "pod", 1337,
-         ["ip", "netns", "exec", "pod", "taskset", "-c", "1",
-          "setpriv", "--reuid=1337", "--regid=1337", "--clear-groups", "x"]),
-        (Pinning(app=(0, 1)), "app", "pod", None, ["ip", "netns", "exec", "pod", "taskset", "-c", "0,1", "x"]),
+        (
+            CLIENT_APART,
+            "sidecars",
+            "pod",
+            1337,
+            [
+                "ip",
+                "netns",
+                "exec",
+                "pod",
+                "taskset",
+                "-c",
+                "1",
+                "setpriv",
+                "--reuid=1337",
+                "--regid=1337",
+                "--clear-groups",
+                "x",
+            ],
+        ),
+        (
+            Pinning(app=(0, 1)),
+            "app",
+            "pod",
+            None,
+            ["ip", "netns", "exec", "pod", "taskset", "-c", "0,1", "x"],
+        ),
         (UNPINNED, "app", None, None, ["x"]),
     ],
 )
-def test_place(pin: Pinning, role: str, netns: str | None, uid: int | None, argv: list[str]) -> None:
+def test_place(
+    pin: Pinning, role: str, netns: str | None, uid: int | None, argv: list[str]
+) -> None:
     assert pin.place(role, netns=netns, uid=uid).wrap(["x"]) == argv
 
 
 @pytest.mark.parametrize(
     ("pin", "text"),
-    [(ONE_CPU, "client=0 sidecars=0 app=0"), (UNPINNED, "client=* sidecars=* app=*"),
-     (Pinning(client=(0,), app=(0, 1)), "client=0 sidecars=* app=0,1")],
+    [
+        (ONE_CPU, "client=0 sidecars=0 app=0"),
+        (UNPINNED, "client=* sidecars=* app=*"),
+        (Pinning(client=(0,), app=(0, 1)), "client=0 sidecars=* app=0,1"),
+    ],
 )
 def test_describe_and_round_trip(pin: Pinning, text: str) -> None:
     assert pin.describe() == text

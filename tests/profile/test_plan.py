@@ -8,7 +8,14 @@ import pytest
 
 from meshtax.model.sidecar import Mode
 from meshtax.profile.pinning import Pinning
-from meshtax.profile.plan import FULL_SIZES, QUICK_SIZES, Plan, default_pinning, full_plan, quick_plan
+from meshtax.profile.plan import (
+    FULL_SIZES,
+    QUICK_SIZES,
+    Plan,
+    default_pinning,
+    full_plan,
+    quick_plan,
+)
 
 PIN = Pinning(client=(0,), sidecars=(1,), app=(1,))
 
@@ -62,9 +69,21 @@ def test_invalid_plans(kw: dict[str, object]) -> None:
 
 
 def test_steps_and_expected_time() -> None:
-    p = Plan(modes=(Mode.TCP,), sizes=(100, 1024), rate_fractions=(0.5, 1.0), latency_run_s=0.5,
-             latency_max_runs=6, latency_budget_s=100.0, probe_run_s=2.0, probe_pairs=2,
-             maxqps_run_s=1.0, cpu_run_s=1.0, low_rates=(), carried=(), pinning=PIN)  # fmt: skip
+    p = Plan(
+        modes=(Mode.TCP,),
+        sizes=(100, 1024),
+        rate_fractions=(0.5, 1.0),
+        latency_run_s=0.5,
+        latency_max_runs=6,
+        latency_budget_s=100.0,
+        probe_run_s=2.0,
+        probe_pairs=2,
+        maxqps_run_s=1.0,
+        cpu_run_s=1.0,
+        low_rates=(),
+        carried=(),
+        pinning=PIN,
+    )
     steps = p.steps()
     # fraction 1.0 is the max-rate run (under perf), so only 0.5 gets a CPU step of its own
     assert [s.kind for s in steps] == ["setup"] + ["latency", "probe", "maxqps", "cpu"] * 2
@@ -83,23 +102,54 @@ def test_steps_and_expected_time() -> None:
 
 
 def test_low_rate_and_carried_steps() -> None:
-    p = Plan(modes=(Mode.TCP, Mode.HTTP), sizes=(100, 1024, 4096), rate_fractions=(0.5, 1.0),
-             latency_run_s=0.5, latency_max_runs=6, latency_budget_s=100.0, probe_run_s=2.0,
-             probe_pairs=2, maxqps_run_s=1.0, cpu_run_s=1.0, low_rates=(300.0, 100.0), low_rate_run_s=2.0,
-             low_rate_sizes=1, carried=("grpc",), carried_all_sizes=False, carried_probe_pairs=1,
-             carried_rate_fractions=(1.0,), pinning=PIN)  # fmt: skip
+    p = Plan(
+        modes=(Mode.TCP, Mode.HTTP),
+        sizes=(100, 1024, 4096),
+        rate_fractions=(0.5, 1.0),
+        latency_run_s=0.5,
+        latency_max_runs=6,
+        latency_budget_s=100.0,
+        probe_run_s=2.0,
+        probe_pairs=2,
+        maxqps_run_s=1.0,
+        cpu_run_s=1.0,
+        low_rates=(300.0, 100.0),
+        low_rate_run_s=2.0,
+        low_rate_sizes=1,
+        carried=("grpc",),
+        carried_all_sizes=False,
+        carried_probe_pairs=1,
+        carried_rate_fractions=(1.0,),
+        pinning=PIN,
+    )
     assert p.low_rates == (100.0, 300.0) and p.low_rate_size_list() == (100,)
     assert p.carried_sizes() == (100, 4096)
     steps = p.steps()
     kinds = [(s.kind, s.mode.value, s.size, s.rate, s.protocol) for s in steps]
-    own = lambda m: [("latency", m, 100, 0.0, ""), ("probe", m, 100, 0.0, ""), ("maxqps", m, 100, 0.0, ""),  # noqa: E731
-                     ("cpu", m, 100, 0.0, ""), ("lowrate", m, 100, 100.0, ""), ("lowrate", m, 100, 300.0, "")] + [
-        (k, m, s, 0.0, "") for s in (1024, 4096) for k in ("latency", "probe", "maxqps", "cpu")]  # fmt: skip
-    carried = [("setup", "tcp", 0, 0.0, "grpc"), ("probe", "tcp", 100, 0.0, "grpc"), ("maxqps", "tcp", 100, 0.0, "grpc"),
-               ("lowrate", "tcp", 100, 100.0, "grpc"), ("lowrate", "tcp", 100, 300.0, "grpc"),
-               ("probe", "tcp", 4096, 0.0, "grpc"), ("maxqps", "tcp", 4096, 0.0, "grpc")]  # fmt: skip
+    own = lambda m: (  # noqa: E731
+        [
+            ("latency", m, 100, 0.0, ""),
+            ("probe", m, 100, 0.0, ""),
+            ("maxqps", m, 100, 0.0, ""),
+            ("cpu", m, 100, 0.0, ""),
+            ("lowrate", m, 100, 100.0, ""),
+            ("lowrate", m, 100, 300.0, ""),
+        ]
+        + [(k, m, s, 0.0, "") for s in (1024, 4096) for k in ("latency", "probe", "maxqps", "cpu")]
+    )
+    carried = [
+        ("setup", "tcp", 0, 0.0, "grpc"),
+        ("probe", "tcp", 100, 0.0, "grpc"),
+        ("maxqps", "tcp", 100, 0.0, "grpc"),
+        ("lowrate", "tcp", 100, 100.0, "grpc"),
+        ("lowrate", "tcp", 100, 300.0, "grpc"),
+        ("probe", "tcp", 4096, 0.0, "grpc"),
+        ("maxqps", "tcp", 4096, 0.0, "grpc"),
+    ]
     # carried steps follow tcp mode's own (http's parsing needs nothing from them)
-    assert kinds == [("setup", "tcp", 0, 0.0, "")] + own("tcp") + carried + [("setup", "http", 0, 0.0, "")] + own("http")
+    assert kinds == [("setup", "tcp", 0, 0.0, "")] + own("tcp") + carried + [
+        ("setup", "http", 0, 0.0, "")
+    ] + own("http")
     by = {k: s for k, s in zip(kinds, steps)}
     # low rate: 2 s + 0.8 s perf; carried probe: warm-up 0.3 + 1 pair × 2 × (2 + 0.30) = 4.9;
     # carried max rate: 1 + 0.2 + 0.8 (perf) = 2.0
@@ -107,17 +157,30 @@ def test_low_rate_and_carried_steps() -> None:
     assert by[("probe", "tcp", 100, 0.0, "grpc")].expected_s == pytest.approx(4.9)
     assert by[("maxqps", "tcp", 4096, 0.0, "grpc")].expected_s == pytest.approx(2.0)
     assert by[("setup", "tcp", 0, 0.0, "grpc")].expected_s == pytest.approx(2.0)
-    assert steps[kinds.index(("lowrate", "tcp", 100, 300.0, "grpc"))].describe() == "tcp+grpc 100 B: CPU at 300/s"
-    assert steps[kinds.index(("setup", "tcp", 0, 0.0, "grpc"))].describe() == "tcp+grpc: start sidecar"
+    assert (
+        steps[kinds.index(("lowrate", "tcp", 100, 300.0, "grpc"))].describe()
+        == "tcp+grpc 100 B: CPU at 300/s"
+    )
+    assert (
+        steps[kinds.index(("setup", "tcp", 0, 0.0, "grpc"))].describe() == "tcp+grpc: start sidecar"
+    )
     # without tcp mode nothing is carried; every size when asked
     assert not Plan(modes=(Mode.HTTP,), pinning=PIN).carried_steps()
     assert replace(p, carried_all_sizes=True).carried_sizes() == (100, 1024, 4096)
     assert replace(p, low_rate_sizes=None).low_rate_size_list() == (100, 1024, 4096)
     assert replace(p, low_rates=()).low_rate_size_list() == ()
     d = p.to_dict()
-    assert (d["low_rates"], d["low_rate_run_s"], d["low_rate_sizes"]) == ([100.0, 300.0], 2.0, [100])
-    assert (d["carried"], d["carried_sizes"], d["carried_probe_pairs"], d["carried_rate_fractions"]) == (
-        ["grpc"], [100, 4096], 1, [1.0])
+    assert (d["low_rates"], d["low_rate_run_s"], d["low_rate_sizes"]) == (
+        [100.0, 300.0],
+        2.0,
+        [100],
+    )
+    assert (
+        d["carried"],
+        d["carried_sizes"],
+        d["carried_probe_pairs"],
+        d["carried_rate_fractions"],
+    ) == (["grpc"], [100, 4096], 1, [1.0])
     assert Plan(modes=(Mode.HTTP,), pinning=PIN).to_dict()["carried_sizes"] == []
 
 
@@ -128,7 +191,11 @@ def test_quick_preset_fits_the_three_minute_aim() -> None:
     assert full_plan(pinning=PIN).expected_s() <= 20 * 60.0
     # quick: low rates at the smallest size, gRPC carried at the smallest and largest size
     assert q.low_rates == (100.0, 1000.0) and q.low_rate_size_list() == (100,)
-    assert q.carried == ("grpc",) and q.carried_sizes() == (100, 4096) and q.carried_rate_fractions == (1.0,)
+    assert (
+        q.carried == ("grpc",)
+        and q.carried_sizes() == (100, 4096)
+        and q.carried_rate_fractions == (1.0,)
+    )
     extra = sum(s.expected_s for s in q.steps() if s.kind == "lowrate" or s.protocol)
     assert extra <= 25.0
 
@@ -141,6 +208,9 @@ def test_with_duration_and_to_dict() -> None:
     assert d["modes"] == ["tcp", "http", "grpc"] and d["sizes"] == [100, 1024, 4096]
     assert d["pinning"] == {"client": [0], "sidecars": [1], "app": [1]}
     assert (d["probe_pairs"], d["probe_app"], d["nice"]) == (4, True, -20)
-    assert d["probe_rt_priority"] is None and Plan(probe_rt_priority=2, pinning=PIN).to_dict()["probe_rt_priority"] == 2
+    assert (
+        d["probe_rt_priority"] is None
+        and Plan(probe_rt_priority=2, pinning=PIN).to_dict()["probe_rt_priority"] == 2
+    )
     with pytest.raises(ValueError):
         p.with_duration(0)

@@ -58,7 +58,11 @@ def test_parse_fixture_ipc_counters_programs() -> None:
     assert r.counters["exit_unmatched"] == 4
     assert r.dropped == 0  # exit_unmatched is expected at attach, not a loss
     assert [p.name for p in r.programs] == [
-        "sys_enter", "sys_exit", "sched_switch", "sched_wakeup", "net_dev_queue",
+        "sys_enter",
+        "sys_exit",
+        "sched_switch",
+        "sched_wakeup",
+        "net_dev_queue",
         "netif_receive_skb",
     ]
     assert r.probe_ns == sum(p.run_time_ns for p in r.programs) > 0
@@ -150,10 +154,16 @@ def test_real_probe_argv() -> None:
     assert p.argv([12, 34]) == ["/x/sidecar", "-p", "12,34"]
     assert p.argv([12], "/run/netns/c") == ["/x/sidecar", "-p", "12", "-f", "/run/netns/c"]
     assert RealProbe(FakeSystem(), binary=Path("/x/sidecar"), all_netns=True).argv([5]) == [
-        "/x/sidecar", "-p", "5", "-a",
+        "/x/sidecar",
+        "-p",
+        "5",
+        "-a",
     ]
     assert RealProbe(FakeSystem(), binary=Path("/x/sidecar"), run_stats=True).argv([5]) == [
-        "/x/sidecar", "-p", "5", "-s",
+        "/x/sidecar",
+        "-p",
+        "5",
+        "-s",
     ]
     with pytest.raises(ValueError):
         p.argv([])
@@ -175,11 +185,11 @@ def test_real_probe_session_against_fake_loader(tmp_path: Path) -> None:
         import signal, sys, time
         stop = []
         signal.signal(signal.SIGINT, lambda *a: stop.append(1))
-        open({str(tmp_path / 'argv')!r}, "w").write(" ".join(sys.argv[1:]))
+        open({str(tmp_path / "argv")!r}, "w").write(" ".join(sys.argv[1:]))
         print("sidecar: ready (6 programs)", file=sys.stderr, flush=True)
         while not stop:
             time.sleep(0.01)
-        sys.stdout.write(open({str(tmp_path / 'reading.json')!r}).read())
+        sys.stdout.write(open({str(tmp_path / "reading.json")!r}).read())
         """,
     )
     probe = RealProbe(RealSystem(), binary=loader)
@@ -263,14 +273,20 @@ def test_parse_notify_histogram_optional() -> None:
 def test_since_is_the_window_between_snapshots() -> None:
     r = parse_reading(READING)
     writer = r.threads[1]
-    grown = replace(writer, write=writer.write + OpStat(10, 5000, 1000, 0), user_ns=writer.user_ns + 700,
-                    syscalls=writer.syscalls + 10)  # fmt: skip
+    grown = replace(
+        writer,
+        write=writer.write + OpStat(10, 5000, 1000, 0),
+        user_ns=writer.user_ns + 700,
+        syscalls=writer.syscalls + 10,
+    )
     newcomer = replace(writer, tid=9999, followed=True)
     later = replace(
-        r, threads=(r.threads[0], grown, newcomer), duration_ns=r.duration_ns + 500,
+        r,
+        threads=(r.threads[0], grown, newcomer),
+        duration_ns=r.duration_ns + 500,
         ipc=IpcStat(r.ipc.method, r.ipc.count + 3, r.ipc.ns + 300, r.ipc.bytes + 30, 7),
         counters={**r.counters, "exit_unmatched": r.counters["exit_unmatched"] + 1},
-    )  # fmt: skip
+    )
     w = later.since(r)
     assert w.duration_ns == 500
     by_tid = {t.tid: t for t in w.threads}
@@ -428,9 +444,20 @@ def test_real_probe_follows_a_namespace_and_reads_a_later_client(load: Load) -> 
         try:
             before = probe.snapshot()
             client = subprocess.run(
-                ["ip", "netns", "exec", ns, "dd", "if=/dev/zero", "of=/dev/null", "bs=1",
-                 "count=2000"], capture_output=True, check=True,
-            )  # fmt: skip
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "dd",
+                    "if=/dev/zero",
+                    "of=/dev/null",
+                    "bs=1",
+                    "count=2000",
+                ],
+                capture_output=True,
+                check=True,
+            )
             assert client.returncode == 0
             reading = probe.snapshot().since(before)
             final = probe.stop()
@@ -458,9 +485,15 @@ def test_realtime_sets_and_restores_every_pid() -> None:
     sys_ = FakeSystem()
     with realtime(sys_, {11: 3, 22: 4}) as on:
         assert on
-        assert sys_.calls == [("chrt", "-f", "-a", "-p", "3", "11"), ("chrt", "-f", "-a", "-p", "4", "22")]
+        assert sys_.calls == [
+            ("chrt", "-f", "-a", "-p", "3", "11"),
+            ("chrt", "-f", "-a", "-p", "4", "22"),
+        ]
         sys_.calls.clear()
-    assert sys_.calls == [("chrt", "-o", "-a", "-p", "0", "22"), ("chrt", "-o", "-a", "-p", "0", "11")]
+    assert sys_.calls == [
+        ("chrt", "-o", "-a", "-p", "0", "22"),
+        ("chrt", "-o", "-a", "-p", "0", "11"),
+    ]
     # restored on an exception too
     sys_.calls.clear()
     with pytest.raises(KeyError), realtime(sys_, {11: 1}):
@@ -475,12 +508,19 @@ def test_realtime_sets_and_restores_every_pid() -> None:
 
 def test_realtime_is_all_or_nothing() -> None:
     def refuse_22(argv: tuple[str, ...]) -> Completed | None:
-        return Completed(argv, 1, "", "EPERM") if argv[:2] == ("chrt", "-f") and argv[-1] == "22" else None
+        return (
+            Completed(argv, 1, "", "EPERM")
+            if argv[:2] == ("chrt", "-f") and argv[-1] == "22"
+            else None
+        )
 
     sys_ = FakeSystem(responders=[refuse_22])
     with realtime(sys_, {11: 1, 22: 1, 33: 1}) as on:
         assert not on
         # 11 was set, then put back before the block ran; 33 was never tried
-        assert sys_.calls == [("chrt", "-f", "-a", "-p", "1", "11"), ("chrt", "-f", "-a", "-p", "1", "22"),
-                              ("chrt", "-o", "-a", "-p", "0", "11")]  # fmt: skip
+        assert sys_.calls == [
+            ("chrt", "-f", "-a", "-p", "1", "11"),
+            ("chrt", "-f", "-a", "-p", "1", "22"),
+            ("chrt", "-o", "-a", "-p", "0", "11"),
+        ]
     assert len(sys_.calls) == 3  # nothing more to restore

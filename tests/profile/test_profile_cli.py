@@ -23,7 +23,18 @@ from meshtax.profile.runstate import STATE_DIR, RunBusy, RunLock, load_states
 from tests.helpers import default_sigint, missing_for_real_profile
 
 # one low rate, and gRPC carried through the tcp sidecar (the preset's default) at 100 B
-ARGS = ["profile", "--modes", "tcp", "--sizes", "100", "--duration", "0.2", "--low-rates", "200", "--replace"]
+ARGS = [
+    "profile",
+    "--modes",
+    "tcp",
+    "--sizes",
+    "100",
+    "--duration",
+    "0.2",
+    "--low-rates",
+    "200",
+    "--replace",
+]
 BUSY = "another meshtax profiling run holds"
 
 
@@ -76,9 +87,15 @@ class Cli:
         self.before = _netns()
         env = {**os.environ, "MESHTAX_DB": str(db)}
         exe = str(Path(sys.executable).with_name("meshtax"))
-        self.proc = subprocess.Popen([exe, *ARGS, "--name", name], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                     preexec_fn=default_sigint)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [exe, *ARGS, "--name", name],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=default_sigint,
+        )
         self.netns: set[str] = set()
         self.pids: set[int] = set()
         self.dirs: set[str] = set()
@@ -87,7 +104,11 @@ class Cli:
         # only the namespaces this CLI's run registered: between their cases other runs (a
         # validation, another engineer's profile) create mtx-* namespaces too, and deleting
         # those in force_cleanup killed their processes
-        states = [st for _, st in load_states(STATE_DIR) if st is not None and st.owner_pid == self.proc.pid]
+        states = [
+            st
+            for _, st in load_states(STATE_DIR)
+            if st is not None and st.owner_pid == self.proc.pid
+        ]
         mine = {ns for st in states for ns in st.netns}
         self.dirs |= {d for st in states for d in st.dirs}
         for ns in (_netns() - self.before) & mine:
@@ -121,7 +142,11 @@ class Cli:
 
     def leftovers(self) -> tuple[set[str], set[int], set[str]]:
         """The run's namespaces, processes and scratch directories that still exist."""
-        return self.netns & _netns(), {p for p in self.pids if _alive(p)}, {d for d in self.dirs if Path(d).exists()}
+        return (
+            self.netns & _netns(),
+            {p for p in self.pids if _alive(p)},
+            {d for d in self.dirs if Path(d).exists()},
+        )
 
     def force_cleanup(self) -> None:
         """Whatever the assertions said: end our processes by PID and delete our namespaces."""
@@ -179,12 +204,16 @@ def test_ctrl_c_leaves_nothing(clis: list[Cli], tmp_path: Path) -> None:
     assert c.dirs and c.leftovers() == (set(), set(), set()), out
 
 
-def test_killed_run_is_reaped_by_the_next_which_then_leaves_nothing(clis: list[Cli], tmp_path: Path) -> None:
+def test_killed_run_is_reaped_by_the_next_which_then_leaves_nothing(
+    clis: list[Cli], tmp_path: Path
+) -> None:
     dead = start_measuring(clis, tmp_path, "killed")
     os.kill(dead.proc.pid, signal.SIGKILL)
     dead.finish(timeout=10)
     ns, pids, dirs = dead.leftovers()
-    assert ns and pids and dirs, "SIGKILL should leave the run's namespaces, processes and scratch directory behind"
+    assert ns and pids and dirs, (
+        "SIGKILL should leave the run's namespaces, processes and scratch directory behind"
+    )
     nxt = start(clis, tmp_path, "after")
     code, out = nxt.finish()
     if code != 0 and BUSY in out:
@@ -199,7 +228,13 @@ def test_bad_carried_protocol_or_low_rate_is_a_usage_error(tmp_path: Path) -> No
     exe = str(Path(sys.executable).with_name("meshtax"))
     env = {**os.environ, "MESHTAX_DB": str(tmp_path / "profiles.db")}
     for bad in (["--carried", "udp"], ["--low-rates", "0"], ["--low-rates", "fast"]):
-        done = subprocess.run([exe, "profile", "--modes", "tcp", *bad], env=env, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [exe, "profile", "--modes", "tcp", *bad],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 2, done.stdout + done.stderr
         # refused while the options are checked, before any namespace or process is made
         assert "--carried/--low-rates" in done.stderr and "Traceback" not in done.stderr

@@ -22,8 +22,8 @@ from meshtax.profile.perfcpu import Bucket, PerfProfile
 from meshtax.profile.pinning import Pinning
 from meshtax.profile.plan import Plan
 from meshtax.profile.probes import ProbeReading
-from meshtax.profile.runstate import STATE_DIR
 from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, Progress, run_profile
+from meshtax.profile.runstate import STATE_DIR
 from meshtax.profile.system import Completed, FakeSystem, Placement, Process, RealSystem
 from tests.helpers import missing_for_real_profile
 from tests.profile.test_decompose import make_reading, thread
@@ -38,16 +38,24 @@ class Procs:
     def start_time(self, pid: int) -> int | None:
         return pid * 10
 
-    def terminate(self, pid: int, start_time: int, *, netns: str | None = None, timeout: float = 2.0) -> bool:
+    def terminate(
+        self, pid: int, start_time: int, *, netns: str | None = None, timeout: float = 2.0
+    ) -> bool:
         return True
 
 
 class EchoFakeSystem(FakeSystem):
     """FakeSystem whose ``fortio server`` says it listens (FortioServer waits for that)."""
 
-    def spawn(self, argv: Sequence[str], *, place: Placement = Placement(),
-              stdout: IO[bytes] | int | None = None, stderr: IO[bytes] | int | None = None,
-              env: Mapping[str, str] | None = None) -> Process:  # fmt: skip
+    def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        place: Placement = Placement(),
+        stdout: IO[bytes] | int | None = None,
+        stderr: IO[bytes] | int | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Process:
         if "server" in argv and not isinstance(stderr, int) and stderr is not None:
             stderr.write(b"listening on a\nlistening on b\nlistening on c\n")
             stderr.flush()
@@ -55,10 +63,23 @@ class EchoFakeSystem(FakeSystem):
 
 
 def fortio_doc(avg_us: float, qps: float) -> str:
-    h = {"Count": COUNT, "Min": 1e-5, "Max": 1e-3, "Avg": avg_us * 1e-6, "StdDev": 1e-5,
-         "Percentiles": [{"Percentile": p, "Value": avg_us * 1e-6} for p in (50, 90, 99, 99.9)]}  # fmt: skip
-    return json.dumps({"DurationHistogram": h, "RetCodes": {"OK": COUNT, "200": COUNT, "SERVING": COUNT},
-                       "ActualQPS": qps, "ActualDuration": 10**9, "Version": "1.68.2"})  # fmt: skip
+    h = {
+        "Count": COUNT,
+        "Min": 1e-5,
+        "Max": 1e-3,
+        "Avg": avg_us * 1e-6,
+        "StdDev": 1e-5,
+        "Percentiles": [{"Percentile": p, "Value": avg_us * 1e-6} for p in (50, 90, 99, 99.9)],
+    }
+    return json.dumps(
+        {
+            "DurationHistogram": h,
+            "RetCodes": {"OK": COUNT, "200": COUNT, "SERVING": COUNT},
+            "ActualQPS": qps,
+            "ActualDuration": 10**9,
+            "Version": "1.68.2",
+        }
+    )
 
 
 class World:
@@ -97,8 +118,11 @@ class FakePerf:
     def stop(self, pids: Sequence[int] | None) -> PerfProfile:
         assert pids
         self.windows.append(tuple(pids))
-        ns = {(pids[0], Bucket.USER): 2_000_000, (pids[0], Bucket.READ): 1_000_000,
-              (pids[0], Bucket.PROBE): 5_000_000}  # fmt: skip
+        ns = {
+            (pids[0], Bucket.USER): 2_000_000,
+            (pids[0], Bucket.READ): 1_000_000,
+            (pids[0], Bucket.PROBE): 5_000_000,
+        }
         return PerfProfile(999, 1.0, ns, {}, {}, {})
 
     def close(self) -> None:
@@ -137,8 +161,15 @@ class WindowProbe:
         side, app = self.started[-1]
         modes_seen = len({p[0] for p in self.started})
         if k % 2 == 0:
-            w = thread(7, read=2_000_000, write=6_000_000, epoll=100_000_000, notify=4_000_000,
-                       user=self.user_by_mode[modes_seen - 1], tgid=side)  # fmt: skip
+            w = thread(
+                7,
+                read=2_000_000,
+                write=6_000_000,
+                epoll=100_000_000,
+                notify=4_000_000,
+                user=self.user_by_mode[modes_seen - 1],
+                tgid=side,
+            )
             a = thread(8, read=500_000, write=1_000_000, epoll=100_000_000, tgid=app)
             return make_reading([w, a], ipc_ns=2_000_000)
         a = thread(8, read=500_000, write=3_000_000, epoll=100_000_000, tgid=app)
@@ -146,7 +177,6 @@ class WindowProbe:
 
     def close(self) -> None:
         self.running = False
-
 
 
 def _follow_envoy_port(sysm: EchoFakeSystem, world: World) -> None:
@@ -157,11 +187,13 @@ def _follow_envoy_port(sysm: EchoFakeSystem, world: World) -> None:
         if "--config-yaml" in argv:
             cfg = json.loads(argv[list(argv).index("--config-yaml") + 1])
             port = cfg["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0][
-                "lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"]  # fmt: skip
+                "lb_endpoints"
+            ][0]["endpoint"]["address"]["socket_address"]["port_value"]
             world.mode_port = str(port)
         return orig_spawn(argv, **kw)  # type: ignore[arg-type]
 
     sysm.spawn = spawn  # type: ignore[method-assign]
+
 
 def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
     world = World()
@@ -174,31 +206,55 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
         return {pid: next(sched)}
 
     _follow_envoy_port(sysm, world)
-    plan = Plan(modes=(Mode.TCP, Mode.HTTP), sizes=(100, 1000), rate_fractions=(0.5, 1.0),
-                latency_run_s=0.1, latency_max_runs=6, probe_pairs=1, pinning=PIN, nice=-7, carried=(), low_rates=())  # fmt: skip
+    plan = Plan(
+        modes=(Mode.TCP, Mode.HTTP),
+        sizes=(100, 1000),
+        rate_fractions=(0.5, 1.0),
+        latency_run_s=0.1,
+        latency_max_runs=6,
+        probe_pairs=1,
+        pinning=PIN,
+        nice=-7,
+        carried=(),
+        low_rates=(),
+    )
     nice_seen: list[int | None] = []
 
     @contextlib.contextmanager
     def fake_nice(n: int | None) -> Iterator[None]:
         nice_seen.append(n)
         yield
+
     backends = Backends(
-        probe=lambda s: probe, perf=lambda s: FakePerf(perf_windows), schedstat=fake_sched,
-        state_dir=tmp_path / "state", procs=Procs(), envoy_binary=Path("/x/envoy"),
-        fortio_binary=Path("/x/fortio"), workdir=tmp_path / "work", niceness=fake_nice,
-        now=lambda: dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
-    )  # fmt: skip
+        probe=lambda s: probe,
+        perf=lambda s: FakePerf(perf_windows),
+        schedstat=fake_sched,
+        state_dir=tmp_path / "state",
+        procs=Procs(),
+        envoy_binary=Path("/x/envoy"),
+        fortio_binary=Path("/x/fortio"),
+        workdir=tmp_path / "work",
+        niceness=fake_nice,
+        now=lambda: dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+    )
     seen: list[Progress] = []
     sink = Sink()
     with pytest.warns(ClosureWarning, match="http: .* does NOT close"):
-        prof = run_profile(ProfileOptions(name="t", plan=plan, replace=True), sysm, sink, seen.append,
-                           backends=backends)  # fmt: skip
+        prof = run_profile(
+            ProfileOptions(name="t", plan=plan, replace=True),
+            sysm,
+            sink,
+            seen.append,
+            backends=backends,
+        )
 
     assert sink.saved == [(prof, True)]
     assert set(prof.modes) == {Mode.TCP, Mode.HTTP}
     tcp, http = prof.modes[Mode.TCP], prof.modes[Mode.HTTP]
     lat = {c: m.latency.intercept for c, m in tcp.components.items()}
-    assert lat == pytest.approx({IPC: 1.0, READ: 1.0, WRITE: 1.0, NOTIFICATION: 2.0, OTHER: 5.0, PARSING: 0.0})
+    assert lat == pytest.approx(
+        {IPC: 1.0, READ: 1.0, WRITE: 1.0, NOTIFICATION: 2.0, OTHER: 5.0, PARSING: 0.0}
+    )
     assert http.components[PARSING].latency.intercept == pytest.approx(10.0)
     assert http.components[OTHER].latency.intercept == pytest.approx(5.0)
     assert set(tcp.components) == set(BASE_COMPONENTS)
@@ -219,14 +275,19 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
     o = prof.provenance.options
     assert o["envoy_version"] == "1.40.0" and o["fortio_version"] == "1.68.2"
     assert o["pinning"] == {"client": [0], "sidecars": [1], "app": [1]}
-    assert o["probe_perturbation_us_per_request"] == {"tcp": {"100": 0.0, "1000": 0.0}, "http": {"100": 0.0, "1000": 0.0}}
+    assert o["probe_perturbation_us_per_request"] == {
+        "tcp": {"100": 0.0, "1000": 0.0},
+        "http": {"100": 0.0, "1000": 0.0},
+    }
     assert o["measurements"]["tcp"][0]["cpu"][0]["perf_over_schedstat"] == pytest.approx(0.5)
     assert prof.platform.proxy_version == "1.40.0" and prof.platform.config_hash == o["config_hash"]
     assert prof.provenance.created == "2026-01-02T03:04:05+00:00"
     # probes looked at sidecar and app (a meshed and a direct window per size), perf at the
     # sidecar only; the whole run at the plan's nice value
     envoy_pids = [p.pid for p in sysm.processes if "--config-yaml" in p.argv]
-    app_pid = next(p.pid for p in sysm.processes if "server" in p.argv and "--config-yaml" not in p.argv)
+    app_pid = next(
+        p.pid for p in sysm.processes if "server" in p.argv and "--config-yaml" not in p.argv
+    )
     assert len(envoy_pids) == 2
     assert probe.started == [(envoy_pids[0], app_pid)] * 4 + [(envoy_pids[1], app_pid)] * 4
     assert nice_seen == [-7]
@@ -240,7 +301,9 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
     assert loads[0][3].endswith("-client")
     envoy_argv = next(p.argv for p in sysm.processes if "--config-yaml" in p.argv)
     assert ("taskset", "-c", "1") == envoy_argv[4:7] and "--reuid=1337" in envoy_argv
-    assert any("9080" in c and "--dport" in c and "RETURN" in c for c in sysm.calls)  # app port not intercepted
+    assert any(
+        "9080" in c and "--dport" in c and "RETURN" in c for c in sysm.calls
+    )  # app port not intercepted
     # everything stopped, state file gone, progress reached the end
     assert all(p.returncode is not None for p in sysm.processes)
     assert not list((tmp_path / "state").glob("*.json"))
@@ -248,7 +311,9 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
     assert seen[-1].total == len(plan.steps()) and 0 <= seen[-1].fraction < 1
 
 
-def _fake_run(tmp_path: Path, plan: Plan, users: list[int]) -> tuple[Profile, EchoFakeSystem, list[Progress]]:
+def _fake_run(
+    tmp_path: Path, plan: Plan, users: list[int]
+) -> tuple[Profile, EchoFakeSystem, list[Progress]]:
     """run_profile against the fakes above; the sidecar's upstream port decides the meshed
     latency, ``users[i]`` is the user time of the i-th sidecar started."""
     world = World()
@@ -257,23 +322,41 @@ def _fake_run(tmp_path: Path, plan: Plan, users: list[int]) -> tuple[Profile, Ec
     _follow_envoy_port(sysm, world)
     probe = WindowProbe(users)
     backends = Backends(
-        probe=lambda s: probe, perf=lambda s: FakePerf([]),
-        schedstat=lambda pid: {pid: next(sched)}, state_dir=tmp_path / "state", procs=Procs(),
-        envoy_binary=Path("/x/envoy"), fortio_binary=Path("/x/fortio"), workdir=tmp_path / "work",
+        probe=lambda s: probe,
+        perf=lambda s: FakePerf([]),
+        schedstat=lambda pid: {pid: next(sched)},
+        state_dir=tmp_path / "state",
+        procs=Procs(),
+        envoy_binary=Path("/x/envoy"),
+        fortio_binary=Path("/x/fortio"),
+        workdir=tmp_path / "work",
         niceness=lambda n: contextlib.nullcontext(),
-    )  # fmt: skip
+    )
     seen: list[Progress] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)
-        prof = run_profile(ProfileOptions(name="t", plan=plan), sysm, None, seen.append, backends=backends)
+        prof = run_profile(
+            ProfileOptions(name="t", plan=plan), sysm, None, seen.append, backends=backends
+        )
     return prof, sysm, seen
 
 
 def test_run_profile_measures_grpc_carried_by_tcp_mode_and_low_rates(tmp_path: Path) -> None:
-    plan = Plan(modes=(Mode.TCP, Mode.HTTP), sizes=(100, 1000, 4000), rate_fractions=(1.0,),
-                low_rates=(100.0, 3000.0), low_rate_sizes=1, carried=("grpc",), carried_all_sizes=False,
-                carried_rate_fractions=(1.0,), latency_run_s=0.1, probe_pairs=1, carried_probe_pairs=1,
-                pinning=PIN, nice=None)  # fmt: skip
+    plan = Plan(
+        modes=(Mode.TCP, Mode.HTTP),
+        sizes=(100, 1000, 4000),
+        rate_fractions=(1.0,),
+        low_rates=(100.0, 3000.0),
+        low_rate_sizes=1,
+        carried=("grpc",),
+        carried_all_sizes=False,
+        carried_rate_fractions=(1.0,),
+        latency_run_s=0.1,
+        probe_pairs=1,
+        carried_probe_pairs=1,
+        pinning=PIN,
+        nice=None,
+    )
     # sidecars in start order: tcp (user 10 ms), tcp carrying gRPC (20 ms), http (30 ms)
     prof, sysm, seen = _fake_run(tmp_path, plan, [10_000_000, 20_000_000, 30_000_000])
     tcp = prof.modes[Mode.TCP]
@@ -282,7 +365,9 @@ def test_run_profile_measures_grpc_carried_by_tcp_mode_and_low_rates(tmp_path: P
     assert g.mode is Mode.TCP and set(g.components) == set(tcp.components) == set(BASE_COMPONENTS)
     # latency per crossing from the probe windows: user 20 ms / 2000 crossings = 10 µs
     lat = {c: m.latency.intercept for c, m in g.components.items()}
-    assert lat == pytest.approx({IPC: 1.0, READ: 1.0, WRITE: 1.0, NOTIFICATION: 2.0, OTHER: 10.0, PARSING: 0.0})
+    assert lat == pytest.approx(
+        {IPC: 1.0, READ: 1.0, WRITE: 1.0, NOTIFICATION: 2.0, OTHER: 10.0, PARSING: 0.0}
+    )
     assert tcp.components[OTHER].latency.intercept == pytest.approx(5.0)
     # closure against the probed overhead through the tcp sidecar to the gRPC port: (300 − 118)/2
     assert g.closure is not None and g.closure.measured_us == pytest.approx(91.0)
@@ -299,26 +384,45 @@ def test_run_profile_measures_grpc_carried_by_tcp_mode_and_low_rates(tmp_path: P
     t_samples = tcp.components[OTHER].cpu.samples
     assert t_samples is not None and t_samples.rates == (4000.0, 100.0, 4000.0, 4000.0)
     h = prof.modes[Mode.HTTP].components[PARSING].cpu.samples
-    assert h is not None and h.rates == (4000.0, 100.0, 4000.0, 4000.0) and h.values == pytest.approx((0.0,) * 4)
+    assert (
+        h is not None
+        and h.rates == (4000.0, 100.0, 4000.0, 4000.0)
+        and h.values == pytest.approx((0.0,) * 4)
+    )
     # the carried sidecar is tcp mode in front of the gRPC port; its load speaks gRPC
-    cfgs = [json.loads(p.argv[list(p.argv).index("--config-yaml") + 1]) for p in sysm.processes if "--config-yaml" in p.argv]
-    ports = [c["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
-             ["endpoint"]["address"]["socket_address"]["port_value"] for c in cfgs]  # fmt: skip
+    cfgs = [
+        json.loads(p.argv[list(p.argv).index("--config-yaml") + 1])
+        for p in sysm.processes
+        if "--config-yaml" in p.argv
+    ]
+    ports = [
+        c["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"][0][
+            "endpoint"
+        ]["address"]["socket_address"]["port_value"]
+        for c in cfgs
+    ]
     assert ports == [9078, 9079, 9080]
-    assert "tcp_proxy" in json.dumps(cfgs[1]) and "http_connection_manager" not in json.dumps(cfgs[1])
+    assert "tcp_proxy" in json.dumps(cfgs[1]) and "http_connection_manager" not in json.dumps(
+        cfgs[1]
+    )
     grpc_loads = [c for c in sysm.calls if "load" in c and "-grpc" in c]
     assert grpc_loads and all("-ping" in c for c in grpc_loads)
     assert {c[-1].rsplit(":", 1)[1] for c in grpc_loads} == {"8080", "9079"}
     # recorded, and progress followed the plan's steps one by one (3000/s never announced)
     o = prof.provenance.options
     cm = o["carried_measurements"]["grpc"]
-    assert [m["size"] for m in cm] == [100, 4000] and [c["run"] for c in cm[0]["cpu"]] == ["max", "r100"]
+    assert [m["size"] for m in cm] == [100, 4000] and [c["run"] for c in cm[0]["cpu"]] == [
+        "max",
+        "r100",
+    ]
     assert "overhead_per_request_us" not in cm[0] and "probe" in cm[0]
     assert o["low_rates"] == [100.0, 3000.0] and o["carried_sizes"] == [100, 4000]
     assert any(n.startswith("tcp carrying grpc:") for n in prof.provenance.notes)
     skipped = [st for st in plan.steps() if st.kind == "lowrate" and st.rate == 3000.0]
     assert len(skipped) == 3 and not any(p.step in skipped for p in seen)
-    assert [p.index for p in seen] == [i + 1 for i, st in enumerate(plan.steps()) if st not in skipped]
+    assert [p.index for p in seen] == [
+        i + 1 for i, st in enumerate(plan.steps()) if st not in skipped
+    ]
     assert all(p.returncode is not None for p in sysm.processes)
 
 
@@ -336,7 +440,14 @@ class AppUserProbe(WindowProbe):
         if len(self.started) % 2 == 0:  # direct window
             return r
         side, app = r.threads
-        app = thread(8, read=500_000, write=1_000_000, epoll=100_000_000, user=self.app_user[k], tgid=app.tgid)
+        app = thread(
+            8,
+            read=500_000,
+            write=1_000_000,
+            epoll=100_000_000,
+            user=self.app_user[k],
+            tgid=app.tgid,
+        )
         return make_reading([side, app], ipc_ns=2_000_000)
 
 
@@ -344,18 +455,33 @@ def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
     """The app parses what the sidecar adds: its user-time change (meshed − direct) is CPU the
     mesh costs. Per crossing: tcp 2 ms / 2000 = 1 µs → Other; http 8 ms / 2000 = 4 µs, of
     which 3 µs beyond tcp's → Parsing (as the latency counts it)."""
-    plan = Plan(modes=(Mode.TCP, Mode.HTTP), sizes=(100,), rate_fractions=(1.0,), low_rates=(),
-                carried=(), latency_run_s=0.1, probe_pairs=1, pinning=PIN, nice=None)  # fmt: skip
+    plan = Plan(
+        modes=(Mode.TCP, Mode.HTTP),
+        sizes=(100,),
+        rate_fractions=(1.0,),
+        low_rates=(),
+        carried=(),
+        latency_run_s=0.1,
+        probe_pairs=1,
+        pinning=PIN,
+        nice=None,
+    )
     world = World()
     sysm = EchoFakeSystem(responders=[world])
     sched = iter(range(0, 10**12, 6_000_000))
     _follow_envoy_port(sysm, world)
     probe = AppUserProbe([10_000_000, 10_000_000], [2_000_000, 8_000_000])
     backends = Backends(
-        probe=lambda s: probe, perf=lambda s: FakePerf([]), schedstat=lambda pid: {pid: next(sched)},
-        state_dir=tmp_path / "state", procs=Procs(), envoy_binary=Path("/x/envoy"),
-        fortio_binary=Path("/x/fortio"), workdir=tmp_path / "work", niceness=lambda n: contextlib.nullcontext(),
-    )  # fmt: skip
+        probe=lambda s: probe,
+        perf=lambda s: FakePerf([]),
+        schedstat=lambda pid: {pid: next(sched)},
+        state_dir=tmp_path / "state",
+        procs=Procs(),
+        envoy_binary=Path("/x/envoy"),
+        fortio_binary=Path("/x/fortio"),
+        workdir=tmp_path / "work",
+        niceness=lambda n: contextlib.nullcontext(),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)
         prof = run_profile(ProfileOptions(name="t", plan=plan), sysm, None, backends=backends)
@@ -372,7 +498,9 @@ def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
 
 
 def test_options_resolve_plan() -> None:
-    p = ProfileOptions(quick=True, modes=("http",), sizes=(2048, 100), duration_s=1.0).resolve_plan()
+    p = ProfileOptions(
+        quick=True, modes=("http",), sizes=(2048, 100), duration_s=1.0
+    ).resolve_plan()
     assert p.preset == "quick" and p.modes == (Mode.HTTP,) and p.sizes == (100, 2048)
     assert p.latency_run_s == 1.0 and p.probe_run_s == 1.0  # per probe window
     assert ProfileOptions().resolve_plan().preset == "full"
@@ -389,9 +517,18 @@ def _ours() -> list[str]:
     this shared machine while ours runs)."""
     from meshtax.profile.runstate import load_states
 
-    others = {n for _, st in load_states(STATE_DIR) if st is not None and st.owner_pid != os.getpid() for n in st.netns}
+    others = {
+        n
+        for _, st in load_states(STATE_DIR)
+        if st is not None and st.owner_pid != os.getpid()
+        for n in st.netns
+    }
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return sorted(n for n in (line.split()[0] for line in out.splitlines()) if n.startswith("mtx-") and n not in others)
+    return sorted(
+        n
+        for n in (line.split()[0] for line in out.splitlines())
+        if n.startswith("mtx-") and n not in others
+    )
 
 
 @pytest.mark.root
@@ -399,14 +536,31 @@ def _ours() -> list[str]:
 def test_real_short_profile_one_mode_one_size() -> None:
     """TCP at 100 B, one low rate, and gRPC carried through the tcp-mode sidecar."""
     before = _ours()
-    plan = Plan(modes=(Mode.TCP,), sizes=(100,), rate_fractions=(0.5,), latency_run_s=0.3,
-                latency_min_runs=3, latency_max_runs=3, probe_run_s=1.0, maxqps_run_s=0.5,
-                cpu_run_s=0.5, low_rates=(200.0,), low_rate_run_s=0.5, carried=("grpc",),
-                carried_probe_pairs=1, carried_rate_fractions=(1.0,), warmup_n=50)  # fmt: skip
+    plan = Plan(
+        modes=(Mode.TCP,),
+        sizes=(100,),
+        rate_fractions=(0.5,),
+        latency_run_s=0.3,
+        latency_min_runs=3,
+        latency_max_runs=3,
+        probe_run_s=1.0,
+        maxqps_run_s=0.5,
+        cpu_run_s=0.5,
+        low_rates=(200.0,),
+        low_rate_run_s=0.5,
+        carried=("grpc",),
+        carried_probe_pairs=1,
+        carried_rate_fractions=(1.0,),
+        warmup_n=50,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)  # a noisy shared machine may not close
-        prof = run_profile(ProfileOptions(name="smoke", plan=plan), RealSystem(), None,
-                           backends=Backends(state_dir=STATE_DIR, lock_timeout=180.0))  # fmt: skip
+        prof = run_profile(
+            ProfileOptions(name="smoke", plan=plan),
+            RealSystem(),
+            None,
+            backends=Backends(state_dir=STATE_DIR, lock_timeout=180.0),
+        )
     tcp = prof.modes[Mode.TCP]
     assert set(tcp.components) == set(BASE_COMPONENTS)
     lat = {c: m.latency.intercept for c, m in tcp.components.items()}
@@ -423,7 +577,13 @@ def test_real_short_profile_one_mode_one_size() -> None:
     assert set(g.components) == set(BASE_COMPONENTS) and g.components[PARSING].cpu.intercept == 0.0
     samples = g.components[OTHER].cpu.samples
     assert samples is not None and len(samples.rates) == 2 and min(samples.rates) < 250
-    total = sum(sum(c["breakdown_us"].values()) for c in prof.provenance.options["carried_measurements"]["grpc"][0]["cpu"])
-    assert total > 0 and prof.provenance.options["carried_measurements"]["grpc"][0]["probe"]["requests"] > 0
+    total = sum(
+        sum(c["breakdown_us"].values())
+        for c in prof.provenance.options["carried_measurements"]["grpc"][0]["cpu"]
+    )
+    assert (
+        total > 0
+        and prof.provenance.options["carried_measurements"]["grpc"][0]["probe"]["requests"] > 0
+    )
     # nothing of this run left behind
     assert set(_ours()) <= set(before)

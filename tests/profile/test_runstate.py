@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import sys
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -106,9 +106,7 @@ def test_lock_holder_in_another_process(tmp_path: Path) -> None:
         "import sys, time; from pathlib import Path; from meshtax.profile.runstate import RunLock;"
         f"RunLock(Path({str(tmp_path)!r})).acquire(); print('held', flush=True); time.sleep(30)"
     )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE
-    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
         with pytest.raises(RunBusy, match=f"PID {holder.pid}"):
@@ -131,11 +129,31 @@ def test_reap_dead_runs_orphans_and_reused_pids(tmp_path: Path) -> None:
     dead_dir, live_dir = tmp_path / "scratch-dead", tmp_path / "scratch-live"
     for d in (dead_dir, live_dir):
         (d / "tcp").mkdir(parents=True)
-    Registry(tmp_path, RunState("dead", 10, 1000, ["mtx-dead-bridge", "mtx-dead-a"],
-             [ProcRecord(11, 1100, ["envoy"]), ProcRecord(12, 1200, ["fortio"])], dirs=[str(dead_dir)]), idx).save()  # fmt: skip
+    Registry(
+        tmp_path,
+        RunState(
+            "dead",
+            10,
+            1000,
+            ["mtx-dead-bridge", "mtx-dead-a"],
+            [ProcRecord(11, 1100, ["envoy"]), ProcRecord(12, 1200, ["fortio"])],
+            dirs=[str(dead_dir)],
+        ),
+        idx,
+    ).save()
     # live run: owner 20 alive with matching start; nothing of it may be touched
-    Registry(tmp_path, RunState("live", 20, 2000, ["mtx-live-a"],
-             [ProcRecord(21, 2100, ["envoy"])], dirs=[str(live_dir)]), idx).save()  # fmt: skip
+    Registry(
+        tmp_path,
+        RunState(
+            "live",
+            20,
+            2000,
+            ["mtx-live-a"],
+            [ProcRecord(21, 2100, ["envoy"])],
+            dirs=[str(live_dir)],
+        ),
+        idx,
+    ).save()
     netns = ["mtx-dead-bridge", "mtx-dead-a", "mtx-live-a", "mtx-orphan-x", "someone-else"]
     procs = FakeProcs(
         {11: 1100, 12: 9999, 20: 2000, 21: 2100, 31: 3100, 41: 4100},
@@ -150,7 +168,9 @@ def test_reap_dead_runs_orphans_and_reused_pids(tmp_path: Path) -> None:
     assert sorted(procs.terminated) == [11, 31, 41]
     assert netns == ["mtx-live-a", "someone-else"]
     assert [s.run_id for _, s in load_states(tmp_path) if s] == ["live"]
-    assert [s.run_id for _, s in load_states(idx) if s] == ["live"]  # the dead run left the index too
+    assert [s.run_id for _, s in load_states(idx) if s] == [
+        "live"
+    ]  # the dead run left the index too
 
 
 def test_reap_spares_live_runs_of_other_state_dirs(tmp_path: Path) -> None:
@@ -169,7 +189,13 @@ def test_reap_keeps_named_runs_and_drops_corrupt_files(tmp_path: Path) -> None:
     Registry(tmp_path, RunState("mine", 10, None, ["mtx-mine-a"]), tmp_path / "index").save()
     (tmp_path / "broken.json").write_text("")
     netns = ["mtx-mine-a"]
-    rep = reap(ip_answers(netns, {}), FakeProcs({}), tmp_path, keep_runs=["mine"], index_dir=tmp_path / "index")
+    rep = reap(
+        ip_answers(netns, {}),
+        FakeProcs({}),
+        tmp_path,
+        keep_runs=["mine"],
+        index_dir=tmp_path / "index",
+    )
     assert not rep and netns == ["mtx-mine-a"]
     assert not (tmp_path / "broken.json").exists()
 

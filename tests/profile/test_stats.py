@@ -84,10 +84,18 @@ def _clock(step: float) -> Callable[[], float]:
         # never narrow: stops at max_runs
         ([float(v) for v in range(1, 21)], {"max_runs": 7}, 7, "max_runs", 4.0),
         # a 10 % target accepts what 5 % refuses
-        ([100.0, 108.0, 92.0, 100.0, 104.0, 96.0] + [100.0] * 14, {"rel_halfwidth": 0.1}, 6, "narrow", 100.0),
+        (
+            [100.0, 108.0, 92.0, 100.0, 104.0, 96.0] + [100.0] * 14,
+            {"rel_halfwidth": 0.1},
+            6,
+            "narrow",
+            100.0,
+        ),
     ],
 )
-def test_repeat_until(values: list[float], kwargs: dict[str, float], n: int, stop: str, med: float) -> None:
+def test_repeat_until(
+    values: list[float], kwargs: dict[str, float], n: int, stop: str, med: float
+) -> None:
     e = repeat_until(_seq(values), clock=_clock(0.0), **kwargs)  # type: ignore[arg-type]
     assert (e.n, e.stop, e.median) == (n, stop, med)
     assert e.samples == tuple(values[:n])

@@ -8,15 +8,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from meshtax.profile.runstate import RunBusy, list_netns
 from meshtax.profile.system import Completed, FakeSystem, Placement, RealSystem, wait_until
-from tests.helpers import default_sigint
 from meshtax.profile.testbed import CleanupError, Interception, Testbed, istio_rules
+from tests.helpers import default_sigint
 
 HERE = Path(__file__).parent
 NETPROBE = str(HERE / "netprobe.py")
@@ -118,15 +117,37 @@ def test_add_pod_commands(tmp_path: Path) -> None:
         br = "mtx-abc123-bridge"
         assert sysm.calls[start : start + 7] == [
             ("ip", "netns", "add", "mtx-abc123-client"),
-            ("ip", "netns", "exec", "mtx-abc123-client", "sysctl", "-q", "-w",
-             "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"),
-            ("ip", "-n", br, "link", "add", "veth1", "type", "veth", "peer", "name", "eth0",
-             "netns", "mtx-abc123-client"),
+            (
+                "ip",
+                "netns",
+                "exec",
+                "mtx-abc123-client",
+                "sysctl",
+                "-q",
+                "-w",
+                "net.ipv6.conf.all.disable_ipv6=1",
+                "net.ipv6.conf.default.disable_ipv6=1",
+            ),
+            (
+                "ip",
+                "-n",
+                br,
+                "link",
+                "add",
+                "veth1",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                "mtx-abc123-client",
+            ),
             ("ip", "-n", br, "link", "set", "veth1", "master", "br0", "up"),
             ("ip", "-n", "mtx-abc123-client", "addr", "add", "10.77.0.2/24", "dev", "eth0"),
             ("ip", "-n", "mtx-abc123-client", "link", "set", "eth0", "up"),
             ("ip", "-n", "mtx-abc123-client", "link", "set", "lo", "up"),
-        ]  # fmt: skip
+        ]
         state = json.loads((tmp_path / "abc123.json").read_text())
         assert state["netns"] == [br, "mtx-abc123-client", "mtx-abc123-server"]
         assert state["owner_pid"] == os.getpid()
@@ -153,9 +174,7 @@ def test_mesh_runs_rules_in_pod_netns(tmp_path: Path) -> None:
         start = len(sysm.calls)
         c = tb.mesh(pod, exclude_inbound_ports=(15021,))
         issued = sysm.calls[start:]
-        assert issued == [
-            tuple(Placement(netns=pod.netns).wrap(r)) for r in istio_rules(c)
-        ]
+        assert issued == [tuple(Placement(netns=pod.netns).wrap(r)) for r in istio_rules(c)]
         assert c.exclude_inbound_ports == (15021,) and c.proxy_gid == 1337
         with pytest.raises(ValueError, match="already meshed"):
             tb.mesh(pod)
@@ -191,7 +210,7 @@ def test_cleanup_on_exception_fake(tmp_path: Path) -> None:
             (scratch / "envoy.log").write_text("x")
             # recorded, so a crash leaves it to the reaper
             assert json.loads((tmp_path / "abc123.json").read_text())["dirs"] == [str(scratch)]
-            1 / 0
+            raise ZeroDivisionError
     assert ("ip", "netns", "del", "mtx-abc123-a") in sysm.calls
     assert not (tmp_path / "abc123.json").exists()
     assert not scratch.exists()
@@ -357,9 +376,13 @@ def test_real_lock_refuses_second_run() -> None:
 def run_child() -> tuple[subprocess.Popen[str], dict[str, object]]:
     env = {**os.environ, "PYTHONPATH": str(HERE.parents[1] / "src")}
     child = subprocess.Popen(
-        [sys.executable, CHILD], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True, env=env, preexec_fn=default_sigint,
-    )  # fmt: skip
+        [sys.executable, CHILD],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        preexec_fn=default_sigint,
+    )
     assert child.stdout is not None
     line = child.stdout.readline()
     child.stdout.close()  # nothing more to read; an open pipe would warn

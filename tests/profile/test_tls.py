@@ -15,7 +15,14 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import EnvoyConfig, EnvoyError, EnvoyProcess, bootstrap, envoy_binary, validate_config
+from meshtax.profile.envoy import (
+    EnvoyConfig,
+    EnvoyError,
+    EnvoyProcess,
+    bootstrap,
+    envoy_binary,
+    validate_config,
+)
 from meshtax.profile.fortio import FortioError, FortioServer, fortio_binary, run_load
 from meshtax.profile.system import RealSystem
 from meshtax.profile.system import free_ports as _free_ports
@@ -29,7 +36,7 @@ from meshtax.profile.tls import (
     upstream_tls,
 )
 
-NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +51,9 @@ def other_ca() -> CertAuthority:
 
 
 def _san(c: x509.Certificate) -> list[str]:
-    return c.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-        x509.UniformResourceIdentifier
-    )
+    return c.extensions.get_extension_for_class(
+        x509.SubjectAlternativeName
+    ).value.get_values_for_type(x509.UniformResourceIdentifier)
 
 
 # ---- certificates ---------------------------------------------------------------------------
@@ -104,25 +111,35 @@ def test_contexts(ca: CertAuthority) -> None:
     down = _ctx(downstream_tls(cred, ca.cert_pem, version="1.2"))
     assert down["require_client_certificate"] is True
     common = down["common_tls_context"]
-    assert common["tls_params"] == {"tls_minimum_protocol_version": "TLSv1_2", "tls_maximum_protocol_version": "TLSv1_2"}
+    assert common["tls_params"] == {
+        "tls_minimum_protocol_version": "TLSv1_2",
+        "tls_maximum_protocol_version": "TLSv1_2",
+    }
     assert common["validation_context"]["match_typed_subject_alt_names"] == [
         {"san_type": "URI", "matcher": {"prefix": "spiffe://cluster.local/"}}
     ]
     assert common["tls_certificates"][0]["certificate_chain"]["inline_string"] == cred.cert_pem
     up = _ctx(upstream_tls(cred, ca.cert_pem, spiffe_id("server")))
-    assert up["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"][0]["matcher"] == {
-        "exact": "spiffe://cluster.local/ns/default/sa/server"
-    }
+    assert up["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"][0][
+        "matcher"
+    ] == {"exact": "spiffe://cluster.local/ns/default/sa/server"}
     with pytest.raises(ValueError):
         downstream_tls(cred, ca.cert_pem, version="1.1")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("mode", "alpn"), [(Mode.TCP, None), (Mode.HTTP, ["http/1.1"]), (Mode.GRPC, ["h2"])])
-def test_sidecar_mtls_places_both_sides(ca: CertAuthority, mode: Mode, alpn: list[str] | None) -> None:
+@pytest.mark.parametrize(
+    ("mode", "alpn"), [(Mode.TCP, None), (Mode.HTTP, ["http/1.1"]), (Mode.GRPC, ["h2"])]
+)
+def test_sidecar_mtls_places_both_sides(
+    ca: CertAuthority, mode: Mode, alpn: list[str] | None
+) -> None:
     cfg = sidecar_mtls(EnvoyConfig(mode=mode), ca, ca.issue("a"), peer_id=spiffe_id("b"))
     b = bootstrap(cfg)
     inbound, outbound = b["static_resources"]["listeners"]
-    assert "transport_socket" in inbound["filter_chains"][0] and "transport_socket" not in outbound["filter_chains"][0]
+    assert (
+        "transport_socket" in inbound["filter_chains"][0]
+        and "transport_socket" not in outbound["filter_chains"][0]
+    )
     clusters = {c["name"]: c for c in b["static_resources"]["clusters"]}
     assert "transport_socket" in clusters["outbound_original_dst"]
     assert "transport_socket" not in clusters["inbound_original_dst"]
@@ -134,7 +151,9 @@ def test_key_ignores_regenerated_certificates(ca: CertAuthority, other_ca: CertA
     a = sidecar_mtls(EnvoyConfig(mode=Mode.HTTP), ca, ca.issue("a"))
     b = sidecar_mtls(EnvoyConfig(mode=Mode.HTTP), other_ca, other_ca.issue("a"))
     assert a.key() == b.key() != EnvoyConfig(mode=Mode.HTTP).key()
-    assert a.key() != sidecar_mtls(EnvoyConfig(mode=Mode.HTTP), ca, ca.issue("a"), version="1.2").key()
+    assert (
+        a.key() != sidecar_mtls(EnvoyConfig(mode=Mode.HTTP), ca, ca.issue("a"), version="1.2").key()
+    )
 
 
 def _have(find: Any) -> bool:
@@ -153,12 +172,12 @@ need_fortio = pytest.mark.skipif(not _have(fortio_binary), reason="fortio not in
 @pytest.mark.parametrize("mode", list(Mode))
 @pytest.mark.parametrize("version", ["1.3", "1.2"])
 def test_real_validate(ca: CertAuthority, mode: Mode, version: TlsVersion) -> None:
-    validate_config(bootstrap(sidecar_mtls(EnvoyConfig(mode=mode), ca, ca.issue("a"), version=version)))
+    validate_config(
+        bootstrap(sidecar_mtls(EnvoyConfig(mode=mode), ca, ca.issue("a"), version=version))
+    )
 
 
 # ---- a real Envoy that requires client certificates ---------------------------------------
-
-
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +187,9 @@ def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         yield port
 
 
-def _attempt(port: int, ca: CertAuthority, cred: Credential | None, tmp_path: Path, version: TlsVersion) -> str:
+def _attempt(
+    port: int, ca: CertAuthority, cred: Credential | None, tmp_path: Path, version: TlsVersion
+) -> str:
     """One HTTPS request to the inbound listener; the status line, or why it failed."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False  # the server's identity is a URI SAN, no DNS name
@@ -178,7 +199,10 @@ def _attempt(port: int, ca: CertAuthority, cred: Credential | None, tmp_path: Pa
     if cred is not None:
         ctx.load_cert_chain(*cred.write(tmp_path, "client"))
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, ctx.wrap_socket(raw) as s:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            ctx.wrap_socket(raw) as s,
+        ):
             assert s.version() == ("TLSv1.3" if version == "1.3" else "TLSv1.2")
             s.sendall(b"GET /echo HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n")
             data = s.recv(4096)
@@ -198,10 +222,18 @@ def test_real_mtls_rejects_invalid_clients(
     inbound, outbound, admin = _free_ports(3)
     server = ca.issue("server")
     cfg = sidecar_mtls(
-        EnvoyConfig(mode=Mode.HTTP, listen_address="127.0.0.1", inbound_port=inbound, outbound_port=outbound,
-                    admin_port=admin, inbound_upstream=("127.0.0.1", echo),
-                    outbound_upstream=("127.0.0.1", inbound)),  # fmt: skip
-        ca, server, version=version,
+        EnvoyConfig(
+            mode=Mode.HTTP,
+            listen_address="127.0.0.1",
+            inbound_port=inbound,
+            outbound_port=outbound,
+            admin_port=admin,
+            inbound_upstream=("127.0.0.1", echo),
+            outbound_upstream=("127.0.0.1", inbound),
+        ),
+        ca,
+        server,
+        version=version,
     )
     cases = {
         "none": None,

@@ -24,7 +24,9 @@ def upgraded() -> Profile:
 
 
 @pytest.fixture(scope="session")
-def full_inputs(measured: Profile, upgraded: Profile) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ReportInputs]:
+def full_inputs(
+    measured: Profile, upgraded: Profile
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ReportInputs]:
     """Every kind of input: examples with a what-if, many graphs in two configurations, a
     validation, a study, a measured and the published profile, and a comparison."""
     from meshtax.reference import reference_profile
@@ -35,13 +37,19 @@ def full_inputs(measured: Profile, upgraded: Profile) -> tuple[list[dict[str, An
         D.many_graphs(measured, 250, SidecarConfig(Mode.GRPC, ("lua", "rbac")), 5, "grpc+lua+rbac"),
     ]
     profiles = [measured.to_dict(), reference_profile().to_dict()]
-    extra = ReportInputs(validations=[D.validation_doc()], studies=[D.study_doc()], compare=(measured.to_dict(), upgraded.to_dict()),
-                         created=D.CREATED)
+    extra = ReportInputs(
+        validations=[D.validation_doc()],
+        studies=[D.study_doc()],
+        compare=(measured.to_dict(), upgraded.to_dict()),
+        created=D.CREATED,
+    )
     return preds, profiles, extra
 
 
 @pytest.fixture(scope="session")
-def full_report(full_inputs: tuple[list[dict[str, Any]], list[dict[str, Any]], ReportInputs]) -> Report:
+def full_report(
+    full_inputs: tuple[list[dict[str, Any]], list[dict[str, Any]], ReportInputs],
+) -> Report:
     return render_report(*full_inputs)
 
 

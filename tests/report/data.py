@@ -59,13 +59,29 @@ def measured_profile(name: str = "this-host", seed: int = 1, scale: float = 1.0)
             if kind is Kind.PARSING and mode is Mode.TCP:
                 continue
             f = scale * (1.15 if mode is Mode.GRPC else 1.0)
-            comps[Component(kind)] = ComponentModel(_fit(rng, la * f, lb * f, 0.04, False), _fit(rng, ca * f, cb * f, 0.04, True))
+            comps[Component(kind)] = ComponentModel(
+                _fit(rng, la * f, lb * f, 0.04, False), _fit(rng, ca * f, cb * f, 0.04, True)
+            )
         if mode is not Mode.TCP:
             for fname, (lat, cpu) in _FILTERS.items():
-                comps[Component(Kind.FILTER, fname)] = ComponentModel(_fit(rng, lat * scale, 0.0, 0.05, False), _fit(rng, cpu * scale, 0.0, 0.05, False))
-        total = 2 * sum(float(m.latency.predict(np.array([100.0]))[0]) for c, m in comps.items() if not c.name)
-        modes.append(ModeProfile(mode, comps, Closure(total * 1.04, total * 0.98, total * 1.1, total, 0.1)))
-    prov = Provenance("measured", "meshtax test fixture", "2026-01-01T00:00:00+00:00", "0.1.0", {"quick": True}, ("synthetic samples",))
+                comps[Component(Kind.FILTER, fname)] = ComponentModel(
+                    _fit(rng, lat * scale, 0.0, 0.05, False),
+                    _fit(rng, cpu * scale, 0.0, 0.05, False),
+                )
+        total = 2 * sum(
+            float(m.latency.predict(np.array([100.0]))[0]) for c, m in comps.items() if not c.name
+        )
+        modes.append(
+            ModeProfile(mode, comps, Closure(total * 1.04, total * 0.98, total * 1.1, total, 0.1))
+        )
+    prov = Provenance(
+        "measured",
+        "meshtax test fixture",
+        "2026-01-01T00:00:00+00:00",
+        "0.1.0",
+        {"quick": True},
+        ("synthetic samples",),
+    )
     return Profile(name, PLATFORM, prov, {m.mode: m for m in modes})
 
 
@@ -74,29 +90,49 @@ def golden_profile() -> Profile:
     comps = {
         Component(Kind.IPC): ComponentModel(CostModel(2.5, 0.001), CostModel(4.0, 0.002)),
         Component(Kind.READ): ComponentModel(CostModel(1.5, 0.0005), CostModel(3.0)),
-        Component(Kind.WRITE): ComponentModel(CostModel(3.0, 0.0005, split_bytes=16384, per_unit=1.0), CostModel(5.0)),
+        Component(Kind.WRITE): ComponentModel(
+            CostModel(3.0, 0.0005, split_bytes=16384, per_unit=1.0), CostModel(5.0)
+        ),
         Component(Kind.PARSING): ComponentModel(CostModel(12.0, 0.002), CostModel(20.0, 0.004)),
         Component(Kind.OTHER): ComponentModel(CostModel(8.0), CostModel(14.0)),
         Component(Kind.FILTER, "lua"): ComponentModel(CostModel(9.0), CostModel(20.0)),
     }
     tcp = {c: m for c, m in comps.items() if c.kind not in (Kind.PARSING, Kind.FILTER)}
     prov = Provenance("measured", "golden fixture", "2026-01-01T00:00:00+00:00", "0.1.0", {}, ())
-    return Profile("golden", PLATFORM, prov, {
-        Mode.TCP: ModeProfile(Mode.TCP, tcp, Closure(30.0, 28.0, 32.0, 30.5, 0.1)),
-        Mode.HTTP: ModeProfile(Mode.HTTP, comps),
-        Mode.GRPC: ModeProfile(Mode.GRPC, comps),
-    })
+    return Profile(
+        "golden",
+        PLATFORM,
+        prov,
+        {
+            Mode.TCP: ModeProfile(Mode.TCP, tcp, Closure(30.0, 28.0, 32.0, 30.5, 0.1)),
+            Mode.HTTP: ModeProfile(Mode.HTTP, comps),
+            Mode.GRPC: ModeProfile(Mode.GRPC, comps),
+        },
+    )
 
 
 def example_paths() -> list[Path]:
     d = resources.files("meshtax") / "data" / "examples"
-    return sorted(Path(str(p)) for p in d.iterdir() if p.name.endswith(".yaml") and not p.name.startswith("speedup"))
+    return sorted(
+        Path(str(p))
+        for p in d.iterdir()
+        if p.name.endswith(".yaml") and not p.name.startswith("speedup")
+    )
 
 
-SPEEDUP = {"name": "paper-optimizations", "scale": {"ipc": "-30%", "write": "-50%", "parsing": "-20%"}}
+SPEEDUP = {
+    "name": "paper-optimizations",
+    "scale": {"ipc": "-30%", "write": "-50%", "parsing": "-20%"},
+}
 
 
-def prediction(profile: Profile, paths: list[Path] | None = None, *, whatif: bool = True, label: str | None = None) -> dict[str, Any]:
+def prediction(
+    profile: Profile,
+    paths: list[Path] | None = None,
+    *,
+    whatif: bool = True,
+    label: str | None = None,
+) -> dict[str, Any]:
     ecgs = [e for p in (paths or example_paths()) for e in load_ecg_file(str(p))]
     batch = to_batch(ecgs)
     bp = predict_batch(batch, single_profile(profile))
@@ -105,14 +141,23 @@ def prediction(profile: Profile, paths: list[Path] | None = None, *, whatif: boo
         sp = speedup_from_dict(SPEEDUP)
         after, _ = apply_speedup(profile, sp)
         wi = (sp.describe(), predict_batch(batch, single_profile(after)), after)
-    doc = prediction_document(batch, bp, profile, host=HOST, options={"ecg_files": [p.name for p in (paths or example_paths())]},
-                              whatif=wi, created=CREATED)
+    doc = prediction_document(
+        batch,
+        bp,
+        profile,
+        host=HOST,
+        options={"ecg_files": [p.name for p in (paths or example_paths())]},
+        whatif=wi,
+        created=CREATED,
+    )
     if label:
         doc["label"] = label
     return doc
 
 
-def many_graphs(profile: Profile, n: int, config: SidecarConfig, seed: int, label: str) -> dict[str, Any]:
+def many_graphs(
+    profile: Profile, n: int, config: SidecarConfig, seed: int, label: str
+) -> dict[str, Any]:
     """``n`` random call trees (depth ≤ 4, fan-out 1–4) under one sidecar configuration."""
     rng = np.random.default_rng(seed)
     b = BatchBuilder()
@@ -121,10 +166,20 @@ def many_graphs(profile: Profile, n: int, config: SidecarConfig, seed: int, labe
         rows: list[tuple[int, int, int, float, float, float, float, float]] = []
 
         def grow(parent: int, caller: int, depth: int, start: float, dur: float) -> None:
-            me = len(rows)
+            me = len(rows)  # noqa: B023
             callee = svcs[int(rng.integers(len(svcs)))]
-            rows.append((parent, caller, callee, float(rng.choice([100, 500, 2000])), float(rng.choice([200, 1000, 8000])),
-                         1000.0, start, dur))
+            rows.append(  # noqa: B023
+                (
+                    parent,
+                    caller,
+                    callee,
+                    float(rng.choice([100, 500, 2000])),
+                    float(rng.choice([200, 1000, 8000])),
+                    1000.0,
+                    start,
+                    dur,
+                )
+            )
             if depth < 4 and rng.random() < 0.7:
                 k = int(rng.integers(1, 5))
                 t = start + 0.05 * dur
@@ -147,13 +202,31 @@ def validation_doc() -> dict[str, Any]:
     for i, q in enumerate(("boutique-index", "boutique-browse", "hotel-search")):
         for mode in ("http", "grpc"):
             m = 900.0 + 150 * i + (200 if mode == "grpc" else 0)
-            cases.append({"name": q, "mode": mode, "latency": {"predicted": m * (1.05 - 0.04 * i), "measured": m, "lo": m * 0.95, "hi": m * 1.06},
-                          "cpu": {"predicted": 1.2 + 0.1 * i, "measured": 1.25 + 0.08 * i}})
+            cases.append(
+                {
+                    "name": q,
+                    "mode": mode,
+                    "latency": {
+                        "predicted": m * (1.05 - 0.04 * i),
+                        "measured": m,
+                        "lo": m * 0.95,
+                        "hi": m * 1.06,
+                    },
+                    "cpu": {"predicted": 1.2 + 0.1 * i, "measured": 1.25 + 0.08 * i},
+                }
+            )
     return {"format": "meshtax-validation/1", "name": "synthetic validation", "cases": cases}
 
 
 def study_doc(seed: int = 3) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
-    return {"format": "meshtax-study/1", "name": "synthetic study", "configurations": {
-        "study tcp": {"latency_overhead_pct": list(rng.lognormal(1.5, 0.6, 500)), "cpu_vcpu": list(rng.lognormal(-1.0, 0.8, 500))},
-    }}
+    return {
+        "format": "meshtax-study/1",
+        "name": "synthetic study",
+        "configurations": {
+            "study tcp": {
+                "latency_overhead_pct": list(rng.lognormal(1.5, 0.6, 500)),
+                "cpu_vcpu": list(rng.lognormal(-1.0, 0.8, 500)),
+            },
+        },
+    }

@@ -15,13 +15,26 @@ import pytest
 
 from meshtax.report.build import Report
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+CHROMIUM = shutil.which("chromium") or (
+    "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+)
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "report"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium; see requirements/apt.txt)"),
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="chromium not installed (apt-get install chromium; see requirements/apt.txt)",
+    ),
 ]
 
 # per figure: is it in the layout, how big is its SVG, how many drawn shapes does it have
@@ -36,13 +49,27 @@ PROBE = """() => [...document.querySelectorAll('figure.mt-figure')].map(f => {
 })"""
 
 
-def test_report_renders_every_figure_in_chromium(full_report: Report, full_report_file: Path) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed (pip install playwright)")
+def test_report_renders_every_figure_in_chromium(
+    full_report: Report, full_report_file: Path
+) -> None:
+    sync_api = pytest.importorskip(
+        "playwright.sync_api",
+        reason="the playwright Python package is not installed (pip install playwright)",
+    )
     assert CHROMIUM is not None
     requests: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="meshtax-chromium-") as profile_dir, sync_api.sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(profile_dir, executable_path=CHROMIUM, args=ARGS, headless=True,
-                                                    viewport={"width": 1280, "height": 900}, offline=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="meshtax-chromium-") as profile_dir,
+        sync_api.sync_playwright() as pw,
+    ):
+        ctx = pw.chromium.launch_persistent_context(
+            profile_dir,
+            executable_path=CHROMIUM,
+            args=ARGS,
+            headless=True,
+            viewport={"width": 1280, "height": 900},
+            offline=True,
+        )
         try:
             page = ctx.new_page()
             errors: list[str] = []
@@ -58,8 +85,12 @@ def test_report_renders_every_figure_in_chromium(full_report: Report, full_repor
             ctx.close()
     assert title == "meshtax report"
     assert errors == []
-    assert requests == [full_report_file.as_uri()]  # nothing fetched but the file itself: works offline
-    assert [f["id"] for f in figs] == [c.id for c in full_report.charts]  # every figure drawn, in order
+    assert requests == [
+        full_report_file.as_uri()
+    ]  # nothing fetched but the file itself: works offline
+    assert [f["id"] for f in figs] == [
+        c.id for c in full_report.charts
+    ]  # every figure drawn, in order
     for f in figs:
         assert f["width"] > 100 and f["height"] > 50, f
         assert f["bboxW"] > 50 and f["bboxH"] > 20, f

@@ -21,16 +21,35 @@ def _paths(svg: str) -> int:
 
 def test_profile_figures_of_a_measured_profile(measured: Profile) -> None:
     doc = measured.to_dict()
-    charts = [F.breakdown_chart(doc), F.filters_chart(doc), F.latency_size_chart(doc), F.cpu_chart(doc)]
-    assert [c.kind if c else None for c in charts] == ["breakdown", "filters", "latency-size", "cpu-size-rate"]
+    charts = [
+        F.breakdown_chart(doc),
+        F.filters_chart(doc),
+        F.latency_size_chart(doc),
+        F.cpu_chart(doc),
+    ]
+    assert [c.kind if c else None for c in charts] == [
+        "breakdown",
+        "filters",
+        "latency-size",
+        "cpu-size-rate",
+    ]
     for c in charts:
-        assert c is not None and c.svg.startswith("<svg") and c.svg.rstrip().endswith("</svg>") and _paths(c.svg) > 10
+        assert (
+            c is not None
+            and c.svg.startswith("<svg")
+            and c.svg.rstrip().endswith("</svg>")
+            and _paths(c.svg) > 10
+        )
 
 
 def test_published_profile_has_a_breakdown_but_no_sample_figures() -> None:
     doc = reference_profile().to_dict()
     assert F.breakdown_chart(doc) is not None
-    assert F.filters_chart(doc) is None and F.latency_size_chart(doc) is None and F.cpu_chart(doc) is None
+    assert (
+        F.filters_chart(doc) is None
+        and F.latency_size_chart(doc) is None
+        and F.cpu_chart(doc) is None
+    )
 
 
 def test_callgraph_highlights_exactly_the_critical_hops() -> None:
@@ -71,15 +90,29 @@ def test_ids_are_unique_across_the_whole_report(full_report: Report) -> None:
     dup = [i for i, n in Counter(ids).items() if n > 1]
     assert dup == []
     # every reference inside an SVG points at an element of the same page
-    refs = set(re.findall(r'url\(#([^)]+)\)', full_report.html)) | set(re.findall(r'href="#([^"]+)"', full_report.html))
+    refs = set(re.findall(r"url\(#([^)]+)\)", full_report.html)) | set(
+        re.findall(r'href="#([^"]+)"', full_report.html)
+    )
     assert refs <= set(ids)
 
 
 def test_full_report_draws_every_kind(full_report: Report) -> None:
     kinds = Counter(c.kind for c in full_report.charts)
-    assert set(kinds) == {"overview", "callgraph", "whatif", "cdf", "validation", "breakdown", "filters", "latency-size",
-                          "cpu-size-rate", "comparison"}
-    assert kinds["breakdown"] == 2 and kinds["latency-size"] == 1  # the published profile has no samples
+    assert set(kinds) == {
+        "overview",
+        "callgraph",
+        "whatif",
+        "cdf",
+        "validation",
+        "breakdown",
+        "filters",
+        "latency-size",
+        "cpu-size-rate",
+        "comparison",
+    }
+    assert (
+        kinds["breakdown"] == 2 and kinds["latency-size"] == 1
+    )  # the published profile has no samples
     assert any("no latency samples" in n for n in full_report.notes)
 
 

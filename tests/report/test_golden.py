@@ -26,7 +26,9 @@ def _check(name: str, text: str) -> None:
     if os.environ.get("MESHTAX_UPDATE_GOLDEN"):
         path.write_text(text, encoding="utf-8")
     assert path.exists(), f"{path} missing: run with MESHTAX_UPDATE_GOLDEN=1 to create it"
-    assert text == path.read_text(encoding="utf-8"), f"{name} differs from its golden file (MESHTAX_UPDATE_GOLDEN=1 to accept)"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"{name} differs from its golden file (MESHTAX_UPDATE_GOLDEN=1 to accept)"
+    )
 
 
 def _prediction() -> dict[str, Any]:

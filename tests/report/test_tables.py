@@ -20,7 +20,9 @@ from tests.report import data as D
         ("grpc", "other", 16.0, 0.84),
     ],
 )
-def test_breakdown_is_one_request_through_one_sidecar(mode: str, key: str, latency_us: float, cpu_vcpu: float) -> None:
+def test_breakdown_is_one_request_through_one_sidecar(
+    mode: str, key: str, latency_us: float, cpu_vcpu: float
+) -> None:
     m = {b.mode: b for b in T.breakdown(D.golden_profile().to_dict())}[mode]
     assert m.latency_us[key].value == pytest.approx(latency_us)
     assert m.cpu_vcpu[key].value == pytest.approx(cpu_vcpu)
@@ -39,7 +41,9 @@ def test_fitted_models_carry_intervals_and_samples() -> None:
     m = T.breakdown(doc)[0]
     assert all(c.half > 0 for c in m.latency_us.values())
     tot = m.total("latency")
-    assert tot.half == pytest.approx(np.sqrt(sum(m.latency_us[k].half ** 2 for k in m.base_components())))
+    assert tot.half == pytest.approx(
+        np.sqrt(sum(m.latency_us[k].half ** 2 for k in m.base_components()))
+    )
     lat = T.sample_series(doc, "latency")
     assert {s.mode for s in lat} == {"tcp", "http", "grpc"}
     assert all(s.sizes.size == len(D.SIZES) for s in lat)
@@ -60,13 +64,19 @@ def test_comparison_differences_and_missing_components() -> None:
     cmp = T.compare_profiles(a, reference_profile().to_dict())
     rows = {(r.mode, r.component): r for r in cmp.rows}
     ipc = rows[("http", "ipc")]
-    assert ipc.latency_a == pytest.approx(5.2) and ipc.latency_b is None and ipc.latency_diff == (None, None)
+    assert (
+        ipc.latency_a == pytest.approx(5.2)
+        and ipc.latency_b is None
+        and ipc.latency_diff == (None, None)
+    )
     total = rows[("http", "total")]
     assert total.latency_a == pytest.approx(54.8)
     assert total.latency_b == pytest.approx(165.17)  # the paper's HTTP total, Table 2
     d, pct = total.latency_diff
     assert d == pytest.approx(165.17 - 54.8) and pct == pytest.approx((165.17 - 54.8) / 54.8 * 100)
-    assert [r.component for r in cmp.rows if r.mode == "http"][-1] == "filter:lua"  # filters after the total
+    assert [r.component for r in cmp.rows if r.mode == "http"][
+        -1
+    ] == "filter:lua"  # filters after the total
 
 
 def test_doc_labels_are_unique() -> None:
@@ -81,7 +91,9 @@ def test_prediction_distributions_include_the_whatif_after() -> None:
     before, after = T.prediction_distributions("x", doc)
     assert before.latency_pct.size == after.latency_pct.size == len(doc["graphs"])
     g0, a0 = doc["graphs"][0], doc["whatif"]["per_graph_after"][0]
-    assert after.latency_pct[0] == pytest.approx(100 * a0["latency_overhead_us"] / g0["base_latency_us"])
+    assert after.latency_pct[0] == pytest.approx(
+        100 * a0["latency_overhead_us"] / g0["base_latency_us"]
+    )
     assert np.all(after.cpu_vcpu <= before.cpu_vcpu)  # a speedup never costs more
 
 
@@ -95,19 +107,42 @@ def test_cdf_is_thinned_but_keeps_its_ends() -> None:
 @pytest.mark.parametrize(
     "case",
     [
-        {"name": "q", "mode": "http", "latency": {"predicted": 110.0, "measured": 100.0, "lo": 95.0, "hi": 104.0}},
-        {"name": "q", "mode": "http", "metric": "latency", "predicted": 110.0, "measured": 100.0, "measured_lo": 95.0, "measured_hi": 104.0},
+        {
+            "name": "q",
+            "mode": "http",
+            "latency": {"predicted": 110.0, "measured": 100.0, "lo": 95.0, "hi": 104.0},
+        },
+        {
+            "name": "q",
+            "mode": "http",
+            "metric": "latency",
+            "predicted": 110.0,
+            "measured": 100.0,
+            "measured_lo": 95.0,
+            "measured_hi": 104.0,
+        },
     ],
 )
 def test_validation_cases_nested_or_flat(case: dict[str, object]) -> None:
     (c,) = T.validation_cases({"cases": [case]})
-    assert (c.name, c.metric, c.predicted, c.measured, c.measured_lo, c.measured_hi) == ("q (http)", "latency", 110.0, 100.0, 95.0, 104.0)
+    assert (c.name, c.metric, c.predicted, c.measured, c.measured_lo, c.measured_hi) == (
+        "q (http)",
+        "latency",
+        110.0,
+        100.0,
+        95.0,
+        104.0,
+    )
     assert c.error_pct == pytest.approx(10.0)
 
 
 def test_study_distributions_drop_missing_values() -> None:
-    (d,) = T.study_distributions({"configurations": {"tcp": {"latency_overhead_pct": [1.0, None, 3.0], "cpu_vcpu": [0.5]}}})
-    assert d.label == "tcp" and d.latency_pct.tolist() == [1.0, 3.0] and d.cpu_vcpu.tolist() == [0.5]
+    (d,) = T.study_distributions(
+        {"configurations": {"tcp": {"latency_overhead_pct": [1.0, None, 3.0], "cpu_vcpu": [0.5]}}}
+    )
+    assert (
+        d.label == "tcp" and d.latency_pct.tolist() == [1.0, 3.0] and d.cpu_vcpu.tolist() == [0.5]
+    )
 
 
 def _with_carried() -> dict[str, object]:
@@ -122,10 +157,17 @@ def _with_carried() -> dict[str, object]:
 
     prof = D.golden_profile()
     tcp = prof.modes[Mode.TCP]
-    carried = ModeProfile(Mode.TCP, {Component(Kind.IPC): ComponentModel(CostModel(5.0), CostModel(10.0)),
-                                     Component(Kind.OTHER): ComponentModel(CostModel(7.0), CostModel(25.0))},
-                          Closure(10.0, 9.0, 11.0, 12.0, 0.15))  # fmt: skip
-    return replace(prof, modes={**prof.modes, Mode.TCP: replace(tcp, carried={"grpc": carried})}).to_dict()
+    carried = ModeProfile(
+        Mode.TCP,
+        {
+            Component(Kind.IPC): ComponentModel(CostModel(5.0), CostModel(10.0)),
+            Component(Kind.OTHER): ComponentModel(CostModel(7.0), CostModel(25.0)),
+        },
+        Closure(10.0, 9.0, 11.0, 12.0, 0.15),
+    )
+    return replace(
+        prof, modes={**prof.modes, Mode.TCP: replace(tcp, carried={"grpc": carried})}
+    ).to_dict()
 
 
 def test_breakdown_shows_carried_models_right_after_their_mode() -> None:
@@ -138,7 +180,11 @@ def test_breakdown_shows_carried_models_right_after_their_mode() -> None:
     assert g.cpu_vcpu["ipc"].value == pytest.approx(2 * 10.0 * 0.03)
     assert g.cpu_vcpu["other"].value == pytest.approx(2 * 25.0 * 0.03)
     assert g.total("latency").value == pytest.approx(24.0)
-    assert g.closure is not None and g.closure["components_us"] == 12.0 and g.closure["measured_us"] == 10.0
+    assert (
+        g.closure is not None
+        and g.closure["components_us"] == 12.0
+        and g.closure["measured_us"] == 10.0
+    )
     # a document without carried models (older format: no key at all) is unchanged
     doc = D.golden_profile().to_dict()
     for mp in doc["modes"].values():
@@ -149,6 +195,12 @@ def test_breakdown_shows_carried_models_right_after_their_mode() -> None:
 def test_html_report_has_carried_columns(tmp_path: Path) -> None:
     from meshtax.report.build import build_report
 
-    html = build_report([], [_with_carried()], out_path=tmp_path / "r.html").read_text(encoding="utf-8")
+    html = build_report([], [_with_carried()], out_path=tmp_path / "r.html").read_text(
+        encoding="utf-8"
+    )
     assert "tcp+grpc latency (µs)" in html and "tcp+grpc CPU (vCPU)" in html
-    assert html.index("tcp CPU (vCPU)") < html.index("tcp+grpc latency (µs)") < html.index("http latency (µs)")
+    assert (
+        html.index("tcp CPU (vCPU)")
+        < html.index("tcp+grpc latency (µs)")
+        < html.index("http latency (µs)")
+    )

@@ -55,8 +55,10 @@ def test_migration_from_v1_backfills_samples(tmp_path: Path) -> None:
     with closing(sqlite3.connect(path)) as db, db:
         _v1(db)
         db.execute("PRAGMA user_version = 1")
-        db.execute("INSERT INTO profiles(name, platform_key, source, created, document) VALUES (?,?,?,?,?)",
-                   ("m1", "k", "measured", "2026-11-22", json.dumps(doc)))
+        db.execute(
+            "INSERT INTO profiles(name, platform_key, source, created, document) VALUES (?,?,?,?,?)",
+            ("m1", "k", "measured", "2026-11-22", json.dumps(doc)),
+        )
     s = ProfileStore(path)  # migrates on open
     with closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

@@ -56,7 +56,10 @@ def test_real_samples_import_with_report(name: str, orphans: str) -> None:
 
 def test_v2021_sample_numbers() -> None:
     r = load_traces(_need("v2021-sample.csv.gz")).report
-    assert (r.rows_read, r.graphs_seen) == (967, 17)  # the data README says 966; the file has 967 data lines (no final newline)
+    assert (r.rows_read, r.graphs_seen) == (
+        967,
+        17,
+    )  # the data README says 966; the file has 967 data lines (no final newline)
 
 
 def test_v2022_sample_numbers() -> None:
@@ -73,19 +76,23 @@ def _write(tmp_path: Path, text: str, name: str = "t.csv") -> Path:
 def test_v2021_exact_small_trace(tmp_path: Path) -> None:
     # caller (rt 10) and callee (rt -9) lines of 0.1 merge; 0.1.1 has no callee-side line;
     # 0.1.2 is a memcached call to two servers (two calls); 0.2.1's parent 0.2 is missing.
-    text = H21 + "\n".join(
-        [
-            "T1,1000,0,,http,A,i,20",
-            "T1,1001,0.1,A,rpc,B,i,10",
-            "T1,1001,0.1,(?),rpc,B,i,-9",
-            "T1,1002,0.1.1,B,rpc,C,i,5",
-            "T1,1003,0.1.2,B,mc,M1,i,0",
-            "T1,1003,0.1.2,B,mc,M2,i,0",
-            "T1,1005,0.2.1,A,rpc,D,i,3",
-            "T1,1005,0.3,A,rpc,E,i,abc",
-            "T2,1000,x.1,A,rpc,B,i,1",
-        ]
-    ) + "\n"
+    text = (
+        H21
+        + "\n".join(
+            [
+                "T1,1000,0,,http,A,i,20",
+                "T1,1001,0.1,A,rpc,B,i,10",
+                "T1,1001,0.1,(?),rpc,B,i,-9",
+                "T1,1002,0.1.1,B,rpc,C,i,5",
+                "T1,1003,0.1.2,B,mc,M1,i,0",
+                "T1,1003,0.1.2,B,mc,M2,i,0",
+                "T1,1005,0.2.1,A,rpc,D,i,3",
+                "T1,1005,0.3,A,rpc,E,i,abc",
+                "T2,1000,x.1,A,rpc,B,i,1",
+            ]
+        )
+        + "\n"
+    )
     r = load_traces(_write(tmp_path, text), "alibaba-v2021")
     b, rep = r.batch, r.report
     assert rep.rows_read == 9
@@ -125,17 +132,31 @@ def test_bucketed_streaming_equals_in_memory(tmp_path: Path) -> None:
     src = _need("v2021-sample.csv.gz")
     one = load_traces(src).batch
     rep = ImportReport("x", "alibaba-v2021")
-    parts = list(iter_alibaba(src, None, AlibabaOptions(bucket_bytes=20_000, partition_graphs=3), rep))
+    parts = list(
+        iter_alibaba(src, None, AlibabaOptions(bucket_bytes=20_000, partition_graphs=3), rep)
+    )
     assert len(parts) > 3  # several buckets and partitions
     by_name = {}
     for b in parts:
         for g, name in enumerate(b.graph_names):
             lo, hi = b.graph_ptr[g], b.graph_ptr[g + 1]
-            by_name[name] = sorted(zip(b.start_us[lo:hi], b.duration_us[lo:hi], [b.services[i] for i in b.callee[lo:hi]]))
+            by_name[name] = sorted(
+                zip(
+                    b.start_us[lo:hi],
+                    b.duration_us[lo:hi],
+                    [b.services[i] for i in b.callee[lo:hi]],
+                )
+            )
     assert len(by_name) == one.n_graphs
     for g, name in enumerate(one.graph_names):
         lo, hi = one.graph_ptr[g], one.graph_ptr[g + 1]
-        assert by_name[name] == sorted(zip(one.start_us[lo:hi], one.duration_us[lo:hi], [one.services[i] for i in one.callee[lo:hi]]))
+        assert by_name[name] == sorted(
+            zip(
+                one.start_us[lo:hi],
+                one.duration_us[lo:hi],
+                [one.services[i] for i in one.callee[lo:hi]],
+            )
+        )
 
 
 def test_wrong_columns(tmp_path: Path) -> None:
@@ -167,17 +188,36 @@ def test_rows_with_wrong_field_count_are_counted(tmp_path: Path) -> None:
     assert r.report.dropped_rows["wrong number of fields"] == 1 and r.batch.n_invocations == 1
 
 
-rpcids = st.lists(st.integers(0, 3), min_size=0, max_size=4).map(lambda xs: ".".join(["0", *map(str, xs)]))
-cells = st.one_of(st.sampled_from(["", "(?)", "NAN", "UNKNOWN", "A", "B", "C"]), st.text("AB?(", max_size=3))
-rts = st.one_of(st.integers(-50, 50).map(str), st.sampled_from(["", "abc", "1e3", "nan", "-0", "2.5"]))
-rows = st.tuples(st.sampled_from(["T1", "T2", "T3", ""]), st.integers(0, 9).map(str), st.one_of(rpcids, st.sampled_from(["0..1", "x", ""])), cells, st.sampled_from(["rpc", "mc", "http", "db"]), cells, rts)
+rpcids = st.lists(st.integers(0, 3), min_size=0, max_size=4).map(
+    lambda xs: ".".join(["0", *map(str, xs)])
+)
+cells = st.one_of(
+    st.sampled_from(["", "(?)", "NAN", "UNKNOWN", "A", "B", "C"]), st.text("AB?(", max_size=3)
+)
+rts = st.one_of(
+    st.integers(-50, 50).map(str), st.sampled_from(["", "abc", "1e3", "nan", "-0", "2.5"])
+)
+rows = st.tuples(
+    st.sampled_from(["T1", "T2", "T3", ""]),
+    st.integers(0, 9).map(str),
+    st.one_of(rpcids, st.sampled_from(["0..1", "x", ""])),
+    cells,
+    st.sampled_from(["rpc", "mc", "http", "db"]),
+    cells,
+    rts,
+)
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(rows, max_size=30), st.sampled_from(["attach", "drop-rows", "drop-graph"]))
-def test_fuzz_rows_never_crash_and_balance(tmp_path_factory: pytest.TempPathFactory, rs: list[tuple[str, ...]], orphans: str) -> None:
+def test_fuzz_rows_never_crash_and_balance(
+    tmp_path_factory: pytest.TempPathFactory, rs: list[tuple[str, ...]], orphans: str
+) -> None:
     p = tmp_path_factory.mktemp("fz") / "f.csv"
-    p.write_text(H21 + "".join(f"{t},{ts},{rid},{um},{ty},{dm},i,{rt}\n" for t, ts, rid, um, ty, dm, rt in rs))
+    p.write_text(
+        H21
+        + "".join(f"{t},{ts},{rid},{um},{ty},{dm},i,{rt}\n" for t, ts, rid, um, ty, dm, rt in rs)
+    )
     r = load_traces(p, "alibaba-v2021", AlibabaOptions(orphans=orphans))  # type: ignore[arg-type]
     _balanced(r.report)
     _parents_first(r.batch)

@@ -38,29 +38,66 @@ def test_good_file_with_defaults(tmp_path: Path) -> None:
     assert (r.request_bytes, r.response_bytes, r.rate) == (200, 100, 50)
     assert (y.rate, y.response_bytes) == (7, 900)
     assert g.services["a"].sidecar.mode is Mode.GRPC and not g.services["b"].sidecar.meshed
-    assert g.services["c"].sidecar.filters == ("lua",) and g.services["c"].sidecar.mtls and g.services["c"].platform == "reference"
+    assert (
+        g.services["c"].sidecar.filters == ("lua",)
+        and g.services["c"].sidecar.mtls
+        and g.services["c"].platform == "reference"
+    )
 
 
 def test_json_and_multiple_graphs(tmp_path: Path) -> None:
     import json
 
-    doc = {"name": "api", "services": {"a": {}}, "graphs": [
-        {"invocations": [{"callee": "a", "duration_us": 10}]}, {"name": "slow", "invocations": [{"callee": "a", "duration_us": 20}]}]}
+    doc = {
+        "name": "api",
+        "services": {"a": {}},
+        "graphs": [
+            {"invocations": [{"callee": "a", "duration_us": 10}]},
+            {"name": "slow", "invocations": [{"callee": "a", "duration_us": 20}]},
+        ],
+    }
     gs = load_ecg_file(write(tmp_path, json.dumps(doc), "g.json"))
     assert [g.name for g in gs] == ["api#0", "slow"]
 
 
 BAD = [
-    ("negative size", GOOD.replace("response_bytes: 900", "response_bytes: -5"), "invocations[2].response_bytes: -5; expected a number ≥ 0"),
-    ("unknown service", GOOD.replace("callee: b,", "callee: nope,"), "invocations[1] (id 'x').callee: unknown service 'nope'"),
-    ("unknown parent", GOOD.replace("parent: r, callee: b", "parent: q, callee: b"), "invocations[1] (id 'x').parent: unknown invocation id 'q'"),
-    ("ends after parent", GOOD.replace("start_us: 40, duration_us: 20", "start_us: 40, duration_us: 90"),
-     "invocations[2] (id 'y').duration_us: ends at 130 µs, after its parent 'r' ends (100 µs)"),
+    (
+        "negative size",
+        GOOD.replace("response_bytes: 900", "response_bytes: -5"),
+        "invocations[2].response_bytes: -5; expected a number ≥ 0",
+    ),
+    (
+        "unknown service",
+        GOOD.replace("callee: b,", "callee: nope,"),
+        "invocations[1] (id 'x').callee: unknown service 'nope'",
+    ),
+    (
+        "unknown parent",
+        GOOD.replace("parent: r, callee: b", "parent: q, callee: b"),
+        "invocations[1] (id 'x').parent: unknown invocation id 'q'",
+    ),
+    (
+        "ends after parent",
+        GOOD.replace("start_us: 40, duration_us: 20", "start_us: 40, duration_us: 90"),
+        "invocations[2] (id 'y').duration_us: ends at 130 µs, after its parent 'r' ends (100 µs)",
+    ),
     ("starts before parent", GOOD.replace("start_us: 10,", "start_us: -10,"), "starts (0 µs)"),
-    ("wrong type", GOOD.replace("rate: 50", "rate: fast"), "rate: 'fast' is a str; expected number"),
-    ("unknown field", GOOD.replace("rate: 50", "rate: 50\nspeed: 3"), "Additional properties are not allowed ('speed' was unexpected)"),
+    (
+        "wrong type",
+        GOOD.replace("rate: 50", "rate: fast"),
+        "rate: 'fast' is a str; expected number",
+    ),
+    (
+        "unknown field",
+        GOOD.replace("rate: 50", "rate: 50\nspeed: 3"),
+        "Additional properties are not allowed ('speed' was unexpected)",
+    ),
     ("bad mode", GOOD.replace("mode: grpc", "mode: quic"), "defaults.sidecar"),
-    ("missing callee", GOOD.replace("{id: r, callee: a,", "{id: r,"), "'callee' is a required property"),
+    (
+        "missing callee",
+        GOOD.replace("{id: r, callee: a,", "{id: r,"),
+        "'callee' is a required property",
+    ),
     ("duplicate id", GOOD.replace("{id: x,", "{id: r,"), "duplicate id"),
     ("yaml syntax", "services: [a\n", "YAML syntax error"),
     ("empty", "  \n", "the file is empty"),
@@ -70,7 +107,9 @@ BAD = [
 
 
 @pytest.mark.parametrize(("case", "text", "message"), BAD, ids=[b[0] for b in BAD])
-def test_malformed_files_are_reported_clearly(tmp_path: Path, case: str, text: str, message: str) -> None:
+def test_malformed_files_are_reported_clearly(
+    tmp_path: Path, case: str, text: str, message: str
+) -> None:
     p = write(tmp_path, text)
     with pytest.raises(ECGError) as e:
         load_ecg_file(p)
@@ -91,7 +130,9 @@ invocations:
 
 
 def test_all_problems_reported_together(tmp_path: Path) -> None:
-    text = GOOD.replace("callee: b,", "callee: nope,").replace("start_us: 40, duration_us: 20", "start_us: 40, duration_us: 90")
+    text = GOOD.replace("callee: b,", "callee: nope,").replace(
+        "start_us: 40, duration_us: 20", "start_us: 40, duration_us: 90"
+    )
     with pytest.raises(ECGError) as e:
         load_ecg_file(write(tmp_path, text))
     assert len(e.value.problems) == 2
@@ -106,7 +147,9 @@ def test_bundled_examples_load() -> None:
     from importlib import resources
 
     root = resources.files("meshtax").joinpath("data/examples")
-    names = sorted(f.name for f in root.iterdir() if f.name.endswith(".yaml") and "speedup" not in f.name)
+    names = sorted(
+        f.name for f in root.iterdir() if f.name.endswith(".yaml") and "speedup" not in f.name
+    )
     assert len(names) == 7
     for n in names:
         with resources.as_file(root.joinpath(n)) as p:
@@ -121,17 +164,23 @@ def test_protocol_per_call_and_default(tmp_path: Path) -> None:
     )
     (g,) = load_ecg_file(p)
     assert [i.protocol for i in g.invocations] == ["grpc", "http"]
-    p.write_text("services: {a: {sidecar: tcp}}\ninvocations:\n  - {id: r, callee: a, protocol: thrift}\n")
+    p.write_text(
+        "services: {a: {sidecar: tcp}}\ninvocations:\n  - {id: r, callee: a, protocol: thrift}\n"
+    )
     with pytest.raises(ECGError, match="protocol"):
         load_ecg_file(p)
 
 
 def test_new_connections_share(tmp_path: Path) -> None:
     p = tmp_path / "g.yaml"
-    p.write_text("services: {a: {sidecar: http}}\ninvocations:\n  - {id: r, callee: a, new_connections: 0.5}\n")
+    p.write_text(
+        "services: {a: {sidecar: http}}\ninvocations:\n  - {id: r, callee: a, new_connections: 0.5}\n"
+    )
     (g,) = load_ecg_file(p)
     assert g.invocations[0].new_connections == 0.5
-    p.write_text("services: {a: {sidecar: http}}\ninvocations:\n  - {id: r, callee: a, new_connections: 2}\n")
+    p.write_text(
+        "services: {a: {sidecar: http}}\ninvocations:\n  - {id: r, callee: a, new_connections: 2}\n"
+    )
     with pytest.raises(ECGError, match="new_connections"):
         load_ecg_file(p)
 
@@ -147,11 +196,17 @@ def test_tls_version_of_a_sidecar(tmp_path: Path) -> None:
     s = {k: (v.sidecar.mtls, v.sidecar.tls_version) for k, v in g.services.items()}
     # switching mTLS off drops the default's version with it
     assert s == {"a": (True, "1.2"), "b": (False, None), "c": (True, "1.3")}
-    p.write_text("services: {a: {sidecar: {mode: tcp, tls_version: '1.3'}}, b: {sidecar: {mode: tcp, mtls: true, tls_version: '1.1'}}}\n"
-                 "invocations:\n  - {id: r, callee: a}\n")
+    p.write_text(
+        "services: {a: {sidecar: {mode: tcp, tls_version: '1.3'}}, b: {sidecar: {mode: tcp, mtls: true, tls_version: '1.1'}}}\n"
+        "invocations:\n  - {id: r, callee: a}\n"
+    )
     with pytest.raises(ECGError) as e:
         load_ecg_file(p)
     assert "services.b.sidecar.tls_version: '1.1' is not one of ['1.2', '1.3']" in str(e.value)
-    p.write_text("services: {a: {sidecar: {mode: tcp, tls_version: '1.3'}}}\ninvocations:\n  - {id: r, callee: a}\n")
-    with pytest.raises(ECGError, match=r"services.a.sidecar: tls_version 1.3 without mtls: set mtls: true"):
+    p.write_text(
+        "services: {a: {sidecar: {mode: tcp, tls_version: '1.3'}}}\ninvocations:\n  - {id: r, callee: a}\n"
+    )
+    with pytest.raises(
+        ECGError, match=r"services.a.sidecar: tls_version 1.3 without mtls: set mtls: true"
+    ):
         load_ecg_file(p)

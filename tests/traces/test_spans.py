@@ -30,7 +30,15 @@ EXPECTED = {
 def _calls(ecg):  # type: ignore[no-untyped-def]
     by = {i.id: i for i in ecg.invocations}
     return {
-        (i.caller, i.callee, i.start_us, i.duration_us, i.request_bytes, i.response_bytes, None if i.parent is None else by[i.parent].callee)
+        (
+            i.caller,
+            i.callee,
+            i.start_us,
+            i.duration_us,
+            i.request_bytes,
+            i.response_bytes,
+            None if i.parent is None else by[i.parent].callee,
+        )
         for i in ecg.invocations
     }
 
@@ -42,7 +50,9 @@ def test_fixture_gives_expected_calls(fmt: str) -> None:
     r = load_traces(path, options=SpanOptions(rate=30000.0))
     assert len(r.ecgs) == 1 and r.report.graphs_kept == 1
     assert _calls(r.ecgs[0]) == EXPECTED
-    assert r.report.rows_read == 12 and r.report.rows_merged == 4  # 4 client/server pairs, 2 internal spans
+    assert (
+        r.report.rows_read == 12 and r.report.rows_merged == 4
+    )  # 4 client/server pairs, 2 internal spans
     assert r.batch.n_invocations == 6
 
 
@@ -53,18 +63,37 @@ def test_three_formats_same_ecg() -> None:
 
 def test_otlp_protobuf_same_ecg(tmp_path: Path) -> None:
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span as PbSpan, TracesData
+    from opentelemetry.proto.trace.v1.trace_pb2 import (
+        ResourceSpans,
+        ScopeSpans,
+        TracesData,
+    )
+    from opentelemetry.proto.trace.v1.trace_pb2 import (
+        Span as PbSpan,
+    )
 
     doc = json.loads((FIX / "trace.otlp.json").read_text())
     kinds = {"SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3}
     data = TracesData()
     for rs in doc["resourceSpans"]:
         out = ResourceSpans()
-        out.resource.attributes.append(KeyValue(key="service.name", value=AnyValue(string_value=rs["resource"]["attributes"][0]["value"]["stringValue"])))
+        out.resource.attributes.append(
+            KeyValue(
+                key="service.name",
+                value=AnyValue(
+                    string_value=rs["resource"]["attributes"][0]["value"]["stringValue"]
+                ),
+            )
+        )
         sc = ScopeSpans()
         for s in rs["scopeSpans"][0]["spans"]:
             attrs = [
-                KeyValue(key=a["key"], value=AnyValue(int_value=int(a["value"]["intValue"])) if "intValue" in a["value"] else AnyValue(string_value=a["value"]["stringValue"]))
+                KeyValue(
+                    key=a["key"],
+                    value=AnyValue(int_value=int(a["value"]["intValue"]))
+                    if "intValue" in a["value"]
+                    else AnyValue(string_value=a["value"]["stringValue"]),
+                )
                 for a in s["attributes"]
             ]
             sc.spans.append(
@@ -104,9 +133,33 @@ def test_service_name_rule_and_override(tmp_path: Path) -> None:
 
 def test_zipkin_shared_span_ids(tmp_path: Path) -> None:
     spans = [
-        {"traceId": "t", "id": "1", "kind": "SERVER", "timestamp": 0, "duration": 100, "localEndpoint": {"serviceName": "a"}},
-        {"traceId": "t", "id": "2", "parentId": "1", "kind": "CLIENT", "timestamp": 10, "duration": 50, "localEndpoint": {"serviceName": "a"}},
-        {"traceId": "t", "id": "2", "parentId": "1", "kind": "SERVER", "shared": True, "timestamp": 12, "duration": 40, "localEndpoint": {"serviceName": "b"}},
+        {
+            "traceId": "t",
+            "id": "1",
+            "kind": "SERVER",
+            "timestamp": 0,
+            "duration": 100,
+            "localEndpoint": {"serviceName": "a"},
+        },
+        {
+            "traceId": "t",
+            "id": "2",
+            "parentId": "1",
+            "kind": "CLIENT",
+            "timestamp": 10,
+            "duration": 50,
+            "localEndpoint": {"serviceName": "a"},
+        },
+        {
+            "traceId": "t",
+            "id": "2",
+            "parentId": "1",
+            "kind": "SERVER",
+            "shared": True,
+            "timestamp": 12,
+            "duration": 40,
+            "localEndpoint": {"serviceName": "b"},
+        },
     ]
     p = tmp_path / "z.json"
     p.write_text(json.dumps(spans))
@@ -161,7 +214,13 @@ span_st = st.builds(
     st.just("op"),
     st.integers(0, 100).map(float),
     st.integers(0, 100).map(float),
-    st.fixed_dictionaries({}, optional={"peer.service": st.sampled_from(["p", ""]), "http.request_content_length": st.sampled_from([10, "x", -1])}),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "peer.service": st.sampled_from(["p", ""]),
+            "http.request_content_length": st.sampled_from([10, "x", -1]),
+        },
+    ),
 )
 
 
@@ -170,13 +229,17 @@ span_st = st.builds(
 def test_fuzz_spans_never_crash_and_balance(spans: list[Span]) -> None:
     rep = ImportReport("x", "fuzz")
     ecgs = spans_to_ecgs(spans, SpanOptions(rate=1.0), rep)
-    assert rep.graphs_seen == rep.graphs_kept + rep.graphs_dropped == len({s.trace_id for s in spans})
+    assert (
+        rep.graphs_seen == rep.graphs_kept + rep.graphs_dropped == len({s.trace_id for s in spans})
+    )
     assert len(ecgs) == rep.graphs_kept
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=200))
-def test_fuzz_bytes_give_clear_errors(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+def test_fuzz_bytes_give_clear_errors(
+    tmp_path_factory: pytest.TempPathFactory, data: bytes
+) -> None:
     p = tmp_path_factory.mktemp("b") / "f.json"
     p.write_bytes(data)
     for fmt in ("jaeger", "otlp", "zipkin", "otlp-proto"):
@@ -191,6 +254,13 @@ def test_protocol_from_semantic_conventions(fmt: str) -> None:
     # rpc.system: grpc → grpc; any http.* attribute → http; nothing said → unknown ("")
     r = load_traces(FIX / f"trace.{fmt}.json", options=SpanOptions(rate=1.0))
     proto = {i.callee: i.protocol for i in r.ecgs[0].invocations}
-    assert proto == {"frontend": "http", "cart": "", "redis": "", "catalog": "http", "checkout-service": "", "payment": "grpc"}
+    assert proto == {
+        "frontend": "http",
+        "cart": "",
+        "redis": "",
+        "catalog": "http",
+        "checkout-service": "",
+        "payment": "grpc",
+    }
     codes = r.batch.protocol
     assert codes is not None and sorted(codes.tolist()) == [0, 0, 0, 1, 1, 2]

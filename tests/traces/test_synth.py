@@ -49,7 +49,12 @@ def test_calibration(v2021) -> None:  # type: ignore[no-untyped-def]
     assert abs(depth.mean() - 4.27) < 0.35
     assert abs(depth.std() - 3.25) < 0.35
     assert (depth > 10).mean() > 0.04
-    svc = np.array([len(set(b.callee[lo:hi].tolist()) | (set(b.caller[lo:hi].tolist()) - {-1})) for lo, hi in zip(b.graph_ptr[:-1], b.graph_ptr[1:])])
+    svc = np.array(
+        [
+            len(set(b.callee[lo:hi].tolist()) | (set(b.caller[lo:hi].tolist()) - {-1}))
+            for lo, hi in zip(b.graph_ptr[:-1], b.graph_ptr[1:])
+        ]
+    )
     assert (svc > 40).mean() > 0.10
     kids = np.bincount(b.parent[b.parent >= 0], minlength=b.n_invocations)
     f = kids[kids > 0]
@@ -73,7 +78,10 @@ def test_v2022_and_broken_graphs(tmp_path: Path) -> None:
     assert 200 < s.broken_graphs < 400
     r = load_traces(p)
     assert r.report.graphs_kept == 1000
-    assert r.report.notes["parent rpcid missing: attached to nearest logged ancestor"] >= s.broken_graphs
+    assert (
+        r.report.notes["parent rpcid missing: attached to nearest logged ancestor"]
+        >= s.broken_graphs
+    )
     assert r.report.rows_merged > 0
 
 

@@ -14,19 +14,24 @@ import pytest
 from meshtax.model.ecg import EXTERNAL
 from meshtax.model.sidecar import Mode
 from meshtax.profile.fortio import LoadSpec, fortio_binary, run_spec
-from meshtax.profile.testbed import Testbed
 from meshtax.profile.system import FakeSystem, Placement, Process, RealSystem
+from meshtax.profile.system import free_ports as _free_ports
+from meshtax.profile.testbed import Testbed
 from meshtax.traces.api import load_traces
 from meshtax.traces.spans import Span, read_otlp_json
 from meshtax.validate import appctl
 from meshtax.validate.appctl import AppError, ServiceLaunch
-from meshtax.profile.system import free_ports as _free_ports
 
 # ---- topology model -------------------------------------------------------------------------
 
 
 def test_bundled_topologies_and_queries() -> None:
-    assert appctl.bundled_topologies() == ("bookinfo", "chain", "hotel-reservation", "online-boutique")
+    assert appctl.bundled_topologies() == (
+        "bookinfo",
+        "chain",
+        "hotel-reservation",
+        "online-boutique",
+    )
     want = {
         "bookinfo": ["productpage"],
         "chain": ["one", "two", "four", "eight"],
@@ -41,11 +46,45 @@ def test_bundled_topologies_and_queries() -> None:
     ("topo", "query", "services"),
     [
         ("bookinfo", None, ("frontend", "product", "reviews", "ratings", "details")),
-        ("online-boutique", "index", ("frontend", "currency", "productcatalog", "cart", "redis-cart", "ad")),
-        ("online-boutique", "view_cart", ("frontend", "currency", "cart", "redis-cart", "recommendation", "productcatalog", "shipping")),
+        (
+            "online-boutique",
+            "index",
+            ("frontend", "currency", "productcatalog", "cart", "redis-cart", "ad"),
+        ),
+        (
+            "online-boutique",
+            "view_cart",
+            (
+                "frontend",
+                "currency",
+                "cart",
+                "redis-cart",
+                "recommendation",
+                "productcatalog",
+                "shipping",
+            ),
+        ),
         ("hotel-reservation", "user", ("frontend", "user")),
-        ("hotel-reservation", "search", ("frontend", "search", "geo", "rate", "memcached-rate", "reservation", "memcached-reserve", "profile", "memcached-profile")),
-        ("hotel-reservation", "reservation", ("frontend", "user", "reservation", "memcached-reserve", "mongodb-reservation")),
+        (
+            "hotel-reservation",
+            "search",
+            (
+                "frontend",
+                "search",
+                "geo",
+                "rate",
+                "memcached-rate",
+                "reservation",
+                "memcached-reserve",
+                "profile",
+                "memcached-profile",
+            ),
+        ),
+        (
+            "hotel-reservation",
+            "reservation",
+            ("frontend", "user", "reservation", "memcached-reserve", "mongodb-reservation"),
+        ),
     ],
 )
 def test_reachable_services(topo: str, query: str | None, services: tuple[str, ...]) -> None:
@@ -55,7 +94,10 @@ def test_reachable_services(topo: str, query: str | None, services: tuple[str, .
 
 def test_invocations_and_defaults() -> None:
     t = appctl.load_topology("bookinfo")
-    calls = [(caller, c.service, c.request_bytes, resp) for caller, _, c, resp in t.invocations(t.query())]
+    calls = [
+        (caller, c.service, c.request_bytes, resp)
+        for caller, _, c, resp in t.invocations(t.query())
+    ]
     assert calls == [
         ("frontend", "product", 250, 900),
         ("product", "reviews", 200, 500),
@@ -95,13 +137,21 @@ def _argv_opts(argv: tuple[str, ...]) -> dict[str, list[str]]:
 def test_plan_loopback(tmp_path: Path) -> None:
     t = appctl.load_topology("bookinfo")
     d = appctl.plan(t, workdir=tmp_path, ports=7000, binary=Path("/bin/meshapp"), sample=3)
-    assert [s.service for s in d.services] == ["frontend", "product", "reviews", "ratings", "details"]
+    assert [s.service for s in d.services] == [
+        "frontend",
+        "product",
+        "reviews",
+        "ratings",
+        "details",
+    ]
     assert [s.port for s in d.services] == [7000, 7001, 7002, 7003, 7004]
     assert d.entry_target == "http://127.0.0.1:7000/productpage" and d.entry_mode == "http"
     prod = _argv_opts(d.launch("product").argv)
     assert prod["--listen"] == ["127.0.0.1:7001"]
     assert prod["--peer"] == ["details=http://127.0.0.1:7004", "reviews=http://127.0.0.1:7002"]
-    assert prod["--sample"] == ["3"] and prod["--trace-file"] == [str(tmp_path / "product.otlp.jsonl")]
+    assert prod["--sample"] == ["3"] and prod["--trace-file"] == [
+        str(tmp_path / "product.otlp.jsonl")
+    ]
     assert "--peer" not in _argv_opts(d.launch("ratings").argv)
     assert d.trace_files[0] == tmp_path / "frontend.otlp.jsonl"
 
@@ -110,8 +160,15 @@ def test_plan_pods_and_protocol_overrides(tmp_path: Path) -> None:
     t = appctl.load_topology("online-boutique")
     names = t.reachable(t.query("index"))
     hosts = {s: f"10.77.0.{i + 2}" for i, s in enumerate(names)}
-    d = appctl.plan(t, "index", workdir=tmp_path, hosts=hosts, ports=8080,
-                    entry_protocol="grpc", backend_protocol="http")  # fmt: skip
+    d = appctl.plan(
+        t,
+        "index",
+        workdir=tmp_path,
+        hosts=hosts,
+        ports=8080,
+        entry_protocol="grpc",
+        backend_protocol="http",
+    )
     front = _argv_opts(d.entry.argv)
     assert front["--listen"] == ["0.0.0.0:8080"]  # inside the pod: any address
     assert front["--protocol"] == ["grpc"] and front["--ping-endpoint"] == ["index"]
@@ -140,7 +197,9 @@ def test_plan_sample_zero_means_no_trace_file(tmp_path: Path) -> None:
 def test_start_spawns_callees_first_and_stops_callers_first(tmp_path: Path) -> None:
     fake = FakeSystem()
     d = appctl.plan(appctl.load_topology("bookinfo"), workdir=tmp_path, binary=Path("/bin/meshapp"))
-    app = appctl.start(d, appctl.loopback_spawner(fake, Placement(cpus=(1,))), is_ready=lambda s: True)
+    app = appctl.start(
+        d, appctl.loopback_spawner(fake, Placement(cpus=(1,))), is_ready=lambda s: True
+    )
     started = [c[c.index("--service") + 1] for c in fake.calls]
     assert started == ["details", "ratings", "reviews", "product", "frontend"]
     assert all(c[:3] == ("taskset", "-c", "1") for c in fake.calls)
@@ -161,7 +220,9 @@ def test_start_reports_a_dead_service_and_stops_the_rest(tmp_path: Path) -> None
             p.wait()  # exits at once
         return p
 
-    with pytest.raises(AppError, match="reviews exited 0: meshapp: listen tcp: address already in use"):
+    with pytest.raises(
+        AppError, match="reviews exited 0: meshapp: listen tcp: address already in use"
+    ):
         appctl.start(d, spawn, is_ready=lambda s: s.service != "reviews", timeout=1.0)
     assert all(p.returncode is not None for p in fake.processes)
 
@@ -177,15 +238,15 @@ def test_merge_traces(tmp_path: Path) -> None:
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text('{"resourceSpans":[{"x":1}]}\n{"resourceSpans":[{"x":2}]}\n')
     b.write_text('{"resourceSpans":[{"x":3}]}\n\n')
-    assert appctl.merge_traces([a, b, tmp_path / "missing"]) == {"resourceSpans": [{"x": 1}, {"x": 2}, {"x": 3}]}
+    assert appctl.merge_traces([a, b, tmp_path / "missing"]) == {
+        "resourceSpans": [{"x": 1}, {"x": 2}, {"x": 3}]
+    }
     b.write_text('{"resourceSpans":[{"x":3}')
     with pytest.raises(AppError, match="b.jsonl:1: not JSON"):
         appctl.merge_traces([b])
 
 
 # ---- the real application on loopback ---------------------------------------------------------
-
-
 
 
 @pytest.fixture(scope="module")
@@ -209,8 +270,17 @@ def _server_spans_by_trace(spans: list[Span]) -> dict[str, list[Span]]:
     return out
 
 
-@pytest.mark.parametrize(("backend", "entry", "sample", "requests"), [(None, None, 1, 6), ("grpc", "grpc", 2, 10)])
-def test_bookinfo_on_loopback_traces(meshapp: Path, tmp_path: Path, backend: appctl.Protocol | None, entry: appctl.Protocol | None, sample: int, requests: int) -> None:
+@pytest.mark.parametrize(
+    ("backend", "entry", "sample", "requests"), [(None, None, 1, 6), ("grpc", "grpc", 2, 10)]
+)
+def test_bookinfo_on_loopback_traces(
+    meshapp: Path,
+    tmp_path: Path,
+    backend: appctl.Protocol | None,
+    entry: appctl.Protocol | None,
+    sample: int,
+    requests: int,
+) -> None:
     """Drive Bookinfo with fortio (HTTP GET, or gRPC ping at a gRPC frontend); every traced
     request has one SERVER span per service, each the child of its caller's CLIENT span, with
     the topology's sizes; the OTLP importer turns them into the Bookinfo call graph."""
@@ -218,11 +288,22 @@ def test_bookinfo_on_loopback_traces(meshapp: Path, tmp_path: Path, backend: app
     topo = appctl.load_topology("bookinfo")
     names = topo.reachable(topo.query())
     ports = dict(zip(names, _free_ports(len(names)), strict=True))
-    d = appctl.plan(topo, workdir=tmp_path, ports=ports, binary=meshapp, sample=sample,
-                    entry_protocol=entry, backend_protocol=backend, trace_batch_timeout_s=0.2)  # fmt: skip
+    d = appctl.plan(
+        topo,
+        workdir=tmp_path,
+        ports=ports,
+        binary=meshapp,
+        sample=sample,
+        entry_protocol=entry,
+        backend_protocol=backend,
+        trace_batch_timeout_s=0.2,
+    )
     with appctl.start(d, appctl.loopback_spawner(RealSystem())) as app:
         mode = Mode.GRPC if d.entry_mode == "grpc" else Mode.HTTP
-        result = run_spec(LoadSpec(target=d.entry_target, mode=mode, size_bytes=0, qps=0, n=requests), binary=fortio)
+        result = run_spec(
+            LoadSpec(target=d.entry_target, mode=mode, size_bytes=0, qps=0, n=requests),
+            binary=fortio,
+        )
         assert result.ok
         codes = app.stop()
     assert all(c == 0 for c in codes.values()), codes  # SIGTERM → clean exit (spans flushed)
@@ -231,7 +312,9 @@ def test_bookinfo_on_loopback_traces(meshapp: Path, tmp_path: Path, backend: app
     traces = _server_spans_by_trace(spans)
     assert len(traces) == requests // sample
     by_id = {s.span_id: s for s in spans}
-    expected_size = {c.service: (c.request_bytes, resp) for _, _, c, resp in topo.invocations(d.query)}
+    expected_size = {
+        c.service: (c.request_bytes, resp) for _, _, c, resp in topo.invocations(d.query)
+    }
     req_key = {"http": "http.request.body.size", "grpc": "rpc.request.size"}
     resp_key = {"http": "http.response.body.size", "grpc": "rpc.response.size"}
     for tid, tspans in traces.items():
@@ -250,20 +333,28 @@ def test_bookinfo_on_loopback_traces(meshapp: Path, tmp_path: Path, backend: app
             for span in (s, client):
                 assert int(span.attrs[req_key[proto]]) == want_req
                 assert int(span.attrs[resp_key[proto]]) == want_resp
-            assert client.start_us <= s.start_us and s.start_us + s.duration_us <= client.start_us + client.duration_us
+            assert (
+                client.start_us <= s.start_us
+                and s.start_us + s.duration_us <= client.start_us + client.duration_us
+            )
     imported = load_traces(merged, "otlp")
     ecgs = imported.ecgs
     assert len(ecgs) == requests // sample, imported.report
     # the entry request is fortio's: empty GET, or its ~10-byte PingMessage (echoed, padded)
-    edges = sorted((i.caller, i.callee, i.request_bytes if i.caller != EXTERNAL else 0, i.response_bytes) for i in ecgs[0].invocations)
+    edges = sorted(
+        (i.caller, i.callee, i.request_bytes if i.caller != EXTERNAL else 0, i.response_bytes)
+        for i in ecgs[0].invocations
+    )
     entry_resp = topo.services["frontend"].endpoints["productpage"].response_bytes
-    assert edges == sorted([
-        (EXTERNAL, "frontend", 0, entry_resp),
-        ("frontend", "product", 250, 900),
-        ("product", "reviews", 200, 500),
-        ("product", "details", 200, 350),
-        ("reviews", "ratings", 150, 150),
-    ])  # fmt: skip
+    assert edges == sorted(
+        [
+            (EXTERNAL, "frontend", 0, entry_resp),
+            ("frontend", "product", 250, 900),
+            ("product", "reviews", 200, 500),
+            ("product", "details", 200, 350),
+            ("reviews", "ratings", 150, 150),
+        ]
+    )
 
 
 def test_trace_file_is_otlp_json_lines(meshapp: Path, tmp_path: Path) -> None:
@@ -274,7 +365,9 @@ def test_trace_file_is_otlp_json_lines(meshapp: Path, tmp_path: Path) -> None:
     ports = dict(zip(names, _free_ports(len(names)), strict=True))
     d = appctl.plan(topo, "user", workdir=tmp_path, ports=ports, binary=meshapp)
     with appctl.start(d, appctl.loopback_spawner(RealSystem())):
-        assert run_spec(LoadSpec(target=d.entry_target, mode=Mode.HTTP, size_bytes=0, n=3), binary=fortio).ok
+        assert run_spec(
+            LoadSpec(target=d.entry_target, mode=Mode.HTTP, size_bytes=0, n=3), binary=fortio
+        ).ok
     lines = d.launch("user").trace_file.read_text().splitlines()
     assert lines
     kinds = []
@@ -303,7 +396,13 @@ def test_bookinfo_in_pods(meshapp: Path, tmp_path: Path) -> None:
     with Testbed(system, lock_timeout=30.0) as tb:
         client = tb.add_pod("client")
         pods = {s: tb.add_pod(s) for s in names}
-        d = appctl.plan(topo, workdir=tmp_path, hosts={s: p.ip for s, p in pods.items()}, ports=9080, binary=meshapp)
+        d = appctl.plan(
+            topo,
+            workdir=tmp_path,
+            hosts={s: p.ip for s, p in pods.items()},
+            ports=9080,
+            binary=meshapp,
+        )
         assert {s.port for s in d.services} == {9080}
         with appctl.start(d, appctl.testbed_spawner(tb, pods)) as app:
             spec = LoadSpec(target=d.entry_target, mode=Mode.HTTP, size_bytes=0, n=20)

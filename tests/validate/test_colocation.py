@@ -45,14 +45,18 @@ def rs(cpu_ns: int) -> RunSample:
 def chain_case(n: int, overhead_us: list[float]) -> CaseResult:
     """Paired runs whose CPU overhead per request (300 requests each) is ``overhead_us``."""
     pairs = tuple((rs(1_000_000), rs(1_000_000 + int(o * 300 * 1e3))) for o in overhead_us)
-    return CaseResult("chain", f"c{n}", "http", 100.0, pairs, None, {f"s{i}": "http" for i in range(n)})
+    return CaseResult(
+        "chain", f"c{n}", "http", 100.0, pairs, None, {f"s{i}": "http" for i in range(n)}
+    )
 
 
 def test_colocation_of_chains_with_an_interval() -> None:
     truth = 0.6
     spread = (-0.04, -0.02, 0.0, 0.01, 0.03, 0.05)  # ±5 % between paired runs
     cases = [chain_case(n, [model(truth, n) * 1.1 * (1 + s) for s in spread]) for n in SERVICES]
-    col = colocation_of(cases, lambda c, a: model(a, len(c.sidecar_modes)), Mode.HTTP, 100.0, n_boot=100)
+    col = colocation_of(
+        cases, lambda c, a: model(a, len(c.sidecar_modes)), Mode.HTTP, 100.0, n_boot=100
+    )
     assert col.alpha == pytest.approx(truth, abs=0.011)
     assert col.lo <= col.alpha <= col.hi and col.hi - col.lo < 0.5
     assert [p.services for p in col.points] == list(SERVICES)

@@ -15,18 +15,42 @@ from tests.helpers import flat, profile
 
 OTHER = Component(Kind.OTHER)
 # per crossing: http 10 µs / 20 CPU-µs, tcp 5 µs / 8 CPU-µs, plus 0.01 µs per byte of latency in http
-PROFILE = profile({Mode.HTTP: {OTHER: flat(10.0, 20.0, slope_lat=0.01)}, Mode.TCP: {OTHER: flat(5.0, 8.0)}})
+PROFILE = profile(
+    {Mode.HTTP: {OTHER: flat(10.0, 20.0, slope_lat=0.01)}, Mode.TCP: {OTHER: flat(5.0, 8.0)}}
+)
 
 
 def _attrs(**kv: int | str) -> list[dict[str, Any]]:
-    return [{"key": k.replace("_", "."), "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}} for k, v in kv.items()]
+    return [
+        {
+            "key": k.replace("_", "."),
+            "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v},
+        }
+        for k, v in kv.items()
+    ]
 
 
-def _span(tid: str, sid: str, parent: str, name: str, kind: int, start_us: int, dur_us: int, **attrs: int | str) -> dict[str, Any]:
+def _span(
+    tid: str,
+    sid: str,
+    parent: str,
+    name: str,
+    kind: int,
+    start_us: int,
+    dur_us: int,
+    **attrs: int | str,
+) -> dict[str, Any]:
     t0 = 1_700_000_000_000_000
-    return {"traceId": tid, "spanId": sid, "parentSpanId": parent, "name": name, "kind": kind,
-            "startTimeUnixNano": str((t0 + start_us) * 1000), "endTimeUnixNano": str((t0 + start_us + dur_us) * 1000),
-            "attributes": _attrs(**attrs)}  # fmt: skip
+    return {
+        "traceId": tid,
+        "spanId": sid,
+        "parentSpanId": parent,
+        "name": name,
+        "kind": kind,
+        "startTimeUnixNano": str((t0 + start_us) * 1000),
+        "endTimeUnixNano": str((t0 + start_us + dur_us) * 1000),
+        "attributes": _attrs(**attrs),
+    }
 
 
 def _trace_file(tmp: Path, base_us: list[int]) -> Path:
@@ -35,14 +59,55 @@ def _trace_file(tmp: Path, base_us: list[int]) -> Path:
     db: list[dict[str, Any]] = []
     for i, base in enumerate(base_us):
         tid = f"{i + 1:032x}"
-        fe.append(_span(tid, f"{i:04x}000000000001", "", "GET /q", 2, 0, base, http_request_body_size=0, http_response_body_size=1000))
-        fe.append(_span(tid, f"{i:04x}000000000002", f"{i:04x}000000000001", "POST /get", 3, 100, 100,
-                        http_request_body_size=100, http_response_body_size=300, peer_service="db"))  # fmt: skip
-        db.append(_span(tid, f"{i:04x}000000000003", f"{i:04x}000000000002", "POST /get", 2, 110, 80, http_request_body_size=100, http_response_body_size=300))
-    doc = {"resourceSpans": [
-        {"resource": {"attributes": _attrs(service_name=name)}, "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}]}
-        for name, spans in (("frontend", fe), ("db", db))
-    ]}  # fmt: skip
+        fe.append(
+            _span(
+                tid,
+                f"{i:04x}000000000001",
+                "",
+                "GET /q",
+                2,
+                0,
+                base,
+                http_request_body_size=0,
+                http_response_body_size=1000,
+            )
+        )
+        fe.append(
+            _span(
+                tid,
+                f"{i:04x}000000000002",
+                f"{i:04x}000000000001",
+                "POST /get",
+                3,
+                100,
+                100,
+                http_request_body_size=100,
+                http_response_body_size=300,
+                peer_service="db",
+            )
+        )
+        db.append(
+            _span(
+                tid,
+                f"{i:04x}000000000003",
+                f"{i:04x}000000000002",
+                "POST /get",
+                2,
+                110,
+                80,
+                http_request_body_size=100,
+                http_response_body_size=300,
+            )
+        )
+    doc = {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": _attrs(service_name=name)},
+                "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}],
+            }
+            for name, spans in (("frontend", fe), ("db", db))
+        ]
+    }
     path = tmp / "t.json"
     path.write_text(json.dumps(doc))
     return path

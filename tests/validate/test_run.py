@@ -18,9 +18,9 @@ from meshtax.model.sidecar import Mode
 from meshtax.profile.plan import Plan
 from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, run_profile
 from meshtax.profile.system import RealSystem
-from meshtax.validate import appctl
 from meshtax.report.text import colocation_lines
 from meshtax.store.sqlite import ProfileStore
+from meshtax.validate import appctl
 from meshtax.validate.colocation import calibrate
 from meshtax.validate.run import ValidateOptions, app_protocol, run_validation, sidecar_modes
 
@@ -29,9 +29,18 @@ def test_sidecar_modes_and_app_protocols() -> None:
     topo = appctl.load_topology("hotel-reservation")
     names = topo.reachable(topo.query("reservation"))
     got = sidecar_modes(topo, names, Mode.GRPC)
-    assert got == {"frontend": Mode.GRPC, "user": Mode.GRPC, "reservation": Mode.GRPC,
-                   "memcached-reserve": Mode.TCP, "mongodb-reservation": Mode.TCP}  # fmt: skip
-    assert (app_protocol(Mode.TCP), app_protocol(Mode.HTTP), app_protocol(Mode.GRPC)) == (None, "http", "grpc")
+    assert got == {
+        "frontend": Mode.GRPC,
+        "user": Mode.GRPC,
+        "reservation": Mode.GRPC,
+        "memcached-reserve": Mode.TCP,
+        "mongodb-reservation": Mode.TCP,
+    }
+    assert (app_protocol(Mode.TCP), app_protocol(Mode.HTTP), app_protocol(Mode.GRPC)) == (
+        None,
+        "http",
+        "grpc",
+    )
 
 
 def test_options() -> None:
@@ -60,7 +69,11 @@ class _OneProfile:
 def _missing() -> str | None:
     if os.geteuid() != 0:
         return "needs root (network namespaces, iptables)"
-    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").is_file() and not appctl.binary_path().is_file():
+    if (
+        shutil.which("go") is None
+        and not Path("/usr/local/go/bin/go").is_file()
+        and not appctl.binary_path().is_file()
+    ):
         return "meshapp is not built and Go is missing"
     for tool in ("iptables", "taskset", "setpriv", "curl"):
         if shutil.which(tool) is None:
@@ -79,13 +92,28 @@ def short_profile() -> Profile:
     if _missing() is not None:
         pytest.skip(str(_missing()))
     # short, but not so short that the profile's own latency is mostly noise
-    plan = Plan(modes=(Mode.HTTP,), sizes=(100, 1024), rate_fractions=(0.5,), low_rates=(100.0,), latency_run_s=0.5,
-                latency_min_runs=4, latency_max_runs=4, probe_run_s=1.0, maxqps_run_s=0.5,
-                cpu_run_s=0.5, warmup_n=100)  # fmt: skip
+    plan = Plan(
+        modes=(Mode.HTTP,),
+        sizes=(100, 1024),
+        rate_fractions=(0.5,),
+        low_rates=(100.0,),
+        latency_run_s=0.5,
+        latency_min_runs=4,
+        latency_max_runs=4,
+        probe_run_s=1.0,
+        maxqps_run_s=0.5,
+        cpu_run_s=0.5,
+        warmup_n=100,
+    )
     scratch = set(Path(tempfile.gettempdir()).glob("meshtax-profile-*"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)  # a noisy shared machine may not close
-        prof = run_profile(ProfileOptions(name="ci-validate", plan=plan), RealSystem(), None, backends=Backends(lock_timeout=300.0))
+        prof = run_profile(
+            ProfileOptions(name="ci-validate", plan=plan),
+            RealSystem(),
+            None,
+            backends=Backends(lock_timeout=300.0),
+        )
     # the run's scratch directory (Envoy configs and logs) is gone with it
     assert set(Path(tempfile.gettempdir()).glob("meshtax-profile-*")) <= scratch
     return prof
@@ -101,7 +129,15 @@ def test_bookinfo_http_prediction_not_grossly_off(short_profile: Profile) -> Non
     CPU roughly doubles between thousands/s and 100/s, docs/validation.md), and the prediction
     knows every pod shares one CPU (latency overhead = the request's sidecar CPU work)."""
     before = _ours()
-    opts = ValidateOptions("bookinfo", modes=(Mode.HTTP,), quick=True, rate=100.0, profile_name="ci-validate", warmup_n=100, lock_timeout_s=300.0)
+    opts = ValidateOptions(
+        "bookinfo",
+        modes=(Mode.HTTP,),
+        quick=True,
+        rate=100.0,
+        profile_name="ci-validate",
+        warmup_n=100,
+        lock_timeout_s=300.0,
+    )
     res = run_validation(opts, RealSystem(), _OneProfile(short_profile))
     (case,) = res.cases
     assert case.error is None, case.error
@@ -112,14 +148,18 @@ def test_bookinfo_http_prediction_not_grossly_off(short_profile: Profile) -> Non
         c = k[metric]
         assert c.measured.median > 0, f"{metric}: no overhead measured"
         ratio = c.predicted / c.measured.median
-        assert 1 / factor <= ratio <= factor, f"{metric}: predicted {c.predicted:.1f} vs measured {c.measured.median:.1f} (x{ratio:.2f})\n{res.table()}"
+        assert 1 / factor <= ratio <= factor, (
+            f"{metric}: predicted {c.predicted:.1f} vs measured {c.measured.median:.1f} (x{ratio:.2f})\n{res.table()}"
+        )
     assert case.predicted is not None and case.predicted.graphs >= 10
     assert any("α = 1 in http mode (not calibrated" in n for n in res.notes)
     assert _ours() == before
 
 
 @pytest.mark.root
-def test_calibration_measures_chains_and_stores_the_exponent(short_profile: Profile, tmp_path: Path) -> None:
+def test_calibration_measures_chains_and_stores_the_exponent(
+    short_profile: Profile, tmp_path: Path
+) -> None:
     """`meshtax calibrate`, reduced: chains of 1 and 2 services (quick) on the real machine; the
     exponent and both chains are stored in the profile, the two-service chain predicted at the
     fitted exponent within 2x of what was measured, nothing left behind."""
@@ -127,13 +167,28 @@ def test_calibration_measures_chains_and_stores_the_exponent(short_profile: Prof
     store = ProfileStore(tmp_path / "p.db")
     store.save(short_profile)
     keep = tmp_path / "keep"
-    prof, res = calibrate(RealSystem(), store, profile_name="ci-validate", quick=True, chains=("one", "two"), keep_dir=keep)
+    prof, res = calibrate(
+        RealSystem(),
+        store,
+        profile_name="ci-validate",
+        quick=True,
+        chains=("one", "two"),
+        keep_dir=keep,
+    )
     assert [c.error for c in res.cases] == [None, None]
-    assert sorted(f.name for f in (keep / "traces").iterdir()) == ["chain-one-http.json", "chain-two-http.json"]
-    assert [c["name"] for c in json.loads((keep / "chains.json").read_text())["cases"]] == ["chain/one", "chain/two"]
+    assert sorted(f.name for f in (keep / "traces").iterdir()) == [
+        "chain-one-http.json",
+        "chain-two-http.json",
+    ]
+    assert [c["name"] for c in json.loads((keep / "chains.json").read_text())["cases"]] == [
+        "chain/one",
+        "chain/two",
+    ]
     col = store.get("ci-validate").colocation[Mode.HTTP]
     assert col == prof.colocation[Mode.HTTP] and set(prof.colocation) == {Mode.HTTP}
     assert [p.services for p in col.points] == [1, 2] and col.lo <= col.alpha <= col.hi
     two = col.points[1]
-    assert two.measured_us > 0 and 0.5 <= two.predicted_us / two.measured_us <= 2.0, "\n".join(colocation_lines(prof.colocation))
+    assert two.measured_us > 0 and 0.5 <= two.predicted_us / two.measured_us <= 2.0, "\n".join(
+        colocation_lines(prof.colocation)
+    )
     assert _ours() == before

@@ -33,7 +33,9 @@ class Component:
     def __post_init__(self) -> None:
         if self.kind is Kind.FILTER:
             if not _FILTER_NAME.match(self.name):
-                raise ValueError(f"filter name {self.name!r}: expected lower-case letters, digits, _ . -")
+                raise ValueError(
+                    f"filter name {self.name!r}: expected lower-case letters, digits, _ . -"
+                )
         elif self.name:
             raise ValueError(f"only filters have names, got {self.kind.value}:{self.name}")
 
@@ -60,7 +62,9 @@ class Component:
             return cls(Kind(t.lower()))
         except ValueError:
             known = ", ".join(k.value for k in Kind if k is not Kind.FILTER)
-            raise ValueError(f"unknown component {text!r}: expected one of {known} or filter:NAME") from None
+            raise ValueError(
+                f"unknown component {text!r}: expected one of {known} or filter:NAME"
+            ) from None
 
     def __str__(self) -> str:
         return self.key

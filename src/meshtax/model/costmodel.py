@@ -83,7 +83,11 @@ class Samples:
     rates: tuple[float, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sizes": list(self.sizes), "values": list(self.values), "rates": None if self.rates is None else list(self.rates)}
+        return {
+            "sizes": list(self.sizes),
+            "values": list(self.values),
+            "rates": None if self.rates is None else list(self.rates),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Samples:
@@ -149,7 +153,10 @@ class CostModel:
             xr = np.log(r.max() / r)
             # only where the samples identify it: independent of the size terms, and a
             # residual degree of freedom left (two samples at two rates are no rate model)
-            if s.size > len(cols) + 1 and np.linalg.matrix_rank(np.column_stack([*cols, xr])) == len(cols) + 1:
+            if (
+                s.size > len(cols) + 1
+                and np.linalg.matrix_rank(np.column_stack([*cols, xr])) == len(cols) + 1
+            ):
                 r_lo, r_hi = float(r.min()), float(r.max())
                 cols.append(xr)
                 names.append("d")
@@ -181,7 +188,9 @@ class CostModel:
             rate_coef=params.get("d", 0.0),
             rate_lo=r_lo,
             rate_hi=r_hi,
-            stats=FitStats(n=n, r2=r2, residuals=tuple(float(x) for x in resid), stderr=tuple(se), cov=cov_full),
+            stats=FitStats(
+                n=n, r2=r2, residuals=tuple(float(x) for x in resid), stderr=tuple(se), cov=cov_full
+            ),
             samples=Samples(
                 tuple(float(x) for x in s),
                 tuple(float(x) for x in y),
@@ -194,7 +203,9 @@ class CostModel:
         """``ln(r_hi / r)`` with ``r`` clamped into the profiled range (0 without a rate term)."""
         if rates is None or self.rate_lo is None or self.rate_hi is None:
             return np.zeros(shape)
-        r = np.clip(np.broadcast_to(np.asarray(rates, dtype=np.float64), shape), self.rate_lo, self.rate_hi)
+        r = np.clip(
+            np.broadcast_to(np.asarray(rates, dtype=np.float64), shape), self.rate_lo, self.rate_hi
+        )
         return np.asarray(np.log(self.rate_hi / r), dtype=np.float64)
 
     def predict(self, sizes: npt.ArrayLike, rates: npt.ArrayLike | None = None) -> FloatArray:
@@ -211,7 +222,10 @@ class CostModel:
         if self.stats is None or self.stats.cov is None:
             return np.zeros_like(s)
         c = np.asarray(self.stats.cov)
-        X = np.stack([np.ones_like(s), s, extra_units(s, self.split_bytes), self._rate_x(rates, s.shape)], axis=-1)
+        X = np.stack(
+            [np.ones_like(s), s, extra_units(s, self.split_bytes), self._rate_x(rates, s.shape)],
+            axis=-1,
+        )
         X = X[..., : c.shape[0]]  # documents from before the rate term carry a 3×3 covariance
         var = np.einsum("...i,ij,...j->...", X, c, X)
         return np.asarray(np.sqrt(np.maximum(var, 0.0)), dtype=np.float64)

@@ -53,7 +53,9 @@ class Invocation:
     duration_us: float = 0.0
     parent: str | None = None
     protocol: str = ""  # application protocol on the wire, one of PROTOCOLS ("" unknown)
-    new_connections: float = 0.0  # share of calls that open a new connection (0: pooled, 1: one per call)
+    new_connections: float = (
+        0.0  # share of calls that open a new connection (0: pooled, 1: one per call)
+    )
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,12 @@ class ECGError(ValueError):
         super().__init__(f"{source}: {len(self.problems)} problem(s):\n{lines}")
 
 
-def validate(name: str, services: Mapping[str, Service], invocations: Sequence[Invocation], source: str = "<ecg>") -> ECG:
+def validate(
+    name: str,
+    services: Mapping[str, Service],
+    invocations: Sequence[Invocation],
+    source: str = "<ecg>",
+) -> ECG:
     """Check an ECG's semantics and return it with invocations in topological order.
 
     Reports together: duplicate ids, unknown services and parents, cycles, negative or
@@ -93,7 +100,9 @@ def validate(name: str, services: Mapping[str, Service], invocations: Sequence[I
             by_id[inv.id] = i
         for role, svc in (("caller", inv.caller), ("callee", inv.callee)):
             if svc != EXTERNAL and svc not in services:
-                problems.append(f"{where}.{role}: unknown service {svc!r}; expected one of the names under 'services'")
+                problems.append(
+                    f"{where}.{role}: unknown service {svc!r}; expected one of the names under 'services'"
+                )
         if inv.callee == EXTERNAL:
             problems.append(f"{where}.callee: missing; expected a service name")
         for fname in ("request_bytes", "response_bytes", "rate", "duration_us"):
@@ -103,9 +112,13 @@ def validate(name: str, services: Mapping[str, Service], invocations: Sequence[I
         if not np.isfinite(inv.start_us):
             problems.append(f"{where}.start_us: {inv.start_us!r}; expected a finite number")
         if not (np.isfinite(inv.new_connections) and 0.0 <= inv.new_connections <= 1.0):
-            problems.append(f"{where}.new_connections: {inv.new_connections!r}; expected a share between 0 and 1")
+            problems.append(
+                f"{where}.new_connections: {inv.new_connections!r}; expected a share between 0 and 1"
+            )
         if inv.protocol not in PROTOCOLS:
-            problems.append(f"{where}.protocol: {inv.protocol!r}; expected one of {', '.join(p for p in PROTOCOLS if p)}")
+            problems.append(
+                f"{where}.protocol: {inv.protocol!r}; expected one of {', '.join(p for p in PROTOCOLS if p)}"
+            )
     # parents, cycles, containment
     for i, inv in enumerate(invocations):
         where = f"invocations[{i}] (id {inv.id!r})"
@@ -116,10 +129,14 @@ def validate(name: str, services: Mapping[str, Service], invocations: Sequence[I
             continue
         p = invocations[by_id[inv.parent]]
         if inv.caller != p.callee:
-            problems.append(f"{where}.caller: {inv.caller!r}, but the parent {p.id!r} is served by {p.callee!r}; a child call is made by its parent's callee")
+            problems.append(
+                f"{where}.caller: {inv.caller!r}, but the parent {p.id!r} is served by {p.callee!r}; a child call is made by its parent's callee"
+            )
         eps = 1e-6 * max(1.0, abs(p.start_us + p.duration_us))
         if inv.start_us < p.start_us - eps:
-            problems.append(f"{where}.start_us: {inv.start_us:g} µs is before its parent {p.id!r} starts ({p.start_us:g} µs)")
+            problems.append(
+                f"{where}.start_us: {inv.start_us:g} µs is before its parent {p.id!r} starts ({p.start_us:g} µs)"
+            )
         if inv.start_us + inv.duration_us > p.start_us + p.duration_us + eps:
             problems.append(
                 f"{where}.duration_us: ends at {inv.start_us + inv.duration_us:g} µs, after its parent {p.id!r} ends "
@@ -135,7 +152,9 @@ def validate(name: str, services: Mapping[str, Service], invocations: Sequence[I
     return ECG(name, dict(services), tuple(invocations[i] for i in order))
 
 
-def _topological(invs: Sequence[Invocation], by_id: Mapping[str, int]) -> tuple[list[int], list[list[str]]]:
+def _topological(
+    invs: Sequence[Invocation], by_id: Mapping[str, int]
+) -> tuple[list[int], list[list[str]]]:
     children: dict[int, list[int]] = {}
     roots = []
     for i, inv in enumerate(invs):
@@ -209,7 +228,9 @@ class EcgBatch:
     graph_names: tuple[str, ...]
     row_ids: tuple[str, ...] = ()  # invocation ids, when the graphs came with them
     protocol: IntArray | None = None  # index into PROTOCOLS per row; None: all unknown
-    new_connections: FloatArray | None = None  # share of calls opening a connection per row; None: all 0
+    new_connections: FloatArray | None = (
+        None  # share of calls opening a connection per row; None: all 0
+    )
 
     @property
     def n_graphs(self) -> int:
@@ -231,7 +252,9 @@ class BatchBuilder:
         self._services: dict[str, int] = {}
         self._specs: dict[SidecarSpec, int] = {}
         self._service_spec: dict[int, int] = {}
-        self._cols: dict[str, list[Any]] = {k: [] for k in ("parent", "caller", "callee", "req", "resp", "rate", "start", "dur")}
+        self._cols: dict[str, list[Any]] = {
+            k: [] for k in ("parent", "caller", "callee", "req", "resp", "rate", "start", "dur")
+        }
         self._ptr = [0]
         self._names: list[str] = []
         self._ids: list[str] = []
@@ -267,7 +290,9 @@ class BatchBuilder:
         c = self._cols
         for p, caller, callee, req, resp, rate, start, dur in rows:
             if p >= n:
-                raise ValueError(f"graph {name!r}: row {n} names parent {p}, which does not precede it")
+                raise ValueError(
+                    f"graph {name!r}: row {n} names parent {p}, which does not precede it"
+                )
             c["parent"].append(-1 if p < 0 else base + p)
             c["caller"].append(caller)
             c["callee"].append(callee)

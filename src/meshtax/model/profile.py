@@ -45,7 +45,11 @@ class Platform:
 
     def same_host(self, other: Platform) -> bool:
         """Same CPU model, core count and kernel (the proxy may still differ)."""
-        return (self.cpu_model, self.cores, self.kernel) == (other.cpu_model, other.cores, other.kernel)
+        return (self.cpu_model, self.cores, self.kernel) == (
+            other.cpu_model,
+            other.cores,
+            other.kernel,
+        )
 
     def describe(self) -> str:
         proxy = f"{self.proxy} {self.proxy_version}".strip()
@@ -118,7 +122,11 @@ class Closure:
 
     @property
     def error(self) -> float:
-        return (self.components_us - self.measured_us) / self.measured_us if self.measured_us else float("inf")
+        return (
+            (self.components_us - self.measured_us) / self.measured_us
+            if self.measured_us
+            else float("inf")
+        )
 
     @property
     def closes(self) -> bool:
@@ -135,7 +143,18 @@ class Closure:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Closure:
-        return cls(**{k: float(d[k]) for k in ("measured_us", "measured_lo_us", "measured_hi_us", "components_us", "tolerance")})
+        return cls(
+            **{
+                k: float(d[k])
+                for k in (
+                    "measured_us",
+                    "measured_lo_us",
+                    "measured_hi_us",
+                    "components_us",
+                    "tolerance",
+                )
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -159,8 +178,12 @@ class TlsModels:
     def from_dict(cls, d: Mapping[str, Any]) -> TlsModels:
         return cls(
             version=str(d["version"]),
-            per_message=None if d.get("per_message") is None else ComponentModel.from_dict(d["per_message"]),
-            handshake=None if d.get("handshake") is None else ComponentModel.from_dict(d["handshake"]),
+            per_message=None
+            if d.get("per_message") is None
+            else ComponentModel.from_dict(d["per_message"]),
+            handshake=None
+            if d.get("handshake") is None
+            else ComponentModel.from_dict(d["handshake"]),
         )
 
 
@@ -211,25 +234,46 @@ class ModeProfile:
             "carried": {p: mp.to_dict() for p, mp in sorted(self.carried.items())},
             # written only when set, so documents without them keep their exact shape
             **({} if self.tls_version is None else {"tls_version": self.tls_version}),
-            **({"tls_by_version": {v: t.to_dict() for v, t in sorted(self.tls_by_version.items())}}
-               if self.tls_by_version else {}),  # fmt: skip
-            **({"per_connection": {c.key: m.to_dict() for c, m in sorted(self.per_connection.items())}}
-               if self.per_connection else {}),  # fmt: skip
+            **(
+                {"tls_by_version": {v: t.to_dict() for v, t in sorted(self.tls_by_version.items())}}
+                if self.tls_by_version
+                else {}
+            ),
+            **(
+                {
+                    "per_connection": {
+                        c.key: m.to_dict() for c, m in sorted(self.per_connection.items())
+                    }
+                }
+                if self.per_connection
+                else {}
+            ),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModeProfile:
         return cls(
             mode=Mode(d["mode"]),
-            components={Component.parse(k): ComponentModel.from_dict(v) for k, v in d["components"].items()},
+            components={
+                Component.parse(k): ComponentModel.from_dict(v) for k, v in d["components"].items()
+            },
             closure=None if d.get("closure") is None else Closure.from_dict(d["closure"]),
             memory=None if d.get("memory") is None else CostModel.from_dict(d["memory"]),
-            memory_mtls=None if d.get("memory_mtls") is None else CostModel.from_dict(d["memory_mtls"]),
-            tls_handshake=None if d.get("tls_handshake") is None else ComponentModel.from_dict(d["tls_handshake"]),
+            memory_mtls=None
+            if d.get("memory_mtls") is None
+            else CostModel.from_dict(d["memory_mtls"]),
+            tls_handshake=None
+            if d.get("tls_handshake") is None
+            else ComponentModel.from_dict(d["tls_handshake"]),
             carried={str(p): ModeProfile.from_dict(v) for p, v in (d.get("carried") or {}).items()},
             tls_version=None if d.get("tls_version") is None else str(d["tls_version"]),
-            tls_by_version={str(v): TlsModels.from_dict(t) for v, t in (d.get("tls_by_version") or {}).items()},
-            per_connection={Component.parse(k): ComponentModel.from_dict(v) for k, v in (d.get("per_connection") or {}).items()},
+            tls_by_version={
+                str(v): TlsModels.from_dict(t) for v, t in (d.get("tls_by_version") or {}).items()
+            },
+            per_connection={
+                Component.parse(k): ComponentModel.from_dict(v)
+                for k, v in (d.get("per_connection") or {}).items()
+            },
         )
 
 
@@ -246,12 +290,23 @@ class ColocationPoint:
     predicted_us: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"services": self.services, "measured_us": self.measured_us, "measured_lo_us": self.measured_lo_us,
-                "measured_hi_us": self.measured_hi_us, "predicted_us": self.predicted_us}  # fmt: skip
+        return {
+            "services": self.services,
+            "measured_us": self.measured_us,
+            "measured_lo_us": self.measured_lo_us,
+            "measured_hi_us": self.measured_hi_us,
+            "predicted_us": self.predicted_us,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ColocationPoint:
-        return cls(int(d["services"]), float(d["measured_us"]), float(d["measured_lo_us"]), float(d["measured_hi_us"]), float(d["predicted_us"]))
+        return cls(
+            int(d["services"]),
+            float(d["measured_us"]),
+            float(d["measured_lo_us"]),
+            float(d["measured_hi_us"]),
+            float(d["predicted_us"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -279,13 +334,27 @@ class Colocation:
             raise ValueError(f"colocation alpha must be within [0, 1], got {self.alpha}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "lo": self.lo, "hi": self.hi, "mode": self.mode, "rate": self.rate,
-                "points": [p.to_dict() for p in self.points], "note": self.note}  # fmt: skip
+        return {
+            "alpha": self.alpha,
+            "lo": self.lo,
+            "hi": self.hi,
+            "mode": self.mode,
+            "rate": self.rate,
+            "points": [p.to_dict() for p in self.points],
+            "note": self.note,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Colocation:
-        return cls(float(d["alpha"]), float(d["lo"]), float(d["hi"]), str(d["mode"]), float(d["rate"]),
-                   tuple(ColocationPoint.from_dict(p) for p in d.get("points", ())), str(d.get("note", "")))  # fmt: skip
+        return cls(
+            float(d["alpha"]),
+            float(d["lo"]),
+            float(d["hi"]),
+            str(d["mode"]),
+            float(d["rate"]),
+            tuple(ColocationPoint.from_dict(p) for p in d.get("points", ())),
+            str(d.get("note", "")),
+        )
 
 
 @dataclass(frozen=True)
@@ -313,7 +382,9 @@ class Profile:
             return self.modes[mode]
         except KeyError:
             have = ", ".join(m.value for m in self.modes) or "none"
-            raise KeyError(f"profile {self.name!r} has no {mode.value} mode (has: {have})") from None
+            raise KeyError(
+                f"profile {self.name!r} has no {mode.value} mode (has: {have})"
+            ) from None
 
     def with_modes(self, modes: Iterable[ModeProfile], **changes: Any) -> Profile:
         return replace(self, modes={m.mode: m for m in modes}, **changes)
@@ -325,18 +396,26 @@ class Profile:
             "platform": self.platform.to_dict(),
             "provenance": self.provenance.to_dict(),
             "modes": {m.value: mp.to_dict() for m, mp in self.modes.items()},
-            **({"colocation": {m.value: c.to_dict() for m, c in self.colocation.items()}} if self.colocation else {}),
+            **(
+                {"colocation": {m.value: c.to_dict() for m, c in self.colocation.items()}}
+                if self.colocation
+                else {}
+            ),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Profile:
         fmt = d.get("format", PROFILE_FORMAT)
         if fmt > PROFILE_FORMAT:
-            raise ValueError(f"profile format {fmt} is newer than this meshtax understands ({PROFILE_FORMAT})")
+            raise ValueError(
+                f"profile format {fmt} is newer than this meshtax understands ({PROFILE_FORMAT})"
+            )
         return cls(
             name=str(d["name"]),
             platform=Platform.from_dict(d["platform"]),
             provenance=Provenance.from_dict(d["provenance"]),
             modes={Mode(k): ModeProfile.from_dict(v) for k, v in d["modes"].items()},
-            colocation={Mode(k): Colocation.from_dict(v) for k, v in (d.get("colocation") or {}).items()},
+            colocation={
+                Mode(k): Colocation.from_dict(v) for k, v in (d.get("colocation") or {}).items()
+            },
         )

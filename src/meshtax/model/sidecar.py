@@ -44,9 +44,13 @@ class SidecarConfig:
     def __post_init__(self) -> None:
         if self.tls_version is not None:
             if self.tls_version not in TLS_VERSIONS:
-                raise ValueError(f"tls_version {self.tls_version!r}: expected one of {', '.join(TLS_VERSIONS)}")
+                raise ValueError(
+                    f"tls_version {self.tls_version!r}: expected one of {', '.join(TLS_VERSIONS)}"
+                )
             if not self.mtls:
-                raise ValueError(f"tls_version {self.tls_version} without mtls: set mtls: true, or drop tls_version")
+                raise ValueError(
+                    f"tls_version {self.tls_version} without mtls: set mtls: true, or drop tls_version"
+                )
 
     @property
     def meshed(self) -> bool:

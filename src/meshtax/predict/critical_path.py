@@ -74,7 +74,16 @@ class Propagation:
 
 
 @numba.njit(cache=True, nogil=True)
-def _group(ptr: IntArray, idx: IntArray, grp: int, start: FloatArray, end: FloatArray, inc: FloatArray, W: FloatArray, pred: IntArray) -> float:
+def _group(
+    ptr: IntArray,
+    idx: IntArray,
+    grp: int,
+    start: FloatArray,
+    end: FloatArray,
+    inc: FloatArray,
+    W: FloatArray,
+    pred: IntArray,
+) -> float:
     """Resolve one sibling group: fills W and pred of its members; returns the delay of the
     group's last end (max of end+W minus max of end, 0 for an empty group)."""
     lo = ptr[grp]
@@ -108,14 +117,23 @@ def _last(ptr: IntArray, idx: IntArray, grp: int, end: FloatArray, W: FloatArray
     best = -1
     for k in range(ptr[grp], ptr[grp + 1]):
         c = idx[k]
-        if best < 0 or end[c] + W[c] > end[best] + W[best] or (end[c] + W[c] == end[best] + W[best] and end[c] >= end[best]):
+        if (
+            best < 0
+            or end[c] + W[c] > end[best] + W[best]
+            or (end[c] + W[c] == end[best] + W[best] and end[c] >= end[best])
+        ):
             best = c
     return best
 
 
 @numba.njit(cache=True, nogil=True)
 def _propagate(
-    ptr: IntArray, idx: IntArray, graph_ptr: IntArray, start: FloatArray, end: FloatArray, extra: FloatArray
+    ptr: IntArray,
+    idx: IntArray,
+    graph_ptr: IntArray,
+    start: FloatArray,
+    end: FloatArray,
+    extra: FloatArray,
 ) -> tuple[FloatArray, FloatArray, npt.NDArray[np.bool_]]:
     n = start.shape[0]
     G = graph_ptr.shape[0] - 1

@@ -95,7 +95,9 @@ def spec_models(
     try:
         mp = profile.mode(spec.config.mode)
     except KeyError as e:
-        raise PredictionError(f"{e.args[0]}; profile that mode, or describe the service with a mode the profile has") from None
+        raise PredictionError(
+            f"{e.args[0]}; profile that mode, or describe the service with a mode the profile has"
+        ) from None
     models: dict[Component, tuple[CostModel, CostModel]] = {}
     for c, m in _base(mp, protocol, profile.name, warnings).items():
         models[c] = (m.latency, m.cpu)
@@ -108,7 +110,10 @@ def spec_models(
         m = mp.components[fc]
         # a filter listed twice in a chain runs twice
         lat, cpu = models.get(fc, (None, None))
-        models[fc] = (m.latency if lat is None else _sum(lat, m.latency), m.cpu if cpu is None else _sum(cpu, m.cpu))
+        models[fc] = (
+            m.latency if lat is None else _sum(lat, m.latency),
+            m.cpu if cpu is None else _sum(cpu, m.cpu),
+        )
     if missing:
         have = ", ".join(mp.filters()) or "none"
         raise PredictionError(
@@ -120,11 +125,15 @@ def spec_models(
         if tls is not None and tls.per_message is not None:
             models[TLS] = (tls.per_message.latency, tls.per_message.cpu)
         elif tls is not None:
-            warnings.append(f"profile {profile.name!r} has no TLS model in {spec.config.mode.value} mode: mTLS cost is not counted")
+            warnings.append(
+                f"profile {profile.name!r} has no TLS model in {spec.config.mode.value} mode: mTLS cost is not counted"
+            )
     return models
 
 
-def tls_models(mp: ModeProfile, config: SidecarConfig, name: str, warnings: list[str]) -> TlsModels | None:
+def tls_models(
+    mp: ModeProfile, config: SidecarConfig, name: str, warnings: list[str]
+) -> TlsModels | None:
     """The mTLS models of ``config``'s TLS version: the profile's primary ones (the ``tls``
     component and ``tls_handshake``) when no version is pinned or it is the primary's, else
     ``tls_by_version``. None (with a warning) when the profile did not measure that version —
@@ -135,13 +144,20 @@ def tls_models(mp: ModeProfile, config: SidecarConfig, name: str, warnings: list
         return TlsModels(primary, mp.components.get(TLS), mp.tls_handshake)
     if v in mp.tls_by_version:
         return mp.tls_by_version[v]
-    have = ", ".join(sorted({*mp.tls_by_version, *([primary] if TLS in mp.components else [])})) or "none"
-    warnings.append(f"profile {name!r} has no {config.mode.value}-mode models of TLS {v} (measured: {have}): "
-                    f"mTLS cost of those sidecars is not counted; `meshtax profile --mtls` measures 1.3 and 1.2")  # fmt: skip
+    have = (
+        ", ".join(sorted({*mp.tls_by_version, *([primary] if TLS in mp.components else [])}))
+        or "none"
+    )
+    warnings.append(
+        f"profile {name!r} has no {config.mode.value}-mode models of TLS {v} (measured: {have}): "
+        f"mTLS cost of those sidecars is not counted; `meshtax profile --mtls` measures 1.3 and 1.2"
+    )
     return None
 
 
-def connection_models(spec: SidecarSpec, profile: Profile, warnings: list[str]) -> dict[Component, ComponentModel]:
+def connection_models(
+    spec: SidecarSpec, profile: Profile, warnings: list[str]
+) -> dict[Component, ComponentModel]:
     """Latency and CPU per new connection through this sidecar (intercepts), by component:
     the TLS handshake (as :data:`TLS`) with mTLS, and each filter of the chain the profile
     prices per connection. Missing models are warned about, not guessed."""
@@ -152,17 +168,25 @@ def connection_models(spec: SidecarSpec, profile: Profile, warnings: list[str]) 
         if tls is not None and tls.handshake is not None:
             out[TLS] = tls.handshake
         elif tls is not None:
-            warnings.append(f"profile {profile.name!r} has no {spec.config.mode.value}-mode TLS handshake model: new mTLS connections cost nothing extra")
+            warnings.append(
+                f"profile {profile.name!r} has no {spec.config.mode.value}-mode TLS handshake model: new mTLS connections cost nothing extra"
+            )
     for f in spec.config.filters:
         fc = filter_component(f)
         if fc in mp.per_connection:
             m = mp.per_connection[fc]
             prev = out.get(fc)
-            out[fc] = m if prev is None else ComponentModel(_sum(prev.latency, m.latency), _sum(prev.cpu, m.cpu))
+            out[fc] = (
+                m
+                if prev is None
+                else ComponentModel(_sum(prev.latency, m.latency), _sum(prev.cpu, m.cpu))
+            )
     return out
 
 
-def _base(mp: ModeProfile, protocol: str, name: str, warnings: list[str]) -> dict[Component, ComponentModel]:
+def _base(
+    mp: ModeProfile, protocol: str, name: str, warnings: list[str]
+) -> dict[Component, ComponentModel]:
     """The mode's own components, or those measured with ``protocol`` on the wire when the
     sidecar does not parse it (tcp mode) and the profile has them."""
     src = mp.components
@@ -179,14 +203,27 @@ def _base(mp: ModeProfile, protocol: str, name: str, warnings: list[str]) -> dic
 
 def _sum(a: CostModel, b: CostModel) -> CostModel:
     if a.split_bytes != b.split_bytes or (a.rate_lo, a.rate_hi) != (b.rate_lo, b.rate_hi):
-        raise PredictionError("cannot add two models of one filter with different split sizes or rate ranges")
+        raise PredictionError(
+            "cannot add two models of one filter with different split sizes or rate ranges"
+        )
     return CostModel(
-        a.intercept + b.intercept, a.slope + b.slope, a.split_bytes, a.per_unit + b.per_unit,
-        a.rate_coef + b.rate_coef, a.rate_lo, a.rate_hi, note="sum",
-    )  # fmt: skip
+        a.intercept + b.intercept,
+        a.slope + b.slope,
+        a.split_bytes,
+        a.per_unit + b.per_unit,
+        a.rate_coef + b.rate_coef,
+        a.rate_lo,
+        a.rate_hi,
+        note="sum",
+    )
 
 
-def hop_costs(batch: EcgBatch, profiles: ProfileLookup, *, rates: FloatArray | tuple[FloatArray, FloatArray] | None = None) -> Costs:
+def hop_costs(
+    batch: EcgBatch,
+    profiles: ProfileLookup,
+    *,
+    rates: FloatArray | tuple[FloatArray, FloatArray] | None = None,
+) -> Costs:
     """Evaluate every crossing of every invocation, per component; models with a rate term at
     ``rates`` (per row, or per row for the caller's and the callee's sidecar; default: each
     invocation's own rate)."""
@@ -197,20 +234,42 @@ def hop_costs(batch: EcgBatch, profiles: ProfileLookup, *, rates: FloatArray | t
     # models per (sidecar spec, protocol of the rows that use it)
     per: dict[tuple[int, int], dict[Component, tuple[CostModel, CostModel]]] = {}
     for s, spec in enumerate(batch.specs):
-        used = np.unique(proto[(batch.caller_spec == s) | (batch.callee_spec == s)]) if n else np.zeros(0, dtype=np.int64)
+        used = (
+            np.unique(proto[(batch.caller_spec == s) | (batch.callee_spec == s)])
+            if n
+            else np.zeros(0, dtype=np.int64)
+        )
         for code in [int(c) for c in used] or codes[:1]:
             per[s, code] = spec_models(spec, profiles(spec.platform), warnings, PROTOCOLS[code])
     share = batch.new_connections
-    conn = {s: connection_models(spec, profiles(spec.platform), warnings) for s, spec in enumerate(batch.specs)} if share is not None else {}
-    comps = tuple(sorted({c for m in per.values() for c in m} | {c for m in conn.values() for c in m}))
+    conn = (
+        {
+            s: connection_models(spec, profiles(spec.platform), warnings)
+            for s, spec in enumerate(batch.specs)
+        }
+        if share is not None
+        else {}
+    )
+    comps = tuple(
+        sorted({c for m in per.values() for c in m} | {c for m in conn.values() for c in m})
+    )
     col = {c: k for k, c in enumerate(comps)}
     K = len(comps)
     out = {name: np.zeros((n, K)) for name in ("lc", "ld", "cc", "cd")}
     lse = np.zeros(n)
     cse = np.zeros(n)
     req, resp = batch.request_bytes, batch.response_bytes
-    by_side = (batch.rate, batch.rate) if rates is None else rates if isinstance(rates, tuple) else (rates, rates)
-    for spec_col, rate, lat_key, cpu_key in ((batch.caller_spec, by_side[0], "lc", "cc"), (batch.callee_spec, by_side[1], "ld", "cd")):
+    by_side = (
+        (batch.rate, batch.rate)
+        if rates is None
+        else rates
+        if isinstance(rates, tuple)
+        else (rates, rates)
+    )
+    for spec_col, rate, lat_key, cpu_key in (
+        (batch.caller_spec, by_side[0], "lc", "cc"),
+        (batch.callee_spec, by_side[1], "ld", "cd"),
+    ):
         for (s, code), models in per.items():
             rows = np.flatnonzero((spec_col == s) & (proto == code))
             if rows.size == 0:
@@ -222,13 +281,17 @@ def hop_costs(batch: EcgBatch, profiles: ProfileLookup, *, rates: FloatArray | t
                 out[cpu_key][rows, k] += cpu.predict(q, r) + cpu.predict(p, r)
                 lse[rows] += lat.stderr_at(q, r) + lat.stderr_at(p, r)
                 cse[rows] += cpu.stderr_at(q, r) + cpu.stderr_at(p, r)
-        if share is not None:  # per new connection, once per sidecar, for the share of calls that open one
+        if (
+            share is not None
+        ):  # per new connection, once per sidecar, for the share of calls that open one
             for s, per_conn in conn.items():
                 rows = np.flatnonzero((spec_col == s) & (share > 0))
                 for c, m in per_conn.items():
                     out[lat_key][rows, col[c]] += share[rows] * m.latency.intercept
                     out[cpu_key][rows, col[c]] += share[rows] * m.cpu.intercept
-    return Costs(comps, out["lc"], out["ld"], out["cc"], out["cd"], lse, cse, tuple(dict.fromkeys(warnings)))
+    return Costs(
+        comps, out["lc"], out["ld"], out["cc"], out["cd"], lse, cse, tuple(dict.fromkeys(warnings))
+    )
 
 
 @dataclass(frozen=True)
@@ -270,7 +333,11 @@ class BatchPrediction:
     @property
     def latency_overhead_pct(self) -> FloatArray:
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(self.base_latency_us > 0, 100.0 * self.latency_overhead_us / self.base_latency_us, np.nan)
+            return np.where(
+                self.base_latency_us > 0,
+                100.0 * self.latency_overhead_us / self.base_latency_us,
+                np.nan,
+            )
 
 
 def predict_batch(
@@ -290,7 +357,13 @@ def predict_batch(
     if pod_cpus is not None and pod_cpus < 1:
         raise ValueError(f"pod_cpus must be at least 1, got {pod_cpus}")
     if costs is None:
-        rates = None if pod_cpus is None else priced_rates(batch, pod_cpus, side_alphas(batch, profiles) if alpha is None else alpha)
+        rates = (
+            None
+            if pod_cpus is None
+            else priced_rates(
+                batch, pod_cpus, side_alphas(batch, profiles) if alpha is None else alpha
+            )
+        )
         costs = hop_costs(batch, profiles, rates=rates)
     shape = shape or structure(batch)
     lat = costs.latency
@@ -359,7 +432,9 @@ def shared_cpu_rates(batch: EcgBatch, pod_cpus: int) -> FloatArray:
     ``pod_cpus`` shared CPUs: Σ over the graph of crossings × rate, ÷ (2 · pod_cpus)."""
     sides = (batch.caller_spec >= 0).astype(np.float64) + (batch.callee_spec >= 0)
     g = batch.graph_of()
-    per_s = np.bincount(g, weights=2.0 * sides * batch.rate, minlength=batch.n_graphs)  # crossings/s
+    per_s = np.bincount(
+        g, weights=2.0 * sides * batch.rate, minlength=batch.n_graphs
+    )  # crossings/s
     r = per_s[g] / (2.0 * pod_cpus)
     # a row of a graph without any sidecar has no crossing to price: keep its own rate
     return np.asarray(np.where(r > 0, r, batch.rate), dtype=np.float64)
@@ -379,30 +454,42 @@ def sidecar_rates(batch: EcgBatch) -> tuple[FloatArray, FloatArray]:
     total = np.zeros(batch.n_graphs * S)
     for key, meshed in out:  # 2 crossings per call at each meshed side
         np.add.at(total, key[meshed], 2.0 * batch.rate[meshed])
-    caller, callee = (np.where(meshed, total[np.maximum(key, 0)] / 2.0, batch.rate) for key, meshed in out)
+    caller, callee = (
+        np.where(meshed, total[np.maximum(key, 0)] / 2.0, batch.rate) for key, meshed in out
+    )
     return np.asarray(caller, dtype=np.float64), np.asarray(callee, dtype=np.float64)
 
 
 def side_alphas(batch: EcgBatch, profiles: ProfileLookup) -> tuple[FloatArray, FloatArray]:
     """Per row, the co-location exponent of the caller's and of the callee's sidecar (its
     profile's, for its mode; 1 where there is no sidecar)."""
-    per_spec = np.array([profiles(spec.platform).alpha(spec.config.mode) for spec in batch.specs] + [1.0])
+    per_spec = np.array(
+        [profiles(spec.platform).alpha(spec.config.mode) for spec in batch.specs] + [1.0]
+    )
     # index -1 (no sidecar) picks the appended 1.0
     return per_spec[batch.caller_spec], per_spec[batch.callee_spec]
 
 
-def priced_rates(batch: EcgBatch, pod_cpus: int, alpha: float | tuple[FloatArray, FloatArray] = 1.0) -> tuple[FloatArray, FloatArray]:
+def priced_rates(
+    batch: EcgBatch, pod_cpus: int, alpha: float | tuple[FloatArray, FloatArray] = 1.0
+) -> tuple[FloatArray, FloatArray]:
     """Per row, the rate the caller's and the callee's sidecar price its messages at on
     ``pod_cpus`` shared CPUs: ``r_own^(1−alpha) · r_eff^alpha`` (:func:`sidecar_rates`,
     :func:`shared_cpu_rates`); ``alpha`` for every sidecar, or per row for each side."""
-    a_caller, a_callee = (np.full(batch.n_invocations, float(alpha)), np.full(batch.n_invocations, float(alpha))) if not isinstance(alpha, tuple) else alpha
+    a_caller, a_callee = (
+        (np.full(batch.n_invocations, float(alpha)), np.full(batch.n_invocations, float(alpha)))
+        if not isinstance(alpha, tuple)
+        else alpha
+    )
     if ((a_caller < 0) | (a_caller > 1) | (a_callee < 0) | (a_callee > 1)).any():
         raise ValueError(f"alpha must be within [0, 1], got {alpha}")
     eff = shared_cpu_rates(batch, pod_cpus)
     if (a_caller == 1.0).all() and (a_callee == 1.0).all():
         return eff, eff
     own_caller, own_callee = sidecar_rates(batch)
-    return own_caller ** (1.0 - a_caller) * eff**a_caller, own_callee ** (1.0 - a_callee) * eff**a_callee
+    return own_caller ** (1.0 - a_caller) * eff**a_caller, own_callee ** (
+        1.0 - a_callee
+    ) * eff**a_callee
 
 
 def single_profile(profile: Profile, others: Mapping[str, Profile] | None = None) -> ProfileLookup:
@@ -414,6 +501,8 @@ def single_profile(profile: Profile, others: Mapping[str, Profile] | None = None
             return profile
         if others and name in others:
             return others[name]
-        raise PredictionError(f"a service runs on platform {name!r}, but no profile of that name was given")
+        raise PredictionError(
+            f"a service runs on platform {name!r}, but no profile of that name was given"
+        )
 
     return look

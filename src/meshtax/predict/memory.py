@@ -9,7 +9,9 @@ from meshtax.model.ecg import Service
 from meshtax.model.profile import Profile
 
 
-def memory_by_service(services: Mapping[str, Service], profiles: Callable[[str | None], Profile]) -> tuple[dict[str, Any] | None, list[str]]:
+def memory_by_service(
+    services: Mapping[str, Service], profiles: Callable[[str | None], Profile]
+) -> tuple[dict[str, Any] | None, list[str]]:
     """Resident memory of each meshed service's sidecar (``M + n·m`` at its connection count).
 
     Returns None when no service gives a connection count; warnings name services whose
@@ -31,7 +33,15 @@ def memory_by_service(services: Mapping[str, Service], profiles: Callable[[str |
             continue
         b = float(model.predict([svc.connections])[0])
         se = float(model.stderr_at([svc.connections])[0])
-        rows.append({"service": name, "connections": svc.connections, "bytes": b, "bytes_lo": b - 1.96 * se, "bytes_hi": b + 1.96 * se})
+        rows.append(
+            {
+                "service": name,
+                "connections": svc.connections,
+                "bytes": b,
+                "bytes_lo": b - 1.96 * se,
+                "bytes_hi": b + 1.96 * se,
+            }
+        )
     if not rows:
         return None, warnings
     return {"per_pod": rows, "total_bytes": sum(r["bytes"] for r in rows)}, warnings

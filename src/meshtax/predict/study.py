@@ -40,6 +40,7 @@ from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import propagate, structure
+
 # the engine's per-sidecar model selection, reused so the study prices exactly like predict_batch
 from meshtax.predict.engine import connection_models, spec_models
 from meshtax.traces.store import Store, open_store, read_partition
@@ -99,7 +100,9 @@ def retarget(batch: EcgBatch, sidecar: SidecarConfig) -> EcgBatch:
     )
 
 
-def _row_costs(batch: EcgBatch, sidecar: SidecarConfig, profile: Profile) -> tuple[FloatArray, FloatArray]:
+def _row_costs(
+    batch: EcgBatch, sidecar: SidecarConfig, profile: Profile
+) -> tuple[FloatArray, FloatArray]:
     """Latency (µs) and CPU (CPU-µs per call) added to every row when every meshed sidecar runs
     ``sidecar``: the same models as :func:`~meshtax.predict.engine.hop_costs`, summed over
     components once and evaluated on the distinct (message size, rate) pairs only (traces
@@ -108,10 +111,14 @@ def _row_costs(batch: EcgBatch, sidecar: SidecarConfig, profile: Profile) -> tup
     n = batch.n_invocations
     proto = batch.protocol if batch.protocol is not None else np.zeros(n, dtype=np.int64)
     codes = [int(c) for c in np.unique(proto)]
-    per_code = {c: spec_models(SidecarSpec(sidecar, None), profile, warnings, PROTOCOLS[c]) for c in codes}
+    per_code = {
+        c: spec_models(SidecarSpec(sidecar, None), profile, warnings, PROTOCOLS[c]) for c in codes
+    }
     sizes = np.concatenate([batch.request_bytes, batch.response_bytes])
     if any(m.rate_coef for ms in per_code.values() for pair in ms.values() for m in pair):
-        pairs, inv = np.unique(np.column_stack([sizes, np.tile(batch.rate, 2)]), axis=0, return_inverse=True)
+        pairs, inv = np.unique(
+            np.column_stack([sizes, np.tile(batch.rate, 2)]), axis=0, return_inverse=True
+        )
     else:  # no rate term: the distinct sizes are enough (a 1-D unique is much faster)
         u, inv = np.unique(sizes, return_inverse=True)
         pairs = np.column_stack([u, np.full(u.size, np.nan)])
@@ -136,7 +143,9 @@ def _row_costs(batch: EcgBatch, sidecar: SidecarConfig, profile: Profile) -> tup
     return crossings * lat_row, crossings * cpu_row
 
 
-def predict_partition(batch: EcgBatch, configs: Sequence[StudyConfig], profile: Profile, after: Profile | None = None) -> dict[str, FloatArray]:
+def predict_partition(
+    batch: EcgBatch, configs: Sequence[StudyConfig], profile: Profile, after: Profile | None = None
+) -> dict[str, FloatArray]:
     """Per-graph columns of one batch for every configuration (pure; used by every engine)."""
     shape = structure(batch)  # independent of the configuration: computed once
     g = batch.graph_of()
@@ -151,7 +160,9 @@ def predict_partition(batch: EcgBatch, configs: Sequence[StudyConfig], profile: 
             prop = propagate(shape, lat)
             if base is None:
                 base = prop.base_us
-            cpu: FloatArray = np.bincount(g, weights=cpu_row * b.rate * 1e-6, minlength=G).astype(np.float64)
+            cpu: FloatArray = np.bincount(g, weights=cpu_row * b.rate * 1e-6, minlength=G).astype(
+                np.float64
+            )
             ov = prop.overhead_us
             with np.errstate(divide="ignore", invalid="ignore"):
                 pct = np.where(prop.base_us > 0, 100.0 * ov / prop.base_us, np.nan)
@@ -163,13 +174,21 @@ def predict_partition(batch: EcgBatch, configs: Sequence[StudyConfig], profile: 
 
 
 def _run_partition(
-    store_dir: str, stem: str, specs: tuple[SidecarSpec, ...], configs: tuple[StudyConfig, ...], profile: Profile, after: Profile | None, out_dir: str
+    store_dir: str,
+    stem: str,
+    specs: tuple[SidecarSpec, ...],
+    configs: tuple[StudyConfig, ...],
+    profile: Profile,
+    after: Profile | None,
+    out_dir: str,
 ) -> dict[str, Any]:
     """One partition: read, predict, write its per-graph Parquet. Runs on any engine's worker."""
     t0 = time.perf_counter()
     batch = read_partition(Path(store_dir), stem, specs, with_names=False)
     cols = predict_partition(batch, configs, profile, after)
-    names = pq.read_table(Path(store_dir) / f"{stem}.graphs.parquet", columns=["name"]).column("name")
+    names = pq.read_table(Path(store_dir) / f"{stem}.graphs.parquet", columns=["name"]).column(
+        "name"
+    )
     table = pa.table(
         {
             "graph": names,
@@ -179,7 +198,12 @@ def _run_partition(
     )
     out = Path(out_dir) / "graphs" / f"{stem}.parquet"
     pq.write_table(table, out, compression="zstd")
-    return {"stem": stem, "graphs": batch.n_graphs, "rows": batch.n_invocations, "seconds": time.perf_counter() - t0}
+    return {
+        "stem": stem,
+        "graphs": batch.n_graphs,
+        "rows": batch.n_invocations,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 @dataclass(frozen=True)
@@ -258,12 +282,17 @@ def run_study(
         else:
             runnable.append(c)
     if not runnable:
-        raise StudyError("no configuration can be priced: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+        raise StudyError(
+            "no configuration can be priced: " + "; ".join(f"{k}: {v}" for k, v in skipped.items())
+        )
     out = Path(out_dir)
     (out / "graphs").mkdir(parents=True, exist_ok=True)
     for old in (out / "graphs").glob("part-*.parquet"):
         old.unlink()
-    args = [(str(store.dir), p.stem, store.specs, tuple(runnable), profile, after, str(out)) for p in store.partitions]
+    args = [
+        (str(store.dir), p.stem, store.specs, tuple(runnable), profile, after, str(out))
+        for p in store.partitions
+    ]
     with _progress(progress, len(args), "study") as tick:
         if engine == "local":
             for a in args:
@@ -293,11 +322,15 @@ def run_study(
     return summary
 
 
-def _run_dask(args: Sequence[tuple[Any, ...]], scheduler: str | Any | None, tick: Callable[[], None]) -> None:
+def _run_dask(
+    args: Sequence[tuple[Any, ...]], scheduler: str | Any | None, tick: Callable[[], None]
+) -> None:
     try:
         from dask.distributed import Client, LocalCluster, as_completed
     except ImportError:
-        raise StudyError("engine 'dask' needs dask.distributed: pip install 'dask[distributed]'") from None
+        raise StudyError(
+            "engine 'dask' needs dask.distributed: pip install 'dask[distributed]'"
+        ) from None
     own: list[Any] = []
     if scheduler is None:
         cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)  # type: ignore[no-untyped-call]
@@ -351,7 +384,9 @@ class _progress:
             self.bar.stop()
 
 
-def _aggregate(out: Path, configs: Iterable[StudyConfig], has_after: bool) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, float]], tuple[str, ...]]:
+def _aggregate(
+    out: Path, configs: Iterable[StudyConfig], has_after: bool
+) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, float]], tuple[str, ...]]:
     """Exact CDFs and statistics from the per-graph files (one column at a time)."""
     parts = sorted((out / "graphs").glob("part-*.parquet"))
     q = np.linspace(0.0, 1.0, N_QUANTILES)

@@ -51,7 +51,10 @@ class Speedup:
 
     def describe(self) -> str:
         parts = [f"{k} {100 * (f - 1):+g}%" for k, f in self.factors.items()]
-        parts += [f"{c.key} from {r.profile}" + (f" ({r.mode.value})" if r.mode else "") for c, r in self.replace.items()]
+        parts += [
+            f"{c.key} from {r.profile}" + (f" ({r.mode.value})" if r.mode else "")
+            for c, r in self.replace.items()
+        ]
         return ", ".join(parts) or "no change"
 
 
@@ -76,7 +79,9 @@ def speedup_from_dict(d: Mapping[str, Any], source: str = "<speedup>") -> Speedu
         raise SpeedupError(f"{source}: expected a mapping with 'scale' and/or 'replace'")
     unknown = set(d) - {"name", "scale", "replace", "description"}
     if unknown:
-        raise SpeedupError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}; expected name, scale, replace")
+        raise SpeedupError(
+            f"{source}: unknown key(s) {', '.join(sorted(unknown))}; expected name, scale, replace"
+        )
     factors: dict[str, float] = {}
     for k, v in (d.get("scale") or {}).items():
         key = str(k).strip().lower()
@@ -93,18 +98,24 @@ def speedup_from_dict(d: Mapping[str, Any], source: str = "<speedup>") -> Speedu
         except ValueError as e:
             raise SpeedupError(f"{source}: replace.{k}: {e}") from None
         if not isinstance(v, Mapping) or "profile" not in v:
-            raise SpeedupError(f"{source}: replace.{k}: expected {{profile: NAME, mode: tcp|http|grpc}}")
+            raise SpeedupError(
+                f"{source}: replace.{k}: expected {{profile: NAME, mode: tcp|http|grpc}}"
+            )
         try:
             mode = Mode(v["mode"]) if v.get("mode") else None
         except ValueError:
-            raise SpeedupError(f"{source}: replace.{k}.mode: {v['mode']!r}; expected tcp, http or grpc") from None
+            raise SpeedupError(
+                f"{source}: replace.{k}.mode: {v['mode']!r}; expected tcp, http or grpc"
+            ) from None
         repl[comp] = Replacement(str(v["profile"]), mode)
     if not factors and not repl:
         raise SpeedupError(f"{source}: no 'scale' or 'replace' entries; nothing to change")
     return Speedup(str(d.get("name", "speedup")), factors, repl)
 
 
-def apply_speedup(profile: Profile, sp: Speedup, lookup: Callable[[str], Profile] | None = None) -> tuple[Profile, tuple[str, ...]]:
+def apply_speedup(
+    profile: Profile, sp: Speedup, lookup: Callable[[str], Profile] | None = None
+) -> tuple[Profile, tuple[str, ...]]:
     """The profile after the speedup, and warnings for targets the profile does not have."""
     warnings: list[str] = []
     used: set[str] = set()
@@ -115,10 +126,14 @@ def apply_speedup(profile: Profile, sp: Speedup, lookup: Callable[[str], Profile
             if c in sp.replace:
                 r = sp.replace[c]
                 if lookup is None:
-                    raise SpeedupError(f"replace.{c.key}: no profile store to look up {r.profile!r}")
+                    raise SpeedupError(
+                        f"replace.{c.key}: no profile store to look up {r.profile!r}"
+                    )
                 other = lookup(r.profile).mode(r.mode or mode).components
                 if c not in other:
-                    raise SpeedupError(f"replace.{c.key}: profile {r.profile!r} has no {c.key} model in {(r.mode or mode).value} mode")
+                    raise SpeedupError(
+                        f"replace.{c.key}: profile {r.profile!r} has no {c.key} model in {(r.mode or mode).value} mode"
+                    )
                 m = other[c]
                 used.add(c.key)
             f = sp.factors.get(c.key, 1.0)
@@ -134,7 +149,13 @@ def apply_speedup(profile: Profile, sp: Speedup, lookup: Callable[[str], Profile
         modes.append(ModeProfile(mode, comps, mp.closure))
     for k in list(sp.factors) + [c.key for c in sp.replace]:
         if k not in used:
-            warnings.append(f"speedup {sp.name!r}: profile {profile.name!r} has no {k} component; that entry changes nothing")
-    prov = replace(profile.provenance, source="derived", notes=(*profile.provenance.notes, f"what-if {sp.name}: {sp.describe()}"))
+            warnings.append(
+                f"speedup {sp.name!r}: profile {profile.name!r} has no {k} component; that entry changes nothing"
+            )
+    prov = replace(
+        profile.provenance,
+        source="derived",
+        notes=(*profile.provenance.notes, f"what-if {sp.name}: {sp.describe()}"),
+    )
     after = Profile(f"{profile.name}+{sp.name}", profile.platform, prov, {m.mode: m for m in modes})
     return after, tuple(warnings)

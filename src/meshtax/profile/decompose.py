@@ -199,8 +199,14 @@ class Window:
     client: ThreadReading = EMPTY_THREAD
 
     @classmethod
-    def of(cls, reading: ProbeReading, requests: int, *, sidecar_tgid: int | None,
-           app_tgid: int | None = None) -> Window:  # fmt: skip
+    def of(
+        cls,
+        reading: ProbeReading,
+        requests: int,
+        *,
+        sidecar_tgid: int | None,
+        app_tgid: int | None = None,
+    ) -> Window:
         """Split a reading into sidecar, app (``app_tgid=None``: no app threads) and client
         (the followed threads)."""
         mine = [t for t in reading.threads if not t.followed]
@@ -214,8 +220,9 @@ class Window:
         for t in reading.threads:
             if t.followed:
                 client = client + t
-        return cls(requests, side, app, reading.ipc.ns, reading.ipc.count, reading.ipc.bytes,
-                   client)  # fmt: skip
+        return cls(
+            requests, side, app, reading.ipc.ns, reading.ipc.count, reading.ipc.bytes, client
+        )
 
     def __add__(self, other: Window) -> Window:
         return Window(

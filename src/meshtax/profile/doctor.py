@@ -178,9 +178,7 @@ def check_root(host: Host) -> Check:
 def check_tracefs(host: Host) -> Check:
     if _mounted(host, TRACEFS, "tracefs"):
         return Check("tracefs", True, f"tracefs mounted at {TRACEFS}")
-    return Check(
-        "tracefs", False, f"no tracefs at {TRACEFS}", f"mount -t tracefs nodev {TRACEFS}"
-    )
+    return Check("tracefs", False, f"no tracefs at {TRACEFS}", f"mount -t tracefs nodev {TRACEFS}")
 
 
 def check_bpffs(host: Host) -> Check:
@@ -192,9 +190,7 @@ def check_bpffs(host: Host) -> Check:
 def check_btf(host: Host) -> Check:
     if host.exists(BTF):
         return Check("btf", True, f"{BTF} present (CO-RE probes can be built)")
-    return Check(
-        "btf", False, f"{BTF} missing", "use a kernel built with CONFIG_DEBUG_INFO_BTF=y"
-    )
+    return Check("btf", False, f"{BTF} missing", "use a kernel built with CONFIG_DEBUG_INFO_BTF=y")
 
 
 def _limit(v: int) -> str:
@@ -241,33 +237,67 @@ def check_iproute_netns_iptables(system: System, host: Host) -> list[Check]:
         made = _run(system, ["ip", "netns", "add", ns])
         if made.returncode != 0:
             return [
-                Check("netns", False, f"ip netns add: {_first_line(made)}",
-                      "needs CAP_SYS_ADMIN and a writable /run/netns (privileged container)"),
+                Check(
+                    "netns",
+                    False,
+                    f"ip netns add: {_first_line(made)}",
+                    "needs CAP_SYS_ADMIN and a writable /run/netns (privileged container)",
+                ),
                 Check("iptables", False, "not checked (no netns)", ""),
-            ]  # fmt: skip
+            ]
         veth = _run(
-            system, ["ip", "-n", ns, "link", "add", "mtxd0", "type", "veth", "peer", "name", "mtxd1"]
+            system,
+            ["ip", "-n", ns, "link", "add", "mtxd0", "type", "veth", "peer", "name", "mtxd1"],
         )
         bridge = _run(system, ["ip", "-n", ns, "link", "add", "mtxbr", "type", "bridge"])
         if veth.returncode != 0 or bridge.returncode != 0:
             bad = veth if veth.returncode != 0 else bridge
-            netns = Check("netns", False, f"veth/bridge: {_first_line(bad)}",
-                          "load the veth and bridge modules (modprobe veth bridge)")  # fmt: skip
+            netns = Check(
+                "netns",
+                False,
+                f"veth/bridge: {_first_line(bad)}",
+                "load the veth and bridge modules (modprobe veth bridge)",
+            )
         else:
             netns = Check("netns", True, f"{_first_line(ip)}; netns, veth and bridge work")
         if ipt.returncode != 0:
             return [netns, Check("iptables", False, _first_line(ipt), APT_FIX.format("iptables"))]
         rule = _run(
             system,
-            ["iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-m", "owner",
-             "--uid-owner", "1337", "-j", "REDIRECT", "--to-ports", "15001"],
+            [
+                "iptables",
+                "-w",
+                "-t",
+                "nat",
+                "-A",
+                "OUTPUT",
+                "-p",
+                "tcp",
+                "-m",
+                "owner",
+                "--uid-owner",
+                "1337",
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                "15001",
+            ],
             place=Placement(netns=ns),
-        )  # fmt: skip
+        )
         if rule.returncode != 0:
-            return [netns, Check("iptables", False,
-                                 f"{_first_line(ipt)}; nat REDIRECT/owner: {_first_line(rule)}",
-                                 "enable nf_nat, xt_REDIRECT and xt_owner (or nft equivalents)")]  # fmt: skip
-        return [netns, Check("iptables", True, f"{_first_line(ipt)}; nat REDIRECT + owner match work")]  # fmt: skip
+            return [
+                netns,
+                Check(
+                    "iptables",
+                    False,
+                    f"{_first_line(ipt)}; nat REDIRECT/owner: {_first_line(rule)}",
+                    "enable nf_nat, xt_REDIRECT and xt_owner (or nft equivalents)",
+                ),
+            ]
+        return [
+            netns,
+            Check("iptables", True, f"{_first_line(ipt)}; nat REDIRECT + owner match work"),
+        ]
     finally:
         _run(system, ["ip", "netns", "del", ns])
 
@@ -282,8 +312,12 @@ def check_envoy(system: System, host: Host) -> Check:
     if out.returncode != 0 or ver is None:
         return Check("envoy", False, f"{path}: {_first_line(out)}", fix)
     if parse_version_tuple(ver) < ENVOY_MIN:
-        return Check("envoy", False, f"{path}: Envoy {ver} is older than "
-                     f"{'.'.join(map(str, ENVOY_MIN))}", fix)  # fmt: skip
+        return Check(
+            "envoy",
+            False,
+            f"{path}: Envoy {ver} is older than {'.'.join(map(str, ENVOY_MIN))}",
+            fix,
+        )
     return Check("envoy", True, f"{path}: Envoy {ver}")
 
 
@@ -306,9 +340,13 @@ def check_perf(system: System, host: Host) -> Check:
         return Check("perf", False, "no perf on PATH", APT_FIX.format("linux-perf"))
     out = _run(system, ["perf", "record", "-q", "-e", "cpu-clock", "-o", "/dev/null", "--", "true"])
     if out.returncode != 0:
-        return Check("perf", False, f"perf record -e cpu-clock: {_first_line(out)}",
-                     "sysctl kernel.perf_event_paranoid=-1 (or run as root); "
-                     "install linux-perf matching the kernel")  # fmt: skip
+        return Check(
+            "perf",
+            False,
+            f"perf record -e cpu-clock: {_first_line(out)}",
+            "sysctl kernel.perf_event_paranoid=-1 (or run as root); "
+            "install linux-perf matching the kernel",
+        )
     return Check("perf", True, "perf record -e cpu-clock works")
 
 
@@ -318,8 +356,9 @@ def check_probe_build(system: System, host: Host) -> Check:
         missing.append("libbpf-dev")
     if missing:
         pkgs = " ".join("bpftool" if m == "bpftool" else m for m in missing)
-        return Check("probe-build", False, f"missing: {', '.join(missing)}",
-                     APT_FIX.format(pkgs + " llvm"))  # fmt: skip
+        return Check(
+            "probe-build", False, f"missing: {', '.join(missing)}", APT_FIX.format(pkgs + " llvm")
+        )
     clang = _first_line(_run(system, ["clang", "--version"]))
     bpftool = _first_line(_run(system, ["bpftool", "version"]))
     return Check("probe-build", True, f"{clang}; {bpftool}; libbpf headers present")
@@ -357,11 +396,17 @@ def prepare(system: System, host: Host | None = None) -> list[str]:
     h = host or RealHost()
     changed: list[str] = []
     steps: list[tuple[Callable[[], bool], list[str], str]] = [
-        (lambda: _mounted(h, TRACEFS, "tracefs"),
-         ["mount", "-t", "tracefs", "nodev", TRACEFS], f"mounted tracefs at {TRACEFS}"),
-        (lambda: _mounted(h, BPFFS, "bpf"),
-         ["mount", "-t", "bpf", "bpf", BPFFS], f"mounted bpf fs at {BPFFS}"),
-    ]  # fmt: skip
+        (
+            lambda: _mounted(h, TRACEFS, "tracefs"),
+            ["mount", "-t", "tracefs", "nodev", TRACEFS],
+            f"mounted tracefs at {TRACEFS}",
+        ),
+        (
+            lambda: _mounted(h, BPFFS, "bpf"),
+            ["mount", "-t", "bpf", "bpf", BPFFS],
+            f"mounted bpf fs at {BPFFS}",
+        ),
+    ]
     for present, argv, what in steps:
         if not present():
             system.run(argv)

@@ -173,7 +173,10 @@ def _redact_inline(tls: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
 
     def walk(x: Any) -> Any:
         if isinstance(x, Mapping):
-            return {k: "<inline>" if k in ("inline_string", "inline_bytes") else walk(v) for k, v in x.items()}
+            return {
+                k: "<inline>" if k in ("inline_string", "inline_bytes") else walk(v)
+                for k, v in x.items()
+            }
         if isinstance(x, list):
             return [walk(v) for v in x]
         return x
@@ -289,7 +292,8 @@ def _network_filter(cfg: EnvoyConfig, direction: str, cluster: str) -> dict[str,
 
 def _listener(cfg: EnvoyConfig, direction: str, port: int, cluster: str) -> dict[str, Any]:
     chain: dict[str, Any] = {
-        "filters": [dict(f) for f in cfg.network_filters] + [_network_filter(cfg, direction, cluster)]
+        "filters": [dict(f) for f in cfg.network_filters]
+        + [_network_filter(cfg, direction, cluster)]
     }
     if direction == "inbound" and cfg.inbound_tls is not None:
         chain["transport_socket"] = json.loads(json.dumps(cfg.inbound_tls))
@@ -313,11 +317,16 @@ def bootstrap(cfg: EnvoyConfig) -> dict[str, Any]:
     """The Envoy v3 bootstrap (a plain dict, JSON/YAML-serialisable) for ``cfg``."""
     clusters: list[dict[str, Any]] = []
     names: dict[str, str] = {}
-    for direction, upstream in (("inbound", cfg.inbound_upstream), ("outbound", cfg.outbound_upstream)):
+    for direction, upstream in (
+        ("inbound", cfg.inbound_upstream),
+        ("outbound", cfg.outbound_upstream),
+    ):
         name = f"{direction}_{ORIG_DST_CLUSTER}" if upstream is None else f"{direction}_static"
         names[direction] = name
         tls = cfg.outbound_tls if direction == "outbound" else None
-        clusters.append(_cluster(name, cfg.mode, upstream, cfg.connect_timeout_s, tls, cfg.circuit_breaker_max))
+        clusters.append(
+            _cluster(name, cfg.mode, upstream, cfg.connect_timeout_s, tls, cfg.circuit_breaker_max)
+        )
     return {
         "node": {"id": "meshtax-sidecar", "cluster": "meshtax"},
         "admin": {"address": _addr(cfg.admin_address, cfg.admin_port)},
@@ -426,7 +435,9 @@ class EnvoyProcess:
         until admin ``/ready`` says LIVE."""
         if self.process is not None and self.process.poll() is None:
             # a second spawn would orphan the first: stop() only knows the newest
-            raise EnvoyError(f"Envoy already running (PID {self.process.pid}); stop it first (the context manager starts it)")
+            raise EnvoyError(
+                f"Envoy already running (PID {self.process.pid}); stop it first (the context manager starts it)"
+            )
         self.workdir.mkdir(parents=True, exist_ok=True)
         write_config(bootstrap(self.cfg), self.config_path)
         # opened here (as root) and inherited: works whatever UID the proxy runs as
@@ -479,7 +490,9 @@ class EnvoyProcess:
         """GET an admin path from inside the sidecar's namespace; raises on HTTP errors."""
         argv = ["curl", "-sS", "--fail", "--max-time", str(timeout), self.admin_url + path]
         try:
-            return self.system.run(argv, place=Placement(netns=self.place.netns), timeout=timeout + 5).stdout
+            return self.system.run(
+                argv, place=Placement(netns=self.place.netns), timeout=timeout + 5
+            ).stdout
         except CommandError as e:
             raise EnvoyError(f"Envoy admin {path}: {e}") from e
 
@@ -519,6 +532,8 @@ class EnvoyProcess:
         self.stop()
 
 
-def stat_delta(before: Mapping[str, int], after: Mapping[str, int], names: Sequence[str]) -> dict[str, int]:
+def stat_delta(
+    before: Mapping[str, int], after: Mapping[str, int], names: Sequence[str]
+) -> dict[str, int]:
     """``after - before`` for the named counters (missing counts as 0)."""
     return {n: after.get(n, 0) - before.get(n, 0) for n in names}

@@ -42,8 +42,6 @@ from meshtax.model.costmodel import ComponentModel, CostModel, extra_units
 from meshtax.model.profile import ModeProfile, Profile, Provenance, TlsModels
 from meshtax.model.sidecar import Mode
 from meshtax.profile.envoy import EnvoyConfig
-from meshtax.profile.filterprof import ConnectFn as ModeConnectFn
-from meshtax.profile.filterprof import connect_loop as mode_connect_loop
 from meshtax.profile.filterprof import (
     BASE,
     LO,
@@ -65,6 +63,8 @@ from meshtax.profile.filterprof import (
     resolve_filters,
     variant,
 )
+from meshtax.profile.filterprof import ConnectFn as ModeConnectFn
+from meshtax.profile.filterprof import connect_loop as mode_connect_loop
 from meshtax.profile.fit import choose_split
 from meshtax.profile.stats import Estimate, estimate, median
 from meshtax.profile.system import System
@@ -115,7 +115,9 @@ class ExtrasOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "filters": self.filters if self.filters is None or isinstance(self.filters, str) else list(self.filters),
+            "filters": self.filters
+            if self.filters is None or isinstance(self.filters, str)
+            else list(self.filters),
             "quick": self.quick,
             "mtls": self.mtls,
             "memory": self.memory,
@@ -136,16 +138,21 @@ class ProfileStoreLike(Protocol):
 
 
 def _rounds(
-    env: MultiEnvoy, be: FilterBackends, pairs: Sequence[tuple[Variant, Variant]], mode: Mode, size: int,
-    n: int, rounds: int,
-) -> tuple[list[float], list[float], list[float], list[float]]:  # fmt: skip
+    env: MultiEnvoy,
+    be: FilterBackends,
+    pairs: Sequence[tuple[Variant, Variant]],
+    mode: Mode,
+    size: int,
+    n: int,
+    rounds: int,
+) -> tuple[list[float], list[float], list[float], list[float]]:
     """Paired runs (a, b) per round, order alternating: CPU and latency per request of each."""
     assert be.load is not None
     ca, cb, la, lb = [], [], [], []
     for r in range(rounds):
         for a, b in pairs:
             got = {}
-            for v in ((a, b) if r % 2 == 0 else (b, a)):
+            for v in (a, b) if r % 2 == 0 else (b, a):
                 c0 = be.cpu_ns(env.pid)
                 res = be.load(f"{LO}:{v.port}", mode, size, n)
                 got[v.name] = ((be.cpu_ns(env.pid) - c0) / 1e3 / res.count, res.avg_us)
@@ -173,12 +180,16 @@ class TlsResult:
             "tls_version": self.version,
             "sizes": list(self.sizes),
             "cpu_us_per_request_pair": {str(s): e.to_dict() for s, e in self.cpu_us.items()},
-            "latency_us_per_request_pair": {str(s): e.to_dict() for s, e in self.latency_us.items()},
+            "latency_us_per_request_pair": {
+                str(s): e.to_dict() for s, e in self.latency_us.items()
+            },
             "plain_cpu_us_per_request_pair": {str(s): v for s, v in self.plain_cpu_us.items()},
         }
 
 
-def _pair_variants(mode: Mode, ports: Sequence[int], echo: tuple[str, int], version: str) -> list[Variant]:
+def _pair_variants(
+    mode: Mode, ports: Sequence[int], echo: tuple[str, int], version: str
+) -> list[Variant]:
     """plain_out → plain_in → echo and mtls_out ─mTLS→ mtls_in → echo, in one Envoy."""
     from meshtax.profile.tls import CertAuthority, sidecar_mtls
 
@@ -196,9 +207,14 @@ def _pair_variants(mode: Mode, ports: Sequence[int], echo: tuple[str, int], vers
 
 
 def measure_tls(
-    mode: Mode, sizes: Sequence[int], opts: FilterRunOptions, system: System, be: FilterBackends, work: Path,
+    mode: Mode,
+    sizes: Sequence[int],
+    opts: FilterRunOptions,
+    system: System,
+    be: FilterBackends,
+    work: Path,
     version: str = "1.3",
-) -> TlsResult:  # fmt: skip
+) -> TlsResult:
     """Per-request cost of mTLS on the sidecar-to-sidecar hop, per size."""
     ports = (be.free_ports or free_ports)(6)
     variants = _pair_variants(mode, ports[2:], (LO, ports[0]), version)
@@ -206,13 +222,18 @@ def measure_tls(
     cpu: dict[int, Estimate] = {}
     lat: dict[int, Estimate] = {}
     plain: dict[int, float] = {}
-    with _echo(be, system, work / "echo-tls", mode, ports[0]), be.envoy(system, boot, work / f"tls-{mode.value}") as env:
+    with (
+        _echo(be, system, work / "echo-tls", mode, ports[0]),
+        be.envoy(system, boot, work / f"tls-{mode.value}") as env,
+    ):
         for size in sizes:
             n = _n_for(size, opts.n)
             for v in (variants[0], variants[2]):
                 assert be.load is not None
                 be.load(f"{LO}:{v.port}", mode, size, max(n // 4, 20))
-            cm, lm, cp, lp = _rounds(env, be, [(variants[2], variants[0])], mode, size, n, opts.rounds)
+            cm, lm, cp, lp = _rounds(
+                env, be, [(variants[2], variants[0])], mode, size, n, opts.rounds
+            )
             cpu[size] = estimate([a - b for a, b in zip(cm, cp)])
             lat[size] = estimate([a - b for a, b in zip(lm, lp)])
             plain[size] = median(cp)
@@ -231,8 +252,10 @@ def tls_models(r: TlsResult) -> ComponentModel:
             lat.append(lt / 4)
     split = TLS_RECORD if max(r.sizes) > TLS_RECORD else None
     note = f"TLS {r.version} mTLS minus plaintext on a sidecar pair, per request / 4 crossings; split at the TLS record size"
-    return ComponentModel(CostModel.fit(sizes, lat, split_bytes=split, note=note + " (latency)"),
-                          CostModel.fit(sizes, cpu, split_bytes=split, note=note + " (worker CPU)"))  # fmt: skip
+    return ComponentModel(
+        CostModel.fit(sizes, lat, split_bytes=split, note=note + " (latency)"),
+        CostModel.fit(sizes, cpu, split_bytes=split, note=note + " (worker CPU)"),
+    )
 
 
 @dataclass(frozen=True)
@@ -247,14 +270,23 @@ class HandshakeResult:
     def model(self) -> ComponentModel:
         """Per sidecar: the pair's cost halved (each side does one half of the handshake)."""
         note = f"TLS {self.version} handshake, mTLS minus plaintext per TCP connection through a sidecar pair, halved per sidecar"
-        lat = CostModel.fit([0.0] * len(self.latency_us.samples), [x / 2 for x in self.latency_us.samples], note=note)
-        cpu = CostModel.fit([0.0] * len(self.cpu_us.samples), [x / 2 for x in self.cpu_us.samples], note=note)
+        lat = CostModel.fit(
+            [0.0] * len(self.latency_us.samples),
+            [x / 2 for x in self.latency_us.samples],
+            note=note,
+        )
+        cpu = CostModel.fit(
+            [0.0] * len(self.cpu_us.samples), [x / 2 for x in self.cpu_us.samples], note=note
+        )
         return ComponentModel(lat, cpu)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tls_version": self.version, "connections_per_round": self.connections,
-                "cpu_us_per_connection_pair": self.cpu_us.to_dict(),
-                "latency_us_per_connection_pair": self.latency_us.to_dict()}  # fmt: skip
+        return {
+            "tls_version": self.version,
+            "connections_per_round": self.connections,
+            "cpu_us_per_connection_pair": self.cpu_us.to_dict(),
+            "latency_us_per_connection_pair": self.latency_us.to_dict(),
+        }
 
 
 ConnectFn = Callable[[int, int], float]  # (port, k connections) → mean seconds per connection
@@ -266,21 +298,29 @@ def connect_loop(port: int, k: int) -> float:
 
 
 def measure_handshake(
-    opts: FilterRunOptions, system: System, be: FilterBackends, work: Path, version: str = "1.3",
-    connect: ConnectFn = connect_loop, k: int = 200,
-) -> HandshakeResult:  # fmt: skip
+    opts: FilterRunOptions,
+    system: System,
+    be: FilterBackends,
+    work: Path,
+    version: str = "1.3",
+    connect: ConnectFn = connect_loop,
+    k: int = 200,
+) -> HandshakeResult:
     """TCP mode: worker CPU and time per new connection, mTLS minus plaintext, paired rounds."""
     ports = (be.free_ports or free_ports)(6)
     variants = _pair_variants(Mode.TCP, ports[2:], (LO, ports[0]), version)
     boot = multi_bootstrap(variants, ports[1])
     dc: list[float] = []
     dl: list[float] = []
-    with _echo(be, system, work / "echo-hs", Mode.TCP, ports[0]), be.envoy(system, boot, work / "handshake") as env:
+    with (
+        _echo(be, system, work / "echo-hs", Mode.TCP, ports[0]),
+        be.envoy(system, boot, work / "handshake") as env,
+    ):
         for v in (variants[0], variants[2]):
             connect(v.port, 20)  # warm: first connections pay for lazy set-up
         for r in range(opts.rounds):
             got = {}
-            for v in ((variants[2], variants[0]) if r % 2 == 0 else (variants[0], variants[2])):
+            for v in (variants[2], variants[0]) if r % 2 == 0 else (variants[0], variants[2]):
                 c0 = be.cpu_ns(env.pid)
                 t = connect(v.port, k)
                 got[v.name] = ((be.cpu_ns(env.pid) - c0) / 1e3 / k, t * 1e6)
@@ -306,13 +346,20 @@ class LargeResult:
     latency_us: Mapping[int, tuple[float, ...]]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode.value,
-                "cpu_us_per_request": {str(s): list(v) for s, v in self.cpu_us.items()},
-                "latency_us_per_request": {str(s): list(v) for s, v in self.latency_us.items()}}  # fmt: skip
+        return {
+            "mode": self.mode.value,
+            "cpu_us_per_request": {str(s): list(v) for s, v in self.cpu_us.items()},
+            "latency_us_per_request": {str(s): list(v) for s, v in self.latency_us.items()},
+        }
 
 
 def measure_large(
-    mode: Mode, sizes: Sequence[int], opts: FilterRunOptions, system: System, be: FilterBackends, work: Path
+    mode: Mode,
+    sizes: Sequence[int],
+    opts: FilterRunOptions,
+    system: System,
+    be: FilterBackends,
+    work: Path,
 ) -> LargeResult:
     ports = (be.free_ports or free_ports)(3)
     v = variant(BASE, mode, ports[2], (LO, ports[0]))
@@ -320,7 +367,10 @@ def measure_large(
     cpu: dict[int, list[float]] = {s: [] for s in sizes}
     lat: dict[int, list[float]] = {s: [] for s in sizes}
     assert be.load is not None
-    with _echo(be, system, work / "echo-large", mode, ports[0]), be.envoy(system, boot, work / f"large-{mode.value}") as env:
+    with (
+        _echo(be, system, work / "echo-large", mode, ports[0]),
+        be.envoy(system, boot, work / f"large-{mode.value}") as env,
+    ):
         for s in sizes:
             be.load(f"{LO}:{v.port}", mode, s, max(_n_for(s, opts.n) // 4, 10))
         for _ in range(opts.rounds):
@@ -329,7 +379,9 @@ def measure_large(
                 res = be.load(f"{LO}:{v.port}", mode, s, _n_for(s, opts.n))
                 cpu[s].append((be.cpu_ns(env.pid) - c0) / 1e3 / res.count)
                 lat[s].append(res.avg_us)
-    return LargeResult(mode, {s: tuple(x) for s, x in cpu.items()}, {s: tuple(x) for s, x in lat.items()})
+    return LargeResult(
+        mode, {s: tuple(x) for s, x in cpu.items()}, {s: tuple(x) for s, x in lat.items()}
+    )
 
 
 @dataclass(frozen=True)
@@ -348,13 +400,26 @@ class LargeFit:
                 continue
             m = self.measured[s]
             lp, sp = float(self.line.predict([s])[0]), float(self.split.predict([s])[0])
-            out.append({"size": s, "measured": m, "line": lp, "line_error": (lp - m) / m if m else float("nan"),
-                        "split_model": sp, "split_error": (sp - m) / m if m else float("nan")})  # fmt: skip
+            out.append(
+                {
+                    "size": s,
+                    "measured": m,
+                    "line": lp,
+                    "line_error": (lp - m) / m if m else float("nan"),
+                    "split_model": sp,
+                    "split_error": (sp - m) / m if m else float("nan"),
+                }
+            )
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "line": self.line.to_dict(), "split": self.split.to_dict(),
-                "measured_per_crossing": {str(s): v for s, v in self.measured.items()}, "check": self.rows()}  # fmt: skip
+        return {
+            "metric": self.metric,
+            "line": self.line.to_dict(),
+            "split": self.split.to_dict(),
+            "measured_per_crossing": {str(s): v for s, v in self.measured.items()},
+            "check": self.rows(),
+        }
 
 
 def fit_large(sizes_values: Mapping[int, Sequence[float]], metric: str) -> LargeFit:
@@ -366,7 +431,11 @@ def fit_large(sizes_values: Mapping[int, Sequence[float]], metric: str) -> Large
         s += [float(size)] * len(vs)
         y += [v / 2 for v in vs]
     small = [(a, b) for a, b in zip(s, y) if a <= SMALL_MAX]
-    line = CostModel.fit([a for a, _ in small], [b for _, b in small], note=f"{metric}: line through sizes <= {SMALL_MAX} B")
+    line = CostModel.fit(
+        [a for a, _ in small],
+        [b for _, b in small],
+        note=f"{metric}: line through sizes <= {SMALL_MAX} B",
+    )
     split = choose_split(s, y, SPLIT_CANDIDATES)
     model = CostModel.fit(s, y, split_bytes=split, note=f"{metric}: all sizes, split {split}")
     med = {size: median(vs) / 2 for size, vs in sizes_values.items()}
@@ -388,8 +457,13 @@ def add_large(mp: ModeProfile, cpu: LargeFit, lat: LargeFit) -> ModeProfile:
         xu = extra_units(xs, fit.split.split_bytes)
         resid = ys - fit.line.predict(xs)
         u = float(xu @ resid / (xu @ xu)) if float(xu @ xu) > 0 else 0.0
-        note = (model.note + f"; + {u:.3g} per extra {fit.split.split_bytes}-byte unit (large-message fit)").lstrip("; ")
-        return dataclasses.replace(model, split_bytes=fit.split.split_bytes, per_unit=model.per_unit + u, note=note)
+        note = (
+            model.note
+            + f"; + {u:.3g} per extra {fit.split.split_bytes}-byte unit (large-message fit)"
+        ).lstrip("; ")
+        return dataclasses.replace(
+            model, split_bytes=fit.split.split_bytes, per_unit=model.per_unit + u, note=note
+        )
 
     comps[OTHER] = ComponentModel(extra(base.latency, lat), extra(base.cpu, cpu))
     return dataclasses.replace(mp, components=comps)
@@ -406,7 +480,7 @@ class ExtrasBackends:
     memory: Callable[[Mode, bool, bool, str, System], Any] | None = None  # → MemoryResult
     connect: ConnectFn = connect_loop
     connect_mode: ModeConnectFn = mode_connect_loop  # per-connection filter costs (TCP, HTTP, gRPC)
-    now: Callable[[], _dt.datetime] = field(default=lambda: _dt.datetime.now(_dt.timezone.utc))
+    now: Callable[[], _dt.datetime] = field(default=lambda: _dt.datetime.now(_dt.UTC))
 
 
 def _echo(be: FilterBackends, system: System, work: Path, mode: Mode, port: int) -> Any:
@@ -416,7 +490,12 @@ def _echo(be: FilterBackends, system: System, work: Path, mode: Mode, port: int)
 def _real_memory(mode: Mode, mtls: bool, quick: bool, version: str, system: System) -> Any:
     from meshtax.profile.memory import CONNECTIONS, QUICK_CONNECTIONS, MemorySpec, measure_memory
 
-    spec = MemorySpec(mode=mode, mtls=mtls, connections=QUICK_CONNECTIONS if quick else CONNECTIONS, tls_version=version)
+    spec = MemorySpec(
+        mode=mode,
+        mtls=mtls,
+        connections=QUICK_CONNECTIONS if quick else CONNECTIONS,
+        tls_version=version,
+    )
     return measure_memory(spec, system=system)
 
 
@@ -454,9 +533,13 @@ def profile_extras(
     modes = [Mode(m) for m in options.modes] if options.modes else list(base.modes)
     missing = [m.value for m in modes if m not in base.modes]
     if missing:
-        raise ValueError(f"base profile {base_profile_name!r} has no {', '.join(missing)} mode; profile it first")
+        raise ValueError(
+            f"base profile {base_profile_name!r} has no {', '.join(missing)} mode; profile it first"
+        )
     opts = FilterRunOptions.quick() if options.quick else FilterRunOptions()
-    record: dict[str, Any] = dict(start.provenance.options.get("extras", {})) if start is not base else {}
+    record: dict[str, Any] = (
+        dict(start.provenance.options.get("extras", {})) if start is not base else {}
+    )
     notes = list(start.provenance.notes)
     mps = {m: mp for m, mp in start.modes.items()}
     work = Path(tempfile.mkdtemp(prefix="meshtax-extras-"))
@@ -469,8 +552,16 @@ def profile_extras(
                 if not comps:
                     continue
                 say(f"filters, {mode.value} mode: {len(comps)} components")
-                run = profile_filters(mode, comps, opts, system, combos=combos_for(mode, comps), backends=fb,
-                                      workdir=work / f"filters-{mode.value}", progress=say)  # fmt: skip
+                run = profile_filters(
+                    mode,
+                    comps,
+                    opts,
+                    system,
+                    combos=combos_for(mode, comps),
+                    backends=fb,
+                    workdir=work / f"filters-{mode.value}",
+                    progress=say,
+                )
                 models = filter_models(run)
                 cs = dict(mps[mode].components)
                 cs.update({filter_component(n): m for n, m in models.items()})
@@ -479,9 +570,17 @@ def profile_extras(
                 per_conn = [c for c in comps if c.startswith(PER_CONNECTION_PREFIX)]
                 if per_conn and mode in CONNECT_MODES:
                     say(f"filters, {mode.value} mode: {len(per_conn)} per-connection components")
-                    conns = measure_connections(mode, per_conn, opts, system, backends=fb, connect=be.connect_mode,
-                                                k=100 if options.quick else 300, workdir=work / f"conn-{mode.value}",
-                                                progress=say)  # fmt: skip
+                    conns = measure_connections(
+                        mode,
+                        per_conn,
+                        opts,
+                        system,
+                        backends=fb,
+                        connect=be.connect_mode,
+                        k=100 if options.quick else 300,
+                        workdir=work / f"conn-{mode.value}",
+                        progress=say,
+                    )
                     pc = dict(mps[mode].per_connection)
                     pc.update({filter_component(n): m.model() for n, m in conns.items()})
                     mps[mode] = dataclasses.replace(mps[mode], per_connection=pc)
@@ -494,20 +593,26 @@ def profile_extras(
             for version in dict.fromkeys((options.tls_version, *options.tls_versions)):
                 vrec: dict[str, Any] = {}
                 say(f"mTLS {version}: handshake per connection (TCP)")
-                hs = measure_handshake(opts, system, fb, work, version, be.connect, k=100 if options.quick else 300)
+                hs = measure_handshake(
+                    opts, system, fb, work, version, be.connect, k=100 if options.quick else 300
+                )
                 vrec["handshake"] = hs.to_dict()
                 for mode in modes:
                     say(f"mTLS {version}: per message, {mode.value} mode")
                     r = measure_tls(mode, sizes, opts, system, fb, work, version)
                     vrec[mode.value] = r.to_dict()
                     per_msg = tls_models(r)
-                    tv = {**mps[mode].tls_by_version, version: TlsModels(version, per_msg, hs.model())}
+                    tv = {
+                        **mps[mode].tls_by_version,
+                        version: TlsModels(version, per_msg, hs.model()),
+                    }
                     mps[mode] = dataclasses.replace(mps[mode], tls_by_version=tv)
                     if version == options.tls_version:
                         cs = dict(mps[mode].components)
                         cs[TLS] = per_msg
-                        mps[mode] = dataclasses.replace(mps[mode], components=cs, tls_handshake=hs.model(),
-                                                        tls_version=version)  # fmt: skip
+                        mps[mode] = dataclasses.replace(
+                            mps[mode], components=cs, tls_handshake=hs.model(), tls_version=version
+                        )
                 rec[version] = vrec
             # the primary version's record also at the top, where earlier readers look
             record["mtls"] = {**rec.get(options.tls_version, {}), "by_version": rec}
@@ -516,7 +621,9 @@ def profile_extras(
             for mode in modes:
                 for mtls in (False, True):
                     say(f"memory: {mode.value}{' mTLS' if mtls else ''}")
-                    res = (be.memory or _real_memory)(mode, mtls, options.quick, options.tls_version, system)
+                    res = (be.memory or _real_memory)(
+                        mode, mtls, options.quick, options.tls_version, system
+                    )
                     model = res.rss_models["server"]
                     key = "memory_mtls" if mtls else "memory"
                     mps[mode] = dataclasses.replace(mps[mode], **{key: model})
@@ -530,20 +637,30 @@ def profile_extras(
                 lr = measure_large(mode, sizes, opts, system, large_fb, work)
                 cfit, lfit = fit_large(lr.cpu_us, "cpu"), fit_large(lr.latency_us, "latency")
                 mps[mode] = add_large(mps[mode], cfit, lfit)
-                rec[mode.value] = {"measured": lr.to_dict(), "cpu": cfit.to_dict(), "latency": lfit.to_dict()}
+                rec[mode.value] = {
+                    "measured": lr.to_dict(),
+                    "cpu": cfit.to_dict(),
+                    "latency": lfit.to_dict(),
+                }
             record["large"] = rec
     finally:
         shutil.rmtree(work, ignore_errors=True)
     created = be.now().isoformat(timespec="seconds")
     what = [k for k in ("filters", "mtls", "memory", "large") if getattr(options, k)]
-    notes.append(f"{created}: extras ({', '.join(what) or 'nothing'}) measured on loopback, added to base profile {base_profile_name!r}")
+    notes.append(
+        f"{created}: extras ({', '.join(what) or 'nothing'}) measured on loopback, added to base profile {base_profile_name!r}"
+    )
     prov = Provenance(
         source="measured",
         by="meshtax profile --filters/--mtls/--memory/--large",
         created=created,
         tool_version=__version__,
-        options={**start.provenance.options, "extras_base": base_profile_name,
-                 "extras_options": options.to_dict(), "extras": record},  # fmt: skip
+        options={
+            **start.provenance.options,
+            "extras_base": base_profile_name,
+            "extras_options": options.to_dict(),
+            "extras": record,
+        },
         notes=tuple(notes),
     )
     out = dataclasses.replace(start, name=name, provenance=prov, modes=mps)

@@ -141,8 +141,13 @@ def variant(
     Built from the profiler's own sidecar config (:func:`~meshtax.profile.envoy.bootstrap`
     of the inbound side), so a variant's work is exactly the profiled sidecar's plus its filters.
     """
-    cfg = EnvoyConfig(mode=mode, listen_address=LO, inbound_port=port, inbound_upstream=upstream,
-                      inbound_tls=listener_tls)  # fmt: skip
+    cfg = EnvoyConfig(
+        mode=mode,
+        listen_address=LO,
+        inbound_port=port,
+        inbound_upstream=upstream,
+        inbound_tls=listener_tls,
+    )
     if spec is not None:
         cfg = spec.apply(cfg)
     boot = bootstrap(cfg)
@@ -177,7 +182,9 @@ def multi_bootstrap(variants: Sequence[Variant], admin_port: int) -> dict[str, A
     }
 
 
-def resolve_filters(filters: str | Sequence[str] | None, modes: Sequence[Mode]) -> dict[Mode, list[str]]:
+def resolve_filters(
+    filters: str | Sequence[str] | None, modes: Sequence[Mode]
+) -> dict[Mode, list[str]]:
     """Component names to profile per mode: ``"all"`` is the whole catalogue; names may be
     bare filters (``rbac_http`` = every size) or sized components (``rbac_http_1000``)."""
     if filters is None:
@@ -195,7 +202,10 @@ def resolve_filters(filters: str | Sequence[str] | None, modes: Sequence[Mode]) 
                 if not sized:
                     raise ValueError(f"unknown filter {f!r}") from None
                 wanted.extend(sized)
-    return {m: [c for c in dict.fromkeys(wanted) if m in modes_for(parse_component(c)[0])] for m in modes}
+    return {
+        m: [c for c in dict.fromkeys(wanted) if m in modes_for(parse_component(c)[0])]
+        for m in modes
+    }
 
 
 def filter_variants(
@@ -303,19 +313,36 @@ class MultiEnvoy:
         return self.process.pid
 
     def argv(self, config: Path) -> list[str]:
-        envoy = [str(self.binary), "-c", str(config), "--concurrency", "1", "--disable-hot-restart", "-l", "warning"]
+        envoy = [
+            str(self.binary),
+            "-c",
+            str(config),
+            "--concurrency",
+            "1",
+            "--disable-hot-restart",
+            "-l",
+            "warning",
+        ]
         if not self.callgrind:
             return envoy
         # instructions only (no cache sim, no per-instruction dump): the cheapest callgrind
-        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.workdir}/cg.out",
-                "--dump-instr=no", "--collect-jumps=no", *envoy]  # fmt: skip
+        return [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={self.workdir}/cg.out",
+            "--dump-instr=no",
+            "--collect-jumps=no",
+            *envoy,
+        ]
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "envoy.json"
         config.write_text(json.dumps(self.boot, sort_keys=True))
         self._log = open(self.workdir / "envoy.log", "wb")  # noqa: SIM115
-        self.process = self.system.spawn(self.argv(config), place=self.place, stderr=self._log, stdout=self._log)
+        self.process = self.system.spawn(
+            self.argv(config), place=self.place, stderr=self._log, stdout=self._log
+        )
         deadline = time.monotonic() + self.start_timeout
         while not self._ready():
             code = self.process.poll()
@@ -329,13 +356,22 @@ class MultiEnvoy:
     def _ready(self) -> bool:
         argv = ["curl", "-sS", "--fail", "--max-time", "1", f"http://{LO}:{self.admin_port}/ready"]
         try:
-            return self.system.run(argv, place=Placement(netns=self.place.netns), timeout=10).stdout.strip() == "LIVE"
+            return (
+                self.system.run(
+                    argv, place=Placement(netns=self.place.netns), timeout=10
+                ).stdout.strip()
+                == "LIVE"
+            )
         except CommandError:
             return False
 
     def _tail(self) -> str:
         p = self.workdir / "envoy.log"
-        return " | ".join(p.read_text(errors="replace").strip().splitlines()[-5:]) if p.exists() else ""
+        return (
+            " | ".join(p.read_text(errors="replace").strip().splitlines()[-5:])
+            if p.exists()
+            else ""
+        )
 
     def zero(self) -> None:
         """Zero callgrind's counters (the start of a counted window)."""
@@ -413,8 +449,13 @@ class VariantSamples:
     base_latency_us: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cpu_us": self.cpu_us, "latency_us": self.latency_us, "instructions": self.instructions,
-                "base_cpu_us": self.base_cpu_us, "base_latency_us": self.base_latency_us}  # fmt: skip
+        return {
+            "cpu_us": self.cpu_us,
+            "latency_us": self.latency_us,
+            "instructions": self.instructions,
+            "base_cpu_us": self.base_cpu_us,
+            "base_latency_us": self.base_latency_us,
+        }
 
 
 LoadFn = Callable[[str, Mode, int, int], LoadResult]  # (host:port, mode, size, n) → result
@@ -429,15 +470,25 @@ class FilterBackends:
     envoy: Callable[..., MultiEnvoy] = MultiEnvoy
     free_ports: Callable[[int], list[int]] | None = None
     clock: Callable[[], float] = time.monotonic
-    callgrind_available: Callable[[], bool] = field(default=lambda: shutil.which("valgrind") is not None)
+    callgrind_available: Callable[[], bool] = field(
+        default=lambda: shutil.which("valgrind") is not None
+    )
     echo: Callable[[System, Path, Mode, int], Any] | None = None  # a context manager (the app)
 
 
-def echo_server(system: System, workdir: Path, mode: Mode, port: int, place: Placement = Placement()) -> FortioServer:
+def echo_server(
+    system: System, workdir: Path, mode: Mode, port: int, place: Placement = Placement()
+) -> FortioServer:
     """A fortio echo app for ``mode`` on ``127.0.0.1:port``."""
-    return FortioServer(system, workdir, host=LO, http_port=port if mode is Mode.HTTP else None,
-                        grpc_port=port if mode is Mode.GRPC else None, tcp_port=port if mode is Mode.TCP else None,
-                        place=place)  # fmt: skip
+    return FortioServer(
+        system,
+        workdir,
+        host=LO,
+        http_port=port if mode is Mode.HTTP else None,
+        grpc_port=port if mode is Mode.GRPC else None,
+        tcp_port=port if mode is Mode.TCP else None,
+        place=place,
+    )
 
 
 def free_ports(k: int) -> list[int]:
@@ -471,7 +522,9 @@ class ModeRun:
         return {
             "mode": self.mode.value,
             "wall_s": self.wall_s,
-            "samples": {str(s): {v: x.to_dict() for v, x in d.items()} for s, d in self.samples.items()},
+            "samples": {
+                str(s): {v: x.to_dict() for v, x in d.items()} for s, d in self.samples.items()
+            },
         }
 
 
@@ -493,17 +546,21 @@ def measure_variants(
     for v in variants:
         for o in v.outputs:
             Path(o).parent.mkdir(parents=True, exist_ok=True)
-    out: dict[int, dict[str, VariantSamples]] = {s: {v.name: VariantSamples() for v in variants} for s in opts.sizes}
+    out: dict[int, dict[str, VariantSamples]] = {
+        s: {v.name: VariantSamples() for v in variants} for s in opts.sizes
+    }
     say = progress or (lambda _m: None)
     with be.envoy(system, boot, workdir / f"{mode.value}-cpu") as env:
         for size in opts.sizes:
-            warm = {v.name: load(f"{LO}:{v.port}", mode, size, opts.warmup_n).avg_us for v in variants}
+            warm = {
+                v.name: load(f"{LO}:{v.port}", mode, size, opts.warmup_n).avg_us for v in variants
+            }
             base, others = variants[0], variants[1:]
             n_of = {v.name: run_length(opts, warm[BASE], warm[v.name]) for v in variants}
 
             def run(v: Variant) -> tuple[float, float]:
                 c0 = be.cpu_ns(env.pid)
-                res = load(f"{LO}:{v.port}", mode, size, n_of[v.name])
+                res = load(f"{LO}:{v.port}", mode, size, n_of[v.name])  # noqa: B023
                 c1 = be.cpu_ns(env.pid)
                 return (c1 - c0) / 1e3 / res.count, res.avg_us
 
@@ -535,7 +592,9 @@ def measure_variants(
                     i1 = env.dump()
                     load(target, mode, size, opts.cg_n2)
                     i2 = env.dump()
-                    out[size][v.name].instructions = steady_per_request(i1, opts.cg_n1, i2, opts.cg_n2)
+                    out[size][v.name].instructions = steady_per_request(
+                        i1, opts.cg_n1, i2, opts.cg_n2
+                    )
     return ModeRun(mode, out, be.clock() - t0)
 
 
@@ -558,7 +617,15 @@ def real_load(system: System, *, stdclient: bool = False, place: Placement = Pla
     extra = ("-stdclient",) if stdclient else ()
 
     def load(target: str, mode: Mode, size: int, n: int) -> LoadResult:
-        spec = LoadSpec(target, mode, size, 0.0, n=n, timeout_s=30.0, extra_args=extra if mode is Mode.HTTP else ())
+        spec = LoadSpec(
+            target,
+            mode,
+            size,
+            0.0,
+            n=n,
+            timeout_s=30.0,
+            extra_args=extra if mode is Mode.HTTP else (),
+        )
         return run_spec(spec, system, binary=binary, place=place)
 
     return load
@@ -627,11 +694,22 @@ def differences(run: ModeRun) -> dict[int, dict[str, FilterMeasurement]]:
                 continue
             dc = [x - y for x, y in zip(s.cpu_us, s.base_cpu_us)]
             dl = [x - y for x, y in zip(s.latency_us, s.base_latency_us)]
-            di = None if s.instructions is None or b.instructions is None else s.instructions - b.instructions
+            di = (
+                None
+                if s.instructions is None or b.instructions is None
+                else s.instructions - b.instructions
+            )
             out[size][name] = FilterMeasurement(
-                name, run.mode, size, estimate(dc), estimate(dl), median(b.cpu_us), median(b.latency_us),
-                di, b.instructions,
-            )  # fmt: skip
+                name,
+                run.mode,
+                size,
+                estimate(dc),
+                estimate(dl),
+                median(b.cpu_us),
+                median(b.latency_us),
+                di,
+                b.instructions,
+            )
     return out
 
 
@@ -655,8 +733,11 @@ def filter_models(run: ModeRun) -> dict[str, ComponentModel]:
                 else:
                     cpu.append((x - y) / 2)
             lat += [(x - y) / 2 for x, y in zip(s.latency_us, s.base_latency_us)]
-        how = ("CPU = callgrind instructions (filter − base) × base worker µs per instruction of each round"
-               if cpu_source(run, name) == "instructions" else "CPU = worker thread schedstat difference")  # fmt: skip
+        how = (
+            "CPU = callgrind instructions (filter − base) × base worker µs per instruction of each round"
+            if cpu_source(run, name) == "instructions"
+            else "CPU = worker thread schedstat difference"
+        )
         note = "filter minus base in one Envoy, paired alternating runs; per request halved (2 crossings)"
         models[name] = ComponentModel(
             latency=CostModel.fit(sizes, lat, note=note + "; latency = fortio mean difference"),
@@ -667,7 +748,9 @@ def filter_models(run: ModeRun) -> dict[str, ComponentModel]:
 
 def cpu_source(run: ModeRun, name: str) -> str:
     """``instructions`` when every size of ``name`` and base has callgrind counts, else ``schedstat``."""
-    ok = all(by[name].instructions is not None and by[BASE].instructions for by in run.samples.values())
+    ok = all(
+        by[name].instructions is not None and by[BASE].instructions for by in run.samples.values()
+    )
     return "instructions" if ok else "schedstat"
 
 
@@ -731,14 +814,22 @@ class AdditivityRow:
     def instructions_error(self) -> float | None:
         if self.predicted_instructions is None or not self.measured_instructions:
             return None
-        return (self.predicted_instructions - self.measured_instructions) / self.measured_instructions
+        return (
+            self.predicted_instructions - self.measured_instructions
+        ) / self.measured_instructions
 
     @property
     def total_instructions_error(self) -> float | None:
         """As :attr:`instructions_error`, on base + Σ increments vs the chain's total."""
-        if self.predicted_instructions is None or self.measured_instructions is None or not self.base_instructions:
+        if (
+            self.predicted_instructions is None
+            or self.measured_instructions is None
+            or not self.base_instructions
+        ):
             return None
-        return (self.base_instructions + self.predicted_instructions) / (self.base_instructions + self.measured_instructions) - 1
+        return (self.base_instructions + self.predicted_instructions) / (
+            self.base_instructions + self.measured_instructions
+        ) - 1
 
     def to_dict(self) -> dict[str, Any]:
         t, tr = self.measured_total_cpu_us, self.total_error_rounds
@@ -764,7 +855,9 @@ class AdditivityRow:
         }
 
 
-def total_errors_by_round(by: Mapping[str, VariantSamples], name: str, members: Sequence[str]) -> list[float]:
+def total_errors_by_round(
+    by: Mapping[str, VariantSamples], name: str, members: Sequence[str]
+) -> list[float]:
     """Per round r: (base_r + Σ Δ_i,r) / chain_r − 1, where base_r is the base run adjacent to
     the chain's run and Δ_i,r each member's paired difference in the same round."""
     c = by[name]
@@ -786,22 +879,37 @@ def additivity(run: ModeRun, combos: Mapping[str, Sequence[str]]) -> list[Additi
             if name not in diffs or any(m not in diffs for m in members):
                 continue
             insts = [diffs[m].instructions for m in members]
-            pred_i = None if any(i is None for i in insts) else sum(i for i in insts if i is not None)
+            pred_i = (
+                None if any(i is None for i in insts) else sum(i for i in insts if i is not None)
+            )
             errs = total_errors_by_round(by, name, members)
-            rows.append(AdditivityRow(
-                name, run.mode, size, tuple(members), sum(diffs[m].cpu_us.median for m in members),
-                diffs[name].cpu_us, pred_i, diffs[name].instructions,
-                base_cpu_us=median(by[BASE].cpu_us), measured_total_cpu_us=estimate(by[name].cpu_us),
-                total_error_rounds=estimate(errs) if errs else None, base_instructions=by[BASE].instructions,
-            ))  # fmt: skip
+            rows.append(
+                AdditivityRow(
+                    name,
+                    run.mode,
+                    size,
+                    tuple(members),
+                    sum(diffs[m].cpu_us.median for m in members),
+                    diffs[name].cpu_us,
+                    pred_i,
+                    diffs[name].instructions,
+                    base_cpu_us=median(by[BASE].cpu_us),
+                    measured_total_cpu_us=estimate(by[name].cpu_us),
+                    total_error_rounds=estimate(errs) if errs else None,
+                    base_instructions=by[BASE].instructions,
+                )
+            )
     return rows
 
 
 def combos_for(mode: Mode, components: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """The paper's combinations and the RBAC/IP-tag mixes whose members are all measured."""
     have = set(components)
-    return {k: v for k, v in {**COMBINATIONS, **MIXES}.items() if set(v) <= have and all(
-        mode in modes_for(parse_component(c)[0]) for c in v)}  # fmt: skip
+    return {
+        k: v
+        for k, v in {**COMBINATIONS, **MIXES}.items()
+        if set(v) <= have and all(mode in modes_for(parse_component(c)[0]) for c in v)
+    }
 
 
 def profile_filters(
@@ -823,13 +931,14 @@ def profile_filters(
     try:
         ports = (be.free_ports or free_ports)(2 + len(components) + len(combos))
         echo_port, vports = ports[0], ports[1:]
-        variants = filter_variants(mode, components, vports, (LO, echo_port), combos=combos, outdir=tmp / "out")
+        variants = filter_variants(
+            mode, components, vports, (LO, echo_port), combos=combos, outdir=tmp / "out"
+        )
         with (be.echo or echo_server)(system, tmp / "echo", mode, echo_port):
             return measure_variants(mode, variants, opts, system, tmp, be, progress)
     finally:
         if workdir is None:
             shutil.rmtree(tmp, ignore_errors=True)
-
 
 
 def additivity_components() -> list[str]:
@@ -891,8 +1000,17 @@ def grpc_ping(s: socket.socket, port: int) -> None:
     GOAWAY, early close or missing payload; closes with GOAWAY."""
     conn = H2Connection(H2Configuration(client_side=True))
     conn.initiate_connection()
-    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", "/fgrpc.PingServer/Ping"),
-                          (":authority", "app"), ("content-type", "application/grpc"), ("te", "trailers")])  # fmt: skip
+    conn.send_headers(
+        1,
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/fgrpc.PingServer/Ping"),
+            (":authority", "app"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ],
+    )
     conn.send_data(1, grpc_ping_message(), end_stream=True)
     s.sendall(conn.data_to_send())
     data = b""
@@ -913,7 +1031,9 @@ def grpc_ping(s: socket.socket, port: int) -> None:
                 ended = True
         s.sendall(conn.data_to_send())  # SETTINGS/PING acknowledgements, window updates
     if GRPC_PING_PAYLOAD not in data:
-        raise ConnectionError(f"{port}: gRPC call ended without the echoed payload (status in trailers)")
+        raise ConnectionError(
+            f"{port}: gRPC call ended without the echoed payload (status in trailers)"
+        )
     conn.close_connection()
     s.sendall(conn.data_to_send())
 
@@ -933,17 +1053,26 @@ class ConnectionMeasurement:
 
     def model(self) -> ComponentModel:
         """Intercept-only models per connection per sidecar, every round a sample."""
-        note = (f"{self.name} per new {self.mode.value}-mode connection (one message each), component minus base "
-                "in one Envoy, paired alternating runs; worker thread CPU, client-side connection time")  # fmt: skip
+        note = (
+            f"{self.name} per new {self.mode.value}-mode connection (one message each), component minus base "
+            "in one Envoy, paired alternating runs; worker thread CPU, client-side connection time"
+        )
         zeros = [0.0] * len(self.cpu_us.samples)
-        return ComponentModel(CostModel.fit(zeros, list(self.latency_us.samples), note=note),
-                              CostModel.fit(zeros, list(self.cpu_us.samples), note=note))  # fmt: skip
+        return ComponentModel(
+            CostModel.fit(zeros, list(self.latency_us.samples), note=note),
+            CostModel.fit(zeros, list(self.cpu_us.samples), note=note),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "mode": self.mode.value, "connections_per_run": self.connections,
-                "cpu_us_per_connection": self.cpu_us.to_dict(), "latency_us_per_connection": self.latency_us.to_dict(),
-                "base_cpu_us_per_connection": self.base_cpu_us,
-                "base_latency_us_per_connection": self.base_latency_us}  # fmt: skip
+        return {
+            "name": self.name,
+            "mode": self.mode.value,
+            "connections_per_run": self.connections,
+            "cpu_us_per_connection": self.cpu_us.to_dict(),
+            "latency_us_per_connection": self.latency_us.to_dict(),
+            "base_cpu_us_per_connection": self.base_cpu_us,
+            "base_latency_us_per_connection": self.base_latency_us,
+        }
 
 
 def measure_connections(
@@ -963,14 +1092,18 @@ def measure_connections(
     be = backends or FilterBackends()
     say = progress or (lambda _m: None)
     tmp = Path(tempfile.mkdtemp(prefix="meshtax-connprof-")) if workdir is None else workdir
-    samples: dict[str, tuple[list[float], list[float], list[float], list[float]]] = {c: ([], [], [], []) for c in components}
+    samples: dict[str, tuple[list[float], list[float], list[float], list[float]]] = {
+        c: ([], [], [], []) for c in components
+    }
     try:
         ports = (be.free_ports or free_ports)(3 + len(components))
         echo_port, admin, vports = ports[0], ports[1], ports[2:]
         variants = filter_variants(mode, components, vports, (LO, echo_port), outdir=tmp / "out")
         base, others = variants[0], variants[1:]
-        with (be.echo or echo_server)(system, tmp / "echo", mode, echo_port), \
-                be.envoy(system, multi_bootstrap(variants, admin), tmp / f"conn-{mode.value}") as env:  # fmt: skip
+        with (
+            (be.echo or echo_server)(system, tmp / "echo", mode, echo_port),
+            be.envoy(system, multi_bootstrap(variants, admin), tmp / f"conn-{mode.value}") as env,
+        ):
             for v in variants:
                 connect(v.port, 20, mode)  # warm: the first connections pay for lazy set-up
             for r in range(opts.rounds):
@@ -978,7 +1111,7 @@ def measure_connections(
                 j = r % max(len(others), 1)
                 for v in [*others[j:], *others[:j]]:
                     got = {}
-                    for x in ((base, v) if r % 2 == 0 else (v, base)):
+                    for x in (base, v) if r % 2 == 0 else (v, base):
                         c0 = be.cpu_ns(env.pid)
                         t = connect(x.port, k, mode)
                         got[x.name] = ((be.cpu_ns(env.pid) - c0) / 1e3 / k, t * 1e6)
@@ -990,8 +1123,11 @@ def measure_connections(
     finally:
         if workdir is None:
             shutil.rmtree(tmp, ignore_errors=True)
-    return {c: ConnectionMeasurement(c, mode, k, estimate(dc), estimate(dl), median(bc), median(bl))
-            for c, (dc, dl, bc, bl) in samples.items() if dc}  # fmt: skip
+    return {
+        c: ConnectionMeasurement(c, mode, k, estimate(dc), estimate(dl), median(bc), median(bl))
+        for c, (dc, dl, bc, bl) in samples.items()
+        if dc
+    }
 
 
 # ---- additivity in paired blocks -----------------------------------------------------------
@@ -1051,15 +1187,25 @@ class Block:
         return self.predicted_us / self.chain_us - 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"combo": self.combo, "members": list(self.members), "round": self.round,
-                "cpu_us": {k: list(v) for k, v in self.cpu_us.items()},
-                "t_start": self.t_start, "t_end": self.t_end}  # fmt: skip
+        return {
+            "combo": self.combo,
+            "members": list(self.members),
+            "round": self.round,
+            "cpu_us": {k: list(v) for k, v in self.cpu_us.items()},
+            "t_start": self.t_start,
+            "t_end": self.t_end,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Block:
-        return cls(str(d["combo"]), tuple(d["members"]), int(d["round"]),
-                   {str(k): tuple(float(x) for x in v) for k, v in d["cpu_us"].items()},
-                   float(d.get("t_start", 0.0)), float(d.get("t_end", 0.0)))  # fmt: skip
+        return cls(
+            str(d["combo"]),
+            tuple(d["members"]),
+            int(d["round"]),
+            {str(k): tuple(float(x) for x in v) for k, v in d["cpu_us"].items()},
+            float(d.get("t_start", 0.0)),
+            float(d.get("t_end", 0.0)),
+        )
 
 
 def measure_blocks(
@@ -1105,17 +1251,23 @@ def measure_blocks(
             for combo in [*names[k:], *names[:k]]:
                 now = be.clock()
                 if budget_s is not None and blocks and (now - t0) + longest > budget_s:
-                    say(f"{mode.value}: budget of {budget_s:.0f} s reached after {len(blocks)} blocks")
+                    say(
+                        f"{mode.value}: budget of {budget_s:.0f} s reached after {len(blocks)} blocks"
+                    )
                     return blocks
                 members = tuple(combos[combo])
                 got: dict[str, list[float]] = {}
                 ts = wall()
                 for name in block_order([BASE, *members, combo], r):
                     got.setdefault(name, []).append(run(name))
-                blocks.append(Block(combo, members, r, {k2: tuple(v) for k2, v in got.items()}, ts, wall()))
+                blocks.append(
+                    Block(combo, members, r, {k2: tuple(v) for k2, v in got.items()}, ts, wall())
+                )
                 longest = max(longest, be.clock() - now)
-            say(f"{mode.value}: round {r + 1 - first_round}/{opts.rounds}, {len(blocks)} blocks, "
-                f"{be.clock() - t0:.0f} s")  # fmt: skip
+            say(
+                f"{mode.value}: round {r + 1 - first_round}/{opts.rounds}, {len(blocks)} blocks, "
+                f"{be.clock() - t0:.0f} s"
+            )
     return blocks
 
 
@@ -1141,14 +1293,29 @@ def profile_blocks(
         # come back as the admin port (seen once: "variant names and ports … must be distinct")
         ports = (be.free_ports or free_ports)(3 + len(comps) + len(combos))
         echo_port, admin, vports = ports[0], ports[1], ports[2:]
-        variants = filter_variants(mode, comps, vports, (LO, echo_port), combos=combos, outdir=tmp / "out")
+        variants = filter_variants(
+            mode, comps, vports, (LO, echo_port), combos=combos, outdir=tmp / "out"
+        )
         for v in variants:
             for o in v.outputs:
                 Path(o).parent.mkdir(parents=True, exist_ok=True)
-        echo = (be.echo or echo_server)(system, tmp / "echo", mode, echo_port, *([SIDECAR_CPU] if opts.pin else []))
+        echo = (be.echo or echo_server)(
+            system, tmp / "echo", mode, echo_port, *([SIDECAR_CPU] if opts.pin else [])
+        )
         with echo:
-            return measure_blocks(mode, variants, combos, opts, system, tmp, be, budget_s=budget_s,
-                                  first_round=first_round, progress=progress, admin_port=admin)  # fmt: skip
+            return measure_blocks(
+                mode,
+                variants,
+                combos,
+                opts,
+                system,
+                tmp,
+                be,
+                budget_s=budget_s,
+                first_round=first_round,
+                progress=progress,
+                admin_port=admin,
+            )
     finally:
         if workdir is None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -1173,11 +1340,17 @@ class BlockRow:
         return self.error.n
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "members": list(self.members), "blocks": self.blocks,
-                "base_us": self.base_us.to_dict(), "predicted_total_us": self.predicted_us.to_dict(),
-                "measured_total_us": self.chain_us.to_dict(), "error": self.error.to_dict(),
-                "increment_predicted_us": self.increment_predicted_us,
-                "increment_measured_us": self.increment_measured_us}  # fmt: skip
+        return {
+            "name": self.name,
+            "members": list(self.members),
+            "blocks": self.blocks,
+            "base_us": self.base_us.to_dict(),
+            "predicted_total_us": self.predicted_us.to_dict(),
+            "measured_total_us": self.chain_us.to_dict(),
+            "error": self.error.to_dict(),
+            "increment_predicted_us": self.increment_predicted_us,
+            "increment_measured_us": self.increment_measured_us,
+        }
 
 
 def block_additivity(blocks: Sequence[Block]) -> list[BlockRow]:
@@ -1187,9 +1360,16 @@ def block_additivity(blocks: Sequence[Block]) -> list[BlockRow]:
         by.setdefault(b.combo, []).append(b)
     rows = []
     for name, bs in by.items():
-        rows.append(BlockRow(
-            name, bs[0].members, estimate([b.base_us for b in bs]), estimate([b.predicted_us for b in bs]),
-            estimate([b.chain_us for b in bs]), estimate([b.error for b in bs]),
-            median([b.predicted_us - b.base_us for b in bs]), median([b.chain_us - b.base_us for b in bs]),
-        ))  # fmt: skip
+        rows.append(
+            BlockRow(
+                name,
+                bs[0].members,
+                estimate([b.base_us for b in bs]),
+                estimate([b.predicted_us for b in bs]),
+                estimate([b.chain_us for b in bs]),
+                estimate([b.error for b in bs]),
+                median([b.predicted_us - b.base_us for b in bs]),
+                median([b.chain_us - b.base_us for b in bs]),
+            )
+        )
     return rows

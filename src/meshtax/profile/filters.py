@@ -47,7 +47,11 @@ RBAC_RULES = (1, 100, 1000, 10_000)
 IP_TAGS = (1, 5, 10)
 # the size parameter of the filters that have one (it becomes the name suffix)
 SIZE_PARAM = {"rbac_http": "rules", "rbac_network": "rules", "ip_tagging": "tags"}
-SIZES: dict[str, tuple[int, ...]] = {"rbac_http": RBAC_RULES, "rbac_network": RBAC_RULES, "ip_tagging": IP_TAGS}
+SIZES: dict[str, tuple[int, ...]] = {
+    "rbac_http": RBAC_RULES,
+    "rbac_network": RBAC_RULES,
+    "ip_tagging": IP_TAGS,
+}
 FILTERS = (
     "fault_injection",
     "rate_limit",
@@ -99,7 +103,9 @@ class FilterSpec:
     def apply(self, cfg: EnvoyConfig) -> EnvoyConfig:
         """``cfg`` with this spec's filters appended after the ones it already has."""
         if cfg.mode not in self.modes:
-            raise ValueError(f"{self.name} needs mode {'/'.join(sorted(m.value for m in self.modes))}, not {cfg.mode.value}")
+            raise ValueError(
+                f"{self.name} needs mode {'/'.join(sorted(m.value for m in self.modes))}, not {cfg.mode.value}"
+            )
         patch = dict(cfg.hcm_patch)
         for k, v in self.hcm_patch.items():
             patch[k] = list(patch[k]) + list(v) if isinstance(v, list) and k in patch else v
@@ -177,7 +183,10 @@ def _fault(p: Mapping[str, Any]) -> FilterSpec:
         "abort": {"http_status": 503, "percentage": _pct(0)},
         "delay": {"fixed_delay": "1s", "percentage": _pct(0)},
     }
-    return FilterSpec("fault_injection", http_filters=(_http("envoy.filters.http.fault", "filters.http.fault.v3.HTTPFault", body),))
+    return FilterSpec(
+        "fault_injection",
+        http_filters=(_http("envoy.filters.http.fault", "filters.http.fault.v3.HTTPFault", body),),
+    )
 
 
 def _rate_limit(p: Mapping[str, Any]) -> FilterSpec:
@@ -189,7 +198,9 @@ def _rate_limit(p: Mapping[str, Any]) -> FilterSpec:
         "filter_enabled": {"runtime_key": "meshtax_rl_enabled", "default_value": _pct(100)},
         "filter_enforced": {"runtime_key": "meshtax_rl_enforced", "default_value": _pct(100)},
     }
-    f = _http("envoy.filters.http.local_ratelimit", "filters.http.local_ratelimit.v3.LocalRateLimit", body)
+    f = _http(
+        "envoy.filters.http.local_ratelimit", "filters.http.local_ratelimit.v3.LocalRateLimit", body
+    )
     return FilterSpec("rate_limit", http_filters=(f,))
 
 
@@ -200,7 +211,11 @@ def _tap(p: Mapping[str, Any]) -> FilterSpec:
         "common_config": {
             "static_config": {
                 "match": {"any_match": True},
-                "output_config": {"sinks": [{"format": "JSON_BODY_AS_BYTES", "file_per_tap": {"path_prefix": prefix}}]},
+                "output_config": {
+                    "sinks": [
+                        {"format": "JSON_BODY_AS_BYTES", "file_per_tap": {"path_prefix": prefix}}
+                    ]
+                },
             }
         }
     }
@@ -213,7 +228,9 @@ LUA_NOOP = "function envoy_on_request(request_handle)\nend\n"
 
 def _lua(p: Mapping[str, Any]) -> FilterSpec:
     body = {"default_source_code": {"inline_string": str(p.get("code", LUA_NOOP))}}
-    return FilterSpec("lua", http_filters=(_http("envoy.filters.http.lua", "filters.http.lua.v3.Lua", body),))
+    return FilterSpec(
+        "lua", http_filters=(_http("envoy.filters.http.lua", "filters.http.lua.v3.Lua", body),)
+    )
 
 
 def _wasm(p: Mapping[str, Any]) -> FilterSpec:
@@ -227,10 +244,16 @@ def _wasm(p: Mapping[str, Any]) -> FilterSpec:
     body = {
         "config": {
             "name": "meshtax_noop",
-            "vm_config": {"vm_id": "meshtax_noop", "runtime": str(p.get("runtime", "envoy.wasm.runtime.v8")), "code": code},
+            "vm_config": {
+                "vm_id": "meshtax_noop",
+                "runtime": str(p.get("runtime", "envoy.wasm.runtime.v8")),
+                "code": code,
+            },
         }
     }
-    return FilterSpec("wasm", http_filters=(_http("envoy.filters.http.wasm", "filters.http.wasm.v3.Wasm", body),))
+    return FilterSpec(
+        "wasm", http_filters=(_http("envoy.filters.http.wasm", "filters.http.wasm.v3.Wasm", body),)
+    )
 
 
 def _rules(p: Mapping[str, Any]) -> int:
@@ -246,12 +269,18 @@ def _rbac_http(p: Mapping[str, Any]) -> FilterSpec:
     n = _rules(p)
     policies = {
         f"rule-{i:05d}": {
-            "permissions": [{"header": {"name": "x-meshtax-deny", "string_match": {"exact": f"rule-{i:05d}"}}}],
+            "permissions": [
+                {"header": {"name": "x-meshtax-deny", "string_match": {"exact": f"rule-{i:05d}"}}}
+            ],
             "principals": [{"any": True}],
         }
         for i in range(n)
     }
-    f = _http("envoy.filters.http.rbac", "filters.http.rbac.v3.RBAC", {"rules": {"action": "DENY", "policies": policies}})
+    f = _http(
+        "envoy.filters.http.rbac",
+        "filters.http.rbac.v3.RBAC",
+        {"rules": {"action": "DENY", "policies": policies}},
+    )
     return FilterSpec(f"rbac_http_{n}", http_filters=(f,))
 
 
@@ -268,7 +297,14 @@ def _rbac_network(p: Mapping[str, Any]) -> FilterSpec:
     policies = {
         f"rule-{i:05d}": {
             "permissions": [{"any": True}],
-            "principals": [{"direct_remote_ip": {"address_prefix": str(ipaddress.IPv4Address(base + i)), "prefix_len": 32}}],
+            "principals": [
+                {
+                    "direct_remote_ip": {
+                        "address_prefix": str(ipaddress.IPv4Address(base + i)),
+                        "prefix_len": 32,
+                    }
+                }
+            ],
         }
         for i in range(n)
     }
@@ -290,7 +326,10 @@ def _ip_tagging(p: Mapping[str, Any]) -> FilterSpec:
     if n < 1:
         raise ValueError("ip_tagging needs tags >= 1")
     tags: list[dict[str, Any]] = [
-        {"ip_tag_name": f"tag-{i}", "ip_list": [{"address_prefix": f"198.18.{i}.0", "prefix_len": 24}]}
+        {
+            "ip_tag_name": f"tag-{i}",
+            "ip_list": [{"address_prefix": f"198.18.{i}.0", "prefix_len": 24}],
+        }
         for i in range(n)
     ]
     if p.get("matching", True):
@@ -301,10 +340,17 @@ def _ip_tagging(p: Mapping[str, Any]) -> FilterSpec:
 
 
 def _header_mutation(p: Mapping[str, Any]) -> FilterSpec:
-    add = {"header": {"key": str(p.get("header", "x-meshtax-mutated")), "value": str(p.get("value", "1"))},
-           "append_action": "APPEND_IF_EXISTS_OR_ADD"}  # fmt: skip
+    add = {
+        "header": {
+            "key": str(p.get("header", "x-meshtax-mutated")),
+            "value": str(p.get("value", "1")),
+        },
+        "append_action": "APPEND_IF_EXISTS_OR_ADD",
+    }
     body = {"mutations": {"request_mutations": [{"append": add}]}}
-    f = _http("envoy.filters.http.header_mutation", "filters.http.header_mutation.v3.HeaderMutation", body)
+    f = _http(
+        "envoy.filters.http.header_mutation", "filters.http.header_mutation.v3.HeaderMutation", body
+    )
     return FilterSpec("header_mutation", http_filters=(f,))
 
 
@@ -367,7 +413,9 @@ def combine(specs: Sequence[FilterSpec], name: str | None = None) -> FilterSpec:
     )
 
 
-def combination(components: Iterable[str], mode: Mode | str, name: str | None = None, **params: Any) -> FilterSpec:
+def combination(
+    components: Iterable[str], mode: Mode | str, name: str | None = None, **params: Any
+) -> FilterSpec:
     """A chain of catalogue components, e.g. ``combination(COMBINATIONS["all5"], "http")``.
 
     ``params`` go to every filter that takes them (e.g. ``module=`` for wasm); sizes come from

@@ -22,7 +22,15 @@ from meshtax.model.costmodel import ComponentModel, CostModel, extra_units
 from meshtax.model.profile import Closure, ModeProfile
 from meshtax.model.sidecar import Mode
 
-__all__ = ["MIN_SPLIT_GAIN", "SizePoint", "choose_split", "closure", "fit_carried", "fit_mode", "fit_model"]
+__all__ = [
+    "MIN_SPLIT_GAIN",
+    "SizePoint",
+    "choose_split",
+    "closure",
+    "fit_carried",
+    "fit_mode",
+    "fit_model",
+]
 
 #: a split must remove at least this share of the straight line's squared residuals
 MIN_SPLIT_GAIN = 0.5
@@ -128,13 +136,20 @@ def fit_mode(
     for comp in sorted(comps):
         lat_s = [float(p.size) for p in points]
         lat_v = [float(p.latency.get(comp, 0.0)) for p in points]
-        latency = fit_model(lat_s, lat_v, candidates=candidates, note="µs per message, probe window")
+        latency = fit_model(
+            lat_s, lat_v, candidates=candidates, note="µs per message, probe window"
+        )
         cpu_s = [float(p.size) for p in points for _ in p.cpu]
         cpu_r = [float(r) for p in points for r, _ in p.cpu]
         cpu_v = [float(c.get(comp, 0.0)) for p in points for _, c in p.cpu]
         if cpu_v:
-            cpu = fit_model(cpu_s, cpu_v, rates=cpu_r, candidates=candidates,
-                            note="CPU-µs per message, perf cpu-clock")  # fmt: skip
+            cpu = fit_model(
+                cpu_s,
+                cpu_v,
+                rates=cpu_r,
+                candidates=candidates,
+                note="CPU-µs per message, perf cpu-clock",
+            )
         else:
             cpu = CostModel(note="CPU not measured")
         models[comp] = ComponentModel(latency=latency, cpu=cpu)
@@ -151,6 +166,9 @@ def fit_carried(
     """``base`` with ``carried[protocol]`` fitted (:func:`fit_mode`, same mode, components and
     units) from each protocol's points; protocols without points are left out, models
     ``base`` already carries for other protocols are kept."""
-    fitted = {p: fit_mode(base.mode, pts, candidates=candidates, tolerance=tolerance)
-              for p, pts in carried.items() if pts}  # fmt: skip
+    fitted = {
+        p: fit_mode(base.mode, pts, candidates=candidates, tolerance=tolerance)
+        for p, pts in carried.items()
+        if pts
+    }
     return replace(base, carried={**base.carried, **fitted})

@@ -57,7 +57,6 @@ __all__ = [
     "MemoryResult",
     "MemorySpec",
     "fit_memory",
-    "h2_request_bytes",
     "holder_argv",
     "measure_matrix",
     "measure_memory",
@@ -208,17 +207,43 @@ class HolderTls:
 
 
 def holder_argv(
-    target: tuple[str, int], mode: Mode, n: int, status: Path, parallel: int = 32, tls: HolderTls | None = None
+    target: tuple[str, int],
+    mode: Mode,
+    n: int,
+    status: Path,
+    parallel: int = 32,
+    tls: HolderTls | None = None,
 ) -> list[str]:
     """Argv of the connection holder (this module run by the current interpreter)."""
     argv = [
-        sys.executable, "-m", "meshtax.profile.memory", "hold",
-        "--host", target[0], "--port", str(target[1]), "--mode", Mode(mode).value,
-        "-n", str(n), "--status", str(status), "--parallel", str(parallel),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "meshtax.profile.memory",
+        "hold",
+        "--host",
+        target[0],
+        "--port",
+        str(target[1]),
+        "--mode",
+        Mode(mode).value,
+        "-n",
+        str(n),
+        "--status",
+        str(status),
+        "--parallel",
+        str(parallel),
+    ]
     if tls is not None:
-        argv += ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--tls-ca", str(tls.ca),
-                 "--tls-version", tls.version]  # fmt: skip
+        argv += [
+            "--tls-cert",
+            str(tls.cert),
+            "--tls-key",
+            str(tls.key),
+            "--tls-ca",
+            str(tls.ca),
+            "--tls-version",
+            tls.version,
+        ]
     return argv
 
 
@@ -243,14 +268,22 @@ def raise_nofile(needed: int) -> int:
         return soft
     if hard < needed:
         if os.geteuid() != 0:
-            raise MemoryRunError(f"RLIMIT_NOFILE hard limit {hard} < {needed}; raise it (ulimit -Hn) or run as root")
+            raise MemoryRunError(
+                f"RLIMIT_NOFILE hard limit {hard} < {needed}; raise it (ulimit -Hn) or run as root"
+            )
         hard = needed
     resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
     return needed
 
 
-GRPC_HEALTH_HEADERS = [(":method", "POST"), (":scheme", "http"), (":path", "/grpc.health.v1.Health/Check"),
-                       (":authority", "app"), ("content-type", "application/grpc"), ("te", "trailers")]  # fmt: skip
+GRPC_HEALTH_HEADERS = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", "/grpc.health.v1.Health/Check"),
+    (":authority", "app"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+]
 #: an empty, uncompressed gRPC message (HealthCheckRequest{})
 GRPC_EMPTY_MESSAGE = b"\x00\x00\x00\x00\x00"
 
@@ -299,7 +332,13 @@ async def _exchange(mode: Mode, reader: asyncio.StreamReader, writer: asyncio.St
 
 
 async def _hold(
-    host: str, port: int, mode: Mode, n: int, parallel: int, status: Path, ctx: ssl.SSLContext | None
+    host: str,
+    port: int,
+    mode: Mode,
+    n: int,
+    parallel: int,
+    status: Path,
+    ctx: ssl.SSLContext | None,
 ) -> None:
     gate = asyncio.Semaphore(parallel)
     held: list[asyncio.StreamWriter] = []
@@ -308,15 +347,28 @@ async def _hold(
     async def one() -> None:
         async with gate:
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx), 10)
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port, ssl=ctx), 10
+                )
                 await asyncio.wait_for(_exchange(mode, reader, writer), 10)
                 held.append(writer)
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, MemoryRunError, ValueError) as e:
+            except (
+                TimeoutError,
+                OSError,
+                asyncio.IncompleteReadError,
+                MemoryRunError,
+                ValueError,
+            ) as e:
                 errors.append(f"{type(e).__name__}: {e}")
 
     t0 = time.monotonic()
     await asyncio.gather(*(one() for _ in range(n)))
-    doc = {"open": len(held), "failed": len(errors), "errors": errors[:5], "seconds": time.monotonic() - t0}
+    doc = {
+        "open": len(held),
+        "failed": len(errors),
+        "errors": errors[:5],
+        "seconds": time.monotonic() - t0,
+    }
     tmp = status.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
     tmp.replace(status)  # atomic: the parent never reads half a file
@@ -344,14 +396,16 @@ def _main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     raise_nofile(a.n + 64)
     mode = Mode(a.mode)
-    ctx = _client_ssl(HolderTls(a.tls_cert, a.tls_key, a.tls_ca, a.tls_version), mode) if a.tls_cert else None
+    ctx = (
+        _client_ssl(HolderTls(a.tls_cert, a.tls_key, a.tls_ca, a.tls_version), mode)
+        if a.tls_cert
+        else None
+    )
     asyncio.run(_hold(a.host, a.port, mode, a.n, a.parallel, a.status, ctx))
     return 0
 
 
 # ---- the measurement --------------------------------------------------------------------------
-
-
 
 
 def _sidecars(
@@ -361,12 +415,28 @@ def _sidecars(
     in/out/admin, server in/out/admin."""
     lo = "127.0.0.1"
     # Istio's unlimited circuit breakers: Envoy's default caps a cluster at 1024 connections
-    server = EnvoyConfig(mode=spec.mode, listen_address=lo, inbound_port=ports[3], outbound_port=ports[4],
-                         admin_port=ports[5], concurrency=spec.concurrency, circuit_breaker_max=ISTIO_BREAKER_MAX,
-                         inbound_upstream=echo, outbound_upstream=echo)  # fmt: skip
-    client = EnvoyConfig(mode=spec.mode, listen_address=lo, inbound_port=ports[0], outbound_port=ports[1],
-                         admin_port=ports[2], concurrency=spec.concurrency, circuit_breaker_max=ISTIO_BREAKER_MAX,
-                         inbound_upstream=echo, outbound_upstream=(lo, ports[3]))  # fmt: skip
+    server = EnvoyConfig(
+        mode=spec.mode,
+        listen_address=lo,
+        inbound_port=ports[3],
+        outbound_port=ports[4],
+        admin_port=ports[5],
+        concurrency=spec.concurrency,
+        circuit_breaker_max=ISTIO_BREAKER_MAX,
+        inbound_upstream=echo,
+        outbound_upstream=echo,
+    )
+    client = EnvoyConfig(
+        mode=spec.mode,
+        listen_address=lo,
+        inbound_port=ports[0],
+        outbound_port=ports[1],
+        admin_port=ports[2],
+        concurrency=spec.concurrency,
+        circuit_breaker_max=ISTIO_BREAKER_MAX,
+        inbound_upstream=echo,
+        outbound_upstream=(lo, ports[3]),
+    )
     if spec.mtls:
         from meshtax.profile.tls import CertAuthority, sidecar_mtls
 
@@ -398,7 +468,9 @@ def _wait_status(path: Path, proc: Process, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None:
-            raise MemoryRunError(f"connection holder exited {proc.poll()} before holding its connections")
+            raise MemoryRunError(
+                f"connection holder exited {proc.poll()} before holding its connections"
+            )
         if time.monotonic() > deadline:
             raise MemoryRunError(f"connection holder not done after {timeout:.0f}s")
         time.sleep(0.05)
@@ -424,8 +496,10 @@ def measure_point(
         "client": ((lo, client_cfg.outbound_port), None),  # the app's plaintext connections
         "server": ((lo, server_cfg.inbound_port), peer_tls),  # n calling sidecars
     }
-    with EnvoyProcess(system, server_cfg, workdir / f"server-{n}", envoy_place) as server, \
-            EnvoyProcess(system, client_cfg, workdir / f"client-{n}", envoy_place) as client:  # fmt: skip
+    with (
+        EnvoyProcess(system, server_cfg, workdir / f"server-{n}", envoy_place) as server,
+        EnvoyProcess(system, client_cfg, workdir / f"client-{n}", envoy_place) as client,
+    ):
         holders: list[Process] = []
         try:
             for role, (target, tls) in targets.items():
@@ -434,7 +508,9 @@ def measure_point(
                 holders.append(system.spawn(argv, place=Placement(netns=place.netns)))
                 doc = _wait_status(status, holders[-1], 30.0 + n * 0.02)
                 if doc["open"] != n:
-                    raise MemoryRunError(f"{role}: held {doc['open']} of {n} connections; errors: {doc['errors']}")
+                    raise MemoryRunError(
+                        f"{role}: held {doc['open']} of {n} connections; errors: {doc['errors']}"
+                    )
             time.sleep(spec.settle_s)  # lazy per-connection allocations (buffers, TLS) settle
             gauges = _gauges(client, server)
             if gauges["client_downstream"] < n or gauges["server_downstream"] < n:
@@ -474,8 +550,14 @@ def measure_memory(
             return _sweep(spec, echo, wd, system, place, rss_reader)
         (port,) = _free_ports(1)
         ports = {m: (port if m is spec.mode else None) for m in Mode}
-        with FortioServer(system, wd / "echo", place=Placement(netns=place.netns), http_port=ports[Mode.HTTP],
-                          grpc_port=ports[Mode.GRPC], tcp_port=ports[Mode.TCP]):  # fmt: skip
+        with FortioServer(
+            system,
+            wd / "echo",
+            place=Placement(netns=place.netns),
+            http_port=ports[Mode.HTTP],
+            grpc_port=ports[Mode.GRPC],
+            tcp_port=ports[Mode.TCP],
+        ):
             return _sweep(spec, ("127.0.0.1", port), wd, system, place, rss_reader)
 
 
@@ -494,7 +576,9 @@ def _sweep(
         except EnvoyError as e:
             raise MemoryRunError(f"{spec.mode.value} n={n}: {e}") from e
         points.append(p)
-    return MemoryResult(spec, tuple(points), fit_memory(points), fit_memory(points, "allocated_bytes"), key)
+    return MemoryResult(
+        spec, tuple(points), fit_memory(points), fit_memory(points, "allocated_bytes"), key
+    )
 
 
 def measure_matrix(
@@ -507,8 +591,11 @@ def measure_matrix(
 ) -> list[MemoryResult]:
     """Every mode, plaintext and mTLS: the comparison of item 4."""
     return [
-        measure_memory(MemorySpec(mode=m, mtls=t, connections=connections, tls_version=tls_version),
-                       system=system, place=place)  # fmt: skip
+        measure_memory(
+            MemorySpec(mode=m, mtls=t, connections=connections, tls_version=tls_version),
+            system=system,
+            place=place,
+        )
         for m in modes
         for t in (False, True)
     ]

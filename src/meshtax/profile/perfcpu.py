@@ -214,7 +214,10 @@ def parse_perf_script(lines: Iterable[str]) -> Iterator[Sample]:
     def flush() -> Iterator[Sample]:
         if head is not None:
             yield Sample(
-                head["comm"], int(head["pid"]), int(head["tid"]), int(head["period"]),
+                head["comm"],
+                int(head["pid"]),
+                int(head["tid"]),
+                int(head["period"]),
                 tuple(frames),
             )
 
@@ -327,7 +330,9 @@ class PerfSession:
             try:
                 proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired as e:
-                raise PerfError(f"perf record did not exit {self.stop_timeout:.0f} s after SIGINT") from e
+                raise PerfError(
+                    f"perf record did not exit {self.stop_timeout:.0f} s after SIGINT"
+                ) from e
             out = self.system.run(script_argv(d / "perf.data"), timeout=300.0)
             samples = parse_perf_script(out.stdout.splitlines())
             return attribute(samples, pids, self.freq, duration)

@@ -44,7 +44,14 @@ SPLIT_CANDIDATES: tuple[int, ...] = (16384, 65536)
 # (measured: probe attach + detach ≈ 0.25 s, once per size now that windows are snapshots of
 # one attached probe, which saves ≈ 0.05 s per window; fortio start ≈ 0.1 s; perf record +
 # script ≈ 0.8 s)
-STEP_OVERHEAD_S = {"setup": 2.0, "latency": 0.1, "probe": 0.30, "maxqps": 0.2, "cpu": 0.8, "warmup": 0.3}
+STEP_OVERHEAD_S = {
+    "setup": 2.0,
+    "latency": 0.1,
+    "probe": 0.30,
+    "maxqps": 0.2,
+    "cpu": 0.8,
+    "warmup": 0.3,
+}
 
 
 def default_pinning(cpus: Sequence[int] | None = None) -> Pinning:
@@ -78,9 +85,13 @@ class Step:
         who = f"{self.mode.value}+{self.protocol}" if self.protocol else self.mode.value
         if self.kind == "setup":
             return f"{who}: start sidecar"
-        what = {"latency": "latency with/without sidecar", "probe": "probes attached",
-                "maxqps": "max rate", "cpu": f"CPU at {self.rate_fraction:.0%} of max",
-                "lowrate": f"CPU at {self.rate:g}/s"}[self.kind]  # fmt: skip
+        what = {
+            "latency": "latency with/without sidecar",
+            "probe": "probes attached",
+            "maxqps": "max rate",
+            "cpu": f"CPU at {self.rate_fraction:.0%} of max",
+            "lowrate": f"CPU at {self.rate:g}/s",
+        }[self.kind]
         return f"{who} {self.size} B: {what}"
 
 
@@ -156,25 +167,38 @@ class Plan:
         if any(s <= 0 for s in self.sizes):
             raise ValueError(f"sizes must be positive byte counts, got {self.sizes}")
         if any(not 0 < f <= 1 for f in (*self.rate_fractions, *self.carried_rate_fractions)):
-            raise ValueError(f"rate fractions must be in (0, 1], got {self.rate_fractions} / "
-                             f"{self.carried_rate_fractions}")  # fmt: skip
+            raise ValueError(
+                f"rate fractions must be in (0, 1], got {self.rate_fractions} / "
+                f"{self.carried_rate_fractions}"
+            )
         if any(r <= 0 for r in self.low_rates) or len(set(self.low_rates)) != len(self.low_rates):
-            raise ValueError(f"low rates must be distinct positive requests/s, got {self.low_rates}")
+            raise ValueError(
+                f"low rates must be distinct positive requests/s, got {self.low_rates}"
+            )
         if self.low_rate_sizes is not None and self.low_rate_sizes < 1:
             raise ValueError("low_rate_sizes: at least one size (None: every size)")
         bad = [p for p in self.carried if p not in CARRIED_PROTOCOLS]
         if bad or len(set(self.carried)) != len(self.carried):
-            raise ValueError(f"carried protocols must be distinct, of {CARRIED_PROTOCOLS}; got {self.carried}")
+            raise ValueError(
+                f"carried protocols must be distinct, of {CARRIED_PROTOCOLS}; got {self.carried}"
+            )
         if self.carried_probe_pairs < 1:
             raise ValueError("need at least one pair of carried probe windows")
-        durations = (self.latency_run_s, self.probe_run_s, self.maxqps_run_s, self.cpu_run_s,
-                     self.low_rate_run_s)  # fmt: skip
+        durations = (
+            self.latency_run_s,
+            self.probe_run_s,
+            self.maxqps_run_s,
+            self.cpu_run_s,
+            self.low_rate_run_s,
+        )
         if min(durations) <= 0:
             raise ValueError("run durations must be positive")
         if self.probe_pairs < 1:
             raise ValueError("need at least one pair of probe windows")
         if self.probe_rt_priority is not None and not 1 <= self.probe_rt_priority <= 98:
-            raise ValueError(f"SCHED_FIFO priority must be 1..98 (the sidecar gets one more), got {self.probe_rt_priority}")
+            raise ValueError(
+                f"SCHED_FIFO priority must be 1..98 (the sidecar gets one more), got {self.probe_rt_priority}"
+            )
         # the order the run uses: TCP first, so HTTP/gRPC parsing can subtract it
         object.__setattr__(self, "modes", tuple(m for m in ALL_MODES if m in self.modes))
         object.__setattr__(self, "sizes", tuple(sorted(self.sizes)))
@@ -210,19 +234,37 @@ class Plan:
                 out.append(Step("latency", m, s, expected_s=self.latency_expected_s()))
                 probe_s = 2 * self.probe_pairs * (self.probe_run_s + o["probe"])
                 out.append(Step("probe", m, s, expected_s=probe_s))
-                max_s = self.maxqps_run_s + o["maxqps"] + (o["cpu"] if 1.0 in self.rate_fractions else 0.0)
+                max_s = (
+                    self.maxqps_run_s
+                    + o["maxqps"]
+                    + (o["cpu"] if 1.0 in self.rate_fractions else 0.0)
+                )
                 out.append(Step("maxqps", m, s, expected_s=max_s))
                 out += self._cpu_steps(m, s, self.cpu_fractions())
             if m is Mode.TCP:
                 out += self.carried_steps()
         return out
 
-    def _cpu_steps(self, m: Mode, s: int, fractions: tuple[float, ...], protocol: str = "") -> list[Step]:
+    def _cpu_steps(
+        self, m: Mode, s: int, fractions: tuple[float, ...], protocol: str = ""
+    ) -> list[Step]:
         o = STEP_OVERHEAD_S
-        out = [Step("cpu", m, s, f, expected_s=self.cpu_run_s + o["cpu"], protocol=protocol) for f in fractions]
+        out = [
+            Step("cpu", m, s, f, expected_s=self.cpu_run_s + o["cpu"], protocol=protocol)
+            for f in fractions
+        ]
         if s in self.low_rate_size_list():
-            out += [Step("lowrate", m, s, expected_s=self.low_rate_run_s + o["cpu"], rate=r, protocol=protocol)
-                    for r in self.low_rates]  # fmt: skip
+            out += [
+                Step(
+                    "lowrate",
+                    m,
+                    s,
+                    expected_s=self.low_rate_run_s + o["cpu"],
+                    rate=r,
+                    protocol=protocol,
+                )
+                for r in self.low_rates
+            ]
         return out
 
     def carried_steps(self) -> list[Step]:
@@ -234,7 +276,9 @@ class Plan:
         for p in self.carried:
             out.append(Step("setup", Mode.TCP, expected_s=o["setup"], protocol=p))
             for s in self.carried_sizes():
-                probe_s = o["warmup"] + 2 * self.carried_probe_pairs * (self.probe_run_s + o["probe"])
+                probe_s = o["warmup"] + 2 * self.carried_probe_pairs * (
+                    self.probe_run_s + o["probe"]
+                )
                 out.append(Step("probe", Mode.TCP, s, expected_s=probe_s, protocol=p))
                 max_s = self.maxqps_run_s + o["maxqps"] + o["cpu"]
                 out.append(Step("maxqps", Mode.TCP, s, expected_s=max_s, protocol=p))
@@ -282,7 +326,9 @@ class Plan:
             "low_rate_run_s": self.low_rate_run_s,
             "low_rate_sizes": list(self.low_rate_size_list()),
             "carried": list(self.carried),
-            "carried_sizes": list(self.carried_sizes()) if Mode.TCP in self.modes and self.carried else [],
+            "carried_sizes": list(self.carried_sizes())
+            if Mode.TCP in self.modes and self.carried
+            else [],
             "carried_probe_pairs": self.carried_probe_pairs,
             "carried_rate_fractions": list(self.carried_rate_fractions),
             "warmup_n": self.warmup_n,
@@ -300,8 +346,17 @@ def quick_plan(**changes: Any) -> Plan:
     through tcp mode at the smallest and largest size, one probe pair, CPU at the max rate and
     the low rates (≈ 25 s of the budget). Two low rates, 100/s and 1 000/s, the ends of where
     shared-CPU apps at ~100 requests/s put their sidecars (the full plan adds 300/s)."""
-    base = Plan(latency_run_s=0.4, cpu_run_s=0.6, probe_pairs=4, low_rates=(100.0, 1000.0), low_rate_run_s=0.8, low_rate_sizes=1,
-                carried_all_sizes=False, carried_probe_pairs=1, carried_rate_fractions=(1.0,))  # fmt: skip
+    base = Plan(
+        latency_run_s=0.4,
+        cpu_run_s=0.6,
+        probe_pairs=4,
+        low_rates=(100.0, 1000.0),
+        low_rate_run_s=0.8,
+        low_rate_sizes=1,
+        carried_all_sizes=False,
+        carried_probe_pairs=1,
+        carried_rate_fractions=(1.0,),
+    )
     return replace(base, **changes)
 
 

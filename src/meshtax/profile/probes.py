@@ -132,14 +132,22 @@ class Histogram:
         if not other.bins:
             return self
         if not self.bins:
-            return other if sign > 0 else Histogram(tuple((b, -n, -t) for b, n, t in other.bins), other.shift)
+            return (
+                other
+                if sign > 0
+                else Histogram(tuple((b, -n, -t) for b, n, t in other.bins), other.shift)
+            )
         if self.shift != other.shift:
-            raise ValueError(f"histograms of different bin widths: 2^{self.shift} vs 2^{other.shift} ns")
+            raise ValueError(
+                f"histograms of different bin widths: 2^{self.shift} vs 2^{other.shift} ns"
+            )
         acc: dict[int, tuple[int, int]] = {b: (n, t) for b, n, t in self.bins}
         for b, n, t in other.bins:
             n0, t0 = acc.get(b, (0, 0))
             acc[b] = (n0 + sign * n, t0 + sign * t)
-        return Histogram(tuple((b, n, t) for b, (n, t) in sorted(acc.items()) if n or t), self.shift)
+        return Histogram(
+            tuple((b, n, t) for b, (n, t) in sorted(acc.items()) if n or t), self.shift
+        )
 
     def __add__(self, other: Histogram) -> Histogram:
         return self._merge(other, 1)
@@ -230,12 +238,22 @@ class ThreadReading:
 
 
 #: the additive fields of a :class:`ThreadReading`
-_COUNTERS = ("read", "write", "epoll", "notify", "syscalls", "sys_ns", "oncpu_ns", "user_ns", "sys_cpu_ns",
-             "unknown_cpu_ns", "switches_in", "notify_hist")  # fmt: skip
-
-EMPTY_THREAD = ThreadReading(
-    0, 0, "", OpStat(), OpStat(), OpStat(), OpStat(), 0, 0, 0, 0, 0, 0, 0
+_COUNTERS = (
+    "read",
+    "write",
+    "epoll",
+    "notify",
+    "syscalls",
+    "sys_ns",
+    "oncpu_ns",
+    "user_ns",
+    "sys_cpu_ns",
+    "unknown_cpu_ns",
+    "switches_in",
+    "notify_hist",
 )
+
+EMPTY_THREAD = ThreadReading(0, 0, "", OpStat(), OpStat(), OpStat(), OpStat(), 0, 0, 0, 0, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -303,18 +321,28 @@ class ProbeReading:
             total = total + t
         was = {p.name: p for p in earlier.programs}
         programs = tuple(
-            ProgramStat(p.name, p.run_cnt - was[p.name].run_cnt, p.run_time_ns - was[p.name].run_time_ns,
-                        p.recursion_misses - was[p.name].recursion_misses)
-            if p.name in was else p
+            ProgramStat(
+                p.name,
+                p.run_cnt - was[p.name].run_cnt,
+                p.run_time_ns - was[p.name].run_time_ns,
+                p.recursion_misses - was[p.name].recursion_misses,
+            )
+            if p.name in was
+            else p
             for p in self.programs
-        )  # fmt: skip
+        )
         return replace(
             self,
             duration_ns=self.duration_ns - earlier.duration_ns,
             threads=threads,
             total=replace(total, tid=0, tgid=0, comm=""),
-            ipc=IpcStat(self.ipc.method, self.ipc.count - earlier.ipc.count, self.ipc.ns - earlier.ipc.ns,
-                        self.ipc.bytes - earlier.ipc.bytes, self.ipc.max_ns),  # fmt: skip
+            ipc=IpcStat(
+                self.ipc.method,
+                self.ipc.count - earlier.ipc.count,
+                self.ipc.ns - earlier.ipc.ns,
+                self.ipc.bytes - earlier.ipc.bytes,
+                self.ipc.max_ns,
+            ),
             counters={k: v - earlier.counters.get(k, 0) for k, v in self.counters.items()},
             programs=programs,
         )
@@ -550,7 +578,9 @@ class RealProbe:
             try:
                 rc = proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired as e:
-                raise ProbeError(f"probe did not exit {self.stop_timeout:.0f} s after SIGINT") from e
+                raise ProbeError(
+                    f"probe did not exit {self.stop_timeout:.0f} s after SIGINT"
+                ) from e
             text = (self._dir / "reading.json").read_text()
             if rc != 0:
                 raise ProbeError(f"probe exited {rc}: {self._log().strip()}")
@@ -639,4 +669,3 @@ class FakeProbe:
 
     def close(self) -> None:
         self.running = False
-

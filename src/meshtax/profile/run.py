@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from meshtax import __version__
+from meshtax.host import this_host
 from meshtax.model.components import Component
 from meshtax.model.profile import ModeProfile, Profile, Provenance
 from meshtax.model.sidecar import Mode
-from meshtax.host import this_host
 from meshtax.profile.decompose import (
     Breakdown,
     Window,
@@ -64,14 +64,27 @@ from meshtax.profile.decompose import (
     mesh_breakdown,
     per_crossing,
 )
-from meshtax.profile.envoy import EnvoyConfig, EnvoyProcess, config_hash, envoy_binary, envoy_version
+from meshtax.profile.envoy import (
+    EnvoyConfig,
+    EnvoyProcess,
+    config_hash,
+    envoy_binary,
+    envoy_version,
+)
 from meshtax.profile.fit import SizePoint, fit_carried, fit_mode
 from meshtax.profile.fortio import FortioServer, LoadResult, fortio_binary, fortio_version, run_load
 from meshtax.profile.perfcpu import PerfProfile, PerfSession, schedstat
-from meshtax.profile.plan import Plan, Step, full_plan, quick_plan
-from meshtax.profile.probes import ProbeReading, ProbeSession, RealProbe, SnapshotSession, ThreadReading, realtime
-from meshtax.profile.runstate import STATE_DIR, ProcOps
 from meshtax.profile.pinning import Pinning
+from meshtax.profile.plan import Plan, Step, full_plan, quick_plan
+from meshtax.profile.probes import (
+    ProbeReading,
+    ProbeSession,
+    RealProbe,
+    SnapshotSession,
+    ThreadReading,
+    realtime,
+)
+from meshtax.profile.runstate import STATE_DIR, ProcOps
 from meshtax.profile.stats import Estimate, estimate, median, repeat_until
 from meshtax.profile.system import System
 from meshtax.profile.testbed import Pod, Testbed
@@ -223,7 +236,7 @@ class Backends:
     workdir: Path | None = None
     clock: Callable[[], float] = time.monotonic
     niceness: Callable[[int | None], AbstractContextManager[None]] = niceness
-    now: Callable[[], _dt.datetime] = field(default=lambda: _dt.datetime.now(_dt.timezone.utc))
+    now: Callable[[], _dt.datetime] = field(default=lambda: _dt.datetime.now(_dt.UTC))
 
 
 @dataclass(frozen=True)
@@ -287,7 +300,12 @@ class _SizeResult:
             "latency_breakdown_us": self.probed.latency.to_dict(),
             "max_qps": self.max_qps,
             "cpu": [
-                {"run": c.label, "rate": c.rate, "breakdown_us": c.bd.to_dict(), "perf_over_schedstat": c.ratio}
+                {
+                    "run": c.label,
+                    "rate": c.rate,
+                    "breakdown_us": c.bd.to_dict(),
+                    "perf_over_schedstat": c.ratio,
+                }
                 for c in self.cpu
             ],
         }
@@ -296,8 +314,12 @@ class _SizeResult:
 class _Clocked:
     """Progress bookkeeping: expected seconds of each step, scaled by how the run is going."""
 
-    def __init__(self, steps: list[Step], progress: Callable[[Progress], None] | None,
-                 clock: Callable[[], float]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        steps: list[Step],
+        progress: Callable[[Progress], None] | None,
+        clock: Callable[[], float],
+    ) -> None:
         self.steps = steps
         self.total_expected = sum(s.expected_s for s in steps) or 1.0
         self.progress = progress
@@ -306,8 +328,16 @@ class _Clocked:
         self.i = 0
         self.done_expected = 0.0
 
-    def next(self, kind: str, mode: Mode, size: int = 0, fraction: float = 0.0, *,
-             rate: float = 0.0, protocol: str = "") -> None:  # fmt: skip
+    def next(
+        self,
+        kind: str,
+        mode: Mode,
+        size: int = 0,
+        fraction: float = 0.0,
+        *,
+        rate: float = 0.0,
+        protocol: str = "",
+    ) -> None:
         # steps are announced in plan order; find this one (robust if the plan skips some)
         want = (kind, mode, size, fraction, rate, protocol)
         while self.i < len(self.steps):
@@ -323,7 +353,9 @@ class _Clocked:
         pace = elapsed / self.done_expected if self.done_expected > 0 else 1.0
         remaining = self.total_expected - self.done_expected
         if self.progress is not None:
-            self.progress(Progress(self.i, len(self.steps), st, elapsed, remaining * max(pace, 0.5), frac))
+            self.progress(
+                Progress(self.i, len(self.steps), st, elapsed, remaining * max(pace, 0.5), frac)
+            )
         self.done_expected += st.expected_s
 
 
@@ -372,25 +404,47 @@ class EchoBed:
         """The client pod's namespace file (what the probe follows to see the load generator)."""
         return f"/run/netns/{self.client.netns}"
 
-    def load(self, target: str, mode: Mode, size: int, qps: float = 0.0, *,
-             duration_s: float | None = None, n: int | None = None,
-             connections: int = 1) -> LoadResult:  # fmt: skip
+    def load(
+        self,
+        target: str,
+        mode: Mode,
+        size: int,
+        qps: float = 0.0,
+        *,
+        duration_s: float | None = None,
+        n: int | None = None,
+        connections: int = 1,
+    ) -> LoadResult:
         """One fortio run from the client pod (pinned): closed loop when ``qps`` is 0."""
-        return run_load(target, mode, size, qps, connections=connections, duration_s=duration_s,
-                        n=n, system=self.system, place=self.client.place(cpus=self.pinning.client),
-                        binary=self.fortio_bin)  # fmt: skip
+        return run_load(
+            target,
+            mode,
+            size,
+            qps,
+            connections=connections,
+            duration_s=duration_s,
+            n=n,
+            system=self.system,
+            place=self.client.place(cpus=self.pinning.client),
+            binary=self.fortio_bin,
+        )
 
-    def start_sidecar(self, mode: Mode, cfg: EnvoyConfig | None = None, *,
-                      name: str | None = None) -> EnvoyProcess:  # fmt: skip
+    def start_sidecar(
+        self, mode: Mode, cfg: EnvoyConfig | None = None, *, name: str | None = None
+    ) -> EnvoyProcess:
         """Start (and register for cleanup) the server pod's sidecar; stop it when done.
 
         ``cfg`` defaults to the plain config of ``mode`` forwarding to the app's port; one
         sidecar at a time can own the intercepted ports.
         """
         cfg = cfg or EnvoyConfig(mode=mode, inbound_upstream=("127.0.0.1", APP_PORTS[mode]))
-        envoy = EnvoyProcess(self.system, cfg, self.workdir / (name or mode.value),
-                             place=self.server.place(cpus=self.pinning.sidecars, uid=PROXY_UID),
-                             binary=self.envoy_bin)  # fmt: skip
+        envoy = EnvoyProcess(
+            self.system,
+            cfg,
+            self.workdir / (name or mode.value),
+            place=self.server.place(cpus=self.pinning.sidecars, uid=PROXY_UID),
+            binary=self.envoy_bin,
+        )
         envoy.start()
         assert envoy.process is not None
         self.testbed.adopt(envoy.process, ["envoy", name or mode.value], netns=self.server.netns)
@@ -398,25 +452,34 @@ class EchoBed:
 
 
 @contextmanager
-def echo_testbed(system: System, pinning: Pinning, backends: Backends | None = None,
-                 workdir: Path | None = None) -> Iterator[EchoBed]:  # fmt: skip
+def echo_testbed(
+    system: System, pinning: Pinning, backends: Backends | None = None, workdir: Path | None = None
+) -> Iterator[EchoBed]:
     """Create the testbed of :class:`EchoBed` (taking the profiling lock), yield it, and tear
     everything down on the way out (also on exceptions and Ctrl-C), the scratch directory of
     configs and logs included when it made one (errors quote the logs they need)."""
     be = backends or Backends()
     envoy_bin = be.envoy_binary or envoy_binary()
     fortio_bin = be.fortio_binary or fortio_binary()
-    with Testbed(system, state_dir=be.state_dir, lock_timeout=be.lock_timeout, procs=be.procs) as tb:
+    with Testbed(
+        system, state_dir=be.state_dir, lock_timeout=be.lock_timeout, procs=be.procs
+    ) as tb:
         work = workdir or be.workdir or tb.scratch_dir("meshtax-profile-")
         client = tb.add_pod("client")
         server = tb.add_pod("server")
-        tb.mesh(server, proxy_uid=PROXY_UID,
-                exclude_inbound_ports=(15000, 15090, *APP_PORTS.values()))  # fmt: skip
+        tb.mesh(
+            server, proxy_uid=PROXY_UID, exclude_inbound_ports=(15000, 15090, *APP_PORTS.values())
+        )
         app = FortioServer(
-            system, work / "app", host="0.0.0.0",
-            http_port=APP_PORTS[Mode.HTTP], grpc_port=APP_PORTS[Mode.GRPC], tcp_port=APP_PORTS[Mode.TCP],
-            place=server.place(cpus=pinning.app), binary=fortio_bin,
-        )  # fmt: skip
+            system,
+            work / "app",
+            host="0.0.0.0",
+            http_port=APP_PORTS[Mode.HTTP],
+            grpc_port=APP_PORTS[Mode.GRPC],
+            tcp_port=APP_PORTS[Mode.TCP],
+            place=server.place(cpus=pinning.app),
+            binary=fortio_bin,
+        )
         app.start()
         assert app.process is not None
         tb.adopt(app.process, app.argv, netns=server.netns)
@@ -437,16 +500,28 @@ class PairedOverhead:
     direct_p50: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"overhead_per_request_us": self.estimate.to_dict(), "meshed_mean_us": self.meshed_mean,
-                "direct_mean_us": self.direct_mean, "meshed_p50_us": self.meshed_p50,
-                "direct_p50_us": self.direct_p50}  # fmt: skip
+        return {
+            "overhead_per_request_us": self.estimate.to_dict(),
+            "meshed_mean_us": self.meshed_mean,
+            "direct_mean_us": self.direct_mean,
+            "meshed_p50_us": self.meshed_p50,
+            "direct_p50_us": self.direct_p50,
+        }
 
 
 def measure_overhead(
-    bed: EchoBed, mode: Mode, size: int, *, run_s: float, rel_halfwidth: float = 0.1,
-    min_runs: int = 3, max_runs: int = 6, budget_s: float | None = None,
-    meshed: str | None = None, clock: Callable[[], float] = time.monotonic,
-) -> PairedOverhead:  # fmt: skip
+    bed: EchoBed,
+    mode: Mode,
+    size: int,
+    *,
+    run_s: float,
+    rel_halfwidth: float = 0.1,
+    min_runs: int = 3,
+    max_runs: int = 6,
+    budget_s: float | None = None,
+    meshed: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> PairedOverhead:
     """Paired closed-loop runs with and without the sidecar until the median difference is
     narrow (:func:`~meshtax.profile.stats.repeat_until`); the order alternates so a drifting
     machine does not bias the difference. Means, not p50s: components are means too, and
@@ -464,8 +539,14 @@ def measure_overhead(
         r.meshed_p50.append(m.p50_us)
         return m.avg_us - d.avg_us
 
-    r.estimate = repeat_until(pair, rel_halfwidth=rel_halfwidth, min_runs=min_runs,
-                              max_runs=max_runs, budget_s=budget_s, clock=clock)  # fmt: skip
+    r.estimate = repeat_until(
+        pair,
+        rel_halfwidth=rel_halfwidth,
+        min_runs=min_runs,
+        max_runs=max_runs,
+        budget_s=budget_s,
+        clock=clock,
+    )
     return r
 
 
@@ -515,10 +596,19 @@ _BD_FIELDS = tuple(f.name for f in fields(Breakdown))
 
 
 def probe_components(
-    bed: EchoBed, mode: Mode, size: int, sidecar_pid: int, *, run_s: float, pairs: int,
-    probe_app: bool = True, probe: Callable[[System], ProbeSession] = _real_probe,
-    meshed: str | None = None, probe_client: bool = True, rt_priority: int | None = None,
-) -> ProbeResult:  # fmt: skip
+    bed: EchoBed,
+    mode: Mode,
+    size: int,
+    sidecar_pid: int,
+    *,
+    run_s: float,
+    pairs: int,
+    probe_app: bool = True,
+    probe: Callable[[System], ProbeSession] = _real_probe,
+    meshed: str | None = None,
+    probe_client: bool = True,
+    rt_priority: int | None = None,
+) -> ProbeResult:
     """``pairs`` × (a meshed and a direct probe window of ``run_s``, order alternating), the
     probe on the sidecar, (``probe_app``) the app and (``probe_client``) every process of the
     client pod → components and the probed overhead. ``rt_priority``: the windows run with
@@ -556,29 +646,46 @@ def probe_components(
         with realtime(bed.system, prio) as rt:
             last = snap.snapshot() if snap is not None else None
             for i in range(pairs):
-                for target in ((m_t, d_t) if i % 2 == 0 else (d_t, m_t)):
+                for target in (m_t, d_t) if i % 2 == 0 else (d_t, m_t):
                     if snap is not None and last is not None:
                         res = bed.load(target, mode, size, duration_s=run_s)
                         now = snap.snapshot()
                         reading, last = now.since(last), now
                     else:
-                        res, reading = _probed_load(bed, probe, pids, follow, target, mode, size, run_s)
+                        res, reading = _probed_load(
+                            bed, probe, pids, follow, target, mode, size, run_s
+                        )
                     w = Window.of(reading, res.count, sidecar_tgid=sidecar_pid, app_tgid=app_tgid)
                     dropped += reading.dropped
                     is_m = target == m_t
                     (m_windows if is_m else d_windows).append(w)
                     (m_mean if is_m else d_mean).append(res.avg_us)
-                    raw.append({"meshed": is_m, "requests": res.count, "mean_us": res.avg_us,
-                                "duration_ns": reading.duration_ns, "ipc_packets": w.ipc_packets,
-                                "ipc_ns": w.ipc_ns, "ipc_bytes": w.ipc_bytes, "probe_bpf_ns": reading.probe_ns,
-                                "sidecar": _thread_dict(w.sidecar), "app": _thread_dict(w.app),
-                                "client": _thread_dict(w.client),
-                                # per-event notification latencies, [bin, count, ns] in 2^shift ns bins
-                                "notify_hist": {k: [list(b) for b in t.notify_hist.bins]
-                                                for k, t in (("sidecar", w.sidecar), ("app", w.app),
-                                                             ("client", w.client))},
-                                "notify_hist_shift": w.sidecar.notify_hist.shift,
-                                "sched": f"fifo:{rt_priority}" if rt else "other"})  # fmt: skip
+                    raw.append(
+                        {
+                            "meshed": is_m,
+                            "requests": res.count,
+                            "mean_us": res.avg_us,
+                            "duration_ns": reading.duration_ns,
+                            "ipc_packets": w.ipc_packets,
+                            "ipc_ns": w.ipc_ns,
+                            "ipc_bytes": w.ipc_bytes,
+                            "probe_bpf_ns": reading.probe_ns,
+                            "sidecar": _thread_dict(w.sidecar),
+                            "app": _thread_dict(w.app),
+                            "client": _thread_dict(w.client),
+                            # per-event notification latencies, [bin, count, ns] in 2^shift ns bins
+                            "notify_hist": {
+                                k: [list(b) for b in t.notify_hist.bins]
+                                for k, t in (
+                                    ("sidecar", w.sidecar),
+                                    ("app", w.app),
+                                    ("client", w.client),
+                                )
+                            },
+                            "notify_hist_shift": w.sidecar.notify_hist.shift,
+                            "sched": f"fifo:{rt_priority}" if rt else "other",
+                        }
+                    )
     finally:
         held.close()
 
@@ -614,9 +721,16 @@ def _start_probe(session: ProbeSession, pids: list[int], follow: str | None) -> 
         session.start(pids, follow_netns=follow)
 
 
-def _probed_load(bed: EchoBed, probe: Callable[[System], ProbeSession], pids: list[int],
-                 follow: str | None, target: str, mode: Mode, size: int,
-                 run_s: float) -> tuple[LoadResult, ProbeReading]:  # fmt: skip
+def _probed_load(
+    bed: EchoBed,
+    probe: Callable[[System], ProbeSession],
+    pids: list[int],
+    follow: str | None,
+    target: str,
+    mode: Mode,
+    size: int,
+    run_s: float,
+) -> tuple[LoadResult, ProbeReading]:
     """One load with a probe attached just for it (sessions that cannot snapshot)."""
     session = probe(bed.system)
     try:
@@ -630,18 +744,35 @@ def _probed_load(bed: EchoBed, probe: Callable[[System], ProbeSession], pids: li
 def _thread_dict(t: ThreadReading) -> dict[str, int]:
     """The raw totals of a thread sum, for the record (ns and counts)."""
     return {
-        "read_ns": t.read.ns, "read_n": t.read.count, "write_ns": t.write.ns, "write_n": t.write.count,
-        "epoll_ns": t.epoll.ns, "epoll_n": t.epoll.count, "notify_ns": t.notify.ns,
-        "notify_n": t.notify.count, "syscalls": t.syscalls, "sys_ns": t.sys_ns, "oncpu_ns": t.oncpu_ns,
-        "user_ns": t.user_ns, "sys_cpu_ns": t.sys_cpu_ns, "switches_in": t.switches_in,
-    }  # fmt: skip
+        "read_ns": t.read.ns,
+        "read_n": t.read.count,
+        "write_ns": t.write.ns,
+        "write_n": t.write.count,
+        "epoll_ns": t.epoll.ns,
+        "epoll_n": t.epoll.count,
+        "notify_ns": t.notify.ns,
+        "notify_n": t.notify.count,
+        "syscalls": t.syscalls,
+        "sys_ns": t.sys_ns,
+        "oncpu_ns": t.oncpu_ns,
+        "user_ns": t.user_ns,
+        "sys_cpu_ns": t.sys_cpu_ns,
+        "switches_in": t.switches_in,
+    }
 
 
 def sidecar_cpu(
-    bed: EchoBed, mode: Mode, size: int, qps: float, pid: int, *, run_s: float,
+    bed: EchoBed,
+    mode: Mode,
+    size: int,
+    qps: float,
+    pid: int,
+    *,
+    run_s: float,
     perf: Callable[[System], CpuSampler] = _real_perf,
-    schedstat_of: Callable[[int], Mapping[int, int]] = schedstat, meshed: str | None = None,
-) -> tuple[LoadResult, Breakdown, float]:  # fmt: skip
+    schedstat_of: Callable[[int], Mapping[int, int]] = schedstat,
+    meshed: str | None = None,
+) -> tuple[LoadResult, Breakdown, float]:
     """One run at ``qps`` (0: as fast as possible) under perf → (load result, per-crossing
     CPU-µs of the sidecar process ``pid``, perf/schedstat ratio).
 
@@ -706,14 +837,24 @@ def run_profile(
                 for proto in plan.carried:
                     carried[proto] = _measure_carried(proto, plan, bed, be, ticker)
     wall_s = be.clock() - t_start
-    return _build_profile(name, created, plan, results, versions, wall_s, store, options.replace,
-                          carried=carried)  # fmt: skip
+    return _build_profile(
+        name, created, plan, results, versions, wall_s, store, options.replace, carried=carried
+    )
 
 
 def _cpu_runs(
-    bed: EchoBed, load_mode: Mode, size: int, pid: int, plan: Plan, be: Backends, ticker: _Clocked,
-    *, fractions: Sequence[float], step_mode: Mode, protocol: str = "",
-) -> tuple[float, list[_CpuRun]]:  # fmt: skip
+    bed: EchoBed,
+    load_mode: Mode,
+    size: int,
+    pid: int,
+    plan: Plan,
+    be: Backends,
+    ticker: _Clocked,
+    *,
+    fractions: Sequence[float],
+    step_mode: Mode,
+    protocol: str = "",
+) -> tuple[float, list[_CpuRun]]:
     """The max-rate run, the fixed-rate runs at ``fractions`` of it, and the plan's low rates
     (at the sizes it gives them) → (max rate, CPU runs). ``load_mode``: the protocol the
     client speaks; ``step_mode``/``protocol``: the sidecar's mode and the carried protocol
@@ -721,8 +862,9 @@ def _cpu_runs(
     runs: list[_CpuRun] = []
 
     def cpu(qps: float, run_s: float) -> tuple[float, Breakdown, float]:
-        res, bd, ratio = sidecar_cpu(bed, load_mode, size, qps, pid, run_s=run_s, perf=be.perf,
-                                     schedstat_of=be.schedstat)  # fmt: skip
+        res, bd, ratio = sidecar_cpu(
+            bed, load_mode, size, qps, pid, run_s=run_s, perf=be.perf, schedstat_of=be.schedstat
+        )
         return res.actual_qps, bd, ratio
 
     ticker.next("maxqps", step_mode, size, protocol=protocol)
@@ -730,7 +872,9 @@ def _cpu_runs(
         max_run = _CpuRun("max", *cpu(0.0, plan.maxqps_run_s))
         max_qps = max_run.rate
     else:
-        max_qps = bed.load(bed.meshed_target, load_mode, size, duration_s=plan.maxqps_run_s).actual_qps
+        max_qps = bed.load(
+            bed.meshed_target, load_mode, size, duration_s=plan.maxqps_run_s
+        ).actual_qps
     for f in fractions:
         if f >= 1.0:
             runs.append(max_run)
@@ -751,7 +895,9 @@ def _cpu_runs(
 LOW_RATE_MAX_SHARE = 0.5
 
 
-def _measure_carried(proto: str, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked) -> list[_SizeResult]:
+def _measure_carried(
+    proto: str, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked
+) -> list[_SizeResult]:
     """A tcp-mode sidecar in front of the app's ``proto`` server, driven by ``proto``'s client:
     probe windows and CPU runs at the plan's carried sizes (no un-probed latency runs: the
     closure compares with the overhead of the same probed windows, as for the modes)."""
@@ -767,20 +913,39 @@ def _measure_carried(proto: str, plan: Plan, bed: EchoBed, be: Backends, ticker:
             ticker.next("probe", Mode.TCP, size, protocol=proto)
             bed.load(bed.direct_target(load_mode), load_mode, size, n=plan.warmup_n)
             bed.load(bed.meshed_target, load_mode, size, n=plan.warmup_n)
-            pr = probe_components(bed, load_mode, size, pid, run_s=plan.probe_run_s,
-                                  pairs=plan.carried_probe_pairs, probe_app=plan.probe_app,
-                                  probe=be.probe, rt_priority=plan.probe_rt_priority)  # fmt: skip
+            pr = probe_components(
+                bed,
+                load_mode,
+                size,
+                pid,
+                run_s=plan.probe_run_s,
+                pairs=plan.carried_probe_pairs,
+                probe_app=plan.probe_app,
+                probe=be.probe,
+                rt_priority=plan.probe_rt_priority,
+            )
             r = _SizeResult(size, None, pr)
-            r.max_qps, r.cpu = _cpu_runs(bed, load_mode, size, pid, plan, be, ticker,
-                                         fractions=plan.carried_rate_fractions, step_mode=Mode.TCP,
-                                         protocol=proto)  # fmt: skip
+            r.max_qps, r.cpu = _cpu_runs(
+                bed,
+                load_mode,
+                size,
+                pid,
+                plan,
+                be,
+                ticker,
+                fractions=plan.carried_rate_fractions,
+                step_mode=Mode.TCP,
+                protocol=proto,
+            )
             out.append(r)
     finally:
         envoy.stop()
     return out
 
 
-def _measure_mode(mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked) -> list[_SizeResult]:
+def _measure_mode(
+    mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked
+) -> list[_SizeResult]:
     envoy = bed.start_sidecar(mode)
     assert envoy.process is not None
     pid = envoy.process.pid
@@ -792,17 +957,41 @@ def _measure_mode(mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _C
             # warm both paths (connection set-up, allocator, caches) before anything counts
             bed.load(direct, mode, size, n=plan.warmup_n)
             bed.load(meshed, mode, size, n=plan.warmup_n)
-            po = measure_overhead(bed, mode, size, run_s=plan.latency_run_s,
-                                  rel_halfwidth=plan.latency_rel_halfwidth,
-                                  min_runs=plan.latency_min_runs, max_runs=plan.latency_max_runs,
-                                  budget_s=plan.latency_budget_s, clock=be.clock)  # fmt: skip
+            po = measure_overhead(
+                bed,
+                mode,
+                size,
+                run_s=plan.latency_run_s,
+                rel_halfwidth=plan.latency_rel_halfwidth,
+                min_runs=plan.latency_min_runs,
+                max_runs=plan.latency_max_runs,
+                budget_s=plan.latency_budget_s,
+                clock=be.clock,
+            )
             ticker.next("probe", mode, size)
-            pr = probe_components(bed, mode, size, pid, run_s=plan.probe_run_s, pairs=plan.probe_pairs,
-                                  probe_app=plan.probe_app, probe=be.probe,
-                                  rt_priority=plan.probe_rt_priority)  # fmt: skip
+            pr = probe_components(
+                bed,
+                mode,
+                size,
+                pid,
+                run_s=plan.probe_run_s,
+                pairs=plan.probe_pairs,
+                probe_app=plan.probe_app,
+                probe=be.probe,
+                rt_priority=plan.probe_rt_priority,
+            )
             r = _SizeResult(size, po, pr)
-            r.max_qps, r.cpu = _cpu_runs(bed, mode, size, pid, plan, be, ticker,
-                                         fractions=plan.rate_fractions, step_mode=mode)  # fmt: skip
+            r.max_qps, r.cpu = _cpu_runs(
+                bed,
+                mode,
+                size,
+                pid,
+                plan,
+                be,
+                ticker,
+                fractions=plan.rate_fractions,
+                step_mode=mode,
+            )
             out.append(r)
     finally:
         envoy.stop()
@@ -817,12 +1006,24 @@ def _points(mode: Mode, rs: list[_SizeResult], tcp: Mapping[int, _SizeResult]) -
         cpu: list[tuple[float, Mapping[Component, float]]] = []
         for run in r.cpu:
             like = base.cpu_like(run) if base else None
-            cpu.append((run.rate, assemble(mode, r.cpu_bd(run),
-                                           base.cpu_bd(like) if base and like else None)))  # fmt: skip
+            cpu.append(
+                (
+                    run.rate,
+                    assemble(mode, r.cpu_bd(run), base.cpu_bd(like) if base and like else None),
+                )
+            )
         # closure against the overhead of the same (probed) windows: like with like
         o = r.probed.overhead
-        pts.append(SizePoint(r.size, lat, per_crossing(o.median), per_crossing(o.lo),
-                             per_crossing(o.hi), tuple(cpu)))  # fmt: skip
+        pts.append(
+            SizePoint(
+                r.size,
+                lat,
+                per_crossing(o.median),
+                per_crossing(o.lo),
+                per_crossing(o.hi),
+                tuple(cpu),
+            )
+        )
     return pts
 
 
@@ -832,10 +1033,17 @@ def _unprobed_closure(rs: Sequence[_SizeResult]) -> float:
 
 
 def _build_profile(
-    name: str, created: _dt.datetime, plan: Plan, results: Mapping[Mode, list[_SizeResult]],
-    versions: Mapping[str, str], wall_s: float, store: ProfileSink | None, replace: bool,
-    *, carried: Mapping[str, list[_SizeResult]] | None = None,
-) -> Profile:  # fmt: skip
+    name: str,
+    created: _dt.datetime,
+    plan: Plan,
+    results: Mapping[Mode, list[_SizeResult]],
+    versions: Mapping[str, str],
+    wall_s: float,
+    store: ProfileSink | None,
+    replace: bool,
+    *,
+    carried: Mapping[str, list[_SizeResult]] | None = None,
+) -> Profile:
     tcp = {r.size: r for r in results.get(Mode.TCP, [])}
     carried = {p: rs for p, rs in (carried or {}).items() if rs}
     modes: list[ModeProfile] = []
@@ -857,33 +1065,52 @@ def _build_profile(
     if Mode.TCP not in results:
         notes.append("no TCP mode measured: Parsing is not separated from Other")
     for mode, rs in results.items():
-        mp = fit_mode(mode, _points(mode, rs, tcp), candidates=plan.split_candidates,
-                      tolerance=plan.closure_tolerance)  # fmt: skip
+        mp = fit_mode(
+            mode,
+            _points(mode, rs, tcp),
+            candidates=plan.split_candidates,
+            tolerance=plan.closure_tolerance,
+        )
         if mode is Mode.TCP and carried:
-            mp = fit_carried(mp, {p: _points(Mode.TCP, crs, {}) for p, crs in carried.items()},
-                             candidates=plan.split_candidates, tolerance=plan.closure_tolerance)  # fmt: skip
+            mp = fit_carried(
+                mp,
+                {p: _points(Mode.TCP, crs, {}) for p, crs in carried.items()},
+                candidates=plan.split_candidates,
+                tolerance=plan.closure_tolerance,
+            )
             for p, cmp_ in sorted(mp.carried.items()):
                 cc = cmp_.closure
-                notes.append(f"tcp carrying {p}: a tcp-mode sidecar in front of the app's {p} server, "
-                             f"driven by fortio's {p} client; per crossing = per message direction of "
-                             "one call; latency components from probe windows only (closure against "
-                             "their own overhead"
-                             + (f": components {cc.components_us:.1f} µs vs {cc.measured_us:.1f} µs, "
-                                f"{cc.error:+.0%})" if cc is not None else ")"))  # fmt: skip
+                notes.append(
+                    f"tcp carrying {p}: a tcp-mode sidecar in front of the app's {p} server, "
+                    f"driven by fortio's {p} client; per crossing = per message direction of "
+                    "one call; latency components from probe windows only (closure against "
+                    "their own overhead"
+                    + (
+                        f": components {cc.components_us:.1f} µs vs {cc.measured_us:.1f} µs, "
+                        f"{cc.error:+.0%})"
+                        if cc is not None
+                        else ")"
+                    )
+                )
         modes.append(mp)
         c = mp.closure
         if c is not None and not c.closes:
-            msg = (f"{mode.value}: components sum to {c.components_us:.1f} µs per message but the "
-                   f"measured overhead is {c.measured_us:.1f} µs [{c.measured_lo_us:.1f}, "
-                   f"{c.measured_hi_us:.1f}]: error {c.error:+.0%} exceeds ±{c.tolerance:.0%} "
-                   "— this profile does NOT close")  # fmt: skip
+            msg = (
+                f"{mode.value}: components sum to {c.components_us:.1f} µs per message but the "
+                f"measured overhead is {c.measured_us:.1f} µs [{c.measured_lo_us:.1f}, "
+                f"{c.measured_hi_us:.1f}]: error {c.error:+.0%} exceeds ±{c.tolerance:.0%} "
+                "— this profile does NOT close"
+            )
             notes.append("NOT CLOSED: " + msg)
             warnings.warn(msg, ClosureWarning, stacklevel=2)
         un = _unprobed_closure(rs)
         if c is not None:
-            notes.append(f"{mode.value}: un-probed overhead {un:.1f} µs per message; components "
-                         f"{c.components_us:.1f} µs are {c.components_us / un - 1:+.0%} of it"
-                         if un else f"{mode.value}: un-probed overhead 0")  # fmt: skip
+            notes.append(
+                f"{mode.value}: un-probed overhead {un:.1f} µs per message; components "
+                f"{c.components_us:.1f} µs are {c.components_us / un - 1:+.0%} of it"
+                if un
+                else f"{mode.value}: un-probed overhead 0"
+            )
     perturb = {m.value: {str(r.size): r.perturbation_us for r in rs} for m, rs in results.items()}
     options: dict[str, Any] = {
         **plan.to_dict(),

@@ -378,9 +378,16 @@ def reap(
     index = INDEX_DIR if index_dir is None else index_dir
     # live runs registered elsewhere keep their namespaces (never unlinked here: with fake
     # process ops every owner looks dead)
-    live_netns: set[str] = {
-        ns for _, st in load_states(index) if st is not None and owner_alive(procs, st) for ns in st.netns
-    } if index != state_dir else set()
+    live_netns: set[str] = (
+        {
+            ns
+            for _, st in load_states(index)
+            if st is not None and owner_alive(procs, st)
+            for ns in st.netns
+        }
+        if index != state_dir
+        else set()
+    )
     for path, st in load_states(state_dir):
         if st is not None and (st.run_id in keep_runs or owner_alive(procs, st)):
             live_netns.update(st.netns)

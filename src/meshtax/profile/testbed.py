@@ -34,9 +34,9 @@ from meshtax.profile.runstate import (
     STATE_DIR,
     ProcOps,
     ProcRecord,
+    RealProcOps,
     ReapReport,
     Registry,
-    RealProcOps,
     RunLock,
     RunState,
     delete_netns,
@@ -105,13 +105,31 @@ def istio_rules(c: Interception) -> list[list[str]]:
         nat + ["-N", "ISTIO_REDIRECT"],
         nat + ["-N", "ISTIO_IN_REDIRECT"],
         nat + ["-N", "ISTIO_OUTPUT"],
-        nat + ["-A", "ISTIO_REDIRECT", "-p", "tcp", "-j", "REDIRECT",
-               "--to-ports", str(c.outbound_port)],
-        nat + ["-A", "ISTIO_IN_REDIRECT", "-p", "tcp", "-j", "REDIRECT",
-               "--to-ports", str(c.inbound_port)],
+        nat
+        + [
+            "-A",
+            "ISTIO_REDIRECT",
+            "-p",
+            "tcp",
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            str(c.outbound_port),
+        ],
+        nat
+        + [
+            "-A",
+            "ISTIO_IN_REDIRECT",
+            "-p",
+            "tcp",
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            str(c.inbound_port),
+        ],
         # inbound
         nat + ["-A", "PREROUTING", "-p", "tcp", "-j", "ISTIO_INBOUND"],
-    ]  # fmt: skip
+    ]
     for port in c.exclude_inbound_ports:
         r.append(nat + ["-A", "ISTIO_INBOUND", "-p", "tcp", "--dport", str(port), "-j", "RETURN"])
     r += [
@@ -123,23 +141,84 @@ def istio_rules(c: Interception) -> list[list[str]]:
         r.append(nat + ["-A", "ISTIO_OUTPUT", "-p", "tcp", "--dport", str(port), "-j", "RETURN"])
     r += [
         # the proxy's inbound passthrough connects from 127.0.0.6: never loop it back
-        nat + ["-A", "ISTIO_OUTPUT", "-o", "lo", "-s", f"{c.inbound_passthrough_source}/32",
-               "-j", "RETURN"],
+        nat
+        + [
+            "-A",
+            "ISTIO_OUTPUT",
+            "-o",
+            "lo",
+            "-s",
+            f"{c.inbound_passthrough_source}/32",
+            "-j",
+            "RETURN",
+        ],
         # the proxy calling its own pod IP over lo is inbound traffic for itself
-        nat + ["-A", "ISTIO_OUTPUT", "-o", "lo", "!", "-d", "127.0.0.1/32",
-               "-m", "owner", "--uid-owner", uid, "-j", "ISTIO_IN_REDIRECT"],
-        nat + ["-A", "ISTIO_OUTPUT", "-o", "lo", "-m", "owner", "!", "--uid-owner", uid,
-               "-j", "RETURN"],
+        nat
+        + [
+            "-A",
+            "ISTIO_OUTPUT",
+            "-o",
+            "lo",
+            "!",
+            "-d",
+            "127.0.0.1/32",
+            "-m",
+            "owner",
+            "--uid-owner",
+            uid,
+            "-j",
+            "ISTIO_IN_REDIRECT",
+        ],
+        nat
+        + [
+            "-A",
+            "ISTIO_OUTPUT",
+            "-o",
+            "lo",
+            "-m",
+            "owner",
+            "!",
+            "--uid-owner",
+            uid,
+            "-j",
+            "RETURN",
+        ],
         # the proxy's own outbound connections go out as they are (no loop)
         nat + ["-A", "ISTIO_OUTPUT", "-m", "owner", "--uid-owner", uid, "-j", "RETURN"],
-        nat + ["-A", "ISTIO_OUTPUT", "-o", "lo", "!", "-d", "127.0.0.1/32",
-               "-m", "owner", "--gid-owner", gid, "-j", "ISTIO_IN_REDIRECT"],
-        nat + ["-A", "ISTIO_OUTPUT", "-o", "lo", "-m", "owner", "!", "--gid-owner", gid,
-               "-j", "RETURN"],
+        nat
+        + [
+            "-A",
+            "ISTIO_OUTPUT",
+            "-o",
+            "lo",
+            "!",
+            "-d",
+            "127.0.0.1/32",
+            "-m",
+            "owner",
+            "--gid-owner",
+            gid,
+            "-j",
+            "ISTIO_IN_REDIRECT",
+        ],
+        nat
+        + [
+            "-A",
+            "ISTIO_OUTPUT",
+            "-o",
+            "lo",
+            "-m",
+            "owner",
+            "!",
+            "--gid-owner",
+            gid,
+            "-j",
+            "RETURN",
+        ],
         nat + ["-A", "ISTIO_OUTPUT", "-m", "owner", "--gid-owner", gid, "-j", "RETURN"],
         nat + ["-A", "ISTIO_OUTPUT", "-d", "127.0.0.1/32", "-j", "RETURN"],
         nat + ["-A", "ISTIO_OUTPUT", "-j", "ISTIO_REDIRECT"],
-    ]  # fmt: skip
+    ]
     return r
 
 
@@ -199,9 +278,7 @@ class Testbed:
         self._open = True
         try:
             self._install_sigterm()
-            self.reaped = reap(
-                self.system, self.procs, self.state_dir, timeout=self.stop_timeout
-            )
+            self.reaped = reap(self.system, self.procs, self.state_dir, timeout=self.stop_timeout)
             me = os.getpid()
             self._registry = Registry(
                 self.state_dir, RunState(self.run_id, me, self.procs.start_time(me))
@@ -246,9 +323,7 @@ class Testbed:
                 for rec in reversed(st.processes):
                     if rec.start_time is not None:
                         try:
-                            self.procs.terminate(
-                                rec.pid, rec.start_time, timeout=self.stop_timeout
-                            )
+                            self.procs.terminate(rec.pid, rec.start_time, timeout=self.stop_timeout)
                         except Exception as e:
                             errors.append(f"terminate PID {rec.pid}: {e}")
                 for ns in reversed(st.netns):
@@ -312,10 +387,33 @@ class Testbed:
         self._add_netns(netns)
         run = self.system.run
         # no IPv6: no router solicitations / DAD chatter on the bridge while we measure
-        run(["sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
-             "net.ipv6.conf.default.disable_ipv6=1"], place=Placement(netns=netns))  # fmt: skip
-        run(["ip", "-n", self.bridge_netns, "link", "add", veth, "type", "veth",
-             "peer", "name", POD_IF, "netns", netns])  # fmt: skip
+        run(
+            [
+                "sysctl",
+                "-q",
+                "-w",
+                "net.ipv6.conf.all.disable_ipv6=1",
+                "net.ipv6.conf.default.disable_ipv6=1",
+            ],
+            place=Placement(netns=netns),
+        )
+        run(
+            [
+                "ip",
+                "-n",
+                self.bridge_netns,
+                "link",
+                "add",
+                veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                POD_IF,
+                "netns",
+                netns,
+            ]
+        )
         run(["ip", "-n", self.bridge_netns, "link", "set", veth, "master", BRIDGE, "up"])
         run(["ip", "-n", netns, "addr", "add", f"{ip}/{self.subnet.prefixlen}", "dev", POD_IF])
         run(["ip", "-n", netns, "link", "set", POD_IF, "up"])

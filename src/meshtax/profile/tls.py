@@ -69,7 +69,7 @@ def _key_pem(key: _PrivateKey) -> str:
 
 
 def _now(now: dt.datetime | None) -> dt.datetime:
-    return now or dt.datetime.now(dt.timezone.utc)
+    return now or dt.datetime.now(dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -114,10 +114,12 @@ class CertAuthority:
     ) -> CertAuthority:
         """A fresh CA; RSA 2048 by default, as Istio's workload certificates are."""
         key = _new_key(key_type)
-        name = x509.Name([
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, trust_domain),
-            x509.NameAttribute(NameOID.COMMON_NAME, f"meshtax root CA ({trust_domain})"),
-        ])  # fmt: skip
+        name = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, trust_domain),
+                x509.NameAttribute(NameOID.COMMON_NAME, f"meshtax root CA ({trust_domain})"),
+            ]
+        )
         start = _now(now) - dt.timedelta(minutes=5)  # tolerate small clock skew
         cert = (
             x509.CertificateBuilder()
@@ -130,16 +132,29 @@ class CertAuthority:
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                    crl_sign=True, encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
-            )  # fmt: skip
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
             .sign(key, hashes.SHA256())
         )
-        return cls(cert.public_bytes(serialization.Encoding.PEM).decode(), _key_pem(key), trust_domain, key_type)
+        return cls(
+            cert.public_bytes(serialization.Encoding.PEM).decode(),
+            _key_pem(key),
+            trust_domain,
+            key_type,
+        )
 
     @property
     def cert(self) -> x509.Certificate:
@@ -168,7 +183,9 @@ class CertAuthority:
         cert = (
             x509.CertificateBuilder()
             # Istio leaves the subject empty; a name makes logs readable and changes nothing
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, self.trust_domain)]))
+            .subject_name(
+                x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, self.trust_domain)])
+            )
             .issuer_name(ca_cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
@@ -177,25 +194,36 @@ class CertAuthority:
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, content_commitment=False,
-                    key_encipherment=isinstance(key, rsa.RSAPrivateKey), data_encipherment=False,
-                    key_agreement=False, key_cert_sign=False, crl_sign=False,
-                    encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=isinstance(key, rsa.RSAPrivateKey),
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
-            )  # fmt: skip
+            )
             .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
                 critical=False,
             )
-            .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]), critical=True)
+            .add_extension(
+                x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]), critical=True
+            )
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
                 critical=False,
             )
             .sign(ca_key, hashes.SHA256())
         )
-        return Credential(cert.public_bytes(serialization.Encoding.PEM).decode(), _key_pem(key), uri)
+        return Credential(
+            cert.public_bytes(serialization.Encoding.PEM).decode(), _key_pem(key), uri
+        )
 
 
 # ---- Envoy TLS contexts ----------------------------------------------------------------------
@@ -215,7 +243,10 @@ def _common(
     common: dict[str, Any] = {
         "tls_params": _tls_params(version),
         "tls_certificates": [
-            {"certificate_chain": {"inline_string": cred.cert_pem}, "private_key": {"inline_string": cred.key_pem}}
+            {
+                "certificate_chain": {"inline_string": cred.cert_pem},
+                "private_key": {"inline_string": cred.key_pem},
+            }
         ],
         "validation_context": {
             "trusted_ca": {"inline_string": ca_pem},
@@ -239,7 +270,9 @@ def downstream_tls(
     certificate from the CA whose URI SAN is in ``trust_domain``."""
     ctx = {
         "@type": T + "DownstreamTlsContext",
-        "common_tls_context": _common(cred, ca_pem, version, {"prefix": f"spiffe://{trust_domain}/"}, alpn),
+        "common_tls_context": _common(
+            cred, ca_pem, version, {"prefix": f"spiffe://{trust_domain}/"}, alpn
+        ),
         "require_client_certificate": True,
     }
     return {"name": "envoy.transport_sockets.tls", "typed_config": ctx}
@@ -285,6 +318,8 @@ def sidecar_mtls(
     server = peer_id or cred.spiffe_id
     return dataclasses.replace(
         cfg,
-        inbound_tls=downstream_tls(cred, ca.cert_pem, version=version, trust_domain=ca.trust_domain, alpn=alpn),
+        inbound_tls=downstream_tls(
+            cred, ca.cert_pem, version=version, trust_domain=ca.trust_domain, alpn=alpn
+        ),
         outbound_tls=upstream_tls(cred, ca.cert_pem, server, version=version, alpn=alpn),
     )

@@ -52,29 +52,58 @@ class Report:
     notes: list[str] = field(default_factory=list)  # figures that could not be drawn, and why
 
 
-def _prediction_section(label: str, doc: Mapping[str, Any], charts: list[F.Chart], notes: list[str], sid: str) -> H.Section:
+def _prediction_section(
+    label: str, doc: Mapping[str, Any], charts: list[F.Chart], notes: list[str], sid: str
+) -> H.Section:
     sec = H.Section(sid, f"Prediction: {label}")
     p = doc["profile"]
     s = doc["summary"]
     where = "this host" if p["platform_is_this_host"] else "NOT this host"
     pl = p["platform"]
-    sec.blocks.append(H.para(f"Profile {p['name']} ({p['source']}; {pl['cpu_model']}, {pl['cores']} cores, Linux {pl['kernel']}, "
-                             f"{pl['proxy']} {pl['proxy_version']} — {where}). {s['graphs']} call graph(s)."))
+    sec.blocks.append(
+        H.para(
+            f"Profile {p['name']} ({p['source']}; {pl['cpu_model']}, {pl['cores']} cores, Linux {pl['kernel']}, "
+            f"{pl['proxy']} {pl['proxy_version']} — {where}). {s['graphs']} call graph(s)."
+        )
+    )
     for w in doc.get("warnings") or []:
         sec.blocks.append(H.para(f"warning: {w}", "warn"))
-    items = [(f"{s['latency_overhead_us']['mean']:.0f} µs", "mean latency overhead"),
-             (f"{s['latency_overhead_pct']['mean']:.1f} %", "of mesh-free latency (mean)"),
-             (f"{s['cpu_vcpu_total']:.2f} vCPU", "CPU over all sidecars")]
+    items = [
+        (f"{s['latency_overhead_us']['mean']:.0f} µs", "mean latency overhead"),
+        (f"{s['latency_overhead_pct']['mean']:.1f} %", "of mesh-free latency (mean)"),
+        (f"{s['cpu_vcpu_total']:.2f} vCPU", "CPU over all sidecars"),
+    ]
     if s["graphs"] > 1:
         items.insert(1, (f"{s['latency_overhead_us']['p90']:.0f} µs", "p90 latency overhead"))
     w = doc.get("whatif")
     if w:
-        items.append((f"−{100 * w['saving']['cpu_saving_fraction']:.0f} % CPU", f"what-if: {w['speedup']}"))
+        items.append(
+            (f"−{100 * w['saving']['cpu_saving_fraction']:.0f} % CPU", f"what-if: {w['speedup']}")
+        )
     sec.blocks.append(H.cards(items))
     gs = list(doc["graphs"])
-    rows = [[g["name"], f"{g['base_latency_us']:.0f}", interval(g["latency_overhead_us"]), f"{g['latency_overhead_pct']:.1f}",
-             interval(g["cpu_vcpu"], "{:.3f}")] for g in gs[:50]]
-    sec.blocks.append(H.table(["graph", "mesh-free latency (µs)", "latency overhead (µs) [95%]", "latency overhead (%)", "CPU (vCPU)"], rows))
+    rows = [
+        [
+            g["name"],
+            f"{g['base_latency_us']:.0f}",
+            interval(g["latency_overhead_us"]),
+            f"{g['latency_overhead_pct']:.1f}",
+            interval(g["cpu_vcpu"], "{:.3f}"),
+        ]
+        for g in gs[:50]
+    ]
+    sec.blocks.append(
+        H.table(
+            [
+                "graph",
+                "mesh-free latency (µs)",
+                "latency overhead (µs) [95%]",
+                "latency overhead (%)",
+                "CPU (vCPU)",
+            ],
+            rows,
+        )
+    )
     if len(gs) > 50:
         sec.blocks.append(H.para(f"… {len(gs) - 50} more graphs in the JSON and CSV exports."))
 
@@ -93,27 +122,45 @@ def _prediction_section(label: str, doc: Mapping[str, Any], charts: list[F.Chart
         for g in detailed[:MAX_CALLGRAPHS]:
             add(F.callgraph_chart(label, g), f"{label}/{g['name']}: no invocations")
         if len(detailed) > MAX_CALLGRAPHS:
-            sec.blocks.append(H.para(f"… {len(detailed) - MAX_CALLGRAPHS} more call graphs (see the JSON export)."))
+            sec.blocks.append(
+                H.para(
+                    f"… {len(detailed) - MAX_CALLGRAPHS} more call graphs (see the JSON export)."
+                )
+            )
     else:
-        sec.blocks.append(H.missing("Per-invocation detail is not in this document (too many graphs), so no call-graph figures."))
+        sec.blocks.append(
+            H.missing(
+                "Per-invocation detail is not in this document (too many graphs), so no call-graph figures."
+            )
+        )
     if w:
         sec.blocks.append("<h3>What-if</h3>")
         add(F.whatif_chart(label, doc), f"{label}: no what-if data")
     return sec
 
 
-def _profile_section(doc: Mapping[str, Any], charts: list[F.Chart], notes: list[str], sid: str) -> H.Section:
+def _profile_section(
+    doc: Mapping[str, Any], charts: list[F.Chart], notes: list[str], sid: str
+) -> H.Section:
     name = str(doc["name"])
     pv = doc["provenance"]
     sec = H.Section(sid, f"Profile: {name}")
-    sec.blocks.append(H.para(f"{pv['source']} by {pv['by']} on {pv['created']}. Platform: {T.platform_text(doc)}."))
+    sec.blocks.append(
+        H.para(
+            f"{pv['source']} by {pv['by']} on {pv['created']}. Platform: {T.platform_text(doc)}."
+        )
+    )
     for n in pv.get("notes") or []:
         sec.blocks.append(H.para(f"note: {n}", "warn"))
     modes = T.breakdown(doc)
     head = ["component", *(f"{m.mode} {x}" for m in modes for x in ("latency (µs)", "CPU (vCPU)"))]
     keys = sorted({k for m in modes for k in m.latency_us}, key=T.component_sort_key)
     rows = []
-    for k in [*(k for k in keys if not T.is_filter(k)), "total", *(k for k in keys if T.is_filter(k))]:
+    for k in [
+        *(k for k in keys if not T.is_filter(k)),
+        "total",
+        *(k for k in keys if T.is_filter(k)),
+    ]:
         r = ["total (without filters)" if k == "total" else T.label(k)]
         for m in modes:
             if k == "total":
@@ -129,14 +176,35 @@ def _profile_section(doc: Mapping[str, Any], charts: list[F.Chart], notes: list[
         crow = []
         for mode, c in clos:
             assert c is not None
-            err = (c["components_us"] - c["measured_us"]) / c["measured_us"] if c["measured_us"] else float("inf")
-            crow.append([mode, f"{c['components_us']:.1f}", f"{c['measured_us']:.1f} [{c['measured_lo_us']:.1f}, {c['measured_hi_us']:.1f}]",
-                         f"{100 * err:+.1f}%", "closes" if abs(err) <= c["tolerance"] else f"does NOT close (±{100 * c['tolerance']:.0f}%)"])
-        sec.blocks.append(H.table(["closure", "sum of components (µs)", "measured (µs)", "error", ""], crow))
+            err = (
+                (c["components_us"] - c["measured_us"]) / c["measured_us"]
+                if c["measured_us"]
+                else float("inf")
+            )
+            crow.append(
+                [
+                    mode,
+                    f"{c['components_us']:.1f}",
+                    f"{c['measured_us']:.1f} [{c['measured_lo_us']:.1f}, {c['measured_hi_us']:.1f}]",
+                    f"{100 * err:+.1f}%",
+                    "closes"
+                    if abs(err) <= c["tolerance"]
+                    else f"does NOT close (±{100 * c['tolerance']:.0f}%)",
+                ]
+            )
+        sec.blocks.append(
+            H.table(["closure", "sum of components (µs)", "measured (µs)", "error", ""], crow)
+        )
     for chart, what in (
         (F.breakdown_chart(doc), f"{name}: no components"),
-        (F.filters_chart(doc), f"{name}: no filter costs in this profile (profile filters to see the paper's Table 3)"),
-        (F.latency_size_chart(doc), f"{name}: no latency samples (a published profile carries only fitted numbers), so no latency-vs-size figure"),
+        (
+            F.filters_chart(doc),
+            f"{name}: no filter costs in this profile (profile filters to see the paper's Table 3)",
+        ),
+        (
+            F.latency_size_chart(doc),
+            f"{name}: no latency samples (a published profile carries only fitted numbers), so no latency-vs-size figure",
+        ),
         (F.cpu_chart(doc), f"{name}: no CPU samples, so no CPU-vs-size-and-rate figure"),
     ):
         if chart is None:
@@ -156,11 +224,17 @@ def _sign(v: float | None) -> str:
     return "" if v is None or v == 0 else ("pos" if v > 0 else "neg")
 
 
-def comparison_section(a: Mapping[str, Any], b: Mapping[str, Any], charts: list[F.Chart], notes: list[str]) -> H.Section:
+def comparison_section(
+    a: Mapping[str, Any], b: Mapping[str, Any], charts: list[F.Chart], notes: list[str]
+) -> H.Section:
     cmp = T.compare_profiles(a, b)
     sec = H.Section("comparison", f"Comparison: {cmp.a} vs {cmp.b}")
-    sec.blocks.append(H.para(f"A = {cmp.a}: {cmp.a_platform}. B = {cmp.b}: {cmp.b_platform}. One request ({cmp.size_bytes:g} B) "
-                             f"through one sidecar, CPU at {cmp.rate_rps:g} requests/s; Δ is B − A (red: B costs more)."))
+    sec.blocks.append(
+        H.para(
+            f"A = {cmp.a}: {cmp.a_platform}. B = {cmp.b}: {cmp.b_platform}. One request ({cmp.size_bytes:g} B) "
+            f"through one sidecar, CPU at {cmp.rate_rps:g} requests/s; Δ is B − A (red: B costs more)."
+        )
+    )
     rows, classes = [], []
     for r in cmp.rows:
         ld, lp = r.latency_diff
@@ -169,11 +243,39 @@ def comparison_section(a: Mapping[str, Any], b: Mapping[str, Any], charts: list[
         def f(v: float | None, fmt: str) -> str:
             return "—" if v is None else fmt.format(v)
 
-        rows.append([r.mode, "total" if r.component == "total" else T.label(r.component), f(r.latency_a, "{:.2f}"), f(r.latency_b, "{:.2f}"),
-                     f(ld, "{:+.2f}"), f(lp, "{:+.0f}%"), f(r.cpu_a, "{:.3f}"), f(r.cpu_b, "{:.3f}"), f(cd, "{:+.3f}"), f(cp, "{:+.0f}%")])
+        rows.append(
+            [
+                r.mode,
+                "total" if r.component == "total" else T.label(r.component),
+                f(r.latency_a, "{:.2f}"),
+                f(r.latency_b, "{:.2f}"),
+                f(ld, "{:+.2f}"),
+                f(lp, "{:+.0f}%"),
+                f(r.cpu_a, "{:.3f}"),
+                f(r.cpu_b, "{:.3f}"),
+                f(cd, "{:+.3f}"),
+                f(cp, "{:+.0f}%"),
+            ]
+        )
         classes.append(["", "", "", "", _sign(ld), _sign(ld), "", "", _sign(cd), _sign(cd)])
-    sec.blocks.append(H.table(["mode", "component", "latency A (µs)", "latency B (µs)", "Δ (µs)", "Δ %", "CPU A", "CPU B", "Δ (vCPU)", "Δ %"],
-                              rows, classes))
+    sec.blocks.append(
+        H.table(
+            [
+                "mode",
+                "component",
+                "latency A (µs)",
+                "latency B (µs)",
+                "Δ (µs)",
+                "Δ %",
+                "CPU A",
+                "CPU B",
+                "Δ (vCPU)",
+                "Δ %",
+            ],
+            rows,
+            classes,
+        )
+    )
     c = F.comparison_chart(cmp)
     if c is None:
         notes.append("comparison: no components")
@@ -190,15 +292,23 @@ def _labelled(docs: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str,
     return out
 
 
-def render_report(prediction_docs: Sequence[Mapping[str, Any]] = (), profile_docs: Sequence[Mapping[str, Any]] = (),
-                  extra: ReportInputs | None = None) -> Report:
+def render_report(
+    prediction_docs: Sequence[Mapping[str, Any]] = (),
+    profile_docs: Sequence[Mapping[str, Any]] = (),
+    extra: ReportInputs | None = None,
+) -> Report:
     """The report page and the figures in it (nothing written)."""
     extra = extra or ReportInputs()
     charts: list[F.Chart] = []
     notes: list[str] = []
     sections: list[H.Section] = []
     preds = _labelled(prediction_docs)
-    dists = [d for lab, doc in preds if len(doc["graphs"]) > 1 for d in T.prediction_distributions(lab, doc)]
+    dists = [
+        d
+        for lab, doc in preds
+        if len(doc["graphs"]) > 1
+        for d in T.prediction_distributions(lab, doc)
+    ]
     for st in extra.studies:
         dists += T.study_distributions(st)
     for i, (lab, doc) in enumerate(preds):
@@ -211,9 +321,19 @@ def render_report(prediction_docs: Sequence[Mapping[str, Any]] = (), profile_doc
             sec.blocks.append(H.figure(c.id, c.kind, c.title, c.caption, c.svg))
         rows = []
         for d in dists:
-            for name, x, fmt in (("latency overhead (%)", d.latency_pct, "{:.1f}"), ("CPU (vCPU)", d.cpu_vcpu, "{:.3f}")):
+            for name, x, fmt in (
+                ("latency overhead (%)", d.latency_pct, "{:.1f}"),
+                ("CPU (vCPU)", d.cpu_vcpu, "{:.3f}"),
+            ):
                 if x.size:
-                    rows.append([d.label, name, str(x.size), *(fmt.format(float(np.percentile(x, q))) for q in (50, 90, 99))])
+                    rows.append(
+                        [
+                            d.label,
+                            name,
+                            str(x.size),
+                            *(fmt.format(float(np.percentile(x, q))) for q in (50, 90, 99)),
+                        ]
+                    )
         sec.blocks.append(H.table(["configuration", "metric", "graphs", "p50", "p90", "p99"], rows))
         sections.append(sec)
     for i, v in enumerate(extra.validations):
@@ -221,7 +341,16 @@ def render_report(prediction_docs: Sequence[Mapping[str, Any]] = (), profile_doc
         name = str(v.get("name") or f"validation {i + 1}")
         sec = H.Section(f"validation-{i + 1}", f"Validation: {name}")
         if cases:
-            rows = [[c.name, c.metric, f"{c.measured:.4g}", f"{c.predicted:.4g}", f"{c.error_pct:+.1f}%"] for c in cases]
+            rows = [
+                [
+                    c.name,
+                    c.metric,
+                    f"{c.measured:.4g}",
+                    f"{c.predicted:.4g}",
+                    f"{c.error_pct:+.1f}%",
+                ]
+                for c in cases
+            ]
             sec.blocks.append(H.table(["case", "metric", "measured", "predicted", "error"], rows))
             c = F.validation_chart(cases, name)
             if c is not None:
@@ -235,7 +364,7 @@ def render_report(prediction_docs: Sequence[Mapping[str, Any]] = (), profile_doc
         sections.append(_profile_section(p, charts, notes, f"profile-{i + 1}"))
     if extra.compare is not None:
         sections.append(comparison_section(extra.compare[0], extra.compare[1], charts, notes))
-    created = extra.created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    created = extra.created or _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     parts = [f"{len(preds)} prediction(s)", f"{len(profile_docs)} profile(s)"]
     if extra.validations:
         parts.append(f"{len(extra.validations)} validation(s)")
@@ -244,13 +373,24 @@ def render_report(prediction_docs: Sequence[Mapping[str, Any]] = (), profile_doc
     if extra.compare:
         parts.append("a profile comparison")
     if not sections:
-        sections.append(H.Section("empty", "Nothing to show", [H.missing("No predictions, profiles or results were given.")]))
+        sections.append(
+            H.Section(
+                "empty",
+                "Nothing to show",
+                [H.missing("No predictions, profiles or results were given.")],
+            )
+        )
     subtitle = "What the service mesh costs: " + ", ".join(parts) + "."
     return Report(H.page(extra.title, subtitle, sections, created), charts, notes)
 
 
-def build_report(prediction_docs: Sequence[Mapping[str, Any]] = (), profile_docs: Sequence[Mapping[str, Any]] = (), *,
-                 extra: ReportInputs | None = None, out_path: str | Path) -> Path:
+def build_report(
+    prediction_docs: Sequence[Mapping[str, Any]] = (),
+    profile_docs: Sequence[Mapping[str, Any]] = (),
+    *,
+    extra: ReportInputs | None = None,
+    out_path: str | Path,
+) -> Path:
     """Write the self-contained HTML report to ``out_path`` (parents created); returns the path.
 
     A prediction document may carry a ``label`` key (e.g. its file name) used in headings and
@@ -322,23 +462,38 @@ def load_result_file(path: str | Path) -> tuple[str, dict[str, Any]]:
         return "study", doc
     if "modes" in doc and "platform" in doc:
         return "profile", doc
-    raise ValueError(f"{p}: not a meshtax prediction, profile, validation or study result (format {fmt or 'missing'})")
+    raise ValueError(
+        f"{p}: not a meshtax prediction, profile, validation or study result (format {fmt or 'missing'})"
+    )
 
 
 def load_result_files(paths: Sequence[str | Path]) -> ResultFiles:
     r = ResultFiles()
     for path in paths:
         kind, doc = load_result_file(path)
-        {"prediction": r.predictions, "profile": r.profiles, "validation": r.validations, "study": r.studies}[kind].append(doc)
+        {
+            "prediction": r.predictions,
+            "profile": r.profiles,
+            "validation": r.validations,
+            "study": r.studies,
+        }[kind].append(doc)
     return r
 
 
-def report_from_files(paths: Sequence[str | Path], profile_docs: Sequence[Mapping[str, Any]] = (), *, out_path: str | Path,
-                      compare: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None, created: str | None = None) -> Path:
+def report_from_files(
+    paths: Sequence[str | Path],
+    profile_docs: Sequence[Mapping[str, Any]] = (),
+    *,
+    out_path: str | Path,
+    compare: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None,
+    created: str | None = None,
+) -> Path:
     """``meshtax report FILE... --profiles NAME... [--compare A B]``: files of any result kind,
     plus profile documents from the store; writes and returns ``out_path``."""
     r = load_result_files(paths)
-    extra = ReportInputs(validations=r.validations, studies=r.studies, compare=compare, created=created)
+    extra = ReportInputs(
+        validations=r.validations, studies=r.studies, compare=compare, created=created
+    )
     return build_report(r.predictions, [*r.profiles, *profile_docs], extra=extra, out_path=out_path)
 
 

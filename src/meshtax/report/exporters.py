@@ -54,29 +54,79 @@ class CsvExporter:
 
         def write(row: list[Any]) -> None:
             out.writerow([_fmt(v) for v in row])
+
         if "graphs" in doc:
             comps = list(doc["components"])
             write(
-                ["graph", "base_latency_us", "latency_overhead_us", "latency_lo_us", "latency_hi_us", "latency_overhead_pct",
-                 "cpu_vcpu", "cpu_lo_vcpu", "cpu_hi_vcpu", "absorbed_us"]
-                + [f"latency_us:{c}" for c in comps] + [f"cpu_vcpu:{c}" for c in comps]
+                [
+                    "graph",
+                    "base_latency_us",
+                    "latency_overhead_us",
+                    "latency_lo_us",
+                    "latency_hi_us",
+                    "latency_overhead_pct",
+                    "cpu_vcpu",
+                    "cpu_lo_vcpu",
+                    "cpu_hi_vcpu",
+                    "absorbed_us",
+                ]
+                + [f"latency_us:{c}" for c in comps]
+                + [f"cpu_vcpu:{c}" for c in comps]
             )
             for g in doc["graphs"]:
                 lat, cpu = g["latency_overhead_us"], g["cpu_vcpu"]
                 write(
-                    [g["name"], g["base_latency_us"], lat["value"], lat["lo"], lat["hi"], g["latency_overhead_pct"],
-                     cpu["value"], cpu["lo"], cpu["hi"], g["absorbed_us"]]
-                    + [g["latency_by_component_us"][c] for c in comps] + [g["cpu_by_component_vcpu"][c] for c in comps]
+                    [
+                        g["name"],
+                        g["base_latency_us"],
+                        lat["value"],
+                        lat["lo"],
+                        lat["hi"],
+                        g["latency_overhead_pct"],
+                        cpu["value"],
+                        cpu["lo"],
+                        cpu["hi"],
+                        g["absorbed_us"],
+                    ]
+                    + [g["latency_by_component_us"][c] for c in comps]
+                    + [g["cpu_by_component_vcpu"][c] for c in comps]
                 )
         else:
-            write(["profile", "mode", "component", "metric", "intercept", "slope_per_byte", "split_bytes", "per_unit", "r2", "n", "note"])
+            write(
+                [
+                    "profile",
+                    "mode",
+                    "component",
+                    "metric",
+                    "intercept",
+                    "slope_per_byte",
+                    "split_bytes",
+                    "per_unit",
+                    "r2",
+                    "n",
+                    "note",
+                ]
+            )
             for mode, mp in doc["modes"].items():
                 for comp, cm in mp["components"].items():
                     for metric in ("latency", "cpu"):
                         m = cm[metric]
                         st = m.get("stats") or {}
-                        write([doc["name"], mode, comp, metric, m["intercept"], m["slope"], m["split_bytes"], m["per_unit"],
-                                    st.get("r2"), st.get("n"), m.get("note", "")])
+                        write(
+                            [
+                                doc["name"],
+                                mode,
+                                comp,
+                                metric,
+                                m["intercept"],
+                                m["slope"],
+                                m["split_bytes"],
+                                m["per_unit"],
+                                st.get("r2"),
+                                st.get("n"),
+                                m.get("note", ""),
+                            ]
+                        )
         return buf.getvalue()
 
 

@@ -57,23 +57,43 @@ class Section:
     blocks: list[str] = field(default_factory=list)
 
 
-def table(head: Sequence[str], rows: Sequence[Sequence[Any]], classes: Sequence[Sequence[str]] | None = None) -> str:
+def table(
+    head: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    classes: Sequence[Sequence[str]] | None = None,
+) -> str:
     th = "".join(f"<th>{esc(h)}</th>" for h in head)
     body = []
     for i, r in enumerate(rows):
         cls = classes[i] if classes else [""] * len(r)
-        body.append("<tr>" + "".join(f'<td class="{c}">{esc(v)}</td>' if c else f"<td>{esc(v)}</td>" for v, c in zip(r, cls)) + "</tr>")
+        body.append(
+            "<tr>"
+            + "".join(
+                f'<td class="{c}">{esc(v)}</td>' if c else f"<td>{esc(v)}</td>"
+                for v, c in zip(r, cls)
+            )
+            + "</tr>"
+        )
     return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def cards(items: Sequence[tuple[str, str]]) -> str:
-    return '<div class="cards">' + "".join(f'<div class="card"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>' for v, k in items) + "</div>"
+    return (
+        '<div class="cards">'
+        + "".join(
+            f'<div class="card"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>'
+            for v, k in items
+        )
+        + "</div>"
+    )
 
 
 def figure(fid: str, kind: str, title: str, caption: str, svg: str) -> str:
     # svg is produced by meshtax.report.figures (matplotlib), trusted markup
-    return (f'<figure class="mt-figure" id="{esc(fid)}" data-kind="{esc(kind)}"><figcaption><strong>{esc(title)}</strong>'
-            f"{esc(caption)}</figcaption>{svg}</figure>")
+    return (
+        f'<figure class="mt-figure" id="{esc(fid)}" data-kind="{esc(kind)}"><figcaption><strong>{esc(title)}</strong>'
+        f"{esc(caption)}</figcaption>{svg}</figure>"
+    )
 
 
 def missing(text: str) -> str:
@@ -86,7 +106,10 @@ def para(text: str, cls: str = "") -> str:
 
 def page(title: str, subtitle: str, sections: Sequence[Section], created: str) -> str:
     toc = "".join(f'<li><a href="#{esc(s.id)}">{esc(s.title)}</a></li>' for s in sections)
-    body = "".join(f'<section id="{esc(s.id)}"><h2>{esc(s.title)}</h2>{"".join(s.blocks)}</section>' for s in sections)
+    body = "".join(
+        f'<section id="{esc(s.id)}"><h2>{esc(s.title)}</h2>{"".join(s.blocks)}</section>'
+        for s in sections
+    )
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -103,7 +126,9 @@ class HtmlExporter:
     suffix = ".html"
 
     def export(self, doc: Mapping[str, Any]) -> str:
-        from meshtax.report.build import render_report  # matplotlib loads only when HTML is asked for
+        from meshtax.report.build import (
+            render_report,
+        )  # matplotlib loads only when HTML is asked for
 
         if "graphs" in doc:
             return render_report([doc], []).html

@@ -46,7 +46,9 @@ def _graph(batch: EcgBatch, bp: BatchPrediction, g: int, detailed: bool) -> dict
     out: dict[str, Any] = {
         "name": batch.graph_names[g],
         "base_latency_us": float(bp.base_latency_us[g]),
-        "latency_overhead_us": _est(bp.latency_overhead_us[g], bp.latency_lo_us[g], bp.latency_hi_us[g]),
+        "latency_overhead_us": _est(
+            bp.latency_overhead_us[g], bp.latency_lo_us[g], bp.latency_hi_us[g]
+        ),
         "latency_overhead_pct": float(bp.latency_overhead_pct[g]),
         "cpu_vcpu": _est(bp.cpu_vcpu[g], bp.cpu_lo_vcpu[g], bp.cpu_hi_vcpu[g]),
         "latency_by_component_us": dict(zip(comps, map(float, bp.latency_by_component[g]))),
@@ -69,13 +71,18 @@ def _graph(batch: EcgBatch, bp: BatchPrediction, g: int, detailed: bool) -> dict
                 continue
             name = batch.services[side]
             if bound:  # the request's CPU work queued on the shared CPUs sets the latency
-                on_path = float(cpu) / float(batch.rate[r]) * 1e6 / (bp.pod_cpus or 1) if batch.rate[r] > 0 else 0.0
+                on_path = (
+                    float(cpu) / float(batch.rate[r]) * 1e6 / (bp.pod_cpus or 1)
+                    if batch.rate[r] > 0
+                    else 0.0
+                )
             else:
                 on_path = float(lat) if bp.critical[r] else 0.0
             svc_lat[name] = svc_lat.get(name, 0.0) + on_path
             svc_cpu[name] = svc_cpu.get(name, 0.0) + float(cpu)
     out["by_service"] = [
-        {"service": s, "latency_on_path_us": svc_lat.get(s, 0.0), "cpu_vcpu": svc_cpu[s]} for s in sorted(svc_cpu, key=lambda k: -svc_cpu[k])
+        {"service": s, "latency_on_path_us": svc_lat.get(s, 0.0), "cpu_vcpu": svc_cpu[s]}
+        for s in sorted(svc_cpu, key=lambda k: -svc_cpu[k])
     ]
     ids = batch.row_ids
     out["critical_path"] = [_label(batch, r) for r in rows if bp.critical[r]]
@@ -85,7 +92,9 @@ def _graph(batch: EcgBatch, bp: BatchPrediction, g: int, detailed: bool) -> dict
         {
             "id": ids[r] if ids else str(r - lo),
             "hop": _label(batch, r),
-            "parent": None if batch.parent[r] < 0 else (ids[batch.parent[r]] if ids else str(batch.parent[r] - lo)),
+            "parent": None
+            if batch.parent[r] < 0
+            else (ids[batch.parent[r]] if ids else str(batch.parent[r] - lo)),
             "start_us": float(batch.start_us[r]),
             "duration_us": float(batch.duration_us[r]),
             "request_bytes": float(batch.request_bytes[r]),
@@ -121,8 +130,12 @@ def summary(bp: BatchPrediction) -> dict[str, Any]:
         "latency_overhead_pct": _dist(bp.latency_overhead_pct),
         "cpu_vcpu": _dist(bp.cpu_vcpu),
         "cpu_vcpu_total": float(bp.cpu_vcpu.sum()),
-        "latency_by_component_us_mean": dict(zip(comps, map(float, bp.latency_by_component.mean(axis=0)))),
-        "cpu_by_component_vcpu_mean": dict(zip(comps, map(float, bp.cpu_by_component.mean(axis=0)))),
+        "latency_by_component_us_mean": dict(
+            zip(comps, map(float, bp.latency_by_component.mean(axis=0)))
+        ),
+        "cpu_by_component_vcpu_mean": dict(
+            zip(comps, map(float, bp.cpu_by_component.mean(axis=0)))
+        ),
     }
 
 
@@ -142,7 +155,7 @@ def prediction_document(
     doc: dict[str, Any] = {
         "format": FORMAT,
         "tool": {"name": "meshtax", "version": __version__},
-        "created": created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": created or _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "profile": profile_block(profile, host),
         "options": dict(options),
         "warnings": list(dict.fromkeys([*warnings, *bp.warnings])),
@@ -157,7 +170,9 @@ def prediction_document(
             "rule": "latency overhead = max(critical path, the request's sidecar CPU work ÷ pod_cpus)",
         }
     if not detailed:
-        doc["warnings"].append(f"{batch.n_graphs} graphs: per-graph paths, services and invocations are left out beyond {MAX_DETAILED_GRAPHS}")
+        doc["warnings"].append(
+            f"{batch.n_graphs} graphs: per-graph paths, services and invocations are left out beyond {MAX_DETAILED_GRAPHS}"
+        )
     if whatif is not None:
         desc, after, prof_after = whatif
         before_s, after_s = summary(bp), summary(after)
@@ -167,11 +182,16 @@ def prediction_document(
             "before": before_s,
             "after": after_s,
             "saving": {
-                "latency_overhead_us_mean": before_s["latency_overhead_us"]["mean"] - after_s["latency_overhead_us"]["mean"],
-                "latency_overhead_pct_points_mean": before_s["latency_overhead_pct"]["mean"] - after_s["latency_overhead_pct"]["mean"],
+                "latency_overhead_us_mean": before_s["latency_overhead_us"]["mean"]
+                - after_s["latency_overhead_us"]["mean"],
+                "latency_overhead_pct_points_mean": before_s["latency_overhead_pct"]["mean"]
+                - after_s["latency_overhead_pct"]["mean"],
                 "cpu_vcpu_total": before_s["cpu_vcpu_total"] - after_s["cpu_vcpu_total"],
                 "cpu_saving_fraction": (
-                    (before_s["cpu_vcpu_total"] - after_s["cpu_vcpu_total"]) / before_s["cpu_vcpu_total"] if before_s["cpu_vcpu_total"] else 0.0
+                    (before_s["cpu_vcpu_total"] - after_s["cpu_vcpu_total"])
+                    / before_s["cpu_vcpu_total"]
+                    if before_s["cpu_vcpu_total"]
+                    else 0.0
                 ),
             },
             "per_graph_after": [

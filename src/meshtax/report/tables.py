@@ -23,7 +23,17 @@ from meshtax.model.costmodel import CostModel
 TABLE_BYTES = 100.0
 TABLE_RATE = 30_000.0
 #: Order of components in stacked bars and tables (bottom to top, as in the paper).
-KIND_ORDER = (Kind.IPC, Kind.READ, Kind.WRITE, Kind.NOTIFICATION, Kind.PARSING, Kind.TLS, Kind.OTHER, Kind.UNATTRIBUTED, Kind.FILTER)
+KIND_ORDER = (
+    Kind.IPC,
+    Kind.READ,
+    Kind.WRITE,
+    Kind.NOTIFICATION,
+    Kind.PARSING,
+    Kind.TLS,
+    Kind.OTHER,
+    Kind.UNATTRIBUTED,
+    Kind.FILTER,
+)
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -83,7 +93,9 @@ def cost_model(d: Mapping[str, Any]) -> CostModel:
     return CostModel.from_dict(dict(d))
 
 
-def breakdown(profile_doc: Mapping[str, Any], size: float = TABLE_BYTES, rate: float = TABLE_RATE) -> list[ModeBreakdown]:
+def breakdown(
+    profile_doc: Mapping[str, Any], size: float = TABLE_BYTES, rate: float = TABLE_RATE
+) -> list[ModeBreakdown]:
     """Per mode and component: latency (µs) and CPU (vCPU at ``rate``) of one request of ``size``
     bytes through one sidecar — two messages, as in the paper's Table 2 and :func:`profile_text`.
     A mode's carried models follow it as their own entry, ``mode+protocol`` (e.g. ``tcp+grpc``)."""
@@ -97,7 +109,10 @@ def breakdown(profile_doc: Mapping[str, Any], size: float = TABLE_BYTES, rate: f
             cm = mp["components"][key]
             lm, cmod = cost_model(cm["latency"]), cost_model(cm["cpu"])
             lat[key] = Cell(2 * float(lm.predict(s)[0]), 1.96 * 2 * float(lm.stderr_at(s)[0]))
-            cpu[key] = Cell(2 * float(cmod.predict(s)[0]) * rate * 1e-6, 1.96 * 2 * float(cmod.stderr_at(s)[0]) * rate * 1e-6)
+            cpu[key] = Cell(
+                2 * float(cmod.predict(s)[0]) * rate * 1e-6,
+                1.96 * 2 * float(cmod.stderr_at(s)[0]) * rate * 1e-6,
+            )
         return ModeBreakdown(name, lat, cpu, mp.get("closure"), carried)
 
     for mode, mp in profile_doc["modes"].items():
@@ -130,9 +145,20 @@ def sample_series(profile_doc: Mapping[str, Any], metric: str) -> list[SampleSer
             m = cost_model(mp["components"][key][metric])
             if m.samples is None or not m.samples.sizes:
                 continue
-            rates = None if m.samples.rates is None else np.asarray(m.samples.rates, dtype=np.float64)
-            out.append(SampleSeries(str(mode), key, metric, np.asarray(m.samples.sizes, dtype=np.float64),
-                                    np.asarray(m.samples.values, dtype=np.float64), rates, m))
+            rates = (
+                None if m.samples.rates is None else np.asarray(m.samples.rates, dtype=np.float64)
+            )
+            out.append(
+                SampleSeries(
+                    str(mode),
+                    key,
+                    metric,
+                    np.asarray(m.samples.sizes, dtype=np.float64),
+                    np.asarray(m.samples.values, dtype=np.float64),
+                    rates,
+                    m,
+                )
+            )
     return out
 
 
@@ -180,7 +206,9 @@ def platform_text(profile_doc: Mapping[str, Any]) -> str:
     return f"{p['cpu_model']}, {p['cores']} cores, Linux {p['kernel']}, {proxy}"
 
 
-def compare_profiles(a: Mapping[str, Any], b: Mapping[str, Any], size: float = TABLE_BYTES, rate: float = TABLE_RATE) -> Comparison:
+def compare_profiles(
+    a: Mapping[str, Any], b: Mapping[str, Any], size: float = TABLE_BYTES, rate: float = TABLE_RATE
+) -> Comparison:
     """Per-component differences B − A. Modes of either profile appear; a component one profile
     lacks shows as None (e.g. a published profile with only per-mode totals), the totals compare."""
     ba = {m.mode: m for m in breakdown(a, size, rate)}
@@ -188,7 +216,9 @@ def compare_profiles(a: Mapping[str, Any], b: Mapping[str, Any], size: float = T
     rows = []
     for mode in list(dict.fromkeys([*ba, *bb])):
         ma, mb = ba.get(mode), bb.get(mode)
-        keys = sorted({*(ma.latency_us if ma else {}), *(mb.latency_us if mb else {})}, key=component_sort_key)
+        keys = sorted(
+            {*(ma.latency_us if ma else {}), *(mb.latency_us if mb else {})}, key=component_sort_key
+        )
 
         def get(m: ModeBreakdown | None, metric: str, key: str) -> float | None:
             if m is None:
@@ -198,9 +228,24 @@ def compare_profiles(a: Mapping[str, Any], b: Mapping[str, Any], size: float = T
             cells = m.latency_us if metric == "latency" else m.cpu_vcpu
             return cells[key].value if key in cells else None
 
-        for key in [*(k for k in keys if not is_filter(k)), "total", *(k for k in keys if is_filter(k))]:
-            rows.append(ComparisonRow(mode, key, get(ma, "latency", key), get(mb, "latency", key), get(ma, "cpu", key), get(mb, "cpu", key)))
-    return Comparison(str(a["name"]), str(b["name"]), platform_text(a), platform_text(b), size, rate, rows)
+        for key in [
+            *(k for k in keys if not is_filter(k)),
+            "total",
+            *(k for k in keys if is_filter(k)),
+        ]:
+            rows.append(
+                ComparisonRow(
+                    mode,
+                    key,
+                    get(ma, "latency", key),
+                    get(mb, "latency", key),
+                    get(ma, "cpu", key),
+                    get(mb, "cpu", key),
+                )
+            )
+    return Comparison(
+        str(a["name"]), str(b["name"]), platform_text(a), platform_text(b), size, rate, rows
+    )
 
 
 # ---- predictions -------------------------------------------------------------------------------
@@ -209,7 +254,9 @@ def compare_profiles(a: Mapping[str, Any], b: Mapping[str, Any], size: float = T
 def doc_label(doc: Mapping[str, Any], taken: Iterable[str] = ()) -> str:
     """A prediction's name in legends: its ``label`` (set by the caller, e.g. the file stem),
     else ``options.label``, else the profile name; made unique against ``taken``."""
-    base = str(doc.get("label") or (doc.get("options") or {}).get("label") or doc["profile"]["name"])
+    base = str(
+        doc.get("label") or (doc.get("options") or {}).get("label") or doc["profile"]["name"]
+    )
     taken = set(taken)
     name, n = base, 2
     while name in taken:
@@ -234,13 +281,28 @@ def _finite(x: Sequence[Any]) -> FloatArray:
 def prediction_distributions(label_: str, doc: Mapping[str, Any]) -> list[Distribution]:
     """The configuration of a prediction, and its what-if "after" when the document has one."""
     gs = doc["graphs"]
-    out = [Distribution(label_, _finite([g["latency_overhead_pct"] for g in gs]), _finite([g["cpu_vcpu"]["value"] for g in gs]))]
+    out = [
+        Distribution(
+            label_,
+            _finite([g["latency_overhead_pct"] for g in gs]),
+            _finite([g["cpu_vcpu"]["value"] for g in gs]),
+        )
+    ]
     w = doc.get("whatif")
     if w and len(w.get("per_graph_after") or []) == len(gs):
         base = {g["name"]: g["base_latency_us"] for g in gs}
         after = w["per_graph_after"]
-        pct = [100.0 * a["latency_overhead_us"] / base[a["name"]] if base.get(a["name"]) else None for a in after]
-        out.append(Distribution(f"{label_} after {w['speedup']}", _finite(pct), _finite([a["cpu_vcpu"] for a in after])))
+        pct = [
+            100.0 * a["latency_overhead_us"] / base[a["name"]] if base.get(a["name"]) else None
+            for a in after
+        ]
+        out.append(
+            Distribution(
+                f"{label_} after {w['speedup']}",
+                _finite(pct),
+                _finite([a["cpu_vcpu"] for a in after]),
+            )
+        )
     return out
 
 
@@ -249,7 +311,13 @@ def study_distributions(study: Mapping[str, Any]) -> list[Distribution]:
     "cpu_vcpu": [...]}}}`` (per-graph values) — see docs/report.md."""
     out = []
     for name, c in (study.get("configurations") or {}).items():
-        out.append(Distribution(str(name), _finite(c.get("latency_overhead_pct") or []), _finite(c.get("cpu_vcpu") or [])))
+        out.append(
+            Distribution(
+                str(name),
+                _finite(c.get("latency_overhead_pct") or []),
+                _finite(c.get("cpu_vcpu") or []),
+            )
+        )
     return out
 
 
@@ -279,7 +347,11 @@ class ValidationCase:
 
     @property
     def error_pct(self) -> float:
-        return (self.predicted - self.measured) / self.measured * 100.0 if self.measured else float("nan")
+        return (
+            (self.predicted - self.measured) / self.measured * 100.0
+            if self.measured
+            else float("nan")
+        )
 
 
 def validation_cases(doc: Mapping[str, Any]) -> list[ValidationCase]:
@@ -294,11 +366,27 @@ def validation_cases(doc: Mapping[str, Any]) -> list[ValidationCase]:
         nested = [(m, c[m]) for m in ("latency", "cpu") if isinstance(c.get(m), Mapping)]
         if nested:
             for metric, v in nested:
-                out.append(ValidationCase(name, metric, float(v["predicted"]), float(v["measured"]),
-                                          _opt(v.get("measured_lo", v.get("lo"))), _opt(v.get("measured_hi", v.get("hi")))))
+                out.append(
+                    ValidationCase(
+                        name,
+                        metric,
+                        float(v["predicted"]),
+                        float(v["measured"]),
+                        _opt(v.get("measured_lo", v.get("lo"))),
+                        _opt(v.get("measured_hi", v.get("hi"))),
+                    )
+                )
         elif "predicted" in c and "measured" in c:
-            out.append(ValidationCase(name, str(c.get("metric", "latency")), float(c["predicted"]), float(c["measured"]),
-                                      _opt(c.get("measured_lo")), _opt(c.get("measured_hi"))))
+            out.append(
+                ValidationCase(
+                    name,
+                    str(c.get("metric", "latency")),
+                    float(c["predicted"]),
+                    float(c["measured"]),
+                    _opt(c.get("measured_lo")),
+                    _opt(c.get("measured_hi")),
+                )
+            )
     return out
 
 

@@ -82,7 +82,9 @@ def _v2(db: sqlite3.Connection) -> None:
         """
     )
     for pid, doc in db.execute("SELECT id, document FROM profiles").fetchall():
-        db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?,?)", _sample_rows(pid, json.loads(doc)))
+        db.executemany(
+            "INSERT INTO samples VALUES (?,?,?,?,?,?,?)", _sample_rows(pid, json.loads(doc))
+        )
 
 
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2)
@@ -92,7 +94,9 @@ def migrate(db: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
     """Bring ``db`` to ``target``, one transaction per step; returns the version reached."""
     version = int(db.execute("PRAGMA user_version").fetchone()[0])
     if version > SCHEMA_VERSION:
-        raise StoreError(f"profile database schema {version} is newer than this meshtax ({SCHEMA_VERSION}); upgrade meshtax")
+        raise StoreError(
+            f"profile database schema {version} is newer than this meshtax ({SCHEMA_VERSION}); upgrade meshtax"
+        )
     while version < target:
         with db:
             MIGRATIONS[version](db)
@@ -131,20 +135,32 @@ class ProfileStore:
 
     def save(self, profile: Profile, *, replace: bool = False) -> None:
         if profile.name == REFERENCE_NAME:
-            raise StoreError(f"{REFERENCE_NAME!r} is the bundled reference profile's name; choose another")
+            raise StoreError(
+                f"{REFERENCE_NAME!r} is the bundled reference profile's name; choose another"
+            )
         doc = profile.to_dict()
         with closing(self._connect()) as db, db:
             row = db.execute("SELECT id FROM profiles WHERE name = ?", (profile.name,)).fetchone()
             if row and not replace:
-                raise StoreError(f"a profile named {profile.name!r} exists; pass replace=True (CLI: --replace) or choose another name")
+                raise StoreError(
+                    f"a profile named {profile.name!r} exists; pass replace=True (CLI: --replace) or choose another name"
+                )
             if row:
                 db.execute("DELETE FROM profiles WHERE id = ?", (row[0],))
             cur = db.execute(
                 "INSERT INTO profiles(name, platform_key, source, created, document) VALUES (?,?,?,?,?)",
-                (profile.name, profile.platform.key, profile.provenance.source, profile.provenance.created, json.dumps(doc)),
+                (
+                    profile.name,
+                    profile.platform.key,
+                    profile.provenance.source,
+                    profile.provenance.created,
+                    json.dumps(doc),
+                ),
             )
             assert cur.lastrowid is not None
-            db.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?,?)", _sample_rows(cur.lastrowid, doc))
+            db.executemany(
+                "INSERT INTO samples VALUES (?,?,?,?,?,?,?)", _sample_rows(cur.lastrowid, doc)
+            )
 
     def get(self, name: str) -> Profile:
         if name == REFERENCE_NAME:
@@ -173,7 +189,9 @@ class ProfileStore:
         """The newest measured profile of this host (same CPU model, cores, kernel)."""
         best: Profile | None = None
         with closing(self._connect()) as db:
-            for (doc,) in db.execute("SELECT document FROM profiles WHERE source = 'measured' ORDER BY created"):
+            for (doc,) in db.execute(
+                "SELECT document FROM profiles WHERE source = 'measured' ORDER BY created"
+            ):
                 p = Profile.from_dict(json.loads(doc))
                 if p.platform.same_host(host):
                     best = p
@@ -192,5 +210,11 @@ class ProfileStore:
 def _summary(p: Profile, bundled: bool = False) -> ProfileSummary:
     filters = sorted({f for mp in p.modes.values() for f in mp.filters()})
     return ProfileSummary(
-        p.name, p.platform, p.provenance.source, p.provenance.created, tuple(m.value for m in p.modes), tuple(filters), bundled
+        p.name,
+        p.platform,
+        p.provenance.source,
+        p.provenance.created,
+        tuple(m.value for m in p.modes),
+        tuple(filters),
+        bundled,
     )

@@ -51,11 +51,39 @@ Version = Literal["alibaba-v2021", "alibaba-v2022"]
 Orphans = Literal["attach", "drop-rows", "drop-graph"]
 
 V2021_COLUMNS = ("traceid", "timestamp", "rpcid", "um", "rpctype", "dm", "interface", "rt")
-V2022_COLUMNS = ("timestamp", "traceid", "service", "rpc_id", "rpctype", "um", "uminstanceid", "interface", "dm", "dminstanceid", "rt")
+V2022_COLUMNS = (
+    "timestamp",
+    "traceid",
+    "service",
+    "rpc_id",
+    "rpctype",
+    "um",
+    "uminstanceid",
+    "interface",
+    "dm",
+    "dminstanceid",
+    "rt",
+)
 # normalized name ← source column, per version
 _MAP: dict[str, dict[str, str]] = {
-    "alibaba-v2021": {"trace": "traceid", "ts": "timestamp", "rpcid": "rpcid", "um": "um", "dm": "dm", "rpctype": "rpctype", "rt": "rt"},
-    "alibaba-v2022": {"trace": "traceid", "ts": "timestamp", "rpcid": "rpc_id", "um": "um", "dm": "dm", "rpctype": "rpctype", "rt": "rt"},
+    "alibaba-v2021": {
+        "trace": "traceid",
+        "ts": "timestamp",
+        "rpcid": "rpcid",
+        "um": "um",
+        "dm": "dm",
+        "rpctype": "rpctype",
+        "rt": "rt",
+    },
+    "alibaba-v2022": {
+        "trace": "traceid",
+        "ts": "timestamp",
+        "rpcid": "rpc_id",
+        "um": "um",
+        "dm": "dm",
+        "rpctype": "rpctype",
+        "rt": "rt",
+    },
 }
 _MISSING_NAMES = ("", "(?)", "?", "NAN", "NaN", "nan", "UNKNOWN", "UNAVAILABLE", "null", "NULL")
 _EXTERNAL_NAMES = ("USER",)
@@ -144,17 +172,23 @@ def _stream_tables(path: Path, version: Version, opts: AlibabaOptions) -> Iterat
     try:
         reader = pcsv.open_csv(
             path,
-            read_options=pcsv.ReadOptions(column_names=names, skip_rows=1, block_size=opts.block_bytes),
+            read_options=pcsv.ReadOptions(
+                column_names=names, skip_rows=1, block_size=opts.block_bytes
+            ),
             parse_options=pcsv.ParseOptions(invalid_row_handler=_count_invalid),
             convert_options=pcsv.ConvertOptions(
-                column_types={c: pa.string() for c in names}, include_columns=need, strings_can_be_null=False
+                column_types={c: pa.string() for c in names},
+                include_columns=need,
+                strings_can_be_null=False,
             ),
         )
         for rb in reader:
             t = pa.Table.from_batches([rb])
             yield pa.table({k: t.column(v) for k, v in m.items()})
     except (pa.ArrowInvalid, OSError, EOFError) as e:
-        raise TraceFormatError(f"{path}: unreadable ({e}); is the file truncated or not {version} CSV?") from None
+        raise TraceFormatError(
+            f"{path}: unreadable ({e}); is the file truncated or not {version} CSV?"
+        ) from None
 
 
 _INVALID_ROWS = [0]
@@ -176,7 +210,12 @@ def _to_float(a: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.float64]:
 
 
 def _missing(a: pa.Array) -> npt.NDArray[np.bool_]:
-    return np.asarray(pc.fill_null(pc.is_in(a, value_set=pa.array(_MISSING_NAMES)), True).to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray(
+        pc.fill_null(pc.is_in(a, value_set=pa.array(_MISSING_NAMES)), True).to_numpy(
+            zero_copy_only=False
+        ),
+        dtype=bool,
+    )
 
 
 def _first_of_groups(sorted_keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
@@ -185,17 +224,28 @@ def _first_of_groups(sorted_keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_
     return first
 
 
-def graphs_from_table(table: pa.Table, version: Version, opts: AlibabaOptions, report: ImportReport) -> EcgBatch:
+def graphs_from_table(
+    table: pa.Table, version: Version, opts: AlibabaOptions, report: ImportReport
+) -> EcgBatch:
     """Turn the rows of whole traces (normalized string columns) into a batch; counts into ``report``."""
     table = table.combine_chunks()
     n = table.num_rows
     report.rows_read += n
-    trace = table.column("trace").chunk(0) if table.column("trace").num_chunks else pa.array([], pa.string())
+    trace = (
+        table.column("trace").chunk(0)
+        if table.column("trace").num_chunks
+        else pa.array([], pa.string())
+    )
     rpc = table.column("rpcid").combine_chunks()
     trace_ok = ~_missing(trace) if n else np.zeros(0, bool)
     all_traces = pc.unique(pc.filter(trace, pa.array(trace_ok))) if n else pa.array([], pa.string())
     report.graphs_seen += len(all_traces)
-    rpc_ok = np.asarray(pc.fill_null(pc.match_substring_regex(rpc, r"^[0-9]+(\.[0-9]+)*$"), False).to_numpy(zero_copy_only=False), bool)
+    rpc_ok = np.asarray(
+        pc.fill_null(pc.match_substring_regex(rpc, r"^[0-9]+(\.[0-9]+)*$"), False).to_numpy(
+            zero_copy_only=False
+        ),
+        bool,
+    )
     ts = _to_float(table.column("ts"))
     rt = _to_float(table.column("rt"))
     ok = np.ones(n, dtype=bool)
@@ -211,7 +261,9 @@ def graphs_from_table(table: pa.Table, version: Version, opts: AlibabaOptions, r
         ok &= ~bad
     sel = pa.array(ok)
     trace, rpc = pc.filter(trace, sel), pc.filter(rpc, sel)
-    um, dm, rtype = (pc.filter(table.column(k).combine_chunks(), sel) for k in ("um", "dm", "rpctype"))
+    um, dm, rtype = (
+        pc.filter(table.column(k).combine_chunks(), sel) for k in ("um", "dm", "rpctype")
+    )
     ts, rt = ts[ok], rt[ok]
     m = len(trace)
     # traces whose every row was unusable
@@ -228,16 +280,22 @@ def graphs_from_table(table: pa.Table, version: Version, opts: AlibabaOptions, r
     tnames = enc.dictionary
     rdict = pc.unique(rpc)
     R = len(rdict)
-    rcode = np.asarray(pc.index_in(rpc, value_set=rdict).to_numpy(zero_copy_only=False), dtype=np.int64)
+    rcode = np.asarray(
+        pc.index_in(rpc, value_set=rdict).to_numpy(zero_copy_only=False), dtype=np.int64
+    )
     key = tcode * R + rcode
     um_missing = _missing(um)
     dm_missing = _missing(dm)
-    um_external = np.asarray(pc.is_in(um, value_set=pa.array(_EXTERNAL_NAMES)).to_numpy(zero_copy_only=False), bool)
+    um_external = np.asarray(
+        pc.is_in(um, value_set=pa.array(_EXTERNAL_NAMES)).to_numpy(zero_copy_only=False), bool
+    )
 
     # --- merge the log lines of one call: lines of one rpcid with the same callee (or none
     # logged) are one call; the same rpcid with different callees (v2021 memcached fan-out)
     # are separate sibling calls. Prefer the caller side (rt ≥ 0, known caller).
-    dm_codes = np.asarray(pc.dictionary_encode(dm).indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    dm_codes = np.asarray(
+        pc.dictionary_encode(dm).indices.to_numpy(zero_copy_only=False), dtype=np.int64
+    )
     dmc = np.where(dm_missing, -1, dm_codes)
     o1 = np.lexsort((dm_missing, key))
     first_known = np.full(m, -1, dtype=np.int64)
@@ -262,7 +320,9 @@ def graphs_from_table(table: pa.Table, version: Version, opts: AlibabaOptions, r
     node_key = key[rep]  # sorted ascending (rep follows the sort)
     node_trace = tcode[rep]
     node_rpc = pc.take(rpc, pa.array(rep))
-    depth = np.asarray(pc.count_substring(node_rpc, ".").to_numpy(zero_copy_only=False), dtype=np.int64)
+    depth = np.asarray(
+        pc.count_substring(node_rpc, ".").to_numpy(zero_copy_only=False), dtype=np.int64
+    )
     # nearest logged ancestor, one rpcid segment at a time
     parent = np.full(N, -1, dtype=np.int64)
     direct = np.zeros(N, dtype=bool)
@@ -281,7 +341,9 @@ def graphs_from_table(table: pa.Table, version: Version, opts: AlibabaOptions, r
         if step == 0:
             direct[pending[found]] = True
         step += 1
-        more = ~found & (np.asarray(pc.count_substring(cur, ".").to_numpy(zero_copy_only=False)) > 0)
+        more = ~found & (
+            np.asarray(pc.count_substring(cur, ".").to_numpy(zero_copy_only=False)) > 0
+        )
         pending = pending[more]
         cur = pc.filter(cur, pa.array(more))
     is_orphan = (depth > 0) & ~direct  # parent rpcid not logged
@@ -293,7 +355,9 @@ def graphs_from_table(table: pa.Table, version: Version, opts: AlibabaOptions, r
         drop_t = orphan_traces
         keep = ~drop_t[node_trace]
         if drop_t.any():
-            report.dropped_graphs["disconnected (an rpcid's parent is missing)"] += int(drop_t.sum())
+            report.dropped_graphs["disconnected (an rpcid's parent is missing)"] += int(
+                drop_t.sum()
+            )
             report.dropped_rows["in a dropped graph"] += int((~keep).sum())
     elif opts.orphans == "drop-rows":
         # reachable from entry calls through logged parents only
@@ -308,7 +372,9 @@ def graphs_from_table(table: pa.Table, version: Version, opts: AlibabaOptions, r
     else:
         att = is_orphan & (parent >= 0)
         if att.any():
-            report.notes["parent rpcid missing: attached to nearest logged ancestor"] += int(att.sum())
+            report.notes["parent rpcid missing: attached to nearest logged ancestor"] += int(
+                att.sum()
+            )
         promoted = is_orphan & (parent < 0) & ~entry
         if promoted.any():
             report.notes["no logged ancestor: taken as a root"] += int(promoted.sum())
@@ -317,7 +383,9 @@ def graphs_from_table(table: pa.Table, version: Version, opts: AlibabaOptions, r
     if opts.orphans == "drop-rows":
         none = (kept_per_trace == 0) & (dropped_per_trace > 0)
         if none.any():
-            report.dropped_graphs["no entry call (every rpcid's ancestors missing)"] += int(none.sum())
+            report.dropped_graphs["no entry call (every rpcid's ancestors missing)"] += int(
+                none.sum()
+            )
     report.graphs_partial += int(((kept_per_trace > 0) & (dropped_per_trace > 0)).sum())
     report.graphs_kept += int((kept_per_trace > 0).sum())
 
@@ -334,13 +402,24 @@ def graphs_from_table(table: pa.Table, version: Version, opts: AlibabaOptions, r
 
     # --- services
     callee_name = pc.take(dm, pa.array(dm_idx[rows]))
-    callee_name = pc.if_else(pa.array(dm_missing[dm_idx[rows]]), pa.scalar(UNKNOWN_SERVICE), callee_name)
+    callee_name = pc.if_else(
+        pa.array(dm_missing[dm_idx[rows]]), pa.scalar(UNKNOWN_SERVICE), callee_name
+    )
     u_rows = um_idx[rows]
     caller_known = ~(um_missing[u_rows] | um_external[u_rows])
     caller_name = pc.take(um, pa.array(u_rows))
-    svc_dict = pc.unique(pa.concat_arrays([callee_name, pc.filter(caller_name, pa.array(caller_known))]))
-    callee = np.asarray(pc.index_in(callee_name, value_set=svc_dict).to_numpy(zero_copy_only=False), dtype=np.int64)
-    caller_own = np.asarray(pc.fill_null(pc.index_in(caller_name, value_set=svc_dict), -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    svc_dict = pc.unique(
+        pa.concat_arrays([callee_name, pc.filter(caller_name, pa.array(caller_known))])
+    )
+    callee = np.asarray(
+        pc.index_in(callee_name, value_set=svc_dict).to_numpy(zero_copy_only=False), dtype=np.int64
+    )
+    caller_own = np.asarray(
+        pc.fill_null(pc.index_in(caller_name, value_set=svc_dict), -1).to_numpy(
+            zero_copy_only=False
+        ),
+        dtype=np.int64,
+    )
     parent_callee = np.where(par_new >= 0, callee[np.maximum(par_new, 0)], -1)
     caller = np.where(caller_known, caller_own, parent_callee)
     filled = (~caller_known) & (par_new >= 0)
@@ -348,9 +427,13 @@ def graphs_from_table(table: pa.Table, version: Version, opts: AlibabaOptions, r
         report.notes["caller unknown: taken from the parent's callee"] += int(filled.sum())
     mismatch = caller_known & (par_new >= 0) & (caller_own != parent_callee)
     if mismatch.any():
-        report.notes["caller differs from the parent's callee (kept the logged caller)"] += int(mismatch.sum())
+        report.notes["caller differs from the parent's callee (kept the logged caller)"] += int(
+            mismatch.sum()
+        )
     if (dm_missing[dm_idx[rows]]).any():
-        report.notes[f"callee unknown: named {UNKNOWN_SERVICE}"] += int(dm_missing[dm_idx[rows]].sum())
+        report.notes[f"callee unknown: named {UNKNOWN_SERVICE}"] += int(
+            dm_missing[dm_idx[rows]].sum()
+        )
 
     g_of_row = node_trace[rows]
     counts = np.bincount(g_of_row, minlength=G)
@@ -365,7 +448,12 @@ def graphs_from_table(table: pa.Table, version: Version, opts: AlibabaOptions, r
     start_us = (t_ms - t0[g_of_row]) * 1000.0
     dur_us = np.abs(rt[rep][rows]) * 1000.0
     rtypes = pc.take(rtype, pa.array(rep[rows]))
-    meshed_callee = ~np.asarray(pc.is_in(rtypes, value_set=pa.array(sorted(opts.unmeshed_types), pa.string())).to_numpy(zero_copy_only=False), bool)
+    meshed_callee = ~np.asarray(
+        pc.is_in(rtypes, value_set=pa.array(sorted(opts.unmeshed_types), pa.string())).to_numpy(
+            zero_copy_only=False
+        ),
+        bool,
+    )
     spec = np.zeros(1, np.int64)
     nrows = rows.size
     return EcgBatch(
@@ -387,7 +475,10 @@ def graphs_from_table(table: pa.Table, version: Version, opts: AlibabaOptions, r
 
 
 def _fill_from_group(
-    rep: npt.NDArray[np.int64], order: npt.NDArray[np.int64], group_of_sorted: npt.NDArray[np.int64], missing: npt.NDArray[np.bool_]
+    rep: npt.NDArray[np.int64],
+    order: npt.NDArray[np.int64],
+    group_of_sorted: npt.NDArray[np.int64],
+    missing: npt.NDArray[np.bool_],
 ) -> npt.NDArray[np.int64]:
     """Per group, the representative row if its value is present, else any row of the group with one."""
     out = rep.copy()
@@ -405,7 +496,9 @@ def _fill_from_group(
 def _empty_batch(opts: AlibabaOptions) -> EcgBatch:
     z = np.zeros(0, dtype=np.int64)
     f = np.zeros(0)
-    return EcgBatch(np.zeros(1, np.int64), z, z, z, z, z, f, f, f, f, f, (), (SidecarSpec(opts.sidecar),), ())
+    return EcgBatch(
+        np.zeros(1, np.int64), z, z, z, z, z, f, f, f, f, f, (), (SidecarSpec(opts.sidecar),), ()
+    )
 
 
 def _slices(batch: EcgBatch, size: int) -> Iterator[EcgBatch]:
@@ -510,7 +603,9 @@ def iter_alibaba(
                 continue
             with pa.memory_map(p) as src:
                 table = pa.ipc.open_stream(src).read_all()
-            yield from _slices(graphs_from_table(table, ver, options, rep), options.partition_graphs)
+            yield from _slices(
+                graphs_from_table(table, ver, options, rep), options.partition_graphs
+            )
             del table
             os.unlink(p)
             prog("graphs", k + 1, K)
@@ -524,12 +619,21 @@ def _flush_invalid(rep: ImportReport) -> None:
 
 
 def _empty_table() -> pa.Table:
-    return pa.table({k: pa.array([], pa.string()) for k in ("trace", "ts", "rpcid", "um", "dm", "rpctype", "rt")})
+    return pa.table(
+        {
+            k: pa.array([], pa.string())
+            for k in ("trace", "ts", "rpcid", "um", "dm", "rpctype", "rt")
+        }
+    )
 
 
 def _bucket_of(trace: pa.ChunkedArray, K: int) -> npt.NDArray[np.int64]:
     """Stable bucket of every row's trace id (crc32 of the id: same bucket in every chunk and file)."""
     enc = pc.dictionary_encode(trace.combine_chunks())
     idx = np.asarray(pc.fill_null(enc.indices, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
-    h = np.fromiter((zlib.crc32((s or "").encode()) % K for s in enc.dictionary.to_pylist()), dtype=np.int64, count=len(enc.dictionary))
+    h = np.fromiter(
+        (zlib.crc32((s or "").encode()) % K for s in enc.dictionary.to_pylist()),
+        dtype=np.int64,
+        count=len(enc.dictionary),
+    )
     return h[idx] if h.size else np.zeros(idx.size, dtype=np.int64)

@@ -14,7 +14,14 @@ from meshtax.traces.report import ImportReport
 from meshtax.traces.store import Store, StoreWriter, concat_batches
 
 Format = Literal["jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022"]
-FORMATS: tuple[str, ...] = ("jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022")
+FORMATS: tuple[str, ...] = (
+    "jaeger",
+    "otlp",
+    "otlp-proto",
+    "zipkin",
+    "alibaba-v2021",
+    "alibaba-v2022",
+)
 PathIn = str | os.PathLike[str]
 
 
@@ -35,7 +42,11 @@ def detect_format(path: PathIn) -> str:
         return "otlp-proto"
     with open(p, "rb") as f:
         head = f.read(4096)
-    if head[:2] == b"\x1f\x8b" or b"rpcid" in head.split(b"\n")[0] or b"rpc_id" in head.split(b"\n")[0]:
+    if (
+        head[:2] == b"\x1f\x8b"
+        or b"rpcid" in head.split(b"\n")[0]
+        or b"rpc_id" in head.split(b"\n")[0]
+    ):
         return sniff_version(p)
     text = head.lstrip()
     if not text:
@@ -49,7 +60,9 @@ def detect_format(path: PathIn) -> str:
     raise TraceFormatError(f"{p}: cannot tell the trace format; pass one of {', '.join(FORMATS)}")
 
 
-def load_traces(path: PathIn | Sequence[PathIn], format: str | None = None, options: Any = None) -> ImportResult:
+def load_traces(
+    path: PathIn | Sequence[PathIn], format: str | None = None, options: Any = None
+) -> ImportResult:
     """Import traces into memory.
 
     ``format``: one of :data:`FORMATS` (None: detected from the first file).

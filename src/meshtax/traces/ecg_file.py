@@ -17,13 +17,24 @@ from typing import Any
 import jsonschema
 import yaml
 
-from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, DEFAULT_RATE_RPS, ECG, EXTERNAL, ECGError, Invocation, Service, validate
+from meshtax.model.ecg import (
+    DEFAULT_MESSAGE_BYTES,
+    DEFAULT_RATE_RPS,
+    ECG,
+    EXTERNAL,
+    ECGError,
+    Invocation,
+    Service,
+    validate,
+)
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
 
 
 @cache
 def ecg_schema() -> dict[str, Any]:
-    return dict(json.loads(resources.files("meshtax").joinpath("schemas/ecg.schema.json").read_text()))
+    return dict(
+        json.loads(resources.files("meshtax").joinpath("schemas/ecg.schema.json").read_text())
+    )
 
 
 def _path(parts: Any) -> str:
@@ -67,15 +78,25 @@ def parse_sidecar(value: Any, default: SidecarConfig) -> SidecarConfig:
         return NO_SIDECAR if value == "none" else SidecarConfig(mode=Mode(value))
     merged = {**default.to_dict(), **value}
     if not merged.get("mtls") and "tls_version" not in value:
-        merged.pop("tls_version", None)  # mTLS switched off here: the default's version goes with it
+        merged.pop(
+            "tls_version", None
+        )  # mTLS switched off here: the default's version goes with it
     return SidecarConfig.from_dict(merged)
 
 
 def ecgs_from_dict(doc: Any, source: str) -> list[ECG]:
     """Validate a parsed document against the schema and the ECG semantics."""
     if not isinstance(doc, Mapping):
-        raise ECGError(source, [f"(top level): a {type(doc).__name__}; expected a mapping with 'services' and 'invocations'"])
-    errors = sorted(jsonschema.Draft202012Validator(ecg_schema()).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))
+        raise ECGError(
+            source,
+            [
+                f"(top level): a {type(doc).__name__}; expected a mapping with 'services' and 'invocations'"
+            ],
+        )
+    errors = sorted(
+        jsonschema.Draft202012Validator(ecg_schema()).iter_errors(doc),
+        key=lambda e: list(map(str, e.absolute_path)),
+    )
     if errors:
         raise ECGError(source, [_describe(e) for e in errors])
     defaults = doc.get("defaults", {})
@@ -91,7 +112,9 @@ def ecgs_from_dict(doc: Any, source: str) -> list[ECG]:
         except ValueError as e:
             bad.append(f"services.{name}.sidecar: {e}")
             continue
-        services[name] = Service(name, sidecar, s.get("platform", defaults.get("platform")), s.get("connections"))
+        services[name] = Service(
+            name, sidecar, s.get("platform", defaults.get("platform")), s.get("connections")
+        )
     if bad:
         raise ECGError(source, bad)
     graphs = doc.get("graphs") or [{"name": doc.get("name"), "invocations": doc["invocations"]}]
@@ -114,14 +137,22 @@ def ecgs_from_dict(doc: Any, source: str) -> list[ECG]:
                     id=ids[i],
                     caller=caller,
                     callee=r["callee"],
-                    request_bytes=float(r.get("request_bytes", defaults.get("request_bytes", DEFAULT_MESSAGE_BYTES))),
-                    response_bytes=float(r.get("response_bytes", defaults.get("response_bytes", DEFAULT_MESSAGE_BYTES))),
+                    request_bytes=float(
+                        r.get("request_bytes", defaults.get("request_bytes", DEFAULT_MESSAGE_BYTES))
+                    ),
+                    response_bytes=float(
+                        r.get(
+                            "response_bytes", defaults.get("response_bytes", DEFAULT_MESSAGE_BYTES)
+                        )
+                    ),
                     rate=float(r.get("rate", rate)),
                     start_us=float(r.get("start_us", 0.0)),
                     duration_us=float(r.get("duration_us", 0.0)),
                     parent=parent,
                     protocol=str(r.get("protocol", defaults.get("protocol", ""))),
-                    new_connections=float(r.get("new_connections", defaults.get("new_connections", 0.0))),
+                    new_connections=float(
+                        r.get("new_connections", defaults.get("new_connections", 0.0))
+                    ),
                 )
             )
         name = g.get("name") or (base_name if len(graphs) == 1 else f"{base_name}#{gi}")
@@ -146,11 +177,15 @@ def load_ecg_file(path: str | Path) -> list[ECG]:
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
         raise ECGError(src, [f"cannot read: {e.__class__.__name__}: {e}"]) from None
     if not text.strip():
-        raise ECGError(src, ["the file is empty; expected an ECG with 'services' and 'invocations'"])
+        raise ECGError(
+            src, ["the file is empty; expected an ECG with 'services' and 'invocations'"]
+        )
     try:
         doc = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as e:
-        raise ECGError(src, [f"line {e.lineno} column {e.colno}: JSON syntax error: {e.msg}"]) from None
+        raise ECGError(
+            src, [f"line {e.lineno} column {e.colno}: JSON syntax error: {e.msg}"]
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
@@ -174,5 +209,8 @@ def _has_sidecar_refs(doc: Mapping[str, Any]) -> bool:
         return True
     services = doc.get("services")
     return isinstance(services, Mapping) and any(
-        isinstance(s, Mapping) and isinstance(s.get("sidecar"), Mapping) and "from_envoy" in s["sidecar"] for s in services.values()
+        isinstance(s, Mapping)
+        and isinstance(s.get("sidecar"), Mapping)
+        and "from_envoy" in s["sidecar"]
+        for s in services.values()
     )

@@ -214,7 +214,11 @@ def classify_filter(f: Mapping[str, Any]) -> FilterClass:
     base = PROFILED_TYPES.get(t) if t else PROFILED_NAMES.get(name)
     if base == "fault_injection" and "typed_config" in f and not _fault_configured(_typed_value(f)):
         # Istio inserts an empty fault filter in every HTTP chain; profiled fault injection has a (never firing) fault
-        return FilterClass("ignored", name or t, "fault filter with no abort/delay configured (Istio adds one to every HTTP chain): no fault to evaluate; not modelled")
+        return FilterClass(
+            "ignored",
+            name or t,
+            "fault filter with no abort/delay configured (Istio adds one to every HTTP chain): no fault to evaluate; not modelled",
+        )
     if base is not None:
         if base in _SIZED:
             return FilterClass("profiled", sized(base, _size_of(base, _typed_value(f))))
@@ -249,7 +253,9 @@ def load_documents(path: str | Path) -> list[Any]:
         try:
             return [json.loads(text)]
         except json.JSONDecodeError as e:
-            raise ConfigImportError(src, f"line {e.lineno} column {e.colno}: JSON syntax error: {e.msg}") from None
+            raise ConfigImportError(
+                src, f"line {e.lineno} column {e.colno}: JSON syntax error: {e.msg}"
+            ) from None
     docs: list[Any] = []
     try:
         for d in yaml.safe_load_all(text):
@@ -257,7 +263,11 @@ def load_documents(path: str | Path) -> list[Any]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
-        raise ConfigImportError(src, f"{where}YAML syntax error: {getattr(e, 'problem', None) or e}", len(docs) if len(docs) else None) from None
+        raise ConfigImportError(
+            src,
+            f"{where}YAML syntax error: {getattr(e, 'problem', None) or e}",
+            len(docs) if len(docs) else None,
+        ) from None
     return docs
 
 
@@ -291,11 +301,19 @@ class EnvoyImport:
     def report(self) -> str:
         """Human-readable summary (what the CLI prints)."""
         lines = [f"{self.source}: {self.config.describe()}"]
-        lines += [f"  filters: {', '.join(self.config.filters) or '(none)'}", f"  mTLS: {'yes' if self.config.mtls else 'no'}"]
+        lines += [
+            f"  filters: {', '.join(self.config.filters) or '(none)'}",
+            f"  mTLS: {'yes' if self.config.mtls else 'no'}",
+        ]
         for li in self.listeners:
             mark = "*" if li.chosen else " "
-            lines.append(f"  {mark} listener {li.name or '(unnamed)'} port {li.port if li.port is not None else '-'}: {li.kind}")
-        lines += [f"  no profile for filter {u}: not in the modelled chain; the prediction leaves out its cost" for u in self.unknown_filters]
+            lines.append(
+                f"  {mark} listener {li.name or '(unnamed)'} port {li.port if li.port is not None else '-'}: {li.kind}"
+            )
+        lines += [
+            f"  no profile for filter {u}: not in the modelled chain; the prediction leaves out its cost"
+            for u in self.unknown_filters
+        ]
         lines += [f"  ignored {i}" for i in self.ignored]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -319,8 +337,10 @@ _EXPECTED = (
 
 
 def _is_listener(d: Any) -> bool:
-    return isinstance(d, Mapping) and ("filter_chains" in d or "default_filter_chain" in d) and (
-        "address" in d or "name" in d
+    return (
+        isinstance(d, Mapping)
+        and ("filter_chains" in d or "default_filter_chain" in d)
+        and ("address" in d or "name" in d)
     )
 
 
@@ -344,7 +364,9 @@ def _collect(doc: Any, ctx: _Ctx) -> list[Mapping[str, Any]]:
     if "configs" in doc:
         configs = doc["configs"]
         if not isinstance(configs, list):
-            raise ctx.err(f"configs: a {type(configs).__name__}; expected a list (an admin config_dump)")
+            raise ctx.err(
+                f"configs: a {type(configs).__name__}; expected a list (an admin config_dump)"
+            )
         out: list[Mapping[str, Any]] = []
         for c in configs:
             if not isinstance(c, Mapping):
@@ -356,7 +378,9 @@ def _collect(doc: Any, ctx: _Ctx) -> list[Mapping[str, Any]]:
                 for s in _items(c.get("static_listeners")):
                     if isinstance(s, Mapping) and isinstance(s.get("listener"), Mapping):
                         out.append(s["listener"])
-                for d in _items(c.get("dynamic_listeners")) or _items(c.get("dynamic_active_listeners")):
+                for d in _items(c.get("dynamic_listeners")) or _items(
+                    c.get("dynamic_active_listeners")
+                ):
                     st = d.get("active_state") if isinstance(d, Mapping) else None
                     if isinstance(st, Mapping) and isinstance(st.get("listener"), Mapping):
                         out.append(st["listener"])
@@ -375,18 +399,24 @@ def _collect(doc: Any, ctx: _Ctx) -> list[Mapping[str, Any]]:
                         if isinstance(rc, Mapping):
                             ctx.routes[str(rc.get("name", ""))] = rc
         if not out:
-            raise ctx.err("an admin config_dump without listeners; dump with listeners included (no ?resource= filter that drops them)")
+            raise ctx.err(
+                "an admin config_dump without listeners; dump with listeners included (no ?resource= filter that drops them)"
+            )
         return out
     if "static_resources" in doc or "dynamic_resources" in doc:
         return _collect_bootstrap(doc, ctx, required=True)
     if "resources" in doc:
         res = doc["resources"]
         if not isinstance(res, list):
-            raise ctx.err(f"resources: a {type(res).__name__}; expected a list of listeners (an LDS response)")
+            raise ctx.err(
+                f"resources: a {type(res).__name__}; expected a list of listeners (an LDS response)"
+            )
         items = [_unwrap_resource(r) for r in res]
         ls = [x for x in items if _is_listener(x)]
         if not ls:
-            raise ctx.err("resources: no listener in it (an RDS/CDS file?); expected listeners with filter_chains")
+            raise ctx.err(
+                "resources: no listener in it (an RDS/CDS file?); expected listeners with filter_chains"
+            )
         return ls
     if "listeners" in doc and isinstance(doc["listeners"], list):
         return _collect_bootstrap({"static_resources": doc}, ctx, required=True)
@@ -397,7 +427,9 @@ def _collect(doc: Any, ctx: _Ctx) -> list[Mapping[str, Any]]:
 def _collect_bootstrap(b: Mapping[str, Any], ctx: _Ctx, required: bool) -> list[Mapping[str, Any]]:
     sr = b.get("static_resources", {})
     if not isinstance(sr, Mapping):
-        raise ctx.err(f"static_resources: a {type(sr).__name__}; expected a mapping with listeners and clusters")
+        raise ctx.err(
+            f"static_resources: a {type(sr).__name__}; expected a mapping with listeners and clusters"
+        )
     for cl in _items(sr.get("clusters")):
         if isinstance(cl, Mapping):
             ctx.clusters[str(cl.get("name", ""))] = cl
@@ -407,14 +439,22 @@ def _collect_bootstrap(b: Mapping[str, Any], ctx: _Ctx, required: bool) -> list[
             dyn = "dynamic_resources" in b
             raise ctx.err(
                 "static_resources.listeners: missing"
-                + ("; the listeners come from LDS (dynamic_resources) — import a config_dump of the running proxy instead" if dyn else "")
+                + (
+                    "; the listeners come from LDS (dynamic_resources) — import a config_dump of the running proxy instead"
+                    if dyn
+                    else ""
+                )
             )
         return []
     if not isinstance(ls, list):
-        raise ctx.err(f"static_resources.listeners: a {type(ls).__name__}; expected a list of listeners")
+        raise ctx.err(
+            f"static_resources.listeners: a {type(ls).__name__}; expected a list of listeners"
+        )
     for i, lst in enumerate(ls):
         if not isinstance(lst, Mapping):
-            raise ctx.err(f"static_resources.listeners[{i}]: a {type(lst).__name__}; expected a listener mapping")
+            raise ctx.err(
+                f"static_resources.listeners[{i}]: a {type(lst).__name__}; expected a listener mapping"
+            )
     return list(ls)
 
 
@@ -533,7 +573,9 @@ def _cluster_client_cert(cl: Mapping[str, Any]) -> bool:
     if _strip(str(tc.get("@type", ""))) != _UPSTREAM_TLS:
         return False
     ctc = tc.get("common_tls_context")
-    return isinstance(ctc, Mapping) and bool(ctc.get("tls_certificates") or ctc.get("tls_certificate_sds_secret_configs"))
+    return isinstance(ctc, Mapping) and bool(
+        ctc.get("tls_certificates") or ctc.get("tls_certificate_sds_secret_configs")
+    )
 
 
 def _analyse_chain(ch: Mapping[str, Any], label: str, ctx: _Ctx) -> _Chain:
@@ -546,10 +588,14 @@ def _analyse_chain(ch: Mapping[str, Any], label: str, ctx: _Ctx) -> _Chain:
     upstream_mtls = False
     raw = ch.get("filters") or []
     if not isinstance(raw, list):
-        raise ctx.err(f"{label}.filters: a {type(raw).__name__}; expected a list of network filters")
+        raise ctx.err(
+            f"{label}.filters: a {type(raw).__name__}; expected a list of network filters"
+        )
     for i, f in enumerate(raw):
         if not isinstance(f, Mapping):
-            raise ctx.err(f"{label}.filters[{i}]: a {type(f).__name__}; expected a filter {{name, typed_config}}")
+            raise ctx.err(
+                f"{label}.filters[{i}]: a {type(f).__name__}; expected a filter {{name, typed_config}}"
+            )
         c = classify_filter(f)
         if c.kind == "hcm":
             hcm = _typed_value(f)
@@ -566,7 +612,13 @@ def _analyse_chain(ch: Mapping[str, Any], label: str, ctx: _Ctx) -> _Chain:
             tp = _typed_value(f)
             mode = mode or Mode.TCP
             cluster = tp.get("cluster")
-            passthrough = cluster in ("PassthroughCluster", "InboundPassthroughCluster", "InboundPassthroughClusterIpv4", "InboundPassthroughClusterIpv6", "BlackHoleCluster")
+            passthrough = cluster in (
+                "PassthroughCluster",
+                "InboundPassthroughCluster",
+                "InboundPassthroughClusterIpv4",
+                "InboundPassthroughClusterIpv6",
+                "BlackHoleCluster",
+            )
             cl = ctx.clusters.get(str(cluster))
             upstream_mtls = upstream_mtls or (cl is not None and _cluster_client_cert(cl))
         elif c.kind == "profiled":
@@ -579,8 +631,18 @@ def _analyse_chain(ch: Mapping[str, Any], label: str, ctx: _Ctx) -> _Chain:
     if not tls and upstream_mtls:
         tls = "mtls"
         notes.append("mTLS from the upstream cluster's client certificate (an outbound proxy)")
-    return _Chain(label, _chain_match_port(ch), mode, tuple(filters), tuple(unknown), tuple(ignored), tls, tuple(notes), passthrough,
-                  _tls_version(ch) if tls == "mtls" else None)  # fmt: skip
+    return _Chain(
+        label,
+        _chain_match_port(ch),
+        mode,
+        tuple(filters),
+        tuple(unknown),
+        tuple(ignored),
+        tls,
+        tuple(notes),
+        passthrough,
+        _tls_version(ch) if tls == "mtls" else None,
+    )
 
 
 def _hcm_routes(hcm: Mapping[str, Any], ctx: _Ctx) -> Mapping[str, Any] | None:
@@ -601,14 +663,20 @@ def _hcm_upstream_mtls(hcm: Mapping[str, Any], ctx: _Ctx) -> bool:
     return any(_cluster_client_cert(ctx.clusters[c]) for c in clusters if c in ctx.clusters)
 
 
-def _analyse_hcm(hcm: Mapping[str, Any], label: str, ctx: _Ctx, notes: list[str]) -> tuple[Mode, list[FilterClass]]:
+def _analyse_hcm(
+    hcm: Mapping[str, Any], label: str, ctx: _Ctx, notes: list[str]
+) -> tuple[Mode, list[FilterClass]]:
     hf = hcm.get("http_filters") or []
     if not isinstance(hf, list):
-        raise ctx.err(f"{label}.typed_config.http_filters: a {type(hf).__name__}; expected a list of HTTP filters")
+        raise ctx.err(
+            f"{label}.typed_config.http_filters: a {type(hf).__name__}; expected a list of HTTP filters"
+        )
     sub: list[FilterClass] = []
     for j, f in enumerate(hf):
         if not isinstance(f, Mapping):
-            raise ctx.err(f"{label}.typed_config.http_filters[{j}]: a {type(f).__name__}; expected a filter {{name, typed_config}}")
+            raise ctx.err(
+                f"{label}.typed_config.http_filters[{j}]: a {type(f).__name__}; expected a filter {{name, typed_config}}"
+            )
         sub.append(classify_filter(f))
     al = hcm.get("access_log")
     if isinstance(al, list) and al:
@@ -622,13 +690,17 @@ def _analyse_hcm(hcm: Mapping[str, Any], label: str, ctx: _Ctx, notes: list[str]
         notes.append("gRPC mode: the routes match gRPC requests (match.grpc)")
         return Mode.GRPC, sub
     if codec == "HTTP2":
-        notes.append("gRPC mode: the HTTP connection manager speaks HTTP/2 only (codec_type HTTP2); meshtax's HTTP/2 mode is gRPC")
+        notes.append(
+            "gRPC mode: the HTTP connection manager speaks HTTP/2 only (codec_type HTTP2); meshtax's HTTP/2 mode is gRPC"
+        )
         return Mode.GRPC, sub
     if h2_upstream:
         notes.append("gRPC mode: the route's upstream cluster speaks HTTP/2")
         return Mode.GRPC, sub
     if codec == "AUTO":
-        notes.append("http mode: codec_type AUTO, no gRPC routes, no HTTP/2 upstream: assumed HTTP/1.1 clients")
+        notes.append(
+            "http mode: codec_type AUTO, no gRPC routes, no HTTP/2 upstream: assumed HTTP/1.1 clients"
+        )
     return Mode.HTTP, sub
 
 
@@ -639,8 +711,17 @@ def _chains(lst: Mapping[str, Any], lname: str, ctx: _Ctx) -> list[_Chain]:
     out: list[_Chain] = []
     for k, ch in enumerate(raw):
         if not isinstance(ch, Mapping):
-            raise ctx.err(f"listener {lname!r}: filter_chains[{k}]: a {type(ch).__name__}; expected a filter chain mapping")
-        out.append(_analyse_chain(ch, f"listener {lname!r} filter_chains[{k}]" + (f" ({ch['name']})" if ch.get("name") else ""), ctx))
+            raise ctx.err(
+                f"listener {lname!r}: filter_chains[{k}]: a {type(ch).__name__}; expected a filter chain mapping"
+            )
+        out.append(
+            _analyse_chain(
+                ch,
+                f"listener {lname!r} filter_chains[{k}]"
+                + (f" ({ch['name']})" if ch.get("name") else ""),
+                ctx,
+            )
+        )
     dfc = lst.get("default_filter_chain")
     if isinstance(dfc, Mapping):
         out.append(_analyse_chain(dfc, f"listener {lname!r} default_filter_chain", ctx))
@@ -666,13 +747,22 @@ def _choose_listener(listeners: Sequence[Mapping[str, Any]], want: str | None) -
         return 0, ""
     for i, lst in enumerate(listeners):
         if names[i] == "virtualInbound" or _port(lst) == 15006:
-            return i, f"chose the inbound listener {names[i]!r} (Istio's virtualInbound, port 15006) of {len(listeners)} listeners: it carries the traffic a service receives"
+            return (
+                i,
+                f"chose the inbound listener {names[i]!r} (Istio's virtualInbound, port 15006) of {len(listeners)} listeners: it carries the traffic a service receives",
+            )
     for i, lst in enumerate(listeners):
         if str(lst.get("traffic_direction", "")).upper() == "INBOUND":
-            return i, f"chose {names[i]!r}, the listener with traffic_direction INBOUND, of {len(listeners)} listeners"
+            return (
+                i,
+                f"chose {names[i]!r}, the listener with traffic_direction INBOUND, of {len(listeners)} listeners",
+            )
     for i, lst in enumerate(listeners):
         if lst.get("filter_chains"):
-            return i, f"chose the first listener with filter chains, {names[i]!r}, of {len(listeners)} (no inbound listener); pass a listener name to choose another"
+            return (
+                i,
+                f"chose the first listener with filter chains, {names[i]!r}, of {len(listeners)} (no inbound listener); pass a listener name to choose another",
+            )
     return 0, f"chose the first of {len(listeners)} listeners"
 
 
@@ -686,11 +776,19 @@ def _merge_tls(chains: Sequence[_Chain], notes: list[str]) -> bool:
     if "mtls" in kinds:
         return True
     if "tls" in kinds:
-        notes.append("TLS without client certificates (require_client_certificate unset): meshtax models mTLS only; modelled without TLS, so the TLS cost is left out")
+        notes.append(
+            "TLS without client certificates (require_client_certificate unset): meshtax models mTLS only; modelled without TLS, so the TLS cost is left out"
+        )
     return False
 
 
-def envoy_from_dict(doc: Any, source: str = "<envoy>", doc_index: int | None = None, listener: str | None = None, port: int | None = None) -> EnvoyImport:
+def envoy_from_dict(
+    doc: Any,
+    source: str = "<envoy>",
+    doc_index: int | None = None,
+    listener: str | None = None,
+    port: int | None = None,
+) -> EnvoyImport:
     """Map one parsed Envoy document to the modelled sidecar configuration.
 
     ``listener`` picks a listener by name; ``port`` picks the filter chain matching that
@@ -699,7 +797,9 @@ def envoy_from_dict(doc: Any, source: str = "<envoy>", doc_index: int | None = N
     ctx = _Ctx(source, doc_index)
     listeners = _collect(doc, ctx)
     if not listeners:
-        raise ctx.err("no listeners (an empty list); expected at least one listener with filter chains")
+        raise ctx.err(
+            "no listeners (an empty list); expected at least one listener with filter chains"
+        )
     notes: list[str] = []
     try:
         li, why = _choose_listener(listeners, listener)
@@ -713,7 +813,11 @@ def envoy_from_dict(doc: Any, source: str = "<envoy>", doc_index: int | None = N
     for i, lst in enumerate(listeners):
         lname = str(lst.get("name", f"#{i}"))
         chains = _chains(lst, lname, ctx)
-        infos.append(ListenerInfo(lname, _port(lst), _kind(chains), i == li, str(lst.get("traffic_direction", ""))))
+        infos.append(
+            ListenerInfo(
+                lname, _port(lst), _kind(chains), i == li, str(lst.get("traffic_direction", ""))
+            )
+        )
         if i == li:
             chosen_chains = chains
             for lf in _items(lst.get("listener_filters")):
@@ -722,18 +826,24 @@ def envoy_from_dict(doc: Any, source: str = "<envoy>", doc_index: int | None = N
                     if lc.kind == "ignored":
                         notes.append(f"{lc.name}: {lc.reason}")
                     elif lc.kind == "unknown":
-                        notes.append(f"listener filter {lc.name}: runs once per connection; not modelled")
+                        notes.append(
+                            f"listener filter {lc.name}: runs once per connection; not modelled"
+                        )
     cname = infos[li].name
     useful = [c for c in chosen_chains if c.mode is not None and not c.passthrough]
     if not useful:
         useful = [c for c in chosen_chains if c.mode is not None]
     if not useful:
-        raise ctx.err(f"listener {cname!r} has no HTTP connection manager or TCP proxy in its filter chains; nothing to model (expected a proxying listener)")
+        raise ctx.err(
+            f"listener {cname!r} has no HTTP connection manager or TCP proxy in its filter chains; nothing to model (expected a proxying listener)"
+        )
     ports = sorted({c.dest_port for c in useful if c.dest_port is not None})
     if port is not None:
         sel = [c for c in useful if c.dest_port == port]
         if not sel:
-            raise ctx.err(f"listener {cname!r} has no filter chain for destination port {port}; its ports: {', '.join(map(str, ports)) or 'none'}")
+            raise ctx.err(
+                f"listener {cname!r} has no filter chain for destination port {port}; its ports: {', '.join(map(str, ports)) or 'none'}"
+            )
         notes.append(f"filter chains of destination port {port}")
     elif len(ports) > 1:
         sel = [c for c in useful if c.dest_port == ports[0]]
@@ -741,7 +851,11 @@ def envoy_from_dict(doc: Any, source: str = "<envoy>", doc_index: int | None = N
         differ = {(c.mode, c.filters) for c in others} - {(c.mode, c.filters) for c in sel}
         notes.append(
             f"listener {cname!r} serves ports {', '.join(map(str, ports))}: modelled port {ports[0]} (the lowest)"
-            + ("; the other ports have other chains — pass a port to model one of them" if differ else "; the other ports have the same chain")
+            + (
+                "; the other ports have other chains — pass a port to model one of them"
+                if differ
+                else "; the other ports have the same chain"
+            )
         )
     elif ports:
         sel = [c for c in useful if c.dest_port == ports[0]]
@@ -762,8 +876,10 @@ def envoy_from_dict(doc: Any, source: str = "<envoy>", doc_index: int | None = N
     versions = {c.tls_version for c in sel if c.tls == "mtls"}
     version = next(iter(versions)) if mtls and len(versions) == 1 else None
     if mtls and version is None:
-        notes.append("TLS version not pinned by the listener (tls_params): negotiated with the peer (1.3 between Istio "
-                     "sidecars); priced with the profile's first measured version")  # fmt: skip
+        notes.append(
+            "TLS version not pinned by the listener (tls_params): negotiated with the peer (1.3 between Istio "
+            "sidecars); priced with the profile's first measured version"
+        )
     cfg = SidecarConfig(mode=main.mode, filters=main.filters, mtls=mtls, tls_version=version)
     return EnvoyImport(cfg, tuple(infos), unknown, ignored, tuple(notes), source)
 
@@ -775,7 +891,9 @@ def _iter_docs(docs: Sequence[Any]) -> Iterator[tuple[int | None, Any]]:
         yield (i if multi else None), d
 
 
-def sidecar_from_envoy(path: str | Path, listener: str | None = None, port: int | None = None) -> EnvoyImport:
+def sidecar_from_envoy(
+    path: str | Path, listener: str | None = None, port: int | None = None
+) -> EnvoyImport:
     """The sidecar configuration meshtax models for an Envoy config file (YAML or JSON).
 
     A multi-document YAML file must hold exactly one Envoy configuration.
@@ -785,6 +903,8 @@ def sidecar_from_envoy(path: str | Path, listener: str | None = None, port: int 
     if not docs:
         raise ConfigImportError(src, f"no document in the file; {_EXPECTED}")
     if len(docs) > 1:
-        raise ConfigImportError(src, f"{len(docs)} YAML documents; expected one Envoy configuration per file")
+        raise ConfigImportError(
+            src, f"{len(docs)} YAML documents; expected one Envoy configuration per file"
+        )
     idx, doc = docs[0]
     return envoy_from_dict(doc, src, idx, listener, port)

@@ -29,9 +29,21 @@ from typing import Any
 import yaml
 
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
-from meshtax.traces.envoy_config import ConfigImportError, _items, classify_filter, load_documents, sidecar_from_envoy
+from meshtax.traces.envoy_config import (
+    ConfigImportError,
+    _items,
+    classify_filter,
+    load_documents,
+    sidecar_from_envoy,
+)
 
-__all__ = ["ConfigImportError", "K8sImport", "resolve_sidecar_refs", "resolve_sidecar_refs_with_report", "sidecars_from_k8s"]
+__all__ = [
+    "ConfigImportError",
+    "K8sImport",
+    "resolve_sidecar_refs",
+    "resolve_sidecar_refs_with_report",
+    "sidecars_from_k8s",
+]
 
 #: Istio's default root namespace: PeerAuthentication and EnvoyFilter there apply mesh-wide.
 ROOT_NAMESPACE = "istio-system"
@@ -39,7 +51,18 @@ ROOT_NAMESPACE = "istio-system"
 #: most service traffic is HTTP, so http is the less wrong guess. Always reported.
 UNNAMED_PORT_MODE = Mode.HTTP
 
-_WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "ReplicationController", "Job", "CronJob", "Pod", "DeploymentConfig", "Rollout")
+_WORKLOAD_KINDS = (
+    "Deployment",
+    "StatefulSet",
+    "DaemonSet",
+    "ReplicaSet",
+    "ReplicationController",
+    "Job",
+    "CronJob",
+    "Pod",
+    "DeploymentConfig",
+    "Rollout",
+)
 _PROTO_MODE: Mapping[str, Mode] = {
     "http": Mode.HTTP,
     "http2": Mode.GRPC,
@@ -73,7 +96,9 @@ class K8sImport:
         """An ECG ``services:`` block to paste into an ECG file (assumptions as comments)."""
         lines = [f"# meshtax config from-k8s {self.source}"]
         lines += [f"# assumed: {a}" for a in self.assumptions]
-        lines += [f"# no profile for filter {u}: left out of the chain" for u in self.unknown_filters]
+        lines += [
+            f"# no profile for filter {u}: left out of the chain" for u in self.unknown_filters
+        ]
         lines += [f"# problem: {p}" for p in self.problems]
         lines.append("services:")
         if not self.services:
@@ -87,7 +112,10 @@ class K8sImport:
         width = max((len(n) for n in self.services), default=0)
         lines = [f"{self.source}: {len(self.services)} service(s)"]
         lines += [f"  {n.ljust(width)}  {c.describe()}" for n, c in self.services.items()]
-        lines += [f"  no profile for filter {u}: not in the modelled chain; the prediction leaves out its cost" for u in self.unknown_filters]
+        lines += [
+            f"  no profile for filter {u}: not in the modelled chain; the prediction leaves out its cost"
+            for u in self.unknown_filters
+        ]
         lines += [f"  assumed: {a}" for a in self.assumptions]
         lines += [f"  problem: {p}" for p in self.problems]
         return "\n".join(lines)
@@ -178,8 +206,12 @@ def _str_map(v: Any, what: str, where: _Where) -> dict[str, str]:
     if v is None:
         return {}
     if not isinstance(v, Mapping):
-        raise ConfigImportError(where.file, f"{what}: a {type(v).__name__}; expected a mapping of strings", where.doc)
-    return {str(k): ("true" if x is True else "false" if x is False else str(x)) for k, x in v.items()}
+        raise ConfigImportError(
+            where.file, f"{what}: a {type(v).__name__}; expected a mapping of strings", where.doc
+        )
+    return {
+        str(k): ("true" if x is True else "false" if x is False else str(x)) for k, x in v.items()
+    }
 
 
 def _get(obj: Mapping[str, Any], dotted: str, where: _Where, want: type, default: Any) -> Any:
@@ -188,12 +220,18 @@ def _get(obj: Mapping[str, Any], dotted: str, where: _Where, want: type, default
         if cur is None:
             return default
         if not isinstance(cur, Mapping):
-            raise ConfigImportError(where.file, f"{dotted}: {part!r} is inside a {type(cur).__name__}; expected a mapping", where.doc)
+            raise ConfigImportError(
+                where.file,
+                f"{dotted}: {part!r} is inside a {type(cur).__name__}; expected a mapping",
+                where.doc,
+            )
         cur = cur.get(part)
     if cur is None:
         return default
     if not isinstance(cur, want):
-        raise ConfigImportError(where.file, f"{dotted}: a {type(cur).__name__}; expected a {want.__name__}", where.doc)
+        raise ConfigImportError(
+            where.file, f"{dotted}: a {type(cur).__name__}; expected a {want.__name__}", where.doc
+        )
     return cur
 
 
@@ -207,10 +245,18 @@ def _pod_template(obj: Mapping[str, Any], kind: str, where: _Where) -> Mapping[s
 
 def _add_object(obj: Any, m: _Manifests, where: _Where, order: int) -> None:
     if not isinstance(obj, Mapping):
-        raise ConfigImportError(where.file, f"a {type(obj).__name__}; expected a Kubernetes object (apiVersion, kind, metadata)", where.doc)
+        raise ConfigImportError(
+            where.file,
+            f"a {type(obj).__name__}; expected a Kubernetes object (apiVersion, kind, metadata)",
+            where.doc,
+        )
     kind = obj.get("kind")
     if not isinstance(kind, str):
-        raise ConfigImportError(where.file, "no 'kind'; expected a Kubernetes object (apiVersion, kind, metadata)", where.doc)
+        raise ConfigImportError(
+            where.file,
+            "no 'kind'; expected a Kubernetes object (apiVersion, kind, metadata)",
+            where.doc,
+        )
     if kind == "List" or kind.endswith("List"):
         for item in _get(obj, "items", where, list, []):
             _add_object(item, m, where, order)
@@ -225,7 +271,15 @@ def _add_object(obj: Any, m: _Manifests, where: _Where, order: int) -> None:
         raise ConfigImportError(e.source, f"{kind} {name!r}: {e.detail}", e.doc_index) from None
 
 
-def _add_typed(obj: Mapping[str, Any], kind: str, name: str, meta: Mapping[str, Any], m: _Manifests, where: _Where, order: int) -> None:
+def _add_typed(
+    obj: Mapping[str, Any],
+    kind: str,
+    name: str,
+    meta: Mapping[str, Any],
+    m: _Manifests,
+    where: _Where,
+    order: int,
+) -> None:
     ns = str(meta.get("namespace") or "default")
     if kind == "Namespace":
         m.namespaces[name] = _str_map(meta.get("labels"), "metadata.labels", where)
@@ -233,12 +287,20 @@ def _add_typed(obj: Mapping[str, Any], kind: str, name: str, meta: Mapping[str, 
         tpl = _pod_template(obj, kind, where)
         tmeta = tpl.get("metadata") or {}
         if not isinstance(tmeta, Mapping):
-            raise ConfigImportError(where.file, f"{kind} {name!r}: pod template metadata: a {type(tmeta).__name__}; expected a mapping", where.doc)
+            raise ConfigImportError(
+                where.file,
+                f"{kind} {name!r}: pod template metadata: a {type(tmeta).__name__}; expected a mapping",
+                where.doc,
+            )
         ports: dict[str, int] = {}
         containers = _get(tpl, "spec.containers", where, list, [])
         for c in containers:
             for p in _items(c.get("ports")) if isinstance(c, Mapping) else []:
-                if isinstance(p, Mapping) and p.get("name") and isinstance(p.get("containerPort"), int):
+                if (
+                    isinstance(p, Mapping)
+                    and p.get("name")
+                    and isinstance(p.get("containerPort"), int)
+                ):
                     ports[str(p["name"])] = int(p["containerPort"])
         m.workloads.append(
             _Workload(
@@ -246,7 +308,9 @@ def _add_typed(obj: Mapping[str, Any], kind: str, name: str, meta: Mapping[str, 
                 name,
                 ns,
                 _str_map(tmeta.get("labels"), f"{kind} {name!r}: pod template labels", where),
-                _str_map(tmeta.get("annotations"), f"{kind} {name!r}: pod template annotations", where),
+                _str_map(
+                    tmeta.get("annotations"), f"{kind} {name!r}: pod template annotations", where
+                ),
                 ports,
                 where,
             )
@@ -256,28 +320,66 @@ def _add_typed(obj: Mapping[str, Any], kind: str, name: str, meta: Mapping[str, 
         sports = _get(obj, "spec.ports", where, list, [])
         for i, p in enumerate(sports):
             if not isinstance(p, Mapping):
-                raise ConfigImportError(where.file, f"Service {name!r}: spec.ports[{i}]: a {type(p).__name__}; expected {{name, port, targetPort, appProtocol}}", where.doc)
+                raise ConfigImportError(
+                    where.file,
+                    f"Service {name!r}: spec.ports[{i}]: a {type(p).__name__}; expected {{name, port, targetPort, appProtocol}}",
+                    where.doc,
+                )
         m.services.append(
-            _Service(name, ns, _str_map(sel, f"Service {name!r}: spec.selector", where) if sel is not None else None, list(sports), str(_get(obj, "spec.type", where, str, "ClusterIP")), where)
+            _Service(
+                name,
+                ns,
+                _str_map(sel, f"Service {name!r}: spec.selector", where)
+                if sel is not None
+                else None,
+                list(sports),
+                str(_get(obj, "spec.type", where, str, "ClusterIP")),
+                where,
+            )
         )
     elif kind == "PeerAuthentication":
         sel = _get(obj, "spec.selector.matchLabels", where, Mapping, None)
         mode = str(_get(obj, "spec.mtls.mode", where, str, "UNSET")).upper()
         if mode not in ("STRICT", "PERMISSIVE", "DISABLE", "UNSET"):
-            raise ConfigImportError(where.file, f"PeerAuthentication {name!r}: spec.mtls.mode {mode!r}; expected STRICT, PERMISSIVE, DISABLE or UNSET", where.doc)
+            raise ConfigImportError(
+                where.file,
+                f"PeerAuthentication {name!r}: spec.mtls.mode {mode!r}; expected STRICT, PERMISSIVE, DISABLE or UNSET",
+                where.doc,
+            )
         port_modes: dict[int, str] = {}
         for k, v in (_get(obj, "spec.portLevelMtls", where, Mapping, {}) or {}).items():
             pm = v.get("mode") if isinstance(v, Mapping) else None
             try:
                 port_modes[int(k)] = str(pm or "UNSET").upper()
             except ValueError:
-                raise ConfigImportError(where.file, f"PeerAuthentication {name!r}: spec.portLevelMtls key {k!r}; expected a port number", where.doc) from None
-        m.peer_auths.append(_PeerAuth(name, ns, _str_map(sel, "selector", where) if sel is not None else None, mode, port_modes, order))
+                raise ConfigImportError(
+                    where.file,
+                    f"PeerAuthentication {name!r}: spec.portLevelMtls key {k!r}; expected a port number",
+                    where.doc,
+                ) from None
+        m.peer_auths.append(
+            _PeerAuth(
+                name,
+                ns,
+                _str_map(sel, "selector", where) if sel is not None else None,
+                mode,
+                port_modes,
+                order,
+            )
+        )
     elif kind == "EnvoyFilter":
         sel = _get(obj, "spec.workloadSelector.labels", where, Mapping, None)
         patches = _get(obj, "spec.configPatches", where, list, [])
         m.envoy_filters.append(
-            _EnvoyFilter(name, ns, _str_map(sel, "workloadSelector.labels", where) if sel is not None else None, list(patches), int(_get(obj, "spec.priority", where, int, 0)), order, where)
+            _EnvoyFilter(
+                name,
+                ns,
+                _str_map(sel, "workloadSelector.labels", where) if sel is not None else None,
+                list(patches),
+                int(_get(obj, "spec.priority", where, int, 0)),
+                order,
+                where,
+            )
         )
     else:
         m.skipped[kind] = m.skipped.get(kind, 0) + 1
@@ -286,7 +388,9 @@ def _add_typed(obj: Mapping[str, Any], kind: str, name: str, meta: Mapping[str, 
 def _files(root: Path) -> list[Path]:
     if root.is_file():
         return [root]
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in (".yaml", ".yml", ".json"))
+    return sorted(
+        p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in (".yaml", ".yml", ".json")
+    )
 
 
 def _read(root: Path) -> _Manifests:
@@ -294,7 +398,9 @@ def _read(root: Path) -> _Manifests:
     order = 0
     files = _files(root)
     if not files:
-        raise ConfigImportError(str(root), "no *.yaml, *.yml or *.json file; expected Kubernetes/Istio manifests")
+        raise ConfigImportError(
+            str(root), "no *.yaml, *.yml or *.json file; expected Kubernetes/Istio manifests"
+        )
     for f in files:
         docs = load_documents(f)
         multi = len(docs) > 1
@@ -315,13 +421,17 @@ def _matches(selector: Mapping[str, str] | None, labels: Mapping[str, str]) -> b
     return selector is not None and all(labels.get(k) == v for k, v in selector.items())
 
 
-def _injected(w: _Workload, ns_labels: Mapping[str, str] | None, assumptions: list[str]) -> tuple[bool, str]:
+def _injected(
+    w: _Workload, ns_labels: Mapping[str, str] | None, assumptions: list[str]
+) -> tuple[bool, str]:
     """Istio's injection webhooks (namespace selector + object selector), as ``(injected, why)``."""
     pod = w.labels.get(_INJECT, "").lower()
     ann = w.annotations.get(_INJECT, "").lower()
     if ns_labels is None:
         ns_labels = {}
-        assumptions.append(f"namespace {w.ns!r} is not in the manifests: assumed it has no istio-injection label")
+        assumptions.append(
+            f"namespace {w.ns!r} is not in the manifests: assumed it has no istio-injection label"
+        )
     ns = ns_labels.get("istio-injection", "").lower()
     if pod == "false" or (not pod and ann == "false"):
         return False, f"{_INJECT}: false on the pod"
@@ -370,7 +480,9 @@ def _target_port(p: Mapping[str, Any], w: _Workload | None) -> int | None:
     return None
 
 
-def _mtls_mode(pas: Sequence[_PeerAuth], w: _Workload, port: int | None, root: str) -> tuple[str, str]:
+def _mtls_mode(
+    pas: Sequence[_PeerAuth], w: _Workload, port: int | None, root: str
+) -> tuple[str, str]:
     """Effective PeerAuthentication mode for a workload port: ``(mode, source)``."""
     wl = [p for p in pas if p.ns == w.ns and _matches(p.selector, w.labels)]
     nsl = [p for p in pas if p.ns == w.ns and p.selector is None and p.ns != root]
@@ -378,7 +490,9 @@ def _mtls_mode(pas: Sequence[_PeerAuth], w: _Workload, port: int | None, root: s
     for level, cands in (("workload", wl), ("namespace", nsl), ("mesh", mesh)):
         if not cands:
             continue
-        pa = min(cands, key=lambda p: p.order)  # Istio: the oldest wins; file order stands in for age
+        pa = min(
+            cands, key=lambda p: p.order
+        )  # Istio: the oldest wins; file order stands in for age
         if level == "workload" and port is not None and pa.port_modes.get(port, "UNSET") != "UNSET":
             return pa.port_modes[port], f"{level} PeerAuthentication {pa.ns}/{pa.name}, port {port}"
         if pa.mode != "UNSET":
@@ -406,33 +520,59 @@ def _match_port(match: Mapping[str, Any]) -> int | None:
 
 
 def _apply_envoy_filters(
-    efs: Sequence[_EnvoyFilter], w: _Workload, mode: Mode, port: int | None, root: str, svc: str, assumptions: list[str], unknown: list[str], problems: list[str]
+    efs: Sequence[_EnvoyFilter],
+    w: _Workload,
+    mode: Mode,
+    port: int | None,
+    root: str,
+    svc: str,
+    assumptions: list[str],
+    unknown: list[str],
+    problems: list[str],
 ) -> tuple[str, ...]:
     """The filter chain after the EnvoyFilters selecting this workload, in Istio's order."""
-    chain: list[tuple[str, str]] = []  # (meshtax filter, Envoy filter name) — names let INSERT_AFTER/REMOVE find them
-    applicable = [e for e in efs if (e.ns == w.ns or e.ns == root) and (e.selector is None or _matches(e.selector, w.labels))]
+    chain: list[
+        tuple[str, str]
+    ] = []  # (meshtax filter, Envoy filter name) — names let INSERT_AFTER/REMOVE find them
+    applicable = [
+        e
+        for e in efs
+        if (e.ns == w.ns or e.ns == root) and (e.selector is None or _matches(e.selector, w.labels))
+    ]
     # Istio applies root-namespace EnvoyFilters first, then the workload's namespace; priority, then age, within
     applicable.sort(key=lambda e: (e.priority, e.ns != root, e.order))
     for ef in applicable:
         ref = f"EnvoyFilter {ef.ns}/{ef.name}"
         for i, patch in enumerate(ef.patches):
             if not isinstance(patch, Mapping):
-                raise ConfigImportError(ef.where.file, f"{ref}: configPatches[{i}]: a {type(patch).__name__}; expected {{applyTo, match, patch}}", ef.where.doc)
+                raise ConfigImportError(
+                    ef.where.file,
+                    f"{ref}: configPatches[{i}]: a {type(patch).__name__}; expected {{applyTo, match, patch}}",
+                    ef.where.doc,
+                )
             apply_to = str(patch.get("applyTo", ""))
             match = patch.get("match") or {}
             body = patch.get("patch") or {}
             if not isinstance(match, Mapping) or not isinstance(body, Mapping):
-                raise ConfigImportError(ef.where.file, f"{ref}: configPatches[{i}]: match and patch must be mappings", ef.where.doc)
+                raise ConfigImportError(
+                    ef.where.file,
+                    f"{ref}: configPatches[{i}]: match and patch must be mappings",
+                    ef.where.doc,
+                )
             context = str(match.get("context", "ANY"))
             op = str(body.get("operation", ""))
             if apply_to not in ("HTTP_FILTER", "NETWORK_FILTER"):
                 if apply_to:
-                    assumptions.append(f"service {svc!r}: {ref} patch {i} applies to {apply_to}: not a filter; not modelled")
+                    assumptions.append(
+                        f"service {svc!r}: {ref} patch {i} applies to {apply_to}: not a filter; not modelled"
+                    )
                 continue
             if context == "GATEWAY":
                 continue
             if apply_to == "HTTP_FILTER" and mode is Mode.TCP:
-                assumptions.append(f"service {svc!r}: {ref} patch {i} adds an HTTP filter, but the port is TCP: does not apply")
+                assumptions.append(
+                    f"service {svc!r}: {ref} patch {i} adds an HTTP filter, but the port is TCP: does not apply"
+                )
                 continue
             mp = _match_port(match)
             if mp is not None and port is not None and mp != port:
@@ -446,11 +586,15 @@ def _apply_envoy_filters(
                 chain = [c for c in chain if c[1] != target]
                 continue
             if op in ("MERGE", "REPLACE"):
-                assumptions.append(f"service {svc!r}: {ref} patch {i} {op}s {target or 'a filter'}: changes a filter's settings, not the chain; not modelled")
+                assumptions.append(
+                    f"service {svc!r}: {ref} patch {i} {op}s {target or 'a filter'}: changes a filter's settings, not the chain; not modelled"
+                )
                 continue
             value = body.get("value")
             if not isinstance(value, Mapping):
-                problems.append(f"{ef.where}: {ref}: configPatches[{i}].patch.value: expected a filter {{name, typed_config}}")
+                problems.append(
+                    f"{ef.where}: {ref}: configPatches[{i}].patch.value: expected a filter {{name, typed_config}}"
+                )
                 continue
             c = classify_filter(value)
             fname = str(value.get("name", ""))
@@ -477,7 +621,9 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
     """Map each Service in the manifests under ``directory`` to the sidecar configuration meshtax models."""
     root = Path(directory)
     if not root.exists():
-        raise ConfigImportError(str(root), "not found; expected a directory (or file) of Kubernetes/Istio manifests")
+        raise ConfigImportError(
+            str(root), "not found; expected a directory (or file) of Kubernetes/Istio manifests"
+        )
     m = _read(root)
     assumptions: list[str] = []
     problems: list[str] = []
@@ -487,9 +633,13 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
     for s in m.services:
         counts[s.name] = counts.get(s.name, 0) + 1
     if any(n > 1 for n in counts.values()):
-        assumptions.append("service names repeat across namespaces: those services are named NAME.NAMESPACE")
+        assumptions.append(
+            "service names repeat across namespaces: those services are named NAME.NAMESPACE"
+        )
     if not m.peer_auths:
-        assumptions.append("no PeerAuthentication: Istio's default PERMISSIVE, with auto mTLS between sidecars: modelled mTLS")
+        assumptions.append(
+            "no PeerAuthentication: Istio's default PERMISSIVE, with auto mTLS between sidecars: modelled mTLS"
+        )
     for s in m.services:
         key = s.name if counts[s.name] == 1 else f"{s.name}.{s.ns}"
         where = f"service {key!r}"
@@ -499,13 +649,19 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
             continue
         ns_labels = m.namespaces.get(s.ns)
         if ns_labels is not None and ns_labels.get("istio.io/dataplane-mode") == "ambient":
-            problems.append(f"{where}: namespace {s.ns!r} uses ambient mode (ztunnel/waypoint), which meshtax does not model: modelled as no sidecar")
+            problems.append(
+                f"{where}: namespace {s.ns!r} uses ambient mode (ztunnel/waypoint), which meshtax does not model: modelled as no sidecar"
+            )
         if s.selector is None:
-            problems.append(f"{where} has no selector (endpoints managed by hand): cannot tell its pods; left out")
+            problems.append(
+                f"{where} has no selector (endpoints managed by hand): cannot tell its pods; left out"
+            )
             continue
         ws = [w for w in m.workloads if w.ns == s.ns and _matches(s.selector, w.labels)]
         if not ws:
-            problems.append(f"{where} selects no workload in the manifests (selector {s.selector}): left out")
+            problems.append(
+                f"{where} selects no workload in the manifests (selector {s.selector}): left out"
+            )
             continue
         ns_warn: list[str] = []
         inj = [(_injected(w, ns_labels, ns_warn), w) for w in ws]
@@ -515,7 +671,9 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
         flags = {i[0][0] for i in inj}
         if len(flags) > 1:
             with_ = ", ".join(f"{w.kind} {w.name}" for (ok, _), w in inj if ok)
-            problems.append(f"{where} selects pods with and without a sidecar ({with_} have one): modelled with a sidecar")
+            problems.append(
+                f"{where} selects pods with and without a sidecar ({with_} have one): modelled with a sidecar"
+            )
         w = next((w for (ok, _), w in inj if ok), ws[0])
         if not any(flags):
             services[key] = NO_SIDECAR
@@ -527,7 +685,9 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
         (proto, how), first = protos[0]
         if len(s.ports) > 1:
             listed = ", ".join(f"{_port_label(p)} ({pr or 'unnamed'})" for (pr, _), p in protos)
-            assumptions.append(f"{where} has ports {listed}: modelled by its first port, {_port_label(first)}")
+            assumptions.append(
+                f"{where} has ports {listed}: modelled by its first port, {_port_label(first)}"
+            )
         if proto is None:
             mode = UNNAMED_PORT_MODE
             assumptions.append(
@@ -535,24 +695,36 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
                 "(name the port http-*/grpc-*/tcp-* or set appProtocol to be exact)"
             )
         elif proto == "udp":
-            problems.append(f"{where} port {_port_label(first)} is UDP, which the sidecar does not intercept: no sidecar on that port")
+            problems.append(
+                f"{where} port {_port_label(first)} is UDP, which the sidecar does not intercept: no sidecar on that port"
+            )
             services[key] = NO_SIDECAR
             continue
         elif proto in _PROTO_MODE:
             mode = _PROTO_MODE[proto]
             if proto == "http2":
-                assumptions.append(f"{where}: {how} → HTTP/2, modelled by gRPC mode (meshtax's HTTP/2 mode)")
+                assumptions.append(
+                    f"{where}: {how} → HTTP/2, modelled by gRPC mode (meshtax's HTTP/2 mode)"
+                )
             elif proto in ("https", "tls", "mongo", "mysql", "redis"):
-                assumptions.append(f"{where}: {how} → {proto}, which the sidecar proxies as opaque TCP: tcp mode")
+                assumptions.append(
+                    f"{where}: {how} → {proto}, which the sidecar proxies as opaque TCP: tcp mode"
+                )
         else:
             mode = Mode.TCP
-            assumptions.append(f"{where}: {how} is not a protocol Istio knows: Istio sniffs/treats it as TCP; assumed tcp")
+            assumptions.append(
+                f"{where}: {how} is not a protocol Istio knows: Istio sniffs/treats it as TCP; assumed tcp"
+            )
         tport = _target_port(first, w)
         pa_mode, pa_src = _mtls_mode(m.peer_auths, w, tport, root_namespace)
         mtls = pa_mode in ("STRICT", "PERMISSIVE")
         if pa_mode == "PERMISSIVE" and m.peer_auths:
-            assumptions.append(f"{where}: PERMISSIVE ({pa_src}): sidecar callers use auto mTLS: modelled mTLS")
-        filters = _apply_envoy_filters(m.envoy_filters, w, mode, tport, root_namespace, key, assumptions, unknown, problems)
+            assumptions.append(
+                f"{where}: PERMISSIVE ({pa_src}): sidecar callers use auto mTLS: modelled mTLS"
+            )
+        filters = _apply_envoy_filters(
+            m.envoy_filters, w, mode, tport, root_namespace, key, assumptions, unknown, problems
+        )
         services[key] = SidecarConfig(mode=mode, filters=filters, mtls=mtls)
     if m.skipped:
         kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(m.skipped.items()))
@@ -565,7 +737,9 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
 # ---------------------------------------------------------------------------------------------
 
 
-def resolve_sidecar_refs_with_report(doc: dict[str, Any], base_dir: Path) -> tuple[dict[str, Any], list[str]]:
+def resolve_sidecar_refs_with_report(
+    doc: dict[str, Any], base_dir: Path
+) -> tuple[dict[str, Any], list[str]]:
     """Replace sidecar references in a parsed ECG document; also return what the imports reported.
 
     * ``services.NAME.sidecar: {from_envoy: PATH, listener: NAME, port: N}`` → that Envoy config;
@@ -583,7 +757,9 @@ def resolve_sidecar_refs_with_report(doc: dict[str, Any], base_dir: Path) -> tup
     k8s_ref = out.pop("sidecars_from_k8s", None)
     if k8s_ref is not None:
         if not isinstance(k8s_ref, str):
-            raise ConfigImportError("sidecars_from_k8s", f"a {type(k8s_ref).__name__}; expected a directory path")
+            raise ConfigImportError(
+                "sidecars_from_k8s", f"a {type(k8s_ref).__name__}; expected a directory path"
+            )
         imp = sidecars_from_k8s(base_dir / k8s_ref)
         messages += [f"{k8s_ref}: assumed: {a}" for a in imp.assumptions]
         messages += [f"{k8s_ref}: problem: {p}" for p in imp.problems]
@@ -595,7 +771,9 @@ def resolve_sidecar_refs_with_report(doc: dict[str, Any], base_dir: Path) -> tup
                 if isinstance(s, dict) and "sidecar" not in s:
                     cfg = imp.services.get(name)
                     if cfg is None:
-                        messages.append(f"{k8s_ref}: no Service {name!r} in the manifests: services.{name} keeps the default sidecar")
+                        messages.append(
+                            f"{k8s_ref}: no Service {name!r} in the manifests: services.{name} keeps the default sidecar"
+                        )
                         continue
                     s["sidecar"] = "none" if not cfg.meshed else _ecg_sidecar(cfg)
     if isinstance(services, dict):
@@ -604,16 +782,27 @@ def resolve_sidecar_refs_with_report(doc: dict[str, Any], base_dir: Path) -> tup
             if isinstance(sc, dict) and "from_envoy" in sc:
                 ref = sc["from_envoy"]
                 if not isinstance(ref, str):
-                    raise ConfigImportError(f"services.{name}.sidecar.from_envoy", f"a {type(ref).__name__}; expected a file path")
+                    raise ConfigImportError(
+                        f"services.{name}.sidecar.from_envoy",
+                        f"a {type(ref).__name__}; expected a file path",
+                    )
                 listener = sc.get("listener")
                 port = sc.get("port")
                 extra = set(sc) - {"from_envoy", "listener", "port"}
                 if extra:
-                    raise ConfigImportError(f"services.{name}.sidecar", f"unknown field(s) {', '.join(sorted(extra))} next to from_envoy; expected listener and port only")
+                    raise ConfigImportError(
+                        f"services.{name}.sidecar",
+                        f"unknown field(s) {', '.join(sorted(extra))} next to from_envoy; expected listener and port only",
+                    )
                 if listener is not None and not isinstance(listener, str):
-                    raise ConfigImportError(f"services.{name}.sidecar.listener", f"a {type(listener).__name__}; expected a listener name")
+                    raise ConfigImportError(
+                        f"services.{name}.sidecar.listener",
+                        f"a {type(listener).__name__}; expected a listener name",
+                    )
                 if port is not None and (not isinstance(port, int) or isinstance(port, bool)):
-                    raise ConfigImportError(f"services.{name}.sidecar.port", f"{port!r}; expected a port number")
+                    raise ConfigImportError(
+                        f"services.{name}.sidecar.port", f"{port!r}; expected a port number"
+                    )
                 env = sidecar_from_envoy(base_dir / ref, listener=listener, port=port)
                 messages += [f"{ref}: no profile for filter {u}" for u in env.unknown_filters]
                 s["sidecar"] = _ecg_sidecar(env.config)
@@ -626,4 +815,9 @@ def resolve_sidecar_refs(doc: dict[str, Any], base_dir: Path) -> dict[str, Any]:
 
 
 def _ecg_sidecar(cfg: SidecarConfig) -> dict[str, Any]:
-    return {"mode": cfg.mode.value, "filters": list(cfg.filters), "mtls": cfg.mtls, "architecture": cfg.architecture.value}
+    return {
+        "mode": cfg.mode.value,
+        "filters": list(cfg.filters),
+        "mtls": cfg.mtls,
+        "architecture": cfg.architecture.value,
+    }

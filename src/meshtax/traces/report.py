@@ -62,7 +62,11 @@ class ImportReport:
             f"{self.source} ({self.format}): {self.rows_read} rows read, {self.rows_used} used, {self.rows_merged} duplicate lines merged",
             f"graphs: {self.graphs_seen} seen, {self.graphs_kept} kept ({self.graphs_partial} partially), {self.graphs_dropped} dropped",
         ]
-        for title, c in (("dropped graphs", self.dropped_graphs), ("dropped rows", self.dropped_rows), ("repairs", self.notes)):
+        for title, c in (
+            ("dropped graphs", self.dropped_graphs),
+            ("dropped rows", self.dropped_rows),
+            ("repairs", self.notes),
+        ):
             for reason, n in sorted(c.items(), key=lambda kv: -kv[1]):
                 lines.append(f"  {title}: {n} × {reason}")
         return "\n".join(lines)

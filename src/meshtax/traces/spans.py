@@ -33,15 +33,35 @@ from typing import Any
 
 import yaml
 
-from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, ECG, EXTERNAL, ECGError, Invocation, Service, validate
+from meshtax.model.ecg import (
+    DEFAULT_MESSAGE_BYTES,
+    ECG,
+    EXTERNAL,
+    ECGError,
+    Invocation,
+    Service,
+    validate,
+)
 from meshtax.model.sidecar import SidecarConfig
 from meshtax.traces.alibaba import TraceFormatError
 from meshtax.traces.report import ImportReport
 
 CLIENT_KINDS = ("client", "producer")
 SERVER_KINDS = ("server", "consumer")
-REQ_SIZE_KEYS = ("http.request_content_length", "http.request.body.size", "http.request.header.content-length", "rpc.request.size", "rpc.message.uncompressed_size", "messaging.message.body.size")
-RESP_SIZE_KEYS = ("http.response_content_length", "http.response.body.size", "http.response.header.content-length", "rpc.response.size")
+REQ_SIZE_KEYS = (
+    "http.request_content_length",
+    "http.request.body.size",
+    "http.request.header.content-length",
+    "rpc.request.size",
+    "rpc.message.uncompressed_size",
+    "messaging.message.body.size",
+)
+RESP_SIZE_KEYS = (
+    "http.response_content_length",
+    "http.response.body.size",
+    "http.response.header.content-length",
+    "rpc.response.size",
+)
 PEER_KEYS = ("peer.service", "server.address", "net.peer.name", "rpc.service", "db.system")
 
 
@@ -91,8 +111,12 @@ def load_service_map(path: str | os.PathLike[str]) -> dict[str, str]:
         doc = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as e:
         raise TraceFormatError(f"{path}: cannot read the service map ({e})") from None
-    if not isinstance(doc, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in doc.items()):
-        raise TraceFormatError(f"{path}: expected a mapping of trace service names to Kubernetes service names")
+    if not isinstance(doc, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in doc.items()
+    ):
+        raise TraceFormatError(
+            f"{path}: expected a mapping of trace service names to Kubernetes service names"
+        )
     return dict(doc)
 
 
@@ -109,7 +133,9 @@ def _load_json(path: Path) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise TraceFormatError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg} (truncated file?)") from None
+        raise TraceFormatError(
+            f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg} (truncated file?)"
+        ) from None
 
 
 def _num(v: Any, where: str) -> float:
@@ -131,7 +157,9 @@ def read_jaeger(path: Path) -> list[Span]:
     doc = _load_json(path)
     traces = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(traces, list):
-        raise TraceFormatError(f"{path}: not Jaeger JSON (expected an object with a 'data' list of traces)")
+        raise TraceFormatError(
+            f"{path}: not Jaeger JSON (expected an object with a 'data' list of traces)"
+        )
     out: list[Span] = []
     for ti, t in enumerate(traces):
         if not isinstance(t, dict) or not isinstance(t.get("spans"), list):
@@ -141,10 +169,17 @@ def read_jaeger(path: Path) -> list[Span]:
             where = f"{path}: data[{ti}].spans[{si}]"
             if not isinstance(s, dict):
                 raise TraceFormatError(f"{where}: expected an object")
-            tags = {str(x.get("key")): x.get("value") for x in s.get("tags") or [] if isinstance(x, dict)}
+            tags = {
+                str(x.get("key")): x.get("value")
+                for x in s.get("tags") or []
+                if isinstance(x, dict)
+            }
             parent = None
             for r in s.get("references") or []:
-                if isinstance(r, dict) and r.get("refType", "CHILD_OF") in ("CHILD_OF", "FOLLOWS_FROM"):
+                if isinstance(r, dict) and r.get("refType", "CHILD_OF") in (
+                    "CHILD_OF",
+                    "FOLLOWS_FROM",
+                ):
                     parent = str(r.get("spanID"))
                     break
             proc = procs.get(s.get("processID")) or s.get("process") or {}
@@ -190,10 +225,16 @@ def read_otlp_json(path: Path) -> list[Span]:
     doc = _load_json(path)
     rss = doc.get("resourceSpans", doc.get("resource_spans")) if isinstance(doc, dict) else None
     if not isinstance(rss, list):
-        raise TraceFormatError(f"{path}: not OTLP JSON (expected an object with a 'resourceSpans' list)")
+        raise TraceFormatError(
+            f"{path}: not OTLP JSON (expected an object with a 'resourceSpans' list)"
+        )
     out: list[Span] = []
     for ri, rs in enumerate(rss):
-        attrs = {a["key"]: _otlp_value(a.get("value", {})) for a in (rs.get("resource") or {}).get("attributes", []) if isinstance(a, dict) and "key" in a}
+        attrs = {
+            a["key"]: _otlp_value(a.get("value", {}))
+            for a in (rs.get("resource") or {}).get("attributes", [])
+            if isinstance(a, dict) and "key" in a
+        }
         svc = str(attrs.get("service.name", ""))
         for sc in rs.get("scopeSpans", rs.get("instrumentationLibrarySpans", [])) or []:
             for si, s in enumerate(sc.get("spans") or []):
@@ -205,8 +246,24 @@ def read_otlp_json(path: Path) -> list[Span]:
                     tid, sid = str(s["traceId"]), str(s["spanId"])
                 except KeyError as e:
                     raise TraceFormatError(f"{where}: missing {e.args[0]}") from None
-                sattrs = {a["key"]: _otlp_value(a.get("value", {})) for a in s.get("attributes") or [] if isinstance(a, dict) and "key" in a}
-                out.append(Span(tid, sid, s.get("parentSpanId") or None, svc, _otlp_kind(s.get("kind", 0)), str(s.get("name", "")), s_ns / 1000.0, (e_ns - s_ns) / 1000.0, sattrs))
+                sattrs = {
+                    a["key"]: _otlp_value(a.get("value", {}))
+                    for a in s.get("attributes") or []
+                    if isinstance(a, dict) and "key" in a
+                }
+                out.append(
+                    Span(
+                        tid,
+                        sid,
+                        s.get("parentSpanId") or None,
+                        svc,
+                        _otlp_kind(s.get("kind", 0)),
+                        str(s.get("name", "")),
+                        s_ns / 1000.0,
+                        (e_ns - s_ns) / 1000.0,
+                        sattrs,
+                    )
+                )
     return out
 
 
@@ -215,7 +272,9 @@ def read_otlp_proto(path: Path) -> list[Span]:
     try:
         from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
     except ImportError:
-        raise TraceFormatError("reading OTLP protobuf needs the opentelemetry-proto package: pip install opentelemetry-proto") from None
+        raise TraceFormatError(
+            "reading OTLP protobuf needs the opentelemetry-proto package: pip install opentelemetry-proto"
+        ) from None
     from google.protobuf.message import DecodeError
 
     data = TracesData()
@@ -294,7 +353,12 @@ def read_zipkin(path: Path) -> list[Span]:
     return out
 
 
-READERS = {"jaeger": read_jaeger, "otlp": read_otlp_json, "otlp-proto": read_otlp_proto, "zipkin": read_zipkin}
+READERS = {
+    "jaeger": read_jaeger,
+    "otlp": read_otlp_json,
+    "otlp-proto": read_otlp_proto,
+    "zipkin": read_zipkin,
+}
 
 
 # ---- spans → calls -----------------------------------------------------------------------
@@ -333,7 +397,9 @@ class _Call:
     resp: float
     parent: str | None
     protocol: str
-    owner: str  # span id whose descendants are inside this call (the server span, or the client span)
+    owner: (
+        str  # span id whose descendants are inside this call (the server span, or the client span)
+    )
 
 
 def spans_to_ecgs(spans: Iterable[Span], options: SpanOptions, report: ImportReport) -> list[ECG]:
@@ -372,8 +438,14 @@ def spans_to_ecgs(spans: Iterable[Span], options: SpanOptions, report: ImportRep
             seen.add(s.span_id)
             here = enclosing
             if s.kind in CLIENT_KINDS:
-                server = next((c for c in children.get(s.span_id, []) if c.kind in SERVER_KINDS), None)
-                callee_raw = server.service if server else next((str(s.attrs[k]) for k in PEER_KEYS if s.attrs.get(k)), "")
+                server = next(
+                    (c for c in children.get(s.span_id, []) if c.kind in SERVER_KINDS), None
+                )
+                callee_raw = (
+                    server.service
+                    if server
+                    else next((str(s.attrs[k]) for k in PEER_KEYS if s.attrs.get(k)), "")
+                )
                 if not callee_raw:
                     report.dropped_rows["client span without a server span or peer name"] += 1
                 else:
@@ -412,11 +484,15 @@ def spans_to_ecgs(spans: Iterable[Span], options: SpanOptions, report: ImportRep
                 )
                 if enclosing is not None:
                     # a server span under a non-client span: called by the enclosing call's callee
-                    report.notes["server span without a client span: caller taken from the enclosing call"] += 1
+                    report.notes[
+                        "server span without a client span: caller taken from the enclosing call"
+                    ] += 1
                 calls.append(c)
                 here = c.id
             call_of_span[s.span_id] = here if here is not None else ""
-            stack.extend((k, here) for k in children.get(s.span_id, []) if k.span_id not in call_of_span)
+            stack.extend(
+                (k, here) for k in children.get(s.span_id, []) if k.span_id not in call_of_span
+            )
         if not calls:
             report.dropped_graphs["no client/server span pairs (only internal spans?)"] += 1
             continue
@@ -426,7 +502,9 @@ def spans_to_ecgs(spans: Iterable[Span], options: SpanOptions, report: ImportRep
                 p = byc[c.parent]
                 if c.caller == EXTERNAL or c.caller != p.callee:
                     if c.caller != EXTERNAL:
-                        report.notes["caller differs from the enclosing call's callee: used the callee"] += 1
+                        report.notes[
+                            "caller differs from the enclosing call's callee: used the callee"
+                        ] += 1
                     c.caller = p.callee
                 # clock skew: clamp into the parent's interval
                 lo, hi = p.start, p.start + p.dur
@@ -450,7 +528,9 @@ def spans_to_ecgs(spans: Iterable[Span], options: SpanOptions, report: ImportRep
                 callee=c.callee,
                 request_bytes=c.req,
                 response_bytes=c.resp,
-                rate=options.rate if options.rate is not None else pair_counts[(c.caller, c.callee)] / window,
+                rate=options.rate
+                if options.rate is not None
+                else pair_counts[(c.caller, c.callee)] / window,
                 start_us=c.start - t0,
                 duration_us=c.dur,
                 parent=c.parent,
@@ -463,7 +543,9 @@ def spans_to_ecgs(spans: Iterable[Span], options: SpanOptions, report: ImportRep
         try:
             e = validate(tid, services, invs, source=f"trace {tid}")
         except ECGError as err:
-            report.dropped_graphs[f"invalid call graph: {err.problems[0].split(':', 1)[-1].strip()[:80]}"] += 1
+            report.dropped_graphs[
+                f"invalid call graph: {err.problems[0].split(':', 1)[-1].strip()[:80]}"
+            ] += 1
             continue
         ecgs.append(e)
         report.graphs_kept += 1
@@ -471,7 +553,9 @@ def spans_to_ecgs(spans: Iterable[Span], options: SpanOptions, report: ImportRep
     return ecgs
 
 
-def load_spans(paths: Sequence[str | os.PathLike[str]], format: str, options: SpanOptions) -> tuple[list[ECG], ImportReport]:
+def load_spans(
+    paths: Sequence[str | os.PathLike[str]], format: str, options: SpanOptions
+) -> tuple[list[ECG], ImportReport]:
     """Read span files of one format and build their ECGs (one per trace)."""
     try:
         reader = READERS[format]

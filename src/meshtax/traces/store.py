@@ -82,7 +82,9 @@ def concat_batches(batches: Sequence[EcgBatch]) -> EcgBatch:
     names: list[str] = []
     base = 0
     for b in batches:
-        smap = np.array([services.setdefault(s, len(services)) for s in b.services] + [-1], dtype=np.int64)
+        smap = np.array(
+            [services.setdefault(s, len(services)) for s in b.services] + [-1], dtype=np.int64
+        )
         pmap = np.array([specs.setdefault(s, len(specs)) for s in b.specs] + [-1], dtype=np.int64)
         cols["parent"].append(np.where(b.parent >= 0, b.parent + base, -1))
         cols["caller"].append(smap[b.caller])
@@ -95,6 +97,7 @@ def concat_batches(batches: Sequence[EcgBatch]) -> EcgBatch:
         names.extend(b.graph_names)
         base += b.n_invocations
     cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()}
+
     def i64(k: str) -> npt.NDArray[np.int64]:
         return cat[k].astype(np.int64)
 
@@ -140,10 +143,14 @@ class StoreWriter:
     """Writes batches as partitions; :meth:`close` writes the manifest (a store without a
     manifest is incomplete and refused by :func:`open_store`)."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, source: str = "", overwrite: bool = False) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], *, source: str = "", overwrite: bool = False
+    ) -> None:
         self.dir = Path(directory)
         if (self.dir / MANIFEST).exists() and not overwrite:
-            raise StoreError(f"{self.dir}: already holds a store; choose another directory or pass overwrite")
+            raise StoreError(
+                f"{self.dir}: already holds a store; choose another directory or pass overwrite"
+            )
         self.dir.mkdir(parents=True, exist_ok=True)
         if overwrite:
             for f in self.dir.glob("part-*.parquet"):
@@ -158,7 +165,10 @@ class StoreWriter:
         if batch.n_graphs == 0:
             return None
         stem = f"part-{len(self.partitions):05d}"
-        pmap = np.array([self._specs.setdefault(s, len(self._specs)) for s in batch.specs] + [-1], dtype=np.int64)
+        pmap = np.array(
+            [self._specs.setdefault(s, len(self._specs)) for s in batch.specs] + [-1],
+            dtype=np.int64,
+        )
         rows = pa.table(
             {
                 "graph": pa.array(batch.graph_of().astype(np.int32)),
@@ -183,7 +193,10 @@ class StoreWriter:
         )
         pq.write_table(rows, self.dir / f"{stem}.rows.parquet", compression="zstd")
         pq.write_table(graphs, self.dir / f"{stem}.graphs.parquet", compression="zstd")
-        pq.write_table(pa.table({"name": pa.array(batch.services, type=pa.string())}), self.dir / f"{stem}.services.parquet")
+        pq.write_table(
+            pa.table({"name": pa.array(batch.services, type=pa.string())}),
+            self.dir / f"{stem}.services.parquet",
+        )
         info = PartitionInfo(stem, batch.n_graphs, batch.n_invocations)
         self.partitions.append(info)
         return info
@@ -194,7 +207,9 @@ class StoreWriter:
             "kind": "meshtax-ecg-store",
             "source": self.source,
             "specs": [_spec_to_dict(s) for s in self._specs],
-            "partitions": [{"stem": p.stem, "graphs": p.graphs, "rows": p.rows} for p in self.partitions],
+            "partitions": [
+                {"stem": p.stem, "graphs": p.graphs, "rows": p.rows} for p in self.partitions
+            ],
             "report": dict(report or {}),
         }
         tmp = self.dir / (MANIFEST + ".tmp")
@@ -230,11 +245,16 @@ class Store:
             yield self.read(i)
 
 
-def read_partition(directory: Path, stem: str, specs: tuple[SidecarSpec, ...], *, with_names: bool = True) -> EcgBatch:
+def read_partition(
+    directory: Path, stem: str, specs: tuple[SidecarSpec, ...], *, with_names: bool = True
+) -> EcgBatch:
     """One partition as a batch; ``with_names=False`` leaves ``graph_names`` empty (faster
     when the caller reads the names column itself)."""
     rows = pq.read_table(directory / f"{stem}.rows.parquet")
-    graphs = pq.read_table(directory / f"{stem}.graphs.parquet", columns=["name", "n_rows"] if with_names else ["n_rows"])
+    graphs = pq.read_table(
+        directory / f"{stem}.graphs.parquet",
+        columns=["name", "n_rows"] if with_names else ["n_rows"],
+    )
     services = pq.read_table(directory / f"{stem}.services.parquet")
 
     def col(name: str, dtype: type) -> np.ndarray[Any, Any]:
@@ -266,7 +286,9 @@ def open_store(directory: str | os.PathLike[str]) -> Store:
     d = Path(directory)
     m = d / MANIFEST
     if not m.exists():
-        raise StoreError(f"{d}: no {MANIFEST}; not an ingested trace store (or its ingestion did not finish)")
+        raise StoreError(
+            f"{d}: no {MANIFEST}; not an ingested trace store (or its ingestion did not finish)"
+        )
     try:
         doc = json.loads(m.read_text())
     except json.JSONDecodeError as e:
@@ -274,11 +296,15 @@ def open_store(directory: str | os.PathLike[str]) -> Store:
     if doc.get("kind") != "meshtax-ecg-store":
         raise StoreError(f"{m}: not a meshtax trace store manifest")
     if int(doc.get("format", 0)) > STORE_FORMAT:
-        raise StoreError(f"{m}: store format {doc['format']} is newer than this meshtax understands ({STORE_FORMAT})")
+        raise StoreError(
+            f"{m}: store format {doc['format']} is newer than this meshtax understands ({STORE_FORMAT})"
+        )
     return Store(
         dir=d,
         specs=tuple(_spec_from_dict(s) for s in doc["specs"]),
-        partitions=tuple(PartitionInfo(p["stem"], int(p["graphs"]), int(p["rows"])) for p in doc["partitions"]),
+        partitions=tuple(
+            PartitionInfo(p["stem"], int(p["graphs"]), int(p["rows"])) for p in doc["partitions"]
+        ),
         source=str(doc.get("source", "")),
         report=dict(doc.get("report", {})),
     )

@@ -120,7 +120,11 @@ def _grow(rng: np.random.Generator, n: int) -> _Calls:
             rng.choice(len(TYPES), m, p=_INTERNAL_TYPE_P),
             rng.choice(len(TYPES), m, p=_LEAF_TYPE_P),
         )
-        svc = np.where(kind <= 1, 400 + (rng.pareto(1.2, m) * 300).astype(np.int64) % (_N_SERVICES - 400), rng.integers(0, _N_STORES, m))
+        svc = np.where(
+            kind <= 1,
+            400 + (rng.pareto(1.2, m) * 300).astype(np.int64) % (_N_SERVICES - 400),
+            rng.integers(0, _N_STORES, m),
+        )
         # sibling starts: half the parents call in parallel (starts bunched at the beginning),
         # the others spread calls over their time (sequential-looking); heavy-tailed times
         p_start, p_dur = cur.start[pidx], cur.dur[pidx]
@@ -140,7 +144,9 @@ def _grow(rng: np.random.Generator, n: int) -> _Calls:
         inner = child_inner
         spine = child_spine
         level = lvl
-    return _Calls(*(np.concatenate([getattr(p, f) for p in parts]) for f in _Calls.__dataclass_fields__))
+    return _Calls(
+        *(np.concatenate([getattr(p, f) for p in parts]) for f in _Calls.__dataclass_fields__)
+    )
 
 
 def _rpcids(c: _Calls) -> pa.Array:
@@ -155,7 +161,9 @@ def _rpcids(c: _Calls) -> pa.Array:
             piece = pa.array(np.full(hi - lo, "0", dtype=object), pa.string())
         else:
             prefix = pc.take(done, pa.array(c.parent[lo:hi]))
-            piece = pc.binary_join_element_wise(prefix, pc.cast(pa.array(c.seq[lo:hi]), pa.string()), ".")
+            piece = pc.binary_join_element_wise(
+                prefix, pc.cast(pa.array(c.seq[lo:hi]), pa.string()), "."
+            )
         pieces.append(piece)
         done = pa.concat_arrays([done, piece])
     return done
@@ -167,7 +175,9 @@ def _names(prefix: str, kind: IntArray, svc: IntArray) -> pa.Array:
     return pc.binary_join_element_wise(pa.array(kprefix, pa.string()), base, "")
 
 
-def _tables(rng: np.random.Generator, c: _Calls, version: Version, g0: int, seed: int, broken: float) -> tuple[pa.Table, int, int]:
+def _tables(
+    rng: np.random.Generator, c: _Calls, version: Version, g0: int, seed: int, broken: float
+) -> tuple[pa.Table, int, int]:
     n = c.graph.size
     rpc = _rpcids(c)
     # break some graphs: drop one non-entry inner call's lines (its children become orphans)
@@ -188,7 +198,11 @@ def _tables(rng: np.random.Generator, c: _Calls, version: Version, g0: int, seed
     svc_prefix = "MS_" if version == "alibaba-v2022" else "ms"
     dm = _names(svc_prefix, c.kind, c.svc)
     parent_safe = np.maximum(c.parent, 0)
-    um = pc.if_else(pa.array(c.parent < 0), pa.scalar("USER" if version == "alibaba-v2022" else ""), pc.take(dm, pa.array(parent_safe)))
+    um = pc.if_else(
+        pa.array(c.parent < 0),
+        pa.scalar("USER" if version == "alibaba-v2022" else ""),
+        pc.take(dm, pa.array(parent_safe)),
+    )
     gid = c.graph + g0
     ts = np.floor(c.start).astype(np.int64)
     rt = c.dur
@@ -196,22 +210,60 @@ def _tables(rng: np.random.Generator, c: _Calls, version: Version, g0: int, seed
     # rpc/http calls are also logged by the callee
     twice = (c.kind <= 1) & keep
     if version == "alibaba-v2021":
-        trace = pc.binary_join_element_wise(pa.scalar(f"0b{seed % 0xFFFF:04x}"), pc.cast(pa.array(gid), pa.string()), "")
+        trace = pc.binary_join_element_wise(
+            pa.scalar(f"0b{seed % 0xFFFF:04x}"), pc.cast(pa.array(gid), pa.string()), ""
+        )
         caller_rt = rt.astype(np.int64)
         callee_rt = -np.maximum(rt - rng.integers(0, 2, n), 0).astype(np.int64)
-        iface = pc.binary_join_element_wise(pa.scalar("if"), pc.cast(pa.array(c.svc % 97), pa.string()), "")
-        a = pa.table({"traceid": trace, "timestamp": ts, "rpcid": rpc, "um": um, "rpctype": kind_s, "dm": dm, "interface": iface, "rt": caller_rt})
-        b = pa.table({"traceid": trace, "timestamp": ts, "rpcid": rpc, "um": um, "rpctype": kind_s, "dm": dm, "interface": iface, "rt": callee_rt})
+        iface = pc.binary_join_element_wise(
+            pa.scalar("if"), pc.cast(pa.array(c.svc % 97), pa.string()), ""
+        )
+        a = pa.table(
+            {
+                "traceid": trace,
+                "timestamp": ts,
+                "rpcid": rpc,
+                "um": um,
+                "rpctype": kind_s,
+                "dm": dm,
+                "interface": iface,
+                "rt": caller_rt,
+            }
+        )
+        b = pa.table(
+            {
+                "traceid": trace,
+                "timestamp": ts,
+                "rpcid": rpc,
+                "um": um,
+                "rpctype": kind_s,
+                "dm": dm,
+                "interface": iface,
+                "rt": callee_rt,
+            }
+        )
         # the callee often does not know its caller
-        b = b.set_column(3, "um", pc.if_else(pa.array(rng.random(n) < 0.3), pa.scalar("(?)"), b.column("um")))
+        b = b.set_column(
+            3, "um", pc.if_else(pa.array(rng.random(n) < 0.3), pa.scalar("(?)"), b.column("um"))
+        )
     else:
-        trace = pc.binary_join_element_wise(pa.scalar("T_"), pc.cast(pa.array(gid), pa.string()), "")
+        trace = pc.binary_join_element_wise(
+            pa.scalar("T_"), pc.cast(pa.array(gid), pa.string()), ""
+        )
         root_svc = c.svc[c.graph]  # row g of level 0 is the entry call of graph g
-        service = pc.binary_join_element_wise(pa.scalar("S_"), pc.cast(pa.array(root_svc), pa.string()), "")
-        pod_u = pc.binary_join_element_wise(um, pc.cast(pa.array(rng.integers(0, 50, n)), pa.string()), "_POD_")
+        service = pc.binary_join_element_wise(
+            pa.scalar("S_"), pc.cast(pa.array(root_svc), pa.string()), ""
+        )
+        pod_u = pc.binary_join_element_wise(
+            um, pc.cast(pa.array(rng.integers(0, 50, n)), pa.string()), "_POD_"
+        )
         pod_u = pc.if_else(pa.array(c.parent < 0), pa.scalar("USER"), pod_u)
-        pod_d = pc.binary_join_element_wise(dm, pc.cast(pa.array(rng.integers(0, 50, n)), pa.string()), "_POD_")
-        iface = pc.binary_join_element_wise(pa.scalar("if"), pc.cast(pa.array(c.svc % 97), pa.string()), "")
+        pod_d = pc.binary_join_element_wise(
+            dm, pc.cast(pa.array(rng.integers(0, 50, n)), pa.string()), "_POD_"
+        )
+        iface = pc.binary_join_element_wise(
+            pa.scalar("if"), pc.cast(pa.array(c.svc % 97), pa.string()), ""
+        )
         cols = {
             "timestamp": ts,
             "traceid": trace,
@@ -227,8 +279,12 @@ def _tables(rng: np.random.Generator, c: _Calls, version: Version, g0: int, seed
         }
         a = pa.table(cols)
         b = a.set_column(5, "um", pa.array(np.full(n, "UNKNOWN", dtype=object), pa.string()))
-        b = b.set_column(6, "uminstanceid", pa.array(np.full(n, "UNAVAILABLE", dtype=object), pa.string()))
-        b = b.set_column(10, "rt", pa.array(np.maximum(rt - rng.integers(0, 2, n), 0).astype(np.float64)))
+        b = b.set_column(
+            6, "uminstanceid", pa.array(np.full(n, "UNAVAILABLE", dtype=object), pa.string())
+        )
+        b = b.set_column(
+            10, "rt", pa.array(np.maximum(rt - rng.integers(0, 2, n), 0).astype(np.float64))
+        )
         # exact duplicate lines, as in the release
         twice_b = twice
         dup = (rng.random(n) < 0.05) & keep
@@ -283,19 +339,42 @@ def generate(
             calls += nc
             broken += nb
             if version == "alibaba-v2021":
-                t = pa.table({"": pa.array(np.arange(index, index + t.num_rows)), **{k: t.column(k) for k in t.column_names}})
+                t = pa.table(
+                    {
+                        "": pa.array(np.arange(index, index + t.num_rows)),
+                        **{k: t.column(k) for k in t.column_names},
+                    }
+                )
                 index += t.num_rows
             rows += t.num_rows
             if writer is None:
                 sink.write((",".join(t.column_names) + "\n").encode())  # unquoted, like the release
-                writer = pcsv.CSVWriter(sink, t.schema, write_options=pcsv.WriteOptions(include_header=False, quoting_style="none"))
+                writer = pcsv.CSVWriter(
+                    sink,
+                    t.schema,
+                    write_options=pcsv.WriteOptions(include_header=False, quoting_style="none"),
+                )
             writer.write_table(t)
             if progress is not None:
                 progress(g0 + n, n_graphs)
         if writer is None:
-            cols = ["", "traceid", "timestamp", "rpcid", "um", "rpctype", "dm", "interface", "rt"] if version == "alibaba-v2021" else [
-                "timestamp", "traceid", "service", "rpc_id", "rpctype", "um", "uminstanceid", "interface", "dm", "dminstanceid", "rt"
-            ]
+            cols = (
+                ["", "traceid", "timestamp", "rpcid", "um", "rpctype", "dm", "interface", "rt"]
+                if version == "alibaba-v2021"
+                else [
+                    "timestamp",
+                    "traceid",
+                    "service",
+                    "rpc_id",
+                    "rpctype",
+                    "um",
+                    "uminstanceid",
+                    "interface",
+                    "dm",
+                    "dminstanceid",
+                    "rt",
+                ]
+            )
             sink.write((",".join(cols) + "\n").encode())
     finally:
         if writer is not None:

@@ -132,7 +132,9 @@ class Topology:
         try:
             return self.queries[name]
         except KeyError:
-            raise AppError(f"topology {self.name} has no query {name!r} (has: {', '.join(self.queries)})") from None
+            raise AppError(
+                f"topology {self.name} has no query {name!r} (has: {', '.join(self.queries)})"
+            ) from None
 
     def reachable(self, query: Query) -> tuple[str, ...]:
         """Services one request of ``query`` touches, in first-call (depth-first) order."""
@@ -155,7 +157,9 @@ class Topology:
         def walk(svc: str, ep: str) -> None:
             for stage in self.services[svc].endpoints[ep].stages:
                 for c in stage:
-                    out.append((svc, ep, c, self.services[c.service].endpoints[c.endpoint].response_bytes))
+                    out.append(
+                        (svc, ep, c, self.services[c.service].endpoints[c.endpoint].response_bytes)
+                    )
                     walk(c.service, c.endpoint)
 
         walk(query.service, query.endpoint)
@@ -174,7 +178,9 @@ def _path_of(name_or_path: str | os.PathLike[str]) -> Path:
     cand = TOPOLOGY_DIR / f"{name_or_path}.yaml"
     if cand.is_file():
         return cand
-    raise AppError(f"no topology {str(name_or_path)!r}: not a file, not one of {', '.join(bundled_topologies())}")
+    raise AppError(
+        f"no topology {str(name_or_path)!r}: not a file, not one of {', '.join(bundled_topologies())}"
+    )
 
 
 def _int(v: Any, where: str) -> int:
@@ -215,8 +221,13 @@ def load_topology(name_or_path: str | os.PathLike[str]) -> Topology:
                     target = str(c.get("call", ""))
                     svc, dot, ep = target.partition(".")
                     if not dot:
-                        raise AppError(f"{where}.stages[{si}][{ci}]: {target!r} is not <service>.<endpoint>")
-                    rb = _int(c.get("request_bytes", d.get("request_bytes", 0)), f"{where}.stages[{si}][{ci}].request_bytes")
+                        raise AppError(
+                            f"{where}.stages[{si}][{ci}]: {target!r} is not <service>.<endpoint>"
+                        )
+                    rb = _int(
+                        c.get("request_bytes", d.get("request_bytes", 0)),
+                        f"{where}.stages[{si}][{ci}].request_bytes",
+                    )
                     out.append(Call(svc, ep, rb))
                 stages.append(tuple(out))
             mode = edoc.get("compute", d.get("compute", "spin"))
@@ -226,7 +237,10 @@ def load_topology(name_or_path: str | os.PathLike[str]) -> Topology:
                 name=ename,
                 compute_us=float(edoc.get("compute_us", d.get("compute_us", 0.0))),
                 compute=mode,
-                response_bytes=_int(edoc.get("response_bytes", d.get("response_bytes", 0)), f"{where}.response_bytes"),
+                response_bytes=_int(
+                    edoc.get("response_bytes", d.get("response_bytes", 0)),
+                    f"{where}.response_bytes",
+                ),
                 stages=tuple(stages),
             )
         services[sname] = Service(sname, proto, str(sdoc.get("role", "")), eps)
@@ -234,12 +248,20 @@ def load_topology(name_or_path: str | os.PathLike[str]) -> Topology:
         for endpoint in s.endpoints.values():
             for st in endpoint.stages:
                 for c in st:
-                    if c.endpoint not in (services.get(c.service) or Service("", "http", "", {})).endpoints:
-                        raise AppError(f"{path}: {s.name}.{endpoint.name} calls unknown {c.service}.{c.endpoint}")
+                    if (
+                        c.endpoint
+                        not in (services.get(c.service) or Service("", "http", "", {})).endpoints
+                    ):
+                        raise AppError(
+                            f"{path}: {s.name}.{endpoint.name} calls unknown {c.service}.{c.endpoint}"
+                        )
     queries: dict[str, Query] = {}
     for qname, q in (doc.get("queries") or {}).items():
         query = Query(qname, str(q.get("service")), str(q.get("endpoint")))
-        if query.endpoint not in (services.get(query.service) or Service("", "http", "", {})).endpoints:
+        if (
+            query.endpoint
+            not in (services.get(query.service) or Service("", "http", "", {})).endpoints
+        ):
             raise AppError(f"{path}: queries.{qname}: no endpoint {query.service}.{query.endpoint}")
         queries[qname] = query
     return Topology(str(doc.get("name", path.stem)), path, services, queries)
@@ -384,21 +406,33 @@ def plan(
         ready = workdir / f"{s}.ready"
         argv = [
             str(binary),
-            "--topology", str(topology.path.resolve()),
-            "--service", s,
-            "--listen", f"{lh}:{p}",
-            "--protocol", proto(s),
-            "--ping-endpoint", q.endpoint if s == q.service else next(iter(topology.services[s].endpoints)),
-            "--sample", str(sample),
-            "--trace-file", str(trace_file) if sample > 0 else "",
-            "--trace-batch-timeout", f"{trace_batch_timeout_s:g}s",
-            "--ready-file", str(ready),
-            "--procs", str(procs),
-        ]  # fmt: skip
+            "--topology",
+            str(topology.path.resolve()),
+            "--service",
+            s,
+            "--listen",
+            f"{lh}:{p}",
+            "--protocol",
+            proto(s),
+            "--ping-endpoint",
+            q.endpoint if s == q.service else next(iter(topology.services[s].endpoints)),
+            "--sample",
+            str(sample),
+            "--trace-file",
+            str(trace_file) if sample > 0 else "",
+            "--trace-batch-timeout",
+            f"{trace_batch_timeout_s:g}s",
+            "--ready-file",
+            str(ready),
+            "--procs",
+            str(procs),
+        ]
         for callee in sorted(callees[s]):
             ch, cp = where[callee]
             argv += ["--peer", f"{callee}={proto(callee)}://{ch}:{cp}"]
-        launches.append(ServiceLaunch(s, h, p, proto(s), tuple(argv), trace_file, ready, workdir / f"{s}.log"))
+        launches.append(
+            ServiceLaunch(s, h, p, proto(s), tuple(argv), trace_file, ready, workdir / f"{s}.log")
+        )
     return Deployment(topology, q, tuple(launches), sample)
 
 
@@ -450,7 +484,13 @@ def testbed_spawner(
 
     def spawn(launch: ServiceLaunch, log: int) -> Process:
         c = cpus.get(launch.service) if isinstance(cpus, Mapping) else cpus
-        return testbed.spawn(pods[launch.service], launch.argv, place=Placement(cpus=c, uid=uid), stdout=log, stderr=log)
+        return testbed.spawn(
+            pods[launch.service],
+            launch.argv,
+            place=Placement(cpus=c, uid=uid),
+            stdout=log,
+            stderr=log,
+        )
 
     return spawn
 
@@ -475,7 +515,10 @@ class RunningApp:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 
@@ -510,8 +553,10 @@ def start(
                 os.close(fd)  # the child has its own copy
         for s in reversed(deployment.services):
             p = app.processes[s.service]
-            if not wait_until(lambda: ready(s) or p.poll() is not None, timeout):
-                raise AppError(f"{s.service} not listening on {s.address} after {timeout:g}s: {_tail(s.log_file)}")
+            if not wait_until(lambda s=s, p=p: ready(s) or p.poll() is not None, timeout):
+                raise AppError(
+                    f"{s.service} not listening on {s.address} after {timeout:g}s: {_tail(s.log_file)}"
+                )
             if p.poll() is not None:
                 raise AppError(f"{s.service} exited {p.poll()}: {_tail(s.log_file)}")
     except BaseException:
@@ -535,7 +580,9 @@ def merge_traces(paths: Iterable[Path]) -> dict[str, Any]:
             try:
                 doc = json.loads(line)
             except json.JSONDecodeError as e:
-                raise AppError(f"{path}:{i + 1}: not JSON ({e.msg}); truncated by a kill?") from None
+                raise AppError(
+                    f"{path}:{i + 1}: not JSON ({e.msg}); truncated by a kill?"
+                ) from None
             merged.extend(doc.get("resourceSpans") or [])
     return {"resourceSpans": merged}
 
@@ -544,4 +591,3 @@ def write_merged_traces(paths: Iterable[Path], out: Path) -> Path:
     """:func:`merge_traces` into ``out`` (readable by ``meshtax.traces``' OTLP importer)."""
     out.write_text(json.dumps(merge_traces(paths)))
     return out
-

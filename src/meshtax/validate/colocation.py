@@ -57,9 +57,13 @@ def fit_alpha(measured: Sequence[float], predicted: FloatArray, grid: FloatArray
     ln(measured/predicted) − the same for chain 0."""
     m = np.asarray(measured, dtype=np.float64)
     if m.ndim != 1 or predicted.shape != (len(grid), len(m)) or len(m) < 2:
-        raise CalibrationError(f"need predictions of ≥ 2 chains on the grid; got {predicted.shape} for {m.shape}")
+        raise CalibrationError(
+            f"need predictions of ≥ 2 chains on the grid; got {predicted.shape} for {m.shape}"
+        )
     if not np.isfinite(m).all() or (m <= 0).any() or (predicted <= 0).any():
-        raise CalibrationError(f"a chain's overhead is not positive (measured {m.round(1).tolist()}): nothing to fit")
+        raise CalibrationError(
+            f"a chain's overhead is not positive (measured {m.round(1).tolist()}): nothing to fit"
+        )
     e = np.log(m)[None, :] - np.log(predicted)
     d = e[:, 1:] - e[:, :1]
     return float(grid[int(np.argmin((d**2).sum(axis=1)))])
@@ -90,13 +94,26 @@ def colocation_of(
         mb = [float(np.median(rng.choice(s, size=len(s)))) for s in samples]
         if min(mb) > 0:
             boots.append(fit_alpha(mb, predicted))
-    lo, hi = (float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))) if boots else (alpha, alpha)
+    lo, hi = (
+        (float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5)))
+        if boots
+        else (alpha, alpha)
+    )
     k = int(np.argmin(np.abs(GRID - alpha)))
     points = tuple(
-        ColocationPoint(len(c.sidecar_modes), measured[j], float(cpu[j].lo), float(cpu[j].hi), float(predicted[k, j])) for j, c in enumerate(cases)
+        ColocationPoint(
+            len(c.sidecar_modes),
+            measured[j],
+            float(cpu[j].lo),
+            float(cpu[j].hi),
+            float(predicted[k, j]),
+        )
+        for j, c in enumerate(cases)
     )
-    note = (f"chains of {', '.join(str(p.services) for p in points)} services, {mode.value} mode, {rate:g} requests/s, "
-            f"{min(len(s) for s in samples)}–{max(len(s) for s in samples)} paired runs each; {len(boots)} bootstrap fits")  # fmt: skip
+    note = (
+        f"chains of {', '.join(str(p.services) for p in points)} services, {mode.value} mode, {rate:g} requests/s, "
+        f"{min(len(s) for s in samples)}–{max(len(s) for s in samples)} paired runs each; {len(boots)} bootstrap fits"
+    )
     return Colocation(alpha, lo, hi, mode.value, rate, points, note)
 
 
@@ -120,11 +137,25 @@ def calibrate(
     from meshtax.validate.run import ValidateOptions, pinning_of, run_validation, write_report
 
     if len(chains) < 2:
-        raise CalibrationError("the calibration needs at least two chains (the first is the reference)")
-    traces = Path(keep_dir) / "traces" if keep_dir is not None else Path(tempfile.mkdtemp(prefix="meshtax-calibrate-"))
+        raise CalibrationError(
+            "the calibration needs at least two chains (the first is the reference)"
+        )
+    traces = (
+        Path(keep_dir) / "traces"
+        if keep_dir is not None
+        else Path(tempfile.mkdtemp(prefix="meshtax-calibrate-"))
+    )
     try:
-        opts = ValidateOptions("chain", queries=tuple(chains), modes=(mode,), rate=rate, duration_s=duration_s,
-                               profile_name=profile_name, quick=quick, traces_dir=str(traces))  # fmt: skip
+        opts = ValidateOptions(
+            "chain",
+            queries=tuple(chains),
+            modes=(mode,),
+            rate=rate,
+            duration_s=duration_s,
+            profile_name=profile_name,
+            quick=quick,
+            traces_dir=str(traces),
+        )
         res = run_validation(opts, system, store, progress)
         if keep_dir is not None:
             write_report(res.to_document(), Path(keep_dir) / "chains.json")
@@ -134,7 +165,9 @@ def calibrate(
             f = traces / f"{c.topology}-{c.query}-{c.mode}.json"
             if c.error is None and f.exists():
                 sc = {s: SidecarConfig(Mode(m)) for s, m in c.sidecar_modes.items()}
-                batches[c.query] = load_traces(f, "otlp", SpanOptions(rate=c.rate, sidecars=sc)).batch
+                batches[c.query] = load_traces(
+                    f, "otlp", SpanOptions(rate=c.rate, sidecars=sc)
+                ).batch
     finally:
         if keep_dir is None:
             shutil.rmtree(traces, ignore_errors=True)

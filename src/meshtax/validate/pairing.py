@@ -51,7 +51,9 @@ def measure_pairs(
     longest = 0.0
     while True:
         start = clock()
-        order: tuple[Side, Side] = ("no_mesh", "mesh") if len(pairs) % 2 == 0 else ("mesh", "no_mesh")
+        order: tuple[Side, Side] = (
+            ("no_mesh", "mesh") if len(pairs) % 2 == 0 else ("mesh", "no_mesh")
+        )
         got = {side: run(side) for side in order}
         pairs.append((got["no_mesh"], got["mesh"]))
         end = clock()
@@ -61,5 +63,9 @@ def measure_pairs(
             return pairs, "narrow"
         if n >= policy.max_pairs:
             return pairs, "max_pairs"
-        if n >= policy.min_pairs and policy.budget_s is not None and (end - t0) + longest > policy.budget_s:
+        if (
+            n >= policy.min_pairs
+            and policy.budget_s is not None
+            and (end - t0) + longest > policy.budget_s
+        ):
             return pairs, "budget"

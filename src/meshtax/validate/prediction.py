@@ -40,7 +40,10 @@ def summarize(bp: BatchPrediction, rate: float, warnings: tuple[str, ...] = ()) 
 
     # cpu_vcpu is CPU-seconds per second at the graph's rate: back to CPU-µs per request
     per_req = bp.cpu_vcpu / rate * 1e6
-    comp = {c.key: float(bp.cpu_by_component[:, k].mean() / rate * 1e6) for k, c in enumerate(bp.components)}
+    comp = {
+        c.key: float(bp.cpu_by_component[:, k].mean() / rate * 1e6)
+        for k, c in enumerate(bp.components)
+    }
     return Predicted(
         p50_us=pct_gap(50.0),
         p90_us=pct_gap(90.0),
@@ -66,7 +69,9 @@ def predict_traces(
     (``pod_cpus``: the CPUs the pods share, see :func:`~meshtax.predict.engine.predict_batch`)."""
     if rate <= 0 or math.isnan(rate):
         raise ValueError("rate must be positive")
-    opts = SpanOptions(rate=rate, sidecars=dict(sidecars), default_sidecar=default_sidecar or SidecarConfig())
+    opts = SpanOptions(
+        rate=rate, sidecars=dict(sidecars), default_sidecar=default_sidecar or SidecarConfig()
+    )
     res = load_traces(trace_file, "otlp", opts)
     if res.batch.n_graphs == 0:
         raise ValueError(f"{trace_file}: no usable call graph:\n{res.report.summary()}")
@@ -75,11 +80,18 @@ def predict_traces(
 
 
 def one_hop(
-    profile: Profile, sidecar: SidecarConfig, size_bytes: int, rate: float, base_us: float = 100.0, pod_cpus: int | None = None
+    profile: Profile,
+    sidecar: SidecarConfig,
+    size_bytes: int,
+    rate: float,
+    base_us: float = 100.0,
+    pod_cpus: int | None = None,
 ) -> Predicted:
     """A client outside the mesh calling one service with ``sidecar``: request and response
     of ``size_bytes`` (the sweeps' echo)."""
-    inv = Invocation("0", EXTERNAL, "echo", float(size_bytes), float(size_bytes), rate, 0.0, base_us)
+    inv = Invocation(
+        "0", EXTERNAL, "echo", float(size_bytes), float(size_bytes), rate, 0.0, base_us
+    )
     ecg = validate("one-hop", {"echo": Service("echo", sidecar)}, [inv])
     bp = predict_batch(to_batch([ecg]), single_profile(profile), pod_cpus=pod_cpus)
     return summarize(bp, rate)

@@ -68,9 +68,15 @@ class RunSample:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunSample:
         return cls(
-            float(d["p50_us"]), float(d["p90_us"]), float(d["mean_us"]), int(d["count"]), float(d["actual_qps"]),
-            float(d["duration_s"]), {str(k): int(v) for k, v in d.get("cpu_ns", {}).items()}, int(d.get("sidecar_cpu_ns", 0)),
-        )  # fmt: skip
+            float(d["p50_us"]),
+            float(d["p90_us"]),
+            float(d["mean_us"]),
+            int(d["count"]),
+            float(d["actual_qps"]),
+            float(d["duration_s"]),
+            {str(k): int(v) for k, v in d.get("cpu_ns", {}).items()},
+            int(d.get("sidecar_cpu_ns", 0)),
+        )
 
 
 def cpu_differences(pairs: Sequence[tuple[RunSample, RunSample]]) -> list[float]:
@@ -205,16 +211,22 @@ class CaseResult:
         m = c.measured
         out = []
         if m.median > 0 and (m.hi - m.lo) / 2 > WIDE_INTERVAL * m.median:
-            out.append(f"the measurement is uncertain: its 95 % interval [{m.lo:.0f}, {m.hi:.0f}] is ±{(m.hi - m.lo) / 2 / m.median:.0%} of the median")
+            out.append(
+                f"the measurement is uncertain: its 95 % interval [{m.lo:.0f}, {m.hi:.0f}] is ±{(m.hi - m.lo) / 2 / m.median:.0%} of the median"
+            )
         if c.within_interval:
             out.append("the prediction lies inside the measured 95 % interval")
         if self.pod_load >= BUSY_LOAD:
-            out.append(f"the pods keep their shared CPU busy ({self.pod_load:.2f} CPU-s/s): co-located working sets and queueing, "
-                       "which one-hop models do not see")  # fmt: skip
+            out.append(
+                f"the pods keep their shared CPU busy ({self.pod_load:.2f} CPU-s/s): co-located working sets and queueing, "
+                "which one-hop models do not see"
+            )
         if metric != "cpu":
             e, cpu = c.error, k["cpu"].error
             if e * cpu > 0 and abs(cpu) >= abs(e) / 2:
-                out.append(f"it follows the CPU error ({cpu:+.0%}): on shared CPUs a request's latency overhead is its CPU work")
+                out.append(
+                    f"it follows the CPU error ({cpu:+.0%}): on shared CPUs a request's latency overhead is its CPU work"
+                )
         return out
 
     def per_service_cpu_us(self) -> dict[str, float]:
@@ -224,13 +236,23 @@ class CaseResult:
         names = sorted({s for _, m in self.pairs for s in m.cpu_ns})
         out: dict[str, float] = {}
         for s in names:
-            d = [m.cpu_ns.get(s, 0) * 1e-3 / m.count - b.cpu_ns.get(s, 0) * 1e-3 / b.count for b, m in self.pairs if b.count and m.count]
+            d = [
+                m.cpu_ns.get(s, 0) * 1e-3 / m.count - b.cpu_ns.get(s, 0) * 1e-3 / b.count
+                for b, m in self.pairs
+                if b.count and m.count
+            ]
             out[s] = statistics.median(d) if d else math.nan
         return out
 
     def to_case(self) -> dict[str, Any]:
         """The case as the report reads it: latency in µs, CPU in vCPU at the case's rate."""
-        doc: dict[str, Any] = {"name": self.name, "mode": self.mode, "rate": self.rate, "sidecar_modes": dict(self.sidecar_modes), "wall_s": self.wall_s}
+        doc: dict[str, Any] = {
+            "name": self.name,
+            "mode": self.mode,
+            "rate": self.rate,
+            "sidecar_modes": dict(self.sidecar_modes),
+            "wall_s": self.wall_s,
+        }
         if self.error is not None:
             doc["error_message"] = self.error
             return doc
@@ -246,7 +268,9 @@ class CaseResult:
             "cpu_us_per_request": statistics.median(b.cpu_us_per_request for b in base),
         }
         doc["cpu_by_service_us_per_request"] = self.per_service_cpu_us()
-        doc["sidecar_cpu_us_per_request"] = statistics.median(m.sidecar_cpu_ns * 1e-3 / m.count for _, m in self.pairs if m.count)
+        doc["sidecar_cpu_us_per_request"] = statistics.median(
+            m.sidecar_cpu_ns * 1e-3 / m.count for _, m in self.pairs if m.count
+        )
         assert self.predicted is not None
         doc["prediction"] = self.predicted.to_dict()
         doc["runs"] = [{"no_mesh": b.to_dict(), "mesh": m.to_dict()} for b, m in self.pairs]
@@ -257,9 +281,21 @@ class CaseResult:
         """The measured side of a case document (:meth:`to_case`), without its prediction: to
         predict the same runs again (another profile or model)."""
         topology, query = str(doc["name"]).split("/", 1)
-        pairs = tuple((RunSample.from_dict(r["no_mesh"]), RunSample.from_dict(r["mesh"])) for r in doc.get("runs", ()))
-        return cls(topology, query, str(doc["mode"]), float(doc["rate"]), pairs, None, dict(doc.get("sidecar_modes", {})),
-                   doc.get("error_message"), float(doc.get("wall_s", 0.0)))  # fmt: skip
+        pairs = tuple(
+            (RunSample.from_dict(r["no_mesh"]), RunSample.from_dict(r["mesh"]))
+            for r in doc.get("runs", ())
+        )
+        return cls(
+            topology,
+            query,
+            str(doc["mode"]),
+            float(doc["rate"]),
+            pairs,
+            None,
+            dict(doc.get("sidecar_modes", {})),
+            doc.get("error_message"),
+            float(doc.get("wall_s", 0.0)),
+        )
 
 
 #: edges (CPU-s/s of all pods with the mesh) of the load bands the CPU error is reported in
@@ -292,7 +328,10 @@ class ValidationResult:
 
     def summary(self) -> dict[str, Any]:
         """Median absolute error per metric, the worst case, and cases beyond 30 %."""
-        out: dict[str, Any] = {"cases": len(self.cases), "failed": sum(c.error is not None for c in self.cases)}
+        out: dict[str, Any] = {
+            "cases": len(self.cases),
+            "failed": sum(c.error is not None for c in self.cases),
+        }
         for metric in ("latency", "p90", "mean", "cpu"):
             errs = self.errors(metric)
             ok = [c for c in self.cases if c.comparisons]
@@ -300,8 +339,15 @@ class ValidationResult:
             out[metric] = {
                 "median_abs_error": _median_abs(errs),
                 "mean_error": statistics.fmean(errs) if errs else math.nan,  # sign: the bias
-                "worst": None if worst is None else {"case": f"{worst.name} ({worst.mode})", "error": worst.comparisons[metric].error},
-                "beyond_30pct": [f"{c.name} ({c.mode})" for c in ok if abs(c.comparisons[metric].error) > 0.30],
+                "worst": None
+                if worst is None
+                else {
+                    "case": f"{worst.name} ({worst.mode})",
+                    "error": worst.comparisons[metric].error,
+                },
+                "beyond_30pct": [
+                    f"{c.name} ({c.mode})" for c in ok if abs(c.comparisons[metric].error) > 0.30
+                ],
             }
         out["cpu_by_load"] = self.cpu_by_load()
         out["beyond_30pct_factors"] = {
@@ -323,8 +369,15 @@ class ValidationResult:
         for lo, hi in zip(bounds, bounds[1:]):
             errs = [c.comparisons["cpu"].error for c in ok if lo <= c.pod_load < hi]
             if errs:
-                out.append({"load_lo": lo, "load_hi": hi, "cases": len(errs), "median_abs_error": _median_abs(errs),
-                            "mean_error": statistics.fmean(errs)})  # fmt: skip
+                out.append(
+                    {
+                        "load_lo": lo,
+                        "load_hi": hi,
+                        "cases": len(errs),
+                        "median_abs_error": _median_abs(errs),
+                        "mean_error": statistics.fmean(errs),
+                    }
+                )
         return out
 
     def to_document(self) -> dict[str, Any]:
@@ -365,12 +418,20 @@ class ValidationResult:
             f"Median absolute error: latency p50 {s['latency']['median_abs_error']:.1%}, p90 {s['p90']['median_abs_error']:.1%}, "
             f"CPU {s['cpu']['median_abs_error']:.1%}; mean signed error (bias): latency {s['latency']['mean_error']:+.1%}, CPU {s['cpu']['mean_error']:+.1%}."
         )
-        bands = [f"{b['load_lo']:g}–{b['load_hi']:g}: {b['mean_error']:+.0%} ({b['cases']})" if math.isfinite(b["load_hi"])
-                 else f"≥ {b['load_lo']:g}: {b['mean_error']:+.0%} ({b['cases']})" for b in s["cpu_by_load"]]  # fmt: skip
+        bands = [
+            f"{b['load_lo']:g}–{b['load_hi']:g}: {b['mean_error']:+.0%} ({b['cases']})"
+            if math.isfinite(b["load_hi"])
+            else f"≥ {b['load_lo']:g}: {b['mean_error']:+.0%} ({b['cases']})"
+            for b in s["cpu_by_load"]
+        ]
         if bands:
-            rows.append(f"CPU bias by the pods' CPU load (CPU-s/s with the mesh; cases): {'; '.join(bands)}.")
+            rows.append(
+                f"CPU bias by the pods' CPU load (CPU-s/s with the mesh; cases): {'; '.join(bands)}."
+            )
         far = s["beyond_30pct_factors"]
         if far:
             rows += ["", "Beyond 30 %, and what the data say about it:"]
-            rows += [f"- {key}: {'; '.join(why) if why else 'unexplained'}" for key, why in far.items()]
+            rows += [
+                f"- {key}: {'; '.join(why) if why else 'unexplained'}" for key, why in far.items()
+            ]
         return "\n".join(rows)

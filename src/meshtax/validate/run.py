@@ -135,11 +135,17 @@ class ValidateOptions:
 
 def app_protocol(mode: Mode) -> appctl.Protocol | None:
     """The protocol every service speaks in ``mode`` (None: the topology's own)."""
-    table: dict[Mode, appctl.Protocol | None] = {Mode.TCP: None, Mode.HTTP: "http", Mode.GRPC: "grpc"}
+    table: dict[Mode, appctl.Protocol | None] = {
+        Mode.TCP: None,
+        Mode.HTTP: "http",
+        Mode.GRPC: "grpc",
+    }
     return table[mode]
 
 
-def sidecar_modes(topology: appctl.Topology, services: Sequence[str], mode: Mode) -> dict[str, Mode]:
+def sidecar_modes(
+    topology: appctl.Topology, services: Sequence[str], mode: Mode
+) -> dict[str, Mode]:
     """Each service's sidecar mode: ``mode``, but tcp for ``role: db`` services."""
     return {s: Mode.TCP if topology.services[s].role == "db" else mode for s in services}
 
@@ -147,7 +153,12 @@ def sidecar_modes(topology: appctl.Topology, services: Sequence[str], mode: Mode
 def machine() -> dict[str, Any]:
     """Where the numbers come from (with the load average, as the machine is shared)."""
     h = this_host()
-    return {"host": h.describe(), "cpus": os.cpu_count(), "kernel": platform.release(), "loadavg": os.getloadavg()}
+    return {
+        "host": h.describe(),
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "loadavg": os.getloadavg(),
+    }
 
 
 def _pod_pids(system: System, pod: Pod) -> list[int]:
@@ -180,15 +191,24 @@ class _Side:
         return {e.process.pid for e in self.envoys.values() if e.process is not None}
 
 
-def _run_once(side: _Side, load: Callable[[str, Mode], LoadResult], mode: Mode, cpu: Callable[[Sequence[int]], dict[int, int]]) -> RunSample:
+def _run_once(
+    side: _Side,
+    load: Callable[[str, Mode], LoadResult],
+    mode: Mode,
+    cpu: Callable[[Sequence[int]], dict[int, int]],
+) -> RunSample:
     every = [p for ps in side.pids.values() for p in ps]
     before = cpu(every)
     r = load(side.deployment.entry_target, mode)
     after = cpu(every)
-    per_service = {s: sum(after.get(p, 0) - before.get(p, 0) for p in ps) for s, ps in side.pids.items()}
+    per_service = {
+        s: sum(after.get(p, 0) - before.get(p, 0) for p in ps) for s, ps in side.pids.items()
+    }
     sc = side.sidecar_pids()
     sidecar_ns = sum(after.get(p, 0) - before.get(p, 0) for p in sc)
-    return RunSample(r.p50_us, r.p90_us, r.avg_us, r.count, r.actual_qps, r.duration_s, per_service, sidecar_ns)
+    return RunSample(
+        r.p50_us, r.p90_us, r.avg_us, r.count, r.actual_qps, r.duration_s, per_service, sidecar_ns
+    )
 
 
 def run_case(
@@ -215,35 +235,71 @@ def run_case(
     envoy_bin = envoy_binary()
     work = workdir / f"{topology.name}-{q.name}-{mode.value}"
     work.mkdir(parents=True, exist_ok=True)
-    result = CaseResult(topology.name, q.name, mode.value, options.rate, sidecar_modes={s: m.value for s, m in modes.items()})
+    result = CaseResult(
+        topology.name,
+        q.name,
+        mode.value,
+        options.rate,
+        sidecar_modes={s: m.value for s, m in modes.items()},
+    )
     try:
         with Testbed(system, lock_timeout=options.lock_timeout_s) as tb:
             client = tb.add_pod("client")
             sides: dict[str, _Side] = {}
             for tag, sname in (("b", "no_mesh"), ("m", "mesh")):
                 pods = {s: tb.add_pod(f"{tag}{i}") for i, s in enumerate(names)}
-                d = appctl.plan(topology, q.name, workdir=work / sname, hosts={s: p.ip for s, p in pods.items()}, ports=APP_PORT,
-                                binary=meshapp, sample=options.sample, entry_protocol=proto, backend_protocol=proto)  # fmt: skip
+                d = appctl.plan(
+                    topology,
+                    q.name,
+                    workdir=work / sname,
+                    hosts={s: p.ip for s, p in pods.items()},
+                    ports=APP_PORT,
+                    binary=meshapp,
+                    sample=options.sample,
+                    entry_protocol=proto,
+                    backend_protocol=proto,
+                )
                 sides[sname] = _Side(sname, pods, d)
             mesh = sides["mesh"]
             for s, pod in mesh.pods.items():
                 tb.mesh(pod, proxy_uid=PROXY_UID)
-                cfg = EnvoyConfig(mode=modes[s], inbound_upstream=("127.0.0.1", APP_PORT), circuit_breaker_max=2**32 - 1)
-                env = EnvoyProcess(system, cfg, work / "mesh" / f"envoy-{s}", place=pod.place(cpus=pinning.sidecars, uid=PROXY_UID), binary=envoy_bin)
+                cfg = EnvoyConfig(
+                    mode=modes[s],
+                    inbound_upstream=("127.0.0.1", APP_PORT),
+                    circuit_breaker_max=2**32 - 1,
+                )
+                env = EnvoyProcess(
+                    system,
+                    cfg,
+                    work / "mesh" / f"envoy-{s}",
+                    place=pod.place(cpus=pinning.sidecars, uid=PROXY_UID),
+                    binary=envoy_bin,
+                )
                 env.start()
                 assert env.process is not None
                 tb.adopt(env.process, ["envoy", s], netns=pod.netns)
                 mesh.envoys[s] = env
             for side in sides.values():
                 (work / side.name).mkdir(parents=True, exist_ok=True)
-                side.app = appctl.start(side.deployment, appctl.testbed_spawner(tb, side.pods, cpus=pinning.app))
+                side.app = appctl.start(
+                    side.deployment, appctl.testbed_spawner(tb, side.pods, cpus=pinning.app)
+                )
                 side.pids = {s: _pod_pids(system, p) for s, p in side.pods.items()}
             cplace = client.place(cpus=pinning.client)
             fmode = Mode(sides["no_mesh"].deployment.entry_mode)
 
             def load(target: str, m: Mode, *, n: int | None = None) -> LoadResult:
-                return run_load(target, m, 0, options.rate, duration_s=None if n else options.run_s(), n=n,
-                                system=system, place=cplace, binary=fortio_bin)  # fmt: skip
+                return run_load(
+                    target,
+                    m,
+                    0,
+                    options.rate,
+                    duration_s=None if n else options.run_s(),
+                    n=n,
+                    system=system,
+                    place=cplace,
+                    binary=fortio_bin,
+                )
 
             say(f"{topology.name}/{q.name} {mode.value}: warm-up")
             for side in sides.values():
@@ -257,7 +313,9 @@ def run_case(
             for side in sides.values():
                 if side.app is not None:
                     side.app.stop()  # SIGTERM: the spans are flushed
-            trace = appctl.write_merged_traces(sides["no_mesh"].deployment.trace_files, work / "no_mesh-traces.json")
+            trace = appctl.write_merged_traces(
+                sides["no_mesh"].deployment.trace_files, work / "no_mesh-traces.json"
+            )
             if options.traces_dir:
                 kept = Path(options.traces_dir)
                 kept.mkdir(parents=True, exist_ok=True)
@@ -266,14 +324,34 @@ def run_case(
                 env.stop()
         say(f"{topology.name}/{q.name} {mode.value}: predict")
         rate = options.rate or statistics.median(b.actual_qps for b, _ in pairs)
-        pred: Predicted = predict_traces(trace, profile, {s: SidecarConfig(m) for s, m in modes.items()}, rate,
-                                         pod_cpus=pinning.pod_cpus())  # fmt: skip
-        result = CaseResult(topology.name, q.name, mode.value, rate, tuple(pairs), pred, result.sidecar_modes,
-                            wall_s=time.monotonic() - t0)  # fmt: skip
+        pred: Predicted = predict_traces(
+            trace,
+            profile,
+            {s: SidecarConfig(m) for s, m in modes.items()},
+            rate,
+            pod_cpus=pinning.pod_cpus(),
+        )
+        result = CaseResult(
+            topology.name,
+            q.name,
+            mode.value,
+            rate,
+            tuple(pairs),
+            pred,
+            result.sidecar_modes,
+            wall_s=time.monotonic() - t0,
+        )
         del why
     except Exception as e:  # one failed case must not lose the others
-        result = CaseResult(topology.name, q.name, mode.value, options.rate, sidecar_modes=result.sidecar_modes,
-                            error=f"{type(e).__name__}: {e}", wall_s=time.monotonic() - t0)  # fmt: skip
+        result = CaseResult(
+            topology.name,
+            q.name,
+            mode.value,
+            options.rate,
+            sidecar_modes=result.sidecar_modes,
+            error=f"{type(e).__name__}: {e}",
+            wall_s=time.monotonic() - t0,
+        )
     return result
 
 
@@ -287,11 +365,15 @@ def choose_profile(store: ProfileSource, name: str | None) -> Profile:
         return store.get(name)
     p = store.for_host(this_host())
     if p is None:
-        raise ValueError("no profile of this machine: run `meshtax profile --quick` (as root) first, or pass --profile")
+        raise ValueError(
+            "no profile of this machine: run `meshtax profile --quick` (as root) first, or pass --profile"
+        )
     return p
 
 
-def run_validation(options: ValidateOptions, system: System, store: ProfileSource, progress: Progress | None = None) -> ValidationResult:
+def run_validation(
+    options: ValidateOptions, system: System, store: ProfileSource, progress: Progress | None = None
+) -> ValidationResult:
     """Every (query, mode) case of ``options.topology``; writes ``options.report_path`` (JSON,
     or HTML through the report builder when it ends in .html) when given."""
     topo = appctl.load_topology(options.topology)
@@ -304,17 +386,22 @@ def run_validation(options: ValidateOptions, system: System, store: ProfileSourc
     try:
         for qn in queries:
             for m in options.modes:
-                cases.append(run_case(topo, qn, m, profile, options, system, work, pinning, progress))
+                cases.append(
+                    run_case(topo, qn, m, profile, options, system, work, pinning, progress)
+                )
     finally:
         if not options.keep_workdir:
             shutil.rmtree(work, ignore_errors=True)
     mach = machine()
     mach["loadavg_before"] = load_before
     res = ValidationResult(
-        name=topo.name, cases=tuple(cases), profile=profile.name, machine=mach,
+        name=topo.name,
+        cases=tuple(cases),
+        profile=profile.name,
+        machine=mach,
         options={**options.to_dict(), "pinning": pinning.describe()},
         notes=_notes(pinning, profile),
-    )  # fmt: skip
+    )
     if options.report_path:
         write_report(res.to_document(), options.report_path)
     return res
@@ -329,12 +416,18 @@ def _notes(pinning: Pinning, profile: Profile) -> tuple[str, ...]:
         "prediction: OTLP traces of the no-mesh copy imported by meshtax.traces (sizes from span attributes, rate = the fortio rate), this machine's profile",
         "role: db services get tcp-mode sidecars (Istio does not parse their protocols)",
         "shared CPUs: messages priced at r_own^(1−α)·r_cpu^α with "
-        + "; ".join(f"α = {c.alpha:.2f} [{c.lo:.2f}, {c.hi:.2f}] in {m.value} mode (`meshtax calibrate`: {c.note})" if (c := col.get(m))
-                    else f"α = 1 in {m.value} mode (not calibrated: `meshtax calibrate`)" for m in profile.modes),  # fmt: skip
+        + "; ".join(
+            f"α = {c.alpha:.2f} [{c.lo:.2f}, {c.hi:.2f}] in {m.value} mode (`meshtax calibrate`: {c.note})"
+            if (c := col.get(m))
+            else f"α = 1 in {m.value} mode (not calibrated: `meshtax calibrate`)"
+            for m in profile.modes
+        ),
     )
 
 
-def write_report(doc: Mapping[str, Any] | Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
+def write_report(
+    doc: Mapping[str, Any] | Sequence[Mapping[str, Any]], path: str | os.PathLike[str]
+) -> Path:
     """JSON of the document(s), or an HTML report (``.html``) via the report builder."""
     import json
 
@@ -344,7 +437,9 @@ def write_report(doc: Mapping[str, Any] | Sequence[Mapping[str, Any]], path: str
     if out.suffix == ".html":
         from meshtax.report.build import ReportInputs, build_report
 
-        return build_report(extra=ReportInputs(validations=docs, title="meshtax validation"), out_path=out)
+        return build_report(
+            extra=ReportInputs(validations=docs, title="meshtax validation"), out_path=out
+        )
     out.write_text(json.dumps(docs[0] if len(docs) == 1 else docs, indent=1, default=float))
     return out
 
@@ -378,14 +473,29 @@ class SweepResult:
     def cases(self) -> list[CaseResult]:
         out = []
         for p in self.points:
-            label = f"{p.size_bytes} B" if self.kind == "size" else f"{p.x:.0%} of max ({p.rate:.0f}/s)"
-            out.append(CaseResult(f"one-hop {self.kind}", label, self.mode, p.rate, p.pairs, p.predicted))
+            label = (
+                f"{p.size_bytes} B" if self.kind == "size" else f"{p.x:.0%} of max ({p.rate:.0f}/s)"
+            )
+            out.append(
+                CaseResult(f"one-hop {self.kind}", label, self.mode, p.rate, p.pairs, p.predicted)
+            )
         return out
 
     def to_document(self) -> dict[str, Any]:
-        v = ValidationResult(f"sweep-{self.kind}-{self.mode}", tuple(self.cases()), self.profile, self.machine, self.options)
+        v = ValidationResult(
+            f"sweep-{self.kind}-{self.mode}",
+            tuple(self.cases()),
+            self.profile,
+            self.machine,
+            self.options,
+        )
         doc = v.to_document()
-        doc["sweep"] = {"kind": self.kind, "mode": self.mode, "x": [p.x for p in self.points], "max_qps_no_mesh": self.max_qps_no_mesh}
+        doc["sweep"] = {
+            "kind": self.kind,
+            "mode": self.mode,
+            "x": [p.x for p in self.points],
+            "max_qps_no_mesh": self.max_qps_no_mesh,
+        }
         return doc
 
 
@@ -425,14 +535,28 @@ def run_sweep(
             tb.mesh(meshed, proxy_uid=PROXY_UID)
             servers = {}
             for name, pod in (("no_mesh", bare), ("mesh", meshed)):
-                srv = FortioServer(system, work / name, host="0.0.0.0", **{{Mode.HTTP: "http_port", Mode.GRPC: "grpc_port", Mode.TCP: "tcp_port"}[mode]: port},
-                                   place=pod.place(cpus=pinning.app), binary=fortio_bin)  # fmt: skip
+                srv = FortioServer(
+                    system,
+                    work / name,
+                    host="0.0.0.0",
+                    **{
+                        {Mode.HTTP: "http_port", Mode.GRPC: "grpc_port", Mode.TCP: "tcp_port"}[
+                            mode
+                        ]: port
+                    },
+                    place=pod.place(cpus=pinning.app),
+                    binary=fortio_bin,
+                )
                 srv.start()
                 assert srv.process is not None
                 tb.adopt(srv.process, srv.argv, netns=pod.netns)
                 servers[name] = srv
-            env = EnvoyProcess(system, EnvoyConfig(mode=mode, inbound_upstream=("127.0.0.1", port)), work / "envoy",
-                               place=meshed.place(cpus=pinning.sidecars, uid=PROXY_UID))  # fmt: skip
+            env = EnvoyProcess(
+                system,
+                EnvoyConfig(mode=mode, inbound_upstream=("127.0.0.1", port)),
+                work / "envoy",
+                place=meshed.place(cpus=pinning.sidecars, uid=PROXY_UID),
+            )
             env.start()
             assert env.process is not None
             tb.adopt(env.process, ["envoy"], netns=meshed.netns)
@@ -441,8 +565,17 @@ def run_sweep(
             cplace = client.place(cpus=pinning.client)
 
             def load(side: str, size: int, qps: float, *, n: int | None = None) -> LoadResult:
-                return run_load(f"{pods[side].ip}:{port}", mode, size, qps, duration_s=None if n else duration_s, n=n,
-                                system=system, place=cplace, binary=fortio_bin)  # fmt: skip
+                return run_load(
+                    f"{pods[side].ip}:{port}",
+                    mode,
+                    size,
+                    qps,
+                    duration_s=None if n else duration_s,
+                    n=n,
+                    system=system,
+                    place=cplace,
+                    binary=fortio_bin,
+                )
 
             def measure(size: int, qps: float) -> list[tuple[RunSample, RunSample]]:
                 for side in pods:
@@ -454,7 +587,16 @@ def run_sweep(
                     after = _cpu_ns(pids[side])
                     ns = {"echo": sum(after[p] - before.get(p, 0) for p in after)}
                     sc = env.process.pid if side == "mesh" and env.process is not None else -1
-                    return RunSample(r.p50_us, r.p90_us, r.avg_us, r.count, r.actual_qps, r.duration_s, ns, after.get(sc, 0) - before.get(sc, 0))
+                    return RunSample(
+                        r.p50_us,
+                        r.p90_us,
+                        r.avg_us,
+                        r.count,
+                        r.actual_qps,
+                        r.duration_s,
+                        ns,
+                        after.get(sc, 0) - before.get(sc, 0),
+                    )
 
                 return measure_pairs(one, policy)[0]
 
@@ -463,7 +605,17 @@ def run_sweep(
                     say(f"sweep size {s} B")
                     pairs = measure(s, rate)
                     actual = _median_rate(pairs)
-                    points.append(SweepPoint(float(s), s, actual, tuple(pairs), one_hop(profile, SidecarConfig(mode), s, actual, pod_cpus=pinning.pod_cpus())))
+                    points.append(
+                        SweepPoint(
+                            float(s),
+                            s,
+                            actual,
+                            tuple(pairs),
+                            one_hop(
+                                profile, SidecarConfig(mode), s, actual, pod_cpus=pinning.pod_cpus()
+                            ),
+                        )
+                    )
             else:
                 for side in pods:
                     load(side, size_bytes, 0.0, n=500)
@@ -472,14 +624,36 @@ def run_sweep(
                     say(f"sweep rate {f:.0%} of {max_qps:.0f}/s")
                     pairs = measure(size_bytes, f * max_qps)
                     actual = _median_rate(pairs)
-                    points.append(SweepPoint(f, size_bytes, actual, tuple(pairs), one_hop(profile, SidecarConfig(mode), size_bytes, actual, pod_cpus=pinning.pod_cpus())))
+                    points.append(
+                        SweepPoint(
+                            f,
+                            size_bytes,
+                            actual,
+                            tuple(pairs),
+                            one_hop(
+                                profile,
+                                SidecarConfig(mode),
+                                size_bytes,
+                                actual,
+                                pod_cpus=pinning.pod_cpus(),
+                            ),
+                        )
+                    )
             env.stop()
             for srv in servers.values():
                 srv.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    opts = {"kind": kind, "mode": mode.value, "sizes": list(sizes), "fractions": list(fractions), "rate": rate,
-            "size_bytes": size_bytes, "duration_s": duration_s, "pinning": pinning.describe()}  # fmt: skip
+    opts = {
+        "kind": kind,
+        "mode": mode.value,
+        "sizes": list(sizes),
+        "fractions": list(fractions),
+        "rate": rate,
+        "size_bytes": size_bytes,
+        "duration_s": duration_s,
+        "pinning": pinning.describe(),
+    }
     return SweepResult(kind, mode.value, tuple(points), profile.name, max_qps, machine(), opts)
 
 
