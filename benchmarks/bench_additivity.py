@@ -50,7 +50,7 @@ from meshtax.profile.filterprof import (
     profile_filters,
     resolve_filters,
 )
-from meshtax.profile.system import RealSystem
+from meshtax.testbed.system import RealSystem
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,8 +17,8 @@ import argparse
 import json
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.system import RealSystem
 from meshtax.store.sqlite import ProfileStore
+from meshtax.testbed.system import RealSystem
 from meshtax.validate.run import ValidateOptions, run_validation
 
 # crossings per request: client → s1 is one sidecar (2 crossings), every further hop two (4)

@@ -21,7 +21,7 @@ from pathlib import Path
 from meshtax.model.sidecar import Mode
 from meshtax.profile.extras import LARGE_SIZES, fit_large, measure_large
 from meshtax.profile.filterprof import FilterBackends, FilterRunOptions, real_load
-from meshtax.profile.system import RealSystem
+from meshtax.testbed.system import RealSystem
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 from meshtax.model.sidecar import Mode
 from meshtax.profile.extras import TLS_SIZES, measure_handshake, measure_tls, tls_models
 from meshtax.profile.filterprof import FilterBackends, FilterRunOptions, real_load
-from meshtax.profile.system import RealSystem
+from meshtax.testbed.system import RealSystem
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,11 +19,11 @@ import time
 
 import numpy as np
 
-from meshtax.host import cpu_model
 from meshtax.model.ecg import BatchBuilder, EcgBatch
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import predict_batch, single_profile
-from meshtax.reference import reference_profile
+from meshtax.store.reference import reference_profile
+from meshtax.testbed.host import cpu_model
 
 
 def random_batch(n_graphs: int, size: int, seed: int = 1) -> EcgBatch:

@@ -36,8 +36,8 @@ from typing import Any
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
 from meshtax.profile.decompose import Breakdown, assemble
-from meshtax.profile.runstate import STATE_DIR, RunLock
 from meshtax.store.sqlite import ProfileStore
+from meshtax.testbed.runstate import STATE_DIR, RunLock
 
 AGREE = 0.15
 SIGNIFICANT_US = 5.0

@@ -19,8 +19,8 @@ from dataclasses import replace
 from meshtax.model.components import filter_component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.profile import Profile
-from meshtax.predict.study import PAPER_FILTERS, run_study
-from meshtax.reference import reference_profile
+from meshtax.store.reference import reference_profile
+from meshtax.study import PAPER_FILTERS, run_study
 
 
 def bench_profile() -> Profile:

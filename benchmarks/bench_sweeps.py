@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.system import RealSystem
 from meshtax.store.sqlite import ProfileStore
+from meshtax.testbed.system import RealSystem
 from meshtax.validate.pairing import PairPolicy
 from meshtax.validate.run import SweepResult, run_sweep, write_report
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.system import RealSystem
 from meshtax.store.sqlite import ProfileStore
+from meshtax.testbed.system import RealSystem
 from meshtax.validate.result import CaseResult, ValidationResult
 from meshtax.validate.run import ValidateOptions, machine, run_validation, write_report
 

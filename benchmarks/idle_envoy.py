@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import EnvoyConfig, EnvoyProcess
-from meshtax.profile.perfcpu import schedstat
-from meshtax.profile.system import RealSystem, free_ports
+from meshtax.testbed.envoy.config import EnvoyConfig, EnvoyProcess
+from meshtax.testbed.perf import schedstat
+from meshtax.testbed.system import RealSystem, free_ports
 
 
 def main() -> None:

@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "profile"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from meshtax.profile.probes import RealProbe  # noqa: E402
-from meshtax.profile.system import RealSystem  # noqa: E402
+from meshtax.testbed.probes import RealProbe  # noqa: E402
+from meshtax.testbed.system import RealSystem  # noqa: E402
 
-LOAD = ROOT / "tests" / "profile" / "syscall_load.py"
+LOAD = ROOT / "tests" / "testbed" / "syscall_load.py"
 
 
 class Child:

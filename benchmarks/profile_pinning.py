@@ -11,11 +11,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from meshtax.profile.envoy import EnvoyConfig, EnvoyProcess
-from meshtax.profile.fortio import FortioServer, run_load
-from meshtax.profile.pinning import Pinning
-from meshtax.profile.stats import median
-from meshtax.profile.system import RealSystem
+from meshtax.model.stats import median
+from meshtax.testbed.envoy.config import EnvoyConfig, EnvoyProcess
+from meshtax.testbed.fortio import FortioServer, run_load
+from meshtax.testbed.pinning import Pinning
+from meshtax.testbed.system import RealSystem
 
 PORTS = {"http": 47380, "grpc": 47379, "tcp": 47378}
 SIDECAR_PORT, ADMIN_PORT = 47306, 47300

@@ -18,8 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from meshtax.model.sidecar import Mode, SidecarConfig
-from meshtax.profile.pinning import Pinning
 from meshtax.store.sqlite import ProfileStore
+from meshtax.testbed.pinning import Pinning
 from meshtax.validate.prediction import predict_traces
 from meshtax.validate.result import CaseResult, ValidationResult
 

@@ -69,9 +69,9 @@ def missing_for_real_profile() -> str | None:
         if shutil.which(tool) is None:
             return f"{tool} not installed"
     try:
-        from meshtax.profile.envoy import envoy_binary
-        from meshtax.profile.fortio import fortio_binary
-        from meshtax.profile.probes import probe_binary
+        from meshtax.testbed.envoy.config import envoy_binary
+        from meshtax.testbed.fortio import fortio_binary
+        from meshtax.testbed.probes import probe_binary
 
         envoy_binary(), fortio_binary(), probe_binary()
     except Exception as e:

@@ -9,7 +9,6 @@ from typing import Any
 
 import yaml
 
-from meshtax.host import this_host
 from meshtax.model.ecg import ECG, EcgBatch, ECGError, Service, to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
@@ -18,6 +17,7 @@ from meshtax.predict.memory import memory_by_service
 from meshtax.predict.whatif import SpeedupError, apply_speedup, speedup_from_dict
 from meshtax.report.result import prediction_document
 from meshtax.store.sqlite import ProfileStore, StoreError
+from meshtax.testbed.host import this_host
 from meshtax.traces.ecg_file import load_ecg_file
 
 

@@ -19,7 +19,6 @@ import click
 
 from meshtax._version import __version__
 from meshtax.app import PredictOptions, UsageError, predict_files
-from meshtax.host import this_host
 from meshtax.model.ecg import ECGError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
@@ -28,6 +27,7 @@ from meshtax.predict.whatif import SpeedupError
 from meshtax.report.exporters import EXPORTERS
 from meshtax.report.text import prediction_text, profile_text, profiles_text
 from meshtax.store.sqlite import ProfileStore, StoreError
+from meshtax.testbed.host import this_host
 
 F = TypeVar("F", bound=Callable[..., Any])
 USER_ERRORS = (UsageError, ECGError, StoreError, PredictionError, SpeedupError)
@@ -472,8 +472,8 @@ def study(
 ) -> None:
     """Predict latency and CPU overhead of every call graph of an ingested STORE_DIR under several configurations."""
     from meshtax.app import choose_profile, load_speedup_file
-    from meshtax.predict.study import StudyConfig, run_study
     from meshtax.predict.whatif import apply_speedup, speedup_from_dict
+    from meshtax.study import StudyConfig, run_study
 
     store = ProfileStore(db)
     prof, warns = choose_profile(store, profile)
@@ -639,7 +639,7 @@ def validate(
     traces, and report measured vs predicted overhead (root)."""
     import os
 
-    from meshtax.profile.system import RealSystem
+    from meshtax.testbed.system import RealSystem
     from meshtax.validate.run import ValidateOptions, run_sweep, run_validation
 
     if os.geteuid() != 0:
@@ -727,8 +727,8 @@ def calibrate(
     shared CPUs with in the profile (replacing it; each mode is stored as soon as it is done)."""
     import os
 
-    from meshtax.profile.system import RealSystem
     from meshtax.report.text import colocation_lines
+    from meshtax.testbed.system import RealSystem
     from meshtax.validate.colocation import calibrate as run_calibration
     from meshtax.validate.run import choose_profile
 
@@ -857,8 +857,8 @@ def profile_cmd(
     )
 
     from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, run_profile
-    from meshtax.profile.runstate import RunBusy
-    from meshtax.profile.system import RealSystem
+    from meshtax.testbed.runstate import RunBusy
+    from meshtax.testbed.system import RealSystem
 
     if os.geteuid() != 0:
         raise UsageError(
@@ -1003,8 +1003,8 @@ def report(
 @user_errors
 def doctor(prepare: bool, fmt: str) -> None:
     """Check what profiling needs (root, tracefs, bpffs, BTF, memlock, netns, iptables, Envoy, fortio, perf, probe build)."""
-    from meshtax.profile import doctor as doc
-    from meshtax.profile.system import RealSystem
+    from meshtax.testbed import doctor as doc
+    from meshtax.testbed.system import RealSystem
 
     system = RealSystem()
     if prepare:

@@ -5,7 +5,7 @@ import pytest
 from meshtax.model.components import OTHER
 from meshtax.model.profile import PROFILE_FORMAT, Closure, Profile
 from meshtax.model.sidecar import Mode
-from meshtax.reference import reference_profile
+from meshtax.store.reference import reference_profile
 from tests.helpers import flat, profile
 
 

@@ -31,7 +31,7 @@ from meshtax.predict.engine import (
     single_profile,
 )
 from meshtax.predict.whatif import apply_speedup, speedup_from_dict
-from meshtax.reference import reference_profile
+from meshtax.store.reference import reference_profile
 from tests.helpers import EXTERNAL, ecg, flat, inv, profile
 
 HTTP = SidecarConfig(Mode.HTTP)

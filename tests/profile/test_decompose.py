@@ -18,7 +18,7 @@ from meshtax.profile.decompose import (
     per_crossing,
     traffic_threads,
 )
-from meshtax.profile.probes import EMPTY_THREAD, IpcStat, OpStat, ProbeReading, ThreadReading
+from meshtax.testbed.probes import EMPTY_THREAD, IpcStat, OpStat, ProbeReading, ThreadReading
 
 
 def thread(
@@ -272,7 +272,7 @@ def test_mesh_breakdown_adds_the_clients_change() -> None:
 
 def test_mesh_breakdown_trimmed_notification() -> None:
     from meshtax.profile.decompose import notify_ns
-    from meshtax.profile.probes import Histogram
+    from meshtax.testbed.probes import Histogram
 
     def hist(t: ThreadReading, rows: tuple[tuple[int, int, int], ...]) -> ThreadReading:
         h = Histogram(rows, shift=10)

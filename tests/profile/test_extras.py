@@ -13,6 +13,7 @@ from meshtax.model.components import OTHER, TLS, filter_component
 from meshtax.model.costmodel import CostModel, extra_units
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
+from meshtax.model.stats import estimate
 from meshtax.profile.extras import (
     ExtrasBackends,
     ExtrasOptions,
@@ -25,8 +26,7 @@ from meshtax.profile.extras import (
     tls_models,
 )
 from meshtax.profile.filterprof import BASE, FilterBackends, FilterRunOptions, real_load
-from meshtax.profile.stats import estimate
-from meshtax.profile.system import FakeSystem, RealSystem
+from meshtax.testbed.system import FakeSystem, RealSystem
 from tests.helpers import flat, profile
 from tests.profile.test_filterprof import FakeWorld, _backends
 

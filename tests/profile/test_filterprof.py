@@ -13,7 +13,6 @@ from typing import Any, cast
 import pytest
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import validate_config
 from meshtax.profile.filterprof import (
     BASE,
     GRPC_PING_PAYLOAD,
@@ -46,9 +45,16 @@ from meshtax.profile.filterprof import (
     total_errors_by_round,
     worker_cpu_ns,
 )
-from meshtax.profile.filters import COMBINATIONS, MIXES, catalogue, component_name, filter_config
-from meshtax.profile.fortio import FortioError, LoadResult, LoadSpec, fortio_binary
-from meshtax.profile.system import FakeSystem, RealSystem
+from meshtax.testbed.envoy.config import validate_config
+from meshtax.testbed.envoy.filters import (
+    COMBINATIONS,
+    MIXES,
+    catalogue,
+    component_name,
+    filter_config,
+)
+from meshtax.testbed.fortio import FortioError, LoadResult, LoadSpec, fortio_binary
+from meshtax.testbed.system import FakeSystem, RealSystem
 from meshtax.traces.envoy_config import classify_filter
 
 # ---- a fake sidecar: per-variant CPU, latency and instructions per request ------------------
@@ -557,7 +563,7 @@ def test_all_variants_validate_with_envoy(tmp_path: Path) -> None:
     """Every single filter and combination of both HTTP modes, in one bootstrap, passes
     ``envoy --mode validate``."""
     try:
-        from meshtax.profile.envoy import envoy_binary
+        from meshtax.testbed.envoy.config import envoy_binary
 
         envoy_binary()
     except Exception as e:  # noqa: BLE001

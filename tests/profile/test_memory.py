@@ -11,8 +11,6 @@ from typing import Any
 import pytest
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import EnvoyError, bootstrap, envoy_binary, validate_config
-from meshtax.profile.fortio import FortioError, FortioServer, fortio_binary
 from meshtax.profile.memory import (
     QUICK_CONNECTIONS,
     HolderTls,
@@ -27,7 +25,9 @@ from meshtax.profile.memory import (
     raise_nofile,
     read_rss,
 )
-from meshtax.profile.system import RealSystem
+from meshtax.testbed.envoy.config import EnvoyError, bootstrap, envoy_binary, validate_config
+from meshtax.testbed.fortio import FortioError, FortioServer, fortio_binary
+from meshtax.testbed.system import RealSystem
 
 
 def _have(find: Any) -> bool:

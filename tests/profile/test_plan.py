@@ -7,7 +7,6 @@ from dataclasses import replace
 import pytest
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.pinning import Pinning
 from meshtax.profile.plan import (
     FULL_SIZES,
     QUICK_SIZES,
@@ -16,6 +15,7 @@ from meshtax.profile.plan import (
     full_plan,
     quick_plan,
 )
+from meshtax.testbed.pinning import Pinning
 
 PIN = Pinning(client=(0,), sidecars=(1,), app=(1,))
 

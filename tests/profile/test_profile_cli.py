@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from meshtax.profile.runstate import STATE_DIR, RunBusy, RunLock, load_states
+from meshtax.testbed.runstate import STATE_DIR, RunBusy, RunLock, load_states
 from tests.helpers import default_sigint, missing_for_real_profile
 
 # one low rate, and gRPC carried through the tcp sidecar (the preset's default) at 100 B

@@ -18,13 +18,13 @@ import pytest
 from meshtax.model.components import BASE_COMPONENTS, IPC, NOTIFICATION, OTHER, PARSING, READ, WRITE
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
-from meshtax.profile.perfcpu import Bucket, PerfProfile
-from meshtax.profile.pinning import Pinning
 from meshtax.profile.plan import Plan
-from meshtax.profile.probes import ProbeReading
 from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, Progress, run_profile
-from meshtax.profile.runstate import STATE_DIR
-from meshtax.profile.system import Completed, FakeSystem, Placement, Process, RealSystem
+from meshtax.testbed.perf import Bucket, PerfProfile
+from meshtax.testbed.pinning import Pinning
+from meshtax.testbed.probes import ProbeReading
+from meshtax.testbed.runstate import STATE_DIR
+from meshtax.testbed.system import Completed, FakeSystem, Placement, Process, RealSystem
 from tests.helpers import missing_for_real_profile
 from tests.profile.test_decompose import make_reading, thread
 
@@ -515,7 +515,7 @@ def test_options_resolve_plan() -> None:
 def _ours() -> list[str]:
     """``mtx-*`` namespaces no other live run records (other engineers' runs come and go on
     this shared machine while ours runs)."""
-    from meshtax.profile.runstate import load_states
+    from meshtax.testbed.runstate import load_states
 
     others = {
         n

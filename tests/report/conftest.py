@@ -29,7 +29,7 @@ def full_inputs(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ReportInputs]:
     """Every kind of input: examples with a what-if, many graphs in two configurations, a
     validation, a study, a measured and the published profile, and a comparison."""
-    from meshtax.reference import reference_profile
+    from meshtax.store.reference import reference_profile
 
     preds = [
         D.prediction(measured, label="examples"),

@@ -8,10 +8,10 @@ from collections import Counter
 import pytest
 
 from meshtax.model.profile import Profile
-from meshtax.reference import reference_profile
 from meshtax.report import figures as F
 from meshtax.report import tables as T
 from meshtax.report.build import Report
+from meshtax.store.reference import reference_profile
 from tests.report import data as D
 
 

@@ -52,13 +52,13 @@ def test_fitted_models_carry_intervals_and_samples() -> None:
 
 
 def test_published_profile_has_no_samples() -> None:
-    from meshtax.reference import reference_profile
+    from meshtax.store.reference import reference_profile
 
     assert T.sample_series(reference_profile().to_dict(), "latency") == []
 
 
 def test_comparison_differences_and_missing_components() -> None:
-    from meshtax.reference import reference_profile
+    from meshtax.store.reference import reference_profile
 
     a = D.golden_profile().to_dict()
     cmp = T.compare_profiles(a, reference_profile().to_dict())

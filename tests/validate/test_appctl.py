@@ -13,10 +13,10 @@ import pytest
 
 from meshtax.model.ecg import EXTERNAL
 from meshtax.model.sidecar import Mode
-from meshtax.profile.fortio import LoadSpec, fortio_binary, run_spec
-from meshtax.profile.system import FakeSystem, Placement, Process, RealSystem
-from meshtax.profile.system import free_ports as _free_ports
-from meshtax.profile.testbed import Testbed
+from meshtax.testbed.fortio import LoadSpec, fortio_binary, run_spec
+from meshtax.testbed.pods import Testbed
+from meshtax.testbed.system import FakeSystem, Placement, Process, RealSystem
+from meshtax.testbed.system import free_ports as _free_ports
 from meshtax.traces.api import load_traces
 from meshtax.traces.spans import Span, read_otlp_json
 from meshtax.validate import appctl

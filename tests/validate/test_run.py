@@ -17,9 +17,9 @@ from meshtax.model.profile import Platform, Profile
 from meshtax.model.sidecar import Mode
 from meshtax.profile.plan import Plan
 from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, run_profile
-from meshtax.profile.system import RealSystem
 from meshtax.report.text import colocation_lines
 from meshtax.store.sqlite import ProfileStore
+from meshtax.testbed.system import RealSystem
 from meshtax.validate import appctl
 from meshtax.validate.colocation import calibrate
 from meshtax.validate.run import ValidateOptions, app_protocol, run_validation, sidecar_modes

@@ -72,12 +72,12 @@ Known residuals (measured on the 2-CPU dev VM; numbers in BENCHMARKS.md, issue #
   wait behind it, which is where this definition counts it.
 
 Wake-up stalls. The probe also keeps a per-event histogram of notification latency
-(:attr:`~meshtax.profile.probes.ThreadReading.notify_hist`). On the shared 2-vCPU dev VM a
+(:attr:`~meshtax.testbed.probes.ThreadReading.notify_hist`). On the shared 2-vCPU dev VM a
 handful of wake-ups per window took 0.2–5 ms (10–60 % of a window's notification time,
 most in gRPC's direct windows) and decided how Notification came out; BENCHMARKS.md (issue
 #3) has the numbers. Dropping them (``notify_trim``, or a cut at 131 µs) from Notification
 alone made closure worse (they are in the measured overhead too), so the default keeps the
-plain mean. Probe windows at ``SCHED_FIFO`` (:func:`~meshtax.profile.probes.realtime`,
+plain mean. Probe windows at ``SCHED_FIFO`` (:func:`~meshtax.testbed.probes.realtime`,
 ``Plan.probe_rt_priority``) removed the stalls but changed how sidecar and app share their
 CPU (closure +19 % in gRPC) and agreed worse; off by default.
 
@@ -103,7 +103,7 @@ from dataclasses import dataclass, fields, replace
 
 from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, WRITE, Component
 from meshtax.model.sidecar import Mode
-from meshtax.profile.probes import EMPTY_THREAD, OpStat, ProbeReading, ThreadReading
+from meshtax.testbed.probes import EMPTY_THREAD, OpStat, ProbeReading, ThreadReading
 
 __all__ = [
     "CROSSINGS_PER_REQUEST",
@@ -323,7 +323,7 @@ def latency_breakdown(reading: ProbeReading, requests: int) -> Breakdown:
 
 
 def cpu_breakdown(buckets_ns: Mapping[str, int], requests: int) -> Breakdown:
-    """Per-crossing CPU-µs from perf buckets (keys are :class:`~meshtax.profile.perfcpu.Bucket`
+    """Per-crossing CPU-µs from perf buckets (keys are :class:`~meshtax.testbed.perf.Bucket`
     values: user, read, write, notification, ipc, kernel_other; ``probe`` is ignored)."""
     n = _crossings(requests)
     us = 1e-3 / n

@@ -41,7 +41,7 @@ from meshtax.model.components import OTHER, TLS, filter_component
 from meshtax.model.costmodel import ComponentModel, CostModel, extra_units
 from meshtax.model.profile import ModeProfile, Profile, Provenance, TlsModels
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import EnvoyConfig
+from meshtax.model.stats import Estimate, estimate, median
 from meshtax.profile.filterprof import (
     BASE,
     LO,
@@ -66,8 +66,8 @@ from meshtax.profile.filterprof import (
 from meshtax.profile.filterprof import ConnectFn as ModeConnectFn
 from meshtax.profile.filterprof import connect_loop as mode_connect_loop
 from meshtax.profile.fit import choose_split
-from meshtax.profile.stats import Estimate, estimate, median
-from meshtax.profile.system import System
+from meshtax.testbed.envoy.config import EnvoyConfig
+from meshtax.testbed.system import System
 
 __all__ = [
     "LARGE_SIZES",
@@ -191,7 +191,7 @@ def _pair_variants(
     mode: Mode, ports: Sequence[int], echo: tuple[str, int], version: str
 ) -> list[Variant]:
     """plain_out → plain_in → echo and mtls_out ─mTLS→ mtls_in → echo, in one Envoy."""
-    from meshtax.profile.tls import CertAuthority, sidecar_mtls
+    from meshtax.testbed.certs import CertAuthority, sidecar_mtls
 
     ca = CertAuthority.generate()
     s_cred, c_cred = ca.issue("server"), ca.issue("client")

@@ -19,7 +19,7 @@ Two measures per variant:
 
 Models land in a profile per crossing (one sidecar, one direction): a request and its
 response are two crossings, so per-request costs are halved. Every side effect goes through
-:class:`~meshtax.profile.system.System` and the injectable :class:`FilterBackends`.
+:class:`~meshtax.testbed.system.System` and the injectable :class:`FilterBackends`.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ from h2.connection import H2Connection
 
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import EnvoyConfig, EnvoyError, bootstrap, envoy_binary
-from meshtax.profile.filters import (
+from meshtax.model.stats import Estimate, estimate, median
+from meshtax.testbed.envoy.config import EnvoyConfig, EnvoyError, bootstrap, envoy_binary
+from meshtax.testbed.envoy.filters import (
     COMBINATIONS,
     MIXES,
     FilterSpec,
@@ -53,10 +54,9 @@ from meshtax.profile.filters import (
     modes_for,
     parse_component,
 )
-from meshtax.profile.fortio import FortioServer, LoadResult, LoadSpec, fortio_binary, run_spec
-from meshtax.profile.perfcpu import parse_schedstat
-from meshtax.profile.stats import Estimate, estimate, median
-from meshtax.profile.system import CommandError, Placement, Process, System
+from meshtax.testbed.fortio import FortioServer, LoadResult, LoadSpec, fortio_binary, run_spec
+from meshtax.testbed.perf import parse_schedstat
+from meshtax.testbed.system import CommandError, Placement, Process, System
 
 __all__ = [
     "BASE",
@@ -138,7 +138,7 @@ def variant(
 ) -> Variant:
     """A listener on ``127.0.0.1:port`` in ``mode`` with ``spec``'s filters, forwarding to ``upstream``.
 
-    Built from the profiler's own sidecar config (:func:`~meshtax.profile.envoy.bootstrap`
+    Built from the profiler's own sidecar config (:func:`~meshtax.testbed.envoy.config.bootstrap`
     of the inbound side), so a variant's work is exactly the profiled sidecar's plus its filters.
     """
     cfg = EnvoyConfig(
@@ -242,7 +242,7 @@ def filter_variants(
 
 
 def _own_params(base: str) -> frozenset[str]:
-    from meshtax.profile.filters import _PARAMS
+    from meshtax.testbed.envoy.filters import _PARAMS
 
     return _PARAMS[base]
 

@@ -42,10 +42,10 @@ from h2.connection import H2Connection
 
 from meshtax.model.costmodel import CostModel
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import EnvoyConfig, EnvoyError, EnvoyProcess
-from meshtax.profile.fortio import FortioServer
-from meshtax.profile.system import Placement, Process, RealSystem, System
-from meshtax.profile.system import free_ports as _free_ports
+from meshtax.testbed.envoy.config import EnvoyConfig, EnvoyError, EnvoyProcess
+from meshtax.testbed.fortio import FortioServer
+from meshtax.testbed.system import Placement, Process, RealSystem, System
+from meshtax.testbed.system import free_ports as _free_ports
 
 __all__ = [
     "CONNECTIONS",
@@ -438,7 +438,7 @@ def _sidecars(
         outbound_upstream=(lo, ports[3]),
     )
     if spec.mtls:
-        from meshtax.profile.tls import CertAuthority, sidecar_mtls
+        from meshtax.testbed.certs import CertAuthority, sidecar_mtls
 
         ca = CertAuthority.generate()
         s_cred, c_cred = ca.issue("server"), ca.issue("client")

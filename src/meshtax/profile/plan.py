@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.pinning import Pinning, available_cpus
+from meshtax.testbed.pinning import Pinning, available_cpus
 
 __all__ = [
     "CARRIED_PROTOCOLS",

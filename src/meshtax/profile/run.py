@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from meshtax import __version__
-from meshtax.host import this_host
 from meshtax.model.components import Component
 from meshtax.model.profile import ModeProfile, Profile, Provenance
 from meshtax.model.sidecar import Mode
+from meshtax.model.stats import Estimate, estimate, median, repeat_until
 from meshtax.profile.decompose import (
     Breakdown,
     Window,
@@ -64,19 +64,21 @@ from meshtax.profile.decompose import (
     mesh_breakdown,
     per_crossing,
 )
-from meshtax.profile.envoy import (
+from meshtax.profile.fit import SizePoint, fit_carried, fit_mode
+from meshtax.profile.plan import Plan, Step, full_plan, quick_plan
+from meshtax.testbed.envoy.config import (
     EnvoyConfig,
     EnvoyProcess,
     config_hash,
     envoy_binary,
     envoy_version,
 )
-from meshtax.profile.fit import SizePoint, fit_carried, fit_mode
-from meshtax.profile.fortio import FortioServer, LoadResult, fortio_binary, fortio_version, run_load
-from meshtax.profile.perfcpu import PerfProfile, PerfSession, schedstat
-from meshtax.profile.pinning import Pinning
-from meshtax.profile.plan import Plan, Step, full_plan, quick_plan
-from meshtax.profile.probes import (
+from meshtax.testbed.fortio import FortioServer, LoadResult, fortio_binary, fortio_version, run_load
+from meshtax.testbed.host import this_host
+from meshtax.testbed.perf import PerfProfile, PerfSession, schedstat
+from meshtax.testbed.pinning import Pinning
+from meshtax.testbed.pods import Pod, Testbed
+from meshtax.testbed.probes import (
     ProbeReading,
     ProbeSession,
     RealProbe,
@@ -84,10 +86,8 @@ from meshtax.profile.probes import (
     ThreadReading,
     realtime,
 )
-from meshtax.profile.runstate import STATE_DIR, ProcOps
-from meshtax.profile.stats import Estimate, estimate, median, repeat_until
-from meshtax.profile.system import System
-from meshtax.profile.testbed import Pod, Testbed
+from meshtax.testbed.runstate import STATE_DIR, ProcOps
+from meshtax.testbed.system import System
 
 __all__ = [
     "APP_PORTS",
@@ -523,7 +523,7 @@ def measure_overhead(
     clock: Callable[[], float] = time.monotonic,
 ) -> PairedOverhead:
     """Paired closed-loop runs with and without the sidecar until the median difference is
-    narrow (:func:`~meshtax.profile.stats.repeat_until`); the order alternates so a drifting
+    narrow (:func:`~meshtax.model.stats.repeat_until`); the order alternates so a drifting
     machine does not bias the difference. Means, not p50s: components are means too, and
     fortio's p50 is bucket-interpolated."""
     m_t, d_t = meshed or bed.meshed_target, bed.direct_target(mode)
@@ -613,7 +613,7 @@ def probe_components(
     probe on the sidecar, (``probe_app``) the app and (``probe_client``) every process of the
     client pod → components and the probed overhead. ``rt_priority``: the windows run with
     app and this process (so each window's load generator, its child) at ``SCHED_FIFO`` of
-    that priority and the sidecar one above (:func:`~meshtax.profile.probes.realtime`)."""
+    that priority and the sidecar one above (:func:`~meshtax.testbed.probes.realtime`)."""
     m_t, d_t = meshed or bed.meshed_target, bed.direct_target(mode)
     pids = [sidecar_pid, bed.app_pid] if probe_app else [sidecar_pid]
     # the load generator is a new process per window: follow its namespace, not a PID

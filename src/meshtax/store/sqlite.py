@@ -21,7 +21,7 @@ from typing import Any
 import platformdirs
 
 from meshtax.model.profile import Platform, Profile
-from meshtax.reference import REFERENCE_NAME, reference_profile
+from meshtax.store.reference import REFERENCE_NAME, reference_profile
 
 SCHEMA_VERSION = 2
 

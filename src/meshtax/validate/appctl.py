@@ -7,8 +7,8 @@ its own port. Each process writes its spans as OTLP/JSON lines to its own file;
 
 Pure parts: :func:`load_topology` (the topology model, with the same defaults as the Go
 parser, which stays the authority and validates fully), :func:`plan` (argv, ports, files).
-Side effects: :func:`build` and :func:`start`, through :class:`~meshtax.profile.system.System`
-or a :class:`~meshtax.profile.testbed.Testbed`.
+Side effects: :func:`build` and :func:`start`, through :class:`~meshtax.testbed.system.System`
+or a :class:`~meshtax.testbed.pods.Testbed`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import yaml
 
-from meshtax.profile.system import Placement, Process, System, wait_until
-from meshtax.profile.testbed import Pod, Testbed
+from meshtax.testbed.pods import Pod, Testbed
+from meshtax.testbed.system import Placement, Process, System, wait_until
 
 __all__ = [
     "APP_DIR",

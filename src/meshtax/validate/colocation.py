@@ -32,8 +32,8 @@ import numpy.typing as npt
 from meshtax.model.profile import Colocation, ColocationPoint, Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import predict_batch, single_profile
-from meshtax.profile.system import System
 from meshtax.store.sqlite import ProfileStore
+from meshtax.testbed.system import System
 from meshtax.traces import SpanOptions, load_traces
 from meshtax.validate.result import CaseResult, ValidationResult, cpu_differences, overheads
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshtax.profile.stats import Estimate, estimate
+from meshtax.model.stats import Estimate, estimate
 
 __all__ = [
     "FORMAT",

@@ -36,16 +36,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from meshtax.host import this_host
 from meshtax.model.profile import Platform, Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
-from meshtax.profile.envoy import EnvoyConfig, EnvoyProcess, envoy_binary
-from meshtax.profile.fortio import FortioServer, LoadResult, fortio_binary, run_load
-from meshtax.profile.perfcpu import PerfError, schedstat
-from meshtax.profile.pinning import Pinning
 from meshtax.profile.plan import default_pinning
-from meshtax.profile.system import System
-from meshtax.profile.testbed import Pod, Testbed
+from meshtax.testbed.envoy.config import EnvoyConfig, EnvoyProcess, envoy_binary
+from meshtax.testbed.fortio import FortioServer, LoadResult, fortio_binary, run_load
+from meshtax.testbed.host import this_host
+from meshtax.testbed.perf import PerfError, schedstat
+from meshtax.testbed.pinning import Pinning
+from meshtax.testbed.pods import Pod, Testbed
+from meshtax.testbed.system import System
 from meshtax.validate import appctl
 from meshtax.validate.pairing import PairPolicy, measure_pairs
 from meshtax.validate.prediction import one_hop, predict_traces

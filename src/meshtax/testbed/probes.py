@@ -22,7 +22,7 @@ and, for the first target's network namespace (not per thread):
   (keyed by address): loopback device delivery (qdisc-less xmit, backlog queue, softirq
   pick-up). It does not include the TCP/IP processing on either side.
 
-:class:`RealProbe` runs the loader through :class:`~meshtax.profile.system.System`;
+:class:`RealProbe` runs the loader through :class:`~meshtax.testbed.system.System`;
 :class:`FakeProbe` returns scripted readings. Parsing (:func:`parse_reading`) is pure.
 Both can also take cumulative snapshots while staying attached (:class:`SnapshotSession`);
 :meth:`ProbeReading.since` turns two snapshots into the window between them, so consecutive
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
-from meshtax.profile.system import Placement, Process, RealSystem, System
+from meshtax.testbed.system import Placement, Process, RealSystem, System
 
 __all__ = [
     "FORMAT_VERSION",

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from meshtax.profile import doctor
-from meshtax.profile.doctor import INFINITY, Check, check_all, parse_envoy_version, prepare
-from meshtax.profile.system import Completed, FakeSystem, RealSystem
+from meshtax.testbed import doctor
+from meshtax.testbed.doctor import INFINITY, Check, check_all, parse_envoy_version, prepare
+from meshtax.testbed.system import Completed, FakeSystem, RealSystem
 
 GOOD_MOUNTS = [("/sys/kernel/tracing", "tracefs"), ("/sys/fs/bpf", "bpf"), ("/", "ext4")]
 ENVOY_BIN = "/venv/site-packages/envoy/_bin/envoy"

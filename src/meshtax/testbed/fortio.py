@@ -5,7 +5,7 @@ server (the ping payload is echoed back) and a TCP echo. Load: ``fortio load`` w
 ``-payload-size N`` in every mode, so a message of N bytes goes each way in all three modes.
 
 Result parsing and argv building are pure; running goes through
-:class:`~meshtax.profile.system.System`.
+:class:`~meshtax.testbed.system.System`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.system import Placement, Process, RealSystem, System
+from meshtax.testbed.system import Placement, Process, RealSystem, System
 
 __all__ = [
     "DEFAULT_RESOLUTION_S",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from meshtax.profile.perfcpu import (
+from meshtax.testbed.perf import (
     SYMBOL_TABLE,
     Bucket,
     Frame,
@@ -26,7 +26,7 @@ from meshtax.profile.perfcpu import (
     schedstat,
     script_argv,
 )
-from meshtax.profile.system import Completed, FakeSystem, RealSystem
+from meshtax.testbed.system import Completed, FakeSystem, RealSystem
 
 FIXTURE = (Path(__file__).parent / "fixtures" / "perf_script.txt").read_text()
 LOAD = Path(__file__).parent / "syscall_load.py"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import (
+from meshtax.testbed.envoy.config import (
     EnvoyConfig,
     EnvoyError,
     EnvoyProcess,
@@ -27,8 +27,8 @@ from meshtax.profile.envoy import (
     stat_delta,
     validate_config,
 )
-from meshtax.profile.fortio import FortioError, FortioServer, fortio_binary, run_load
-from meshtax.profile.system import Completed, FakeSystem, Placement, RealSystem, free_ports
+from meshtax.testbed.fortio import FortioError, FortioServer, fortio_binary, run_load
+from meshtax.testbed.system import Completed, FakeSystem, Placement, RealSystem, free_ports
 
 FAULT = {
     "name": "envoy.filters.http.fault",

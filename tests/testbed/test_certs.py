@@ -15,18 +15,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import (
-    EnvoyConfig,
-    EnvoyError,
-    EnvoyProcess,
-    bootstrap,
-    envoy_binary,
-    validate_config,
-)
-from meshtax.profile.fortio import FortioError, FortioServer, fortio_binary, run_load
-from meshtax.profile.system import RealSystem
-from meshtax.profile.system import free_ports as _free_ports
-from meshtax.profile.tls import (
+from meshtax.testbed.certs import (
     CertAuthority,
     Credential,
     TlsVersion,
@@ -35,6 +24,17 @@ from meshtax.profile.tls import (
     spiffe_id,
     upstream_tls,
 )
+from meshtax.testbed.envoy.config import (
+    EnvoyConfig,
+    EnvoyError,
+    EnvoyProcess,
+    bootstrap,
+    envoy_binary,
+    validate_config,
+)
+from meshtax.testbed.fortio import FortioError, FortioServer, fortio_binary, run_load
+from meshtax.testbed.system import RealSystem
+from meshtax.testbed.system import free_ports as _free_ports
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.fortio import (
+from meshtax.testbed.fortio import (
     FortioError,
     FortioServer,
     LoadFailed,
@@ -24,7 +24,7 @@ from meshtax.profile.fortio import (
     run_spec,
     server_argv,
 )
-from meshtax.profile.system import Completed, FakeSystem, Placement, RealSystem, free_ports
+from meshtax.testbed.system import Completed, FakeSystem, Placement, RealSystem, free_ports
 
 FIX = Path(__file__).parent / "fixtures"
 BIN = Path("/x/fortio")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from meshtax.profile.runstate import RunBusy, list_netns
-from meshtax.profile.system import Completed, FakeSystem, Placement, RealSystem, wait_until
-from meshtax.profile.testbed import CleanupError, Interception, Testbed, istio_rules
+from meshtax.testbed.pods import CleanupError, Interception, Testbed, istio_rules
+from meshtax.testbed.runstate import RunBusy, list_netns
+from meshtax.testbed.system import Completed, FakeSystem, Placement, RealSystem, wait_until
 from tests.helpers import default_sigint
 
 HERE = Path(__file__).parent

@@ -7,7 +7,7 @@ Topology of one run (``<id>`` is a short run id, so two runs never collide)::
     netns mtx-<id>-client:  eth0 10.77.0.2/24, lo
     netns mtx-<id>-server:  eth0 10.77.0.3/24, lo   (+ istio nat rules if meshed)
 
-Everything is registered in :mod:`meshtax.profile.runstate` before it exists, and removed on
+Everything is registered in :mod:`meshtax.testbed.runstate` before it exists, and removed on
 close, on exceptions, on Ctrl-C and on SIGTERM; a SIGKILLed run is reaped by the next one.
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from meshtax.profile.runstate import (
+from meshtax.testbed.runstate import (
     NETNS_PREFIX,
     STATE_DIR,
     ProcOps,
@@ -42,7 +42,7 @@ from meshtax.profile.runstate import (
     delete_netns,
     reap,
 )
-from meshtax.profile.system import Placement, Process, System
+from meshtax.testbed.system import Placement, Process, System
 
 BRIDGE = "br0"
 POD_IF = "eth0"

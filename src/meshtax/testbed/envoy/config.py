@@ -13,7 +13,7 @@ Istio does with UID 1337). A static upstream (``inbound_upstream``/``outbound_up
 available for setups without iptables, e.g. loopback tests in the root namespace.
 
 Pure config building is separate from the process handling; the latter goes through
-:class:`~meshtax.profile.system.System`.
+:class:`~meshtax.testbed.system.System`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.system import CommandError, Placement, Process, RealSystem, System
+from meshtax.testbed.system import CommandError, Placement, Process, RealSystem, System
 
 __all__ = [
     "EnvoyConfig",
@@ -104,7 +104,7 @@ class EnvoyConfig:
     the HTTP connection manager config (lists such as ``access_log`` are appended to).
     ``inbound_tls``: a ``transport_socket`` for the inbound listener (downstream TLS, the
     server side of sidecar-to-sidecar mTLS); ``outbound_tls``: a ``transport_socket`` for the
-    outbound cluster (upstream TLS, the client side). See :mod:`meshtax.profile.tls`.
+    outbound cluster (upstream TLS, the client side). See :mod:`meshtax.testbed.certs`.
     ``circuit_breaker_max``: connection/request thresholds of both clusters; ``None`` keeps
     Envoy's defaults (1024 connections per cluster); Istio sets them to 2**32 - 1.
     """

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from meshtax.profile.runstate import (
+from meshtax.testbed.runstate import (
     ProcRecord,
     RealProcOps,
     Registry,
@@ -23,7 +23,7 @@ from meshtax.profile.runstate import (
     parse_stat_start_time,
     reap,
 )
-from meshtax.profile.system import Completed, FakeSystem
+from meshtax.testbed.system import Completed, FakeSystem
 
 
 class FakeProcs:
@@ -103,7 +103,7 @@ def test_lock_is_exclusive_and_names_holder(tmp_path: Path) -> None:
 
 def test_lock_holder_in_another_process(tmp_path: Path) -> None:
     code = (
-        "import sys, time; from pathlib import Path; from meshtax.profile.runstate import RunLock;"
+        "import sys, time; from pathlib import Path; from meshtax.testbed.runstate import RunLock;"
         f"RunLock(Path({str(tmp_path)!r})).acquire(); print('held', flush=True); time.sleep(30)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshtax.profile.pinning import CLIENT_APART, ONE_CPU, UNPINNED, Pinning, available_cpus
+from meshtax.testbed.pinning import CLIENT_APART, ONE_CPU, UNPINNED, Pinning, available_cpus
 
 
 @pytest.mark.parametrize(

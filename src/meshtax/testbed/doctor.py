@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from meshtax.profile.system import CommandError, Completed, Placement, System
+from meshtax.testbed.system import CommandError, Completed, Placement, System
 
 TRACEFS = "/sys/kernel/tracing"
 BPFFS = "/sys/fs/bpf"

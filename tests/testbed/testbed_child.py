@@ -10,8 +10,8 @@ import json
 import sys
 import time
 
-from meshtax.profile.system import RealSystem
-from meshtax.profile.testbed import Testbed
+from meshtax.testbed.pods import Testbed
+from meshtax.testbed.system import RealSystem
 
 
 def main() -> None:

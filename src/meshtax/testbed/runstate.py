@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from meshtax.profile.system import System
+from meshtax.testbed.system import System
 
 STATE_DIR = Path("/run/meshtax")
 # every run's state, whatever its own state dir: no reaper deletes another live run's namespaces

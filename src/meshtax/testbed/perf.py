@@ -26,7 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO
 
-from meshtax.profile.system import Placement, Process, RealSystem, System
+from meshtax.testbed.system import Placement, Process, RealSystem, System
 
 __all__ = [
     "Bucket",

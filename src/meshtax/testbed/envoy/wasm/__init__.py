@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from meshtax.profile.system import RealSystem, System
+from meshtax.testbed.system import RealSystem, System
 
 __all__ = [
     "ABI_EXPORT",

@@ -7,7 +7,7 @@ canonical: the filter name, then its size where it has one (``rbac_http_1000``,
 ``ip_tagging_5``).
 
 Pure except :func:`filter_config` for ``wasm``, which assembles the no-op module on first use
-(see :mod:`meshtax.profile.wasm`) unless its bytes are passed in.
+(see :mod:`meshtax.testbed.envoy.wasm`) unless its bytes are passed in.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import EnvoyConfig
+from meshtax.testbed.envoy.config import EnvoyConfig
 
 __all__ = [
     "CPP_FILTERS",
@@ -236,7 +236,7 @@ def _lua(p: Mapping[str, Any]) -> FilterSpec:
 def _wasm(p: Mapping[str, Any]) -> FilterSpec:
     module = p.get("module")
     if module is None:
-        from meshtax.profile.wasm import noop_module
+        from meshtax.testbed.envoy.wasm import noop_module
 
         module = noop_module()
     # inline: a proxy running as an unprivileged UID needs no access to our cache dir

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import (
+from meshtax.testbed.envoy.config import (
     MAX_INLINE_CONFIG,
     EnvoyConfig,
     EnvoyError,
@@ -21,7 +21,7 @@ from meshtax.profile.envoy import (
     envoy_binary,
     validate_config,
 )
-from meshtax.profile.filters import (
+from meshtax.testbed.envoy.filters import (
     COMBINATIONS,
     CPP_FILTERS,
     MIXES,
@@ -34,10 +34,10 @@ from meshtax.profile.filters import (
     modes_for,
     parse_component,
 )
-from meshtax.profile.fortio import FortioError, FortioServer, fortio_binary, run_load
-from meshtax.profile.system import RealSystem
-from meshtax.profile.system import free_ports as _free_ports
-from meshtax.profile.wasm import ABI_EXPORT, WasmBuildError, build_noop, wasm_exports
+from meshtax.testbed.envoy.wasm import ABI_EXPORT, WasmBuildError, build_noop, wasm_exports
+from meshtax.testbed.fortio import FortioError, FortioServer, fortio_binary, run_load
+from meshtax.testbed.system import RealSystem
+from meshtax.testbed.system import free_ports as _free_ports
 
 # a stand-in module for pure tests: building the real one is a side effect
 FAKE_WASM = b"\0asm\x01\0\0\0"

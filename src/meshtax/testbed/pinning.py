@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from meshtax.profile.system import Placement
+from meshtax.testbed.system import Placement
 
 __all__ = ["CLIENT_APART", "ONE_CPU", "UNPINNED", "Pinning", "available_cpus"]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from meshtax.profile.stats import Estimate, estimate, median, median_ci_ranks, repeat_until
+from meshtax.model.stats import Estimate, estimate, median, median_ci_ranks, repeat_until
 
 
 @pytest.mark.parametrize(

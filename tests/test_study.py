@@ -14,7 +14,8 @@ from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.profile import ModeProfile, Platform, Profile, Provenance
 from meshtax.model.sidecar import Mode
 from meshtax.predict.engine import predict_batch, single_profile
-from meshtax.predict.study import (
+from meshtax.store.reference import reference_profile
+from meshtax.study import (
     PAPER_FILTERS,
     StudyConfig,
     StudyError,
@@ -22,7 +23,6 @@ from meshtax.predict.study import (
     retarget,
     run_study,
 )
-from meshtax.reference import reference_profile
 from meshtax.traces.alibaba import AlibabaOptions
 from meshtax.traces.api import ingest
 from meshtax.traces.store import Store, concat_batches
@@ -170,7 +170,7 @@ def test_partition_prices_new_connections_and_protocols_like_predict_batch() -> 
     from meshtax.model.components import TLS
     from meshtax.model.ecg import to_batch
     from meshtax.model.sidecar import SidecarConfig
-    from meshtax.predict.study import predict_partition
+    from meshtax.study import predict_partition
     from tests.helpers import EXTERNAL, ecg, inv
 
     base = _profile()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from meshtax.profile.probes import (
+from meshtax.testbed.probes import (
     FakeProbe,
     Histogram,
     IpcStat,
@@ -26,7 +26,7 @@ from meshtax.profile.probes import (
     parse_reading,
     realtime,
 )
-from meshtax.profile.system import Completed, FakeSystem, RealSystem
+from meshtax.testbed.system import Completed, FakeSystem, RealSystem
 
 FIXTURES = Path(__file__).parent / "fixtures"
 READING = (FIXTURES / "sidecar_reading.json").read_text()

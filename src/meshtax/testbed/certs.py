@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.envoy import EnvoyConfig
+from meshtax.testbed.envoy.config import EnvoyConfig
 
 __all__ = [
     "TLS_VERSIONS",

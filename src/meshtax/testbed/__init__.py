@@ -1,0 +1,1 @@
+"""Side effects of measurements behind small interfaces with fakes."""

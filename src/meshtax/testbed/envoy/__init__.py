@@ -1,0 +1,1 @@
+"""The Envoy proxy: bootstrap configs, filter catalogue, the managed process."""
