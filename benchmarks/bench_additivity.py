@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from meshtax.model.sidecar import Mode
 from meshtax.profile.filterprof import (
     Block,
     FilterRunOptions,
@@ -50,6 +49,8 @@ from meshtax.profile.filterprof import (
     profile_filters,
     resolve_filters,
 )
+
+from meshtax.model.sidecar import Mode
 from meshtax.testbed.system import RealSystem
 
 

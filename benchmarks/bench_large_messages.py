@@ -18,9 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from meshtax.profile.filterprof import FilterBackends, FilterRunOptions, real_load
+
 from meshtax.model.sidecar import Mode
 from meshtax.profile.extras import LARGE_SIZES, fit_large, measure_large
-from meshtax.profile.filterprof import FilterBackends, FilterRunOptions, real_load
 from meshtax.testbed.system import RealSystem
 
 

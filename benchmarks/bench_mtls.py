@@ -17,9 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from meshtax.profile.filterprof import FilterBackends, FilterRunOptions, real_load
+
 from meshtax.model.sidecar import Mode
 from meshtax.profile.extras import TLS_SIZES, measure_handshake, measure_tls, tls_models
-from meshtax.profile.filterprof import FilterBackends, FilterRunOptions, real_load
 from meshtax.testbed.system import RealSystem
 
 

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from meshtax.model.sidecar import Mode
-from meshtax.testbed.envoy.config import EnvoyConfig, EnvoyProcess
+from meshtax.testbed.envoy.config import EnvoyConfig
+from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.perf import schedstat
 from meshtax.testbed.system import RealSystem, free_ports
 

@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 
 from meshtax.model.stats import median
-from meshtax.testbed.envoy.config import EnvoyConfig, EnvoyProcess
+from meshtax.testbed.envoy.config import EnvoyConfig
+from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.fortio import FortioServer, run_load
 from meshtax.testbed.pinning import Pinning
 from meshtax.testbed.system import RealSystem

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import pytest
+
 from meshtax.model.components import Component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import ECG, EXTERNAL, Invocation, Service, validate
@@ -68,14 +70,11 @@ def missing_for_real_profile() -> str | None:
     for tool in ("ip", "iptables", "perf", "curl"):
         if shutil.which(tool) is None:
             return f"{tool} not installed"
-    try:
-        from meshtax.testbed.envoy.config import envoy_binary
-        from meshtax.testbed.fortio import fortio_binary
-        from meshtax.testbed.probes import probe_binary
+    from meshtax.testbed.tools import FIX, find_tool
 
-        envoy_binary(), fortio_binary(), probe_binary()
-    except Exception as e:
-        return str(e)
+    for name in ("envoy", "fortio", "probe"):
+        if find_tool(name) is None:  # type: ignore[arg-type]
+            return f"{name} not installed: {FIX[name]}"  # type: ignore[index]
     return None
 
 
@@ -89,3 +88,11 @@ __all__ = [
     "default_sigint",
     "missing_for_real_profile",
 ]
+
+
+def needs(*tools: str) -> pytest.MarkDecorator:
+    """Skip unless every tool (envoy, fortio, meshapp, probe) is installed, saying which is not."""
+    from meshtax.testbed.tools import find_tool
+
+    missing = [t for t in tools if find_tool(t) is None]  # type: ignore[arg-type]
+    return pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)}")

@@ -113,7 +113,7 @@ def test_generate_import_study(env: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_study_config_names_the_tls_version() -> None:
-    from meshtax.cli import _study_config
+    from meshtax.app.predict import parse_study_config as _study_config
     from meshtax.model.sidecar import Mode, SidecarConfig
 
     assert _study_config("a=tcp+mtls1.2") == (

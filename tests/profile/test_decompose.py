@@ -18,7 +18,7 @@ from meshtax.profile.decompose import (
     per_crossing,
     traffic_threads,
 )
-from meshtax.testbed.probes import EMPTY_THREAD, IpcStat, OpStat, ProbeReading, ThreadReading
+from meshtax.testbed.probe_reading import EMPTY_THREAD, IpcStat, OpStat, ProbeReading, ThreadReading
 
 
 def thread(

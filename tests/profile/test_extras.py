@@ -14,21 +14,22 @@ from meshtax.model.costmodel import CostModel, extra_units
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
 from meshtax.model.stats import estimate
-from meshtax.profile.extras import (
-    ExtrasBackends,
-    ExtrasOptions,
-    HandshakeResult,
-    TlsResult,
-    add_large,
-    fit_large,
-    measure_handshake,
-    profile_extras,
-    tls_models,
-)
-from meshtax.profile.filterprof import BASE, FilterBackends, FilterRunOptions, real_load
+from meshtax.profile.backends import Backends
+from meshtax.profile.extras import ExtrasOptions, profile_extras
+from meshtax.profile.filters import FilterRunOptions
+from meshtax.profile.large import add_large, fit_large
+from meshtax.profile.tls import HandshakeResult, TlsResult, measure_handshake, tls_models
+from meshtax.testbed.envoy.variants import BASE
+from meshtax.testbed.pods import Testbed
+from meshtax.testbed.runstate import FakeProcOps
 from meshtax.testbed.system import FakeSystem, RealSystem
 from tests.helpers import flat, profile
-from tests.profile.test_filterprof import FakeWorld, _backends
+from tests.profile.fakes import FakeWorld, fake_backends
+
+
+def _fake_run(tmp_path: Path) -> dict[str, Any]:
+    """Run settings of a testbed on a fake system (state in ``tmp_path``)."""
+    return {"state_dir": tmp_path, "procs": FakeProcOps(default=lambda p: p * 10)}
 
 
 def _large_truth(s: float) -> float:
@@ -120,11 +121,11 @@ def _world() -> FakeWorld:
     return FakeWorld(cpu, lat, instr)
 
 
-def test_profile_extras_adds_to_a_copy_and_merges_later_runs() -> None:
+def test_profile_extras_adds_to_a_copy_and_merges_later_runs(tmp_path: Path) -> None:
     world = _world()
     conn_cpu = {"plain_out": 100.0, "mtls_out": 500.0}
 
-    def connect(port: int, k: int) -> float:
+    def connect(port: int, k: int, mode: Mode) -> float:
         world.cpu_ns += round(conn_cpu[world.port_names[port]] * 1000 * k)
         return {"plain_out": 100e-6, "mtls_out": 700e-6}[world.port_names[port]]
 
@@ -139,10 +140,11 @@ def test_profile_extras_adds_to_a_copy_and_merges_later_runs() -> None:
         def to_dict(self) -> dict[str, Any]:
             return {"fake": True}
 
-    be = ExtrasBackends(
-        filters=_backends(world),
-        memory=lambda mode, mtls, quick, v, system: Mem(mtls),
+    be = fake_backends(
+        world,
+        memory=lambda tb, be, spec: Mem(spec.mtls),
         connect=connect,
+        **_fake_run(tmp_path),
     )
     base = profile(
         {Mode.HTTP: {OTHER: flat(7.0, 3.0)}, Mode.TCP: {OTHER: flat(5.0, 2.0)}}, name="box"
@@ -183,20 +185,18 @@ def test_profile_extras_adds_to_a_copy_and_merges_later_runs() -> None:
 
 
 @pytest.mark.root
-def test_real_handshake_costs_cpu(tmp_path: Path) -> None:
+def test_real_handshake_costs_cpu() -> None:
     """Real Envoy pair: an mTLS connection costs more worker CPU than a plaintext one."""
     if os.geteuid() != 0:
         pytest.skip("needs root")
-    system = RealSystem()
-    be = FilterBackends(load=real_load(system))
-    opts = FilterRunOptions(rounds=3)
-    hs = measure_handshake(opts, system, be, tmp_path, "1.3", k=40)
+    with Testbed(RealSystem()) as tb:
+        hs = measure_handshake(tb, Backends(), FilterRunOptions(rounds=3), "1.3", k=40)
     # an ECDHE handshake with two certificate verifications is tens of µs at the least
     assert hs.cpu_us.median > 20.0
     assert np.isfinite(hs.latency_us.median)
 
 
-def test_extras_measure_both_tls_versions_and_per_connection_rbac() -> None:
+def test_extras_measure_both_tls_versions_and_per_connection_rbac(tmp_path: Path) -> None:
     """mTLS: the primary version fills tls/tls_handshake, every version lands in
     tls_by_version; network RBAC gets a per-connection model in the modes the loop speaks."""
     world = _world()
@@ -205,16 +205,11 @@ def test_extras_measure_both_tls_versions_and_per_connection_rbac() -> None:
     world.instr = {**world.instr, "rbac_network_1": 40_000.0}
     conn_cpu = {"plain_out": 100.0, "mtls_out": 500.0, BASE: 90.0, "rbac_network_1": 93.0}
 
-    def connect(port: int, k: int) -> float:
+    def connect(port: int, k: int, mode: Mode) -> float:
         world.cpu_ns += round(conn_cpu[world.port_names[port]] * 1000 * k)
         return 1e-4
 
-    def connect_mode(port: int, k: int, mode: Mode) -> float:
-        return connect(port, k)
-
-    be = ExtrasBackends(
-        filters=_backends(world, callgrind=False), connect=connect, connect_mode=connect_mode
-    )
+    be = fake_backends(world, callgrind=False, connect=connect, **_fake_run(tmp_path))
     base = profile(
         {Mode.HTTP: {OTHER: flat(7.0, 3.0)}, Mode.TCP: {OTHER: flat(5.0, 2.0)}}, name="box"
     )
@@ -257,7 +252,7 @@ def test_extras_measure_both_tls_versions_and_per_connection_rbac() -> None:
     )
 
 
-def test_extras_per_connection_rbac_in_grpc_mode() -> None:
+def test_extras_per_connection_rbac_in_grpc_mode(tmp_path: Path) -> None:
     """The connection loop speaks gRPC too: a gRPC-mode profile gets network RBAC's
     per-connection model, measured with gRPC connections."""
     world = _world()
@@ -272,7 +267,7 @@ def test_extras_per_connection_rbac_in_grpc_mode() -> None:
         world.cpu_ns += round(conn_cpu[world.port_names[port]] * 1000 * k)
         return 1e-4
 
-    be = ExtrasBackends(filters=_backends(world, callgrind=False), connect_mode=connect_mode)
+    be = fake_backends(world, callgrind=False, connect=connect_mode, **_fake_run(tmp_path))
     store = DictStore(profile({Mode.GRPC: {OTHER: flat(9.0, 4.0)}}, name="box"))
     out = profile_extras(
         ExtrasOptions(filters=("rbac_network_1",), quick=True, modes=(Mode.GRPC,)),

@@ -18,12 +18,14 @@ import pytest
 from meshtax.model.components import BASE_COMPONENTS, IPC, NOTIFICATION, OTHER, PARSING, READ, WRITE
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
+from meshtax.profile.backends import Backends
+from meshtax.profile.build import ClosureWarning
 from meshtax.profile.plan import Plan
-from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, Progress, run_profile
+from meshtax.profile.run import ProfileOptions, Progress, run_profile
 from meshtax.testbed.perf import Bucket, PerfProfile
 from meshtax.testbed.pinning import Pinning
 from meshtax.testbed.probes import ProbeReading
-from meshtax.testbed.runstate import STATE_DIR
+from meshtax.testbed.runstate import STATE_DIR, FakeProcOps
 from meshtax.testbed.system import Completed, FakeSystem, Placement, Process, RealSystem
 from tests.helpers import missing_for_real_profile
 from tests.profile.test_decompose import make_reading, thread
@@ -34,14 +36,8 @@ MESHED_US = {"9078": 140.0, "9079": 300.0, "9080": 200.0}  # by the app port the
 COUNT = 1000
 
 
-class Procs:
-    def start_time(self, pid: int) -> int | None:
-        return pid * 10
-
-    def terminate(
-        self, pid: int, start_time: int, *, netns: str | None = None, timeout: float = 2.0
-    ) -> bool:
-        return True
+def Procs() -> FakeProcOps:
+    return FakeProcOps(default=lambda pid: pid * 10)
 
 
 class EchoFakeSystem(FakeSystem):
@@ -233,7 +229,6 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
         procs=Procs(),
         envoy_binary=Path("/x/envoy"),
         fortio_binary=Path("/x/fortio"),
-        workdir=tmp_path / "work",
         niceness=fake_nice,
         now=lambda: dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
     )
@@ -329,7 +324,6 @@ def _fake_run(
         procs=Procs(),
         envoy_binary=Path("/x/envoy"),
         fortio_binary=Path("/x/fortio"),
-        workdir=tmp_path / "work",
         niceness=lambda n: contextlib.nullcontext(),
     )
     seen: list[Progress] = []
@@ -479,7 +473,6 @@ def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
         procs=Procs(),
         envoy_binary=Path("/x/envoy"),
         fortio_binary=Path("/x/fortio"),
-        workdir=tmp_path / "work",
         niceness=lambda n: contextlib.nullcontext(),
     )
     with warnings.catch_warnings():

@@ -9,6 +9,7 @@ import pytest
 
 from meshtax.model.profile import Profile
 from meshtax.report import figures as F
+from meshtax.report import graph_figures as G
 from meshtax.report import tables as T
 from meshtax.report.build import Report
 from meshtax.store.reference import reference_profile
@@ -55,7 +56,7 @@ def test_published_profile_has_a_breakdown_but_no_sample_figures() -> None:
 def test_callgraph_highlights_exactly_the_critical_hops() -> None:
     doc = D.prediction(D.golden_profile(), whatif=False)
     for g in doc["graphs"]:
-        c = F.callgraph_chart("x", g)
+        c = G.callgraph_chart("x", g)
         assert c is not None
         # critical edges: thick red strokes (2.6 pt, scaled to px in the SVG); one per critical invocation
         red = re.findall(r'<path d="[^"]*"[^>]*stroke: ?#d62728; ?stroke-width: ?([0-9.]+)', c.svg)
@@ -68,21 +69,21 @@ def test_callgraph_highlights_exactly_the_critical_hops() -> None:
 
 def test_whatif_before_after_and_cdf() -> None:
     doc = D.prediction(D.golden_profile())
-    w = F.whatif_chart("x", doc)
+    w = G.whatif_chart("x", doc)
     assert w is not None and "before" in w.svg and "after" in w.svg
-    assert F.whatif_chart("x", {**doc, "whatif": None}) is None
-    c = F.cdf_chart(T.prediction_distributions("x", doc))
+    assert G.whatif_chart("x", {**doc, "whatif": None}) is None
+    c = G.cdf_chart(T.prediction_distributions("x", doc))
     assert c is not None and f"n={len(doc['graphs'])}" in c.svg
-    assert F.cdf_chart([]) is None
+    assert G.cdf_chart([]) is None
 
 
 def test_validation_chart_labels_errors() -> None:
     cases = T.validation_cases(D.validation_doc())
-    c = F.validation_chart(cases)
+    c = G.validation_chart(cases)
     assert c is not None
     for case in cases:
         assert f"{case.error_pct:+.0f}%" in c.svg
-    assert F.validation_chart([]) is None
+    assert G.validation_chart([]) is None
 
 
 def test_ids_are_unique_across_the_whole_report(full_report: Report) -> None:

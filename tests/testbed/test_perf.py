@@ -1,4 +1,4 @@
-"""perf cpu-clock attribution: symbol table, perf script parsing, sessions, schedstat."""
+"""perf cpu-clock attribution: symbol table, perf script parsing, sessions."""
 
 from __future__ import annotations
 
@@ -21,9 +21,7 @@ from meshtax.testbed.perf import (
     classify_stack,
     classify_symbol,
     parse_perf_script,
-    parse_schedstat,
     record_argv,
-    schedstat,
     script_argv,
 )
 from meshtax.testbed.system import Completed, FakeSystem, RealSystem
@@ -206,38 +204,7 @@ def test_perf_session_with_fake_system() -> None:
         sess.stop(None)
 
 
-def test_schedstat_reads_proc_layout(tmp_path: Path) -> None:
-    for tid, text in [(10, "123456 789 12\n"), (11, "5 0 1\n")]:
-        d = tmp_path / "10" / "task" / str(tid)
-        d.mkdir(parents=True)
-        (d / "schedstat").write_text(text)
-    assert schedstat(10, proc=tmp_path) == {10: 123456, 11: 5}
-    with pytest.raises(PerfError, match="no such process 99"):
-        schedstat(99, proc=tmp_path)
-    with pytest.raises(PerfError, match="unparseable"):
-        parse_schedstat("")
-
-
 # --- real (root) -----------------------------------------------------------------------------
-
-
-def test_schedstat_increases_for_a_busy_process() -> None:
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import time\nend=time.monotonic()+0.6\nwhile time.monotonic()<end: pass",
-        ]
-    )
-    try:
-        time.sleep(0.1)
-        before = sum(schedstat(p.pid).values())
-        time.sleep(0.3)
-        after = sum(schedstat(p.pid).values())
-        assert after > before > 0
-    finally:
-        p.kill()
-        p.wait()
 
 
 @pytest.mark.root

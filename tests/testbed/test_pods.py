@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from meshtax.testbed.pods import CleanupError, Interception, Testbed, istio_rules
-from meshtax.testbed.runstate import RunBusy, list_netns
+from meshtax.testbed.runstate import FakeProcOps, RunBusy, list_netns
 from meshtax.testbed.system import Completed, FakeSystem, Placement, RealSystem, wait_until
 from tests.helpers import default_sigint
 
@@ -22,24 +22,8 @@ NETPROBE = str(HERE / "netprobe.py")
 CHILD = str(HERE / "testbed_child.py")
 
 
-class FakeProcs:
-    """ProcOps over a dict pid -> start time; terminate honours the start-time check."""
-
-    def __init__(self, table: dict[int, int] | None = None) -> None:
-        self.table = dict(table or {})
-        self.terminated: list[int] = []
-
-    def start_time(self, pid: int) -> int | None:
-        return self.table.get(pid, pid * 10)
-
-    def terminate(
-        self, pid: int, start_time: int, *, netns: str | None = None, timeout: float = 2.0
-    ) -> bool:
-        if self.start_time(pid) != start_time:
-            return False
-        self.terminated.append(pid)
-        self.table[pid] = -1  # gone: start time no longer matches
-        return True
+def FakeProcs(table: dict[int, int] | None = None) -> FakeProcOps:
+    return FakeProcOps(dict(table or {}), default=lambda pid: pid * 10)
 
 
 def fake_bed(tmp_path: Path, **kw: object) -> tuple[Testbed, FakeSystem, FakeProcs]:

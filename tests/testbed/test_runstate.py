@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from meshtax.testbed.runstate import (
+    FakeProcOps,
     ProcRecord,
     RealProcOps,
     Registry,
@@ -26,27 +27,8 @@ from meshtax.testbed.runstate import (
 from meshtax.testbed.system import Completed, FakeSystem
 
 
-class FakeProcs:
-    """pid -> start time; terminate only when the start time (and netns) still match."""
-
-    def __init__(self, table: dict[int, int], netns_of: dict[int, str] | None = None) -> None:
-        self.table = dict(table)
-        self.netns_of = netns_of or {}
-        self.terminated: list[int] = []
-
-    def start_time(self, pid: int) -> int | None:
-        return self.table.get(pid)
-
-    def terminate(
-        self, pid: int, start_time: int, *, netns: str | None = None, timeout: float = 2.0
-    ) -> bool:
-        if self.table.get(pid) != start_time:
-            return False
-        if netns is not None and self.netns_of.get(pid) != netns:
-            return False
-        self.terminated.append(pid)
-        del self.table[pid]
-        return True
+def FakeProcs(table: dict[int, int], netns_of: dict[int, str] | None = None) -> FakeProcOps:
+    return FakeProcOps(dict(table), netns_of or {})
 
 
 def ip_answers(netns: list[str], pids: dict[str, list[int]]) -> FakeSystem:

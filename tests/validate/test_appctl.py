@@ -13,10 +13,11 @@ import pytest
 
 from meshtax.model.ecg import EXTERNAL
 from meshtax.model.sidecar import Mode
-from meshtax.testbed.fortio import LoadSpec, fortio_binary, run_spec
+from meshtax.testbed.fortio import LoadSpec, run_spec
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.system import FakeSystem, Placement, Process, RealSystem
 from meshtax.testbed.system import free_ports as _free_ports
+from meshtax.testbed.tools import find_tool
 from meshtax.traces.api import load_traces
 from meshtax.traces.spans import Span, read_otlp_json
 from meshtax.validate import appctl
@@ -257,10 +258,10 @@ def meshapp() -> Path:
 
 
 def _fortio() -> Path:
-    try:
-        return fortio_binary()
-    except Exception:
+    found = find_tool("fortio")
+    if found is None:
         pytest.skip("fortio not installed (scripts/install.sh puts it in .tools/bin)")
+    return Path(found)
 
 
 def _server_spans_by_trace(spans: list[Span]) -> dict[str, list[Span]]:

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from meshtax.app.data import write_document
 from meshtax.report.tables import validation_cases
-from meshtax.validate.pairing import PairPolicy, measure_pairs
+from meshtax.store.sqlite import ProfileStore
+from meshtax.testbed.paired import PairPolicy
+from meshtax.validate.pairing import measure_pairs
 from meshtax.validate.result import (
     CaseResult,
     Predicted,
@@ -18,7 +21,7 @@ from meshtax.validate.result import (
     overheads,
     rel_error,
 )
-from meshtax.validate.run import SweepPoint, SweepResult, write_report
+from meshtax.validate.sweep import SweepPoint, SweepResult
 
 
 def rs(
@@ -146,19 +149,19 @@ class Clock:
     [
         (
             [0.0] * 20,
-            PairPolicy(min_pairs=6, max_pairs=12),
+            PairPolicy(6, 12),
             6,
             "narrow",
         ),  # identical runs: tight at once
         (
             [0.0, 500.0] * 10,
-            PairPolicy(min_pairs=6, max_pairs=8),
+            PairPolicy(6, 8),
             8,
-            "max_pairs",
+            "max_rounds",
         ),  # wild: never narrow
         (
             [0.0, 500.0] * 10,
-            PairPolicy(min_pairs=3, max_pairs=20, budget_s=10.0),
+            PairPolicy(3, 20, 10.0),
             5,
             "budget",
         ),  # 2 s a pair: 5th ends at 10 s
@@ -179,16 +182,11 @@ def test_measure_pairs_alternates_and_stops(
             10_000_000 if side == "no_mesh" else 30_000_000,
         )
 
-    pairs, stop = measure_pairs(run, policy, clock)
+    pairs, stop = measure_pairs(run, policy, clock=clock)
     assert (len(pairs), stop) == (n, why)
     # the order alternates so drift falls on both sides
     assert order[:4] == ["no_mesh", "mesh", "mesh", "no_mesh"]
     assert all(m.p50_us > b.p50_us for b, m in pairs)
-
-
-def test_policy_is_checked() -> None:
-    with pytest.raises(ValueError):
-        PairPolicy(min_pairs=5, max_pairs=4)
 
 
 def test_sweep_document_and_reports(tmp_path: Path) -> None:
@@ -201,9 +199,10 @@ def test_sweep_document_and_reports(tmp_path: Path) -> None:
     assert doc["cases"][1]["latency"]["error"] == pytest.approx(60 / 305 - 1)
     rate = SweepResult("rate", "tcp", (SweepPoint(0.25, 100, 2000.0, PAIRS, pred),), "p1", 8000.0)
     assert rate.cases()[0].query == "25% of max (2000/s)"
-    j = write_report(doc, tmp_path / "s.json")
+    store = ProfileStore(tmp_path / "db")
+    j = write_document(doc, str(tmp_path / "s.json"), store)
     assert json.loads(j.read_text())["format"] == "meshtax-validation/1"
-    h = write_report([doc, rate.to_document()], tmp_path / "s.html")
+    h = write_document([doc, rate.to_document()], str(tmp_path / "s.html"), store)
     text = h.read_text()
     assert "Validation: sweep-size-http" in text and "Validation: sweep-rate-tcp" in text
 

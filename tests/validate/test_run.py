@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from meshtax.model.profile import Platform, Profile
+from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
+from meshtax.profile.backends import Backends
+from meshtax.profile.build import ClosureWarning
 from meshtax.profile.plan import Plan
-from meshtax.profile.run import Backends, ClosureWarning, ProfileOptions, run_profile
+from meshtax.profile.run import ProfileOptions, run_profile
 from meshtax.report.text import colocation_lines
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.system import RealSystem
@@ -45,25 +47,13 @@ def test_sidecar_modes_and_app_protocols() -> None:
 
 def test_options() -> None:
     o = ValidateOptions("bookinfo", modes=("tcp",), quick=True, duration_s=5.0)  # type: ignore[arg-type]
-    assert o.modes == (Mode.TCP,) and o.run_s() == 1.0 and o.policy().max_pairs == 3
+    assert o.modes == (Mode.TCP,) and o.run_s() == 1.0 and o.policy().max_rounds == 3
     assert o.to_dict()["modes"] == ["tcp"]
-    assert ValidateOptions("bookinfo").policy().min_pairs == 6
+    assert ValidateOptions("bookinfo").policy().min_rounds == 6
     with pytest.raises(ValueError, match="not supported"):
         ValidateOptions("bookinfo", mtls=True)
     with pytest.raises(ValueError):
         ValidateOptions("bookinfo", rate=-1)
-
-
-class _OneProfile:
-    def __init__(self, p: Profile) -> None:
-        self.p = p
-
-    def get(self, name: str) -> Profile:
-        assert name == self.p.name
-        return self.p
-
-    def for_host(self, host: Platform) -> Profile | None:
-        return self.p
 
 
 def _missing() -> str | None:
@@ -105,7 +95,7 @@ def short_profile() -> Profile:
         cpu_run_s=0.5,
         warmup_n=100,
     )
-    scratch = set(Path(tempfile.gettempdir()).glob("meshtax-profile-*"))
+    scratch = set(Path(tempfile.gettempdir()).glob("meshtax-*"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)  # a noisy shared machine may not close
         prof = run_profile(
@@ -115,7 +105,7 @@ def short_profile() -> Profile:
             backends=Backends(lock_timeout=300.0),
         )
     # the run's scratch directory (Envoy configs and logs) is gone with it
-    assert set(Path(tempfile.gettempdir()).glob("meshtax-profile-*")) <= scratch
+    assert set(Path(tempfile.gettempdir()).glob("meshtax-*")) <= scratch
     return prof
 
 
@@ -138,7 +128,7 @@ def test_bookinfo_http_prediction_not_grossly_off(short_profile: Profile) -> Non
         warmup_n=100,
         lock_timeout_s=300.0,
     )
-    res = run_validation(opts, RealSystem(), _OneProfile(short_profile))
+    res = run_validation(opts, RealSystem(), short_profile)
     (case,) = res.cases
     assert case.error is None, case.error
     k = case.comparisons
@@ -169,8 +159,8 @@ def test_calibration_measures_chains_and_stores_the_exponent(
     keep = tmp_path / "keep"
     prof, res = calibrate(
         RealSystem(),
+        short_profile,
         store,
-        profile_name="ci-validate",
         quick=True,
         chains=("one", "two"),
         keep_dir=keep,

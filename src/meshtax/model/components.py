@@ -85,3 +85,12 @@ BASE_COMPONENTS: tuple[Component, ...] = (IPC, READ, WRITE, NOTIFICATION, PARSIN
 
 def filter_component(name: str) -> Component:
     return Component(Kind.FILTER, name)
+
+
+def sized(base: str, n: int) -> str:
+    """Name of a filter whose cost depends on its size (RBAC rules, IP tags): ``rbac_http_100``.
+
+    One place decides the spelling, so profiles and imports agree; it fits the ECG schema's
+    filter-name pattern (``[a-z0-9][a-z0-9_.-]*``).
+    """
+    return f"{base}_{n}"

@@ -103,7 +103,7 @@ from dataclasses import dataclass, fields, replace
 
 from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, WRITE, Component
 from meshtax.model.sidecar import Mode
-from meshtax.testbed.probes import EMPTY_THREAD, OpStat, ProbeReading, ThreadReading
+from meshtax.testbed.probe_reading import EMPTY_THREAD, OpStat, ProbeReading, ThreadReading
 
 __all__ = [
     "CROSSINGS_PER_REQUEST",

@@ -8,12 +8,11 @@ Everything in a plan is echoed into the profile's provenance (:meth:`Plan.to_dic
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshtax.model.sidecar import Mode
-from meshtax.testbed.pinning import Pinning, available_cpus
+from meshtax.testbed.pinning import Pinning, default_pinning
 
 __all__ = [
     "CARRIED_PROTOCOLS",
@@ -22,7 +21,6 @@ __all__ = [
     "QUICK_SIZES",
     "Plan",
     "Step",
-    "default_pinning",
     "full_plan",
     "quick_plan",
 ]
@@ -52,19 +50,6 @@ STEP_OVERHEAD_S = {
     "cpu": 0.8,
     "warmup": 0.3,
 }
-
-
-def default_pinning(cpus: Sequence[int] | None = None) -> Pinning:
-    """Client alone on one CPU; sidecar and app together on another (as in a pod).
-
-    Measured here (benchmarks/profile_pinning.py): this placement gives the same number of
-    cross-CPU wake-ups with and without the sidecar, so their difference is the sidecar's
-    own work, and it had the smallest run-to-run spread. One CPU: everything shares it.
-    """
-    cs = tuple(cpus) if cpus is not None else available_cpus()
-    if len(cs) < 2:
-        return Pinning(client=cs or None, sidecars=cs or None, app=cs or None)
-    return Pinning(client=(cs[0],), sidecars=(cs[1],), app=(cs[1],))
 
 
 @dataclass(frozen=True)

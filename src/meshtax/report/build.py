@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from meshtax.report import figures as F
+from meshtax.report import graph_figures as G
 from meshtax.report import html as H
 from meshtax.report import tables as T
 from meshtax.report.markdown import interval
@@ -115,12 +116,12 @@ def _prediction_section(
         charts.append(c)
         sec.blocks.append(H.figure(c.id, c.kind, c.title, c.caption, c.svg))
 
-    add(F.overview_chart(label, doc), f"{label}: no graphs to draw")
+    add(G.overview_chart(label, doc), f"{label}: no graphs to draw")
     detailed = [g for g in gs if g.get("invocations")]
     if detailed:
         sec.blocks.append("<h3>Call graphs and critical paths</h3>")
         for g in detailed[:MAX_CALLGRAPHS]:
-            add(F.callgraph_chart(label, g), f"{label}/{g['name']}: no invocations")
+            add(G.callgraph_chart(label, g), f"{label}/{g['name']}: no invocations")
         if len(detailed) > MAX_CALLGRAPHS:
             sec.blocks.append(
                 H.para(
@@ -135,7 +136,7 @@ def _prediction_section(
         )
     if w:
         sec.blocks.append("<h3>What-if</h3>")
-        add(F.whatif_chart(label, doc), f"{label}: no what-if data")
+        add(G.whatif_chart(label, doc), f"{label}: no what-if data")
     return sec
 
 
@@ -315,7 +316,7 @@ def render_report(
         sections.append(_prediction_section(lab, doc, charts, notes, f"prediction-{i + 1}"))
     if dists:
         sec = H.Section("distributions", "Overhead across call graphs")
-        c = F.cdf_chart(dists)
+        c = G.cdf_chart(dists)
         if c is not None:
             charts.append(c)
             sec.blocks.append(H.figure(c.id, c.kind, c.title, c.caption, c.svg))
@@ -352,7 +353,7 @@ def render_report(
                 for c in cases
             ]
             sec.blocks.append(H.table(["case", "metric", "measured", "predicted", "error"], rows))
-            c = F.validation_chart(cases, name)
+            c = G.validation_chart(cases, name)
             if c is not None:
                 charts.append(c)
                 sec.blocks.append(H.figure(c.id, c.kind, c.title, c.caption, c.svg))
@@ -450,27 +451,42 @@ def load_result_file(path: str | Path) -> tuple[str, dict[str, Any]]:
         raise ValueError(f"{p}: not JSON ({e})") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{p}: expected a JSON object")
+    kind = result_kind(doc)
+    if kind is None:
+        fmt = str(doc.get("format", "")) or "missing"
+        raise ValueError(
+            f"{p}: not a meshtax prediction, profile, validation or study result (format {fmt})"
+        )
+    doc.setdefault("label" if kind == "prediction" else "name", p.stem)
+    return kind, doc
+
+
+def result_kind(doc: Mapping[str, Any]) -> str | None:
+    """prediction | profile | validation | study, or None."""
     fmt = str(doc.get("format", ""))
     if fmt.startswith("meshtax-prediction/") or "graphs" in doc:
-        doc.setdefault("label", p.stem)
-        return "prediction", doc
+        return "prediction"
     if fmt.startswith("meshtax-validation/") or "cases" in doc:
-        doc.setdefault("name", p.stem)
-        return "validation", doc
+        return "validation"
     if fmt.startswith("meshtax-study/") or "configurations" in doc:
-        doc.setdefault("name", p.stem)
-        return "study", doc
+        return "study"
     if "modes" in doc and "platform" in doc:
-        return "profile", doc
-    raise ValueError(
-        f"{p}: not a meshtax prediction, profile, validation or study result (format {fmt or 'missing'})"
-    )
+        return "profile"
+    return None
 
 
-def load_result_files(paths: Sequence[str | Path]) -> ResultFiles:
+def load_result_files(
+    paths: Sequence[str | Path], docs: Sequence[dict[str, Any]] = ()
+) -> ResultFiles:
+    """Result files (and documents already in memory), sorted by kind."""
     r = ResultFiles()
-    for path in paths:
-        kind, doc = load_result_file(path)
+    loaded = [load_result_file(p) for p in paths]
+    for doc in docs:
+        kind = result_kind(doc)
+        if kind is None:
+            raise ValueError("not a meshtax prediction, profile, validation or study document")
+        loaded.append((kind, doc))
+    for kind, doc in loaded:
         {
             "prediction": r.predictions,
             "profile": r.profiles,
@@ -487,10 +503,11 @@ def report_from_files(
     out_path: str | Path,
     compare: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None,
     created: str | None = None,
+    docs: Sequence[dict[str, Any]] = (),
 ) -> Path:
-    """``meshtax report FILE... --profiles NAME... [--compare A B]``: files of any result kind,
-    plus profile documents from the store; writes and returns ``out_path``."""
-    r = load_result_files(paths)
+    """``meshtax report FILE... --profiles NAME... [--compare A B]``: files of any result kind
+    (and ``docs`` in memory), plus profile documents from the store; writes ``out_path``."""
+    r = load_result_files(paths, docs)
     extra = ReportInputs(
         validations=r.validations, studies=r.studies, compare=compare, created=created
     )

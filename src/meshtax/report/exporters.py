@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from meshtax.report.markdown import MarkdownExporter
+
 
 class Exporter(Protocol):
     suffix: str
@@ -130,10 +132,25 @@ class CsvExporter:
         return buf.getvalue()
 
 
-EXPORTERS: dict[str, Exporter] = {"json": JsonExporter(), "csv": CsvExporter()}
+class HtmlExporter:
+    """The full report of one document (a prediction or a profile) as one self-contained page."""
 
-# Markdown and the self-contained HTML report (issue 7); HTML imports matplotlib only when used.
-from meshtax.report.html import HtmlExporter  # noqa: E402
-from meshtax.report.markdown import MarkdownExporter  # noqa: E402
+    suffix = ".html"
 
-EXPORTERS.update({"markdown": MarkdownExporter(), "html": HtmlExporter()})
+    def export(self, doc: Mapping[str, Any]) -> str:
+        # matplotlib loads only when HTML is asked for
+        from meshtax.report.build import render_report
+
+        if "graphs" in doc:
+            return render_report([doc], []).html
+        if "modes" in doc:
+            return render_report([], [doc]).html
+        raise ValueError("not a prediction or profile document (no 'graphs' or 'modes')")
+
+
+EXPORTERS: dict[str, Exporter] = {
+    "json": JsonExporter(),
+    "csv": CsvExporter(),
+    "markdown": MarkdownExporter(),
+    "html": HtmlExporter(),
+}

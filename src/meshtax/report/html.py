@@ -6,7 +6,7 @@ This module knows the page's markup only; :mod:`meshtax.report.build` decides wh
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,20 +118,3 @@ def page(title: str, subtitle: str, sections: Sequence[Section], created: str) -
         f"<main>{body}</main><footer>meshtax {esc(__version__)} · created {esc(created)} · one self-contained file: "
         "no scripts, no network.</footer></body></html>\n"
     )
-
-
-class HtmlExporter:
-    """The full report of one document (a prediction or a profile) as one self-contained page."""
-
-    suffix = ".html"
-
-    def export(self, doc: Mapping[str, Any]) -> str:
-        from meshtax.report.build import (
-            render_report,
-        )  # matplotlib loads only when HTML is asked for
-
-        if "graphs" in doc:
-            return render_report([doc], []).html
-        if "modes" in doc:
-            return render_report([], [doc]).html
-        raise ValueError("not a prediction or profile document (no 'graphs' or 'modes')")

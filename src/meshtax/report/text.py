@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from meshtax.model.components import BASE_COMPONENTS, Component
-from meshtax.model.profile import Colocation, Profile
+from meshtax.model.profile import Colocation, Platform, Profile
 from meshtax.model.sidecar import Mode
-from meshtax.store.sqlite import ProfileSummary
 
 #: Conditions of the paper's Table 2: one request (request + response) through one sidecar.
 TABLE_BYTES = 100.0
@@ -188,7 +187,26 @@ def prediction_text(doc: Mapping[str, Any]) -> str:
     return _render(*items)
 
 
-def profiles_text(rows: Sequence[ProfileSummary]) -> str:
+class ProfileRow(Protocol):
+    """One line of ``profiles list`` (the store's summary satisfies it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def created(self) -> str: ...
+    @property
+    def modes(self) -> Sequence[str]: ...
+    @property
+    def filters(self) -> Sequence[str]: ...
+    @property
+    def platform(self) -> Platform: ...
+    @property
+    def bundled(self) -> bool: ...
+
+
+def profiles_text(rows: Sequence[ProfileRow]) -> str:
     t = Table(header_style="bold", box=None, pad_edge=False)
     for col in ("name", "source", "created", "modes", "filters", "platform"):
         t.add_column(col)

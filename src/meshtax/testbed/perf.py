@@ -8,8 +8,8 @@ kernel, the first frame found in :data:`SYMBOL_TABLE` decides the bucket, so the
 path that runs inside a ``sendto`` is ``ipc``, not ``write``. A kernel sample no frame matches
 is ``kernel_other``. The table is pure data; :func:`classify_stack` is a pure function.
 
-:func:`schedstat` reads per-thread on-CPU ns from ``/proc/PID/task/TID/schedstat`` as the
-cross-check of both the probe's and perf's totals.
+:func:`~meshtax.testbed.procfs.schedstat` is the cross-check of both the probe's and perf's
+totals.
 """
 
 from __future__ import annotations
@@ -41,8 +41,6 @@ __all__ = [
     "classify_symbol",
     "parse_perf_script",
     "record_argv",
-    "parse_schedstat",
-    "schedstat",
     "script_argv",
 ]
 
@@ -349,26 +347,3 @@ class PerfSession:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-
-
-def parse_schedstat(text: str) -> int:
-    """First field of ``/proc/.../schedstat``: ns the task has run on a CPU."""
-    try:
-        return int(text.split()[0])
-    except (IndexError, ValueError) as e:
-        raise PerfError(f"unparseable schedstat: {text!r}") from e
-
-
-def schedstat(pid: int, proc: Path = Path("/proc")) -> dict[int, int]:
-    """On-CPU ns per thread of ``pid`` (threads that exit while reading are skipped)."""
-    out: dict[int, int] = {}
-    try:
-        tasks = list((proc / str(pid) / "task").iterdir())
-    except FileNotFoundError as e:
-        raise PerfError(f"no such process {pid}") from e
-    for t in tasks:
-        try:
-            out[int(t.name)] = parse_schedstat((t / "schedstat").read_text())
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return out

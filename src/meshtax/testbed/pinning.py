@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from meshtax.testbed.system import Placement
 
-__all__ = ["CLIENT_APART", "ONE_CPU", "UNPINNED", "Pinning", "available_cpus"]
+__all__ = ["CLIENT_APART", "ONE_CPU", "UNPINNED", "Pinning", "available_cpus", "default_pinning"]
 
 
 def available_cpus() -> tuple[int, ...]:
@@ -68,3 +68,16 @@ UNPINNED = Pinning()
 ONE_CPU = Pinning(client=(0,), sidecars=(0,), app=(0,))
 # load client apart from the proxy and app, so its own CPU use does not delay them
 CLIENT_APART = Pinning(client=(0,), sidecars=(1,), app=(1,))
+
+
+def default_pinning(cpus: Sequence[int] | None = None) -> Pinning:
+    """Client alone on one CPU; sidecar and app together on another (as in a pod).
+
+    Measured here (benchmarks/profile_pinning.py): this placement gives the same number of
+    cross-CPU wake-ups with and without the sidecar, so their difference is the sidecar's
+    own work, and it had the smallest run-to-run spread. One CPU: everything shares it.
+    """
+    cs = tuple(cpus) if cpus is not None else available_cpus()
+    if len(cs) < 2:
+        return Pinning(client=cs or None, sidecars=cs or None, app=cs or None)
+    return Pinning(client=(cs[0],), sidecars=(cs[1],), app=(cs[1],))

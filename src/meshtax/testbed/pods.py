@@ -21,7 +21,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import types
 from collections.abc import Mapping, Sequence
@@ -31,6 +30,7 @@ from typing import IO, Any
 
 from meshtax.testbed.runstate import (
     NETNS_PREFIX,
+    RUN_ENV,
     STATE_DIR,
     ProcOps,
     ProcRecord,
@@ -40,9 +40,11 @@ from meshtax.testbed.runstate import (
     RunLock,
     RunState,
     delete_netns,
+    netns_pids,
+    owned_tempdir,
     reap,
 )
-from meshtax.testbed.system import Placement, Process, System
+from meshtax.testbed.system import Completed, Placement, Process, System
 
 BRIDGE = "br0"
 POD_IF = "eth0"
@@ -469,20 +471,37 @@ class Testbed:
         pl = place or Placement()
         if pod is not None:
             pl = dataclasses.replace(pl, netns=pod.netns)
-        p = self.system.spawn(argv, place=pl, stdout=stdout, stderr=stderr, env=env)
+        # tagged: a process started but not yet recorded when the run dies is still reaped
+        tagged = {**(env or {}), RUN_ENV: self.run_id}
+        p = self.system.spawn(argv, place=pl, stdout=stdout, stderr=stderr, env=tagged)
         self.adopt(p, pl.wrap(argv), netns=pl.netns)
         return p
+
+    @property
+    def registered(self) -> System:
+        """A :class:`System` whose spawned processes belong to this testbed (recorded, tagged,
+        stopped on close, reaped after a crash): give it to any tool that starts processes."""
+        return _Registered(self)
+
+    def pod_pids(self, pod: Pod) -> list[int]:
+        """Every process in ``pod``'s namespace now."""
+        return netns_pids(self.system, pod.netns)
 
     @property
     def processes(self) -> list[Process]:
         """Processes spawned or adopted so far, oldest first."""
         return list(self._spawned)
 
+    def scratch_dirs(self) -> list[Path]:
+        """Scratch directories made so far, oldest first (removed on close)."""
+        reg = self._require_open()
+        return [Path(d) for d in reg.state.dirs]
+
     def scratch_dir(self, prefix: str) -> Path:
         """A new temporary directory (configs, logs) that lives as long as the testbed: removed
         on close, and by the reaper after a crash."""
         reg = self._require_open()
-        path = Path(tempfile.mkdtemp(prefix=prefix))
+        path = owned_tempdir(prefix.removeprefix("meshtax-").rstrip("-"), self.procs)
         reg.add_dir(path)
         return path
 
@@ -492,3 +511,35 @@ class Testbed:
         reg = self._require_open()
         self._spawned.append(proc)
         reg.add_process(ProcRecord(proc.pid, self.procs.start_time(proc.pid), list(argv), netns))
+
+
+class _Registered:
+    """:attr:`Testbed.registered`: commands run as usual, processes spawn through the testbed."""
+
+    def __init__(self, tb: Testbed) -> None:
+        self.tb = tb
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        place: Placement = Placement(),
+        check: bool = True,
+        input: str | None = None,
+        timeout: float | None = 120.0,
+        env: Mapping[str, str] | None = None,
+    ) -> Completed:
+        return self.tb.system.run(
+            argv, place=place, check=check, input=input, timeout=timeout, env=env
+        )
+
+    def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        place: Placement = Placement(),
+        stdout: IO[bytes] | int | None = subprocess.DEVNULL,
+        stderr: IO[bytes] | int | None = subprocess.DEVNULL,
+        env: Mapping[str, str] | None = None,
+    ) -> Process:
+        return self.tb.spawn(None, argv, place=place, stdout=stdout, stderr=stderr, env=env)

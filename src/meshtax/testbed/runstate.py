@@ -14,11 +14,13 @@ import errno
 import fcntl
 import json
 import os
+import re
 import select
 import shutil
 import signal
+import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -31,6 +33,13 @@ INDEX_DIR = STATE_DIR / "index"
 LOCK_NAME = "profile.lock"
 NETNS_PREFIX = "mtx-"
 STATE_VERSION = 1
+#: every process a run spawns carries ``MESHTAX_RUN=<run id>`` in its environment, so one that
+#: was started but not yet recorded when the run was killed is still found by the reaper
+RUN_ENV = "MESHTAX_RUN"
+#: scratch directories are named ``meshtax-<what>.<owner pid>.<owner start time>.<random>``:
+#: the reaper removes those whose owner is dead, recorded or not
+TMP_PREFIX = "meshtax-"
+_OWNED = re.compile(r"^meshtax-[A-Za-z0-9_-]*\.(\d+)\.(\d+)\.")
 
 
 class RunBusy(RuntimeError):
@@ -66,6 +75,10 @@ class ProcOps(Protocol):
         SIGKILL after ``timeout``. Returns True if a signal was sent."""
         ...
 
+    def tagged(self, run_id: str) -> list[int]:
+        """PIDs whose environment holds ``MESHTAX_RUN=<run_id>``."""
+        ...
+
 
 def parse_stat_start_time(stat: str) -> int:
     """Field 22 (starttime) of a ``/proc/<pid>/stat`` line; comm may contain spaces/parens."""
@@ -82,6 +95,20 @@ class RealProcOps:
                 return parse_stat_start_time(f.read())
         except (OSError, ValueError, IndexError):
             return None
+
+    def tagged(self, run_id: str) -> list[int]:
+        want = f"{RUN_ENV}={run_id}".encode()
+        out: list[int] = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                env = (d / "environ").read_bytes()
+            except OSError:
+                continue
+            if want in env.split(b"\0"):
+                out.append(int(d.name))
+        return out
 
     def _same_netns(self, pid: int, netns: str) -> bool:
         try:
@@ -370,6 +397,7 @@ def reap(
     keep_runs: Sequence[str] = (),
     timeout: float = 2.0,
     index_dir: Path | None = None,
+    tmp_dir: Path | None = None,
 ) -> ReapReport:
     """Remove leftovers of dead runs: their recorded processes, namespaces and scratch
     directories, their state files, and any ``mtx-*`` namespace no live run owns — live in this state dir or in the
@@ -398,6 +426,11 @@ def reap(
                     rec.pid, rec.start_time, timeout=timeout
                 ):
                     report.processes.append(rec.pid)
+            # started but killed before it was recorded: found by its environment tag
+            for pid in procs.tagged(st.run_id):
+                start = procs.start_time(pid)
+                if start is not None and procs.terminate(pid, start, timeout=timeout):
+                    report.processes.append(pid)
             for ns in reversed(st.netns):
                 report.processes += delete_netns(system, procs, ns, timeout)
                 report.netns.append(ns)
@@ -412,7 +445,36 @@ def reap(
         if ns.startswith(NETNS_PREFIX) and ns not in live_netns and ns not in report.netns:
             report.processes += delete_netns(system, procs, ns, timeout)
             report.netns.append(ns)
+    # the real /tmp is judged by the real /proc, whatever process ops a caller injects
+    report.dirs += reap_tempdirs(RealProcOps() if tmp_dir is None else procs, tmp_dir)
     return report
+
+
+def owned_tempdir(what: str, procs: ProcOps | None = None, tmp_dir: Path | None = None) -> Path:
+    """A new scratch directory named after its owner (this process and its start time), so
+    the reaper removes it once the owner is dead, even if nothing recorded it."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]*", what):
+        raise ValueError(f"scratch directory label {what!r}: use [A-Za-z0-9_-]")
+    me = os.getpid()
+    start = (procs or RealProcOps()).start_time(me)
+    return Path(
+        tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{what}.{me}.{start or 0}.", dir=tmp_dir)
+    )
+
+
+def reap_tempdirs(procs: ProcOps, tmp_dir: Path | None = None) -> list[str]:
+    """Remove :func:`owned_tempdir` directories whose owner is dead; returns their paths."""
+    root = tmp_dir or Path(tempfile.gettempdir())
+    gone: list[str] = []
+    for d in root.glob(f"{TMP_PREFIX}*"):
+        m = _OWNED.match(d.name)
+        if m is None or not d.is_dir():
+            continue
+        pid, start = int(m.group(1)), int(m.group(2))
+        if procs.start_time(pid) != start:
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(str(d))
+    return gone
 
 
 def cleanup_stale(
@@ -430,3 +492,36 @@ def cleanup_stale(
         return reap(system, procs or RealProcOps(), state_dir)
     finally:
         lock.release()
+
+
+@dataclass
+class FakeProcOps:
+    """ProcOps over a table pid → start time (``default``: the start time of a PID not in the
+    table, e.g. ``lambda pid: pid * 10``; None: absent). ``terminate`` honours the start-time
+    (and, through ``netns_of``, the namespace) check and records what it ended; ``tags``
+    answers :meth:`tagged`."""
+
+    table: dict[int, int] = field(default_factory=dict)
+    netns_of: dict[int, str] | None = None
+    tags: dict[str, list[int]] = field(default_factory=dict)
+    default: Callable[[int], int | None] | None = None
+    terminated: list[int] = field(default_factory=list)
+
+    def start_time(self, pid: int) -> int | None:
+        if pid in self.table:
+            return self.table[pid]
+        return self.default(pid) if self.default is not None else None
+
+    def terminate(
+        self, pid: int, start_time: int, *, netns: str | None = None, timeout: float = 2.0
+    ) -> bool:
+        if self.start_time(pid) != start_time:
+            return False
+        if netns is not None and self.netns_of is not None and self.netns_of.get(pid) != netns:
+            return False
+        self.terminated.append(pid)
+        self.table[pid] = -1  # gone: the start time no longer matches
+        return True
+
+    def tagged(self, run_id: str) -> list[int]:
+        return list(self.tags.get(run_id, []))

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from meshtax.model.components import sized
 from meshtax.model.sidecar import Mode, SidecarConfig
 
 __all__ = [
@@ -127,15 +128,6 @@ _TYPED_STRUCTS = ("udpa.type.v1.TypedStruct", "xds.type.v3.TypedStruct")
 _DOWNSTREAM_TLS = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
 _UPSTREAM_TLS = "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 _SIZED = ("rbac_http", "rbac_network", "ip_tagging")
-
-
-def sized(base: str, n: int) -> str:
-    """Name of a filter whose cost depends on its size (RBAC rules, IP tags): ``rbac_http_100``.
-
-    One place decides the spelling, so profiles and imports agree; it fits the ECG schema's
-    filter-name pattern (``[a-z0-9][a-z0-9_.-]*``).
-    """
-    return f"{base}_{n}"
 
 
 def _items(v: Any) -> list[Any]:

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import yaml
 
 from meshtax.testbed.pods import Pod, Testbed
+from meshtax.testbed.tools import INSTALLED
 from meshtax.testbed.system import Placement, Process, System, wait_until
 
 __all__ = [
@@ -328,7 +329,7 @@ class Deployment:
 
 def binary_path() -> Path:
     """Where :func:`build` puts meshapp: ``<repo>/.tools/bin/meshapp``."""
-    return APP_DIR.parent / ".tools" / "bin" / "meshapp"
+    return INSTALLED["meshapp"][0]
 
 
 def _is_loopback(host: str) -> bool:
@@ -459,6 +460,11 @@ def ensure_built(system: System, *, out: Path | None = None, app_dir: Path = APP
     return out
 
 
+def _up(ready: Callable[[ServiceLaunch], bool], s: ServiceLaunch, p: Process) -> Callable[[], bool]:
+    """Has ``s`` come up (or its process ended)?"""
+    return lambda: ready(s) or p.poll() is not None
+
+
 Spawner = Callable[[ServiceLaunch, int], Process]
 """Starts one service: (launch, log file descriptor) → process."""
 
@@ -553,7 +559,7 @@ def start(
                 os.close(fd)  # the child has its own copy
         for s in reversed(deployment.services):
             p = app.processes[s.service]
-            if not wait_until(lambda s=s, p=p: ready(s) or p.poll() is not None, timeout):
+            if not wait_until(_up(ready, s, p), timeout):
                 raise AppError(
                     f"{s.service} not listening on {s.address} after {timeout:g}s: {_tail(s.log_file)}"
                 )

@@ -18,13 +18,14 @@ Reservation): the exponent is a property of the platform, measured once with the
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -32,7 +33,7 @@ import numpy.typing as npt
 from meshtax.model.profile import Colocation, ColocationPoint, Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import predict_batch, single_profile
-from meshtax.store.sqlite import ProfileStore
+from meshtax.testbed.runstate import owned_tempdir
 from meshtax.testbed.system import System
 from meshtax.traces import SpanOptions, load_traces
 from meshtax.validate.result import CaseResult, ValidationResult, cpu_differences, overheads
@@ -45,6 +46,10 @@ FloatArray = npt.NDArray[np.float64]
 CHAINS = ("one", "two", "four", "eight")
 #: the exponents the fit considers
 GRID = np.linspace(0.0, 1.0, 101)
+
+
+class ProfileSink(Protocol):
+    def save(self, profile: Profile, *, replace: bool = False) -> None: ...
 
 
 class CalibrationError(ValueError):
@@ -119,9 +124,9 @@ def colocation_of(
 
 def calibrate(
     system: System,
-    store: ProfileStore,
+    profile: Profile,
+    sink: ProfileSink,
     *,
-    profile_name: str | None = None,
     mode: Mode = Mode.HTTP,
     rate: float = 100.0,
     duration_s: float = 3.0,
@@ -132,19 +137,16 @@ def calibrate(
 ) -> tuple[Profile, ValidationResult]:
     """Measure the chains in ``mode``, fit that mode's exponent and store it in the profile
     (replacing the profile; other modes' exponents are kept); returns the updated profile and
-    the chains' validation result (predicted with the old exponent). ``keep_dir``: keep the chains' validation document (``chains.json``) and their
-    traces (``traces/``) there, to predict them again."""
-    from meshtax.validate.run import ValidateOptions, pinning_of, run_validation, write_report
+    the chains' validation result (predicted with the old exponent). ``keep_dir``: keep the
+    chains' validation document (``chains.json``) and their traces (``traces/``) there, to
+    predict them again."""
+    from meshtax.validate.run import ValidateOptions, pinning_of, run_validation
 
     if len(chains) < 2:
         raise CalibrationError(
             "the calibration needs at least two chains (the first is the reference)"
         )
-    traces = (
-        Path(keep_dir) / "traces"
-        if keep_dir is not None
-        else Path(tempfile.mkdtemp(prefix="meshtax-calibrate-"))
-    )
+    traces = Path(keep_dir) / "traces" if keep_dir is not None else owned_tempdir("calibrate")
     try:
         opts = ValidateOptions(
             "chain",
@@ -152,14 +154,14 @@ def calibrate(
             modes=(mode,),
             rate=rate,
             duration_s=duration_s,
-            profile_name=profile_name,
+            profile_name=profile.name,
             quick=quick,
             traces_dir=str(traces),
         )
-        res = run_validation(opts, system, store, progress)
+        res = run_validation(opts, system, profile, progress)
         if keep_dir is not None:
-            write_report(res.to_document(), Path(keep_dir) / "chains.json")
-        profile = store.get(res.profile)
+            doc = json.dumps(res.to_document(), indent=1, default=float)
+            (Path(keep_dir) / "chains.json").write_text(doc)
         batches = {}
         for c in res.cases:
             f = traces / f"{c.topology}-{c.query}-{c.mode}.json"
@@ -180,5 +182,5 @@ def calibrate(
 
     col = colocation_of(res.cases, predict, mode, rate)
     updated = replace(profile, colocation={**profile.colocation, mode: col})
-    store.save(updated, replace=True)
+    sink.save(updated, replace=True)
     return updated, res

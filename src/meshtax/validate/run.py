@@ -10,7 +10,7 @@ Per case (one query of a topology × one sidecar mode), in one testbed:
   would fail, as it would in Istio);
 - fortio drives each copy in turn at the same fixed rate; the CPU of every process of every
   pod comes from ``/proc/PID/task/*/schedstat`` around each run; pairs repeat until the
-  overheads' intervals are tight (:mod:`meshtax.validate.pairing`);
+  overheads' intervals are tight (:mod:`meshtax.validate.pairing`, the one paired-run loop);
 - both copies trace 1 in ``sample`` requests (same cost on both sides); the no-mesh copy's
   traces become the ECG, predicted with this machine's profile
   (:mod:`meshtax.validate.prediction`).
@@ -29,56 +29,45 @@ import os
 import platform
 import shutil
 import statistics
-import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
-from meshtax.model.profile import Platform, Profile
+from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
-from meshtax.profile.plan import default_pinning
-from meshtax.testbed.envoy.config import EnvoyConfig, EnvoyProcess, envoy_binary
-from meshtax.testbed.fortio import FortioServer, LoadResult, fortio_binary, run_load
+from meshtax.testbed import procfs
+from meshtax.testbed.bed import mesh_pod
+from meshtax.testbed.envoy.config import EnvoyConfig
+from meshtax.testbed.envoy.process import EnvoyProcess
+from meshtax.testbed.fortio import LoadResult, run_load
 from meshtax.testbed.host import this_host
-from meshtax.testbed.perf import PerfError, schedstat
-from meshtax.testbed.pinning import Pinning
+from meshtax.testbed.paired import PairPolicy
+from meshtax.testbed.pinning import Pinning, default_pinning
 from meshtax.testbed.pods import Pod, Testbed
+from meshtax.testbed.runstate import owned_tempdir
 from meshtax.testbed.system import System
+from meshtax.testbed.tools import tool
 from meshtax.validate import appctl
-from meshtax.validate.pairing import PairPolicy, measure_pairs
-from meshtax.validate.prediction import one_hop, predict_traces
+from meshtax.validate.pairing import measure_pairs
+from meshtax.validate.prediction import predict_traces
 from meshtax.validate.result import CaseResult, Predicted, RunSample, ValidationResult
 
 __all__ = [
     "APP_PORT",
-    "PROXY_UID",
-    "SweepPoint",
-    "SweepResult",
     "ValidateOptions",
     "app_protocol",
-    "choose_profile",
+    "machine",
     "pinning_of",
     "run_case",
-    "run_sweep",
     "run_validation",
     "sidecar_modes",
 ]
 
 APP_PORT = 9080
-PROXY_UID = 1337
-ECHO_PORTS = {Mode.HTTP: 8080, Mode.GRPC: 8079, Mode.TCP: 8078}
 
 Progress = Callable[[str], None]
-
-
-class ProfileSource(Protocol):
-    """What run_validation needs of a store (``ProfileStore`` satisfies it)."""
-
-    def get(self, name: str) -> Profile: ...
-
-    def for_host(self, host: Platform) -> Profile | None: ...
 
 
 @dataclass(frozen=True)
@@ -89,6 +78,7 @@ class ValidateOptions:
     closed loop with one request in flight, as the profiler measures latency; the prediction
     then uses the rate the no-mesh side reached).
     ``duration_s``: seconds per run. ``quick``: shorter runs and fewer pairs (CI, smoke).
+    ``profile_name``: as given (the caller resolves it and passes the profile in).
     ``filters``/``mtls``: not supported yet (refused rather than silently ignored).
     ``traces_dir``: keep each case's no-mesh traces there as ``<topology>-<query>-<mode>.json``
     (the prediction's input, so another profile or model can be compared on the same runs).
@@ -102,7 +92,6 @@ class ValidateOptions:
     rate: float = 200.0
     duration_s: float = 3.0
     profile_name: str | None = None
-    report_path: str | None = None
     quick: bool = False
     sample: int = 10
     min_pairs: int = 6
@@ -121,8 +110,8 @@ class ValidateOptions:
 
     def policy(self) -> PairPolicy:
         if self.quick:
-            return PairPolicy(min_pairs=3, max_pairs=3, budget_s=None)
-        return PairPolicy(min_pairs=self.min_pairs, max_pairs=self.max_pairs, budget_s=None)
+            return PairPolicy.fixed(3)
+        return PairPolicy(self.min_pairs, self.max_pairs)
 
     def run_s(self) -> float:
         return min(self.duration_s, 1.0) if self.quick else self.duration_s
@@ -159,21 +148,6 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "loadavg": os.getloadavg(),
     }
-
-
-def _pod_pids(system: System, pod: Pod) -> list[int]:
-    out = system.run(["ip", "netns", "pids", pod.netns]).stdout
-    return [int(x) for x in out.split()]
-
-
-def _cpu_ns(pids: Sequence[int]) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for p in pids:
-        try:
-            out[p] = sum(schedstat(p).values())
-        except PerfError:
-            out[p] = 0  # exited: counted as nothing (it would show in the run's errors)
-    return out
 
 
 @dataclass
@@ -231,8 +205,8 @@ def run_case(
     modes = sidecar_modes(topology, names, mode)
     proto = app_protocol(mode)
     meshapp = appctl.ensure_built(system)
-    fortio_bin = fortio_binary()
-    envoy_bin = envoy_binary()
+    fortio_bin = tool("fortio")
+    envoy_bin = tool("envoy")
     work = workdir / f"{topology.name}-{q.name}-{mode.value}"
     work.mkdir(parents=True, exist_ok=True)
     result = CaseResult(
@@ -262,29 +236,25 @@ def run_case(
                 sides[sname] = _Side(sname, pods, d)
             mesh = sides["mesh"]
             for s, pod in mesh.pods.items():
-                tb.mesh(pod, proxy_uid=PROXY_UID)
                 cfg = EnvoyConfig(
                     mode=modes[s],
                     inbound_upstream=("127.0.0.1", APP_PORT),
                     circuit_breaker_max=2**32 - 1,
                 )
-                env = EnvoyProcess(
-                    system,
+                mesh.envoys[s] = mesh_pod(
+                    tb,
+                    pod,
                     cfg,
                     work / "mesh" / f"envoy-{s}",
-                    place=pod.place(cpus=pinning.sidecars, uid=PROXY_UID),
+                    cpus=pinning.sidecars,
                     binary=envoy_bin,
                 )
-                env.start()
-                assert env.process is not None
-                tb.adopt(env.process, ["envoy", s], netns=pod.netns)
-                mesh.envoys[s] = env
             for side in sides.values():
                 (work / side.name).mkdir(parents=True, exist_ok=True)
                 side.app = appctl.start(
                     side.deployment, appctl.testbed_spawner(tb, side.pods, cpus=pinning.app)
                 )
-                side.pids = {s: _pod_pids(system, p) for s, p in side.pods.items()}
+                side.pids = {s: tb.pod_pids(p) for s, p in side.pods.items()}
             cplace = client.place(cpus=pinning.client)
             fmode = Mode(sides["no_mesh"].deployment.entry_mode)
 
@@ -306,7 +276,7 @@ def run_case(
                 load(side.deployment.entry_target, fmode, n=options.warmup_n)
 
             def one(side_name: str) -> RunSample:
-                return _run_once(sides[side_name], lambda t, m: load(t, m), fmode, _cpu_ns)
+                return _run_once(sides[side_name], lambda t, m: load(t, m), fmode, procfs.cpu_ns)
 
             say(f"{topology.name}/{q.name} {mode.value}: paired runs")
             pairs, why = measure_pairs(one, options.policy())
@@ -360,27 +330,20 @@ def pinning_of(profile: Profile) -> Pinning:
     return Pinning.from_dict(d) if isinstance(d, dict) else default_pinning()
 
 
-def choose_profile(store: ProfileSource, name: str | None) -> Profile:
-    if name is not None:
-        return store.get(name)
-    p = store.for_host(this_host())
-    if p is None:
-        raise ValueError(
-            "no profile of this machine: run `meshtax profile --quick` (as root) first, or pass --profile"
-        )
-    return p
-
-
 def run_validation(
-    options: ValidateOptions, system: System, store: ProfileSource, progress: Progress | None = None
+    options: ValidateOptions,
+    system: System,
+    profile: Profile,
+    progress: Progress | None = None,
+    *,
+    warnings: Sequence[str] = (),
 ) -> ValidationResult:
-    """Every (query, mode) case of ``options.topology``; writes ``options.report_path`` (JSON,
-    or HTML through the report builder when it ends in .html) when given."""
+    """Every (query, mode) case of ``options.topology``, predicted with ``profile`` (resolved
+    by the caller; its ``warnings`` go into the result's notes)."""
     topo = appctl.load_topology(options.topology)
     queries = options.queries or tuple(topo.queries)
-    profile = choose_profile(store, options.profile_name)
     pinning = pinning_of(profile)
-    work = Path(tempfile.mkdtemp(prefix="meshtax-validate-"))
+    work = owned_tempdir("validate")
     cases: list[CaseResult] = []
     load_before = os.getloadavg()
     try:
@@ -394,17 +357,14 @@ def run_validation(
             shutil.rmtree(work, ignore_errors=True)
     mach = machine()
     mach["loadavg_before"] = load_before
-    res = ValidationResult(
+    return ValidationResult(
         name=topo.name,
         cases=tuple(cases),
         profile=profile.name,
         machine=mach,
         options={**options.to_dict(), "pinning": pinning.describe()},
-        notes=_notes(pinning, profile),
+        notes=(*warnings, *_notes(pinning, profile)),
     )
-    if options.report_path:
-        write_report(res.to_document(), options.report_path)
-    return res
 
 
 def _notes(pinning: Pinning, profile: Profile) -> tuple[str, ...]:
@@ -423,240 +383,3 @@ def _notes(pinning: Pinning, profile: Profile) -> tuple[str, ...]:
             for m in profile.modes
         ),
     )
-
-
-def write_report(
-    doc: Mapping[str, Any] | Sequence[Mapping[str, Any]], path: str | os.PathLike[str]
-) -> Path:
-    """JSON of the document(s), or an HTML report (``.html``) via the report builder."""
-    import json
-
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    docs = [doc] if isinstance(doc, Mapping) else list(doc)
-    if out.suffix == ".html":
-        from meshtax.report.build import ReportInputs, build_report
-
-        return build_report(
-            extra=ReportInputs(validations=docs, title="meshtax validation"), out_path=out
-        )
-    out.write_text(json.dumps(docs[0] if len(docs) == 1 else docs, indent=1, default=float))
-    return out
-
-
-# ---- sweeps: one hop, message size and rate (Figures 10, 11) -------------------------------
-
-
-@dataclass(frozen=True)
-class SweepPoint:
-    """One point of a sweep: x (bytes or fraction of the no-mesh max) and its paired runs."""
-
-    x: float
-    size_bytes: int
-    rate: float
-    pairs: tuple[tuple[RunSample, RunSample], ...]
-    predicted: Predicted
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    """A one-hop sweep: client (no mesh) → echo server with a sidecar in ``mode``."""
-
-    kind: Literal["size", "rate"]
-    mode: str
-    points: tuple[SweepPoint, ...]
-    profile: str
-    max_qps_no_mesh: float = 0.0
-    machine: Mapping[str, Any] = field(default_factory=dict)
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def cases(self) -> list[CaseResult]:
-        out = []
-        for p in self.points:
-            label = (
-                f"{p.size_bytes} B" if self.kind == "size" else f"{p.x:.0%} of max ({p.rate:.0f}/s)"
-            )
-            out.append(
-                CaseResult(f"one-hop {self.kind}", label, self.mode, p.rate, p.pairs, p.predicted)
-            )
-        return out
-
-    def to_document(self) -> dict[str, Any]:
-        v = ValidationResult(
-            f"sweep-{self.kind}-{self.mode}",
-            tuple(self.cases()),
-            self.profile,
-            self.machine,
-            self.options,
-        )
-        doc = v.to_document()
-        doc["sweep"] = {
-            "kind": self.kind,
-            "mode": self.mode,
-            "x": [p.x for p in self.points],
-            "max_qps_no_mesh": self.max_qps_no_mesh,
-        }
-        return doc
-
-
-def run_sweep(
-    kind: Literal["size", "rate"],
-    system: System,
-    store: ProfileSource,
-    *,
-    mode: Mode = Mode.HTTP,
-    sizes: Sequence[int] = (100, 1024, 4096, 16384, 65536),
-    fractions: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
-    rate: float = 200.0,
-    size_bytes: int = 100,
-    duration_s: float = 2.0,
-    profile_name: str | None = None,
-    policy: PairPolicy = PairPolicy(min_pairs=6, max_pairs=8, budget_s=None),
-    progress: Progress | None = None,
-) -> SweepResult:
-    """One hop, fortio client → fortio echo (no mesh) and → echo behind a sidecar in ``mode``.
-
-    ``size``: request = response = each of ``sizes`` at ``rate``. ``rate``: ``size_bytes`` at
-    each of ``fractions`` of the no-mesh maximum (closed loop, one connection).
-    """
-    say = progress or (lambda _m: None)
-    mode = Mode(mode)
-    profile = choose_profile(store, profile_name)
-    pinning = pinning_of(profile)
-    fortio_bin = fortio_binary()
-    work = Path(tempfile.mkdtemp(prefix="meshtax-sweep-"))
-    points: list[SweepPoint] = []
-    max_qps = 0.0
-    port = ECHO_PORTS[mode]
-    try:
-        with Testbed(system, lock_timeout=900.0) as tb:
-            client = tb.add_pod("client")
-            bare, meshed = tb.add_pod("bare"), tb.add_pod("mesh")
-            tb.mesh(meshed, proxy_uid=PROXY_UID)
-            servers = {}
-            for name, pod in (("no_mesh", bare), ("mesh", meshed)):
-                srv = FortioServer(
-                    system,
-                    work / name,
-                    host="0.0.0.0",
-                    **{
-                        {Mode.HTTP: "http_port", Mode.GRPC: "grpc_port", Mode.TCP: "tcp_port"}[
-                            mode
-                        ]: port
-                    },
-                    place=pod.place(cpus=pinning.app),
-                    binary=fortio_bin,
-                )
-                srv.start()
-                assert srv.process is not None
-                tb.adopt(srv.process, srv.argv, netns=pod.netns)
-                servers[name] = srv
-            env = EnvoyProcess(
-                system,
-                EnvoyConfig(mode=mode, inbound_upstream=("127.0.0.1", port)),
-                work / "envoy",
-                place=meshed.place(cpus=pinning.sidecars, uid=PROXY_UID),
-            )
-            env.start()
-            assert env.process is not None
-            tb.adopt(env.process, ["envoy"], netns=meshed.netns)
-            pods = {"no_mesh": bare, "mesh": meshed}
-            pids = {k: _pod_pids(system, p) for k, p in pods.items()}
-            cplace = client.place(cpus=pinning.client)
-
-            def load(side: str, size: int, qps: float, *, n: int | None = None) -> LoadResult:
-                return run_load(
-                    f"{pods[side].ip}:{port}",
-                    mode,
-                    size,
-                    qps,
-                    duration_s=None if n else duration_s,
-                    n=n,
-                    system=system,
-                    place=cplace,
-                    binary=fortio_bin,
-                )
-
-            def measure(size: int, qps: float) -> list[tuple[RunSample, RunSample]]:
-                for side in pods:
-                    load(side, size, qps, n=200)
-
-                def one(side: str) -> RunSample:
-                    before = _cpu_ns(pids[side])
-                    r = load(side, size, qps)
-                    after = _cpu_ns(pids[side])
-                    ns = {"echo": sum(after[p] - before.get(p, 0) for p in after)}
-                    sc = env.process.pid if side == "mesh" and env.process is not None else -1
-                    return RunSample(
-                        r.p50_us,
-                        r.p90_us,
-                        r.avg_us,
-                        r.count,
-                        r.actual_qps,
-                        r.duration_s,
-                        ns,
-                        after.get(sc, 0) - before.get(sc, 0),
-                    )
-
-                return measure_pairs(one, policy)[0]
-
-            if kind == "size":
-                for s in sizes:
-                    say(f"sweep size {s} B")
-                    pairs = measure(s, rate)
-                    actual = _median_rate(pairs)
-                    points.append(
-                        SweepPoint(
-                            float(s),
-                            s,
-                            actual,
-                            tuple(pairs),
-                            one_hop(
-                                profile, SidecarConfig(mode), s, actual, pod_cpus=pinning.pod_cpus()
-                            ),
-                        )
-                    )
-            else:
-                for side in pods:
-                    load(side, size_bytes, 0.0, n=500)
-                max_qps = load("no_mesh", size_bytes, 0.0).actual_qps
-                for f in fractions:
-                    say(f"sweep rate {f:.0%} of {max_qps:.0f}/s")
-                    pairs = measure(size_bytes, f * max_qps)
-                    actual = _median_rate(pairs)
-                    points.append(
-                        SweepPoint(
-                            f,
-                            size_bytes,
-                            actual,
-                            tuple(pairs),
-                            one_hop(
-                                profile,
-                                SidecarConfig(mode),
-                                size_bytes,
-                                actual,
-                                pod_cpus=pinning.pod_cpus(),
-                            ),
-                        )
-                    )
-            env.stop()
-            for srv in servers.values():
-                srv.stop()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    opts = {
-        "kind": kind,
-        "mode": mode.value,
-        "sizes": list(sizes),
-        "fractions": list(fractions),
-        "rate": rate,
-        "size_bytes": size_bytes,
-        "duration_s": duration_s,
-        "pinning": pinning.describe(),
-    }
-    return SweepResult(kind, mode.value, tuple(points), profile.name, max_qps, machine(), opts)
-
-
-def _median_rate(pairs: Sequence[tuple[RunSample, RunSample]]) -> float:
-    """The rate both sides achieved (the mesh side may fall short near the maximum)."""
-    return statistics.median(min(b.actual_qps, m.actual_qps) for b, m in pairs)

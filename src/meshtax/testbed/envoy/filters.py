@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshtax.model.components import sized  # the one spelling, shared with config import
 from meshtax.model.sidecar import Mode
 from meshtax.testbed.envoy.config import EnvoyConfig
 
@@ -127,8 +128,6 @@ def component_name(name: str, params: Mapping[str, Any] | None = None) -> str:
     params = params or {}
     if key not in params:
         raise ValueError(f"{name} needs {key}=N")
-    from meshtax.traces.envoy_config import sized  # the one spelling, shared with config import
-
     return sized(name, int(params[key]))
 
 
@@ -424,12 +423,12 @@ def combination(
     specs = []
     for c in components:
         base, sized = parse_component(c)
-        own = {k: v for k, v in params.items() if k in _PARAMS[base]}
+        own = {k: v for k, v in params.items() if k in PARAMS[base]}
         specs.append(filter_config(base, mode, **{**own, **sized}))
     return combine(specs, name)
 
 
-_PARAMS: dict[str, frozenset[str]] = {
+PARAMS: dict[str, frozenset[str]] = {
     "fault_injection": frozenset(),
     "rate_limit": frozenset({"tokens"}),
     "tap": frozenset({"path_prefix"}),

@@ -1,4 +1,5 @@
-"""Library entry points behind the CLI: options in, result documents out (no argv, no printing)."""
+"""Predict and study: call graphs (ECG files or traces) or an ingested store, priced with a
+profile, with what-if speedups. Options in, result documents out (no argv, no printing)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,30 @@ from typing import Any
 
 import yaml
 
-from meshtax.model.ecg import ECG, EcgBatch, ECGError, Service, to_batch
+from meshtax.app.errors import UsageError
+from meshtax.model.ecg import ECG, EcgBatch, Service, to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import predict_batch
 from meshtax.predict.memory import memory_by_service
 from meshtax.predict.whatif import SpeedupError, apply_speedup, speedup_from_dict
 from meshtax.report.result import prediction_document
-from meshtax.store.sqlite import ProfileStore, StoreError
+from meshtax.store.resolve import resolve_profile
+from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
 from meshtax.traces.ecg_file import load_ecg_file
 
-
-class UsageError(RuntimeError):
-    """A problem the user can fix (bad input, missing profile); printed without a traceback."""
+__all__ = [
+    "Loaded",
+    "PredictOptions",
+    "StudyOptions",
+    "load_batch",
+    "load_ecgs",
+    "load_speedup_file",
+    "parse_study_config",
+    "predict_files",
+    "study",
+]
 
 
 @dataclass(frozen=True)
@@ -38,27 +49,6 @@ class PredictOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def choose_profile(store: ProfileStore, name: str | None) -> tuple[Profile, list[str]]:
-    """The named profile, or this host's newest measured one. Warns when the platform differs."""
-    host = this_host()
-    if name is None:
-        p = store.for_host(host)
-        if p is None:
-            raise UsageError(
-                "no profile of this machine yet. Measure one with `meshtax profile --quick` (as root), "
-                "or name one explicitly, e.g. `--profile reference` (published data of another platform)."
-            )
-        return p, []
-    p = store.get(name)
-    warnings = []
-    if not p.platform.same_host(host):
-        warnings.append(
-            f"profile {p.name!r} was {'published' if p.provenance.source == 'published' else 'measured'} on a different platform "
-            f"({p.platform.describe()}), not this machine ({host.describe()}); predictions describe that platform"
-        )
-    return p, warnings
 
 
 def load_ecgs(files: Sequence[str]) -> list[ECG]:
@@ -138,7 +128,8 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
     """Predict every graph of the ECG files (or traces); returns the result document."""
     loaded = load_batch(opts)
     batch = loaded.batch
-    profile, warnings = choose_profile(store, opts.profile)
+    resolved = resolve_profile(store, opts.profile, this_host())
+    profile, warnings = resolved.profile, list(resolved.warnings)
     warnings += loaded.notes
 
     def lookup(name: str | None) -> Profile:
@@ -177,12 +168,61 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
     return doc
 
 
-__all__ = [
-    "PredictOptions",
-    "UsageError",
-    "predict_files",
-    "choose_profile",
-    "ECGError",
-    "StoreError",
-    "SpeedupError",
-]
+@dataclass(frozen=True)
+class StudyOptions:
+    """``meshtax study``: every graph of an ingested store under each configuration."""
+
+    store_dir: str
+    out_dir: str
+    profile: str | None = None
+    configs: tuple[str, ...] = ()  # NAME=MODE[+FILTER…][+mtls[1.2|1.3]]; empty: the paper's five
+    speedup: str | None = None
+    engine: str = "local"
+    scheduler: str | None = None
+    progress: bool = False
+
+
+def parse_study_config(text: str) -> tuple[str, SidecarConfig]:
+    """``NAME=MODE[+FILTER…][+mtls[1.2|1.3]]`` → (name, sidecar configuration)."""
+    name, _, spec = text.partition("=")
+    parts = [p.strip() for p in (spec or name).split("+") if p.strip()]
+    try:
+        mode = Mode(parts[0])
+    except (ValueError, IndexError):
+        raise UsageError(
+            f"--config {text!r}: expected NAME=MODE[+FILTER…][+mtls[1.2|1.3]] "
+            "with MODE tcp, http or grpc"
+        ) from None
+    rest = parts[1:]
+    tls = [p for p in rest if p.startswith("mtls")]
+    version = tls[-1][4:] or None if tls else None
+    try:
+        filters = tuple(p for p in rest if not p.startswith("mtls"))
+        return name, SidecarConfig(mode, filters, bool(tls), tls_version=version)
+    except ValueError as e:
+        raise UsageError(f"--config {text!r}: {e} (write +mtls, +mtls1.2 or +mtls1.3)") from None
+
+
+def study(opts: StudyOptions, store: ProfileStore) -> tuple[dict[str, Any], Profile, list[str]]:
+    """Run the study; returns its summary document, the profile and the warnings."""
+    from meshtax.study import StudyConfig, run_study
+
+    resolved = resolve_profile(store, opts.profile, this_host())
+    prof, warnings = resolved.profile, list(resolved.warnings)
+    cfgs = [StudyConfig(*parse_study_config(c)) for c in opts.configs] or None
+    after = None
+    if opts.speedup:
+        sp = speedup_from_dict(load_speedup_file(opts.speedup), opts.speedup)
+        after, sw = apply_speedup(prof, sp, store.get)
+        warnings += sw
+    summ = run_study(
+        opts.store_dir,
+        cfgs,
+        prof,
+        opts.out_dir,
+        engine=opts.engine,  # type: ignore[arg-type]
+        scheduler=opts.scheduler,
+        speedup_profile=after,
+        progress=opts.progress,
+    )
+    return summ.to_dict(), prof, warnings

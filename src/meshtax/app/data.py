@@ -1,0 +1,126 @@
+"""Entry points that move data: stored profiles in and out, the bundled examples, traces into
+a store, generated call graphs, sidecar configurations from users' files, reports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from meshtax.app.errors import UsageError
+from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.store.sqlite import ProfileStore
+
+__all__ = ["build_report", "import_profile", "import_traces", "write_document", "write_examples"]
+
+
+def import_profile(file: str, store: ProfileStore, name: str | None, replace: bool) -> Profile:
+    """Store a profile exported with ``meshtax profiles export``."""
+    try:
+        doc = json.loads(Path(file).read_text())
+        if name:
+            doc["name"] = name
+        p = Profile.from_dict(doc)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise UsageError(
+            f"{file}: not a meshtax profile document ({e.__class__.__name__}: {e})"
+        ) from None
+    store.save(p, replace=replace)
+    return p
+
+
+def write_examples(dest: str) -> list[str]:
+    """Copy the bundled example ECGs and speedup file to ``dest``; returns the file names."""
+    out = Path(dest)
+    out.mkdir(parents=True, exist_ok=True)
+    src = resources.files("meshtax").joinpath("data/examples")
+    names = []
+    for f in sorted(src.iterdir(), key=lambda t: t.name):
+        if f.name.endswith(".yaml"):
+            with resources.as_file(f) as path:
+                shutil.copyfile(path, out / f.name)
+            names.append(f.name)
+    return names
+
+
+def import_traces(
+    files: Sequence[str],
+    out_dir: str,
+    fmt: str | None,
+    sidecar_mode: str,
+    request_bytes: float,
+    response_bytes: float,
+    rate: float | None,
+    overwrite: bool,
+    progress: bool,
+) -> str:
+    """Stream traces into a store (bounded memory); returns the import report's summary."""
+    from meshtax.traces import AlibabaOptions, SpanOptions, TraceFormatError, detect_format, ingest
+
+    sidecar = SidecarConfig(Mode(sidecar_mode))
+    try:
+        f = fmt or detect_format(files[0])
+        options: Any = (
+            AlibabaOptions(
+                request_bytes=request_bytes,
+                response_bytes=response_bytes,
+                sidecar=sidecar,
+                **({"rate": rate} if rate else {}),
+            )
+            if f.startswith("alibaba")
+            else SpanOptions(
+                request_bytes=request_bytes,
+                response_bytes=response_bytes,
+                rate=rate,
+                default_sidecar=sidecar,
+            )
+        )
+        _, rep = ingest(list(files), out_dir, f, options, overwrite=overwrite, progress=progress)
+    except (TraceFormatError, OSError, FileExistsError) as e:
+        raise UsageError(str(e)) from None
+    summary: str = rep.summary()
+    return summary
+
+
+def build_report(
+    files: Sequence[str],
+    profiles: Sequence[str],
+    store: ProfileStore,
+    out: str,
+    compare: tuple[str, str] | None = None,
+    docs: Sequence[dict[str, Any]] = (),
+) -> Path:
+    """One self-contained HTML report from result files (or documents already in memory) and
+    stored profiles; the store is read here, the renderers never see it."""
+    from meshtax.report.build import report_from_files
+
+    if not files and not profiles and not compare and not docs:
+        raise UsageError("nothing to report: give result files, --profiles NAME or --compare A B")
+    cmp_docs = (
+        (store.get(compare[0]).to_dict(), store.get(compare[1]).to_dict()) if compare else None
+    )
+    try:
+        return report_from_files(
+            files,
+            [store.get(n).to_dict() for n in profiles],
+            out_path=out,
+            compare=cmp_docs,
+            docs=list(docs),
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def write_document(doc: Any, path: str, store: ProfileStore, profiles: Sequence[str] = ()) -> Path:
+    """A result document as JSON, or as an HTML report when ``path`` ends in ``.html``."""
+    out = Path(path)
+    if out.suffix == ".html":
+        docs = doc if isinstance(doc, list) else [doc]
+        return build_report((), profiles, store, str(out), docs=docs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, default=float))
+    return out

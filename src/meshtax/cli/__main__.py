@@ -1,0 +1,5 @@
+"""``python -m meshtax.cli``."""
+
+from meshtax.cli import main
+
+main()

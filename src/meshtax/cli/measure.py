@@ -1,0 +1,322 @@
+"""Commands that measure this machine (root): profile, calibrate, validate, doctor."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from meshtax.app import UsageError
+from meshtax.app import data as app_data
+from meshtax.cli._common import (
+    csv,
+    db_option,
+    main,
+    parse_modes,
+    report_option,
+    stderr,
+    user_errors,
+)
+from meshtax.report.text import profile_text
+from meshtax.store.sqlite import ProfileStore
+
+
+@main.command()
+@click.argument("topology")
+@click.option(
+    "--query",
+    "queries",
+    multiple=True,
+    help="Query to validate (repeatable; default: every query of the topology).",
+)
+@click.option(
+    "--modes", default="tcp,http,grpc", show_default=True, help="Comma-separated sidecar modes."
+)
+@click.option(
+    "--rate",
+    type=float,
+    default=200.0,
+    show_default=True,
+    help="Requests/s of every run (0: closed loop).",
+)
+@click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
+@click.option(
+    "--profile",
+    "profile",
+    help="Profile to predict with (default: this machine's newest measured profile).",
+)
+@click.option(
+    "--sweep",
+    type=click.Choice(["size", "rate"]),
+    help="Instead: one hop, message size 100 B → 64 KB or rate 25 → 100 %% of the no-mesh maximum.",
+)
+@click.option("--quick", is_flag=True, help="Shorter runs and fewer pairs (smoke runs, CI).")
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+@report_option
+@db_option
+@user_errors
+def validate(
+    topology: str,
+    queries: tuple[str, ...],
+    modes: str,
+    rate: float,
+    duration: float,
+    profile: str | None,
+    sweep: str | None,
+    quick: bool,
+    fmt: str,
+    report_path: str | None,
+    db: str | None,
+) -> None:
+    """Deploy TOPOLOGY (bookinfo, online-boutique, hotel-reservation, or a topology file) in pods
+    without and with sidecars, measure end-to-end latency and CPU, predict from the app's own
+    traces, and report measured vs predicted overhead (root)."""
+    from meshtax.app import measure as m
+    from meshtax.app.measure import ValidateOptions
+
+    m.require_root("validation creates network namespaces and sidecars")
+    store = ProfileStore(db)
+    mode_list = parse_modes(modes)
+    say = stderr
+    if sweep:
+        sopts = m.SweepOptions(sweep, mode_list[0], duration, profile)  # type: ignore[arg-type]
+        doc = m.sweep(sopts, store, say).to_document()
+        click.echo(json.dumps(doc, indent=2, default=str))
+    else:
+        try:
+            opts = ValidateOptions(
+                topology=topology,
+                queries=queries,
+                modes=mode_list,
+                rate=rate,
+                duration_s=duration,
+                profile_name=profile,
+                quick=quick,
+            )
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        res = m.validate(opts, store, say)
+        doc = res.to_document()
+        click.echo(json.dumps(doc, indent=2, default=str) if fmt == "json" else res.table())
+    if report_path:
+        click.echo(f"wrote {app_data.write_document(doc, report_path, store)}", err=True)
+
+
+@main.command()
+@click.option(
+    "--profile",
+    "profile",
+    help="Profile to calibrate (default: this machine's newest measured profile).",
+)
+@click.option(
+    "--modes",
+    default="",
+    help="Comma-separated sidecar modes of the chains (default: every mode of the profile).",
+)
+@click.option(
+    "--rate", type=float, default=100.0, show_default=True, help="Requests/s of every run."
+)
+@click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
+@click.option("--quick", is_flag=True, help="Fewer pairs (smoke runs, CI): a wide interval.")
+@click.option(
+    "--keep",
+    "keep_dir",
+    type=click.Path(file_okay=False),
+    help="Keep the chains' validation documents and traces here (one directory per mode).",
+)
+@db_option
+@user_errors
+def calibrate(
+    profile: str | None,
+    modes: str,
+    rate: float,
+    duration: float,
+    quick: bool,
+    keep_dir: str | None,
+    db: str | None,
+) -> None:
+    """Measure how warm a sidecar is among many on shared CPUs (root): per mode, chains of 1, 2,
+    4 and 8 services without and with sidecars, then store the exponent α the engine prices
+    shared CPUs with in the profile (replacing it; each mode is stored as soon as it is done)."""
+    from meshtax.app import measure as m
+    from meshtax.report.text import colocation_lines
+
+    m.require_root("the calibration creates network namespaces and sidecars")
+    store = ProfileStore(db)
+    opts = m.CalibrateOptions(profile, parse_modes(modes), rate, duration, quick, keep_dir)
+    prof, results = m.calibrate(opts, store, stderr)
+    for mode, res in results:
+        click.echo(
+            f"The {mode.value}-mode chains, predicted before this calibration:\n" + res.table()
+        )
+    click.echo("\n".join(colocation_lines(prof.colocation)))
+    click.echo(f"stored in profile {prof.name!r} of {store.path}")
+
+
+@main.command("profile")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Quick preset (3 sizes, short runs; aim ≤ 3 min) instead of the full one (aim ≤ 20 min).",
+)
+@click.option("--modes", help="Comma-separated modes to profile (tcp,http,grpc).")
+@click.option("--sizes", help="Comma-separated message sizes in bytes, e.g. 100,1024,4096.")
+@click.option("--duration", type=float, help="Base seconds per load run.")
+@click.option(
+    "--carried",
+    help="Application protocols to measure through a tcp-mode sidecar (grpc,http; 'none': off; default: the preset's, grpc).",
+)
+@click.option(
+    "--low-rates",
+    "low_rates",
+    help="Absolute low rates (requests/s) of extra CPU runs, e.g. 100,300 ('none': off; default: the preset's).",
+)
+@click.option("--name", help="Profile name (default: <hostname>-<UTC time>).")
+@click.option("--replace", is_flag=True, help="Replace a stored profile of the same name.")
+@click.option(
+    "--filters",
+    help="Also profile filters: 'all' or a comma-separated list (e.g. lua,wasm,rbac_http_1000).",
+)
+@click.option(
+    "--mtls",
+    is_flag=True,
+    help="Also profile sidecar-to-sidecar mTLS (per-byte and per-connection handshake cost).",
+)
+@click.option(
+    "--memory", is_flag=True, help="Also profile resident memory against open connections."
+)
+@click.option(
+    "--large", is_flag=True, help="Also profile large messages (up to 1 MB) and where they split."
+)
+@click.option(
+    "--base",
+    help="With --filters/--mtls/--memory/--large: add to this stored profile (default: this machine's newest; measured first if none).",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Seconds to wait for another profiling run to finish (0: fail at once).",
+)
+@db_option
+@user_errors
+def profile_cmd(
+    quick: bool,
+    modes: str | None,
+    sizes: str | None,
+    duration: float | None,
+    carried: str | None,
+    low_rates: str | None,
+    name: str | None,
+    replace: bool,
+    filters: str | None,
+    mtls: bool,
+    memory: bool,
+    large: bool,
+    base: str | None,
+    wait_s: float,
+    db: str | None,
+) -> None:
+    """Measure a real Envoy sidecar on this machine (root) and store its profile.
+
+    Pods in network namespaces with Istio-style interception, fortio load, eBPF probes and
+    perf; everything is removed on exit, on Ctrl-C, and on the next start after a crash.
+    With --filters/--mtls/--memory/--large the extra components are measured and stored as
+    '<base>+extras' (the base profile is not changed).
+    """
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from meshtax.app import measure as m
+    from meshtax.app.measure import ExtrasOptions, ProfileOptions
+
+    m.require_root("profiling creates network namespaces and attaches eBPF probes")
+    try:
+        popts = ProfileOptions(
+            name=name,
+            quick=quick,
+            modes=parse_modes(modes) if modes else None,
+            sizes=tuple(int(x) for x in sizes.split(",")) if sizes else None,
+            duration_s=duration,
+            replace=replace,
+            carried=None if carried is None else csv(carried, str),
+            low_rates=None if low_rates is None else csv(low_rates, float),
+        )
+        popts.resolve_plan()
+    except ValueError as e:
+        raise UsageError(
+            f"--modes/--sizes/--carried/--low-rates: {e}; expected e.g. --modes tcp,http,grpc "
+            "--sizes 100,1024 --carried grpc --low-rates 100,300"
+        ) from None
+    extras = None
+    if filters or mtls or memory or large:
+        which = None if not filters else "all" if filters == "all" else csv(filters, str)
+        extras = ExtrasOptions(which, quick, mtls, memory, large, modes=popts.modes)
+    store = ProfileStore(db)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def progress(p: Any) -> None:
+            bar.update(task, description=p.description, completed=p.index, total=p.total)
+
+        done = m.measure(
+            m.MeasureOptions(popts, extras, base, wait_s),
+            store,
+            progress,
+            lambda msg: bar.update(task, description=msg),
+        )
+    click.echo(profile_text(done.profile), nl=False)
+    for w in done.warnings:
+        click.echo(f"WARNING: {w}", err=True)
+    click.echo(
+        f"stored profile {done.profile.name!r} in {store.path}; "
+        "`meshtax predict` uses it by default on this machine"
+    )
+
+
+@main.command()
+@click.option(
+    "--prepare",
+    is_flag=True,
+    help="Also fix what can be fixed here: mount tracefs/bpffs, raise the memlock limit.",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+@user_errors
+def doctor(prepare: bool, fmt: str) -> None:
+    """Check what profiling needs (root, BTF, memlock, netns, iptables, Envoy, fortio, perf, the
+    probe build) and attach the real probe for a moment."""
+    from meshtax.app.measure import check_machine
+
+    changed, checks = check_machine(prepare)
+    for change in changed:
+        click.echo(f"prepared: {change}")
+    if fmt == "json":
+        rows = [{"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix} for c in checks]
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        for c in checks:
+            fix = "" if c.ok else f"\n        fix: {c.fix}"
+            click.echo(f"{'ok ' if c.ok else 'MISSING'} {c.name}: {c.detail}{fix}")
+    if not all(c.ok for c in checks):
+        sys.exit(1)

@@ -1,0 +1,491 @@
+"""Commands that predict and move data: predict, study, profiles, example, traces, config,
+report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from meshtax.app import UsageError
+from meshtax.app import data as app_data
+from meshtax.app.predict import PredictOptions, StudyOptions, predict_files
+from meshtax.cli._common import (
+    db_option,
+    emit,
+    format_option,
+    main,
+    output_option,
+    report_option,
+    user_errors,
+)
+from meshtax.report.exporters import EXPORTERS
+from meshtax.report.text import prediction_text, profile_text, profiles_text
+from meshtax.store.sqlite import ProfileStore
+
+
+@main.command()
+@click.argument("ecg_files", nargs=-1, required=True, type=click.Path())
+@click.option(
+    "--profile",
+    "profile",
+    help="Profile name (default: the newest measured profile of this machine). 'reference' is the bundled published profile.",
+)
+@click.option(
+    "--speedup", type=click.Path(), help="What-if speedup YAML: report before/after and the saving."
+)
+@click.option("--rate", type=float, help="Override every invocation's rate (requests/s).")
+@click.option(
+    "--traces",
+    is_flag=True,
+    help="The files are distributed traces (Jaeger, OTLP, Zipkin, Alibaba CSV), not ECG files.",
+)
+@click.option(
+    "--trace-format",
+    type=click.Choice(["jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022"]),
+    help="With --traces: the format (default: detected from the first file).",
+)
+@click.option(
+    "--sidecar",
+    "sidecar_mode",
+    type=click.Choice(["tcp", "http", "grpc"]),
+    default="http",
+    show_default=True,
+    help="With --traces: the sidecar mode of every traced service.",
+)
+@click.option(
+    "--service-map",
+    type=click.Path(exists=True, dir_okay=False),
+    help="With --traces: trace → Kubernetes service names (YAML/JSON).",
+)
+@click.option(
+    "--pod-cpus",
+    type=click.IntRange(min=1),
+    help="The pods share this many CPUs: latency overhead is at least the request's sidecar CPU work ÷ N "
+    "(default: every pod has CPUs of its own, the critical path alone).",
+)
+@db_option
+@format_option
+@output_option
+@report_option
+@user_errors
+def predict(
+    ecg_files: tuple[str, ...],
+    profile: str | None,
+    speedup: str | None,
+    rate: float | None,
+    traces: bool,
+    trace_format: str | None,
+    sidecar_mode: str,
+    service_map: str | None,
+    pod_cpus: int | None,
+    db: str | None,
+    fmt: str,
+    output: str | None,
+    report_path: str | None,
+) -> None:
+    """Predict latency and CPU overhead of sidecars on ECG_FILES (YAML/JSON call graphs).
+
+    Several graphs of one API (files, or a file with 'graphs:') give a distribution.
+    """
+    opts = PredictOptions(
+        ecg_files=ecg_files,
+        profile=profile,
+        speedup=speedup,
+        rate=rate,
+        trace_format=(trace_format or "auto") if traces or trace_format else None,
+        sidecar_mode=sidecar_mode,
+        service_map=service_map,
+        pod_cpus=pod_cpus,
+    )
+    store = ProfileStore(db)
+    doc = predict_files(opts, store)
+    emit(prediction_text(doc) if fmt == "table" else EXPORTERS[fmt].export(doc), output)
+    if report_path:
+        out = app_data.build_report((), [doc["profile"]["name"]], store, report_path, docs=[doc])
+        click.echo(f"wrote {out}", err=True)
+
+
+@main.group()
+def profiles() -> None:
+    """List, show, export and import stored profiles."""
+
+
+@profiles.command("list")
+@db_option
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+@user_errors
+def profiles_list(db: str | None, fmt: str) -> None:
+    """Every stored profile, and the bundled reference."""
+    rows = ProfileStore(db).list()
+    if fmt == "json":
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "name": r.name,
+                        "source": r.source,
+                        "created": r.created,
+                        "modes": r.modes,
+                        "filters": r.filters,
+                        "platform": r.platform.to_dict(),
+                        "bundled": r.bundled,
+                    }
+                    for r in rows
+                ],
+                indent=2,
+            )
+        )
+    else:
+        click.echo(profiles_text(rows), nl=False)
+
+
+@profiles.command("show")
+@click.argument("name")
+@db_option
+@format_option
+@click.option(
+    "--size",
+    type=float,
+    default=100.0,
+    show_default=True,
+    help="Message size (bytes) of the table.",
+)
+@click.option(
+    "--rate",
+    type=float,
+    default=30000.0,
+    show_default=True,
+    help="Rate (requests/s) for CPU in vCPU.",
+)
+@user_errors
+def profiles_show(name: str, db: str | None, fmt: str, size: float, rate: float) -> None:
+    """The component breakdown of profile NAME (the paper's Table 2 layout)."""
+    p = ProfileStore(db).get(name)
+    click.echo(
+        profile_text(p, size, rate) if fmt == "table" else EXPORTERS[fmt].export(p.to_dict()),
+        nl=False,
+    )
+
+
+@profiles.command("export")
+@click.argument("name")
+@db_option
+@output_option
+@click.option(
+    "--format", "fmt", type=click.Choice(["json", "csv"]), default="json", show_default=True
+)
+@user_errors
+def profiles_export(name: str, db: str | None, output: str | None, fmt: str) -> None:
+    """Write profile NAME as a self-describing document (JSON, with samples) or CSV."""
+    emit(EXPORTERS[fmt].export(ProfileStore(db).get(name).to_dict()), output)
+
+
+@profiles.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--name", help="Store under this name instead of the document's.")
+@click.option("--replace", is_flag=True, help="Replace a stored profile of the same name.")
+@db_option
+@user_errors
+def profiles_import(file: str, name: str | None, replace: bool, db: str | None) -> None:
+    """Import a profile exported with `meshtax profiles export`."""
+    p = app_data.import_profile(file, ProfileStore(db), name, replace)
+    click.echo(f"imported profile {p.name!r} ({p.provenance.source}, {p.platform.describe()})")
+
+
+@profiles.command("delete")
+@click.argument("name")
+@db_option
+@user_errors
+def profiles_delete(name: str, db: str | None) -> None:
+    """Delete stored profile NAME."""
+    ProfileStore(db).delete(name)
+    click.echo(f"deleted {name!r}")
+
+
+@main.command()
+@click.option(
+    "--dest", type=click.Path(file_okay=False), default="meshtax-examples", show_default=True
+)
+@user_errors
+def example(dest: str) -> None:
+    """Write the bundled example ECGs (Bookinfo, Online Boutique, Hotel Reservation) and a speedup file to DEST."""
+    names = app_data.write_examples(dest)
+    click.echo(f"wrote {len(names)} files to {dest}/: " + ", ".join(names))
+
+
+@main.group()
+def traces() -> None:
+    """Import distributed traces into a partitioned store; generate Alibaba-like call graphs."""
+
+
+@traces.command("import")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Store directory (partitioned Parquet).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022"]),
+    help="Input format (default: detected).",
+)
+@click.option(
+    "--sidecar",
+    "sidecar_mode",
+    type=click.Choice(["tcp", "http", "grpc"]),
+    default="http",
+    show_default=True,
+)
+@click.option(
+    "--request-bytes",
+    type=float,
+    default=100.0,
+    show_default=True,
+    help="Size when the traces give none (the paper's 100 B).",
+)
+@click.option("--response-bytes", type=float, default=100.0, show_default=True)
+@click.option(
+    "--rate",
+    type=float,
+    help="Requests/s of every call (Alibaba default: the paper's 30 000; spans: counted).",
+)
+@click.option("--overwrite", is_flag=True)
+@user_errors
+def traces_import(
+    files: tuple[str, ...],
+    out_dir: str,
+    fmt: str | None,
+    sidecar_mode: str,
+    request_bytes: float,
+    response_bytes: float,
+    rate: float | None,
+    overwrite: bool,
+) -> None:
+    """Stream traces into a store (bounded memory); prints what was kept and dropped, and why."""
+    summary = app_data.import_traces(
+        files,
+        out_dir,
+        fmt,
+        sidecar_mode,
+        request_bytes,
+        response_bytes,
+        rate,
+        overwrite,
+        progress=sys.stderr.isatty(),
+    )
+    click.echo(summary)
+    click.echo(f"store: {out_dir}")
+
+
+@traces.command("generate")
+@click.option("--graphs", type=int, required=True, help="Number of call graphs.")
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="CSV file (.gz compresses).",
+)
+@click.option(
+    "--version",
+    "version",
+    type=click.Choice(["v2021", "v2022"]),
+    default="v2021",
+    show_default=True,
+)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option(
+    "--broken-fraction",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Share of graphs with a missing inner call (as in real traces).",
+)
+@user_errors
+def traces_generate(
+    graphs: int, out_path: str, version: str, seed: int, broken_fraction: float
+) -> None:
+    """Alibaba-like call graphs (calibrated to the published statistics), in the v2021/v2022 CSV schema."""
+    from rich.progress import Progress
+
+    from meshtax.traces import generate
+
+    if graphs <= 0:
+        raise UsageError("--graphs must be positive")
+    with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
+        task = bar.add_task("generating", total=graphs)
+        summ = generate(
+            graphs,
+            seed,
+            f"alibaba-{version}",
+            out_path,
+            broken_fraction=broken_fraction,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    click.echo(
+        f"wrote {summ.graphs} graphs, {summ.calls} calls, {summ.rows} rows ({summ.version}, seed {summ.seed}) to {summ.path}"
+    )
+
+
+@main.command()
+@click.argument("store_dir", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Output directory (Parquet per graph, cdf.csv, summary.json).",
+)
+@click.option(
+    "--profile", "profile", help="Profile name (default: this machine's newest measured profile)."
+)
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    metavar="NAME=MODE[+FILTER…][+mtls[1.2|1.3]]",
+    help="A configuration to study (repeatable), e.g. http=http, lua=http+lua or tls=tcp+mtls1.2. Default: the paper's five.",
+)
+@click.option(
+    "--speedup",
+    type=click.Path(exists=True, dir_okay=False),
+    help="What-if speedup YAML, compared across all graphs.",
+)
+@click.option("--engine", type=click.Choice(["local", "dask"]), default="local", show_default=True)
+@click.option(
+    "--scheduler",
+    help="With --engine dask: a dask.distributed scheduler address (default: a local cluster).",
+)
+@report_option
+@db_option
+@user_errors
+def study(
+    store_dir: str,
+    out_dir: str,
+    profile: str | None,
+    configs: tuple[str, ...],
+    speedup: str | None,
+    engine: str,
+    scheduler: str | None,
+    report_path: str | None,
+    db: str | None,
+) -> None:
+    """Predict latency and CPU overhead of every call graph of an ingested STORE_DIR under
+    several configurations."""
+    from meshtax.app.predict import study as run_study
+
+    store = ProfileStore(db)
+    opts = StudyOptions(
+        store_dir, out_dir, profile, configs, speedup, engine, scheduler, sys.stderr.isatty()
+    )
+    summary, prof, warns = run_study(opts, store)
+    for w in warns:
+        click.echo(f"warning: {w}", err=True)
+    click.echo(json.dumps(summary, indent=2, default=str))
+    if report_path:
+        files = [str(Path(out_dir) / "summary.json")]
+        click.echo(
+            f"wrote {app_data.build_report(files, [prof.name], store, report_path)}", err=True
+        )
+
+
+@main.group()
+def config() -> None:
+    """Read sidecar configurations as users write them (Envoy configs, Kubernetes/Istio manifests)."""
+
+
+@config.command("from-envoy")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--listener", help="Model this listener (default: the inbound one, e.g. virtualInbound/15006)."
+)
+@click.option(
+    "--port", type=int, help="Within the listener, the filter chain of this destination port."
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+@user_errors
+def config_from_envoy(file: str, listener: str | None, port: int | None, fmt: str) -> None:
+    """The sidecar configuration meshtax models (mode, filter chain, TLS) of an Envoy config FILE."""
+    from meshtax.traces.envoy_config import ConfigImportError, sidecar_from_envoy
+
+    try:
+        imp = sidecar_from_envoy(file, listener=listener, port=port)
+    except ConfigImportError as e:
+        raise UsageError(str(e)) from None
+    if fmt == "json":
+        click.echo(
+            json.dumps(
+                {
+                    "sidecar": imp.config.to_dict(),
+                    "unknown_filters": list(imp.unknown_filters),
+                    "ignored": list(imp.ignored),
+                    "notes": list(imp.notes),
+                },
+                indent=2,
+            )
+        )
+    else:
+        click.echo(imp.report())
+
+
+@config.command("from-k8s")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--ecg", is_flag=True, help="Print an ECG 'services:' block to paste into a call graph."
+)
+@user_errors
+def config_from_k8s(directory: str, ecg: bool) -> None:
+    """Each service's sidecar configuration from Kubernetes/Istio manifests in DIRECTORY, and what was assumed."""
+    from meshtax.traces.envoy_config import ConfigImportError
+    from meshtax.traces.k8s import sidecars_from_k8s
+
+    try:
+        imp = sidecars_from_k8s(directory)
+    except ConfigImportError as e:
+        raise UsageError(str(e)) from None
+    click.echo(imp.to_ecg_services_yaml() if ecg else imp.report())
+
+
+@main.command()
+@click.argument("files", nargs=-1, type=click.Path())
+@click.option(
+    "--profiles", "profile_names", multiple=True, help="Include stored profile NAME (repeatable)."
+)
+@click.option("--compare", nargs=2, metavar="A B", help="Compare two stored profiles side by side.")
+@click.option(
+    "-o",
+    "--output",
+    default="meshtax-report.html",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+)
+@click.option("--open", "open_", is_flag=True, help="Open the report in a browser.")
+@db_option
+@user_errors
+def report(
+    files: tuple[str, ...],
+    profile_names: tuple[str, ...],
+    compare: tuple[str, str] | None,
+    output: str,
+    open_: bool,
+    db: str | None,
+) -> None:
+    """Build one self-contained HTML report from result FILES (prediction/study/validation JSON,
+    study Parquet) and stored profiles."""
+    from meshtax.report.build import open_in_browser
+
+    path = app_data.build_report(files, profile_names, ProfileStore(db), output, compare)
+    click.echo(f"wrote {path}")
+    if open_ and not open_in_browser(path):
+        click.echo("could not open a browser; open the file yourself", err=True)

@@ -1,0 +1,257 @@
+"""Profile assembly: one-hop measurements per size → points → fitted models, closure checked,
+notes and the raw record kept (:func:`build_profile`)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from meshtax._version import __version__
+from meshtax.model.components import Component
+from meshtax.model.profile import ModeProfile, Profile, Provenance
+from meshtax.model.sidecar import Mode
+from meshtax.model.stats import Estimate
+from meshtax.profile.decompose import Breakdown, assemble, per_crossing
+from meshtax.profile.fit import SizePoint, fit_carried, fit_mode
+from meshtax.profile.onehop import PairedOverhead, ProbeResult
+from meshtax.profile.plan import Plan
+from meshtax.testbed.envoy.config import EnvoyConfig, config_hash
+from meshtax.testbed.host import this_host
+
+__all__ = ["ClosureWarning", "CpuRun", "ProfileSink", "SizeResult", "build_profile", "family_hash"]
+
+
+class ClosureWarning(UserWarning):
+    """A measured profile whose components do not add up to the measured overhead."""
+
+
+class ProfileSink(Protocol):
+    def save(self, profile: Profile, *, replace: bool = False) -> None: ...
+
+
+@dataclass(frozen=True)
+class CpuRun:
+    """One CPU run: ``label`` ("max", "f0.25" of the max rate, "r100" requests/s), the rate
+    achieved, per-crossing CPU and perf/schedstat."""
+
+    label: str
+    rate: float
+    bd: Breakdown
+    ratio: float
+
+
+@dataclass
+class SizeResult:
+    size: int
+    unprobed: PairedOverhead | None  # None: only probed windows (carried protocols)
+    probed: ProbeResult
+    max_qps: float = 0.0
+    cpu: list[CpuRun] = field(default_factory=list)
+
+    @property
+    def overhead(self) -> Estimate:
+        """Per-request overhead without probes (the profile's measured overhead; the probed
+        one when no un-probed runs were made)."""
+        return self.probed.overhead if self.unprobed is None else self.unprobed.estimate
+
+    @property
+    def perturbation_us(self) -> float:
+        """Per-request overhead with probes minus without (both paired, same run)."""
+        return self.probed.overhead.median - self.overhead.median
+
+    @property
+    def app_user_us(self) -> float:
+        """The app's user-space CPU change per crossing (meshed − direct, µs; from the probe
+        windows): parsing what the sidecar adds (headers, HTTP/2 control frames). Its kernel-side
+        change is not counted: it depends on where client and app run (direct, the app's write
+        wakes the client on the other CPU; meshed, the sidecar on its own)."""
+        return self.probed.latency.user - self.probed.sidecar_only.user
+
+    def cpu_bd(self, run: CpuRun) -> Breakdown:
+        """A CPU run's per-crossing breakdown: the sidecar's (perf split, schedstat total)
+        plus the app's user-space change (:attr:`app_user_us`), as the latency counts it."""
+        return replace(run.bd, user=run.bd.user + self.app_user_us)
+
+    def cpu_like(self, run: CpuRun) -> CpuRun | None:
+        """The run of the same label, else the one nearest in rate (the TCP baseline of an
+        HTTP/gRPC run)."""
+        same = [c for c in self.cpu if c.label == run.label]
+        if same:
+            return same[0]
+        if not self.cpu or run.rate <= 0:
+            return self.cpu[-1] if self.cpu else None
+        return min(self.cpu, key=lambda c: abs(math.log(max(c.rate, 1e-9) / run.rate)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "size": self.size,
+            **({} if self.unprobed is None else self.unprobed.to_dict()),
+            "probe": {**self.probed.to_dict(), "perturbation_us_per_request": self.perturbation_us},
+            "latency_breakdown_us": self.probed.latency.to_dict(),
+            "max_qps": self.max_qps,
+            "cpu": [
+                {
+                    "run": c.label,
+                    "rate": c.rate,
+                    "breakdown_us": c.bd.to_dict(),
+                    "perf_over_schedstat": c.ratio,
+                }
+                for c in self.cpu
+            ],
+        }
+
+
+def family_hash() -> str:
+    """One hash for the sidecar configs of all modes (a profile's platform key must not
+    depend on which modes a run chose)."""
+    return config_hash({m.value: EnvoyConfig(mode=m).key() for m in Mode})
+
+
+# --- the profile -----------------------------------------------------------------------------
+
+
+def _points(mode: Mode, rs: list[SizeResult], tcp: Mapping[int, SizeResult]) -> list[SizePoint]:
+    pts: list[SizePoint] = []
+    for r in rs:
+        base = tcp.get(r.size)
+        lat = assemble(mode, r.probed.latency, base.probed.latency if base else None)
+        cpu: list[tuple[float, Mapping[Component, float]]] = []
+        for run in r.cpu:
+            like = base.cpu_like(run) if base else None
+            cpu.append(
+                (
+                    run.rate,
+                    assemble(mode, r.cpu_bd(run), base.cpu_bd(like) if base and like else None),
+                )
+            )
+        # closure against the overhead of the same (probed) windows: like with like
+        o = r.probed.overhead
+        pts.append(
+            SizePoint(
+                r.size,
+                lat,
+                per_crossing(o.median),
+                per_crossing(o.lo),
+                per_crossing(o.hi),
+                tuple(cpu),
+            )
+        )
+    return pts
+
+
+def _unprobed_closure(rs: Sequence[SizeResult]) -> float:
+    """Mean over sizes of the un-probed overhead per crossing (µs)."""
+    return sum(per_crossing(r.overhead.median) for r in rs) / len(rs) if rs else 0.0
+
+
+def build_profile(
+    name: str,
+    created: _dt.datetime,
+    plan: Plan,
+    results: Mapping[Mode, list[SizeResult]],
+    versions: Mapping[str, str],
+    wall_s: float,
+    store: ProfileSink | None,
+    replace: bool,
+    *,
+    carried: Mapping[str, list[SizeResult]] | None = None,
+) -> Profile:
+    tcp = {r.size: r for r in results.get(Mode.TCP, [])}
+    carried = {p: rs for p, rs in (carried or {}).items() if rs}
+    modes: list[ModeProfile] = []
+    notes: list[str] = [
+        "models are per message crossing one sidecar one way; measured per request through "
+        "one inbound sidecar (request + response = 2 crossings), halved",
+        "latency components = the sidecar's on-path time + the change of the app's own path "
+        "(meshed − direct), from paired eBPF probe windows on sidecar and app (definitions: "
+        "meshtax.profile.decompose); the closure compares them with the overhead measured in "
+        "those same probed windows (mean latency with sidecar minus without)",
+        "the un-probed overhead (paired runs, no probe) and the probe perturbation (probed − "
+        "un-probed overhead) are in options.measurements and "
+        "options.probe_perturbation_us_per_request",
+        "CPU components = the sidecar's CPU (perf split scaled to schedstat) + the app's "
+        "user-space CPU change (meshed − direct, from the probe windows: it parses what the "
+        "sidecar adds), so Parsing counts both; the app's kernel-side change is not counted "
+        "(it depends on the placement of client and app)",
+    ]
+    if Mode.TCP not in results:
+        notes.append("no TCP mode measured: Parsing is not separated from Other")
+    for mode, rs in results.items():
+        mp = fit_mode(
+            mode,
+            _points(mode, rs, tcp),
+            candidates=plan.split_candidates,
+            tolerance=plan.closure_tolerance,
+        )
+        if mode is Mode.TCP and carried:
+            mp = fit_carried(
+                mp,
+                {p: _points(Mode.TCP, crs, {}) for p, crs in carried.items()},
+                candidates=plan.split_candidates,
+                tolerance=plan.closure_tolerance,
+            )
+            for p, cmp_ in sorted(mp.carried.items()):
+                cc = cmp_.closure
+                notes.append(
+                    f"tcp carrying {p}: a tcp-mode sidecar in front of the app's {p} server, "
+                    f"driven by fortio's {p} client; per crossing = per message direction of "
+                    "one call; latency components from probe windows only (closure against "
+                    "their own overhead"
+                    + (
+                        f": components {cc.components_us:.1f} µs vs {cc.measured_us:.1f} µs, "
+                        f"{cc.error:+.0%})"
+                        if cc is not None
+                        else ")"
+                    )
+                )
+        modes.append(mp)
+        c = mp.closure
+        if c is not None and not c.closes:
+            msg = (
+                f"{mode.value}: components sum to {c.components_us:.1f} µs per message but the "
+                f"measured overhead is {c.measured_us:.1f} µs [{c.measured_lo_us:.1f}, "
+                f"{c.measured_hi_us:.1f}]: error {c.error:+.0%} exceeds ±{c.tolerance:.0%} "
+                "— this profile does NOT close"
+            )
+            notes.append("NOT CLOSED: " + msg)
+            warnings.warn(msg, ClosureWarning, stacklevel=2)
+        un = _unprobed_closure(rs)
+        if c is not None:
+            notes.append(
+                f"{mode.value}: un-probed overhead {un:.1f} µs per message; components "
+                f"{c.components_us:.1f} µs are {c.components_us / un - 1:+.0%} of it"
+                if un
+                else f"{mode.value}: un-probed overhead 0"
+            )
+    perturb = {m.value: {str(r.size): r.perturbation_us for r in rs} for m, rs in results.items()}
+    options: dict[str, Any] = {
+        **plan.to_dict(),
+        "pinning_described": plan.pinning.describe(),
+        "envoy_version": versions["envoy"],
+        "fortio_version": versions["fortio"],
+        "config_hash": family_hash(),
+        "probe_perturbation_us_per_request": perturb,
+        "wall_time_s": wall_s,
+        "measurements": {m.value: [r.to_dict() for r in rs] for m, rs in results.items()},
+        "carried_measurements": {p: [r.to_dict() for r in rs] for p, rs in carried.items()},
+    }
+    profile = Profile(
+        name=name,
+        platform=this_host("envoy", versions["envoy"], family_hash()),
+        provenance=Provenance(
+            source="measured",
+            by="meshtax profile",
+            created=created.isoformat(timespec="seconds"),
+            tool_version=__version__,
+            options=options,
+            notes=tuple(notes),
+        ),
+        modes={m.mode: m for m in modes},
+    )
+    if store is not None:
+        store.save(profile, replace=replace)
+    return profile

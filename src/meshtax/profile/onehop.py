@@ -1,0 +1,345 @@
+"""One-hop measurements on the :class:`~meshtax.testbed.bed.EchoBed`: the paired overhead
+(meshed − direct), paired probe windows (the components), and CPU runs under perf.
+
+Each is a use of the one paired-run loop (:func:`~meshtax.testbed.paired.paired_runs`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from meshtax.model.sidecar import Mode
+from meshtax.model.stats import Estimate, estimate, median
+from meshtax.profile.backends import CpuSampler, _real_perf, _real_probe
+from meshtax.profile.decompose import Breakdown, Window, cpu_breakdown, mesh_breakdown
+from meshtax.testbed import procfs
+from meshtax.testbed.bed import EchoBed
+from meshtax.testbed.fortio import LoadResult
+from meshtax.testbed.paired import Paired, PairPolicy, group_order, is_narrow, paired_runs
+from meshtax.testbed.probes import (
+    ProbeReading,
+    ProbeSession,
+    SnapshotSession,
+    ThreadReading,
+    realtime,
+)
+from meshtax.testbed.system import System
+
+__all__ = [
+    "PairedOverhead",
+    "ProbeResult",
+    "measure_overhead",
+    "probe_components",
+    "sidecar_cpu",
+]
+
+
+@dataclass
+class PairedOverhead:
+    """Per-request overhead (meshed − direct mean latency, µs) from alternating paired runs."""
+
+    estimate: Estimate
+    meshed_mean: list[float] = field(default_factory=list)
+    direct_mean: list[float] = field(default_factory=list)
+    meshed_p50: list[float] = field(default_factory=list)
+    direct_p50: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "overhead_per_request_us": self.estimate.to_dict(),
+            "meshed_mean_us": self.meshed_mean,
+            "direct_mean_us": self.direct_mean,
+            "meshed_p50_us": self.meshed_p50,
+            "direct_p50_us": self.direct_p50,
+        }
+
+
+def measure_overhead(
+    bed: EchoBed,
+    mode: Mode,
+    size: int,
+    *,
+    run_s: float,
+    rel_halfwidth: float = 0.1,
+    min_runs: int = 3,
+    max_runs: int = 6,
+    budget_s: float | None = None,
+    meshed: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> PairedOverhead:
+    """Paired closed-loop runs with and without the sidecar (:func:`paired_runs`, order
+    alternating) until the median difference is narrow. Means, not p50s: components are
+    means too, and fortio's p50 is bucket-interpolated."""
+    targets = {"meshed": meshed or bed.meshed_target, "direct": bed.direct_target(mode)}
+
+    def diffs(p: Paired[LoadResult]) -> list[float]:
+        return [m.avg_us - d.avg_us for d, m in p.pairs("direct", "meshed")]
+
+    paired = paired_runs(
+        [("direct", "meshed")],
+        lambda name: bed.load(targets[name], mode, size, duration_s=run_s),
+        PairPolicy(min_runs, max_runs, budget_s),
+        narrow=lambda p: is_narrow(diffs(p), rel_halfwidth),
+        clock=clock,
+    )
+    pairs = paired.pairs("direct", "meshed")
+    return PairedOverhead(
+        estimate(diffs(paired), stop=paired.stop),
+        meshed_mean=[m.avg_us for _, m in pairs],
+        direct_mean=[d.avg_us for d, _ in pairs],
+        meshed_p50=[m.p50_us for _, m in pairs],
+        direct_p50=[d.p50_us for d, _ in pairs],
+    )
+
+
+@dataclass
+class ProbeResult:
+    """Paired probe windows of one mode and size.
+
+    ``latency``: components per crossing (µs) from all windows of a kind summed (sidecar + Δapp
+    + Δclient, see :mod:`~meshtax.profile.decompose`) — the per-message mean; two consecutive
+    quick profiles agreed on more components with it than with per-field medians over the
+    pairs (23 vs 19 of 36, BENCHMARKS.md issue #3); ``pooled``: the same (kept for readers of
+    older records); ``median``: per-field medians over the pairs; ``sidecar_only``: pooled,
+    without the app and client terms; ``per_pair``: each pair alone (their spread is the
+    interval);
+    ``overhead``: per-request overhead measured in the same probed windows.
+    """
+
+    latency: Breakdown
+    pooled: Breakdown
+    median: Breakdown
+    sidecar_only: Breakdown
+    per_pair: list[Breakdown]
+    overhead: Estimate
+    meshed_mean: list[float]
+    direct_mean: list[float]
+    requests: int
+    dropped: int
+    windows: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "latency_breakdown_us": self.latency.to_dict(),
+            "pooled_breakdown_us": self.pooled.to_dict(),
+            "median_breakdown_us": self.median.to_dict(),
+            "sidecar_only_breakdown_us": self.sidecar_only.to_dict(),
+            "per_pair_breakdown_us": [b.to_dict() for b in self.per_pair],
+            "overhead_per_request_us": self.overhead.to_dict(),
+            "meshed_mean_us": self.meshed_mean,
+            "direct_mean_us": self.direct_mean,
+            "requests": self.requests,
+            "dropped_events": self.dropped,
+            "windows": self.windows,
+        }
+
+
+_BD_FIELDS = tuple(f.name for f in fields(Breakdown))
+
+
+def probe_components(
+    bed: EchoBed,
+    mode: Mode,
+    size: int,
+    sidecar_pid: int,
+    *,
+    run_s: float,
+    pairs: int,
+    probe_app: bool = True,
+    probe: Callable[[System], ProbeSession] = _real_probe,
+    meshed: str | None = None,
+    probe_client: bool = True,
+    rt_priority: int | None = None,
+) -> ProbeResult:
+    """``pairs`` × (a meshed and a direct probe window of ``run_s``, order alternating), the
+    probe on the sidecar, (``probe_app``) the app and (``probe_client``) every process of the
+    client pod → components and the probed overhead. ``rt_priority``: the windows run with
+    app and this process (so each window's load generator, its child) at ``SCHED_FIFO`` of
+    that priority and the sidecar one above (:func:`~meshtax.testbed.probes.realtime`)."""
+    pids = [sidecar_pid, bed.app_pid] if probe_app else [sidecar_pid]
+    # the load generator is a new process per window: follow its namespace, not a PID
+    follow = bed.client_netns_path if probe_client and probe_app else None
+    app_tgid = bed.app_pid if probe_app else None
+    targets = {"meshed": meshed or bed.meshed_target, "direct": bed.direct_target(mode)}
+    # a probe that can snapshot stays attached for all windows (each window = the difference
+    # of two snapshots): no attach/detach per window (≈ 0.3 s each)
+    held = probe(bed.system)
+    snap = held if isinstance(held, SnapshotSession) else None
+    if snap is None:
+        held.close()
+    else:
+        _start_probe(snap, pids, follow)
+    # the profiler itself too: each window's load generator is its child and inherits it.
+    # The sidecar one above the rest: on CFS it preempts the app that woke it (the app's Go
+    # runtime then parks); at equal FIFO priorities it would wait for that (measured: gRPC
+    # Notification +15 µs per crossing, closure +19 %)
+    prio: dict[int, int] = {}
+    if rt_priority is not None:
+        prio = {p: rt_priority for p in (*pids, os.getpid())}
+        prio[sidecar_pid] = rt_priority + 1
+    rt = False
+    last: list[ProbeReading] = []
+
+    def window(name: str) -> tuple[LoadResult, ProbeReading, Window]:
+        if snap is not None:
+            res = bed.load(targets[name], mode, size, duration_s=run_s)
+            now = snap.snapshot()
+            reading = now.since(last[-1])
+            last.append(now)
+        else:
+            res, reading = _probed_load(bed, probe, pids, follow, targets[name], mode, size, run_s)
+        w = Window.of(reading, res.count, sidecar_tgid=sidecar_pid, app_tgid=app_tgid)
+        return res, reading, w
+
+    try:
+        with realtime(bed.system, prio) as rt:
+            if snap is not None:
+                last.append(snap.snapshot())
+            paired = paired_runs([("meshed", "direct")], window, PairPolicy.fixed(pairs))
+    finally:
+        held.close()
+    sched = f"fifo:{rt_priority}" if rt else "other"
+    raw = [
+        _window_record(name == "meshed", *g.first(name), sched)
+        for g in paired.groups
+        for name in group_order(g.group, g.round)
+    ]
+    pairs_ = paired.pairs("meshed", "direct")
+    m_windows = [m[2] for m, _ in pairs_]
+    d_windows = [d[2] for _, d in pairs_]
+    m_mean = [m[0].avg_us for m, _ in pairs_]
+    d_mean = [d[0].avg_us for _, d in pairs_]
+    dropped = sum(x[1].dropped for m, d in pairs_ for x in (m, d))
+
+    def pooled(ws: list[Window]) -> Window:
+        out = ws[0]
+        for w in ws[1:]:
+            out = out + w
+        return out
+
+    pm, pd = pooled(m_windows), pooled(d_windows)
+    per_pair = [mesh_breakdown(m, d if probe_app else None) for m, d in zip(m_windows, d_windows)]
+    diffs = [m - d for m, d in zip(m_mean, d_mean)]
+    pooled_bd = mesh_breakdown(pm, pd if probe_app else None)
+    return ProbeResult(
+        latency=pooled_bd,
+        pooled=pooled_bd,
+        median=Breakdown(**{f: median([getattr(b, f) for b in per_pair]) for f in _BD_FIELDS}),
+        sidecar_only=mesh_breakdown(pm, None),
+        per_pair=per_pair,
+        overhead=estimate(diffs),
+        meshed_mean=m_mean,
+        direct_mean=d_mean,
+        requests=pm.requests,
+        dropped=dropped,
+        windows=raw,
+    )
+
+
+def _window_record(
+    meshed: bool, res: LoadResult, reading: ProbeReading, w: Window, sched: str
+) -> dict[str, Any]:
+    """One probe window, raw, for the profile's record."""
+    threads = (("sidecar", w.sidecar), ("app", w.app), ("client", w.client))
+    return {
+        "meshed": meshed,
+        "requests": res.count,
+        "mean_us": res.avg_us,
+        "duration_ns": reading.duration_ns,
+        "ipc_packets": w.ipc_packets,
+        "ipc_ns": w.ipc_ns,
+        "ipc_bytes": w.ipc_bytes,
+        "probe_bpf_ns": reading.probe_ns,
+        **{k: _thread_dict(t) for k, t in threads},
+        # per-event notification latencies, [bin, count, ns] in 2^shift ns bins
+        "notify_hist": {k: [list(b) for b in t.notify_hist.bins] for k, t in threads},
+        "notify_hist_shift": w.sidecar.notify_hist.shift,
+        "sched": sched,
+    }
+
+
+def _start_probe(session: ProbeSession, pids: list[int], follow: str | None) -> None:
+    if follow is None:
+        session.start(pids)  # sessions written before namespaces could be followed
+    else:
+        session.start(pids, follow_netns=follow)
+
+
+def _probed_load(
+    bed: EchoBed,
+    probe: Callable[[System], ProbeSession],
+    pids: list[int],
+    follow: str | None,
+    target: str,
+    mode: Mode,
+    size: int,
+    run_s: float,
+) -> tuple[LoadResult, ProbeReading]:
+    """One load with a probe attached just for it (sessions that cannot snapshot)."""
+    session = probe(bed.system)
+    try:
+        _start_probe(session, pids, follow)
+        res = bed.load(target, mode, size, duration_s=run_s)
+        return res, session.stop()
+    finally:
+        session.close()
+
+
+def _thread_dict(t: ThreadReading) -> dict[str, int]:
+    """The raw totals of a thread sum, for the record (ns and counts)."""
+    return {
+        "read_ns": t.read.ns,
+        "read_n": t.read.count,
+        "write_ns": t.write.ns,
+        "write_n": t.write.count,
+        "epoll_ns": t.epoll.ns,
+        "epoll_n": t.epoll.count,
+        "notify_ns": t.notify.ns,
+        "notify_n": t.notify.count,
+        "syscalls": t.syscalls,
+        "sys_ns": t.sys_ns,
+        "oncpu_ns": t.oncpu_ns,
+        "user_ns": t.user_ns,
+        "sys_cpu_ns": t.sys_cpu_ns,
+        "switches_in": t.switches_in,
+    }
+
+
+def sidecar_cpu(
+    bed: EchoBed,
+    mode: Mode,
+    size: int,
+    qps: float,
+    pid: int,
+    *,
+    run_s: float,
+    perf: Callable[[System], CpuSampler] = _real_perf,
+    schedstat_of: Callable[[int], Mapping[int, int]] = procfs.schedstat,
+    meshed: str | None = None,
+) -> tuple[LoadResult, Breakdown, float]:
+    """One run at ``qps`` (0: as fast as possible) under perf → (load result, per-crossing
+    CPU-µs of the sidecar process ``pid``, perf/schedstat ratio).
+
+    perf gives the split, schedstat the total: perf starts sampling a few hundred ms after it
+    is spawned and misses the start of the run, schedstat misses nothing; the buckets are
+    scaled so their sum is schedstat's.
+    """
+    sampler = perf(bed.system)
+    try:
+        before = sum(schedstat_of(pid).values())
+        sampler.start()
+        res = bed.load(meshed or bed.meshed_target, mode, size, qps, duration_s=run_s)
+        prof = sampler.stop([pid])
+        after = sum(schedstat_of(pid).values())
+    finally:
+        sampler.close()
+    buckets = {b.value: ns for b, ns in prof.process(pid).items() if b.value != "probe"}
+    sampled = sum(buckets.values())
+    ratio = sampled / (after - before) if after > before else 0.0
+    if ratio > 0:
+        buckets = {b: round(ns / ratio) for b, ns in buckets.items()}
+    return res, cpu_breakdown(buckets, res.count), ratio

@@ -1,0 +1,98 @@
+"""What ``/proc`` says about processes: on-CPU time per thread, Envoy's worker threads,
+resident memory. Every function takes the ``/proc`` root, so tests point it at a fake tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "PROC",
+    "ProcError",
+    "cpu_ns",
+    "parse_schedstat",
+    "parse_vmrss",
+    "read_rss",
+    "schedstat",
+    "worker_cpu_ns",
+]
+
+PROC = Path("/proc")
+
+
+class ProcError(RuntimeError):
+    """A process is gone or ``/proc`` said something unparseable."""
+
+
+def parse_schedstat(text: str) -> int:
+    """First field of ``/proc/.../schedstat``: ns the task has run on a CPU."""
+    try:
+        return int(text.split()[0])
+    except (IndexError, ValueError) as e:
+        raise ProcError(f"unparseable schedstat: {text!r}") from e
+
+
+def schedstat(pid: int, proc: Path = PROC) -> dict[int, int]:
+    """On-CPU ns per thread of ``pid`` (threads that exit while reading are skipped)."""
+    out: dict[int, int] = {}
+    try:
+        tasks = list((proc / str(pid) / "task").iterdir())
+    except FileNotFoundError as e:
+        raise ProcError(f"no such process {pid}") from e
+    for t in tasks:
+        try:
+            out[int(t.name)] = parse_schedstat((t / "schedstat").read_text())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
+def cpu_ns(pids: Sequence[int], proc: Path = PROC) -> dict[int, int]:
+    """On-CPU ns of each of ``pids`` (all threads); a process that has exited counts 0."""
+    out: dict[int, int] = {}
+    for p in pids:
+        try:
+            out[p] = sum(schedstat(p, proc).values())
+        except ProcError:
+            out[p] = 0
+    return out
+
+
+def worker_cpu_ns(pid: int, proc: Path = PROC) -> int:
+    """On-CPU ns of ``pid``'s Envoy worker threads (``wrk:worker_*``); all threads if none is
+    named so (an Envoy under valgrind has renamed threads)."""
+    total, seen, every = 0, False, 0
+    try:
+        tasks = list((proc / str(pid) / "task").iterdir())
+    except FileNotFoundError as e:
+        raise ProcError(f"no such process {pid}") from e
+    for t in tasks:
+        try:
+            comm = (t / "comm").read_text().strip()
+            ns = parse_schedstat((t / "schedstat").read_text())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        every += ns
+        if comm.startswith("wrk:worker"):
+            total += ns
+            seen = True
+    return total if seen else every
+
+
+def parse_vmrss(status: str) -> int:
+    """Resident set size in bytes from the text of ``/proc/PID/status``."""
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            value, unit = line.split()[1:3]
+            if unit != "kB":
+                raise ProcError(f"unexpected VmRSS unit {unit!r}")
+            return int(value) * 1024
+    raise ProcError("no VmRSS line (a kernel thread or a zombie?)")
+
+
+def read_rss(pid: int, proc: Path = PROC) -> int:
+    try:
+        return parse_vmrss((proc / str(pid) / "status").read_text())
+    except FileNotFoundError as e:
+        raise ProcError(f"no such process {pid}") from e
