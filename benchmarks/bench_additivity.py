@@ -1,7 +1,7 @@
 """Filter costs and their additivity: the paper's five combinations and the RBAC/IP-tag mixes.
 
 Every catalogue filter and every combination is measured against the base sidecar in one
-Envoy per mode (see :mod:`meshtax.profile.filterprof`): worker-thread CPU per request
+Envoy per mode (see :mod:`meshtax.profile.filters`): worker-thread CPU per request
 (paired runs, 95 % interval), fortio mean latency, and callgrind instructions per request.
 Additivity is reported two ways, both per request through one sidecar: **total** CPU
 (predicted = base + Σ single-filter increments, measured = the sidecar with the chain; the
@@ -13,14 +13,15 @@ nothing (loopback), but Envoy, fortio and valgrind must be installed.
     .venv/bin/python benchmarks/bench_additivity.py --modes http,grpc --out /tmp/additivity.json
     .venv/bin/python benchmarks/bench_additivity.py --quick --filters fault_injection,rate_limit,tap,lua,wasm
     # the combinations' members only, many rounds, no callgrind: the total-CPU comparison
-    .venv/bin/python benchmarks/bench_additivity.py --modes http --filters combos --rounds 15 --no-callgrind --equal-time
+    .venv/bin/python benchmarks/bench_additivity.py --modes http --filters combos --rounds 15 \
+        --no-callgrind --equal-time
     # paired blocks (the current additivity design): chunks of ≤ 10 min under the lock, merged
     flock /run/meshtax-measure.lock .venv/bin/python benchmarks/bench_additivity.py --paired --modes http \
         --budget-s 540 --out /tmp/add-http.json --append
     .venv/bin/python benchmarks/bench_additivity.py --report /tmp/add-http.json /tmp/add-grpc.json
 
 ``--paired``: per round, one block per combination: base, each member and the chain run back
-to back in a palindrome (:func:`meshtax.profile.filterprof.block_order`), so each combination
+to back in a palindrome (:func:`meshtax.testbed.paired.group_order`), so each combination
 is compared with its own singles and base measured seconds apart; error per block, median
 and 95 % interval over blocks. ``--append`` adds this chunk's blocks to ``--out`` (rounds
 continue the rotation); ``--report`` merges files and prints the table (no measurement).
@@ -37,20 +38,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from meshtax.profile.filterprof import (
-    Block,
+from meshtax.model.sidecar import Mode
+from meshtax.profile.additivity import Block, additivity, block_additivity, profile_blocks
+from meshtax.profile.backends import Backends
+from meshtax.profile.filters import (
     FilterRunOptions,
-    additivity,
     additivity_components,
-    block_additivity,
     combos_for,
     differences,
-    profile_blocks,
     profile_filters,
     resolve_filters,
 )
-
-from meshtax.model.sidecar import Mode
+from meshtax.testbed.pods import Testbed
 from meshtax.testbed.system import RealSystem
 
 
@@ -120,14 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         comps = wanted[mode]
         combos = combos_for(mode, comps)
         t = time.time()
-        run = profile_filters(
-            mode,
-            comps,
-            opts,
-            RealSystem(),
-            combos=combos,
-            progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
-        )
+        with Testbed(RealSystem(), lock_timeout=900.0) as tb:
+            run = profile_filters(
+                tb,
+                Backends(),
+                mode,
+                comps,
+                opts,
+                combos=combos,
+                progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
+            )
         diffs = differences(run)
         rows = additivity(run, combos)
         doc["modes"][mode.value] = {  # type: ignore[index]
@@ -202,15 +203,17 @@ def paired(a: argparse.Namespace, opts: FilterRunOptions, modes: list[Mode]) -> 
             "budget_s": budget,
         }
         t = time.time()
-        blocks = profile_blocks(
-            mode,
-            combos,
-            opts,
-            RealSystem(),
-            budget_s=budget,
-            first_round=first,
-            progress=lambda s: print("  " + s, file=sys.stderr, flush=True),
-        )
+        with Testbed(RealSystem(), lock_timeout=900.0) as tb:
+            blocks = profile_blocks(
+                tb,
+                Backends(),
+                mode,
+                combos,
+                opts,
+                budget_s=budget,
+                first_round=first,
+                progress=lambda s: print("  " + s, file=sys.stderr, flush=True),
+            )
         chunk.update(
             utc_end=_utc(),
             load_average_end=os.getloadavg(),

@@ -26,7 +26,7 @@ def _phase(args: argparse.Namespace) -> dict[str, float]:
         from meshtax.traces.synth import generate
 
         s = generate(args.graphs, args.seed, args.version, d / "input.csv")
-        out = {
+        out: dict[str, float] = {
             "graphs": s.graphs,
             "calls": s.calls,
             "csv_rows": s.rows,
@@ -46,7 +46,7 @@ def _phase(args: argparse.Namespace) -> dict[str, float]:
             "partitions": len(st.partitions),
             "rows_read": rep.rows_read,
         }
-    out["seconds"] = time.perf_counter() - t
+    out["seconds"] = round(time.perf_counter() - t, 3)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 

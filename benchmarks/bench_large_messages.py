@@ -5,7 +5,7 @@ halved per crossing; the line through sizes <= 4 KiB (the paper's linear model) 
 model (split chosen among 16/32/64/128 KiB) are compared with measurement at 16 KiB, 64 KiB,
 256 KiB and 1 MiB. JSON to ``--out``.
 
-    .venv/bin/python benchmarks/bench_large_messages.py --modes http,tcp --out /tmp/large.json
+    .venv/bin/python benchmarks/bench_large_messages.py --modes http,tcp --out artifacts/large.json
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import json
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 
-from meshtax.profile.filterprof import FilterBackends, FilterRunOptions, real_load
-
 from meshtax.model.sidecar import Mode
-from meshtax.profile.extras import LARGE_SIZES, fit_large, measure_large
+from meshtax.profile.backends import Backends
+from meshtax.profile.filters import FilterRunOptions
+from meshtax.profile.large import LARGE_SIZES, fit_large, measure_large
+from meshtax.testbed.pods import Testbed
 from meshtax.testbed.system import RealSystem
 
 
@@ -29,20 +29,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", default="http,tcp")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", type=Path, default=Path("/tmp/meshtax-large.json"))
+    ap.add_argument("--out", type=Path, required=True, help="result JSON")
     a = ap.parse_args(argv)
-    system = RealSystem()
     opts = FilterRunOptions.quick() if a.quick else FilterRunOptions()
-    be = FilterBackends(load=real_load(system, stdclient=True))
     doc: dict[str, object] = {
         "command": " ".join(sys.argv),
         "machine": platform.node(),
         "load_average_start": os.getloadavg(),
     }
-    with tempfile.TemporaryDirectory(prefix="meshtax-bench-large-") as d:
+    with Testbed(RealSystem(), lock_timeout=900.0) as tb:
         for m in a.modes.split(","):
             mode = Mode(m)
-            lr = measure_large(mode, LARGE_SIZES, opts, system, be, Path(d))
+            lr = measure_large(tb, Backends(), mode, LARGE_SIZES, opts)
             fits = {k: fit_large(v, k) for k, v in (("cpu", lr.cpu_us), ("latency", lr.latency_us))}
             doc[mode.value] = {
                 "measured": lr.to_dict(),

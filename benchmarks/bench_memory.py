@@ -1,9 +1,10 @@
 """Sidecar memory against open connections (M + n·m with R²), per mode, plaintext and mTLS.
 
-A thin driver of :func:`meshtax.profile.memory.measure_matrix`; prints the server sidecar's
+A thin driver of :func:`meshtax.profile.memory.measure_memory` (every mode, plaintext and
+mTLS); prints the server sidecar's
 model per mode and TLS setting, writes every point as JSON (``--out``).
 
-    .venv/bin/python benchmarks/bench_memory.py --modes tcp,http,grpc --out /tmp/memory.json
+    .venv/bin/python benchmarks/bench_memory.py --modes tcp,http,grpc --out artifacts/memory.json
     .venv/bin/python benchmarks/bench_memory.py --quick
 """
 
@@ -17,7 +18,10 @@ import sys
 from pathlib import Path
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.memory import CONNECTIONS, QUICK_CONNECTIONS, measure_matrix
+from meshtax.profile.backends import Backends
+from meshtax.profile.memory import CONNECTIONS, QUICK_CONNECTIONS, MemorySpec, measure_memory
+from meshtax.testbed.pods import Testbed
+from meshtax.testbed.system import RealSystem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="tcp,http,grpc")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tls", default="1.3", choices=("1.2", "1.3"))
-    ap.add_argument("--out", type=Path, default=Path("/tmp/meshtax-memory.json"))
+    ap.add_argument("--out", type=Path, required=True, help="result JSON")
     a = ap.parse_args(argv)
     conns = QUICK_CONNECTIONS if a.quick else CONNECTIONS
     doc: dict[str, object] = {
@@ -33,7 +37,12 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.node(),
         "load_average_start": os.getloadavg(),
     }
-    results = measure_matrix([Mode(m) for m in a.modes.split(",")], conns, tls_version=a.tls)
+    with Testbed(RealSystem(), lock_timeout=900.0) as tb:
+        results = [
+            measure_memory(tb, Backends(), MemorySpec(Mode(m), mtls, conns, a.tls))
+            for m in a.modes.split(",")
+            for mtls in (False, True)
+        ]
     doc["results"] = [r.to_dict() for r in results]
     print(f"{'mode':6s} {'mTLS':5s} {'role':7s} {'M (MiB)':>9s} {'m (KiB/conn)':>13s} {'R²':>7s}")
     for r in results:

@@ -17,11 +17,11 @@ import os
 import time
 from pathlib import Path
 
+from meshtax.app.data import write_document
+from meshtax.app.measure import SweepOptions, sweep
 from meshtax.model.sidecar import Mode
 from meshtax.store.sqlite import ProfileStore
-from meshtax.testbed.system import RealSystem
-from meshtax.validate.pairing import PairPolicy
-from meshtax.validate.run import SweepResult, run_sweep, write_report
+from meshtax.validate.sweep import SweepResult
 
 
 def plot(results: list[SweepResult], path: Path) -> None:
@@ -84,30 +84,35 @@ def main() -> None:
     for mode in a.modes.split(","):
         for kind in a.kinds.split(","):
             assert kind in ("size", "rate")
-            r = run_sweep(
+            opts = SweepOptions(
                 kind,
-                RealSystem(),
-                store,
-                mode=Mode(mode),
+                Mode(mode),
+                a.duration,
+                a.profile,
                 rate=a.rate,
-                duration_s=a.duration,
-                profile_name=a.profile,
-                policy=PairPolicy(min_pairs=a.pairs, max_pairs=a.pairs, budget_s=None),
-                progress=lambda m: print(f"[{time.monotonic() - t0:5.0f}s] {m}", flush=True),
+                pairs=(a.pairs, a.pairs),
             )
-            write_report(r.to_document(), out / f"sweep-{kind}-{mode}.json")
+            r = sweep(
+                opts,
+                store,
+                lambda m: print(f"[{time.monotonic() - t0:5.0f}s] {m}", flush=True),
+            )
+            write_document(r.to_document(), str(out / f"sweep-{kind}-{mode}.json"), store)
             results.append(r)
             print(f"\n{mode} {kind} sweep (no-mesh max {r.max_qps_no_mesh:.0f}/s):")
             print(
-                "| x | rate/s | latency measured [CI] | predicted | error | CPU µs/req measured [CI] | predicted | error |"
+                "| x | rate/s | latency measured [CI] | predicted | error | CPU µs/req measured "
+                "[CI] | predicted | error |"
             )
             print("|---|---|---|---|---|---|---|---|")
             for c in r.cases():
                 k = c.comparisons
                 lat, cpu = k["latency"], k["cpu"]
                 print(
-                    f"| {c.query} | {c.rate:.0f} | {lat.measured.median:.0f} [{lat.measured.lo:.0f}, {lat.measured.hi:.0f}] | {lat.predicted:.0f} | {lat.error:+.0%} "
-                    f"| {cpu.measured.median:.1f} [{cpu.measured.lo:.1f}, {cpu.measured.hi:.1f}] | {cpu.predicted:.1f} | {cpu.error:+.0%} |"
+                    f"| {c.query} | {c.rate:.0f} | {lat.measured.median:.0f} "
+                    f"[{lat.measured.lo:.0f}, {lat.measured.hi:.0f}] | {lat.predicted:.0f} | {lat.error:+.0%} "
+                    f"| {cpu.measured.median:.1f} [{cpu.measured.lo:.1f}, {cpu.measured.hi:.1f}] | "
+                    f"{cpu.predicted:.1f} | {cpu.error:+.0%} |"
                 )
     plot(results, out / "sweeps.svg")
     print(

@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from meshtax.app.data import write_document
+from meshtax.app.measure import ValidateOptions, validate
 from meshtax.model.sidecar import Mode
 from meshtax.store.sqlite import ProfileStore
-from meshtax.testbed.system import RealSystem
 from meshtax.validate.result import CaseResult, ValidationResult
-from meshtax.validate.run import ValidateOptions, machine, run_validation, write_report
+from meshtax.validate.run import machine
 
 
 def main() -> None:
@@ -64,13 +65,10 @@ def main() -> None:
             quick=a.quick,
             traces_dir=str(out / "traces") if a.keep_traces else None,
         )
-        res = run_validation(
-            opts,
-            RealSystem(),
-            store,
-            progress=lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True),
+        res = validate(
+            opts, store, lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True)
         )
-        write_report(res.to_document(), out / f"{topo}.json")
+        write_document(res.to_document(), str(out / f"{topo}.json"), store)
         print(res.table(), flush=True)
         results.append(res)
     cases: tuple[CaseResult, ...] = tuple(c for r in results for c in r.cases)
@@ -85,7 +83,7 @@ def main() -> None:
     doc: dict[str, Any] = everything.to_document()
     doc["wall_s"] = time.monotonic() - t0
     (out / "all.json").write_text(json.dumps(doc, indent=1, default=float))
-    write_report([r.to_document() for r in results], out / "validation.html")
+    write_document([r.to_document() for r in results], str(out / "validation.html"), store)
     s = doc["summary"]
     lines = [
         f"# Validation: measured vs predicted ({len(cases)} cases)",
@@ -102,7 +100,8 @@ def main() -> None:
         x = s[m]
         worst = x["worst"] or {"case": "-", "error": float("nan")}
         lines.append(
-            f"| {m} | {x['median_abs_error']:.1%} | {x['mean_error']:+.1%} | {worst['case']} {worst['error']:+.0%} | {', '.join(x['beyond_30pct']) or '-'} |"
+            f"| {m} | {x['median_abs_error']:.1%} | {x['mean_error']:+.1%} | {worst['case']} "
+            f"{worst['error']:+.0%} | {', '.join(x['beyond_30pct']) or '-'} |"
         )
     by_mode = {}
     for mode in a.modes.split(","):

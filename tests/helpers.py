@@ -70,11 +70,12 @@ def missing_for_real_profile() -> str | None:
     for tool in ("ip", "iptables", "perf", "curl"):
         if shutil.which(tool) is None:
             return f"{tool} not installed"
-    from meshtax.testbed.tools import FIX, find_tool
+    from meshtax.testbed.tools import FIX, Tool, find_tool
 
-    for name in ("envoy", "fortio", "probe"):
-        if find_tool(name) is None:  # type: ignore[arg-type]
-            return f"{name} not installed: {FIX[name]}"  # type: ignore[index]
+    names: tuple[Tool, ...] = ("envoy", "fortio", "probe")
+    for name in names:
+        if find_tool(name) is None:
+            return f"{name} not installed: {FIX[name]}"
     return None
 
 

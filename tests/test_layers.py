@@ -25,7 +25,15 @@ ALLOWED: dict[str, set[str]] = {
     "study": {"predict", "traces", "model"},
     "report": {"predict", "model"},
     "app": {
-        "profile", "validate", "study", "report", "testbed", "predict", "traces", "store", "model",
+        "profile",
+        "validate",
+        "study",
+        "report",
+        "testbed",
+        "predict",
+        "traces",
+        "store",
+        "model",
     },  # fmt: skip
     "cli": {"app", "report", "predict", "traces", "store", "model"},
     "__init__": set(),
@@ -69,9 +77,7 @@ def _imports(path: Path, module: str) -> set[str]:
 
 
 MODULES = _modules()
-GRAPH = {
-    m: {i for i in _imports(p, m) if i in MODULES and i != m} for m, p in MODULES.items()
-}
+GRAPH = {m: {i for i in _imports(p, m) if i in MODULES and i != m} for m, p in MODULES.items()}
 
 
 def test_no_upward_or_sideways_import() -> None:

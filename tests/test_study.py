@@ -145,7 +145,7 @@ def test_dask_local_cluster_identical(store: Store, tmp_path: Path) -> None:
 
     prof = _profile()
     run_study(store, None, prof, tmp_path / "local", progress=False)
-    with LocalCluster(
+    with LocalCluster(  # type: ignore[no-untyped-call]
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
     ) as cluster:
         s = run_study(

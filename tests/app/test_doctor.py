@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from meshtax.app import doctor
-from meshtax.app.doctor import INFINITY, Check, check_all, parse_envoy_version, prepare
+from meshtax.app.doctor import Check, check_all, parse_envoy_version, prepare
 from meshtax.testbed import tools
-from meshtax.testbed.host import RealHost
+from meshtax.testbed.host import INFINITY, RealHost
 from meshtax.testbed.probes import FakeProbe, ProbeError, parse_reading
 from meshtax.testbed.system import Completed, FakeSystem, RealSystem
 from meshtax.testbed.tools import find_tool
@@ -100,7 +100,7 @@ def run(
     table: dict[tuple[str, ...], tuple[int, str]] | None = None,
     probe: FakeProbe | None = None,
 ) -> tuple[dict[str, Check], FakeSystem]:
-    sysm = answers({**GOOD, **(table or {})})
+    sysm = answers({**GOOD, **(table or {})})  # type: ignore[dict-item]
     probe = probe or FakeProbe([READING])
     return by_name(doctor.check_all(sysm, host, probe=lambda: probe)), sysm
 

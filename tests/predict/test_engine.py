@@ -18,10 +18,11 @@ from meshtax.model.components import (
     filter_component,
 )
 from meshtax.model.costmodel import ComponentModel, CostModel
-from meshtax.model.ecg import to_batch
-from meshtax.model.profile import ModeProfile, TlsModels
+from meshtax.model.ecg import ECG, EcgBatch, to_batch
+from meshtax.model.profile import ModeProfile, Profile, TlsModels
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
 from meshtax.predict.engine import (
+    BatchPrediction,
     PredictionError,
     predict_batch,
     priced_rates,
@@ -40,7 +41,7 @@ GRPC = SidecarConfig(Mode.GRPC)
 P = profile({Mode.HTTP: {OTHER: flat(5, 2)}, Mode.GRPC: {OTHER: flat(10, 4)}})
 
 
-def run(g, prof=P):  # type: ignore[no-untyped-def]
+def run(g: ECG | list[ECG], prof: Profile = P) -> tuple[EcgBatch, BatchPrediction]:
     b = to_batch(g if isinstance(g, list) else [g])
     return b, predict_batch(b, single_profile(prof))
 
@@ -493,7 +494,8 @@ def test_mtls_is_priced_with_the_pinned_tls_version() -> None:
     _, bp = run(ecg({"A": SidecarConfig(Mode.HTTP, mtls=True, tls_version="1.2")}, calls), only13)
     assert bp.latency_overhead_us[0] == pytest.approx(2 * 5)
     assert [w for w in bp.warnings if "TLS 1.2" in w] == [
-        "profile 'test' has no http-mode models of TLS 1.2 (measured: 1.3): mTLS cost of those sidecars is not counted; "
+        "profile 'test' has no http-mode models of TLS 1.2 (measured: 1.3): mTLS cost of those "
+        "sidecars is not counted; "
         "`meshtax profile --mtls` measures 1.3 and 1.2"
     ]
 
@@ -558,7 +560,7 @@ def test_colocation_exponent_prices_between_each_sidecars_own_rate_and_the_cpus(
     calibrated = replace(prof, colocation={Mode.HTTP: Colocation(0.5, 0.4, 0.6, "http", 100.0)})
 
     def cost(r: float) -> float:
-        return 2.0 + 3.0 * np.log(1000 / r)
+        return float(2.0 + 3.0 * np.log(1000 / r))
 
     # A: 6 crossings at √(300·500); B and C: 2 each at √(100·500)
     want = (6 * cost(np.sqrt(300 * 500)) + 4 * cost(np.sqrt(100 * 500))) * 100 * 1e-6

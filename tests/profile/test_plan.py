@@ -11,11 +11,10 @@ from meshtax.profile.plan import (
     FULL_SIZES,
     QUICK_SIZES,
     Plan,
-    default_pinning,
     full_plan,
     quick_plan,
 )
-from meshtax.testbed.pinning import Pinning
+from meshtax.testbed.pinning import Pinning, default_pinning
 
 PIN = Pinning(client=(0,), sidecars=(1,), app=(1,))
 
@@ -126,17 +125,19 @@ def test_low_rate_and_carried_steps() -> None:
     assert p.carried_sizes() == (100, 4096)
     steps = p.steps()
     kinds = [(s.kind, s.mode.value, s.size, s.rate, s.protocol) for s in steps]
-    own = lambda m: (  # noqa: E731
-        [
+
+    def own(m: str) -> list[tuple[str, str, int, float, str]]:
+        return [
             ("latency", m, 100, 0.0, ""),
             ("probe", m, 100, 0.0, ""),
             ("maxqps", m, 100, 0.0, ""),
             ("cpu", m, 100, 0.0, ""),
             ("lowrate", m, 100, 100.0, ""),
             ("lowrate", m, 100, 300.0, ""),
+        ] + [
+            (k, m, s, 0.0, "") for s in (1024, 4096) for k in ("latency", "probe", "maxqps", "cpu")
         ]
-        + [(k, m, s, 0.0, "") for s in (1024, 4096) for k in ("latency", "probe", "maxqps", "cpu")]
-    )
+
     carried = [
         ("setup", "tcp", 0, 0.0, "grpc"),
         ("probe", "tcp", 100, 0.0, "grpc"),

@@ -569,7 +569,8 @@ def test_real_short_profile_one_mode_one_size() -> None:
     g = tcp.carried["grpc"]
     assert set(g.components) == set(BASE_COMPONENTS) and g.components[PARSING].cpu.intercept == 0.0
     samples = g.components[OTHER].cpu.samples
-    assert samples is not None and len(samples.rates) == 2 and min(samples.rates) < 250
+    assert samples is not None and samples.rates is not None
+    assert len(samples.rates) == 2 and min(samples.rates) < 250
     total = sum(
         sum(c["breakdown_us"].values())
         for c in prof.provenance.options["carried_measurements"]["grpc"][0]["cpu"]

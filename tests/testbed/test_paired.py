@@ -17,9 +17,12 @@ def test_group_order() -> None:
 
 def test_groups_rotate_and_alternate_each_round() -> None:
     ran: list[str] = []
-    p = paired_runs(
-        [("base", "x"), ("base", "y")], lambda n: ran.append(n) or len(ran), PairPolicy.fixed(2)
-    )
+
+    def run(n: str) -> int:
+        ran.append(n)
+        return len(ran)
+
+    p = paired_runs([("base", "x"), ("base", "y")], run, PairPolicy.fixed(2))
     assert ran == ["base", "x", "base", "y", "y", "base", "x", "base"]
     assert p.stop == "max_rounds" and p.rounds == 2
     assert p.pairs("base", "x") == [(1, 2), (8, 7)]

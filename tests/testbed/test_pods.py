@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -22,13 +23,13 @@ NETPROBE = str(HERE / "netprobe.py")
 CHILD = str(HERE / "testbed_child.py")
 
 
-def FakeProcs(table: dict[int, int] | None = None) -> FakeProcOps:
+def fake_procs(table: dict[int, int] | None = None) -> FakeProcOps:
     return FakeProcOps(dict(table or {}), default=lambda pid: pid * 10)
 
 
-def fake_bed(tmp_path: Path, **kw: object) -> tuple[Testbed, FakeSystem, FakeProcs]:
+def fake_bed(tmp_path: Path, **kw: object) -> tuple[Testbed, FakeSystem, FakeProcOps]:
     sysm = FakeSystem()
-    procs = FakeProcs()
+    procs = fake_procs()
     tb = Testbed(sysm, "abc123", state_dir=tmp_path, procs=procs, **kw)  # type: ignore[arg-type]
     return tb, sysm, procs
 
@@ -207,11 +208,11 @@ def test_failed_open_cleans_up_and_releases_lock(tmp_path: Path) -> None:
         return None
 
     sysm = FakeSystem(responders=[fail_bridge])
-    tb = Testbed(sysm, "abc123", state_dir=tmp_path, procs=FakeProcs())
+    tb = Testbed(sysm, "abc123", state_dir=tmp_path, procs=fake_procs())
     with pytest.raises(Exception, match="Operation not supported"):
         tb.open()
     assert ("ip", "netns", "del", "mtx-abc123-bridge") in sysm.calls
-    Testbed(FakeSystem(), "def456", state_dir=tmp_path, procs=FakeProcs()).open().close()
+    Testbed(FakeSystem(), "def456", state_dir=tmp_path, procs=fake_procs()).open().close()
 
 
 def test_close_reports_failures_after_finishing(tmp_path: Path) -> None:
@@ -381,7 +382,7 @@ def run_child() -> tuple[subprocess.Popen[str], dict[str, object]]:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_real_cleanup_after_signal(sig: signal.Signals) -> None:
     child, info = run_child()
-    names = set(info["netns"])  # type: ignore[arg-type]
+    names = set(cast(list[str], info["netns"]))
     pids: list[int] = info["pids"]  # type: ignore[assignment]
     assert names <= netns_now() and all(alive(p) for p in pids)
     child.send_signal(sig)
@@ -402,7 +403,7 @@ def test_real_cleanup_after_signal(sig: signal.Signals) -> None:
 @needs_root
 def test_real_reap_after_sigkill() -> None:
     child, info = run_child()
-    names = set(info["netns"])  # type: ignore[arg-type]
+    names = set(cast(list[str], info["netns"]))
     pids: list[int] = info["pids"]  # type: ignore[assignment]
     child.kill()
     child.wait(10)

@@ -7,7 +7,6 @@ cleanup after SIGINT/SIGTERM and reaping after SIGKILL.
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 from meshtax.testbed.pods import Testbed
@@ -31,4 +30,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

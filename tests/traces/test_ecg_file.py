@@ -160,7 +160,8 @@ def test_protocol_per_call_and_default(tmp_path: Path) -> None:
     p = tmp_path / "g.yaml"
     p.write_text(
         "defaults: {protocol: grpc}\nservices: {a: {sidecar: tcp}, b: {sidecar: tcp}}\n"
-        "invocations:\n  - {id: r, callee: a, duration_us: 100}\n  - {id: c, parent: r, callee: b, protocol: http, duration_us: 10}\n"
+        "invocations:\n  - {id: r, callee: a, duration_us: 100}\n"
+        "  - {id: c, parent: r, callee: b, protocol: http, duration_us: 10}\n"
     )
     (g,) = load_ecg_file(p)
     assert [i.protocol for i in g.invocations] == ["grpc", "http"]
@@ -197,7 +198,8 @@ def test_tls_version_of_a_sidecar(tmp_path: Path) -> None:
     # switching mTLS off drops the default's version with it
     assert s == {"a": (True, "1.2"), "b": (False, None), "c": (True, "1.3")}
     p.write_text(
-        "services: {a: {sidecar: {mode: tcp, tls_version: '1.3'}}, b: {sidecar: {mode: tcp, mtls: true, tls_version: '1.1'}}}\n"
+        "services: {a: {sidecar: {mode: tcp, tls_version: '1.3'}}, "
+        "b: {sidecar: {mode: tcp, mtls: true, tls_version: '1.1'}}}\n"
         "invocations:\n  - {id: r, callee: a}\n"
     )
     with pytest.raises(ECGError) as e:

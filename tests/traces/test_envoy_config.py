@@ -322,12 +322,14 @@ def test_several_listeners_without_inbound_takes_first_and_says_so() -> None:
         (
             "not_envoy.yaml",
             {},
-            "not an Envoy configuration (top-level keys: apiVersion, kind, metadata, spec); expected an Envoy bootstrap",
+            "not an Envoy configuration (top-level keys: apiVersion, kind, metadata, spec); "
+            "expected an Envoy bootstrap",
         ),
         (
             "wrong_types.yaml",
             {},
-            "listener 'web' filter_chains[0].filters[0].typed_config.http_filters: a str; expected a list of HTTP filters",
+            "listener 'web' filter_chains[0].filters[0].typed_config.http_filters: a str; expected "
+            "a list of HTTP filters",
         ),
         ("two_docs.yaml", {}, "2 YAML documents; expected one Envoy configuration per file"),
         ("empty.yaml", {}, "empty.yaml: the file is empty"),

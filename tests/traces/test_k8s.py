@@ -54,8 +54,10 @@ def test_shop_manifests_map_to_exact_sidecars() -> None:
     [
         "service 'cart' port 7070 has no name/appProtocol: Istio sniffs the protocol; assumed http",
         "service 'checkout' has ports 5050 (grpc), 9102 (http): modelled by its first port, 5050",
-        "service 'inventory': EnvoyFilter istio-system/local-ratelimit patch 0 adds an HTTP filter, but the port is TCP: does not apply",
-        "service 'frontend': PERMISSIVE (namespace PeerAuthentication shop/default): sidecar callers use auto mTLS: modelled mTLS",
+        "service 'inventory': EnvoyFilter istio-system/local-ratelimit patch 0 adds an HTTP filter, "
+        "but the port is TCP: does not apply",
+        "service 'frontend': PERMISSIVE (namespace PeerAuthentication shop/default): sidecar "
+        "callers use auto mTLS: modelled mTLS",
         "not read (no effect on the modelled sidecar): ConfigMap ×1",
     ],
 )

@@ -17,7 +17,7 @@ def model(alpha: float, n: int) -> float:
     """A made-up engine: n sidecars, each cheaper the more of the CPU's rate warms it."""
     r_own, r_cpu = 100.0, 100.0 * (2 * n - 1)
     r = r_own ** (1 - alpha) * r_cpu**alpha
-    return (2 * n - 1) * 2 * (20.0 + 40.0 * np.log(5000.0 / r))
+    return float((2 * n - 1) * 2 * (20.0 + 40.0 * np.log(5000.0 / r)))
 
 
 def table() -> np.ndarray:

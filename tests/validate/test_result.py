@@ -242,7 +242,8 @@ def test_cases_beyond_30_percent_name_what_the_data_say() -> None:
     )
     assert why[1:] == [
         "the prediction lies inside the measured 95 % interval",
-        "the pods keep their shared CPU busy (1.30 CPU-s/s): co-located working sets and queueing, which one-hop models do not see",
+        "the pods keep their shared CPU busy (1.30 CPU-s/s): co-located working sets and queueing, "
+        "which one-hop models do not see",
         "it follows the CPU error (-69%): on shared CPUs a request's latency overhead is its CPU work",
     ]
     v = ValidationResult("x", (far, busy), "p")

@@ -83,9 +83,7 @@ def check_tracefs(host: Host) -> Check:
         if _mounted(host, point, "tracefs"):
             return Check("tracefs", True, f"tracefs mounted at {point}")
     if host.euid() == 0:
-        return Check(
-            "tracefs", True, "not mounted; the probe loader mounts it privately (root)"
-        )
+        return Check("tracefs", True, "not mounted; the probe loader mounts it privately (root)")
     return Check("tracefs", False, "not mounted", f"mount -t tracefs nodev {TRACEFS}")
 
 

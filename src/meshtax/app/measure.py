@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from meshtax.app import doctor
 from meshtax.app.errors import UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
@@ -19,8 +20,8 @@ from meshtax.profile.extras import ExtrasOptions, profile_extras
 from meshtax.profile.run import ProfileOptions, Progress, run_profile
 from meshtax.store.resolve import resolve_profile
 from meshtax.store.sqlite import ProfileStore
-from meshtax.app import doctor
 from meshtax.testbed.host import this_host
+from meshtax.testbed.paired import PairPolicy
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.runstate import RunBusy
 from meshtax.testbed.system import RealSystem, System
@@ -156,6 +157,8 @@ class SweepOptions:
     duration_s: float = 2.0
     profile: str | None = None
     sizes: Sequence[int] = field(default=(100, 1024, 4096, 16384, 65536))
+    rate: float = 200.0  # the size sweep's rate
+    pairs: tuple[int, int] = (6, 8)  # paired runs per point: at least, at most
 
 
 def sweep(opts: SweepOptions, store: ProfileStore, say: Say | None = None) -> SweepResult:
@@ -170,7 +173,9 @@ def sweep(opts: SweepOptions, store: ProfileStore, say: Say | None = None) -> Sw
             machine(),
             mode=opts.mode,
             sizes=opts.sizes,
+            rate=opts.rate,
             duration_s=opts.duration_s,
+            policy=PairPolicy(*opts.pairs),
             progress=say,
         )
 

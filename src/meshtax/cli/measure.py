@@ -168,7 +168,8 @@ def calibrate(
 @click.option("--duration", type=float, help="Base seconds per load run.")
 @click.option(
     "--carried",
-    help="Application protocols to measure through a tcp-mode sidecar (grpc,http; 'none': off; default: the preset's, grpc).",
+    help="Application protocols to measure through a tcp-mode sidecar "
+    "(grpc,http; 'none': off; default: the preset's, grpc).",
 )
 @click.option(
     "--low-rates",
@@ -194,7 +195,8 @@ def calibrate(
 )
 @click.option(
     "--base",
-    help="With --filters/--mtls/--memory/--large: add to this stored profile (default: this machine's newest; measured first if none).",
+    help="With --filters/--mtls/--memory/--large: add to this stored profile "
+    "(default: this machine's newest; measured first if none).",
 )
 @click.option(
     "--wait",

@@ -31,7 +31,8 @@ from meshtax.store.sqlite import ProfileStore
 @click.option(
     "--profile",
     "profile",
-    help="Profile name (default: the newest measured profile of this machine). 'reference' is the bundled published profile.",
+    help="Profile name (default: the newest measured profile of this machine). "
+    "'reference' is the bundled published profile.",
 )
 @click.option(
     "--speedup", type=click.Path(), help="What-if speedup YAML: report before/after and the saving."
@@ -332,7 +333,8 @@ def traces_generate(
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     click.echo(
-        f"wrote {summ.graphs} graphs, {summ.calls} calls, {summ.rows} rows ({summ.version}, seed {summ.seed}) to {summ.path}"
+        f"wrote {summ.graphs} graphs, {summ.calls} calls, {summ.rows} rows ({summ.version}, seed "
+        f"{summ.seed}) to {summ.path}"
     )
 
 
@@ -353,7 +355,8 @@ def traces_generate(
     "configs",
     multiple=True,
     metavar="NAME=MODE[+FILTER…][+mtls[1.2|1.3]]",
-    help="A configuration to study (repeatable), e.g. http=http, lua=http+lua or tls=tcp+mtls1.2. Default: the paper's five.",
+    help="A configuration to study (repeatable), e.g. http=http, lua=http+lua or "
+    "tls=tcp+mtls1.2. Default: the paper's five.",
 )
 @click.option(
     "--speedup",

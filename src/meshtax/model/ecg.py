@@ -130,7 +130,8 @@ def validate(
         p = invocations[by_id[inv.parent]]
         if inv.caller != p.callee:
             problems.append(
-                f"{where}.caller: {inv.caller!r}, but the parent {p.id!r} is served by {p.callee!r}; a child call is made by its parent's callee"
+                f"{where}.caller: {inv.caller!r}, but the parent {p.id!r} is served by "
+                f"{p.callee!r}; a child call is made by its parent's callee"
             )
         eps = 1e-6 * max(1.0, abs(p.start_us + p.duration_us))
         if inv.start_us < p.start_us - eps:

@@ -118,7 +118,8 @@ def spec_models(
         have = ", ".join(mp.filters()) or "none"
         raise PredictionError(
             f"profile {profile.name!r} has no {spec.config.mode.value}-mode model for filter(s) {', '.join(missing)} "
-            f"(profiled filters: {have}); profile them with `meshtax profile --filters ...` or remove them from the configuration"
+            f"(profiled filters: {have}); profile them with `meshtax profile --filters ...` or "
+            "remove them from the configuration"
         )
     if spec.config.mtls:
         tls = tls_models(mp, spec.config, profile.name, warnings)
@@ -169,7 +170,8 @@ def connection_models(
             out[TLS] = tls.handshake
         elif tls is not None:
             warnings.append(
-                f"profile {profile.name!r} has no {spec.config.mode.value}-mode TLS handshake model: new mTLS connections cost nothing extra"
+                f"profile {profile.name!r} has no {spec.config.mode.value}-mode TLS handshake "
+                "model: new mTLS connections cost nothing extra"
             )
     for f in spec.config.filters:
         fc = filter_component(f)

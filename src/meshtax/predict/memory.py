@@ -27,7 +27,8 @@ def memory_by_service(
         model = None if mp is None else (mp.memory_mtls if svc.sidecar.mtls else mp.memory)
         if model is None:
             warnings.append(
-                f"profile {prof.name!r} has no {svc.sidecar.mode.value}{' mTLS' if svc.sidecar.mtls else ''} memory model: "
+                f"profile {prof.name!r} has no "
+                f"{svc.sidecar.mode.value}{' mTLS' if svc.sidecar.mtls else ''} memory model: "
                 f"memory of {name!r} not predicted"
             )
             continue

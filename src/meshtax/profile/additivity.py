@@ -185,7 +185,8 @@ def additivity(run: ModeRun, combos: Mapping[str, Sequence[str]]) -> list[Additi
 
 @dataclass(frozen=True)
 class Block:
-    """One paired round of one combination (a palindrome, :func:`~meshtax.testbed.paired.group_order`): per variant its runs'
+    """One paired round of one combination (a palindrome,
+    :func:`~meshtax.testbed.paired.group_order`): per variant its runs'
     worker CPU per request (µs) in run order; ``t_start``/``t_end`` in Unix seconds."""
 
     combo: str

@@ -135,7 +135,10 @@ def tls_models(r: TlsResult) -> ComponentModel:
             cpu.append(c / 4)
             lat.append(lt / 4)
     split = TLS_RECORD if max(r.sizes) > TLS_RECORD else None
-    note = f"TLS {r.version} mTLS minus plaintext on a sidecar pair, per request / 4 crossings; split at the TLS record size"
+    note = (
+        f"TLS {r.version} mTLS minus plaintext on a sidecar pair, per request / 4 crossings; "
+        "split at the TLS record size"
+    )
     return ComponentModel(
         CostModel.fit(sizes, lat, split_bytes=split, note=note + " (latency)"),
         CostModel.fit(sizes, cpu, split_bytes=split, note=note + " (worker CPU)"),
@@ -153,7 +156,10 @@ class HandshakeResult:
 
     def model(self) -> ComponentModel:
         """Per sidecar: the pair's cost halved (each side does one half of the handshake)."""
-        note = f"TLS {self.version} handshake, mTLS minus plaintext per TCP connection through a sidecar pair, halved per sidecar"
+        note = (
+            f"TLS {self.version} handshake, mTLS minus plaintext per TCP connection through "
+            "a sidecar pair, halved per sidecar"
+        )
         lat = CostModel.fit(
             [0.0] * len(self.latency_us.samples),
             [x / 2 for x in self.latency_us.samples],

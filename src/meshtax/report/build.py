@@ -204,7 +204,8 @@ def _profile_section(
         ),
         (
             F.latency_size_chart(doc),
-            f"{name}: no latency samples (a published profile carries only fitted numbers), so no latency-vs-size figure",
+            f"{name}: no latency samples (a published profile carries only fitted numbers), so no "
+            "latency-vs-size figure",
         ),
         (F.cpu_chart(doc), f"{name}: no CPU samples, so no CPU-vs-size-and-rate figure"),
     ):

@@ -62,7 +62,9 @@ class Chart:
     """One figure of the report: a stable id (also its anchor), a title, a caption and inline SVG."""
 
     id: str
-    kind: str  # breakdown | filters | latency-size | cpu-size-rate | callgraph | overview | cdf | whatif | validation | comparison
+    # breakdown | filters | latency-size | cpu-size-rate | callgraph | overview | cdf | whatif |
+    # validation | comparison
+    kind: str
     title: str
     caption: str
     svg: str
@@ -189,7 +191,9 @@ def filters_chart(
     name = str(profile_doc["name"])
     filters = sorted({f for m in modes for f in m.filters()}, key=T.component_sort_key)
     with matplotlib.rc_context(RC):
-        fig, (al, ac) = new_figure(8.0, 0.5 + 0.35 * len(filters) * len(modes) + 1.0, 1, 2, sharey=True)
+        fig, (al, ac) = new_figure(
+            8.0, 0.5 + 0.35 * len(filters) * len(modes) + 1.0, 1, 2, sharey=True
+        )
         h = 0.8 / len(modes)
         for ax, metric, unit in (
             (al, "latency", "added latency (µs)"),

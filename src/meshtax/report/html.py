@@ -15,7 +15,8 @@ from meshtax._version import __version__
 CSS = """
 :root { --fg:#1f2328; --muted:#59636e; --line:#d1d9e0; --bg:#ffffff; --accent:#d62728; --card:#f6f8fa; }
 * { box-sizing: border-box; }
-body { margin:0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color:var(--fg); background:var(--bg); }
+body { margin:0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Helvetica, Arial,
+  sans-serif; color:var(--fg); background:var(--bg); }
 header { padding: 20px 32px 8px; border-bottom: 1px solid var(--line); }
 header h1 { margin: 0 0 4px; font-size: 26px; }
 header p { margin: 0; color: var(--muted); }
@@ -34,7 +35,8 @@ th, td { border-bottom: 1px solid var(--line); padding: 4px 10px; text-align: ri
 th:first-child, td:first-child { text-align: left; }
 th { background: var(--card); }
 td.neg { color: #1a7f37; } td.pos { color: var(--accent); }
-figure.mt-figure { margin: 14px 0 22px; padding: 10px; border: 1px solid var(--line); border-radius: 8px; overflow-x: auto; }
+figure.mt-figure { margin: 14px 0 22px; padding: 10px; border: 1px solid var(--line);
+  border-radius: 8px; overflow-x: auto; }
 figure.mt-figure svg { max-width: 100%; height: auto; display: block; }
 figcaption { color: var(--muted); font-size: 13px; margin-bottom: 6px; }
 figcaption strong { color: var(--fg); font-size: 14px; display:block; }
@@ -112,8 +114,10 @@ def page(title: str, subtitle: str, sections: Sequence[Section], created: str) -
     )
     return (
         "<!DOCTYPE html>\n"
-        f'<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
-        f'<meta name="generator" content="meshtax {esc(__version__)}"><title>{esc(title)}</title><style>{CSS}</style></head>'
+        '<html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
+        'content="width=device-width, initial-scale=1">'
+        '<meta name="generator" content="meshtax '
+        f'{esc(__version__)}"><title>{esc(title)}</title><style>{CSS}</style></head>'
         f"<body><header><h1>{esc(title)}</h1><p>{esc(subtitle)}</p><nav><ul>{toc}</ul></nav></header>"
         f"<main>{body}</main><footer>meshtax {esc(__version__)} · created {esc(created)} · one self-contained file: "
         "no scripts, no network.</footer></body></html>\n"

@@ -172,7 +172,8 @@ def profile_markdown(
         f"- platform: {T.platform_text(doc)}",
         *(f"- note: {n}" for n in pv.get("notes", [])),
         "",
-        f"One request ({size:g} B request and response) through one sidecar; CPU at {rate:g} requests/s; ± is a 95 % interval.",
+        f"One request ({size:g} B request and response) through one sidecar; CPU at {rate:g} "
+        "requests/s; ± is a 95 % interval.",
         "",
     ]
     modes = T.breakdown(doc, size, rate)
@@ -246,7 +247,8 @@ def comparison_markdown(cmp: T.Comparison) -> str:
         f"- A = **{cmp.a}**: {cmp.a_platform}",
         f"- B = **{cmp.b}**: {cmp.b_platform}",
         "",
-        f"One request ({cmp.size_bytes:g} B) through one sidecar; CPU at {cmp.rate_rps:g} requests/s; differences are B − A.",
+        f"One request ({cmp.size_bytes:g} B) through one sidecar; CPU at {cmp.rate_rps:g} "
+        "requests/s; differences are B − A.",
         "",
     ]
     rows = []

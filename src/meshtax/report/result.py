@@ -171,7 +171,8 @@ def prediction_document(
         }
     if not detailed:
         doc["warnings"].append(
-            f"{batch.n_graphs} graphs: per-graph paths, services and invocations are left out beyond {MAX_DETAILED_GRAPHS}"
+            f"{batch.n_graphs} graphs: per-graph paths, services and invocations are left out "
+            f"beyond {MAX_DETAILED_GRAPHS}"
         )
     if whatif is not None:
         desc, after, prof_after = whatif

@@ -53,7 +53,8 @@ def prediction_text(doc: Mapping[str, Any]) -> str:
     if "placement" in doc:
         pl = doc["placement"]
         items.append(
-            f"pods share {pl['pod_cpus']} CPU(s): in {pl['graphs_bound_by_cpu']} of {len(doc['graphs'])} graph(s) the request's "
+            f"pods share {pl['pod_cpus']} CPU(s): in {pl['graphs_bound_by_cpu']} of "
+            f"{len(doc['graphs'])} graph(s) the request's "
             "sidecar CPU work, queued on those CPUs, sets the latency overhead rather than the critical path"
         )
     for g in doc["graphs"][:20]:
@@ -307,17 +308,20 @@ def colocation_lines(cols: Mapping[Mode, Colocation]) -> list[str]:
     """The co-location calibration per mode: its exponent and every chain, measured vs predicted."""
     if not cols:
         return [
-            "shared CPUs: not calibrated (α = 1: messages priced at the CPU's rate; `meshtax calibrate` measures α per mode)"
+            "shared CPUs: not calibrated (α = 1: messages priced at the CPU's rate; `meshtax "
+            "calibrate` measures α per mode)"
         ]
     lines = []
     for mode, col in cols.items():
         lines.append(
-            f"shared CPUs, {mode.value}: α = {col.alpha:.2f} [{col.lo:.2f}, {col.hi:.2f}] (messages priced at r_own^(1−α)·r_cpu^α; {col.note})"
+            f"shared CPUs, {mode.value}: α = {col.alpha:.2f} [{col.lo:.2f}, {col.hi:.2f}] (messages "
+            f"priced at r_own^(1−α)·r_cpu^α; {col.note})"
         )
         for p in col.points:
             err = p.predicted_us / p.measured_us - 1 if p.measured_us > 0 else float("nan")
             lines.append(
-                f"  chain of {p.services}: CPU {p.measured_us:.0f} µs/request [{p.measured_lo_us:.0f}, {p.measured_hi_us:.0f}], "
+                f"  chain of {p.services}: CPU {p.measured_us:.0f} µs/request "
+                f"[{p.measured_lo_us:.0f}, {p.measured_hi_us:.0f}], "
                 f"predicted at α {p.predicted_us:.0f} ({100 * err:+.0f}%)"
             )
     return lines

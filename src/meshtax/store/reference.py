@@ -31,7 +31,10 @@ def reference_profile() -> Profile:
     d = _data()
     rate = float(d["conditions"]["rate_rps"])
     size = float(d["conditions"]["message_bytes"])
-    note = f"published total per request at {size:g} B / {rate:g} rps, split evenly over request and response; slope not published (0)"
+    note = (
+        f"published total per request at {size:g} B / {rate:g} rps, split evenly over request "
+        "and response; slope not published (0)"
+    )
     modes = []
     for mode_name, m in d["modes"].items():
         lat = float(m["total_latency_us"]) / _CROSSINGS_PER_REQUEST

@@ -143,7 +143,8 @@ class ProfileStore:
             row = db.execute("SELECT id FROM profiles WHERE name = ?", (profile.name,)).fetchone()
             if row and not replace:
                 raise StoreError(
-                    f"a profile named {profile.name!r} exists; pass replace=True (CLI: --replace) or choose another name"
+                    f"a profile named {profile.name!r} exists; pass replace=True (CLI: --replace) "
+                    "or choose another name"
                 )
             if row:
                 db.execute("DELETE FROM profiles WHERE id = ?", (row[0],))

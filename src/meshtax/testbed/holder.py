@@ -152,7 +152,13 @@ async def _hold(spec: HolderSpec) -> None:
                 )
                 await asyncio.wait_for(_exchange(mode, reader, writer), 10)
                 held.append(writer)
-            except (TimeoutError, OSError, asyncio.IncompleteReadError, HolderError, ValueError) as e:
+            except (
+                TimeoutError,
+                OSError,
+                asyncio.IncompleteReadError,
+                HolderError,
+                ValueError,
+            ) as e:
                 errors.append(f"{type(e).__name__}: {e}")
 
     t0 = time.monotonic()

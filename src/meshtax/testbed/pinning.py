@@ -64,7 +64,7 @@ class Pinning:
 
 UNPINNED = Pinning()
 # everything on one CPU: no cross-CPU wake-ups (50–100 µs each on the 2-core dev VM); lowest
-# and, on a quiet machine, most stable loopback latency in benchmarks/profile_pinning.py
+# and, on a quiet machine, most stable loopback latency in experiments/profile_pinning.py
 ONE_CPU = Pinning(client=(0,), sidecars=(0,), app=(0,))
 # load client apart from the proxy and app, so its own CPU use does not delay them
 CLIENT_APART = Pinning(client=(0,), sidecars=(1,), app=(1,))
@@ -73,7 +73,7 @@ CLIENT_APART = Pinning(client=(0,), sidecars=(1,), app=(1,))
 def default_pinning(cpus: Sequence[int] | None = None) -> Pinning:
     """Client alone on one CPU; sidecar and app together on another (as in a pod).
 
-    Measured here (benchmarks/profile_pinning.py): this placement gives the same number of
+    Measured here (experiments/profile_pinning.py): this placement gives the same number of
     cross-CPU wake-ups with and without the sidecar, so their difference is the sidecar's
     own work, and it had the smallest run-to-run spread. One CPU: everything shares it.
     """

@@ -393,5 +393,3 @@ def parse_reading(text: str) -> ProbeReading:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ProbeError(f"unparseable probe output ({e!r}): {text[:200]!r}") from e
-
-

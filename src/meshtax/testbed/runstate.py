@@ -457,9 +457,7 @@ def owned_tempdir(what: str, procs: ProcOps | None = None, tmp_dir: Path | None 
         raise ValueError(f"scratch directory label {what!r}: use [A-Za-z0-9_-]")
     me = os.getpid()
     start = (procs or RealProcOps()).start_time(me)
-    return Path(
-        tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{what}.{me}.{start or 0}.", dir=tmp_dir)
-    )
+    return Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{what}.{me}.{start or 0}.", dir=tmp_dir))
 
 
 def reap_tempdirs(procs: ProcOps, tmp_dir: Path | None = None) -> list[str]:

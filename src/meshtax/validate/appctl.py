@@ -25,8 +25,8 @@ from typing import Any, Literal
 import yaml
 
 from meshtax.testbed.pods import Pod, Testbed
-from meshtax.testbed.tools import INSTALLED
 from meshtax.testbed.system import Placement, Process, System, wait_until
+from meshtax.testbed.tools import INSTALLED
 
 __all__ = [
     "APP_DIR",

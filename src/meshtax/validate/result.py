@@ -212,20 +212,23 @@ class CaseResult:
         out = []
         if m.median > 0 and (m.hi - m.lo) / 2 > WIDE_INTERVAL * m.median:
             out.append(
-                f"the measurement is uncertain: its 95 % interval [{m.lo:.0f}, {m.hi:.0f}] is ±{(m.hi - m.lo) / 2 / m.median:.0%} of the median"
+                f"the measurement is uncertain: its 95 % interval [{m.lo:.0f}, {m.hi:.0f}] is "
+                f"±{(m.hi - m.lo) / 2 / m.median:.0%} of the median"
             )
         if c.within_interval:
             out.append("the prediction lies inside the measured 95 % interval")
         if self.pod_load >= BUSY_LOAD:
             out.append(
-                f"the pods keep their shared CPU busy ({self.pod_load:.2f} CPU-s/s): co-located working sets and queueing, "
+                f"the pods keep their shared CPU busy ({self.pod_load:.2f} CPU-s/s): co-located "
+                "working sets and queueing, "
                 "which one-hop models do not see"
             )
         if metric != "cpu":
             e, cpu = c.error, k["cpu"].error
             if e * cpu > 0 and abs(cpu) >= abs(e) / 2:
                 out.append(
-                    f"it follows the CPU error ({cpu:+.0%}): on shared CPUs a request's latency overhead is its CPU work"
+                    f"it follows the CPU error ({cpu:+.0%}): on shared CPUs a request's latency "
+                    "overhead is its CPU work"
                 )
         return out
 
@@ -395,7 +398,8 @@ class ValidationResult:
     def table(self) -> str:
         """A Markdown table: one row per case, measured [interval] vs predicted, error."""
         rows = [
-            "| case | mode | latency p50 overhead µs: measured [95 % CI] | predicted | error | p90 measured | p90 predicted | p90 error | CPU µs/req measured [95 % CI] | predicted | error |",
+            "| case | mode | latency p50 overhead µs: measured [95 % CI] | predicted | error | p90 "
+            "measured | p90 predicted | p90 error | CPU µs/req measured [95 % CI] | predicted | error |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c in self.cases:
@@ -408,15 +412,18 @@ class ValidationResult:
                 return f"{x.measured.median:.0f} [{x.measured.lo:.0f}, {x.measured.hi:.0f}]"
 
             rows.append(
-                f"| {c.name} | {c.mode} | {cell(k['latency'])} | {k['latency'].predicted:.0f} | {k['latency'].error:+.0%} "
+                f"| {c.name} | {c.mode} | {cell(k['latency'])} | {k['latency'].predicted:.0f} | "
+                f"{k['latency'].error:+.0%} "
                 f"| {k['p90'].measured.median:.0f} | {k['p90'].predicted:.0f} | {k['p90'].error:+.0%} "
                 f"| {cell(k['cpu'])} | {k['cpu'].predicted:.0f} | {k['cpu'].error:+.0%} |"
             )
         s = self.summary()
         rows.append("")
         rows.append(
-            f"Median absolute error: latency p50 {s['latency']['median_abs_error']:.1%}, p90 {s['p90']['median_abs_error']:.1%}, "
-            f"CPU {s['cpu']['median_abs_error']:.1%}; mean signed error (bias): latency {s['latency']['mean_error']:+.1%}, CPU {s['cpu']['mean_error']:+.1%}."
+            f"Median absolute error: latency p50 {s['latency']['median_abs_error']:.1%}, p90 "
+            f"{s['p90']['median_abs_error']:.1%}, "
+            f"CPU {s['cpu']['median_abs_error']:.1%}; mean signed error (bias): latency "
+            f"{s['latency']['mean_error']:+.1%}, CPU {s['cpu']['mean_error']:+.1%}."
         )
         bands = [
             f"{b['load_lo']:g}–{b['load_hi']:g}: {b['mean_error']:+.0%} ({b['cases']})"

@@ -370,10 +370,14 @@ def run_validation(
 def _notes(pinning: Pinning, profile: Profile) -> tuple[str, ...]:
     col = profile.colocation
     return (
-        f"placement {pinning.describe()}: the profile's own pinning (client apart, apps and sidecars together), so measured and modelled costs share it; "
-        f"the prediction knows the pods share {pinning.pod_cpus()} CPU(s) (latency overhead ≥ the request's sidecar CPU work ÷ that)",
-        "latency: client-side p50/p90 of fortio at a fixed rate, mesh − no mesh per pair; CPU: schedstat of every process of every pod, per request, mesh − no mesh",
-        "prediction: OTLP traces of the no-mesh copy imported by meshtax.traces (sizes from span attributes, rate = the fortio rate), this machine's profile",
+        f"placement {pinning.describe()}: the profile's own pinning (client apart, apps and "
+        "sidecars together), so measured and modelled costs share it; "
+        f"the prediction knows the pods share {pinning.pod_cpus()} CPU(s) (latency overhead ≥ the "
+        "request's sidecar CPU work ÷ that)",
+        "latency: client-side p50/p90 of fortio at a fixed rate, mesh − no mesh per pair; CPU: "
+        "schedstat of every process of every pod, per request, mesh − no mesh",
+        "prediction: OTLP traces of the no-mesh copy imported by meshtax.traces (sizes from span "
+        "attributes, rate = the fortio rate), this machine's profile",
         "role: db services get tcp-mode sidecars (Istio does not parse their protocols)",
         "shared CPUs: messages priced at r_own^(1−α)·r_cpu^α with "
         + "; ".join(

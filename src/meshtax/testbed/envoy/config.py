@@ -29,6 +29,10 @@ from meshtax.model.sidecar import Mode
 __all__ = ["EnvoyConfig", "bootstrap", "config_hash"]
 
 ROUTER = "envoy.filters.http.router"
+HCM_TYPE = (
+    "type.googleapis.com/"
+    "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+)
 ORIG_DST_CLUSTER = "original_dst"
 
 
@@ -200,7 +204,7 @@ def _network_filter(cfg: EnvoyConfig, direction: str, cluster: str) -> dict[str,
         },
     }
     hcm: dict[str, Any] = {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "@type": HCM_TYPE,
         "stat_prefix": direction,
         "codec_type": "HTTP2" if cfg.mode is Mode.GRPC else "HTTP1",
         "route_config": {
@@ -278,5 +282,3 @@ def bootstrap(cfg: EnvoyConfig) -> dict[str, Any]:
             "clusters": clusters,
         },
     }
-
-

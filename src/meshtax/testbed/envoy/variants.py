@@ -134,5 +134,3 @@ def filter_variants(
     for j, (name, members) in enumerate(combos.items(), 1 + len(components)):
         out.append(variant(name, mode, ports[j], echo, combination(members, mode, name, **extra)))
     return out
-
-

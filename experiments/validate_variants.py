@@ -1,7 +1,7 @@
 """The runs of a validation predicted under other pricing models, to show what each part of the
 engine's model does (issue 6). Analysis only: it measures nothing.
 
-``.venv/bin/python benchmarks/validate_variants.py --db PROFILES.db --profile NAME --doc DIR/*/all.json``
+``.venv/bin/python experiments/validate_variants.py --db PROFILES.db --profile NAME --doc DIR/*/all.json``
 (documents of ``benchmarks/bench_validate.py --keep-traces``; traces next to each).
 
 Variants (the same traces and profile each time):

@@ -1,7 +1,7 @@
 """CPU overhead per request of 1-, 2-, 4- and 8-service HTTP chains at a low and a high rate (issue 6).
 
 Run as root under the measurement lock: ``flock /run/meshtax-measure.lock .venv/bin/python
-benchmarks/bench_chain_rates.py --db PROFILES.db --profile NAME [--rates 100,1000]``.
+experiments/bench_chain_rates.py --db PROFILES.db --profile NAME [--rates 100,1000]``.
 
 The question it answers: when an application's pods share a CPU, is the extra CPU a message
 costs at a low request rate paid per crossing at each sidecar's own rate (as a one-hop
@@ -16,10 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from meshtax.app.measure import ValidateOptions, validate
 from meshtax.model.sidecar import Mode
 from meshtax.store.sqlite import ProfileStore
-from meshtax.testbed.system import RealSystem
-from meshtax.validate.run import ValidateOptions, run_validation
 
 # crossings per request: client → s1 is one sidecar (2 crossings), every further hop two (4)
 CROSSINGS = {"one": 2, "two": 6, "four": 14, "eight": 30}
@@ -43,9 +42,7 @@ def main() -> None:
             min_pairs=6,
             max_pairs=8,
         )
-        for c in run_validation(
-            opts, RealSystem(), store, progress=lambda m: print(m, flush=True)
-        ).cases:
+        for c in validate(opts, store, lambda m: print(m, flush=True)).cases:
             if c.error is not None:
                 rows.append({"rate": rate, "chain": c.query, "error": c.error})
                 continue

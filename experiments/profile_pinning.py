@@ -1,21 +1,21 @@
 """Which CPU placement gives the lowest, most stable latency for client → Envoy → echo?
 
-Run by hand (root not needed; loopback only): ``.venv/bin/python benchmarks/profile_pinning.py``.
+Run by hand (root not needed; loopback only): ``.venv/bin/python experiments/profile_pinning.py``.
 Prints, per placement and mode, the median over repeats of fortio's p50 and p90 (µs) with
 and without Envoy, and the spread (max-min of the per-run p50s). Nothing is asserted.
 """
 
 from __future__ import annotations
 
-import sys
-import tempfile
-from pathlib import Path
+import argparse
 
+from meshtax.model.sidecar import Mode
 from meshtax.model.stats import median
 from meshtax.testbed.envoy.config import EnvoyConfig
 from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.fortio import FortioServer, run_load
 from meshtax.testbed.pinning import Pinning
+from meshtax.testbed.runstate import owned_tempdir
 from meshtax.testbed.system import RealSystem
 
 PORTS = {"http": 47380, "grpc": 47379, "tcp": 47378}
@@ -32,7 +32,7 @@ PLACEMENTS = [
 
 def main(modes: list[str], repeats: int = 5, n: int = 3000, size: int = 100) -> None:
     system = RealSystem()
-    work = Path(tempfile.mkdtemp(prefix="meshtax-pin-"))
+    work = owned_tempdir("pin")
     for pin in PLACEMENTS:
         with FortioServer(
             system,
@@ -45,7 +45,7 @@ def main(modes: list[str], repeats: int = 5, n: int = 3000, size: int = 100) -> 
             for mode in modes:
                 up = ("127.0.0.1", PORTS[mode])
                 cfg = EnvoyConfig(
-                    mode=mode,
+                    mode=Mode(mode),
                     listen_address="127.0.0.1",
                     inbound_port=SIDECAR_PORT,
                     outbound_port=SIDECAR_PORT + 1,
@@ -79,4 +79,8 @@ def main(modes: list[str], repeats: int = 5, n: int = 3000, size: int = 100) -> 
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["tcp", "http", "grpc"])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("modes", nargs="*", default=["tcp", "http", "grpc"])
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    main(a.modes, a.repeats)

@@ -1,6 +1,6 @@
 """CPU an idle Envoy sidecar burns (timers, stats flushes): what it adds per request at a rate.
 
-    .venv/bin/python benchmarks/idle_envoy.py [--seconds 15] [--mode http]
+    .venv/bin/python experiments/idle_envoy.py [--seconds 15] [--mode http]
 
 One Envoy (one worker, the profiler's config) on loopback with no traffic; schedstat of all
 its threads over the window.
@@ -17,7 +17,7 @@ from pathlib import Path
 from meshtax.model.sidecar import Mode
 from meshtax.testbed.envoy.config import EnvoyConfig
 from meshtax.testbed.envoy.process import EnvoyProcess
-from meshtax.testbed.perf import schedstat
+from meshtax.testbed.procfs import schedstat
 from meshtax.testbed.system import RealSystem, free_ports
 
 

@@ -1,7 +1,7 @@
 """Predict the runs of a validation again: another profile, or another placement model, on the
 very same measurements (issue 6).
 
-``.venv/bin/python benchmarks/validate_repredict.py --doc artifacts/validation/all.json [more.json …]
+``.venv/bin/python experiments/validate_repredict.py --doc artifacts/validation/all.json [more.json …]
 [--db PROFILES.db] [--profile NAME] [--pod-cpus N|none]``
 
 ``--doc``: one or more ``all.json`` of ``benchmarks/bench_validate.py --keep-traces``; the no-mesh
@@ -67,7 +67,8 @@ def main() -> None:
     for m in ("latency", "p90", "cpu"):
         x = s[m]
         print(
-            f"{m}: median abs error {x['median_abs_error']:.1%}, bias {x['mean_error']:+.1%}, beyond 30 %: {len(x['beyond_30pct'])}"
+            f"{m}: median abs error {x['median_abs_error']:.1%}, bias {x['mean_error']:+.1%}, "
+            f"beyond 30 %: {len(x['beyond_30pct'])}"
         )
     for mode in ("tcp", "http", "grpc"):
         sub = ValidationResult(
