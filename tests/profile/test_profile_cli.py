@@ -13,13 +13,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from meshtax.testbed.runstate import STATE_DIR, RunBusy, RunLock, load_states
+from meshtax.testbed import tools
+from meshtax.testbed.runstate import STATE_DIR, RealProcOps, RunBusy, RunLock, load_states
 from tests.helpers import default_sigint, missing_for_real_profile
 
 # one low rate, and gRPC carried through the tcp sidecar (the preset's default) at 100 B
@@ -69,6 +71,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def _wait_lock_free(timeout: float = 600.0) -> None:
     """Other engineers' profiling runs share the machine-wide lock: wait for a gap."""
     lock = RunLock(STATE_DIR)
@@ -98,6 +107,7 @@ class Cli:
         )
         self.netns: set[str] = set()
         self.pids: set[int] = set()
+        self.probes: set[int] = set()  # probe loaders seen (a subset of pids)
         self.dirs: set[str] = set()
 
     def watch(self) -> None:
@@ -111,9 +121,19 @@ class Cli:
         ]
         mine = {ns for st in states for ns in st.netns}
         self.dirs |= {d for st in states for d in st.dirs}
+        # every scratch directory the run owns, recorded or not (named after its owner)
+        self.dirs |= {
+            str(d) for d in Path(tempfile.gettempdir()).glob(f"meshtax-*.{self.proc.pid}.*")
+        }
         for ns in (_netns() - self.before) & mine:
             self.netns.add(ns)
             self.pids |= _pids_in(ns)
+        # processes outside the pods (the probe loader, perf) carry the run's tag
+        for st in states:
+            for pid in RealProcOps().tagged(st.run_id):
+                self.pids.add(pid)
+                if _cmdline(pid).startswith(str(tools.INSTALLED["probe"][0])):
+                    self.probes.add(pid)
 
     def wait_until_measuring(self, timeout: float = 60.0) -> None:
         """Until the server pod runs the app and the sidecar (≥ 2 processes in a pod)."""
@@ -131,6 +151,19 @@ class Cli:
                 pytest.fail(f"meshtax profile ended early ({code}): {out[-2000:]}")
             time.sleep(0.05)
         pytest.fail("the run never started its sidecar")
+
+    def wait_until_probing(self, timeout: float = 60.0) -> None:
+        """Until the eBPF probe loader runs (the run is in its probe windows)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.watch()
+            if any(_alive(p) for p in self.probes):
+                return
+            if self.proc.poll() is not None:
+                code, out = self.finish(timeout=5)
+                pytest.fail(f"meshtax profile ended before probing ({code}): {out[-2000:]}")
+            time.sleep(0.05)
+        pytest.fail("the run never started its probe loader")
 
     def finish(self, timeout: float = 120.0) -> tuple[int, str]:
         deadline = time.monotonic() + timeout
@@ -208,12 +241,14 @@ def test_killed_run_is_reaped_by_the_next_which_then_leaves_nothing(
     clis: list[Cli], tmp_path: Path
 ) -> None:
     dead = start_measuring(clis, tmp_path, "killed")
+    dead.wait_until_probing()  # killed with the probe loader attached (outside any pod)
     os.kill(dead.proc.pid, signal.SIGKILL)
     dead.finish(timeout=10)
     ns, pids, dirs = dead.leftovers()
     assert ns and pids and dirs, (
         "SIGKILL should leave the run's namespaces, processes and scratch directory behind"
     )
+    assert any(_alive(p) for p in dead.probes), "the probe loader should outlive SIGKILL"
     nxt = start(clis, tmp_path, "after")
     code, out = nxt.finish()
     if code != 0 and BUSY in out:
