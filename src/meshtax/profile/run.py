@@ -51,7 +51,7 @@ from meshtax.profile.onehop import measure_overhead, probe_components, sidecar_c
 from meshtax.profile.plan import Plan, Step, full_plan, quick_plan
 from meshtax.testbed.bed import APP_PORTS, EchoBed, echo_testbed
 from meshtax.testbed.envoy.config import EnvoyConfig
-from meshtax.testbed.envoy.process import envoy_version
+from meshtax.testbed.envoy.process import EnvoyProcess, envoy_version
 from meshtax.testbed.fortio import fortio_version
 from meshtax.testbed.system import System
 from meshtax.testbed.tools import tool
@@ -275,78 +275,70 @@ def _measure_carried(
     load_mode = Mode(proto)
     ticker.next("setup", Mode.TCP, protocol=proto)
     cfg = EnvoyConfig(mode=Mode.TCP, inbound_upstream=("127.0.0.1", APP_PORTS[load_mode]))
-    envoy = bed.start_sidecar(Mode.TCP, cfg, name=f"tcp-{proto}")
-    assert envoy.process is not None
-    pid = envoy.process.pid
-    out: list[SizeResult] = []
-    try:
-        for size in plan.carried_sizes():
-            ticker.next("probe", Mode.TCP, size, protocol=proto)
-            bed.load(bed.direct_target(load_mode), load_mode, size, n=plan.warmup_n)
-            bed.load(bed.meshed_target, load_mode, size, n=plan.warmup_n)
-            pr = probe_components(
-                bed,
-                load_mode,
-                size,
-                pid,
-                run_s=plan.probe_run_s,
-                pairs=plan.carried_probe_pairs,
-                probe_app=plan.probe_app,
-                probe=be.probe,
-                rt_priority=plan.probe_rt_priority,
-            )
-            r = SizeResult(size, None, pr)
-            r.max_qps, r.cpu = _cpu_runs(
-                bed,
-                load_mode,
-                size,
-                pid,
-                plan,
-                be,
-                ticker,
-                fractions=plan.carried_rate_fractions,
-                step_mode=Mode.TCP,
-                protocol=proto,
-            )
-            out.append(r)
-    finally:
-        envoy.stop()
-    return out
+    return _measure_sizes(
+        bed.start_sidecar(Mode.TCP, cfg, name=f"tcp-{proto}"),
+        Mode.TCP,
+        load_mode,
+        plan.carried_sizes(),
+        plan,
+        bed,
+        be,
+        ticker,
+        protocol=proto,
+    )
 
 
 def _measure_mode(
     mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked
 ) -> list[SizeResult]:
-    envoy = bed.start_sidecar(mode)
-    assert envoy.process is not None
-    pid = envoy.process.pid
-    meshed, direct = bed.meshed_target, bed.direct_target(mode)
+    return _measure_sizes(bed.start_sidecar(mode), mode, mode, plan.sizes, plan, bed, be, ticker)
+
+
+def _measure_sizes(
+    envoy: EnvoyProcess,
+    mode: Mode,
+    load_mode: Mode,
+    sizes: Sequence[int],
+    plan: Plan,
+    bed: EchoBed,
+    be: Backends,
+    ticker: _Clocked,
+    *,
+    protocol: str = "",
+) -> list[SizeResult]:
+    """Per size, through ``envoy`` (a ``mode`` sidecar) driven by ``load_mode``'s client: the
+    paired un-probed overhead (not for a carried ``protocol``), the probe windows and the CPU
+    runs; the sidecar is stopped at the end."""
+    pid = envoy.pid
+    meshed, direct = bed.meshed_target, bed.direct_target(load_mode)
     out: list[SizeResult] = []
     try:
-        for size in plan.sizes:
-            ticker.next("latency", mode, size)
+        for size in sizes:
+            ticker.next("probe" if protocol else "latency", mode, size, protocol=protocol)
             # warm both paths (connection set-up, allocator, caches) before anything counts
-            bed.load(direct, mode, size, n=plan.warmup_n)
-            bed.load(meshed, mode, size, n=plan.warmup_n)
-            po = measure_overhead(
-                bed,
-                mode,
-                size,
-                run_s=plan.latency_run_s,
-                rel_halfwidth=plan.latency_rel_halfwidth,
-                min_runs=plan.latency_min_runs,
-                max_runs=plan.latency_max_runs,
-                budget_s=plan.latency_budget_s,
-                clock=be.clock,
-            )
-            ticker.next("probe", mode, size)
+            bed.load(direct, load_mode, size, n=plan.warmup_n)
+            bed.load(meshed, load_mode, size, n=plan.warmup_n)
+            po = None
+            if not protocol:
+                po = measure_overhead(
+                    bed,
+                    mode,
+                    size,
+                    run_s=plan.latency_run_s,
+                    rel_halfwidth=plan.latency_rel_halfwidth,
+                    min_runs=plan.latency_min_runs,
+                    max_runs=plan.latency_max_runs,
+                    budget_s=plan.latency_budget_s,
+                    clock=be.clock,
+                )
+                ticker.next("probe", mode, size)
             pr = probe_components(
                 bed,
-                mode,
+                load_mode,
                 size,
                 pid,
                 run_s=plan.probe_run_s,
-                pairs=plan.probe_pairs,
+                pairs=plan.carried_probe_pairs if protocol else plan.probe_pairs,
                 probe_app=plan.probe_app,
                 probe=be.probe,
                 rt_priority=plan.probe_rt_priority,
@@ -354,14 +346,15 @@ def _measure_mode(
             r = SizeResult(size, po, pr)
             r.max_qps, r.cpu = _cpu_runs(
                 bed,
-                mode,
+                load_mode,
                 size,
                 pid,
                 plan,
                 be,
                 ticker,
-                fractions=plan.rate_fractions,
+                fractions=plan.carried_rate_fractions if protocol else plan.rate_fractions,
                 step_mode=mode,
+                protocol=protocol,
             )
             out.append(r)
     finally:
