@@ -230,6 +230,7 @@ def test_run_profile_orchestrates_and_decomposes(tmp_path: Path) -> None:
         envoy_binary=Path("/x/envoy"),
         fortio_binary=Path("/x/fortio"),
         niceness=fake_nice,
+        meter=None,
         now=lambda: dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
     )
     seen: list[Progress] = []
@@ -325,6 +326,7 @@ def _fake_run(
         envoy_binary=Path("/x/envoy"),
         fortio_binary=Path("/x/fortio"),
         niceness=lambda n: contextlib.nullcontext(),
+        meter=None,
     )
     seen: list[Progress] = []
     with warnings.catch_warnings():
@@ -474,6 +476,7 @@ def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
         envoy_binary=Path("/x/envoy"),
         fortio_binary=Path("/x/fortio"),
         niceness=lambda n: contextlib.nullcontext(),
+        meter=None,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)

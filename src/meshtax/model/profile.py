@@ -11,6 +11,7 @@ from typing import Any
 from meshtax.model.components import Component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.sidecar import Mode
+from meshtax.model.speed import Speed
 
 #: Version of the profile document format (bump with a dated note when it changes).
 #: 1 — 2026-11-22: first format. Later the same day, optional per-mode ``memory``,
@@ -23,7 +24,12 @@ from meshtax.model.sidecar import Mode
 #:     only when set, absent in older documents). Optional top-level ``colocation`` (issue #6:
 #:     how much the CPU's message rate warms one of many co-located sidecars; absent in older
 #:     documents, which price every message at the shared CPU's rate, ``alpha`` = 1), per mode.
-PROFILE_FORMAT = 1
+#: 2 — 2026-11-23: optional top-level ``speed`` (the reference workload's speed while the
+#:     profile was measured, :mod:`meshtax.model.speed`) and ``interference`` (what else ran in
+#:     its probe windows: shares of other work, steal, run-queue wait; windows refused), and
+#:     ``status`` (``closed`` | ``unclosed``: a mode whose components did not add up to the
+#:     measured overhead after the profiler's retries). Format-1 documents load unchanged.
+PROFILE_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -370,6 +376,21 @@ class Profile:
     provenance: Provenance
     modes: Mapping[Mode, ModeProfile]
     colocation: Mapping[Mode, Colocation] = field(default_factory=dict)
+    speed: Speed | None = None
+    interference: Mapping[str, Any] = field(default_factory=dict)
+    status: str | None = None  # closed | unclosed (None: not recorded; see unclosed_modes)
+
+    @property
+    def unclosed_modes(self) -> tuple[Mode, ...]:
+        """Measured modes whose components do not add up to the measured overhead."""
+        return tuple(
+            m for m, mp in self.modes.items() if mp.closure is not None and not mp.closure.closes
+        )
+
+    @property
+    def unclosed(self) -> bool:
+        """The profile failed its closure check (recorded by the profiler, or seen now)."""
+        return self.status == "unclosed" or bool(self.unclosed_modes)
 
     def alpha(self, mode: Mode) -> float:
         """The co-location exponent the engine prices shared CPUs with in ``mode`` (1 when that
@@ -401,6 +422,9 @@ class Profile:
                 if self.colocation
                 else {}
             ),
+            **({"speed": self.speed.to_dict()} if self.speed is not None else {}),
+            **({"interference": dict(self.interference)} if self.interference else {}),
+            **({"status": self.status} if self.status is not None else {}),
         }
 
     @classmethod
@@ -418,4 +442,7 @@ class Profile:
             colocation={
                 Mode(k): Colocation.from_dict(v) for k, v in (d.get("colocation") or {}).items()
             },
+            speed=Speed.from_dict(d["speed"]) if d.get("speed") else None,
+            interference=dict(d.get("interference") or {}),
+            status=None if d.get("status") is None else str(d["status"]),
         )

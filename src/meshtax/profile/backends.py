@@ -17,6 +17,7 @@ from meshtax.testbed import procfs
 from meshtax.testbed.connect import ConnectFn, connect_loop
 from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.fortio import FortioServer, LoadResult, LoadSpec, run_spec
+from meshtax.testbed.interference import InterferenceMeter, MeterFactory
 from meshtax.testbed.perf import PerfProfile, PerfSession
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.probes import ProbeSession, RealProbe
@@ -125,6 +126,8 @@ class Backends:
     free_ports: Callable[[int], list[int]] = free_ports
     connect: ConnectFn = connect_loop
     memory: Callable[..., Any] | None = None
+    # what else ran in each probe window (None: not measured, nothing refused)
+    meter: MeterFactory | None = InterferenceMeter
     callgrind_available: Callable[[], bool] = field(
         default=lambda: shutil.which("valgrind") is not None
     )

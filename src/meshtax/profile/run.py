@@ -48,7 +48,7 @@ from meshtax.profile.backends import Backends
 from meshtax.profile.build import CpuRun, ProfileSink, SizeResult, build_profile
 from meshtax.profile.decompose import Breakdown
 from meshtax.profile.onehop import measure_overhead, probe_components, sidecar_cpu
-from meshtax.profile.plan import Plan, Step, full_plan, quick_plan
+from meshtax.profile.plan import Plan, Step, full_plan, quick_plan, window_policy
 from meshtax.testbed.bed import APP_PORTS, EchoBed, echo_testbed
 from meshtax.testbed.envoy.config import EnvoyConfig
 from meshtax.testbed.envoy.process import EnvoyProcess, envoy_version
@@ -337,10 +337,10 @@ def _measure_sizes(
                 load_mode,
                 size,
                 pid,
-                run_s=plan.probe_run_s,
-                pairs=plan.carried_probe_pairs if protocol else plan.probe_pairs,
+                windows=window_policy(plan, carried=bool(protocol)),
                 probe_app=plan.probe_app,
                 probe=be.probe,
+                meter=be.meter,
                 rt_priority=plan.probe_rt_priority,
             )
             r = SizeResult(size, po, pr)
