@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from meshtax.model.sidecar import Mode
+from meshtax.model.speed import Speed
 from meshtax.testbed import procfs
 from meshtax.testbed.connect import ConnectFn, connect_loop
 from meshtax.testbed.envoy.process import EnvoyProcess
@@ -22,6 +23,7 @@ from meshtax.testbed.perf import PerfProfile, PerfSession
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.probes import ProbeSession, RealProbe
 from meshtax.testbed.runstate import STATE_DIR, ProcOps
+from meshtax.testbed.speed import measure_speed
 from meshtax.testbed.system import Placement, System, free_ports
 from meshtax.testbed.tools import tool
 
@@ -128,6 +130,9 @@ class Backends:
     memory: Callable[..., Any] | None = None
     # what else ran in each probe window (None: not measured, nothing refused)
     meter: MeterFactory | None = InterferenceMeter
+    # the machine's speed now, on the reference workload ((system, CPU a, CPU b) → Speed;
+    # None: not measured)
+    speed: Callable[[System, int | None, int | None], Speed] | None = measure_speed
     callgrind_available: Callable[[], bool] = field(
         default=lambda: shutil.which("valgrind") is not None
     )

@@ -329,7 +329,7 @@ def probe_components(
         requests=pm.requests,
         dropped=dropped,
         windows=raw,
-        interference=summarize(noise, len(paired.rejected)),
+        interference=summarize(noise, len(paired.rejected)) if gauge is not None else {},
     )
 
 
