@@ -111,13 +111,16 @@ class CalibrateOptions:
     duration_s: float = 3.0
     quick: bool = False
     keep_dir: str | None = None
+    accept_unclosed: bool = False
 
 
 def calibrate(
     opts: CalibrateOptions, store: ProfileStore, say: Say | None = None
 ) -> tuple[Profile, list[tuple[Mode, ValidationResult]]]:
     """Per mode, the co-location exponent from chains of services; each stored when done."""
-    prof = resolve_profile(store, opts.profile, this_host()).profile
+    prof = resolve_profile(
+        store, opts.profile, this_host(), accept_unclosed=opts.accept_unclosed
+    ).profile
     results = []
     try:
         for m in opts.modes or tuple(prof.modes):
@@ -143,7 +146,9 @@ def validate(
     opts: ValidateOptions, store: ProfileStore, say: Say | None = None
 ) -> ValidationResult:
     """Measured vs predicted on a multi-service app in pods (:mod:`meshtax.validate.run`)."""
-    resolved = resolve_profile(store, opts.profile_name, this_host())
+    resolved = resolve_profile(
+        store, opts.profile_name, this_host(), accept_unclosed=opts.accept_unclosed
+    )
     try:
         return run_validation(opts, RealSystem(), resolved.profile, say, warnings=resolved.warnings)
     except (ValueError, FileNotFoundError) as e:
@@ -159,11 +164,14 @@ class SweepOptions:
     sizes: Sequence[int] = field(default=(100, 1024, 4096, 16384, 65536))
     rate: float = 200.0  # the size sweep's rate
     pairs: tuple[int, int] = (6, 8)  # paired runs per point: at least, at most
+    accept_unclosed: bool = False
 
 
 def sweep(opts: SweepOptions, store: ProfileStore, say: Say | None = None) -> SweepResult:
     """One hop, size or rate sweep, measured vs predicted."""
-    prof = resolve_profile(store, opts.profile, this_host()).profile
+    prof = resolve_profile(
+        store, opts.profile, this_host(), accept_unclosed=opts.accept_unclosed
+    ).profile
     with Testbed(RealSystem(), lock_timeout=900.0) as tb:
         return run_sweep(
             opts.kind,

@@ -46,6 +46,7 @@ class PredictOptions:
     sidecar_mode: str = "http"  # with traces: every traced service's sidecar mode
     service_map: str | None = None  # with traces: trace name → Kubernetes name overrides
     pod_cpus: int | None = None  # CPUs the pods share (None: each pod has CPUs of its own)
+    accept_unclosed: bool = False  # use a profile that failed its closure check (with a warning)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,7 +129,9 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
     """Predict every graph of the ECG files (or traces); returns the result document."""
     loaded = load_batch(opts)
     batch = loaded.batch
-    resolved = resolve_profile(store, opts.profile, this_host())
+    resolved = resolve_profile(
+        store, opts.profile, this_host(), accept_unclosed=opts.accept_unclosed
+    )
     profile, warnings = resolved.profile, list(resolved.warnings)
     warnings += loaded.notes
 
@@ -180,6 +183,7 @@ class StudyOptions:
     engine: str = "local"
     scheduler: str | None = None
     progress: bool = False
+    accept_unclosed: bool = False
 
 
 def parse_study_config(text: str) -> tuple[str, SidecarConfig]:
@@ -207,7 +211,9 @@ def study(opts: StudyOptions, store: ProfileStore) -> tuple[dict[str, Any], Prof
     """Run the study; returns its summary document, the profile and the warnings."""
     from meshtax.study import StudyConfig, run_study
 
-    resolved = resolve_profile(store, opts.profile, this_host())
+    resolved = resolve_profile(
+        store, opts.profile, this_host(), accept_unclosed=opts.accept_unclosed
+    )
     prof, warnings = resolved.profile, list(resolved.warnings)
     cfgs = [StudyConfig(*parse_study_config(c)) for c in opts.configs] or None
     after = None

@@ -61,6 +61,12 @@ report_option = click.option(
     type=click.Path(dir_okay=False),
     help="Also write a self-contained HTML report here.",
 )
+accept_unclosed_option = click.option(
+    "--accept-unclosed",
+    is_flag=True,
+    help="Use a profile whose components did not add up to its measured overhead (refused "
+    "otherwise); outputs say so.",
+)
 output_option = click.option(
     "-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout."
 )

@@ -11,6 +11,7 @@ import click
 from meshtax.app import UsageError
 from meshtax.app import data as app_data
 from meshtax.cli._common import (
+    accept_unclosed_option,
     csv,
     db_option,
     main,
@@ -58,6 +59,7 @@ from meshtax.store.sqlite import ProfileStore
 )
 @report_option
 @db_option
+@accept_unclosed_option
 @user_errors
 def validate(
     topology: str,
@@ -71,6 +73,7 @@ def validate(
     fmt: str,
     report_path: str | None,
     db: str | None,
+    accept_unclosed: bool,
 ) -> None:
     """Deploy TOPOLOGY (bookinfo, online-boutique, hotel-reservation, or a topology file) in pods
     without and with sidecars, measure end-to-end latency and CPU, predict from the app's own
@@ -83,7 +86,13 @@ def validate(
     mode_list = parse_modes(modes)
     say = stderr
     if sweep:
-        sopts = m.SweepOptions(sweep, mode_list[0], duration, profile)  # type: ignore[arg-type]
+        sopts = m.SweepOptions(
+            sweep,  # type: ignore[arg-type]
+            mode_list[0],
+            duration,
+            profile,
+            accept_unclosed=accept_unclosed,
+        )
         doc = m.sweep(sopts, store, say).to_document()
         click.echo(json.dumps(doc, indent=2, default=str))
     else:
@@ -96,6 +105,7 @@ def validate(
                 duration_s=duration,
                 profile_name=profile,
                 quick=quick,
+                accept_unclosed=accept_unclosed,
             )
         except ValueError as e:
             raise UsageError(str(e)) from None
@@ -129,6 +139,7 @@ def validate(
     help="Keep the chains' validation documents and traces here (one directory per mode).",
 )
 @db_option
+@accept_unclosed_option
 @user_errors
 def calibrate(
     profile: str | None,
@@ -138,6 +149,7 @@ def calibrate(
     quick: bool,
     keep_dir: str | None,
     db: str | None,
+    accept_unclosed: bool,
 ) -> None:
     """Measure how warm a sidecar is among many on shared CPUs (root): per mode, chains of 1, 2,
     4 and 8 services without and with sidecars, then store the exponent α the engine prices
@@ -147,7 +159,9 @@ def calibrate(
 
     m.require_root("the calibration creates network namespaces and sidecars")
     store = ProfileStore(db)
-    opts = m.CalibrateOptions(profile, parse_modes(modes), rate, duration, quick, keep_dir)
+    opts = m.CalibrateOptions(
+        profile, parse_modes(modes), rate, duration, quick, keep_dir, accept_unclosed
+    )
     prof, results = m.calibrate(opts, store, stderr)
     for mode, res in results:
         click.echo(

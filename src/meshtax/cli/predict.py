@@ -13,6 +13,7 @@ from meshtax.app import UsageError
 from meshtax.app import data as app_data
 from meshtax.app.predict import PredictOptions, StudyOptions, predict_files
 from meshtax.cli._common import (
+    accept_unclosed_option,
     db_option,
     emit,
     format_option,
@@ -71,6 +72,7 @@ from meshtax.store.sqlite import ProfileStore
 @format_option
 @output_option
 @report_option
+@accept_unclosed_option
 @user_errors
 def predict(
     ecg_files: tuple[str, ...],
@@ -86,6 +88,7 @@ def predict(
     fmt: str,
     output: str | None,
     report_path: str | None,
+    accept_unclosed: bool,
 ) -> None:
     """Predict latency and CPU overhead of sidecars on ECG_FILES (YAML/JSON call graphs).
 
@@ -100,6 +103,7 @@ def predict(
         sidecar_mode=sidecar_mode,
         service_map=service_map,
         pod_cpus=pod_cpus,
+        accept_unclosed=accept_unclosed,
     )
     store = ProfileStore(db)
     doc = predict_files(opts, store)
@@ -370,6 +374,7 @@ def traces_generate(
 )
 @report_option
 @db_option
+@accept_unclosed_option
 @user_errors
 def study(
     store_dir: str,
@@ -381,6 +386,7 @@ def study(
     scheduler: str | None,
     report_path: str | None,
     db: str | None,
+    accept_unclosed: bool,
 ) -> None:
     """Predict latency and CPU overhead of every call graph of an ingested STORE_DIR under
     several configurations."""
@@ -388,7 +394,15 @@ def study(
 
     store = ProfileStore(db)
     opts = StudyOptions(
-        store_dir, out_dir, profile, configs, speedup, engine, scheduler, sys.stderr.isatty()
+        store_dir,
+        out_dir,
+        profile,
+        configs,
+        speedup,
+        engine,
+        scheduler,
+        sys.stderr.isatty(),
+        accept_unclosed,
     )
     summary, prof, warns = run_study(opts, store)
     for w in warns:

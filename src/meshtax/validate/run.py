@@ -92,6 +92,7 @@ class ValidateOptions:
     rate: float = 200.0
     duration_s: float = 3.0
     profile_name: str | None = None
+    accept_unclosed: bool = False
     quick: bool = False
     sample: int = 10
     min_pairs: int = 6
