@@ -85,7 +85,7 @@ def unsupported(config: StudyConfig, profile: Profile) -> str | None:
     if missing:
         return (
             f"profile {profile.name!r} has no {config.sidecar.mode.value}-mode model for filter(s) {', '.join(missing)} "
-            f"(the bundled reference profile has published totals only); profile the filters or pass a profile that has them"
+            f"(the bundled reference profile has HTTP-mode filters only); profile the filters or pass a profile that has them"
         )
     return None
 
