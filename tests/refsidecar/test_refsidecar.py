@@ -66,7 +66,9 @@ def addresses(ipc: str, tmp: Path) -> tuple[str, str, str]:
     return inbound, outbound, app
 
 
-def _wait_ready(proc: subprocess.Popen[str], timeout: float = 10.0) -> None:
+def _wait_ready(
+    proc: subprocess.Popen[str], marker: str = "refsidecar: ready", timeout: float = 10.0
+) -> None:
     assert proc.stderr is not None
     deadline = time.monotonic() + timeout
     seen = ""
@@ -74,12 +76,12 @@ def _wait_ready(proc: subprocess.Popen[str], timeout: float = 10.0) -> None:
         if select.select([proc.stderr], [], [], left)[0]:
             line = proc.stderr.readline()
             seen += line
-            if "refsidecar: ready" in line:
+            if marker in line:
                 return
             if not line:  # it exited
                 break
     proc.kill()  # by PID: the process this test started
-    pytest.fail(f"refsidecar did not start: {seen}")
+    pytest.fail(f"no {marker!r}: {seen}")
 
 
 class Running(dict[str, Any]):
@@ -351,3 +353,93 @@ def test_interception_in_pods(binary: Path, tmp_path: Path, write: str) -> None:
     assert st["bytes_in"] == st["bytes_out"] == 2 * 2 * sum(map(int, sizes))
     if write == "zerocopy":
         assert st["zc_sends"] > 0 and st["zc_completed"] == st["zc_sends"]
+
+
+# --- socket redirection (sockmap / sk_msg, bpf/sockredir) ------------------------------------
+
+
+def _cgroup2_root() -> Path | None:
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _, mnt, fstype, *_ = line.split()
+        if fstype == "cgroup2":
+            return Path(mnt)
+    return None
+
+
+@pytest.fixture()
+def cgroup() -> Iterator[Path]:
+    """A fresh cgroup-v2 directory, removed afterwards (its processes must have ended)."""
+    root = _cgroup2_root()
+    if os.geteuid() != 0 or root is None:
+        pytest.skip("needs root and a cgroup-v2 mount")
+    path = root / f"meshtax-sockredir-{os.getpid()}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+def _in_cgroup(cg: Path, argv: Sequence[str]) -> list[str]:
+    """``argv`` run inside ``cg`` from its first instruction (sockets take the cgroup of the
+    process that creates them)."""
+    return ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh", *argv]
+
+
+@pytest.mark.root
+def test_socket_redirection_between_app_and_sidecar(binary: Path, cgroup: Path) -> None:
+    if not (Path("/sys/kernel/btf/vmlinux").exists() and shutil.which("bpftool")):
+        pytest.skip("needs the kernel's BTF and bpftool")
+    subprocess.run(["make", "-s", "-C", str(ROOT / "bpf")], check=True, capture_output=True)
+    loader = subprocess.Popen(
+        [str(ROOT / "bpf" / ".output" / "sockredir"), "-c", str(cgroup)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    procs: list[subprocess.Popen[str]] = [loader]
+    sizes = ("1", "100", "4096", "65537", str(1 << 20))
+    try:
+        _wait_ready(loader, "sockredir: ready")
+        inbound, outbound, app = addresses("tcp", cgroup)
+        app_proc = subprocess.Popen(
+            _in_cgroup(cgroup, [sys.executable, str(ECHO), "serve", app]),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(app_proc)
+        assert app_proc.stdout is not None and app_proc.stdout.readline().strip() == "ready"
+        args = ["-i", inbound, "-o", outbound, "-u", inbound, "-a", app]
+        side = subprocess.Popen(
+            _in_cgroup(cgroup, [str(binary), *args]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(side)
+        _wait_ready(side)
+        got = subprocess.run(
+            _in_cgroup(cgroup, [sys.executable, str(ECHO), "send", outbound, *sizes]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert got.stdout.split() == [w for s in sizes for w in ("ok", s)], got.stderr
+    finally:
+        outs = {}
+        for p in reversed(procs):  # by PID: only what this test started
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+            outs[p.pid] = p.communicate(timeout=10)[0]
+    st = json.loads(outs[loader.pid].strip().splitlines()[-1])
+    # client→outbound, outbound→inbound, inbound→app: both ends of three connections each
+    assert st["socks_added"] == 6 * len(sizes) and st["add_failed"] == 0
+    assert st["msg_redirected"] > 0 and st["msg_passed"] == 0
