@@ -42,7 +42,7 @@ def _model(lat_us: float, vcpu: float, rate: float, what: str) -> ComponentModel
     """Per-crossing flat models from a per-request latency (µs) and CPU (vCPU at ``rate``)."""
     note = f"{what}; per request split evenly over request and response; slope not published (0)"
     lat = lat_us / _CROSSINGS_PER_REQUEST
-    cpu = vcpu / rate * 1e6 / _CROSSINGS_PER_REQUEST  # vCPU → CPU-µs per request → per crossing
+    cpu = vcpu / rate * 1e6 / _CROSSINGS_PER_REQUEST  # vCPU → CPU-µs per request → crossing
     return ComponentModel(CostModel(lat, note=note), CostModel(cpu, note=note))
 
 

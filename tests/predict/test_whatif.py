@@ -161,7 +161,7 @@ def test_different_hosts_and_no_shared_mode_are_refused() -> None:
         ({"scale": {"ipc": "-30%"}, "modes": {"http": {"ipc": "-50%"}}}, Factor(0.5, 0.5)),
     ],
 )
-def test_factor_forms(doc: dict, factor: Factor) -> None:  # type: ignore[type-arg]
+def test_factor_forms(doc: dict[str, object], factor: Factor) -> None:
     assert speedup_from_dict(doc).for_mode(Mode.HTTP)["ipc"] == factor
 
 
@@ -174,7 +174,7 @@ def test_factor_forms(doc: dict, factor: Factor) -> None:  # type: ignore[type-a
         ({"scale": ["ipc"]}, "expected a mapping"),
     ],
 )
-def test_bad_factor_forms_are_clear_errors(doc: dict, message: str) -> None:  # type: ignore[type-arg]
+def test_bad_factor_forms_are_clear_errors(doc: dict[str, object], message: str) -> None:
     with pytest.raises(SpeedupError, match=message):
         speedup_from_dict(doc, "sp.yaml")
 

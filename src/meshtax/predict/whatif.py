@@ -354,7 +354,8 @@ class Derivation:
                 )
             doc["scale"] = entries(next(iter(factors.values())))
         else:
-            doc["modes"] = {m.value: entries(fs) for m, fs in factors.items()}
+            modes = {m.value: entries(fs) for m, fs in factors.items()}
+            doc["modes"] = {m: e for m, e in modes.items() if e}
         doc["derived"] = {
             "base": self.base,
             "variant": self.variant,
