@@ -23,7 +23,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
-#include <limits.h>
 #include <linux/errqueue.h>
 #include <linux/netfilter_ipv4.h>
 #include <netinet/in.h>
@@ -98,7 +97,7 @@ struct session;
 struct sock {
 	enum kind kind;		/* first: epoll data points here */
 	struct session *ss;
-	int fd, side;
+	int fd;
 	uint32_t events;	/* registered epoll interest */
 	bool connecting, zc;
 	uint32_t zc_next;	/* id the kernel gives the next zero-copy send */
@@ -647,7 +646,7 @@ static void on_accept(struct worker *w, struct listener *l)
 		}
 		ss->w = w;
 		for (int i = 0; i < 2; i++) {
-			ss->s[i] = (struct sock){ .kind = K_SOCK, .ss = ss, .side = i,
+			ss->s[i] = (struct sock){ .kind = K_SOCK, .ss = ss,
 						  .fd = i ? up : down };
 			enable_zerocopy(w, &ss->s[i], i ? dst.ss.ss_family : l->family);
 		}
