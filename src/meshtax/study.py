@@ -84,10 +84,9 @@ def unsupported(config: StudyConfig, profile: Profile) -> str | None:
     missing = [f for f in config.sidecar.filters if filter_component(f) not in mp.components]
     if missing:
         return (
-            f"profile {profile.name!r} has no {config.sidecar.mode.value}-mode model for filter(s) "
-            f"{', '.join(missing)} "
-            "(the bundled reference profile has published totals only); profile the filters or "
-            "pass a profile that has them"
+            f"profile {profile.name!r} has no {config.sidecar.mode.value}-mode model for "
+            f"filter(s) {', '.join(missing)} (the bundled reference profile has HTTP-mode filters "
+            "only); profile the filters or pass a profile that has them"
         )
     return None
 

@@ -103,6 +103,54 @@ def test_predict_speedup(examples: Path, env: dict[str, str]) -> None:
     assert w["saving"]["cpu_saving_fraction"] == pytest.approx(0.5)
 
 
+def test_readme_whatif_example_saves_on_the_reference(examples: Path, env: dict[str, str]) -> None:
+    # the README's example: ipc -30 %, write -50 %, parsing -20 % on Table 2's HTTP column
+    args = ["predict", str(examples / "bookinfo.yaml"), "--profile", "reference"]
+    args += ["--speedup", str(examples / "speedup-paper.yaml")]
+    r = invoke([*args, "--format", "json"], env)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert not [w for w in doc["warnings"] if "changes nothing" in w]
+    w = doc["whatif"]
+    per_sidecar_us = 0.3 * 12.73 + 0.5 * 13.57 + 0.2 * 122.07  # per request through one
+    saved = w["before"]["latency_overhead_us"]["mean"] - w["after"]["latency_overhead_us"]["mean"]
+    assert saved == pytest.approx(7 * per_sidecar_us)  # seven sidecar passes on the path
+    per_sidecar_vcpu = 0.3 * 0.50 + 0.5 * 0.49 + 0.2 * 6.07
+    assert w["saving"]["cpu_saving_fraction"] == pytest.approx(per_sidecar_vcpu / 9.70)
+    text = invoke(args, env)
+    assert "saving" in text.output and "changes nothing" not in text.output
+
+
+def test_whatif_derive_writes_a_file_predict_takes(
+    examples: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    from meshtax.model.components import IPC, OTHER, PARSING
+    from meshtax.model.sidecar import Mode
+    from tests.helpers import flat, profile
+
+    def put(name: str, ipc: float) -> None:
+        comps = {IPC: flat(ipc, ipc), PARSING: flat(20, 20), OTHER: flat(10, 10)}
+        p = profile({Mode.HTTP: comps}, name=name)
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(p.to_dict()))
+        assert invoke(["profiles", "import", str(f)], env).exit_code == 0
+
+    put("tcp-ipc", 10.0)
+    put("uds-ipc", 4.0)
+    out = tmp_path / "uds.yaml"
+    r = invoke(["whatif", "derive", "tcp-ipc", "uds-ipc", "-o", str(out)], env)
+    assert r.exit_code == 0, r.output
+    assert "ipc" in r.output and "×0.400" in r.output
+    args = ["predict", str(examples / "bookinfo.yaml"), "--profile", "tcp-ipc", "--format", "json"]
+    doc = json.loads(invoke([*args, "--speedup", str(out)], env).output)
+    w = doc["whatif"]
+    assert w["speedup"] == "http: ipc -60%"
+    saved = w["before"]["latency_overhead_us"]["mean"] - w["after"]["latency_overhead_us"]["mean"]
+    assert saved == pytest.approx(14 * 6.0)  # 14 crossings on the critical path, 6 µs each
+    r = invoke(["whatif", "derive", "tcp-ipc", "reference", "-o", str(out)], env)
+    assert r.exit_code == 2 and "different hosts" in r.output
+
+
 def test_predict_without_profile_of_this_host_explains(examples: Path, env: dict[str, str]) -> None:
     r = invoke(["predict", str(examples / "bookinfo.yaml")], env)
     assert r.exit_code == 2

@@ -13,9 +13,17 @@ from typing import Any
 from meshtax.app.errors import UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.predict.whatif import Derivation
 from meshtax.store.sqlite import ProfileStore
 
-__all__ = ["build_report", "import_profile", "import_traces", "write_document", "write_examples"]
+__all__ = [
+    "build_report",
+    "derive_speedup_file",
+    "import_profile",
+    "import_traces",
+    "write_document",
+    "write_examples",
+]
 
 
 def import_profile(file: str, store: ProfileStore, name: str | None, replace: bool) -> Profile:
@@ -124,3 +132,25 @@ def write_document(doc: Any, path: str, store: ProfileStore, profiles: Sequence[
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, default=float))
     return out
+
+
+def derive_speedup_file(
+    store: ProfileStore,
+    base: str,
+    variant: str,
+    output: str,
+    sizes: Sequence[float] = (100.0, 4096.0),
+    rate: float | None = None,
+    name: str | None = None,
+    every_mode: bool = False,
+) -> Derivation:
+    """Compare stored profiles BASE and VARIANT component by component and write the speedup
+    file ``predict --speedup`` takes; returns the comparison."""
+    import yaml
+
+    from meshtax.predict.whatif import derive_speedup
+
+    d = derive_speedup(store.get(base), store.get(variant), sizes or (100.0, 4096.0), rate)
+    doc = d.document(name=name, every_mode=every_mode)
+    Path(output).write_text(yaml.safe_dump(doc, sort_keys=False))
+    return d

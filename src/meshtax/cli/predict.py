@@ -212,6 +212,57 @@ def profiles_delete(name: str, db: str | None) -> None:
     click.echo(f"deleted {name!r}")
 
 
+@main.group()
+def whatif() -> None:
+    """What-if speedups measured from profiles instead of guessed."""
+
+
+@whatif.command("derive")
+@click.argument("base")
+@click.argument("variant")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--size",
+    "sizes",
+    type=float,
+    multiple=True,
+    help="Message size in bytes to compare at (repeatable; default 100 and 4096). "
+    "The file's factors are those at the first.",
+)
+@click.option("--rate", type=float, help="Requests/s for CPU (default: each model's highest).")
+@click.option("--name", help="The speedup's name (default: VARIANT-vs-BASE).")
+@click.option(
+    "--every-mode", is_flag=True, help="Apply a one-mode comparison to every mode (under scale)."
+)
+@db_option
+@user_errors
+def whatif_derive(
+    base: str,
+    variant: str,
+    output: str,
+    sizes: tuple[float, ...],
+    rate: float | None,
+    name: str | None,
+    every_mode: bool,
+    db: str | None,
+) -> None:
+    """Compare stored profiles BASE and VARIANT component by component; write a speedup file."""
+    d = app_data.derive_speedup_file(
+        ProfileStore(db), base, variant, output, sizes, rate, name, every_mode
+    )
+    click.echo(f"{variant} / {base} ({d.platform}); 95 % intervals")
+    for r in d.ratios:
+        iv = "" if r.lo is None or r.hi is None else f" [{r.lo:.3f}, {r.hi:.3f}]"
+        ratio = "-" if r.ratio is None else f"{r.ratio:.3f}{iv}"
+        click.echo(
+            f"  {r.mode.value:4} {r.component.key:24} {r.metric:7} {r.size:>7g} B  "
+            f"{r.base:10.4g} → {r.variant:10.4g}  ×{ratio}"
+        )
+    for n in d.notes:
+        click.echo(f"  note: {n}")
+    click.echo(f"wrote {output} (factors at {d.sizes[0]:g} B)", err=True)
+
+
 @main.command()
 @click.option(
     "--dest", type=click.Path(file_okay=False), default="meshtax-examples", show_default=True
