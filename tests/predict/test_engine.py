@@ -572,3 +572,42 @@ def test_colocation_exponent_prices_between_each_sidecars_own_rate_and_the_cpus(
     want_b = 2 * cost(500.0)  # B's two crossings at the CPU's rate
     want = (6 * cost(np.sqrt(300 * 500)) + want_b + 2 * cost(np.sqrt(100 * 500))) * 100 * 1e-6
     assert predict_batch(mixed, single_profile(both), pod_cpus=1).cpu_vcpu[0] == pytest.approx(want)
+
+
+def test_costs_scale_with_the_machine_speed_now() -> None:
+    from meshtax.model.components import IPC, NOTIFICATION
+    from meshtax.model.speed import Speed
+
+    then = Speed(local_ns=20_000, cross_ns=40_000, user_ns=400)
+    prof = replace(
+        profile({Mode.HTTP: {IPC: flat(1, 1), NOTIFICATION: flat(2, 2), OTHER: flat(4, 4)}}),
+        speed=then,
+    )
+    g = ecg({"a": SidecarConfig(Mode.HTTP)}, [inv("r", EXTERNAL, "a", 0, 1000)])
+    b = to_batch([g])
+    same = predict_batch(b, single_profile(prof), speed=then)
+    assert same.latency_overhead_us[0] == pytest.approx(2 * (1 + 2 + 4))
+    # the kernel path 1.5× slower, wake-ups 2×, user space 3× faster than when profiled
+    now = Speed(local_ns=30_000, cross_ns=80_000, user_ns=400 / 3)
+    got = predict_batch(b, single_profile(prof), speed=now)
+    assert got.latency_overhead_us[0] == pytest.approx(2 * (1.5 + 4 + 4 / 3))
+    assert got.cpu_vcpu[0] == pytest.approx(1000 * 2 * (1.5 + 4 + 4 / 3) * 1e-6)
+    # a profile without a recorded speed is used as measured, and says so
+    plain = predict_batch(b, single_profile(replace(prof, speed=None)), speed=now)
+    assert plain.latency_overhead_us[0] == pytest.approx(14.0)
+    assert any("recorded no machine speed" in w for w in plain.warnings)
+
+
+def test_messages_beyond_the_largest_measured_size_are_warned_about() -> None:
+    from meshtax.model.costmodel import ComponentModel, CostModel
+
+    m = CostModel.fit([100, 4096, 4096], [1.0, 2.0, 2.0])
+    prof = profile({Mode.HTTP: {OTHER: ComponentModel(m, m)}})
+    small = ecg({"a": SidecarConfig(Mode.HTTP)}, [inv("r", EXTERNAL, "a", 0, 100, resp=4096)])
+    big = ecg({"a": SidecarConfig(Mode.HTTP)}, [inv("r", EXTERNAL, "a", 0, 100, resp=32768)])
+    assert not [w for w in run(small, prof)[1].warnings if "larger than" in w]
+    (w,) = [w for w in run(big, prof)[1].warnings if "larger than" in w]
+    assert w.startswith(
+        "messages up to 32768 B are larger than the largest size profile 'test' measured in "
+        "http mode (4096 B)"
+    )

@@ -46,6 +46,7 @@ from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
 from meshtax.model.profile import ModeProfile, Profile, TlsModels
 from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.model.speed import Speed, speed_factor
 from meshtax.predict.critical_path import Propagation, Structure, propagate, structure
 
 FloatArray = npt.NDArray[np.float64]
@@ -88,10 +89,34 @@ class Costs:
 
 
 def spec_models(
-    spec: SidecarSpec, profile: Profile, warnings: list[str], protocol: str = ""
+    spec: SidecarSpec,
+    profile: Profile,
+    warnings: list[str],
+    protocol: str = "",
+    speed: Speed | None = None,
 ) -> dict[Component, tuple[CostModel, CostModel]]:
     """Latency and CPU model of every component a message crossing this sidecar pays, for an
-    invocation speaking ``protocol`` (one of :data:`~meshtax.model.ecg.PROTOCOLS`)."""
+    invocation speaking ``protocol`` (one of :data:`~meshtax.model.ecg.PROTOCOLS`); with
+    ``speed`` (the machine's speed now) each component scaled by how much faster or slower
+    its kind of work runs now than when the profile measured it."""
+    models = _spec_models(spec, profile, warnings, protocol)
+    if speed is None:
+        return models
+    if profile.speed is None:
+        warnings.append(
+            f"profile {profile.name!r} recorded no machine speed: its costs are used as measured"
+        )
+        return models
+    out = {}
+    for c, (lat, cpu) in models.items():
+        f = speed_factor(c, speed, profile.speed)
+        out[c] = (lat.scaled(f), cpu.scaled(f))
+    return out
+
+
+def _spec_models(
+    spec: SidecarSpec, profile: Profile, warnings: list[str], protocol: str = ""
+) -> dict[Component, tuple[CostModel, CostModel]]:
     try:
         mp = profile.mode(spec.config.mode)
     except KeyError as e:
@@ -203,6 +228,34 @@ def _base(
     return {c: src[c] for c in (*BASE_COMPONENTS, UNATTRIBUTED) if c in src}
 
 
+def _beyond_measured(
+    models: Mapping[Component, tuple[CostModel, CostModel]],
+    batch: EcgBatch,
+    rows: npt.NDArray[np.bool_],
+    spec: SidecarSpec,
+    profile: Profile,
+    warnings: list[str],
+) -> None:
+    """Warn when a message is larger than the largest size the profile measured (its models
+    are then extrapolated)."""
+    measured = [
+        max(m.samples.sizes)
+        for pair in models.values()
+        for m in pair
+        if m.samples and m.samples.sizes
+    ]
+    if not measured or not rows.any():
+        return
+    top = max(measured)
+    biggest = float(max(batch.request_bytes[rows].max(), batch.response_bytes[rows].max()))
+    if biggest > top:
+        warnings.append(
+            f"messages up to {biggest:.0f} B are larger than the largest size profile "
+            f"{profile.name!r} measured in {spec.config.mode.value} mode ({top:.0f} B): their "
+            "cost is extrapolated (`meshtax profile --sizes …` or `--large` measures larger ones)"
+        )
+
+
 def _sum(a: CostModel, b: CostModel) -> CostModel:
     if a.split_bytes != b.split_bytes or (a.rate_lo, a.rate_hi) != (b.rate_lo, b.rate_hi):
         raise PredictionError(
@@ -225,10 +278,12 @@ def hop_costs(
     profiles: ProfileLookup,
     *,
     rates: FloatArray | tuple[FloatArray, FloatArray] | None = None,
+    speed: Speed | None = None,
 ) -> Costs:
     """Evaluate every crossing of every invocation, per component; models with a rate term at
     ``rates`` (per row, or per row for the caller's and the callee's sidecar; default: each
-    invocation's own rate)."""
+    invocation's own rate); ``speed``: the machine's speed now (see :func:`spec_models`).
+    Messages larger than the largest size a profile measured are warned about."""
     warnings: list[str] = []
     n = batch.n_invocations
     proto = batch.protocol if batch.protocol is not None else np.zeros(n, dtype=np.int64)
@@ -242,7 +297,12 @@ def hop_costs(
             else np.zeros(0, dtype=np.int64)
         )
         for code in [int(c) for c in used] or codes[:1]:
-            per[s, code] = spec_models(spec, profiles(spec.platform), warnings, PROTOCOLS[code])
+            prof = profiles(spec.platform)
+            per[s, code] = spec_models(spec, prof, warnings, PROTOCOLS[code], speed)
+            rows = (batch.caller_spec == s) | (batch.callee_spec == s)
+            if n:
+                rows &= proto == code
+            _beyond_measured(per[s, code], batch, rows, spec, prof, warnings)
     share = batch.new_connections
     conn = (
         {
@@ -350,12 +410,14 @@ def predict_batch(
     shape: Structure | None = None,
     pod_cpus: int | None = None,
     alpha: float | None = None,
+    speed: Speed | None = None,
 ) -> BatchPrediction:
     """Predict every graph of ``batch``; ``profiles(name)`` resolves a service's platform
     (``None`` → the profile chosen for this prediction). ``pod_cpus``: the number of CPUs the
     graph's pods share (None: every pod has its own; see the module docstring). ``alpha``: the
     co-location exponent of shared CPUs for every sidecar (None: each sidecar's profile's for
-    its mode, :meth:`Profile.alpha`)."""
+    its mode, :meth:`Profile.alpha`). ``speed``: the machine's speed now; each profile's costs
+    are scaled from the speed it recorded (None: as measured)."""
     if pod_cpus is not None and pod_cpus < 1:
         raise ValueError(f"pod_cpus must be at least 1, got {pod_cpus}")
     if costs is None:
@@ -366,7 +428,7 @@ def predict_batch(
                 batch, pod_cpus, side_alphas(batch, profiles) if alpha is None else alpha
             )
         )
-        costs = hop_costs(batch, profiles, rates=rates)
+        costs = hop_costs(batch, profiles, rates=rates, speed=speed)
     shape = shape or structure(batch)
     lat = costs.latency
     extra = lat.sum(axis=1)
