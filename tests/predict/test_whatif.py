@@ -14,8 +14,8 @@ from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.profile import Platform
 from meshtax.model.sidecar import Mode
 from meshtax.predict.whatif import (
-    Derivation,
     Z95,
+    Derivation,
     Factor,
     SpeedupError,
     apply_speedup,
