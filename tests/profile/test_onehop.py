@@ -12,7 +12,6 @@ from meshtax.model.sidecar import Mode
 from meshtax.profile.onehop import WindowPolicy, probe_components
 from meshtax.testbed.fortio import LoadSpec
 from meshtax.testbed.interference import Snapshot, Thresholds
-from meshtax.testbed.probes import ProbeError
 from meshtax.testbed.procfs import CpuTimes
 from meshtax.testbed.system import FakeSystem
 from tests.profile.fakes import fake_load_result
@@ -112,10 +111,15 @@ def test_a_disturbed_pair_is_taken_again_and_recorded() -> None:
     assert r.overhead.median == pytest.approx(22.0)
 
 
-def test_every_pair_disturbed_is_an_error_naming_the_thresholds() -> None:
-    m = Meter([0.9] * 20)
-    with pytest.raises(ProbeError, match="contaminated"):
-        probe(Bed(), m, min_pairs=1, max_pairs=1, max_rejects=2)
+def test_every_pair_disturbed_keeps_the_least_disturbed_and_says_so() -> None:
+    # a machine busy throughout: 3 pairs, all beyond the threshold, the second the least
+    m = Meter([0.9, 0.9, 0.3, 0.2, 0.8, 0.9])
+    r = probe(Bed(), m, min_pairs=1, max_pairs=1, max_rejects=2, thresholds=Thresholds(others=0.1))
+    assert r.interference["forced"] == 1 and r.interference["rejected"] == 2
+    assert r.interference["others_max"] == pytest.approx(0.3)
+    kept = [w["kept"] for w in r.windows]
+    assert kept.count(True) == 2 and kept.count(False) == 4
+    assert r.overhead.median == pytest.approx(22.0)
 
 
 def test_windows_stop_once_the_components_are_tight() -> None:

@@ -22,12 +22,13 @@ from meshtax.store.resolve import resolve_profile
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
 from meshtax.testbed.paired import PairPolicy
+from meshtax.testbed.pinning import pinning_of
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.runstate import RunBusy
 from meshtax.testbed.system import RealSystem, System
 from meshtax.validate.colocation import calibrate as calibrate_mode
 from meshtax.validate.result import ValidationResult
-from meshtax.validate.run import ValidateOptions, machine, pinning_of, run_validation
+from meshtax.validate.run import ValidateOptions, machine, run_validation
 from meshtax.validate.sweep import SweepResult, run_sweep
 
 __all__ = [

@@ -14,6 +14,7 @@ from meshtax.app.errors import UsageError
 from meshtax.model.ecg import ECG, EcgBatch, Service, to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.model.speed import Speed, describe_scaling
 from meshtax.predict.engine import predict_batch
 from meshtax.predict.memory import memory_by_service
 from meshtax.predict.whatif import SpeedupError, apply_speedup, speedup_from_dict
@@ -21,10 +22,14 @@ from meshtax.report.result import prediction_document
 from meshtax.store.resolve import resolve_profile
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
+from meshtax.testbed.pinning import pinning_of
+from meshtax.testbed.speed import speed_on
+from meshtax.testbed.system import RealSystem
 from meshtax.traces.ecg_file import load_ecg_file
 
 __all__ = [
     "Loaded",
+    "SPEEDS",
     "PredictOptions",
     "StudyOptions",
     "load_batch",
@@ -32,6 +37,7 @@ __all__ = [
     "load_speedup_file",
     "parse_study_config",
     "predict_files",
+    "speed_now",
     "study",
 ]
 
@@ -47,9 +53,33 @@ class PredictOptions:
     service_map: str | None = None  # with traces: trace name → Kubernetes name overrides
     pod_cpus: int | None = None  # CPUs the pods share (None: each pod has CPUs of its own)
     accept_unclosed: bool = False  # use a profile that failed its closure check (with a warning)
+    speed: str = "profile"  # "now": measure this machine's speed and scale the profile's costs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+SPEEDS = ("profile", "now")
+
+
+def speed_now(profile: Profile) -> tuple[Speed | None, list[str]]:
+    """This machine's speed on the profile's CPUs, for a prediction scaled to it; the profile
+    must have been measured on this machine (another machine's costs do not scale by it)."""
+    if not profile.platform.same_host(this_host()):
+        raise UsageError(
+            f"--speed now: profile {profile.name!r} was measured on "
+            f"{profile.platform.describe()}, not this machine; its costs do not scale with "
+            "this machine's speed"
+        )
+    if profile.speed is None:
+        return None, [
+            f"--speed now: profile {profile.name!r} recorded no machine speed (measured before "
+            "meshtax measured speed): its costs are used as measured"
+        ]
+    speed, why = speed_on(RealSystem(), pinning_of(profile))
+    if speed is None:
+        return None, [why or "machine speed not measured"]
+    return speed, [describe_scaling(speed, profile.speed)]
 
 
 def load_ecgs(files: Sequence[str]) -> list[ECG]:
@@ -138,7 +168,13 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
     def lookup(name: str | None) -> Profile:
         return profile if name is None or name == profile.name else store.get(name)
 
-    bp = predict_batch(batch, lookup, pod_cpus=opts.pod_cpus)
+    speed = None
+    if opts.speed == "now":
+        speed, notes = speed_now(profile)
+        warnings += notes
+    elif opts.speed != "profile":
+        raise UsageError(f"speed must be one of {', '.join(SPEEDS)}, got {opts.speed!r}")
+    bp = predict_batch(batch, lookup, pod_cpus=opts.pod_cpus, speed=speed)
     whatif = None
     if opts.speedup:
         sp = speedup_from_dict(load_speedup_file(opts.speedup), opts.speedup)
@@ -150,7 +186,7 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
 
         whatif = (
             sp.describe(),
-            predict_batch(batch, lookup_after, pod_cpus=opts.pod_cpus),
+            predict_batch(batch, lookup_after, pod_cpus=opts.pod_cpus, speed=speed),
             after_profile,
         )
     memory, mw = memory_by_service(loaded.services, lookup)
@@ -168,6 +204,11 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
         doc["import"] = loaded.imported
     if memory is not None:
         doc["memory"] = memory
+    if speed is not None:
+        doc["speed"] = {
+            "now": speed.to_dict(),
+            "profile": profile.speed.to_dict() if profile.speed else None,
+        }
     return doc
 
 

@@ -67,6 +67,21 @@ accept_unclosed_option = click.option(
     help="Use a profile whose components did not add up to its measured overhead (refused "
     "otherwise); outputs say so.",
 )
+
+
+def speed_option(default: str) -> Callable[[F], F]:
+    """``--speed profile|now``: scale the profile's costs to this machine's speed now."""
+    return click.option(
+        "--speed",
+        type=click.Choice(["profile", "now"]),
+        default=default,
+        show_default=True,
+        help="now: run the reference workload (≈2 s) and scale the profile's costs by how much "
+        "faster or slower each kind of work runs now than when it was profiled (a profile of "
+        "this machine); profile: its costs as measured.",
+    )
+
+
 output_option = click.option(
     "-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout."
 )

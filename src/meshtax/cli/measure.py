@@ -17,6 +17,7 @@ from meshtax.cli._common import (
     main,
     parse_modes,
     report_option,
+    speed_option,
     stderr,
     user_errors,
 )
@@ -60,6 +61,7 @@ from meshtax.store.sqlite import ProfileStore
 @report_option
 @db_option
 @accept_unclosed_option
+@speed_option("now")
 @user_errors
 def validate(
     topology: str,
@@ -74,6 +76,7 @@ def validate(
     report_path: str | None,
     db: str | None,
     accept_unclosed: bool,
+    speed: str,
 ) -> None:
     """Deploy TOPOLOGY (bookinfo, online-boutique, hotel-reservation, or a topology file) in pods
     without and with sidecars, measure end-to-end latency and CPU, predict from the app's own
@@ -106,6 +109,7 @@ def validate(
                 profile_name=profile,
                 quick=quick,
                 accept_unclosed=accept_unclosed,
+                speed=speed,
             )
         except ValueError as e:
             raise UsageError(str(e)) from None

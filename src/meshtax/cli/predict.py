@@ -20,6 +20,7 @@ from meshtax.cli._common import (
     main,
     output_option,
     report_option,
+    speed_option,
     user_errors,
 )
 from meshtax.report.exporters import EXPORTERS
@@ -73,6 +74,7 @@ from meshtax.store.sqlite import ProfileStore
 @output_option
 @report_option
 @accept_unclosed_option
+@speed_option("profile")
 @user_errors
 def predict(
     ecg_files: tuple[str, ...],
@@ -89,6 +91,7 @@ def predict(
     output: str | None,
     report_path: str | None,
     accept_unclosed: bool,
+    speed: str,
 ) -> None:
     """Predict latency and CPU overhead of sidecars on ECG_FILES (YAML/JSON call graphs).
 
@@ -104,6 +107,7 @@ def predict(
         service_map=service_map,
         pod_cpus=pod_cpus,
         accept_unclosed=accept_unclosed,
+        speed=speed,
     )
     store = ProfileStore(db)
     doc = predict_files(opts, store)

@@ -18,7 +18,15 @@ from typing import Any
 
 from meshtax.model.components import IPC, NOTIFICATION, READ, WRITE, Component
 
-__all__ = ["KINDS", "Speed", "kind_of", "speed_factor", "typical"]
+__all__ = [
+    "KINDS",
+    "Speed",
+    "describe_scaling",
+    "kind_factors",
+    "kind_of",
+    "speed_factor",
+    "typical",
+]
 
 #: which reference path each kind of component runs on
 KINDS = ("local", "cross", "user")
@@ -74,6 +82,24 @@ def speed_factor(component: Component, now: Speed, then: Speed) -> float:
     """How much longer ``component`` takes now than when ``then`` was measured."""
     k = kind_of(component)
     return now.ns(k) / then.ns(k)
+
+
+def kind_factors(now: Speed, then: Speed) -> dict[str, float]:
+    """How much longer each kind of work takes now than when ``then`` was measured."""
+    return {k: now.ns(k) / then.ns(k) for k in KINDS}
+
+
+_KIND_NAMES = {
+    "local": "kernel message path",
+    "cross": "cross-CPU wake-up",
+    "user": "user-space work",
+}
+
+
+def describe_scaling(now: Speed, then: Speed) -> str:
+    """One line saying how a prediction's costs were scaled from ``then`` to ``now``."""
+    parts = ", ".join(f"{_KIND_NAMES[k]} ×{f:.3f}" for k, f in kind_factors(now, then).items())
+    return f"costs scaled to the machine's speed now ({parts})"
 
 
 def typical(samples: Sequence[Speed]) -> Speed:

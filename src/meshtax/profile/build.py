@@ -289,6 +289,12 @@ def build_profile(
             f"on the testbed's CPUs (thresholds {plan.interference.to_dict()}); they were "
             "measured again"
         )
+    if interference.get("forced"):
+        notes.append(
+            f"{interference['forced']} probe window pair(s) kept although other work ran during "
+            "them (every pair of their size was disturbed; the least disturbed kept): their "
+            "components include that work's interference"
+        )
     status = (
         "unclosed"
         if any(m.closure is not None and not m.closure.closes for m in modes)
@@ -346,8 +352,7 @@ def _interference(
     if not per:
         return {}
     out: dict[str, Any] = {
-        "rejected": sum(int(v.get("rejected", 0)) for v in per.values()),
-        "windows": sum(int(v.get("windows", 0)) for v in per.values()),
+        k: sum(int(v.get(k, 0)) for v in per.values()) for k in ("rejected", "windows", "forced")
     }
     for k in ("others", "steal", "wait"):
         vals = [float(v[f"{k}_median"]) for v in per.values() if f"{k}_median" in v]

@@ -54,6 +54,11 @@ def quality_lines(p: Profile) -> list[str]:
             f"profile {p.name!r}: {i['rejected']} probe window pair(s) were disturbed by other "
             f"work and measured again (others' CPU share up to {i.get('others_median_max', 0):.0%})"
         )
+    if i.get("forced"):
+        out.append(
+            f"profile {p.name!r}: {i['forced']} probe window pair(s) were kept although other "
+            "work ran during them (no undisturbed pair of their size): its costs may be high"
+        )
     return out
 
 

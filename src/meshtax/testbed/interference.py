@@ -73,6 +73,11 @@ class Interference:
     def contaminated(self, t: Thresholds) -> bool:
         return self.others > t.others or self.steal > t.steal or self.wait > t.wait
 
+    def excess(self, t: Thresholds) -> float:
+        """How far past its thresholds this window was (≤ 1: within them): the largest of
+        each share over its threshold."""
+        return max(self.others / t.others, self.steal / t.steal, self.wait / t.wait)
+
     def worst(self, other: Interference) -> Interference:
         return Interference(
             self.window_s + other.window_s,
@@ -135,18 +140,19 @@ class InterferenceMeter:
         return Snapshot(self.clock(), cpus, ours, wait)
 
 
-def summarize(windows: Sequence[Interference], rejected: int) -> dict[str, Any]:
+def summarize(windows: Sequence[Interference], rejected: int, forced: int = 0) -> dict[str, Any]:
     """The interference of a measurement, for its record: medians and maxima of the accepted
-    windows and how many were rejected."""
+    windows, how many were rejected, and how many accepted pairs were beyond the thresholds
+    (``forced``: kept because every pair was)."""
     if not windows:
-        return {"windows": 0, "rejected": rejected}
+        return {"windows": 0, "rejected": rejected, "forced": forced}
 
     def med(xs: list[float]) -> float:
         s = sorted(xs)
         n = len(s)
         return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
-    out: dict[str, Any] = {"windows": len(windows), "rejected": rejected}
+    out: dict[str, Any] = {"windows": len(windows), "rejected": rejected, "forced": forced}
     for k in ("others", "steal", "wait"):
         vals = [getattr(w, k) for w in windows]
         out[f"{k}_median"] = med(vals)

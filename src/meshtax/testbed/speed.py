@@ -8,10 +8,11 @@ import json
 from pathlib import Path
 
 from meshtax.model.speed import Speed
+from meshtax.testbed.pinning import Pinning
 from meshtax.testbed.system import CommandError, System
-from meshtax.testbed.tools import tool
+from meshtax.testbed.tools import ToolMissing, tool
 
-__all__ = ["SpeedError", "measure_speed", "parse_speedref"]
+__all__ = ["SpeedError", "measure_speed", "parse_speedref", "speed_on"]
 
 
 class SpeedError(RuntimeError):
@@ -49,3 +50,15 @@ def measure_speed(
         raise SpeedError(str(e)) from e
     now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     return parse_speedref(out, now)
+
+
+def speed_on(system: System, pinning: Pinning) -> tuple[Speed | None, str | None]:
+    """The reference workload on the CPUs a profile measured on (the client's, the first
+    sidecar's); when it cannot run, no speed and why (a prediction then uses the profile's
+    costs as measured)."""
+    a = pinning.client[0] if pinning.client else None
+    b = pinning.sidecars[0] if pinning.sidecars else None
+    try:
+        return measure_speed(system, a, b), None
+    except (SpeedError, ToolMissing) as e:
+        return None, f"machine speed not measured ({e}): the profile's costs used as measured"

@@ -33,6 +33,7 @@ import numpy.typing as npt
 from meshtax.model.profile import Colocation, ColocationPoint, Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import predict_batch, single_profile
+from meshtax.testbed.pinning import pinning_of
 from meshtax.testbed.runstate import owned_tempdir
 from meshtax.testbed.system import System
 from meshtax.traces import SpanOptions, load_traces
@@ -140,7 +141,7 @@ def calibrate(
     the chains' validation result (predicted with the old exponent). ``keep_dir``: keep the
     chains' validation document (``chains.json``) and their traces (``traces/``) there, to
     predict them again."""
-    from meshtax.validate.run import ValidateOptions, pinning_of, run_validation
+    from meshtax.validate.run import ValidateOptions, run_validation
 
     if len(chains) < 2:
         raise CalibrationError(

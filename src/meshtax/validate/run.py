@@ -31,7 +31,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,10 @@ from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.fortio import LoadResult, run_load
 from meshtax.testbed.host import this_host
 from meshtax.testbed.paired import PairPolicy
-from meshtax.testbed.pinning import Pinning, default_pinning
+from meshtax.testbed.pinning import Pinning, pinning_of
 from meshtax.testbed.pods import Pod, Testbed
 from meshtax.testbed.runstate import owned_tempdir
+from meshtax.testbed.speed import speed_on
 from meshtax.testbed.system import System
 from meshtax.testbed.tools import tool
 from meshtax.validate import appctl
@@ -59,7 +60,6 @@ __all__ = [
     "ValidateOptions",
     "app_protocol",
     "machine",
-    "pinning_of",
     "run_case",
     "run_validation",
     "sidecar_modes",
@@ -101,6 +101,7 @@ class ValidateOptions:
     lock_timeout_s: float = 900.0
     keep_workdir: bool = False
     traces_dir: str | None = None
+    speed: str = "now"  # "now": the reference workload before each prediction, costs scaled
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
@@ -295,13 +296,17 @@ def run_case(
                 env.stop()
         say(f"{topology.name}/{q.name} {mode.value}: predict")
         rate = options.rate or statistics.median(b.actual_qps for b, _ in pairs)
+        speed, speed_note = speed_on(system, pinning) if options.speed == "now" else (None, None)
         pred: Predicted = predict_traces(
             trace,
             profile,
             {s: SidecarConfig(m) for s, m in modes.items()},
             rate,
             pod_cpus=pinning.pod_cpus(),
+            speed=speed,
         )
+        if speed_note:
+            pred = replace(pred, warnings=(*pred.warnings, speed_note))
         result = CaseResult(
             topology.name,
             q.name,
@@ -324,11 +329,6 @@ def run_case(
             wall_s=time.monotonic() - t0,
         )
     return result
-
-
-def pinning_of(profile: Profile) -> Pinning:
-    d = profile.provenance.options.get("pinning")
-    return Pinning.from_dict(d) if isinstance(d, dict) else default_pinning()
 
 
 def run_validation(
