@@ -10,6 +10,7 @@ from typing import Any
 
 from meshtax.model.components import Component
 from meshtax.model.costmodel import ComponentModel, CostModel
+from meshtax.model.crowding import Crowding
 from meshtax.model.sidecar import Mode
 from meshtax.model.speed import Speed
 
@@ -29,6 +30,9 @@ from meshtax.model.speed import Speed
 #:     its probe windows: shares of other work, steal, run-queue wait; windows refused), and
 #:     ``status`` (``closed`` | ``unclosed``: a mode whose components did not add up to the
 #:     measured overhead after the profiler's retries). Format-1 documents load unchanged.
+#:     Later the same day, optional top-level ``crowding`` per mode (the probed sidecar's cost
+#:     with neighbour sidecars on its CPU ÷ alone, :mod:`meshtax.model.crowding`; absent in
+#:     older documents, which price shared CPUs with ``colocation`` or ``alpha`` = 1).
 PROFILE_FORMAT = 2
 
 
@@ -321,7 +325,7 @@ class Colocation:
     by ``meshtax calibrate``, :mod:`meshtax.validate.colocation`).
 
     A message through a sidecar that sees ``r_own`` messages/s on CPUs that see ``r_cpu``
-    (in one-hop terms, :func:`meshtax.predict.engine.shared_cpu_rates`) is priced at
+    (in one-hop terms, :func:`meshtax.predict.shared_cpu.shared_cpu_rates`) is priced at
     ``r_own^(1−alpha) · r_cpu^alpha``: ``alpha`` = 1 when the CPU's busy-ness is all that warms
     it, 0 when only its own traffic does (caches and predictors evicted by its neighbours).
     ``lo``/``hi``: 95 % bootstrap interval over the calibration's paired runs.
@@ -379,6 +383,7 @@ class Profile:
     speed: Speed | None = None
     interference: Mapping[str, Any] = field(default_factory=dict)
     status: str | None = None  # closed | unclosed (None: not recorded; see unclosed_modes)
+    crowding: Mapping[Mode, Crowding] = field(default_factory=dict)
 
     @property
     def unclosed_modes(self) -> tuple[Mode, ...]:
@@ -425,6 +430,11 @@ class Profile:
             **({"speed": self.speed.to_dict()} if self.speed is not None else {}),
             **({"interference": dict(self.interference)} if self.interference else {}),
             **({"status": self.status} if self.status is not None else {}),
+            **(
+                {"crowding": {m.value: c.to_dict() for m, c in self.crowding.items()}}
+                if self.crowding
+                else {}
+            ),
         }
 
     @classmethod
@@ -445,4 +455,5 @@ class Profile:
             speed=Speed.from_dict(d["speed"]) if d.get("speed") else None,
             interference=dict(d.get("interference") or {}),
             status=None if d.get("status") is None else str(d["status"]),
+            crowding={Mode(k): Crowding.from_dict(v) for k, v in (d.get("crowding") or {}).items()},
         )

@@ -1,7 +1,7 @@
 """Co-location calibration (``meshtax calibrate``): how warm is a sidecar among many on shared CPUs?
 
 The engine prices a message through a sidecar whose pod shares CPUs at
-``r_own^(1−α) · r_eff^α`` (:func:`meshtax.predict.engine.priced_rates`): ``r_eff``, the
+``r_own^(1−α) · r_eff^α`` (:func:`meshtax.predict.shared_cpu.priced_rates`): ``r_eff``, the
 one-hop rate that loads the CPU alike, says how busy the CPU is; ``r_own``, the sidecar's
 own rate (all its calls), how often its own code and data come back into the caches. ``α`` is measured
 here per sidecar mode (a tcp proxy's working set is not an HTTP/2 codec's), on the validation
