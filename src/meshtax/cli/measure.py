@@ -194,6 +194,11 @@ def calibrate(
     "low_rates",
     help="Absolute low rates (requests/s) of extra CPU runs, e.g. 100,300 ('none': off; default: the preset's).",
 )
+@click.option(
+    "--crowding",
+    help="Neighbour sidecars to put on the sidecar's CPU when measuring how neighbours change its "
+    "cost, e.g. 1,3,7 ('none': off; default: the preset's).",
+)
 @click.option("--name", help="Profile name (default: <hostname>-<UTC time>).")
 @click.option("--replace", is_flag=True, help="Replace a stored profile of the same name.")
 @click.option(
@@ -233,6 +238,7 @@ def profile_cmd(
     duration: float | None,
     carried: str | None,
     low_rates: str | None,
+    crowding: str | None,
     name: str | None,
     replace: bool,
     filters: str | None,
@@ -272,12 +278,13 @@ def profile_cmd(
             replace=replace,
             carried=None if carried is None else csv(carried, str),
             low_rates=None if low_rates is None else csv(low_rates, float),
+            crowding=None if crowding is None else csv(crowding, int),
         )
         popts.resolve_plan()
     except ValueError as e:
         raise UsageError(
-            f"--modes/--sizes/--carried/--low-rates: {e}; expected e.g. --modes tcp,http,grpc "
-            "--sizes 100,1024 --carried grpc --low-rates 100,300"
+            f"--modes/--sizes/--carried/--low-rates/--crowding: {e}; expected e.g. --modes "
+            "tcp,http,grpc --sizes 100,1024 --carried grpc --low-rates 100,300 --crowding 1,3,7"
         ) from None
     extras = None
     if filters or mtls or memory or large:
