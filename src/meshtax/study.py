@@ -224,6 +224,7 @@ class StudySummary:
     whatif: Mapping[str, Mapping[str, float]]
     seconds: float
     files: tuple[str, ...] = field(default=())
+    profile_quality: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -240,6 +241,7 @@ class StudySummary:
             "whatif": {k: dict(v) for k, v in self.whatif.items()},
             "seconds": self.seconds,
             "files": list(self.files),
+            "profile_quality": dict(self.profile_quality),
         }
 
 
@@ -318,6 +320,7 @@ def run_study(
         whatif=whatif,
         seconds=time.perf_counter() - t0,
         files=files,
+        profile_quality=profile.quality(),
     )
     (out / "summary.json").write_text(json.dumps(summary.to_dict(), indent=1))
     return summary

@@ -81,3 +81,27 @@ def test_colocation_round_trips_and_is_optional() -> None:
     )  # per mode; an uncalibrated mode keeps 1
     with pytest.raises(ValueError, match=r"within \[0, 1\]"):
         Colocation(1.2, 1.0, 1.3, "http", 100.0)
+
+
+def test_crowding_speed_and_quality_round_trip() -> None:
+    from dataclasses import replace
+
+    from meshtax.model.crowding import Crowding, CrowdPoint
+    from meshtax.model.speed import Speed
+
+    p = profile({Mode.HTTP: {OTHER: flat(5, 2)}})
+    assert "crowding" not in p.to_dict() and p.quality()["crowding"] == {}
+    crowd = Crowding("http", 100.0, 100, (CrowdPoint(4.0, 0.7, 0.6, 0.8, 6),), "note")
+    closure = Closure(100.0, 95.0, 105.0, 130.0, 0.15)
+    q = replace(
+        p,
+        modes={Mode.HTTP: replace(p.modes[Mode.HTTP], closure=closure)},
+        crowding={Mode.HTTP: crowd},
+        speed=Speed(1000.0, 20000.0, 5.0, "t"),
+        interference={"rejected": 2, "by_size": {"x": 1}},
+    )
+    assert Profile.from_dict(q.to_dict()) == q
+    got = q.quality()
+    assert got["status"] == "unclosed" and got["closure"]["http"]["error"] == pytest.approx(0.3)
+    assert got["crowding"] == {"http": {"4": 0.7}} and got["interference"] == {"rejected": 2}
+    assert got["speed"]["cross_ns"] == 20000.0

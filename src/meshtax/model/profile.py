@@ -397,6 +397,30 @@ class Profile:
         """The profile failed its closure check (recorded by the profiler, or seen now)."""
         return self.status == "unclosed" or bool(self.unclosed_modes)
 
+    def quality(self) -> dict[str, Any]:
+        """How far to trust the profile, for every output made with it: closure per mode,
+        what else ran while it measured, the machine's speed then, measured crowding."""
+        closures = {m.value: mp.closure for m, mp in self.modes.items() if mp.closure}
+        return {
+            "status": self.status
+            or ("unclosed" if self.unclosed else "closed" if closures else "unchecked"),
+            "closure": {
+                m: {
+                    "components_us": c.components_us,
+                    "measured_us": c.measured_us,
+                    "error": c.error,
+                    "tolerance": c.tolerance,
+                }
+                for m, c in closures.items()
+            },
+            "interference": {k: v for k, v in self.interference.items() if k != "by_size"},
+            "speed": None if self.speed is None else self.speed.to_dict(),
+            "crowding": {
+                m.value: {f"{p.sharing:g}": p.ratio for p in c.points}
+                for m, c in self.crowding.items()
+            },
+        }
+
     def alpha(self, mode: Mode) -> float:
         """The co-location exponent the engine prices shared CPUs with in ``mode`` (1 when that
         mode was not calibrated)."""

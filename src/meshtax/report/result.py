@@ -118,28 +118,7 @@ def profile_block(profile: Profile, host: Platform | None) -> dict[str, Any]:
         "platform": profile.platform.to_dict(),
         "platform_is_this_host": bool(host is not None and profile.platform.same_host(host)),
         "notes": list(profile.provenance.notes),
-        "quality": quality_block(profile),
-    }
-
-
-def quality_block(profile: Profile) -> dict[str, Any]:
-    """How far to trust the profile: closure per mode, what else ran while it measured, the
-    machine's speed then."""
-    closures = {m.value: mp.closure for m, mp in profile.modes.items() if mp.closure is not None}
-    return {
-        "status": profile.status
-        or ("unclosed" if profile.unclosed else "closed" if closures else "unchecked"),
-        "closure": {
-            m: {
-                "components_us": c.components_us,
-                "measured_us": c.measured_us,
-                "error": c.error,
-                "tolerance": c.tolerance,
-            }
-            for m, c in closures.items()
-        },
-        "interference": {k: v for k, v in profile.interference.items() if k != "by_size"},
-        "speed": None if profile.speed is None else profile.speed.to_dict(),
+        "quality": profile.quality(),
     }
 
 
