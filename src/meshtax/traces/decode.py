@@ -1,0 +1,597 @@
+"""Typed, fast decoding of span documents into flat span rows (msgspec structs that name only
+the fields meshtax uses; everything else in the JSON is skipped by the C decoder).
+
+Each decoder appends one tuple per span to a :class:`SpanRows` (see :data:`ROW` for the
+fields); :mod:`meshtax.traces.pairing` turns the rows of whole traces into call graphs.
+Times are integer nanoseconds since the epoch (Jaeger and Zipkin microseconds × 1000; OTLP
+nanoseconds as given, never through a float). A malformed document raises
+:class:`~meshtax.traces.alibaba.TraceFormatError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Raw, Struct
+
+from meshtax.traces.alibaba import TraceFormatError
+
+# span kinds (codes of the kind column)
+INTERNAL, SERVER, CLIENT, PRODUCER, CONSUMER = 0, 1, 2, 3, 4
+KIND_CODES = {
+    "internal": INTERNAL,
+    "server": SERVER,
+    "client": CLIENT,
+    "producer": PRODUCER,
+    "consumer": CONSUMER,
+}
+# protocol codes: indices into meshtax.model.ecg.PROTOCOLS ("", "http", "grpc")
+HTTP, GRPC = 1, 2
+
+#: Request size attributes, most specific first (current semantic conventions, then older
+#: names); a span's first readable one wins over its message events.
+REQ_SIZE_KEYS = (
+    "http.request.body.size",
+    "http.request_content_length",
+    "http.request.header.content-length",
+    "rpc.request.size",
+    "rpc.message.uncompressed_size",
+    "messaging.message.body.size",
+    "messaging.message_payload_size_bytes",
+)
+RESP_SIZE_KEYS = (
+    "http.response.body.size",
+    "http.response_content_length",
+    "http.response.header.content-length",
+    "rpc.response.size",
+)
+#: Where a client span names its callee when no server span answers it.
+PEER_KEYS = ("peer.service", "server.address", "net.peer.name", "rpc.service", "db.system")
+#: Message-event attributes (gRPC ``message`` events: type SENT/RECEIVED, uncompressed size).
+EVENT_TYPE_KEYS = ("rpc.message.type", "message.type")
+EVENT_SIZE_KEYS = ("rpc.message.uncompressed_size", "message.uncompressed_size")
+
+_REQ, _RESP, _PEER, _KIND, _RPCSYS = 0, 1, 2, 3, 4
+_SLOT: dict[str, tuple[int, int]] = {
+    **{k: (_REQ, r) for r, k in enumerate(REQ_SIZE_KEYS)},
+    **{k: (_RESP, r) for r, k in enumerate(RESP_SIZE_KEYS)},
+    **{k: (_PEER, r) for r, k in enumerate(PEER_KEYS)},
+    "span.kind": (_KIND, 0),
+    "rpc.system": (_RPCSYS, 0),
+}
+NAN = math.nan
+MAX_US = 4_000_000_000_000_000  # µs: start + duration in ns stays inside int64
+MAX_NS = MAX_US * 1000
+Micros = Annotated[int, Meta(ge=0, le=MAX_US)]
+
+#: One span row: (trace id, span id, parent span id or "", service name, kind code,
+#: start ns, duration ns, request bytes or NaN, response bytes or NaN, peer name or "",
+#: protocol code)
+ROW = (
+    "trace",
+    "span",
+    "parent",
+    "service",
+    "kind",
+    "start_ns",
+    "dur_ns",
+    "req",
+    "resp",
+    "peer",
+    "proto",
+)
+Row = tuple[str, str, str, str, int, int, int, float, float, str, int]
+
+
+class SpanRows:
+    """Span rows of one or more documents, and whether every trace in them is complete
+    (Jaeger's ``data`` entries and Zipkin's lists of traces are; OTLP batches are not)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self.complete = True
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+# ---- attribute values ---------------------------------------------------------------------
+
+
+def _size(v: Any) -> float:
+    """A size attribute's value in bytes, NaN when it is not a finite number ≥ 0."""
+    if isinstance(v, list):  # header attributes are string arrays
+        v = v[0] if v else None
+    if isinstance(v, bool) or v is None:
+        return NAN
+    if not isinstance(v, (int, float)):
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            return NAN
+    f = float(v)
+    return f if 0.0 <= f < 1e18 else NAN
+
+
+class _Attrs:
+    """What one span's attributes say: sizes, peer, protocol, kind (Jaeger/Zipkin tags)."""
+
+    __slots__ = ("req", "resp", "rq", "rs", "peer", "pr", "proto", "kind", "ev_req", "ev_resp")
+
+    def __init__(self) -> None:
+        self.req = NAN
+        self.resp = NAN
+        self.rq = 99
+        self.rs = 99
+        self.peer = ""
+        self.pr = 99
+        self.proto = 0
+        self.kind: str | None = None
+        self.ev_req = NAN  # sums of message events
+        self.ev_resp = NAN
+
+    def add(self, k: str, v: Any) -> None:
+        if self.proto == 0 and k.startswith("http."):
+            self.proto = HTTP
+        slot = _SLOT.get(k)
+        if slot is None:
+            return
+        what, rank = slot
+        if what == _REQ:
+            if rank < self.rq:
+                f = _size(v)
+                if f == f:
+                    self.req, self.rq = f, rank
+        elif what == _RESP:
+            if rank < self.rs:
+                f = _size(v)
+                if f == f:
+                    self.resp, self.rs = f, rank
+        elif what == _PEER:
+            if rank < self.pr and isinstance(v, str) and v.strip():
+                self.peer, self.pr = v, rank
+        elif what == _KIND:
+            self.kind = str(v).lower()
+        elif isinstance(v, str) and v.lower() == "grpc":
+            self.proto = GRPC
+
+    def event(self, items: Iterable[tuple[str, Any]], kind: int) -> None:
+        """A message event: SENT/RECEIVED size, counted as request or response by the side
+        (a client sends the request; a server receives it)."""
+        typ = ""
+        size = NAN
+        for k, v in items:
+            if k in EVENT_TYPE_KEYS and isinstance(v, str):
+                typ = v.upper()
+            elif k in EVENT_SIZE_KEYS:
+                size = _size(v)
+        if size != size or typ not in ("SENT", "RECEIVED"):
+            return
+        sends_request = kind in (CLIENT, PRODUCER)
+        if (typ == "SENT") == sends_request:
+            self.ev_req = size if self.ev_req != self.ev_req else self.ev_req + size
+        else:
+            self.ev_resp = size if self.ev_resp != self.ev_resp else self.ev_resp + size
+
+    def sizes(self) -> tuple[float, float]:
+        return (
+            self.req if self.rq < 99 else self.ev_req,
+            self.resp if self.rs < 99 else self.ev_resp,
+        )
+
+
+def _kind_code(name: str | None, where: str) -> int:
+    if name is None or name == "":
+        return INTERNAL
+    code = KIND_CODES.get(name.lower().removeprefix("span_kind_"))
+    if code is None:
+        if name.upper() in ("SPAN_KIND_UNSPECIFIED", "UNSPECIFIED"):
+            return INTERNAL
+        raise TraceFormatError(f"{where}: span kind {name!r} is not one of {', '.join(KIND_CODES)}")
+    return code
+
+
+def _decode(data: bytes, typ: Any, where: str) -> Any:
+    try:
+        return msgspec.json.decode(data, type=typ)
+    except msgspec.ValidationError as e:
+        raise TraceFormatError(f"{where}: {_path(str(e))}") from None
+    except msgspec.DecodeError as e:
+        raise TraceFormatError(f"{where}: invalid JSON ({e}; truncated file?)") from None
+    except RecursionError:
+        raise TraceFormatError(f"{where}: JSON nested too deeply") from None
+
+
+def _path(msg: str) -> str:
+    """msgspec's '… - at `$.data[0].x`' as 'data[0].x: …'."""
+    text, sep, at = msg.rpartition(" - at `")
+    if not sep:
+        return msg
+    return f"{at.rstrip('`').removeprefix('$').lstrip('.') or 'document'}: {text}"
+
+
+# ---- Jaeger (query API JSON) ----------------------------------------------------------------
+
+
+class _JTag(Struct):
+    key: str
+    value: str | int | float | bool | None = None
+
+
+class _JRef(Struct):
+    spanID: str
+    refType: str = "CHILD_OF"
+
+
+class _JLog(Struct):
+    fields: list[_JTag] = []
+
+
+class _JProc(Struct):
+    serviceName: str = ""
+
+
+class _JSpan(Struct):
+    spanID: str
+    startTime: Micros
+    duration: Micros = 0
+    traceID: str = ""
+    references: list[_JRef] = []
+    tags: list[_JTag] = []
+    logs: list[_JLog] = []
+    processID: str = ""
+    process: _JProc | None = None
+
+
+class _JTrace(Struct):
+    spans: list[_JSpan]
+    traceID: str = ""
+    processes: dict[str, _JProc] = {}
+
+
+class _JDoc(Struct):
+    data: list[Raw]
+
+
+def jaeger_traces(doc: bytes, where: str) -> list[Raw] | None:
+    """The raw traces of a Jaeger document: ``{"data": [trace, ...]}``, a list of traces, or
+    one trace object; None when the document is none of these."""
+    s = doc.lstrip()
+    if s[:1] == b"[":
+        return _decode(doc, list[Raw], where)  # type: ignore[no-any-return]
+    if b'"data"' in doc[:4096] or b'"data"' in doc:
+        try:
+            return _decode(doc, _JDoc, where).data  # type: ignore[no-any-return]
+        except TraceFormatError:
+            if b'"spans"' not in doc[:4096]:
+                raise
+    if b'"spans"' in doc:
+        return [Raw(doc)]
+    return None
+
+
+def read_jaeger_trace(raw: bytes, where: str, out: SpanRows) -> None:
+    """Append the spans of one Jaeger trace object."""
+    t: _JTrace = _decode(raw, _JTrace, where)
+    procs = {k: p.serviceName for k, p in t.processes.items()}
+    rows = out.rows
+    for si, s in enumerate(t.spans):
+        a = _Attrs()
+        for tag in s.tags:
+            a.add(tag.key, tag.value)
+        kind = _kind_code(a.kind, f"{where}.spans[{si}].tags.span.kind")
+        if s.logs:
+            for log in s.logs:
+                a.event(((f.key, f.value) for f in log.fields), kind)
+        parent = ""
+        for r in s.references:
+            if r.refType in ("CHILD_OF", "FOLLOWS_FROM"):
+                parent = r.spanID
+                break
+        svc = procs.get(s.processID, "") if s.process is None else s.process.serviceName
+        req, resp = a.sizes()
+        rows.append(
+            (
+                s.traceID or t.traceID,
+                s.spanID,
+                parent,
+                svc,
+                kind,
+                s.startTime * 1000,
+                s.duration * 1000,
+                req,
+                resp,
+                a.peer,
+                a.proto,
+            )
+        )
+
+
+# ---- OTLP JSON (TracesData / ExportTraceServiceRequest; JSON Lines) ------------------------
+
+
+class _Any(Struct):
+    stringValue: str | None = None
+    intValue: int | str | None = None
+    doubleValue: float | str | None = None
+    boolValue: bool | None = None
+    arrayValue: Raw | None = None
+    kvlistValue: Raw | None = None
+    bytesValue: str | None = None
+
+
+class _KV(Struct):
+    key: str
+    value: _Any | None = None
+
+
+def _otlp_value(v: _Any | None) -> Any:
+    if v is None:
+        return None
+    if v.stringValue is not None:
+        return v.stringValue
+    if v.intValue is not None:
+        return v.intValue
+    if v.doubleValue is not None:
+        return v.doubleValue
+    if v.boolValue is not None:
+        return v.boolValue
+    return None
+
+
+class _OEvent(Struct):
+    name: str = ""
+    attributes: list[_KV] = []
+
+
+class _OSpan(Struct):
+    traceId: str
+    spanId: str
+    startTimeUnixNano: int | str
+    endTimeUnixNano: int | str
+    parentSpanId: str = ""
+    kind: int | str = 0
+    attributes: list[_KV] = []
+    events: list[_OEvent] = []
+
+
+class _OScope(Struct):
+    spans: list[_OSpan] = []
+
+
+class _OResource(Struct):
+    attributes: list[_KV] = []
+
+
+class _OResourceSpans(Struct):
+    resource: _OResource | None = None
+    scopeSpans: list[_OScope] = []
+    instrumentationLibrarySpans: list[_OScope] = []
+
+
+class _OResult(Struct):
+    resourceSpans: list[_OResourceSpans] = []
+
+
+class _ODoc(Struct):
+    resourceSpans: list[_OResourceSpans] | None = None
+    result: _OResult | None = None  # Jaeger's query API v3 wraps OTLP in "result"
+
+
+_OTLP_KINDS = {0: INTERNAL, 1: INTERNAL, 2: SERVER, 3: CLIENT, 4: PRODUCER, 5: CONSUMER}
+
+
+def _ns(v: int | str, where: str) -> int:
+    if isinstance(v, str):
+        try:
+            v = int(v)
+        except ValueError:
+            raise TraceFormatError(f"{where}: {v[:40]!r} is not an integer") from None
+    if not 0 <= v <= MAX_NS:
+        raise TraceFormatError(f"{where}: {v} ns is out of range (0 – {MAX_NS})")
+    return v
+
+
+def read_otlp_json(doc: bytes, where: str, out: SpanRows) -> None:
+    """Append the spans of one OTLP/JSON document."""
+    d: _ODoc = _decode(doc, _ODoc, where)
+    rss = d.resourceSpans if d.resourceSpans is not None else (d.result or _OResult()).resourceSpans
+    if d.resourceSpans is None and d.result is None:
+        raise TraceFormatError(f"{where}: not OTLP JSON (expected a 'resourceSpans' list)")
+    out.complete = False  # an exporter's batch holds parts of traces
+    rows = out.rows
+    for ri, rs in enumerate(rss):
+        svc = ""
+        for kv in rs.resource.attributes if rs.resource else ():
+            if kv.key == "service.name":
+                svc = str(_otlp_value(kv.value) or "")
+        for ci, sc in enumerate(rs.scopeSpans or rs.instrumentationLibrarySpans):
+            for si, s in enumerate(sc.spans):
+                w = f"{where}: resourceSpans[{ri}].scopeSpans[{ci}].spans[{si}]"
+                k = s.kind
+                kind = (
+                    _OTLP_KINDS.get(k, INTERNAL)
+                    if isinstance(k, int)
+                    else _kind_code(k, f"{w}.kind")
+                )
+                a = _Attrs()
+                for kv in s.attributes:
+                    a.add(kv.key, _otlp_value(kv.value))
+                for ev in s.events:
+                    a.event(((kv.key, _otlp_value(kv.value)) for kv in ev.attributes), kind)
+                t0 = _ns(s.startTimeUnixNano, f"{w}.startTimeUnixNano")
+                t1 = _ns(s.endTimeUnixNano, f"{w}.endTimeUnixNano")
+                if t1 < t0:
+                    raise TraceFormatError(f"{w}.endTimeUnixNano: {t1} ends before the start {t0}")
+                req, resp = a.sizes()
+                rows.append(
+                    (
+                        s.traceId,
+                        s.spanId,
+                        s.parentSpanId,
+                        svc,
+                        kind,
+                        t0,
+                        t1 - t0,
+                        req,
+                        resp,
+                        a.peer,
+                        a.proto,
+                    )
+                )
+
+
+def read_otlp_proto(data: bytes, where: str, out: SpanRows) -> None:
+    """Append the spans of one OTLP protobuf message (``TracesData`` or
+    ``ExportTraceServiceRequest``: the same wire layout)."""
+    try:
+        from google.protobuf.message import DecodeError
+        from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+    except ImportError:
+        raise TraceFormatError(
+            "reading OTLP protobuf needs the opentelemetry-proto package: "
+            "pip install opentelemetry-proto"
+        ) from None
+    if not data:
+        raise TraceFormatError(f"{where}: empty file")
+    msg = TracesData()
+    try:
+        msg.ParseFromString(data)
+    except (DecodeError, RecursionError, ValueError) as e:
+        raise TraceFormatError(f"{where}: not OTLP protobuf ({e}; truncated file?)") from None
+    out.complete = False
+    rows = out.rows
+
+    def val(v: Any) -> Any:
+        which = v.WhichOneof("value")
+        return getattr(v, which) if which in ("string_value", "int_value", "double_value") else None
+
+    for rs in msg.resource_spans:
+        svc = ""
+        for kv in rs.resource.attributes:
+            if kv.key == "service.name":
+                svc = kv.value.string_value
+        for sc in rs.scope_spans:
+            for s in sc.spans:
+                kind = _OTLP_KINDS.get(int(s.kind), INTERNAL)
+                a = _Attrs()
+                for kv in s.attributes:
+                    a.add(kv.key, val(kv.value))
+                for ev in s.events:
+                    a.event(((kv.key, val(kv.value)) for kv in ev.attributes), kind)
+                t0, t1 = s.start_time_unix_nano, s.end_time_unix_nano
+                if t0 > MAX_NS or t1 > MAX_NS or t1 < t0:
+                    raise TraceFormatError(
+                        f"{where}: span {s.span_id.hex()}: times {t0}–{t1} ns out of range"
+                    )
+                req, resp = a.sizes()
+                rows.append(
+                    (
+                        s.trace_id.hex(),
+                        s.span_id.hex(),
+                        s.parent_span_id.hex(),
+                        svc,
+                        kind,
+                        t0,
+                        t1 - t0,
+                        req,
+                        resp,
+                        a.peer,
+                        a.proto,
+                    )
+                )
+
+
+# ---- Zipkin v2 JSON -----------------------------------------------------------------------
+
+
+class _ZEndpoint(Struct):
+    serviceName: str | None = None
+
+
+class _ZAnnotation(Struct):
+    value: str = ""
+
+
+class _ZSpan(Struct):
+    traceId: str
+    id: str
+    timestamp: Micros
+    duration: Micros = 0
+    parentId: str | None = None
+    kind: str | None = None
+    localEndpoint: _ZEndpoint | None = None
+    remoteEndpoint: _ZEndpoint | None = None
+    tags: dict[str, str] = {}
+    annotations: list[_ZAnnotation] = []
+    shared: bool = False
+
+
+def _zipkin_event(value: str) -> Iterator[tuple[str, Any]]:
+    """The attributes of an OpenTelemetry event exported as a Zipkin annotation
+    (``{"<event name>": {attributes}}``); nothing for a plain annotation."""
+    if not value.startswith("{") or len(value) > 4096:
+        return
+    try:
+        doc = msgspec.json.decode(value)
+    except (msgspec.DecodeError, RecursionError):
+        return
+    if isinstance(doc, dict):
+        for attrs in doc.values():
+            if isinstance(attrs, dict):
+                yield from attrs.items()
+
+
+def read_zipkin(doc: bytes, where: str, out: SpanRows) -> None:
+    """Append the spans of a Zipkin v2 document: a list of spans, or a list of traces."""
+    s = doc.lstrip()[:1]
+    if s != b"[":
+        raise TraceFormatError(f"{where}: not Zipkin v2 JSON (expected a list of spans)")
+    nested = doc.lstrip()[1:].lstrip()[:1] == b"["
+    spans: list[_ZSpan]
+    if nested:
+        spans = [x for t in _decode(doc, list[list[_ZSpan]], where) for x in t]
+    else:
+        spans = _decode(doc, list[_ZSpan], where)
+        out.complete = False
+    rows = out.rows
+    for si, z in enumerate(spans):
+        kind = _kind_code(z.kind, f"{where}: [{si}].kind")
+        a = _Attrs()
+        for k, v in z.tags.items():
+            a.add(k, v)
+        for ann in z.annotations:
+            a.event(_zipkin_event(ann.value), kind)
+        if not a.peer and z.remoteEndpoint is not None and z.remoteEndpoint.serviceName:
+            a.peer = z.remoteEndpoint.serviceName
+        sid, parent = z.id, z.parentId or ""
+        if kind == SERVER and z.shared:
+            # a shared span id: the server half of the client span with the same id
+            parent, sid = sid, sid + ":server"
+        req, resp = a.sizes()
+        rows.append(
+            (
+                z.traceId,
+                sid,
+                parent,
+                (z.localEndpoint.serviceName or "") if z.localEndpoint else "",
+                kind,
+                z.timestamp * 1000,
+                z.duration * 1000,
+                req,
+                resp,
+                a.peer,
+                a.proto,
+            )
+        )
+
+
+#: format → reader of one document into rows
+READERS: dict[str, Callable[[bytes, str, SpanRows], None]] = {
+    "otlp": read_otlp_json,
+    "otlp-proto": read_otlp_proto,
+    "zipkin": read_zipkin,
+}
