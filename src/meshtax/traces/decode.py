@@ -158,6 +158,18 @@ class _Attrs:
         elif isinstance(v, str) and v.lower() == "grpc":
             self.proto = GRPC
 
+    def scan(self, items: Iterable[Any], otlp: bool) -> None:
+        """Attributes of Jaeger tags (``.key``/``.value``) or OTLP key-values: most keys
+        are none of ours and cost one dictionary miss."""
+        get = _SLOT.get
+        for it in items:
+            k = it.key
+            if get(k) is None:
+                if not self.proto and k.startswith("http."):
+                    self.proto = HTTP
+                continue
+            self.add(k, _otlp_value(it.value) if otlp else it.value)
+
     def event(self, items: Iterable[tuple[str, Any]], kind: int) -> None:
         """A message event: SENT/RECEIVED size, counted as request or response by the side
         (a client sends the request; a server receives it)."""
@@ -216,25 +228,25 @@ def _path(msg: str) -> str:
 # ---- Jaeger (query API JSON) ----------------------------------------------------------------
 
 
-class _JTag(Struct):
+class _JTag(Struct, gc=False):
     key: str
     value: str | int | float | bool | None = None
 
 
-class _JRef(Struct):
+class _JRef(Struct, gc=False):
     spanID: str
     refType: str = "CHILD_OF"
 
 
-class _JLog(Struct):
+class _JLog(Struct, gc=False):
     fields: list[_JTag] = []
 
 
-class _JProc(Struct):
+class _JProc(Struct, gc=False):
     serviceName: str = ""
 
 
-class _JSpan(Struct):
+class _JSpan(Struct, gc=False):
     spanID: str
     startTime: Micros
     duration: Micros = 0
@@ -246,13 +258,13 @@ class _JSpan(Struct):
     process: _JProc | None = None
 
 
-class _JTrace(Struct):
+class _JTrace(Struct, gc=False):
     spans: list[_JSpan]
     traceID: str = ""
     processes: dict[str, _JProc] = {}
 
 
-class _JDoc(Struct):
+class _JDoc(Struct, gc=False):
     data: list[Raw]
 
 
@@ -280,9 +292,10 @@ def read_jaeger_trace(raw: bytes, where: str, out: SpanRows) -> None:
     rows = out.rows
     for si, s in enumerate(t.spans):
         a = _Attrs()
-        for tag in s.tags:
-            a.add(tag.key, tag.value)
-        kind = _kind_code(a.kind, f"{where}.spans[{si}].tags.span.kind")
+        a.scan(s.tags, False)
+        kind = KIND_CODES.get(a.kind, -1) if a.kind else INTERNAL  # type: ignore[arg-type]
+        if kind < 0:
+            kind = _kind_code(a.kind, f"{where}.spans[{si}].tags.span.kind")
         if s.logs:
             for log in s.logs:
                 a.event(((f.key, f.value) for f in log.fields), kind)
@@ -313,7 +326,7 @@ def read_jaeger_trace(raw: bytes, where: str, out: SpanRows) -> None:
 # ---- OTLP JSON (TracesData / ExportTraceServiceRequest; JSON Lines) ------------------------
 
 
-class _Any(Struct):
+class _Any(Struct, gc=False):
     stringValue: str | None = None
     intValue: int | str | None = None
     doubleValue: float | str | None = None
@@ -323,7 +336,7 @@ class _Any(Struct):
     bytesValue: str | None = None
 
 
-class _KV(Struct):
+class _KV(Struct, gc=False):
     key: str
     value: _Any | None = None
 
@@ -342,12 +355,12 @@ def _otlp_value(v: _Any | None) -> Any:
     return None
 
 
-class _OEvent(Struct):
+class _OEvent(Struct, gc=False):
     name: str = ""
     attributes: list[_KV] = []
 
 
-class _OSpan(Struct):
+class _OSpan(Struct, gc=False):
     traceId: str
     spanId: str
     startTimeUnixNano: int | str
@@ -358,25 +371,25 @@ class _OSpan(Struct):
     events: list[_OEvent] = []
 
 
-class _OScope(Struct):
+class _OScope(Struct, gc=False):
     spans: list[_OSpan] = []
 
 
-class _OResource(Struct):
+class _OResource(Struct, gc=False):
     attributes: list[_KV] = []
 
 
-class _OResourceSpans(Struct):
+class _OResourceSpans(Struct, gc=False):
     resource: _OResource | None = None
     scopeSpans: list[_OScope] = []
     instrumentationLibrarySpans: list[_OScope] = []
 
 
-class _OResult(Struct):
+class _OResult(Struct, gc=False):
     resourceSpans: list[_OResourceSpans] = []
 
 
-class _ODoc(Struct):
+class _ODoc(Struct, gc=False):
     resourceSpans: list[_OResourceSpans] | None = None
     result: _OResult | None = None  # Jaeger's query API v3 wraps OTLP in "result"
 
@@ -418,8 +431,7 @@ def read_otlp_json(doc: bytes, where: str, out: SpanRows) -> None:
                     else _kind_code(k, f"{w}.kind")
                 )
                 a = _Attrs()
-                for kv in s.attributes:
-                    a.add(kv.key, _otlp_value(kv.value))
+                a.scan(s.attributes, True)
                 for ev in s.events:
                     a.event(((kv.key, _otlp_value(kv.value)) for kv in ev.attributes), kind)
                 t0 = _ns(s.startTimeUnixNano, f"{w}.startTimeUnixNano")
@@ -508,15 +520,15 @@ def read_otlp_proto(data: bytes, where: str, out: SpanRows) -> None:
 # ---- Zipkin v2 JSON -----------------------------------------------------------------------
 
 
-class _ZEndpoint(Struct):
+class _ZEndpoint(Struct, gc=False):
     serviceName: str | None = None
 
 
-class _ZAnnotation(Struct):
+class _ZAnnotation(Struct, gc=False):
     value: str = ""
 
 
-class _ZSpan(Struct):
+class _ZSpan(Struct, gc=False):
     traceId: str
     id: str
     timestamp: Micros

@@ -105,9 +105,14 @@ def _open(src: Source) -> IO[bytes]:
             f = open(src.name, "rb")  # noqa: SIM115 - closed by the caller
         except OSError as e:
             raise TraceFormatError(f"{src.name}: cannot open ({e.strerror})") from None
-    head = f.peek(4)[:4] if hasattr(f, "peek") else b""
+    if not hasattr(f, "peek"):
+        f = io.BufferedReader(f)  # type: ignore[arg-type]
+    head = f.peek(4)[:4]  # type: ignore[attr-defined]
     if head[:2] == GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+        if src.is_stdin:
+            return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+        f.close()  # reopened by gzip, which then owns (and closes) the file
+        return gzip.open(src.name, "rb")  # type: ignore[return-value]
     if head == ZSTD_MAGIC:
         try:
             import zstandard
@@ -183,13 +188,17 @@ def documents(src: Source, limit: int = MAX_DOCUMENT_BYTES) -> Iterator[tuple[in
         s = first.strip()
         one_line = s[:1] in (b"{", b"[") and s[-1:] in (b"}", b"]") and len(s) > 1
         if not one_line:
-            rest = r.read(limit + 1 - len(first))
-            if len(first) + len(rest) > limit:
+            try:  # read it whole in one buffer (no copy of first + rest)
+                f.seek(0)
+                doc = r.read(limit + 1)
+            except (OSError, ValueError):
+                doc = first + r.read(limit + 1 - len(first))
+            if len(doc) > limit:
                 raise TraceFormatError(
                     f"{name}: one document of more than {limit} bytes (decompressed); split "
                     "it, or write JSON Lines (one document per line)"
                 )
-            yield 0, first + rest
+            yield 0, doc
             return
         yield 1, first
         lineno = 1

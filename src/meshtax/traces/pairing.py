@@ -319,7 +319,8 @@ def pair(rows: Sequence[Row], report: ImportReport, naming: Naming, rate: float 
     if (was_clamped & ok).any():
         report.notes[N_CLAMPED] += int((was_clamped & ok).sum())
     live = ~row_dropped
-    report.notes[N_INTERNAL] += int((internal & live).sum())
+    if (internal & live).any():
+        report.notes[N_INTERNAL] += int((internal & live).sum())
     if (nested & live & ~dead).any():
         report.notes[N_NESTED] += int((nested & live & ~dead).sum())
     report.rows_merged += int((paired_srv & live).sum() + (nested & live & ~dead).sum())

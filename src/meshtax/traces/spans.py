@@ -21,10 +21,12 @@ Service names: :func:`k8s_name` (lower case, cut at the first ``.`` — Istio re
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain, islice
@@ -137,7 +139,7 @@ def _naming(options: SpanOptions) -> Naming:
 
 
 def _read_source(
-    src: inputs.Source, fmt: str, limit: int, out: decode.SpanRows, split: list[bytes] | None
+    src: inputs.Source, fmt: str, limit: int, out: decode.SpanRows, split: list[Any] | None
 ) -> None:
     """Decode every document of ``src`` into ``out``; with ``split``, a Jaeger document's raw
     traces are put there instead (to be decoded in batches)."""
@@ -157,7 +159,7 @@ def _read_source(
                 )
             for i, raw in enumerate(raws):
                 if split is not None:
-                    split.append(bytes(raw))
+                    split.append(raw)
                 else:
                     decode.read_jaeger_trace(raw, f"{where}: data[{i}]", out)
         else:
@@ -174,8 +176,30 @@ class _Task:
     size: int = 0
 
 
-def _run_task(task: _Task, fmt: str, options: SpanOptions) -> tuple[Paired, ImportReport, list[decode.Row]]:
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """Cyclic garbage collection paused: decoding makes millions of small acyclic objects,
+    and the collector's passes over them cost more than the decoding (measured ×2.5)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _run_task(
+    task: _Task, fmt: str, options: SpanOptions
+) -> tuple[Paired, ImportReport, list[decode.Row]]:
     """Decode and pair one task (in a worker). Rows of partial traces are handed back."""
+    with _no_gc():
+        return _decode_and_pair(task, fmt, options)
+
+
+def _decode_and_pair(
+    task: _Task, fmt: str, options: SpanOptions
+) -> tuple[Paired, ImportReport, list[decode.Row]]:
     rep = ImportReport("", fmt)
     whole = decode.SpanRows()
     held: list[decode.Row] = []
@@ -214,12 +238,13 @@ def _tasks(sources: list[inputs.Source], fmt: str, options: SpanOptions) -> Iter
             if task.sources:
                 yield task
                 task = _Task()
-            raws: list[bytes] = []
+            raws: list[Any] = []
             _read_source(src, fmt, options.max_document_bytes, decode.SpanRows(), raws)
             part = _Task(where=src.name)
-            for raw in raws:
-                part.raws.append(raw)
-                part.size += len(raw)
+            for i, raw in enumerate(raws):
+                part.raws.append(bytes(raw))  # copied one part at a time
+                raws[i] = None
+                part.size += len(part.raws[-1])
                 if part.size >= budget:
                     yield part
                     part = _Task(where=src.name)
@@ -293,7 +318,9 @@ def iter_batches(
             while end < len(held) and held[end][0] == held[end - 1][0]:
                 end += 1
             rep = ImportReport("", format)
-            yield take(_pair(held[start:end], rep, options), rep, [])
+            with _no_gc():
+                part = _pair(held[start:end], rep, options)
+            yield take(part, rep, [])
             start = end
         held.clear()
     if split:
