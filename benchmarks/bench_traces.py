@@ -35,27 +35,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-SERVICES = [f"svc-{i:02d}" for i in range(30)]
 ROOT_SERVICE, ROOT_OP = "frontend", "HTTP GET /api"
 EPOCH_US = 1_700_000_000_000_000
+# One API's call tree, as CRISP analyses traces of one operation: stages run one after
+# another, the calls of a stage in parallel; every call is present with probability 0.87.
+TEMPLATE: list[list[tuple[str, list[list[tuple[str, Any]]]]]] = [
+    [("auth", [[("userdb", [])]]), ("catalog", [[("cache", [])], [("productdb", [])]])],
+    [("cart", [[("redis", [])]])],
+    [("recommend", [[("catalog", [])]]), ("ads", [])],
+    [("currency", [])],
+]
 
 
 def _trace(rng: random.Random, n: int) -> dict[str, Any]:
-    """One Jaeger trace of about ``target`` spans."""
-    target = rng.randint(15, 24)  # mean 19.5
+    """One Jaeger trace of the template (about 20 spans)."""
     tid = f"{rng.getrandbits(64):016x}{n:016x}"
     spans: list[dict[str, Any]] = []
     procs: dict[str, dict[str, Any]] = {}
 
-    def proc(svc: str) -> str:
-        key = f"p{SERVICES.index(svc) + 1 if svc in SERVICES else 0}"
-        procs[key] = {"serviceName": svc, "tags": [{"key": "hostname", "type": "string",
-                                                    "value": f"host-{svc}"}]}
-        return key
-
     def span(svc: str, op: str, kind: str, parent: str | None, start: int, dur: int,
              extra: list[dict[str, Any]] | None = None) -> str:
         sid = f"{rng.getrandbits(64):016x}"
+        key = f"p-{svc}"
+        procs[key] = {"serviceName": svc,
+                      "tags": [{"key": "hostname", "type": "string", "value": f"host-{svc}"}]}
         spans.append({
             "traceID": tid,
             "spanID": sid,
@@ -67,43 +70,33 @@ def _trace(rng: random.Random, n: int) -> dict[str, Any]:
             "duration": dur,
             "tags": [{"key": "span.kind", "type": "string", "value": kind}, *(extra or [])],
             "logs": [],
-            "processID": proc(svc),
+            "processID": key,
             "warnings": None,
         })
         return sid
 
-    def serve(svc: str, op: str, parent: str | None, start: int, dur: int, depth: int) -> None:
+    def serve(svc: str, op: str, parent: str | None, start: int, dur: int,
+              stages: list[Any]) -> None:
         sid = span(svc, op, "server", parent, start, dur,
                    [{"key": "http.request.body.size", "type": "int64",
                      "value": rng.choice([100, 200, 1000])}])
-        budget = target - len(spans)
-        if depth >= 4 or budget < 2:
-            return
-        calls = min(rng.randint(1, 4), budget // 2)
-        t = start + rng.randint(5, 30)
-        end = start + dur - 5
-        stages: list[list[str]] = []
-        for _ in range(calls):
-            callee = rng.choice(SERVICES)
-            if stages and rng.random() < 0.4:
-                stages[-1].append(callee)  # parallel with the previous call
-            else:
-                stages.append([callee])
-        slot = max(20, (end - t) // max(1, len(stages)))
+        t, end = start + rng.randint(5, 20), start + dur - 5
+        slot = (end - t) // max(1, len(stages))
         for stage in stages:
-            for callee in stage:
-                if len(spans) + 2 > target:
-                    break
-                cdur = max(10, int(slot * rng.uniform(0.5, 0.9)))
+            for callee, inner in stage:
+                if rng.random() > 0.87:
+                    continue
+                cdur = max(20, int(slot * rng.uniform(0.5, 0.95)))
                 parent_sid = sid
-                if rng.random() < 0.1 and len(spans) + 3 <= target:
-                    parent_sid = span(svc, "internal work", "internal", sid, t, cdur + 2)
-                csid = span(svc, f"call {callee}", "client", parent_sid, t + 1, cdur,
+                if rng.random() < 0.05:
+                    parent_sid = span(svc, "internal work", "internal", sid, t, cdur + 1)
+                csid = span(svc, f"call {callee}", "client", parent_sid, t + 1, cdur - 1,
                             [{"key": "peer.service", "type": "string", "value": callee}])
-                serve(callee, f"/{callee}", csid, t + 3, max(4, cdur - 5), depth + 1)
+                serve(callee, f"/{callee}", csid, t + 2, cdur - 3, inner)
             t += slot
 
-    serve(ROOT_SERVICE, ROOT_OP, None, EPOCH_US + n * 5000, rng.randint(2000, 9000), 0)
+    start = EPOCH_US + n * 5000
+    serve(ROOT_SERVICE, ROOT_OP, None, start, rng.randint(3000, 9000), TEMPLATE)
     return {"traceID": tid, "spans": spans, "processes": procs, "warnings": None}
 
 
@@ -201,7 +194,8 @@ def main() -> None:
             runs["crisp"] = []
 
         def meshtax(inp: Path, out: Path = out) -> list[str]:
-            return [py, "-m", "meshtax", "predict", "--traces", str(inp), "--trace-format",
+            return [py, "-c", "from meshtax.cli import main; main()", "predict", "--traces",
+                    str(inp), "--trace-format",
                     "jaeger", "--rate", str(args.rate), "--profile", "reference",
                     "--format", "json", "-o", str(out / "prediction.json")]
 
@@ -216,6 +210,8 @@ def main() -> None:
                     args.crisp, "-a", ROOT_OP, "-s", ROOT_SERVICE, "-i", str(root / "files"),
                     "-o", str(cout), "--lightMode", "--parallelism", str(args.workers),
                 ]))
+                for f in (root / "files").glob("light-*"):  # light mode writes to its input
+                    f.unlink()
         shutil.rmtree(out, ignore_errors=True)
         res: dict[str, Any] = {"traces": n, **info, "load_avg": os.getloadavg()}
         for k, rs in runs.items():

@@ -86,16 +86,30 @@ ROW = (
 Row = tuple[str, str, str, str, int, int, int, float, float, str, int]
 
 
+class Resolved:
+    """Rows of whole traces whose parents the decoder joined itself (one trace object at a
+    time): (trace index, span id, parent row or -1 missing / -2 none, service code, kind
+    (-1: a duplicate span id), start ns, duration ns, request, response, peer code,
+    protocol). Codes index :attr:`names` from 0 (``""`` is -1)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, str, int, int, int, int, int, float, float, int, int]] = []
+        self.trace_names: list[str] = []
+        self.names: dict[str, int] = {"": -1}
+
+
 class SpanRows:
-    """Span rows of one or more documents, and whether every trace in them is complete
-    (Jaeger's ``data`` entries and Zipkin's lists of traces are; OTLP batches are not)."""
+    """Span rows of one or more documents: ``rows`` to be joined on ids (and ``complete``:
+    whether every trace in them is whole — Zipkin's lists of traces are, OTLP batches are
+    not), ``resolved`` of whole traces joined while decoding (Jaeger)."""
 
     def __init__(self) -> None:
         self.rows: list[Row] = []
         self.complete = True
+        self.resolved = Resolved()
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.rows) + len(self.resolved.rows)
 
 
 # ---- attribute values ---------------------------------------------------------------------
@@ -286,41 +300,76 @@ def jaeger_traces(doc: bytes, where: str) -> list[Raw] | None:
 
 
 def read_jaeger_trace(raw: bytes, where: str, out: SpanRows) -> None:
-    """Append the spans of one Jaeger trace object."""
+    """Append the spans of one Jaeger trace object (parents joined within the trace)."""
     t: _JTrace = _decode(raw, _JTrace, where)
-    procs = {k: p.serviceName for k, p in t.processes.items()}
-    rows = out.rows
-    for si, s in enumerate(t.spans):
-        a = _Attrs()
-        a.scan(s.tags, False)
-        kind = KIND_CODES.get(a.kind, -1) if a.kind else INTERNAL  # type: ignore[arg-type]
+    res = out.resolved
+    names = res.names
+    procs = {k: names.setdefault(p.serviceName, len(names) - 1) for k, p in t.processes.items()}
+    spans = t.spans
+    ti = len(res.trace_names)
+    res.trace_names.append(t.traceID or (spans[0].traceID if spans else ""))
+    base = len(res.rows)
+    local = {s.spanID: base + i for i, s in enumerate(spans)}
+    dups = len(local) != len(spans)
+    rows = res.rows
+    codes = KIND_CODES
+    slots = _SLOT
+    for si, s in enumerate(spans):
+        # the hot loop: most tags are none of ours; an _Attrs only for those that are
+        kind_s: Any = None
+        proto = 0
+        a: _Attrs | None = None
+        for tg in s.tags:
+            k = tg.key
+            if k == "span.kind":
+                kind_s = tg.value
+            elif k in slots:
+                if a is None:
+                    a = _Attrs()
+                a.add(k, tg.value)
+            elif not proto and k.startswith("http."):
+                proto = HTTP
+        kind = codes.get(kind_s, -1) if kind_s.__class__ is str else INTERNAL if kind_s is None else -1
         if kind < 0:
-            kind = _kind_code(a.kind, f"{where}.spans[{si}].tags.span.kind")
+            kind = _kind_code(str(kind_s), f"{where}.spans[{si}].tags.span.kind")
         if s.logs:
+            if a is None:
+                a = _Attrs()
             for log in s.logs:
                 a.event(((f.key, f.value) for f in log.fields), kind)
-        parent = ""
+        parent = -2
         for r in s.references:
             if r.refType in ("CHILD_OF", "FOLLOWS_FROM"):
-                parent = r.spanID
+                parent = local.get(r.spanID, -1)
                 break
-        svc = procs.get(s.processID, "") if s.process is None else s.process.serviceName
-        req, resp = a.sizes()
-        rows.append(
-            (
-                s.traceID or t.traceID,
-                s.spanID,
-                parent,
-                svc,
-                kind,
-                s.startTime * 1000,
-                s.duration * 1000,
-                req,
-                resp,
-                a.peer,
-                a.proto,
+        if s.process is None:
+            svc = procs.get(s.processID, -1)
+        else:
+            svc = names.setdefault(s.process.serviceName, len(names) - 1)
+        if dups and local[s.spanID] != base + si:
+            kind = -1  # a duplicate id: the last span with it is kept
+        if a is None:
+            rows.append(
+                (ti, s.spanID, parent, svc, kind, s.startTime * 1000, s.duration * 1000,
+                 NAN, NAN, -1, proto)
             )
-        )
+        else:
+            req, resp = a.sizes()
+            rows.append(
+                (
+                    ti,
+                    s.spanID,
+                    parent,
+                    svc,
+                    kind,
+                    s.startTime * 1000,
+                    s.duration * 1000,
+                    req,
+                    resp,
+                    names.setdefault(a.peer, len(names) - 1) if a.peer else -1,
+                    max(proto, a.proto),
+                )
+            )
 
 
 # ---- OTLP JSON (TracesData / ExportTraceServiceRequest; JSON Lines) ------------------------

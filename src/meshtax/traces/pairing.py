@@ -30,13 +30,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from meshtax.model.ecg import EcgBatch, SidecarSpec
 from meshtax.model.sidecar import SidecarConfig
-from meshtax.traces.decode import CLIENT, CONSUMER, INTERNAL, PRODUCER, SERVER, Row
+from meshtax.traces.decode import CLIENT, CONSUMER, INTERNAL, PRODUCER, SERVER, Resolved, Row
 from meshtax.traces.report import ImportReport
 
 I64 = npt.NDArray[np.int64]
@@ -101,43 +102,123 @@ def _depth(parent: I64) -> tuple[I64, B]:
     return d, j >= 0
 
 
-def pair(rows: Sequence[Row], report: ImportReport, naming: Naming, rate: float | None,
-         max_skew_us: float, default_req: float, default_resp: float) -> Paired:
-    """Turn the span rows of whole traces into one columnar batch of call graphs."""
-    n_read = len(rows)
-    report.rows_read += n_read
-    if n_read == 0:
+def pair(
+    rows: Sequence[Row],
+    report: ImportReport,
+    naming: Naming,
+    rate: float | None,
+    max_skew_us: float,
+    default_req: float,
+    default_resp: float,
+) -> Paired:
+    """Turn the span rows of whole traces into one columnar batch of call graphs (parents
+    found by a join on (trace id, span id))."""
+    if not rows:
         return _empty()
     c_trace, c_span, c_parent, c_svc, c_kind, c_start, c_dur, c_req, c_resp, c_peer, c_proto = (
         zip(*rows, strict=True)
     )
+    n_read = len(rows)
     tmap: dict[str, int] = {}
     trace = np.fromiter((tmap.setdefault(t, len(tmap)) for t in c_trace), np.int64, n_read)
-    report.graphs_seen += len(tmap)
-    trace_names = list(tmap)
     keys = [f"{t}\x00{s}" for t, s in zip(c_trace, c_span, strict=True)]
     index = dict(zip(keys, range(n_read), strict=True))
-    keep_rows: I64 | None = None
+    dup: B | None = None
     if len(index) != n_read:  # duplicates: the last of each id wins
-        report.dropped_rows[R_DUPLICATE] += n_read - len(index)
-        keep_rows = np.fromiter(sorted(index.values()), np.int64, len(index))
-    par_list = [
-        index.get(f"{t}\x00{p}", -1) if p else -2
-        for t, p in zip(c_trace, c_parent, strict=True)
-    ]
+        dup = np.ones(n_read, dtype=bool)
+        dup[np.fromiter(index.values(), np.int64, len(index))] = False
+    par = np.array(
+        [index.get(f"{t}\x00{p}", -1) if p else -2 for t, p in zip(c_trace, c_parent, strict=True)],
+        dtype=np.int64,
+    )
     del keys, index
-    par = np.asarray(par_list, dtype=np.int64)
-    kind = np.asarray(c_kind, dtype=np.int8)
-    start = np.asarray(c_start, dtype=np.int64)
-    dur = np.asarray(c_dur, dtype=np.int64)
-    req = np.asarray(c_req, dtype=np.float64)
-    resp = np.asarray(c_resp, dtype=np.float64)
-    proto = np.asarray(c_proto, dtype=np.int8)
     nmap: dict[str, int] = {"": -1}
     svc = np.fromiter((nmap.setdefault(s, len(nmap) - 1) for s in c_svc), np.int64, n_read)
     peer = np.fromiter((nmap.setdefault(s, len(nmap) - 1) for s in c_peer), np.int64, n_read)
-    span_ids = c_span
-    if keep_rows is not None:
+    return pair_columns(
+        SpanColumns(
+            trace, list(tmap), c_span, par, svc, peer, list(nmap)[1:], c_kind, c_start, c_dur,
+            c_req, c_resp, c_proto, dup,
+        ),
+        report, naming, rate, max_skew_us, default_req, default_resp,
+    )
+
+
+def pair_resolved(
+    res: Resolved,
+    report: ImportReport,
+    naming: Naming,
+    rate: float | None,
+    max_skew_us: float,
+    default_req: float,
+    default_resp: float,
+) -> Paired:
+    """:func:`pair` for rows whose parents the decoder already resolved (Jaeger: a trace is
+    one object, its ids are joined per trace)."""
+    if not res.rows:
+        return _empty()
+    c_trace, c_span, c_parent, c_svc, c_kind, c_start, c_dur, c_req, c_resp, c_peer, c_proto = (
+        zip(*res.rows, strict=True)
+    )
+    kind = np.asarray(c_kind, dtype=np.int8)
+    dup = kind < 0
+    return pair_columns(
+        SpanColumns(
+            np.asarray(c_trace, dtype=np.int64), res.trace_names, c_span,
+            np.asarray(c_parent, dtype=np.int64), np.asarray(c_svc, dtype=np.int64),
+            np.asarray(c_peer, dtype=np.int64), list(res.names)[1:], np.maximum(kind, 0),
+            c_start, c_dur, c_req, c_resp, c_proto, dup if dup.any() else None,
+        ),
+        report, naming, rate, max_skew_us, default_req, default_resp,
+    )
+
+
+@dataclass
+class SpanColumns:
+    """Spans of whole traces as columns: ``trace`` indexes ``trace_names``; ``parent`` is a
+    row (-1: the parent is missing, -2: none); ``service``/``peer`` index ``names`` (-1:
+    none); ``duplicate`` marks rows whose span id came again (the last one is kept)."""
+
+    trace: I64
+    trace_names: list[str]
+    span_ids: Sequence[str]
+    parent: I64
+    service: I64
+    peer: I64
+    names: list[str]
+    kind: Any
+    start: Any
+    dur: Any
+    req: Any
+    resp: Any
+    proto: Any
+    duplicate: B | None = None
+
+
+def pair_columns(
+    cols: SpanColumns,
+    report: ImportReport,
+    naming: Naming,
+    rate: float | None,
+    max_skew_us: float,
+    default_req: float,
+    default_resp: float,
+) -> Paired:
+    """The vectorized pairing of :class:`SpanColumns` (the rule is the module's)."""
+    trace, trace_names, par = cols.trace, cols.trace_names, cols.parent
+    n_read = trace.size
+    report.rows_read += n_read
+    report.graphs_seen += len(trace_names)
+    kind = np.asarray(cols.kind, dtype=np.int8)
+    start = np.asarray(cols.start, dtype=np.int64)
+    dur = np.asarray(cols.dur, dtype=np.int64)
+    req = np.asarray(cols.req, dtype=np.float64)
+    resp = np.asarray(cols.resp, dtype=np.float64)
+    proto = np.asarray(cols.proto, dtype=np.int8)
+    svc, peer, span_ids = cols.service, cols.peer, cols.span_ids
+    if cols.duplicate is not None:
+        keep_rows = np.flatnonzero(~cols.duplicate)
+        report.dropped_rows[R_DUPLICATE] += n_read - keep_rows.size
         remap = np.full(n_read, -1, dtype=np.int64)
         remap[keep_rows] = np.arange(keep_rows.size)
         # a child of a dropped duplicate hangs under the kept span of that id
@@ -265,7 +346,7 @@ def pair(rows: Sequence[Row], report: ImportReport, naming: Naming, rate: float 
     caller = np.where(hp, p_callee, caller)
 
     # service names → graph names (mapped), every hop must name its callee
-    raw_names = list(nmap)[1:]
+    raw_names = cols.names
     mapped = [naming.rename(s) if s else "" for s in raw_names]
     gmap: dict[str, int] = {}
     code = np.array([gmap.setdefault(m, len(gmap)) if m else -1 for m in mapped] + [-1])

@@ -50,7 +50,7 @@ from meshtax.model.ecg import (
 from meshtax.model.sidecar import SidecarConfig
 from meshtax.traces import decode, inputs
 from meshtax.traces.alibaba import TraceFormatError
-from meshtax.traces.pairing import Naming, Paired, fill_rates, pair
+from meshtax.traces.pairing import Naming, Paired, fill_rates, pair, pair_resolved
 from meshtax.traces.report import ImportReport
 
 FORMATS = ("jaeger", "otlp", "otlp-proto", "zipkin")
@@ -82,7 +82,8 @@ class SpanOptions:
     Kubernetes name overrides. ``sidecars``: configuration per (mapped) service; others get
     ``default_sidecar``. ``max_skew_us``: a call sticking out of its parent's interval by at
     most this much is clamped into it (clock skew), by more its trace is dropped.
-    ``batch_spans``: spans paired at once (memory is about 1 kB per span of a batch).
+    ``batch_spans``: spans decoded and paired at once (memory: about 2 kB per span of a
+    batch, a few batches at a time).
     ``workers``: processes decoding and pairing (None: up to 2, as the CPUs allow).
     """
 
@@ -94,7 +95,7 @@ class SpanOptions:
     sidecars: Mapping[str, SidecarConfig] = field(default_factory=dict)
     default_sidecar: SidecarConfig = SidecarConfig()
     max_skew_us: float = 10_000.0
-    batch_spans: int = 100_000
+    batch_spans: int = 20_000
     workers: int | None = None
     max_document_bytes: int = inputs.MAX_DOCUMENT_BYTES
 
@@ -205,16 +206,21 @@ def _decode_and_pair(
     held: list[decode.Row] = []
     for src in task.sources:
         rows = decode.SpanRows()
+        rows.resolved = whole.resolved  # one table of joined traces for the task
         _read_source(src, fmt, options.max_document_bytes, rows, None)
         (whole.rows if rows.complete else held).extend(rows.rows)
     for i, raw in enumerate(task.raws):
         decode.read_jaeger_trace(raw, f"{task.where}: trace {i}", whole)
-    return _pair(whole.rows, rep, options), rep, held
+    parts = [_pair(whole.rows, rep, options)] if whole.rows else []
+    if whole.resolved.rows:
+        parts.append(_pair(whole.resolved, rep, options))
+    return (concat(parts) if parts else _pair([], rep, options)), rep, held
 
 
-def _pair(rows: Sequence[decode.Row], rep: ImportReport, options: SpanOptions) -> Paired:
-    return pair(
-        rows,
+def _pair(
+    rows: Sequence[decode.Row] | decode.Resolved, rep: ImportReport, options: SpanOptions
+) -> Paired:
+    args = (
         rep,
         _naming(options),
         options.rate,
@@ -222,12 +228,15 @@ def _pair(rows: Sequence[decode.Row], rep: ImportReport, options: SpanOptions) -
         options.request_bytes,
         options.response_bytes,
     )
+    if isinstance(rows, decode.Resolved):
+        return pair_resolved(rows, *args)
+    return pair(rows, *args)
 
 
 def _tasks(sources: list[inputs.Source], fmt: str, options: SpanOptions) -> Iterator[_Task]:
     """Cut the input into tasks of about ``batch_spans`` spans (guessed from file sizes:
-    ~1 kB of JSON per span); a large Jaeger document is cut into its traces."""
-    budget = options.batch_spans * 1000
+    ~500 B of JSON per span); a large Jaeger document is cut into its traces."""
+    budget = options.batch_spans * 500
     task = _Task()
     for src in sources:
         try:
@@ -395,7 +404,7 @@ def load_paired(
     parts = list(iter_batches(paths, format, options, rep))
     if options.rate is None:
         fill_rates(parts, options.window_s, rep)
-    return (concat(parts) if parts else pair([], rep, _naming(options), None, 0, 0, 0)), rep
+    return (concat(parts) if parts else _pair([], rep, options)), rep
 
 
 def _as_list(paths: inputs.PathIn | Sequence[inputs.PathIn]) -> list[inputs.PathIn]:
