@@ -7,6 +7,8 @@ spans; one file per trace, and merged files), then times, in alternating runs:
 - ``meshtax``: ``meshtax predict --traces DIR --rate R --profile reference`` (parse → pair →
   critical path → prediction, the JSON result written), the CLI a user runs;
 - ``meshtax-merged``: the same on the merged files;
+- ``meshtax-stream``: the library path batch by batch (import → prediction per batch, each
+  graph's overhead kept; no result document): memory flat in the input size;
 - ``crisp`` (with ``--crisp PATH``, the ``crisp-trace`` of a CRISP install): CRISP light mode
   on the per-trace directory, ``--parallelism`` as meshtax's workers.
 
@@ -130,14 +132,15 @@ def generate(n_traces: int, root: Path, merge: int, seed: int) -> dict[str, Any]
 
 
 def _tree_rss_kb(pid: int) -> int:
-    """Resident memory of a process and all its descendants (kB)."""
+    """Resident memory of a process and all its descendants (kB): the sum of their
+    proportional set sizes (a page shared by forked workers counts once)."""
     total, stack = 0, [pid]
     while stack:
         p = stack.pop()
         try:
-            with open(f"/proc/{p}/status") as f:
+            with open(f"/proc/{p}/smaps_rollup") as f:
                 for line in f:
-                    if line.startswith("VmRSS:"):
+                    if line.startswith("Pss:"):
                         total += int(line.split()[1])
                         break
             for task in os.listdir(f"/proc/{p}/task"):
@@ -172,6 +175,30 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, float]
     return {"seconds": secs, "peak_rss_mb": peak / 1024}
 
 
+def stream(inp: str, rate: float, workers: int) -> None:
+    """The library path, batch by batch: import (parse, pair) → prediction (hop costs,
+    critical path) per batch; only each graph's overhead is kept. Prints a summary."""
+    import numpy as np
+
+    from meshtax.predict.engine import predict_batch, single_profile
+    from meshtax.reference import reference_profile
+    from meshtax.traces.report import ImportReport
+    from meshtax.traces.spans import SpanOptions, iter_batches
+
+    look = single_profile(reference_profile())
+    rep = ImportReport(inp, "jaeger")
+    overhead: list[Any] = []
+    critical = 0
+    for p in iter_batches(inp, "jaeger", SpanOptions(rate=rate, workers=workers), rep):
+        bp = predict_batch(p.batch, look)
+        overhead.append(bp.latency_overhead_us)
+        critical += int(bp.critical.sum())
+    o = np.concatenate(overhead)
+    print(json.dumps({"graphs": int(o.size), "critical_rows": critical,
+                      "overhead_us_p50": float(np.percentile(o, 50)),
+                      "overhead_us_p99": float(np.percentile(o, 99))}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--traces", type=int, nargs="+", default=[10_000, 50_000])
@@ -183,13 +210,19 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the generated traces")
+    ap.add_argument("--stream", metavar="DIR", help=argparse.SUPPRESS)  # the library run
     args = ap.parse_args()
     py = sys.executable
+    if args.stream:
+        stream(args.stream, args.rate, args.workers)
+        return
     for n in args.traces:
         root = Path(args.dir) / str(n)
         info = generate(n, root, args.merge, args.seed)
         out = Path(tempfile.mkdtemp(prefix="bench-traces-"))
-        runs: dict[str, list[dict[str, float]]] = {"meshtax": [], "meshtax-merged": []}
+        runs: dict[str, list[dict[str, float]]] = {
+            "meshtax": [], "meshtax-merged": [], "meshtax-stream": []
+        }
         if args.crisp:
             runs["crisp"] = []
 
@@ -202,6 +235,9 @@ def main() -> None:
         for _ in range(args.repeats):  # alternating: each repeat runs every tool once
             runs["meshtax"].append(timed(meshtax(root / "files")))
             runs["meshtax-merged"].append(timed(meshtax(root / "merged")))
+            runs["meshtax-stream"].append(timed([py, __file__, "--stream", str(root / "files"),
+                                                 "--rate", str(args.rate),
+                                                 "--workers", str(args.workers)]))
             if args.crisp:
                 cout = out / "crisp"
                 shutil.rmtree(cout, ignore_errors=True)
@@ -222,11 +258,12 @@ def main() -> None:
                 "peak_rss_mb_max": max(r["peak_rss_mb"] for r in rs),
             }
         if args.crisp:
-            ratios = [c["seconds"] / m["seconds"]
-                      for c, m in zip(runs["crisp"], runs["meshtax"], strict=True)]
-            res["crisp_over_meshtax"] = {
-                "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)
-            }
+            for k in ("meshtax", "meshtax-stream"):
+                ratios = [c["seconds"] / m["seconds"]
+                          for c, m in zip(runs["crisp"], runs[k], strict=True)]
+                res[f"crisp_over_{k}"] = {
+                    "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)
+                }
         print(json.dumps(res), flush=True)
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

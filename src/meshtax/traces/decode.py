@@ -117,6 +117,8 @@ class SpanRows:
 
 def _size(v: Any) -> float:
     """A size attribute's value in bytes, NaN when it is not a finite number ≥ 0."""
+    if v.__class__ is int:
+        return float(v) if 0 <= v < 10**18 else NAN
     if isinstance(v, list):  # header attributes are string arrays
         v = v[0] if v else None
     if isinstance(v, bool) or v is None:
@@ -299,9 +301,34 @@ def jaeger_traces(doc: bytes, where: str) -> list[Raw] | None:
     return None
 
 
+class _JDocTraces(Struct, gc=False):
+    data: list[_JTrace]
+
+
+def read_jaeger_doc(doc: bytes, where: str, out: SpanRows) -> bool:
+    """Append the spans of a whole Jaeger document in one decoding pass (``{"data": [...]}``,
+    a list of traces, or one trace); False when it is none of these."""
+    s = doc.lstrip()[:1]
+    traces: list[_JTrace]
+    if s == b"[":
+        traces = _decode(doc, list[_JTrace], where)
+    elif b'"data"' in doc:
+        traces = _decode(doc, _JDocTraces, where).data
+    elif b'"spans"' in doc:
+        traces = [_decode(doc, _JTrace, where)]
+    else:
+        return False
+    for i, t in enumerate(traces):
+        _add_jaeger(t, f"{where}: data[{i}]", out)
+    return True
+
+
 def read_jaeger_trace(raw: bytes, where: str, out: SpanRows) -> None:
     """Append the spans of one Jaeger trace object (parents joined within the trace)."""
-    t: _JTrace = _decode(raw, _JTrace, where)
+    _add_jaeger(_decode(raw, _JTrace, where), where, out)
+
+
+def _add_jaeger(t: _JTrace, where: str, out: SpanRows) -> None:
     res = out.resolved
     names = res.names
     procs = {k: names.setdefault(p.serviceName, len(names) - 1) for k, p in t.processes.items()}
@@ -315,28 +342,53 @@ def read_jaeger_trace(raw: bytes, where: str, out: SpanRows) -> None:
     codes = KIND_CODES
     slots = _SLOT
     for si, s in enumerate(spans):
-        # the hot loop: most tags are none of ours; an _Attrs only for those that are
+        # the hot loop, in locals: most tags are none of ours and cost one dict miss
         kind_s: Any = None
-        proto = 0
-        a: _Attrs | None = None
+        http = grpc = False
+        req = resp = NAN
+        rq = rs = pr = 99
+        peer = ""
         for tg in s.tags:
             k = tg.key
             if k == "span.kind":
                 kind_s = tg.value
-            elif k in slots:
-                if a is None:
-                    a = _Attrs()
-                a.add(k, tg.value)
-            elif not proto and k.startswith("http."):
-                proto = HTTP
-        kind = codes.get(kind_s, -1) if kind_s.__class__ is str else INTERNAL if kind_s is None else -1
-        if kind < 0:
-            kind = _kind_code(str(kind_s), f"{where}.spans[{si}].tags.span.kind")
-        if s.logs:
-            if a is None:
-                a = _Attrs()
+                continue
+            if not http and k.startswith("http."):
+                http = True
+            slot = slots.get(k)
+            if slot is None:
+                continue
+            what, rank = slot
+            v = tg.value
+            if what == _PEER:
+                if rank < pr and v.__class__ is str and v.strip():
+                    peer, pr = v, rank
+            elif what == _REQ:
+                if rank < rq:
+                    f = _size(v)
+                    if f == f:
+                        req, rq = f, rank
+            elif what == _RESP:
+                if rank < rs:
+                    f = _size(v)
+                    if f == f:
+                        resp, rs = f, rank
+            elif what == _RPCSYS and v.__class__ is str and v.lower() == "grpc":
+                grpc = True
+        if kind_s is None:
+            kind = INTERNAL
+        else:
+            kind = codes.get(kind_s, -1) if kind_s.__class__ is str else -1
+            if kind < 0:
+                kind = _kind_code(str(kind_s), f"{where}.spans[{si}].tags.span.kind")
+        if s.logs and (rq == 99 or rs == 99):
+            a = _Attrs()
             for log in s.logs:
                 a.event(((f.key, f.value) for f in log.fields), kind)
+            if rq == 99:
+                req = a.ev_req
+            if rs == 99:
+                resp = a.ev_resp
         parent = -2
         for r in s.references:
             if r.refType in ("CHILD_OF", "FOLLOWS_FROM"):
@@ -348,28 +400,21 @@ def read_jaeger_trace(raw: bytes, where: str, out: SpanRows) -> None:
             svc = names.setdefault(s.process.serviceName, len(names) - 1)
         if dups and local[s.spanID] != base + si:
             kind = -1  # a duplicate id: the last span with it is kept
-        if a is None:
-            rows.append(
-                (ti, s.spanID, parent, svc, kind, s.startTime * 1000, s.duration * 1000,
-                 NAN, NAN, -1, proto)
+        rows.append(
+            (
+                ti,
+                s.spanID,
+                parent,
+                svc,
+                kind,
+                s.startTime * 1000,
+                s.duration * 1000,
+                req,
+                resp,
+                names.setdefault(peer, len(names) - 1) if peer else -1,
+                GRPC if grpc else HTTP if http else 0,
             )
-        else:
-            req, resp = a.sizes()
-            rows.append(
-                (
-                    ti,
-                    s.spanID,
-                    parent,
-                    svc,
-                    kind,
-                    s.startTime * 1000,
-                    s.duration * 1000,
-                    req,
-                    resp,
-                    names.setdefault(a.peer, len(names) - 1) if a.peer else -1,
-                    max(proto, a.proto),
-                )
-            )
+        )
 
 
 # ---- OTLP JSON (TracesData / ExportTraceServiceRequest; JSON Lines) ------------------------

@@ -53,14 +53,13 @@ def expand(paths: PathIn | Sequence[PathIn]) -> list[Source]:
         if s == STDIN:
             out.append(Source(STDIN))
         elif p.is_dir():
-            found = sorted(
-                f
-                for f in p.rglob("*")
-                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
-            )
+            found: list[str] = []
+            for top, dirs, files in os.walk(s):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                found.extend(os.path.join(top, f) for f in files if not f.startswith("."))
             if not found:
                 raise TraceFormatError(f"{p}: directory holds no files")
-            out.extend(Source(str(f)) for f in found)
+            out.extend(Source(f) for f in sorted(found))
         elif p.exists():
             out.append(Source(s))
         elif any(c in s for c in "*?["):
@@ -168,12 +167,37 @@ def read_all(src: Source, limit: int = MAX_DOCUMENT_BYTES) -> bytes:
     return data
 
 
+def _split(data: bytes, name: str) -> Iterator[tuple[int, bytes]]:
+    """The documents of a file read whole: itself, or its lines when it is JSON Lines."""
+    s = data.strip()
+    if not s:
+        raise TraceFormatError(f"{name}: empty file")
+    nl = s.find(b"\n")
+    first = s if nl < 0 else s[:nl].strip()
+    one_line = first[:1] in (b"{", b"[") and first[-1:] in (b"}", b"]") and len(first) > 1
+    if nl < 0 or not one_line:
+        yield 0, data
+        return
+    for i, line in enumerate(data.split(b"\n"), 1):
+        if line.strip():
+            yield i, line
+
+
 def documents(src: Source, limit: int = MAX_DOCUMENT_BYTES) -> Iterator[tuple[int, bytes]]:
     """``(line number, bytes)`` of each JSON document of a source: ``(0, whole file)`` for a
     multi-line document, else one per non-empty line (JSON Lines; a one-line file is one).
     A document larger than ``limit`` bytes is refused."""
     name = "<stdin>" if src.is_stdin else src.name
     f: IO[bytes] = io.BytesIO(_stdin_buffer(limit)) if src.is_stdin else _open(src)
+    plain = isinstance(f, io.BufferedReader) and isinstance(f.raw, io.FileIO)
+    if plain and os.fstat(f.fileno()).st_size <= limit:
+        # a plain file that fits: one read, then cut into lines only if it is JSON Lines
+        try:
+            data = _Limited(f, name).read(limit + 1)
+        finally:
+            f.close()
+        yield from _split(data, name)
+        return
     try:
         r = _Limited(f, name)
         first = r.readline(limit + 1)

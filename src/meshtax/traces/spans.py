@@ -29,7 +29,6 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -149,20 +148,20 @@ def _read_source(
         return
     for line, doc in inputs.documents(src, limit):
         where = src.name if line == 0 else f"{src.name}: line {line}"
-        if fmt == "jaeger":
-            raws = decode.jaeger_traces(doc, where)
-            if raws is None:
-                if b'"resourceSpans"' in doc:  # Jaeger's API v3 answers OTLP
-                    decode.read_otlp_json(doc, where, out)
-                    continue
+        if fmt == "jaeger" and b'"resourceSpans"' in doc[:4096]:
+            decode.read_otlp_json(doc, where, out)  # Jaeger's API v3 answers OTLP
+        elif fmt == "jaeger" and split is None:
+            if not decode.read_jaeger_doc(doc, where, out):
                 raise TraceFormatError(
                     f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
                 )
-            for i, raw in enumerate(raws):
-                if split is not None:
-                    split.append(raw)
-                else:
-                    decode.read_jaeger_trace(raw, f"{where}: data[{i}]", out)
+        elif fmt == "jaeger":
+            raws = decode.jaeger_traces(doc, where)
+            if raws is None:
+                raise TraceFormatError(
+                    f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
+                )
+            split.extend(raws)
         else:
             decode.READERS[fmt](doc, where, out)
 
@@ -269,6 +268,20 @@ def _tasks(sources: list[inputs.Source], fmt: str, options: SpanOptions) -> Iter
         yield task
 
 
+def _several_tasks(sources: list[inputs.Source], options: SpanOptions) -> bool:
+    """Whether the input makes more than one task (decided before reading, so the workers
+    are forked while this process is still small)."""
+    if len(sources) > 1:
+        total = 0
+        for s in sources:
+            total += 0 if s.is_stdin else os.stat(s.name).st_size
+            if total > options.batch_spans * 500:
+                return True
+        return False
+    s = sources[0]
+    return s.is_stdin or os.stat(s.name).st_size > options.batch_spans * 500
+
+
 def _workers(options: SpanOptions) -> int:
     if options.workers is not None:
         return max(1, options.workers)
@@ -301,9 +314,7 @@ def iter_batches(
         return p
 
     tasks = _tasks(sources, format, options)
-    first = list(islice(tasks, 2))
-    n = _workers(options) if len(first) > 1 else 1  # a pool pays from two tasks on
-    tasks = chain(first, tasks)
+    n = _workers(options) if _several_tasks(sources, options) else 1  # a pool pays from two on
     if n == 1:
         for t in tasks:
             yield take(*_run_task(t, format, options))
