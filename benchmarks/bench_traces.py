@@ -55,33 +55,58 @@ def _trace(rng: random.Random, n: int) -> dict[str, Any]:
     spans: list[dict[str, Any]] = []
     procs: dict[str, dict[str, Any]] = {}
 
-    def span(svc: str, op: str, kind: str, parent: str | None, start: int, dur: int,
-             extra: list[dict[str, Any]] | None = None) -> str:
+    def span(
+        svc: str,
+        op: str,
+        kind: str,
+        parent: str | None,
+        start: int,
+        dur: int,
+        extra: list[dict[str, Any]] | None = None,
+    ) -> str:
         sid = f"{rng.getrandbits(64):016x}"
         key = f"p-{svc}"
-        procs[key] = {"serviceName": svc,
-                      "tags": [{"key": "hostname", "type": "string", "value": f"host-{svc}"}]}
-        spans.append({
-            "traceID": tid,
-            "spanID": sid,
-            "flags": 1,
-            "operationName": op,
-            "references": [] if parent is None else
-            [{"refType": "CHILD_OF", "traceID": tid, "spanID": parent}],
-            "startTime": start,
-            "duration": dur,
-            "tags": [{"key": "span.kind", "type": "string", "value": kind}, *(extra or [])],
-            "logs": [],
-            "processID": key,
-            "warnings": None,
-        })
+        procs[key] = {
+            "serviceName": svc,
+            "tags": [{"key": "hostname", "type": "string", "value": f"host-{svc}"}],
+        }
+        spans.append(
+            {
+                "traceID": tid,
+                "spanID": sid,
+                "flags": 1,
+                "operationName": op,
+                "references": []
+                if parent is None
+                else [{"refType": "CHILD_OF", "traceID": tid, "spanID": parent}],
+                "startTime": start,
+                "duration": dur,
+                "tags": [{"key": "span.kind", "type": "string", "value": kind}, *(extra or [])],
+                "logs": [],
+                "processID": key,
+                "warnings": None,
+            }
+        )
         return sid
 
-    def serve(svc: str, op: str, parent: str | None, start: int, dur: int,
-              stages: list[Any]) -> None:
-        sid = span(svc, op, "server", parent, start, dur,
-                   [{"key": "http.request.body.size", "type": "int64",
-                     "value": rng.choice([100, 200, 1000])}])
+    def serve(
+        svc: str, op: str, parent: str | None, start: int, dur: int, stages: list[Any]
+    ) -> None:
+        sid = span(
+            svc,
+            op,
+            "server",
+            parent,
+            start,
+            dur,
+            [
+                {
+                    "key": "http.request.body.size",
+                    "type": "int64",
+                    "value": rng.choice([100, 200, 1000]),
+                }
+            ],
+        )
         t, end = start + rng.randint(5, 20), start + dur - 5
         slot = (end - t) // max(1, len(stages))
         for stage in stages:
@@ -92,8 +117,15 @@ def _trace(rng: random.Random, n: int) -> dict[str, Any]:
                 parent_sid = sid
                 if rng.random() < 0.05:
                     parent_sid = span(svc, "internal work", "internal", sid, t, cdur + 1)
-                csid = span(svc, f"call {callee}", "client", parent_sid, t + 1, cdur - 1,
-                            [{"key": "peer.service", "type": "string", "value": callee}])
+                csid = span(
+                    svc,
+                    f"call {callee}",
+                    "client",
+                    parent_sid,
+                    t + 1,
+                    cdur - 1,
+                    [{"key": "peer.service", "type": "string", "value": callee}],
+                )
                 serve(callee, f"/{callee}", csid, t + 2, cdur - 3, inner)
             t += slot
 
@@ -194,9 +226,16 @@ def stream(inp: str, rate: float, workers: int) -> None:
         overhead.append(bp.latency_overhead_us)
         critical += int(bp.critical.sum())
     o = np.concatenate(overhead)
-    print(json.dumps({"graphs": int(o.size), "critical_rows": critical,
-                      "overhead_us_p50": float(np.percentile(o, 50)),
-                      "overhead_us_p99": float(np.percentile(o, 99))}))
+    print(
+        json.dumps(
+            {
+                "graphs": int(o.size),
+                "critical_rows": critical,
+                "overhead_us_p50": float(np.percentile(o, 50)),
+                "overhead_us_p99": float(np.percentile(o, 99)),
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -221,31 +260,72 @@ def main() -> None:
         info = generate(n, root, args.merge, args.seed)
         out = Path(tempfile.mkdtemp(prefix="bench-traces-"))
         runs: dict[str, list[dict[str, float]]] = {
-            "meshtax": [], "meshtax-merged": [], "meshtax-stream": []
+            "meshtax": [],
+            "meshtax-merged": [],
+            "meshtax-stream": [],
         }
         if args.crisp:
             runs["crisp"] = []
 
         def meshtax(inp: Path, out: Path = out) -> list[str]:
-            return [py, "-c", "from meshtax.cli import main; main()", "predict", "--traces",
-                    str(inp), "--trace-format",
-                    "jaeger", "--rate", str(args.rate), "--profile", "reference",
-                    "--format", "json", "-o", str(out / "prediction.json")]
+            return [
+                py,
+                "-c",
+                "from meshtax.cli import main; main()",
+                "predict",
+                "--traces",
+                str(inp),
+                "--trace-format",
+                "jaeger",
+                "--rate",
+                str(args.rate),
+                "--profile",
+                "reference",
+                "--format",
+                "json",
+                "-o",
+                str(out / "prediction.json"),
+            ]
 
         for _ in range(args.repeats):  # alternating: each repeat runs every tool once
             runs["meshtax"].append(timed(meshtax(root / "files")))
             runs["meshtax-merged"].append(timed(meshtax(root / "merged")))
-            runs["meshtax-stream"].append(timed([py, __file__, "--stream", str(root / "files"),
-                                                 "--rate", str(args.rate),
-                                                 "--workers", str(args.workers)]))
+            runs["meshtax-stream"].append(
+                timed(
+                    [
+                        py,
+                        __file__,
+                        "--stream",
+                        str(root / "files"),
+                        "--rate",
+                        str(args.rate),
+                        "--workers",
+                        str(args.workers),
+                    ]
+                )
+            )
             if args.crisp:
                 cout = out / "crisp"
                 shutil.rmtree(cout, ignore_errors=True)
                 cout.mkdir()
-                runs["crisp"].append(timed([
-                    args.crisp, "-a", ROOT_OP, "-s", ROOT_SERVICE, "-i", str(root / "files"),
-                    "-o", str(cout), "--lightMode", "--parallelism", str(args.workers),
-                ]))
+                runs["crisp"].append(
+                    timed(
+                        [
+                            args.crisp,
+                            "-a",
+                            ROOT_OP,
+                            "-s",
+                            ROOT_SERVICE,
+                            "-i",
+                            str(root / "files"),
+                            "-o",
+                            str(cout),
+                            "--lightMode",
+                            "--parallelism",
+                            str(args.workers),
+                        ]
+                    )
+                )
                 for f in (root / "files").glob("light-*"):  # light mode writes to its input
                     f.unlink()
         shutil.rmtree(out, ignore_errors=True)
@@ -259,10 +339,13 @@ def main() -> None:
             }
         if args.crisp:
             for k in ("meshtax", "meshtax-stream"):
-                ratios = [c["seconds"] / m["seconds"]
-                          for c, m in zip(runs["crisp"], runs[k], strict=True)]
+                ratios = [
+                    c["seconds"] / m["seconds"] for c, m in zip(runs["crisp"], runs[k], strict=True)
+                ]
                 res[f"crisp_over_{k}"] = {
-                    "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)
+                    "median": statistics.median(ratios),
+                    "min": min(ratios),
+                    "max": max(ratios),
                 }
         print(json.dumps(res), flush=True)
         if not args.keep:

@@ -367,12 +367,22 @@ def test_malformed_inputs_give_clean_errors(
     ("label", "data", "field"),
     [
         ("startTime string", b'{"data":[{"spans":[{"spanID":"a","startTime":"x"}]}]}', "startTime"),
-        ("negative duration", b'{"data":[{"spans":[{"spanID":"a","startTime":1,"duration":-5}]}]}',
-         "duration"),
-        ("tag value list", b'{"data":[{"spans":[{"spanID":"a","startTime":1,"tags":'
-         b'[{"key":"k","value":[1]}]}]}]}', "tags[0].value"),
-        ("kind unknown", b'{"data":[{"spans":[{"spanID":"a","startTime":1,"tags":'
-         b'[{"key":"span.kind","value":"sideways"}]}]}]}', "span.kind"),
+        (
+            "negative duration",
+            b'{"data":[{"spans":[{"spanID":"a","startTime":1,"duration":-5}]}]}',
+            "duration",
+        ),
+        (
+            "tag value list",
+            b'{"data":[{"spans":[{"spanID":"a","startTime":1,"tags":[{"key":"k","value":[1]}]}]}]}',
+            "tags[0].value",
+        ),
+        (
+            "kind unknown",
+            b'{"data":[{"spans":[{"spanID":"a","startTime":1,"tags":'
+            b'[{"key":"span.kind","value":"sideways"}]}]}]}',
+            "span.kind",
+        ),
         ("spans missing", b'{"data":[{"traceID":"a"}]}', "spans"),
     ],
 )

@@ -99,47 +99,118 @@ def run_app(app: App) -> None:
     """frontend GET /: cart (HTTP) then catalog ∥ payment (gRPC, sizes in message events),
     an RPC client wrapping an HTTP client to inventory, an internal span around the cart
     call, and an order message consumed by a worker after the request ended."""
-    with app.span("frontend", "GET /", SpanKind.SERVER, 0, 1_000_000_007,
-                  attrs={"http.request.method": "GET", "http.request.body.size": 0,
-                         "http.response.body.size": 4096}):
+    with app.span(
+        "frontend",
+        "GET /",
+        SpanKind.SERVER,
+        0,
+        1_000_000_007,
+        attrs={
+            "http.request.method": "GET",
+            "http.request.body.size": 0,
+            "http.response.body.size": 4096,
+        },
+    ):
         with app.span("frontend", "render", SpanKind.INTERNAL, 1_001, 400_000_003):
-            with app.span("frontend", "POST /cart", SpanKind.CLIENT, 2_003, 300_000_011,
-                          attrs={"http.request.method": "POST", "server.address": "cart",
-                                 "http.request.body.size": 321,
-                                 "http.response.body.size": 654}):
+            with app.span(
+                "frontend",
+                "POST /cart",
+                SpanKind.CLIENT,
+                2_003,
+                300_000_011,
+                attrs={
+                    "http.request.method": "POST",
+                    "server.address": "cart",
+                    "http.request.body.size": 321,
+                    "http.response.body.size": 654,
+                },
+            ):
                 h = headers()
-                with app.span("cart", "POST /cart", SpanKind.SERVER, 3_005, 299_000_013, h,
-                              {"http.request.method": "POST"}):
+                with app.span(
+                    "cart",
+                    "POST /cart",
+                    SpanKind.SERVER,
+                    3_005,
+                    299_000_013,
+                    h,
+                    {"http.request.method": "POST"},
+                ):
                     pass
-        for name, start, end in (("catalog", 400_001_000, 700_000_001),
-                                 ("payment", 400_002_000, 650_000_003)):
-            with app.span("frontend", f"{name}/Get", SpanKind.CLIENT, start, end,
-                          attrs={"rpc.system": "grpc", "server.address": name}) as c:
+        for name, start, end in (
+            ("catalog", 400_001_000, 700_000_001),
+            ("payment", 400_002_000, 650_000_003),
+        ):
+            with app.span(
+                "frontend",
+                f"{name}/Get",
+                SpanKind.CLIENT,
+                start,
+                end,
+                attrs={"rpc.system": "grpc", "server.address": name},
+            ) as c:
                 message(c, "SENT", 111, start + 10)
                 h = headers()
-                with app.span(name, f"{name}/Get", SpanKind.SERVER, start + 500, end - 500, h,
-                              {"rpc.system": "grpc"}) as s:
+                with app.span(
+                    name,
+                    f"{name}/Get",
+                    SpanKind.SERVER,
+                    start + 500,
+                    end - 500,
+                    h,
+                    {"rpc.system": "grpc"},
+                ) as s:
                     message(s, "RECEIVED", 111, start + 600)
                     message(s, "SENT", 2222, end - 600)
                 message(c, "RECEIVED", 2222, end - 10)
         # an RPC client over an HTTP client, both naming the server: one call
-        with app.span("frontend", "inventory.Check", SpanKind.CLIENT, 700_100_000, 900_000_000,
-                      attrs={"rpc.system": "grpc", "server.address": "inventory"}):
-            with app.span("frontend", "POST", SpanKind.CLIENT, 700_200_000, 899_000_000,
-                          attrs={"server.address": "inventory", "http.request.body.size": 77}):
+        with app.span(
+            "frontend",
+            "inventory.Check",
+            SpanKind.CLIENT,
+            700_100_000,
+            900_000_000,
+            attrs={"rpc.system": "grpc", "server.address": "inventory"},
+        ):
+            with app.span(
+                "frontend",
+                "POST",
+                SpanKind.CLIENT,
+                700_200_000,
+                899_000_000,
+                attrs={"server.address": "inventory", "http.request.body.size": 77},
+            ):
                 h = headers()
-                with app.span("inventory", "POST /check", SpanKind.SERVER, 700_300_000,
-                              898_000_000, h):
+                with app.span(
+                    "inventory", "POST /check", SpanKind.SERVER, 700_300_000, 898_000_000, h
+                ):
                     pass
-        with app.span("frontend", "orders publish", SpanKind.PRODUCER, 900_100_000,
-                      900_200_000, attrs={"messaging.system": "kafka",
-                                          "messaging.message.body.size": 512}):
+        with app.span(
+            "frontend",
+            "orders publish",
+            SpanKind.PRODUCER,
+            900_100_000,
+            900_200_000,
+            attrs={"messaging.system": "kafka", "messaging.message.body.size": 512},
+        ):
             order = headers()
     # the worker consumes after the request is answered, then calls its database
-    with app.span("worker", "orders process", SpanKind.CONSUMER, 1_500_000_000,
-                  1_800_000_000, order, {"messaging.system": "kafka"}):
-        with app.span("worker", "INSERT", SpanKind.CLIENT, 1_600_000_000, 1_700_000_000,
-                      attrs={"db.system": "postgresql", "peer.service": "orders-db"}):
+    with app.span(
+        "worker",
+        "orders process",
+        SpanKind.CONSUMER,
+        1_500_000_000,
+        1_800_000_000,
+        order,
+        {"messaging.system": "kafka"},
+    ):
+        with app.span(
+            "worker",
+            "INSERT",
+            SpanKind.CLIENT,
+            1_600_000_000,
+            1_700_000_000,
+            attrs={"db.system": "postgresql", "peer.service": "orders-db"},
+        ):
             pass
 
 

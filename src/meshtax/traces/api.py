@@ -80,7 +80,9 @@ def _looks_binary(head: bytes) -> bool:
 
 
 def _unknown(name: str) -> str:
-    raise TraceFormatError(f"{name}: cannot tell the trace format; pass one of {', '.join(FORMATS)}")
+    raise TraceFormatError(
+        f"{name}: cannot tell the trace format; pass one of {', '.join(FORMATS)}"
+    )
 
 
 def load_traces(

@@ -491,12 +491,14 @@ class _ODoc(Struct, gc=False):
 _OTLP_KINDS = {0: INTERNAL, 1: INTERNAL, 2: SERVER, 3: CLIENT, 4: PRODUCER, 5: CONSUMER}
 
 
-def _ns(v: int | str, where: str) -> int:
-    if isinstance(v, str):
+def _ns(value: int | str, where: str) -> int:
+    if isinstance(value, str):
         try:
-            v = int(v)
+            v = int(value)
         except ValueError:
-            raise TraceFormatError(f"{where}: {v[:40]!r} is not an integer") from None
+            raise TraceFormatError(f"{where}: {value[:40]!r} is not an integer") from None
+    else:
+        v = value
     if not 0 <= v <= MAX_NS:
         raise TraceFormatError(f"{where}: {v} ns is out of range (0 – {MAX_NS})")
     return v

@@ -104,9 +104,9 @@ def _open(src: Source) -> IO[bytes]:
             f = open(src.name, "rb")  # noqa: SIM115 - closed by the caller
         except OSError as e:
             raise TraceFormatError(f"{src.name}: cannot open ({e.strerror})") from None
-    if not hasattr(f, "peek"):
-        f = io.BufferedReader(f)  # type: ignore[arg-type]
-    head = f.peek(4)[:4]  # type: ignore[attr-defined]
+    if not isinstance(f, io.BufferedReader):
+        f = io.BufferedReader(f)  # type: ignore[type-var]
+    head = f.peek(4)[:4]
     if head[:2] == GZIP_MAGIC:
         if src.is_stdin:
             return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
@@ -120,7 +120,7 @@ def _open(src: Source) -> IO[bytes]:
                 f"{src.name}: zstd-compressed; reading it needs the zstandard package"
             ) from None
         reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
-        return io.BufferedReader(reader)  # type: ignore[arg-type]
+        return io.BufferedReader(reader)
     return f
 
 

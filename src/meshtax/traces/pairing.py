@@ -115,8 +115,8 @@ def pair(
     found by a join on (trace id, span id))."""
     if not rows:
         return _empty()
-    c_trace, c_span, c_parent, c_svc, c_kind, c_start, c_dur, c_req, c_resp, c_peer, c_proto = (
-        zip(*rows, strict=True)
+    c_trace, c_span, c_parent, c_svc, c_kind, c_start, c_dur, c_req, c_resp, c_peer, c_proto = zip(
+        *rows, strict=True
     )
     n_read = len(rows)
     tmap: dict[str, int] = {}
@@ -137,10 +137,27 @@ def pair(
     peer = np.fromiter((nmap.setdefault(s, len(nmap) - 1) for s in c_peer), np.int64, n_read)
     return pair_columns(
         SpanColumns(
-            trace, list(tmap), c_span, par, svc, peer, list(nmap)[1:], c_kind, c_start, c_dur,
-            c_req, c_resp, c_proto, dup,
+            trace,
+            list(tmap),
+            c_span,
+            par,
+            svc,
+            peer,
+            list(nmap)[1:],
+            c_kind,
+            c_start,
+            c_dur,
+            c_req,
+            c_resp,
+            c_proto,
+            dup,
         ),
-        report, naming, rate, max_skew_us, default_req, default_resp,
+        report,
+        naming,
+        rate,
+        max_skew_us,
+        default_req,
+        default_resp,
     )
 
 
@@ -157,19 +174,34 @@ def pair_resolved(
     one object, its ids are joined per trace)."""
     if not res.rows:
         return _empty()
-    c_trace, c_span, c_parent, c_svc, c_kind, c_start, c_dur, c_req, c_resp, c_peer, c_proto = (
-        zip(*res.rows, strict=True)
+    c_trace, c_span, c_parent, c_svc, c_kind, c_start, c_dur, c_req, c_resp, c_peer, c_proto = zip(
+        *res.rows, strict=True
     )
     kind = np.asarray(c_kind, dtype=np.int8)
     dup = kind < 0
     return pair_columns(
         SpanColumns(
-            np.asarray(c_trace, dtype=np.int64), res.trace_names, c_span,
-            np.asarray(c_parent, dtype=np.int64), np.asarray(c_svc, dtype=np.int64),
-            np.asarray(c_peer, dtype=np.int64), list(res.names)[1:], np.maximum(kind, 0),
-            c_start, c_dur, c_req, c_resp, c_proto, dup if dup.any() else None,
+            np.asarray(c_trace, dtype=np.int64),
+            res.trace_names,
+            c_span,
+            np.asarray(c_parent, dtype=np.int64),
+            np.asarray(c_svc, dtype=np.int64),
+            np.asarray(c_peer, dtype=np.int64),
+            list(res.names)[1:],
+            np.maximum(kind, 0),
+            c_start,
+            c_dur,
+            c_req,
+            c_resp,
+            c_proto,
+            dup if dup.any() else None,
         ),
-        report, naming, rate, max_skew_us, default_req, default_resp,
+        report,
+        naming,
+        rate,
+        max_skew_us,
+        default_req,
+        default_resp,
     )
 
 
@@ -223,7 +255,12 @@ def pair_columns(
         remap[keep_rows] = np.arange(keep_rows.size)
         # a child of a dropped duplicate hangs under the kept span of that id
         par = np.where(par >= 0, remap[np.maximum(par, 0)], par)
-        trace, kind, start, dur = trace[keep_rows], kind[keep_rows], start[keep_rows], dur[keep_rows]
+        trace, kind, start, dur = (
+            trace[keep_rows],
+            kind[keep_rows],
+            start[keep_rows],
+            dur[keep_rows],
+        )
         req, resp, proto = req[keep_rows], resp[keep_rows], proto[keep_rows]
         svc, peer, par = svc[keep_rows], peer[keep_rows], par[keep_rows]
         span_ids = tuple(span_ids[i] for i in keep_rows.tolist())
@@ -314,7 +351,8 @@ def pair_columns(
         nr = idx[nested & ~np.isnan(col)]
         fill = nr[np.isnan(v[head[nr]])]
         v[head[fill]] = col[fill]
-        return v[hrow]
+        out: F64 = v[hrow]
+        return out
 
     h_req = chain_value(req)
     h_resp = chain_value(resp)
@@ -364,9 +402,9 @@ def pair_columns(
     h_end = h_start + dur[timing]
     depth, _ = _depth(parent_hop)
     was_clamped = np.zeros(H, dtype=bool)
-    bound = int(round(max_skew_us * 1000.0)) if math.isfinite(max_skew_us) else np.iinfo(
-        np.int64
-    ).max
+    bound = (
+        int(round(max_skew_us * 1000.0)) if math.isfinite(max_skew_us) else np.iinfo(np.int64).max
+    )
     skewed = np.zeros(H, dtype=bool)
     for d in range(1, int(depth.max(initial=0)) + 1):
         at = np.flatnonzero(depth == d)

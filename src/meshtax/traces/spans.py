@@ -161,6 +161,7 @@ def _read_source(
                 raise TraceFormatError(
                     f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
                 )
+            assert split is not None
             split.extend(raws)
         else:
             decode.READERS[fmt](doc, where, out)
@@ -411,7 +412,7 @@ def load_paired(
     paths: inputs.PathIn | Sequence[inputs.PathIn], format: str, options: SpanOptions
 ) -> tuple[Paired, ImportReport]:
     """Every graph of the span files in one columnar batch, rates filled in."""
-    rep = ImportReport(", ".join(map(os.fspath, _as_list(paths))), format)
+    rep = ImportReport(", ".join(os.fspath(p) for p in _as_list(paths)), format)
     parts = list(iter_batches(paths, format, options, rep))
     if options.rate is None:
         fill_rates(parts, options.window_s, rep)
