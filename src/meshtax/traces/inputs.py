@@ -139,21 +139,22 @@ def head(src: Source, n: int = 4096) -> bytes:
 _STDIN_DATA: list[bytes] = []
 
 
-def _stdin_buffer(limit: int = MAX_DOCUMENT_BYTES) -> bytes:
-    """Stdin read once (bounded; decompressed) and kept, so it can be sniffed and then read."""
+def _stdin_buffer(limit: int = MAX_DOCUMENT_BYTES, keep: bool = True) -> bytes:
+    """Stdin read once (bounded; decompressed) and kept until it is read for its documents
+    (``keep=False``), so it can be sniffed first."""
     if not _STDIN_DATA:
         f = _open(Source(STDIN))
         data = _Limited(f, "<stdin>").read(limit + 1)
         if len(data) > limit:
             raise TraceFormatError(f"<stdin>: more than {limit} bytes; pass a file instead")
         _STDIN_DATA.append(data)
-    return _STDIN_DATA[0]
+    return _STDIN_DATA[0] if keep else _STDIN_DATA.pop()
 
 
 def read_all(src: Source, limit: int = MAX_DOCUMENT_BYTES) -> bytes:
     """The whole (decompressed) source, refused beyond ``limit`` bytes."""
     if src.is_stdin:
-        return _stdin_buffer(limit)
+        return _stdin_buffer(limit, keep=False)
     f = _open(src)
     try:
         data = _Limited(f, src.name).read(limit + 1)
@@ -188,7 +189,7 @@ def documents(src: Source, limit: int = MAX_DOCUMENT_BYTES) -> Iterator[tuple[in
     multi-line document, else one per non-empty line (JSON Lines; a one-line file is one).
     A document larger than ``limit`` bytes is refused."""
     name = "<stdin>" if src.is_stdin else src.name
-    f: IO[bytes] = io.BytesIO(_stdin_buffer(limit)) if src.is_stdin else _open(src)
+    f: IO[bytes] = io.BytesIO(_stdin_buffer(limit, keep=False)) if src.is_stdin else _open(src)
     plain = isinstance(f, io.BufferedReader) and isinstance(f.raw, io.FileIO)
     if plain and os.fstat(f.fileno()).st_size <= limit:
         # a plain file that fits: one read, then cut into lines only if it is JSON Lines
