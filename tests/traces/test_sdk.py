@@ -313,3 +313,77 @@ def test_zipkin_json_exporter(tmp_path: Path) -> None:
         start_us = (T0 + s + 500) // 1000 - t0
         match = [x for x in got if x[:2] == (a, b)]
         assert match and match[0][2] == start_us and abs(match[0][3] - d / 1000) <= 1
+
+
+# ---- the Go SDK: meshapp's own OTLP/JSON-lines files, one per process ----------------------
+
+
+def test_go_sdk_meshapp_traces(tmp_path: Path) -> None:
+    """Online Boutique's index query on loopback (HTTP frontend, gRPC backends, a parallel
+    stage): the per-process trace files, read as a directory, give the topology's call graph
+    for every request; each hop's start and duration equal its client span's to the
+    nanosecond (read back independently with the json module)."""
+    import shutil
+
+    from meshtax.model.sidecar import Mode
+    from meshtax.profile.fortio import LoadSpec, fortio_binary, run_spec
+    from meshtax.profile.system import RealSystem, free_ports
+    from meshtax.validate import appctl
+
+    binary = Path(__file__).parents[2] / ".tools" / "bin" / "meshapp"
+    if not binary.exists():
+        if shutil.which("go") is None:
+            pytest.skip("meshapp not built and Go not installed")
+        binary = appctl.ensure_built(RealSystem())
+    try:
+        fortio = fortio_binary()
+    except Exception:
+        pytest.skip("fortio not installed (scripts/install.sh puts it in .tools/bin)")
+    topo = appctl.load_topology("online-boutique")
+    query = topo.query("index")
+    names = topo.reachable(query)
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
+    d = appctl.plan(
+        topo, "index", workdir=tmp_path, ports=ports, binary=binary, trace_batch_timeout_s=0.2
+    )
+    with appctl.start(d, appctl.loopback_spawner(RealSystem())) as app:
+        assert run_spec(
+            LoadSpec(target=d.entry_target, mode=Mode.HTTP, size_bytes=0, qps=0, n=4),
+            binary=fortio,
+        ).ok
+        assert all(c == 0 for c in app.stop().values())  # SIGTERM: spans flushed
+    trace_dir = tmp_path / "traces"
+    trace_dir.mkdir()
+    for f in d.trace_files:
+        shutil.copy(f, trace_dir / f.name)
+    r = load_traces(trace_dir, "otlp", SpanOptions(rate=1.0))
+    assert len(r.ecgs) == 4, r.report.summary()
+    want = sorted(
+        (caller, c.service, float(c.request_bytes), float(resp))
+        for caller, _, c, resp in topo.invocations(query)
+    )
+    # independent read of every span: id → (kind, start ns, end ns)
+    raw: dict[str, tuple[int, int, int]] = {}
+    for f in trace_dir.iterdir():
+        for line in f.read_text().splitlines():
+            for rs in json.loads(line)["resourceSpans"]:
+                for sc in rs["scopeSpans"]:
+                    for s in sc["spans"]:
+                        raw[s["spanId"]] = (
+                            s["kind"],
+                            int(s["startTimeUnixNano"]),
+                            int(s["endTimeUnixNano"]),
+                        )
+    for e in r.ecgs:
+        calls = [i for i in e.invocations if i.caller != EXTERNAL]
+        got = sorted((i.caller, i.callee, i.request_bytes, i.response_bytes) for i in calls)
+        assert got == want
+        by = {i.id: i for i in e.invocations}
+        assert all(by[i.parent].callee == i.caller for i in calls if i.parent)
+        (root,) = [i for i in e.invocations if i.caller == EXTERNAL]
+        t0 = raw[root.id][1]
+        for i in e.invocations:
+            kind, start, end = raw[i.id]
+            assert kind == (2 if i is root else 3)  # the entry server span; else client spans
+            assert round(i.start_us * 1000) == start - t0
+            assert round(i.duration_us * 1000) == end - start
