@@ -12,9 +12,10 @@ spans; one file per trace, and merged files), then times, in alternating runs:
 - ``crisp`` (with ``--crisp PATH``, the ``crisp-trace`` of a CRISP install): CRISP light mode
   on the per-trace directory, ``--parallelism`` as meshtax's workers.
 
-For every run: wall time and the peak resident memory of the whole process tree (the sum
-over its processes, sampled every 20 ms). Prints one JSON line per size with the medians,
-the CRISP/meshtax time ratio per alternating pair, and the machine's load average.
+For every run: wall time, CPU time of the whole process tree (less sensitive to other work
+on a shared machine), and the peak memory of the tree (the sum of its processes' PSS, sampled
+every 20 ms). Prints one JSON line per size with the medians, the CRISP/meshtax ratios per
+alternating pair, and the machine's load average.
 
     flock /run/meshtax-measure.lock .venv/bin/python benchmarks/bench_traces.py \
         --traces 10000 50000 --dir /tmp/meshtax-bench-traces \
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -184,7 +186,10 @@ def _tree_rss_kb(pid: int) -> int:
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
-    """Run ``cmd``; wall seconds and the peak RSS (MB) of its process tree."""
+    """Run ``cmd``; wall seconds, CPU seconds (user + system of the whole process tree: less
+    sensitive than wall time to other work on the machine) and the peak memory (MB) of the
+    tree."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     peak = 0
@@ -202,9 +207,11 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, float]
     done.set()
     th.join()
     secs = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # waited-for descendants included
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{err.decode()[-3000:]}")
-    return {"seconds": secs, "peak_rss_mb": peak / 1024}
+    return {"seconds": secs, "cpu_seconds": cpu, "peak_rss_mb": peak / 1024}
 
 
 def stream(inp: str, rate: float, workers: int) -> None:
@@ -333,20 +340,22 @@ def main() -> None:
         for k, rs in runs.items():
             res[k] = {
                 "seconds_median": statistics.median(r["seconds"] for r in rs),
+                "cpu_seconds_median": statistics.median(r["cpu_seconds"] for r in rs),
                 "seconds": [round(r["seconds"], 3) for r in rs],
                 "traces_per_s_median": n / statistics.median(r["seconds"] for r in rs),
                 "peak_rss_mb_max": max(r["peak_rss_mb"] for r in rs),
             }
         if args.crisp:
             for k in ("meshtax", "meshtax-stream"):
-                ratios = [
-                    c["seconds"] / m["seconds"] for c, m in zip(runs["crisp"], runs[k], strict=True)
-                ]
-                res[f"crisp_over_{k}"] = {
-                    "median": statistics.median(ratios),
-                    "min": min(ratios),
-                    "max": max(ratios),
-                }
+                for what in ("seconds", "cpu_seconds"):
+                    ratios = [
+                        c[what] / m[what] for c, m in zip(runs["crisp"], runs[k], strict=True)
+                    ]
+                    res[f"crisp_over_{k}_{what}"] = {
+                        "median": statistics.median(ratios),
+                        "min": min(ratios),
+                        "max": max(ratios),
+                    }
         print(json.dumps(res), flush=True)
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -174,18 +174,6 @@ class _Attrs:
         elif isinstance(v, str) and v.lower() == "grpc":
             self.proto = GRPC
 
-    def scan(self, items: Iterable[Any], otlp: bool) -> None:
-        """Attributes of Jaeger tags (``.key``/``.value``) or OTLP key-values: most keys
-        are none of ours and cost one dictionary miss."""
-        get = _SLOT.get
-        for it in items:
-            k = it.key
-            if get(k) is None:
-                if not self.proto and k.startswith("http."):
-                    self.proto = HTTP
-                continue
-            self.add(k, _otlp_value(it.value) if otlp else it.value)
-
     def event(self, items: Iterable[tuple[str, Any]], kind: int) -> None:
         """A message event: SENT/RECEIVED size, counted as request or response by the side
         (a client sends the request; a server receives it)."""
@@ -209,6 +197,55 @@ class _Attrs:
             self.req if self.rq < 99 else self.ev_req,
             self.resp if self.rs < 99 else self.ev_resp,
         )
+
+
+def _scan(items: Iterable[Any], otlp: bool) -> tuple[Any, float, float, str, int, bool, bool]:
+    """What a span's tags (Jaeger ``.key``/``.value``) or attributes (OTLP key-values) say:
+    (``span.kind`` tag, request bytes, response bytes, peer, protocol, whether the request
+    and the response size were given). The hot loop of decoding: a key that is none of ours
+    costs one dictionary miss."""
+    kind: Any = None
+    http = grpc = False
+    req = resp = NAN
+    rq = rs = pr = 99
+    peer = ""
+    slots = _SLOT
+    for it in items:
+        k = it.key
+        if not http and k.startswith("http."):
+            http = True
+        slot = slots.get(k)
+        if slot is None:
+            continue
+        what, rank = slot
+        v = _otlp_value(it.value) if otlp else it.value
+        if what == _PEER:
+            if rank < pr and v.__class__ is str and v.strip():
+                peer, pr = v, rank
+        elif what == _REQ:
+            if rank < rq:
+                f = _size(v)
+                if f == f:
+                    req, rq = f, rank
+        elif what == _RESP:
+            if rank < rs:
+                f = _size(v)
+                if f == f:
+                    resp, rs = f, rank
+        elif what == _KIND:
+            kind = v
+        elif v.__class__ is str and v.lower() == "grpc":
+            grpc = True
+    return kind, req, resp, peer, GRPC if grpc else HTTP if http else 0, rq < 99, rs < 99
+
+
+def _events(events: Iterable[Any], kind: int, otlp: bool) -> tuple[float, float]:
+    """Request and response bytes summed over message events (NaN: none)."""
+    a = _Attrs()
+    for ev in events:
+        items = ev.attributes if otlp else ev.fields
+        a.event(((kv.key, _otlp_value(kv.value) if otlp else kv.value) for kv in items), kind)
+    return a.ev_req, a.ev_resp
 
 
 def _kind_code(name: str | None, where: str) -> int:
@@ -340,55 +377,18 @@ def _add_jaeger(t: _JTrace, where: str, out: SpanRows) -> None:
     dups = len(local) != len(spans)
     rows = res.rows
     codes = KIND_CODES
-    slots = _SLOT
     for si, s in enumerate(spans):
-        # the hot loop, in locals: most tags are none of ours and cost one dict miss
-        kind_s: Any = None
-        http = grpc = False
-        req = resp = NAN
-        rq = rs = pr = 99
-        peer = ""
-        for tg in s.tags:
-            k = tg.key
-            if k == "span.kind":
-                kind_s = tg.value
-                continue
-            if not http and k.startswith("http."):
-                http = True
-            slot = slots.get(k)
-            if slot is None:
-                continue
-            what, rank = slot
-            v = tg.value
-            if what == _PEER:
-                if rank < pr and v.__class__ is str and v.strip():
-                    peer, pr = v, rank
-            elif what == _REQ:
-                if rank < rq:
-                    f = _size(v)
-                    if f == f:
-                        req, rq = f, rank
-            elif what == _RESP:
-                if rank < rs:
-                    f = _size(v)
-                    if f == f:
-                        resp, rs = f, rank
-            elif what == _RPCSYS and v.__class__ is str and v.lower() == "grpc":
-                grpc = True
+        kind_s, req, resp, peer, proto, has_req, has_resp = _scan(s.tags, False)
         if kind_s is None:
             kind = INTERNAL
         else:
             kind = codes.get(kind_s, -1) if kind_s.__class__ is str else -1
             if kind < 0:
                 kind = _kind_code(str(kind_s), f"{where}.spans[{si}].tags.span.kind")
-        if s.logs and (rq == 99 or rs == 99):
-            a = _Attrs()
-            for log in s.logs:
-                a.event(((f.key, f.value) for f in log.fields), kind)
-            if rq == 99:
-                req = a.ev_req
-            if rs == 99:
-                resp = a.ev_resp
+        if s.logs and not (has_req and has_resp):
+            ev_req, ev_resp = _events(s.logs, kind, False)
+            req = req if has_req else ev_req
+            resp = resp if has_resp else ev_resp
         parent = -2
         for r in s.references:
             if r.refType in ("CHILD_OF", "FOLLOWS_FROM"):
@@ -412,7 +412,7 @@ def _add_jaeger(t: _JTrace, where: str, out: SpanRows) -> None:
                 req,
                 resp,
                 names.setdefault(peer, len(names) - 1) if peer else -1,
-                GRPC if grpc else HTTP if http else 0,
+                proto,
             )
         )
 
@@ -512,6 +512,7 @@ def read_otlp_json(doc: bytes, where: str, out: SpanRows) -> None:
         raise TraceFormatError(f"{where}: not OTLP JSON (expected a 'resourceSpans' list)")
     out.complete = False  # an exporter's batch holds parts of traces
     rows = out.rows
+    kinds = _OTLP_KINDS
     for ri, rs in enumerate(rss):
         svc = ""
         for kv in rs.resource.attributes if rs.resource else ():
@@ -519,22 +520,28 @@ def read_otlp_json(doc: bytes, where: str, out: SpanRows) -> None:
                 svc = str(_otlp_value(kv.value) or "")
         for ci, sc in enumerate(rs.scopeSpans or rs.instrumentationLibrarySpans):
             for si, s in enumerate(sc.spans):
-                w = f"{where}: resourceSpans[{ri}].scopeSpans[{ci}].spans[{si}]"
                 k = s.kind
-                kind = (
-                    _OTLP_KINDS.get(k, INTERNAL)
-                    if isinstance(k, int)
-                    else _kind_code(k, f"{w}.kind")
-                )
-                a = _Attrs()
-                a.scan(s.attributes, True)
-                for ev in s.events:
-                    a.event(((kv.key, _otlp_value(kv.value)) for kv in ev.attributes), kind)
-                t0 = _ns(s.startTimeUnixNano, f"{w}.startTimeUnixNano")
-                t1 = _ns(s.endTimeUnixNano, f"{w}.endTimeUnixNano")
-                if t1 < t0:
+                if k.__class__ is int:
+                    kind = kinds.get(k, INTERNAL)  # type: ignore[call-overload]
+                else:
+                    kind = _kind_code(str(k), f"{_at(where, ri, ci, si)}.kind")
+                _, req, resp, peer, proto, has_req, has_resp = _scan(s.attributes, True)
+                if s.events and not (has_req and has_resp):
+                    ev_req, ev_resp = _events(s.events, kind, True)
+                    req = req if has_req else ev_req
+                    resp = resp if has_resp else ev_resp
+                t0, t1 = s.startTimeUnixNano, s.endTimeUnixNano
+                try:
+                    t0 = t0 if t0.__class__ is int else int(t0)
+                    t1 = t1 if t1.__class__ is int else int(t1)
+                    ok = 0 <= t0 <= t1 <= MAX_NS
+                except ValueError:
+                    ok = False
+                if not ok:
+                    w = _at(where, ri, ci, si)
+                    t0 = _ns(s.startTimeUnixNano, f"{w}.startTimeUnixNano")
+                    t1 = _ns(s.endTimeUnixNano, f"{w}.endTimeUnixNano")
                     raise TraceFormatError(f"{w}.endTimeUnixNano: {t1} ends before the start {t0}")
-                req, resp = a.sizes()
                 rows.append(
                     (
                         s.traceId,
@@ -542,14 +549,18 @@ def read_otlp_json(doc: bytes, where: str, out: SpanRows) -> None:
                         s.parentSpanId,
                         svc,
                         kind,
-                        t0,
-                        t1 - t0,
+                        t0,  # type: ignore[arg-type]
+                        t1 - t0,  # type: ignore[operator]
                         req,
                         resp,
-                        a.peer,
-                        a.proto,
+                        peer,
+                        proto,
                     )
                 )
+
+
+def _at(where: str, ri: int, ci: int, si: int) -> str:
+    return f"{where}: resourceSpans[{ri}].scopeSpans[{ci}].spans[{si}]"
 
 
 def read_otlp_proto(data: bytes, where: str, out: SpanRows) -> None:
