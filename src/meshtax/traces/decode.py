@@ -522,7 +522,7 @@ def read_otlp_json(doc: bytes, where: str, out: SpanRows) -> None:
             for si, s in enumerate(sc.spans):
                 k = s.kind
                 if k.__class__ is int:
-                    kind = kinds.get(k, INTERNAL)  # type: ignore[call-overload]
+                    kind = kinds.get(k, INTERNAL)
                 else:
                     kind = _kind_code(str(k), f"{_at(where, ri, ci, si)}.kind")
                 _, req, resp, peer, proto, has_req, has_resp = _scan(s.attributes, True)
