@@ -402,3 +402,36 @@ def test_document_size_bound(tmp_path: Path) -> None:
     bomb.write_bytes(gzip.compress(b"{" + b" " * 100_000))
     with pytest.raises(TraceFormatError, match="more than 1000 bytes"):
         load_traces(bomb, "otlp", SpanOptions(max_document_bytes=1000))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_otlp_traces_spread_over_lines_and_files(tmp_path: Path, workers: int) -> None:
+    # every line holds parts of many traces, as an exporter's batches do; traces are whole
+    # again after the input ends, whatever the batch size
+    def trace_spans(k: int) -> dict[str, list[dict[str, Any]]]:
+        tid = f"{k:032x}"
+        return {
+            "a": [
+                span(f"{k}a1", "", SERVER, 0, 1000, tid=tid),
+                span(f"{k}c", f"{k}a1", CLIENT, 100, 900, {"peer.service": "b"}, tid=tid),
+            ],
+            "b": [span(f"{k}b1", f"{k}c", SERVER, 110, 890, tid=tid)],
+        }
+
+    d = tmp_path / "otlp"
+    d.mkdir()
+    for f in range(3):
+        lines = []
+        for line in range(4):
+            by: dict[str, list[dict[str, Any]]] = {}
+            for k in range(line, 40, 4):  # each line: every 4th trace, one service per file
+                svc = "ab"[f % 2]
+                by.setdefault(svc, []).extend(trace_spans(k)[svc] if f < 2 else [])
+            lines.append(json.dumps(doc(by)))
+        (d / f"{f}.jsonl").write_text("\n".join(lines) + "\n")
+    rep = ImportReport("x", "otlp")
+    opts = SpanOptions(rate=1.0, batch_spans=7, workers=workers)
+    parts = list(iter_batches(d, "otlp", opts, rep))
+    assert sum(p.batch.n_graphs for p in parts) == 40 == rep.graphs_kept
+    assert all(p.batch.n_invocations == 2 * p.batch.n_graphs for p in parts)
+    assert rep.rows_read == 120 and rep.rows_used == 80 and rep.rows_merged == 40
