@@ -174,26 +174,24 @@ def pair_resolved(
     one object, its ids are joined per trace)."""
     if not res.rows:
         return _empty()
-    c_trace, c_span, c_parent, c_svc, c_kind, c_start, c_dur, c_req, c_resp, c_peer, c_proto = zip(
-        *res.rows, strict=True
-    )
-    kind = np.asarray(c_kind, dtype=np.int8)
+    c = np.array(res.rows, dtype=_RESOLVED)  # one C pass over the row tuples
+    kind = c["kind"].astype(np.int8)
     dup = kind < 0
     return pair_columns(
         SpanColumns(
-            np.asarray(c_trace, dtype=np.int64),
+            c["trace"],
             res.trace_names,
-            c_span,
-            np.asarray(c_parent, dtype=np.int64),
-            np.asarray(c_svc, dtype=np.int64),
-            np.asarray(c_peer, dtype=np.int64),
+            c["span"],
+            c["parent"],
+            c["svc"],
+            c["peer"],
             list(res.names)[1:],
             np.maximum(kind, 0),
-            c_start,
-            c_dur,
-            c_req,
-            c_resp,
-            c_proto,
+            c["start"],
+            c["dur"],
+            c["req"],
+            c["resp"],
+            c["proto"],
             dup if dup.any() else None,
         ),
         report,
@@ -203,6 +201,23 @@ def pair_resolved(
         default_req,
         default_resp,
     )
+
+
+_RESOLVED = np.dtype(
+    [
+        ("trace", "i8"),
+        ("span", "O"),
+        ("parent", "i8"),
+        ("svc", "i8"),
+        ("kind", "i8"),
+        ("start", "i8"),
+        ("dur", "i8"),
+        ("req", "f8"),
+        ("resp", "f8"),
+        ("peer", "i8"),
+        ("proto", "i8"),
+    ]
+)
 
 
 @dataclass
@@ -263,7 +278,7 @@ def pair_columns(
         )
         req, resp, proto = req[keep_rows], resp[keep_rows], proto[keep_rows]
         svc, peer, par = svc[keep_rows], peer[keep_rows], par[keep_rows]
-        span_ids = tuple(span_ids[i] for i in keep_rows.tolist())
+        span_ids = np.asarray(span_ids, dtype=object)[keep_rows]
     n = trace.size
     missing = par == -1
     if missing.any():
@@ -491,7 +506,7 @@ def pair_columns(
         services=services,
         specs=tuple(specs),
         graph_names=tuple(trace_names[g] for g in G_kept.tolist()),
-        row_ids=tuple(span_ids[i] for i in hrow[order].tolist()),
+        row_ids=tuple(np.asarray(span_ids, dtype=object)[hrow[order]].tolist()),
         protocol=h_proto[order].astype(np.int64) if h_proto[order].any() else None,
     )
     return Paired(batch, origin[G_kept], last[G_kept], asyn[order])
