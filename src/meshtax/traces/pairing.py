@@ -228,7 +228,7 @@ class SpanColumns:
 
     trace: I64
     trace_names: list[str]
-    span_ids: Sequence[str]
+    span_ids: Sequence[str] | npt.NDArray[np.object_]
     parent: I64
     service: I64
     peer: I64
@@ -262,7 +262,8 @@ def pair_columns(
     req = np.asarray(cols.req, dtype=np.float64)
     resp = np.asarray(cols.resp, dtype=np.float64)
     proto = np.asarray(cols.proto, dtype=np.int8)
-    svc, peer, span_ids = cols.service, cols.peer, cols.span_ids
+    svc, peer = cols.service, cols.peer
+    span_ids: Any = cols.span_ids
     if cols.duplicate is not None:
         keep_rows = np.flatnonzero(~cols.duplicate)
         report.dropped_rows[R_DUPLICATE] += n_read - keep_rows.size
