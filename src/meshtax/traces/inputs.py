@@ -25,8 +25,10 @@ PathIn = str | os.PathLike[str]
 STDIN = "-"
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-#: The largest document (one file, or one line of JSON Lines) read into memory, decompressed.
-MAX_DOCUMENT_BYTES = 1 << 30
+#: The largest document (one file, or one line of JSON Lines) read into memory, decompressed:
+#: a decoded document takes a few times its size, so larger inputs must come as JSON Lines,
+#: several files, or (Jaeger) traces that are cut out of the document one batch at a time.
+MAX_DOCUMENT_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
