@@ -235,16 +235,24 @@ def _pair(
     return pair(rows, *args)
 
 
+#: Beyond this many inputs, files are not looked at one by one (a stat of every one of 50 000
+#: files cost seconds): tasks take a fixed number of files, guessed at ~20 spans each.
+_MANY_FILES = 64
+
+
 def _tasks(sources: list[inputs.Source], fmt: str, options: SpanOptions) -> Iterator[_Task]:
-    """Cut the input into tasks of about ``batch_spans`` spans (guessed from file sizes:
-    ~500 B of JSON per span); a large Jaeger document is cut into its traces."""
+    """Cut the input into tasks of about ``batch_spans`` spans (guessed from file sizes,
+    ~500 B of JSON per span, or from the file count); a large Jaeger document is cut into
+    its traces."""
     budget = options.batch_spans * 500
+    if len(sources) > _MANY_FILES:
+        per = max(1, options.batch_spans // 20)
+        for i in range(0, len(sources), per):
+            yield _Task(sources=sources[i : i + per])
+        return
     task = _Task()
     for src in sources:
-        try:
-            size = 0 if src.is_stdin else os.stat(src.name).st_size
-        except OSError as e:
-            raise TraceFormatError(f"{src.name}: cannot read ({e.strerror})") from None
+        size = _size_of(src)
         if fmt == "jaeger" and (src.is_stdin or size > budget):
             if task.sources:
                 yield task
@@ -269,6 +277,13 @@ def _tasks(sources: list[inputs.Source], fmt: str, options: SpanOptions) -> Iter
             task = _Task()
     if task.sources:
         yield task
+
+
+def _size_of(src: inputs.Source) -> int:
+    try:
+        return 0 if src.is_stdin else os.stat(src.name).st_size
+    except OSError as e:
+        raise TraceFormatError(f"{src.name}: cannot read ({e.strerror})") from None
 
 
 @dataclass
@@ -361,15 +376,10 @@ class _Held:
 def _several_tasks(sources: list[inputs.Source], options: SpanOptions) -> bool:
     """Whether the input makes more than one task (decided before reading, so the workers
     are forked while this process is still small)."""
-    if len(sources) > 1:
-        total = 0
-        for s in sources:
-            total += 0 if s.is_stdin else os.stat(s.name).st_size
-            if total > options.batch_spans * 500:
-                return True
-        return False
-    s = sources[0]
-    return s.is_stdin or os.stat(s.name).st_size > options.batch_spans * 500
+    if len(sources) > _MANY_FILES:
+        return len(sources) > max(1, options.batch_spans // 20)
+    budget = options.batch_spans * 500
+    return any(s.is_stdin for s in sources) or sum(map(_size_of, sources)) > budget
 
 
 def _workers(options: SpanOptions) -> int:
