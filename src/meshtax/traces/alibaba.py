@@ -129,7 +129,8 @@ def sniff_version(path: str | os.PathLike[str]) -> Version:
     if "rpcid" in cols and "traceid" in cols:
         return "alibaba-v2021"
     raise TraceFormatError(
-        f"{path}: header {','.join(cols)!r} is neither Alibaba v2021 ({','.join(V2021_COLUMNS)}) nor v2022 ({','.join(V2022_COLUMNS)})"
+        f"{path}: header {','.join(cols)!r} is neither Alibaba v2021 ({','.join(V2021_COLUMNS)}) "
+        f"nor v2022 ({','.join(V2022_COLUMNS)})"
     )
 
 

@@ -67,7 +67,10 @@ def _describe_at(where: str, err: jsonschema.ValidationError) -> str:
             sub = max(inner, key=lambda c: len(c.path))
             return _describe_at(f"{where}.{_path(sub.path)}", sub)
     if v == "oneOf":
-        return f"{where}: {inst!r}; expected 'none', a mode (tcp, http, grpc) or {{mode, filters, mtls, tls_version, architecture}}"
+        return (
+            f"{where}: {inst!r}; expected 'none', a mode (tcp, http, grpc) or "
+            "{mode, filters, mtls, tls_version, architecture}"
+        )
     return f"{where}: {err.message}"
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from meshtax.model.components import sized
 from meshtax.model.sidecar import Mode, SidecarConfig
 
 __all__ = [
@@ -95,10 +96,14 @@ IGNORED: Mapping[str, str] = {
     "envoy.router": _BASE,
     "envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec": _BASE,
     "envoy.filters.http.upstream_codec": _BASE,
-    "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig": "gRPC stats counters (Istio adds it to every HTTP chain): no profile; per-request cost not modelled",
-    "envoy.filters.http.grpc_stats": "gRPC stats counters (Istio adds it to every HTTP chain): no profile; per-request cost not modelled",
-    "envoy.extensions.filters.http.cors.v3.Cors": "CORS with no policy on the route does nothing per request (Istio adds it to every HTTP chain)",
-    "envoy.filters.http.cors": "CORS with no policy on the route does nothing per request (Istio adds it to every HTTP chain)",
+    "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig": "gRPC stats counters (Istio adds it "
+    "to every HTTP chain): no profile; per-request cost not modelled",
+    "envoy.filters.http.grpc_stats": "gRPC stats counters (Istio adds it to every HTTP chain): no "
+    "profile; per-request cost not modelled",
+    "envoy.extensions.filters.http.cors.v3.Cors": "CORS with no policy on the route does nothing "
+    "per request (Istio adds it to every HTTP chain)",
+    "envoy.filters.http.cors": "CORS with no policy on the route does nothing per request (Istio "
+    "adds it to every HTTP chain)",
     "istio.metadata_exchange": _ISTIO,
     "istio.stats": _ISTIO,
     "istio.alpn": "sets ALPN on upstream connections: per connection, not modelled",
@@ -110,7 +115,8 @@ IGNORED: Mapping[str, str] = {
     "stats.PluginConfig": _ISTIO,
     "io.istio.http.peer_metadata.Config": _ISTIO,
     "envoy.tcp.metadataexchange.config.MetadataExchange": _ISTIO,
-    "istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig": "sets ALPN on upstream connections: per connection, not modelled",
+    "istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig": "sets ALPN on upstream "
+    "connections: per connection, not modelled",
     "envoy.filters.listener.tls_inspector": _CONN,
     "envoy.filters.listener.original_dst": _CONN,
     "envoy.filters.listener.http_inspector": _CONN,
@@ -127,15 +133,6 @@ _TYPED_STRUCTS = ("udpa.type.v1.TypedStruct", "xds.type.v3.TypedStruct")
 _DOWNSTREAM_TLS = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
 _UPSTREAM_TLS = "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 _SIZED = ("rbac_http", "rbac_network", "ip_tagging")
-
-
-def sized(base: str, n: int) -> str:
-    """Name of a filter whose cost depends on its size (RBAC rules, IP tags): ``rbac_http_100``.
-
-    One place decides the spelling, so profiles and imports agree; it fits the ECG schema's
-    filter-name pattern (``[a-z0-9][a-z0-9_.-]*``).
-    """
-    return f"{base}_{n}"
 
 
 def _items(v: Any) -> list[Any]:
@@ -217,7 +214,8 @@ def classify_filter(f: Mapping[str, Any]) -> FilterClass:
         return FilterClass(
             "ignored",
             name or t,
-            "fault filter with no abort/delay configured (Istio adds one to every HTTP chain): no fault to evaluate; not modelled",
+            "fault filter with no abort/delay configured (Istio adds one to every HTTP chain): no "
+            "fault to evaluate; not modelled",
         )
     if base is not None:
         if base in _SIZED:
@@ -400,7 +398,8 @@ def _collect(doc: Any, ctx: _Ctx) -> list[Mapping[str, Any]]:
                             ctx.routes[str(rc.get("name", ""))] = rc
         if not out:
             raise ctx.err(
-                "an admin config_dump without listeners; dump with listeners included (no ?resource= filter that drops them)"
+                "an admin config_dump without listeners; dump with listeners included (no "
+                "?resource= filter that drops them)"
             )
         return out
     if "static_resources" in doc or "dynamic_resources" in doc:
@@ -440,7 +439,8 @@ def _collect_bootstrap(b: Mapping[str, Any], ctx: _Ctx, required: bool) -> list[
             raise ctx.err(
                 "static_resources.listeners: missing"
                 + (
-                    "; the listeners come from LDS (dynamic_resources) — import a config_dump of the running proxy instead"
+                    "; the listeners come from LDS (dynamic_resources) — import a config_dump of "
+                    "the running proxy instead"
                     if dyn
                     else ""
                 )
@@ -675,7 +675,8 @@ def _analyse_hcm(
     for j, f in enumerate(hf):
         if not isinstance(f, Mapping):
             raise ctx.err(
-                f"{label}.typed_config.http_filters[{j}]: a {type(f).__name__}; expected a filter {{name, typed_config}}"
+                f"{label}.typed_config.http_filters[{j}]: a {type(f).__name__}; expected a filter "
+                f"{{name, typed_config}}"
             )
         sub.append(classify_filter(f))
     al = hcm.get("access_log")
@@ -691,7 +692,8 @@ def _analyse_hcm(
         return Mode.GRPC, sub
     if codec == "HTTP2":
         notes.append(
-            "gRPC mode: the HTTP connection manager speaks HTTP/2 only (codec_type HTTP2); meshtax's HTTP/2 mode is gRPC"
+            "gRPC mode: the HTTP connection manager speaks HTTP/2 only (codec_type HTTP2); "
+            "meshtax's HTTP/2 mode is gRPC"
         )
         return Mode.GRPC, sub
     if h2_upstream:
@@ -749,7 +751,8 @@ def _choose_listener(listeners: Sequence[Mapping[str, Any]], want: str | None) -
         if names[i] == "virtualInbound" or _port(lst) == 15006:
             return (
                 i,
-                f"chose the inbound listener {names[i]!r} (Istio's virtualInbound, port 15006) of {len(listeners)} listeners: it carries the traffic a service receives",
+                f"chose the inbound listener {names[i]!r} (Istio's virtualInbound, port 15006) of "
+                f"{len(listeners)} listeners: it carries the traffic a service receives",
             )
     for i, lst in enumerate(listeners):
         if str(lst.get("traffic_direction", "")).upper() == "INBOUND":
@@ -761,7 +764,8 @@ def _choose_listener(listeners: Sequence[Mapping[str, Any]], want: str | None) -
         if lst.get("filter_chains"):
             return (
                 i,
-                f"chose the first listener with filter chains, {names[i]!r}, of {len(listeners)} (no inbound listener); pass a listener name to choose another",
+                f"chose the first listener with filter chains, {names[i]!r}, of {len(listeners)} "
+                "(no inbound listener); pass a listener name to choose another",
             )
     return 0, f"chose the first of {len(listeners)} listeners"
 
@@ -770,14 +774,16 @@ def _merge_tls(chains: Sequence[_Chain], notes: list[str]) -> bool:
     kinds = {c.tls for c in chains}
     if "mtls" in kinds and "" in kinds:
         notes.append(
-            "the port accepts both mTLS and plaintext (Istio PERMISSIVE): modelled as mTLS, which sidecar callers use (auto mTLS)"
+            "the port accepts both mTLS and plaintext (Istio PERMISSIVE): modelled as mTLS, which "
+            "sidecar callers use (auto mTLS)"
         )
         return True
     if "mtls" in kinds:
         return True
     if "tls" in kinds:
         notes.append(
-            "TLS without client certificates (require_client_certificate unset): meshtax models mTLS only; modelled without TLS, so the TLS cost is left out"
+            "TLS without client certificates (require_client_certificate unset): meshtax models "
+            "mTLS only; modelled without TLS, so the TLS cost is left out"
         )
     return False
 
@@ -835,14 +841,16 @@ def envoy_from_dict(
         useful = [c for c in chosen_chains if c.mode is not None]
     if not useful:
         raise ctx.err(
-            f"listener {cname!r} has no HTTP connection manager or TCP proxy in its filter chains; nothing to model (expected a proxying listener)"
+            f"listener {cname!r} has no HTTP connection manager or TCP proxy in its filter chains; "
+            "nothing to model (expected a proxying listener)"
         )
     ports = sorted({c.dest_port for c in useful if c.dest_port is not None})
     if port is not None:
         sel = [c for c in useful if c.dest_port == port]
         if not sel:
             raise ctx.err(
-                f"listener {cname!r} has no filter chain for destination port {port}; its ports: {', '.join(map(str, ports)) or 'none'}"
+                f"listener {cname!r} has no filter chain for destination port {port}; its ports: "
+                f"{', '.join(map(str, ports)) or 'none'}"
             )
         notes.append(f"filter chains of destination port {port}")
     elif len(ports) > 1:

@@ -322,7 +322,8 @@ def _add_typed(
             if not isinstance(p, Mapping):
                 raise ConfigImportError(
                     where.file,
-                    f"Service {name!r}: spec.ports[{i}]: a {type(p).__name__}; expected {{name, port, targetPort, appProtocol}}",
+                    f"Service {name!r}: spec.ports[{i}]: a {type(p).__name__}; expected "
+                    f"{{name, port, targetPort, appProtocol}}",
                     where.doc,
                 )
         m.services.append(
@@ -443,7 +444,8 @@ def _injected(
         return True, f"{_INJECT}: true label on the pod"
     if ann == "true":
         assumptions.append(
-            f"{w.kind} {w.ns}/{w.name}: {_INJECT} is an annotation, not a label, in a namespace without istio-injection: "
+            f"{w.kind} {w.ns}/{w.name}: {_INJECT} is an annotation, not a label, in a namespace "
+            "without istio-injection: "
             "Istio's webhook selects on the label, so no sidecar"
         )
     return False, "no injection label on the namespace or the pod"
@@ -579,7 +581,8 @@ def _apply_envoy_filters(
                 continue
             if context == "SIDECAR_OUTBOUND":
                 assumptions.append(
-                    f"service {svc!r}: {ref} patch {i} is for SIDECAR_OUTBOUND only; meshtax gives a sidecar one chain for both directions, so it counts inbound too"
+                    f"service {svc!r}: {ref} patch {i} is for SIDECAR_OUTBOUND only; meshtax gives "
+                    "a sidecar one chain for both directions, so it counts inbound too"
                 )
             target = _filter_name_of(match)
             if op == "REMOVE":
@@ -587,7 +590,8 @@ def _apply_envoy_filters(
                 continue
             if op in ("MERGE", "REPLACE"):
                 assumptions.append(
-                    f"service {svc!r}: {ref} patch {i} {op}s {target or 'a filter'}: changes a filter's settings, not the chain; not modelled"
+                    f"service {svc!r}: {ref} patch {i} {op}s {target or 'a filter'}: changes a "
+                    "filter's settings, not the chain; not modelled"
                 )
                 continue
             value = body.get("value")
@@ -650,7 +654,8 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
         ns_labels = m.namespaces.get(s.ns)
         if ns_labels is not None and ns_labels.get("istio.io/dataplane-mode") == "ambient":
             problems.append(
-                f"{where}: namespace {s.ns!r} uses ambient mode (ztunnel/waypoint), which meshtax does not model: modelled as no sidecar"
+                f"{where}: namespace {s.ns!r} uses ambient mode (ztunnel/waypoint), which meshtax "
+                "does not model: modelled as no sidecar"
             )
         if s.selector is None:
             problems.append(
@@ -691,12 +696,14 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
         if proto is None:
             mode = UNNAMED_PORT_MODE
             assumptions.append(
-                f"{where} port {_port_label(first)} has no name/appProtocol: Istio sniffs the protocol; assumed {mode.value} "
+                f"{where} port {_port_label(first)} has no name/appProtocol: Istio sniffs the "
+                f"protocol; assumed {mode.value} "
                 "(name the port http-*/grpc-*/tcp-* or set appProtocol to be exact)"
             )
         elif proto == "udp":
             problems.append(
-                f"{where} port {_port_label(first)} is UDP, which the sidecar does not intercept: no sidecar on that port"
+                f"{where} port {_port_label(first)} is UDP, which the sidecar does not intercept: "
+                "no sidecar on that port"
             )
             services[key] = NO_SIDECAR
             continue
@@ -772,7 +779,8 @@ def resolve_sidecar_refs_with_report(
                     cfg = imp.services.get(name)
                     if cfg is None:
                         messages.append(
-                            f"{k8s_ref}: no Service {name!r} in the manifests: services.{name} keeps the default sidecar"
+                            f"{k8s_ref}: no Service {name!r} in the manifests: services.{name} "
+                            "keeps the default sidecar"
                         )
                         continue
                     s["sidecar"] = "none" if not cfg.meshed else _ecg_sidecar(cfg)
@@ -792,7 +800,8 @@ def resolve_sidecar_refs_with_report(
                 if extra:
                     raise ConfigImportError(
                         f"services.{name}.sidecar",
-                        f"unknown field(s) {', '.join(sorted(extra))} next to from_envoy; expected listener and port only",
+                        f"unknown field(s) {', '.join(sorted(extra))} next to from_envoy; expected "
+                        "listener and port only",
                     )
                 if listener is not None and not isinstance(listener, str):
                     raise ConfigImportError(

@@ -59,8 +59,10 @@ class ImportReport:
     def summary(self) -> str:
         """A few human lines: kept/dropped and the reasons."""
         lines = [
-            f"{self.source} ({self.format}): {self.rows_read} rows read, {self.rows_used} used, {self.rows_merged} duplicate lines merged",
-            f"graphs: {self.graphs_seen} seen, {self.graphs_kept} kept ({self.graphs_partial} partially), {self.graphs_dropped} dropped",
+            f"{self.source} ({self.format}): {self.rows_read} rows read, {self.rows_used} used, "
+            f"{self.rows_merged} duplicate lines merged",
+            f"graphs: {self.graphs_seen} seen, {self.graphs_kept} kept ({self.graphs_partial} "
+            f"partially), {self.graphs_dropped} dropped",
         ]
         for title, c in (
             ("dropped graphs", self.dropped_graphs),
