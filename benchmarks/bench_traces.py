@@ -5,7 +5,7 @@ an entry server span, client/server pairs in sequential and parallel stages, som
 spans; one file per trace, and merged files), then times, in alternating runs:
 
 - ``meshtax``: ``meshtax predict --traces DIR --rate R --profile reference`` (parse → pair →
-  critical path → prediction, the JSON result written), the CLI a user runs;
+  critical path → prediction → the result document, its table written), the CLI a user runs;
 - ``meshtax-merged``: the same on the merged files;
 - ``meshtax-stream``: the library path batch by batch (import → prediction per batch, each
   graph's overhead kept; no result document): memory flat in the input size;
@@ -220,9 +220,10 @@ def stream(inp: str, rate: float, workers: int) -> None:
     import numpy as np
 
     from meshtax.predict.engine import predict_batch, single_profile
-    from meshtax.reference import reference_profile
+    from meshtax.store.reference import reference_profile
     from meshtax.traces.report import ImportReport
-    from meshtax.traces.spans import SpanOptions, iter_batches
+    from meshtax.traces.spans import SpanOptions
+    from meshtax.traces.stream import iter_batches
 
     look = single_profile(reference_profile())
     rep = ImportReport(inp, "jaeger")
@@ -277,8 +278,8 @@ def main() -> None:
         def meshtax(inp: Path, out: Path = out) -> list[str]:
             return [
                 py,
-                "-c",
-                "from meshtax.cli import main; main()",
+                "-m",
+                "meshtax.cli",
                 "predict",
                 "--traces",
                 str(inp),
@@ -288,10 +289,8 @@ def main() -> None:
                 str(args.rate),
                 "--profile",
                 "reference",
-                "--format",
-                "json",
                 "-o",
-                str(out / "prediction.json"),
+                str(out / "prediction.txt"),
             ]
 
         for _ in range(args.repeats):  # alternating: each repeat runs every tool once

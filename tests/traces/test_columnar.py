@@ -19,7 +19,8 @@ from meshtax.traces.alibaba import TraceFormatError
 from meshtax.traces.api import detect_format, load_traces
 from meshtax.traces.pairing import N_ASYNC, N_NESTED, R_UNANSWERED, g_skew
 from meshtax.traces.report import ImportReport
-from meshtax.traces.spans import SpanOptions, iter_batches
+from meshtax.traces.spans import SpanOptions
+from meshtax.traces.stream import iter_batches
 
 FIX = Path(__file__).parent / "fixtures"
 T0 = 1_700_000_000_000_000_123  # epoch ns with nanosecond digits a float cannot hold

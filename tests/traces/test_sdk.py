@@ -292,9 +292,9 @@ def test_zipkin_json_exporter(tmp_path: Path) -> None:
     from opentelemetry.exporter.zipkin.node_endpoint import NodeEndpoint
 
     spans = sdk_spans()
-    by_service: dict[str, list[ReadableSpan]] = {}
-    for s in spans:
-        by_service.setdefault(str(s.resource.attributes["service.name"]), []).append(s)
+    by_service: dict[str, list[Any]] = {}  # the encoder is typed for SDK Span: same objects
+    for sp in spans:
+        by_service.setdefault(str(sp.resource.attributes["service.name"]), []).append(sp)
     out: list[Any] = []
     for svc, ss in by_service.items():
         ep = NodeEndpoint()
@@ -309,8 +309,8 @@ def test_zipkin_json_exporter(tmp_path: Path) -> None:
     got = calls(p, "zipkin", us=True)
     assert {x[:2] + x[4:] for x in got} == {x[:2] + x[4:] for x in expected}
     t0 = (T0 + 500) // 1000
-    for a, b, s, d, *_ in EXPECTED:
-        start_us = (T0 + s + 500) // 1000 - t0
+    for a, b, start, d, *_ in EXPECTED:
+        start_us = (T0 + start + 500) // 1000 - t0
         match = [x for x in got if x[:2] == (a, b)]
         assert match and match[0][2] == start_us and abs(match[0][3] - d / 1000) <= 1
 
@@ -326,8 +326,9 @@ def test_go_sdk_meshapp_traces(tmp_path: Path) -> None:
     import shutil
 
     from meshtax.model.sidecar import Mode
-    from meshtax.profile.fortio import LoadSpec, fortio_binary, run_spec
-    from meshtax.profile.system import RealSystem, free_ports
+    from meshtax.testbed.fortio import LoadSpec, run_spec
+    from meshtax.testbed.system import RealSystem, free_ports
+    from meshtax.testbed.tools import find_tool
     from meshtax.validate import appctl
 
     binary = Path(__file__).parents[2] / ".tools" / "bin" / "meshapp"
@@ -335,10 +336,10 @@ def test_go_sdk_meshapp_traces(tmp_path: Path) -> None:
         if shutil.which("go") is None:
             pytest.skip("meshapp not built and Go not installed")
         binary = appctl.ensure_built(RealSystem())
-    try:
-        fortio = fortio_binary()
-    except Exception:
+    found = find_tool("fortio")
+    if found is None:
         pytest.skip("fortio not installed (scripts/install.sh puts it in .tools/bin)")
+    fortio = Path(found)
     topo = appctl.load_topology("online-boutique")
     query = topo.query("index")
     names = topo.reachable(query)

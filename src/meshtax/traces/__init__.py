@@ -39,7 +39,7 @@ _WHERE = {
     "generate": "synth",
     "ImportReport": "report",
     "SpanOptions": "spans",
-    "iter_batches": "spans",
+    "iter_batches": "stream",
     "load_service_map": "spans",
     "Store": "store",
     "open_store": "store",

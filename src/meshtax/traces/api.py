@@ -94,7 +94,7 @@ def load_traces(
     ``format``: one of :data:`FORMATS` (None: detected from the first file).
     ``options``: :class:`~meshtax.traces.alibaba.AlibabaOptions` for Alibaba,
     :class:`~meshtax.traces.spans.SpanOptions` for Jaeger/OTLP/Zipkin (None: defaults).
-    For large inputs use :func:`ingest` (a store) or :func:`~meshtax.traces.spans.iter_batches`.
+    For large inputs use :func:`ingest` (a store) or :func:`~meshtax.traces.stream.iter_batches`.
     """
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     if not paths:
@@ -108,7 +108,8 @@ def load_traces(
         opts = options if isinstance(options, AlibabaOptions) else AlibabaOptions()
         batches = list(iter_alibaba(files, fmt, opts, rep))  # type: ignore[arg-type]
         return ImportResult(concat_batches(batches) if len(batches) != 1 else batches[0], (), rep)
-    from meshtax.traces.spans import SpanOptions, load_paired, to_ecgs
+    from meshtax.traces.spans import SpanOptions, to_ecgs
+    from meshtax.traces.stream import load_paired
 
     sopts = options if isinstance(options, SpanOptions) else SpanOptions()
     paired, rep = load_paired(paths, fmt, sopts)
@@ -137,7 +138,8 @@ def ingest(
             for b in iter_alibaba(paths, fmt, opts, rep, progress=cb):  # type: ignore[arg-type]
                 w.append(b)
     else:
-        from meshtax.traces.spans import SpanOptions, iter_batches
+        from meshtax.traces.spans import SpanOptions
+        from meshtax.traces.stream import iter_batches
 
         sopts = options if isinstance(options, SpanOptions) else SpanOptions()
         if sopts.rate is None:  # counted rates need every graph first

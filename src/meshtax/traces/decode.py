@@ -3,6 +3,8 @@ the fields meshtax uses; everything else in the JSON is skipped by the C decoder
 
 Each decoder appends one tuple per span to a :class:`SpanRows` (see :data:`ROW` for the
 fields); :mod:`meshtax.traces.pairing` turns the rows of whole traces into call graphs.
+This module holds what every format shares (rows, the attribute scan, errors) and Jaeger;
+OTLP and Zipkin are :mod:`meshtax.traces.otlp` and :mod:`meshtax.traces.zipkin`.
 Times are integer nanoseconds since the epoch (Jaeger and Zipkin microseconds × 1000; OTLP
 nanoseconds as given, never through a float). A malformed document raises
 :class:`~meshtax.traces.alibaba.TraceFormatError` naming the file and the field.
@@ -11,7 +13,7 @@ nanoseconds as given, never through a float). A malformed document raises
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import msgspec
@@ -278,6 +280,38 @@ def _path(msg: str) -> str:
     return f"{at.rstrip('`').removeprefix('$').lstrip('.') or 'document'}: {text}"
 
 
+# ---- OTLP attribute values (shared: the attribute scan reads them) ---------------------
+
+
+class _Any(Struct, gc=False):
+    stringValue: str | None = None
+    intValue: int | str | None = None
+    doubleValue: float | str | None = None
+    boolValue: bool | None = None
+    arrayValue: Raw | None = None
+    kvlistValue: Raw | None = None
+    bytesValue: str | None = None
+
+
+class _KV(Struct, gc=False):
+    key: str
+    value: _Any | None = None
+
+
+def _otlp_value(v: _Any | None) -> Any:
+    if v is None:
+        return None
+    if v.stringValue is not None:
+        return v.stringValue
+    if v.intValue is not None:
+        return v.intValue
+    if v.doubleValue is not None:
+        return v.doubleValue
+    if v.boolValue is not None:
+        return v.boolValue
+    return None
+
+
 # ---- Jaeger (query API JSON) ----------------------------------------------------------------
 
 
@@ -415,302 +449,3 @@ def _add_jaeger(t: _JTrace, where: str, out: SpanRows) -> None:
                 proto,
             )
         )
-
-
-# ---- OTLP JSON (TracesData / ExportTraceServiceRequest; JSON Lines) ------------------------
-
-
-class _Any(Struct, gc=False):
-    stringValue: str | None = None
-    intValue: int | str | None = None
-    doubleValue: float | str | None = None
-    boolValue: bool | None = None
-    arrayValue: Raw | None = None
-    kvlistValue: Raw | None = None
-    bytesValue: str | None = None
-
-
-class _KV(Struct, gc=False):
-    key: str
-    value: _Any | None = None
-
-
-def _otlp_value(v: _Any | None) -> Any:
-    if v is None:
-        return None
-    if v.stringValue is not None:
-        return v.stringValue
-    if v.intValue is not None:
-        return v.intValue
-    if v.doubleValue is not None:
-        return v.doubleValue
-    if v.boolValue is not None:
-        return v.boolValue
-    return None
-
-
-class _OEvent(Struct, gc=False):
-    name: str = ""
-    attributes: list[_KV] = []
-
-
-class _OSpan(Struct, gc=False):
-    traceId: str
-    spanId: str
-    startTimeUnixNano: int | str
-    endTimeUnixNano: int | str
-    parentSpanId: str = ""
-    kind: int | str = 0
-    attributes: list[_KV] = []
-    events: list[_OEvent] = []
-
-
-class _OScope(Struct, gc=False):
-    spans: list[_OSpan] = []
-
-
-class _OResource(Struct, gc=False):
-    attributes: list[_KV] = []
-
-
-class _OResourceSpans(Struct, gc=False):
-    resource: _OResource | None = None
-    scopeSpans: list[_OScope] = []
-    instrumentationLibrarySpans: list[_OScope] = []
-
-
-class _OResult(Struct, gc=False):
-    resourceSpans: list[_OResourceSpans] = []
-
-
-class _ODoc(Struct, gc=False):
-    resourceSpans: list[_OResourceSpans] | None = None
-    result: _OResult | None = None  # Jaeger's query API v3 wraps OTLP in "result"
-
-
-_OTLP_KINDS = {0: INTERNAL, 1: INTERNAL, 2: SERVER, 3: CLIENT, 4: PRODUCER, 5: CONSUMER}
-
-
-def _ns(value: int | str, where: str) -> int:
-    if isinstance(value, str):
-        try:
-            v = int(value)
-        except ValueError:
-            raise TraceFormatError(f"{where}: {value[:40]!r} is not an integer") from None
-    else:
-        v = value
-    if not 0 <= v <= MAX_NS:
-        raise TraceFormatError(f"{where}: {v} ns is out of range (0 – {MAX_NS})")
-    return v
-
-
-def read_otlp_json(doc: bytes, where: str, out: SpanRows) -> None:
-    """Append the spans of one OTLP/JSON document."""
-    d: _ODoc = _decode(doc, _ODoc, where)
-    rss = d.resourceSpans if d.resourceSpans is not None else (d.result or _OResult()).resourceSpans
-    if d.resourceSpans is None and d.result is None:
-        raise TraceFormatError(f"{where}: not OTLP JSON (expected a 'resourceSpans' list)")
-    out.complete = False  # an exporter's batch holds parts of traces
-    rows = out.rows
-    kinds = _OTLP_KINDS
-    for ri, rs in enumerate(rss):
-        svc = ""
-        for kv in rs.resource.attributes if rs.resource else ():
-            if kv.key == "service.name":
-                svc = str(_otlp_value(kv.value) or "")
-        for ci, sc in enumerate(rs.scopeSpans or rs.instrumentationLibrarySpans):
-            for si, s in enumerate(sc.spans):
-                k = s.kind
-                if k.__class__ is int:
-                    kind = kinds.get(k, INTERNAL)
-                else:
-                    kind = _kind_code(str(k), f"{_at(where, ri, ci, si)}.kind")
-                _, req, resp, peer, proto, has_req, has_resp = _scan(s.attributes, True)
-                if s.events and not (has_req and has_resp):
-                    ev_req, ev_resp = _events(s.events, kind, True)
-                    req = req if has_req else ev_req
-                    resp = resp if has_resp else ev_resp
-                t0, t1 = s.startTimeUnixNano, s.endTimeUnixNano
-                try:
-                    t0 = t0 if t0.__class__ is int else int(t0)
-                    t1 = t1 if t1.__class__ is int else int(t1)
-                    ok = 0 <= t0 <= t1 <= MAX_NS
-                except ValueError:
-                    ok = False
-                if not ok:
-                    w = _at(where, ri, ci, si)
-                    t0 = _ns(s.startTimeUnixNano, f"{w}.startTimeUnixNano")
-                    t1 = _ns(s.endTimeUnixNano, f"{w}.endTimeUnixNano")
-                    raise TraceFormatError(f"{w}.endTimeUnixNano: {t1} ends before the start {t0}")
-                rows.append(
-                    (
-                        s.traceId,
-                        s.spanId,
-                        s.parentSpanId,
-                        svc,
-                        kind,
-                        t0,  # type: ignore[arg-type]
-                        t1 - t0,  # type: ignore[operator]
-                        req,
-                        resp,
-                        peer,
-                        proto,
-                    )
-                )
-
-
-def _at(where: str, ri: int, ci: int, si: int) -> str:
-    return f"{where}: resourceSpans[{ri}].scopeSpans[{ci}].spans[{si}]"
-
-
-def read_otlp_proto(data: bytes, where: str, out: SpanRows) -> None:
-    """Append the spans of one OTLP protobuf message (``TracesData`` or
-    ``ExportTraceServiceRequest``: the same wire layout)."""
-    try:
-        from google.protobuf.message import DecodeError
-        from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
-    except ImportError:
-        raise TraceFormatError(
-            "reading OTLP protobuf needs the opentelemetry-proto package: "
-            "pip install opentelemetry-proto"
-        ) from None
-    if not data:
-        raise TraceFormatError(f"{where}: empty file")
-    msg = TracesData()
-    try:
-        msg.ParseFromString(data)
-    except (DecodeError, RecursionError, ValueError) as e:
-        raise TraceFormatError(f"{where}: not OTLP protobuf ({e}; truncated file?)") from None
-    out.complete = False
-    rows = out.rows
-
-    def val(v: Any) -> Any:
-        which = v.WhichOneof("value")
-        return getattr(v, which) if which in ("string_value", "int_value", "double_value") else None
-
-    for rs in msg.resource_spans:
-        svc = ""
-        for kv in rs.resource.attributes:
-            if kv.key == "service.name":
-                svc = kv.value.string_value
-        for sc in rs.scope_spans:
-            for s in sc.spans:
-                kind = _OTLP_KINDS.get(int(s.kind), INTERNAL)
-                a = _Attrs()
-                for kv in s.attributes:
-                    a.add(kv.key, val(kv.value))
-                for ev in s.events:
-                    a.event(((kv.key, val(kv.value)) for kv in ev.attributes), kind)
-                t0, t1 = s.start_time_unix_nano, s.end_time_unix_nano
-                if t0 > MAX_NS or t1 > MAX_NS or t1 < t0:
-                    raise TraceFormatError(
-                        f"{where}: span {s.span_id.hex()}: times {t0}–{t1} ns out of range"
-                    )
-                req, resp = a.sizes()
-                rows.append(
-                    (
-                        s.trace_id.hex(),
-                        s.span_id.hex(),
-                        s.parent_span_id.hex(),
-                        svc,
-                        kind,
-                        t0,
-                        t1 - t0,
-                        req,
-                        resp,
-                        a.peer,
-                        a.proto,
-                    )
-                )
-
-
-# ---- Zipkin v2 JSON -----------------------------------------------------------------------
-
-
-class _ZEndpoint(Struct, gc=False):
-    serviceName: str | None = None
-
-
-class _ZAnnotation(Struct, gc=False):
-    value: str = ""
-
-
-class _ZSpan(Struct, gc=False):
-    traceId: str
-    id: str
-    timestamp: Micros
-    duration: Micros = 0
-    parentId: str | None = None
-    kind: str | None = None
-    localEndpoint: _ZEndpoint | None = None
-    remoteEndpoint: _ZEndpoint | None = None
-    tags: dict[str, str] = {}
-    annotations: list[_ZAnnotation] = []
-    shared: bool = False
-
-
-def _zipkin_event(value: str) -> Iterator[tuple[str, Any]]:
-    """The attributes of an OpenTelemetry event exported as a Zipkin annotation
-    (``{"<event name>": {attributes}}``); nothing for a plain annotation."""
-    if not value.startswith("{") or len(value) > 4096:
-        return
-    try:
-        doc = msgspec.json.decode(value)
-    except (msgspec.DecodeError, RecursionError):
-        return
-    if isinstance(doc, dict):
-        for attrs in doc.values():
-            if isinstance(attrs, dict):
-                yield from attrs.items()
-
-
-def read_zipkin(doc: bytes, where: str, out: SpanRows) -> None:
-    """Append the spans of a Zipkin v2 document: a list of spans, or a list of traces."""
-    s = doc.lstrip()[:1]
-    if s != b"[":
-        raise TraceFormatError(f"{where}: not Zipkin v2 JSON (expected a list of spans)")
-    nested = doc.lstrip()[1:].lstrip()[:1] == b"["
-    spans: list[_ZSpan]
-    if nested:
-        spans = [x for t in _decode(doc, list[list[_ZSpan]], where) for x in t]
-    else:
-        spans = _decode(doc, list[_ZSpan], where)
-        out.complete = False
-    rows = out.rows
-    for si, z in enumerate(spans):
-        kind = _kind_code(z.kind, f"{where}: [{si}].kind")
-        a = _Attrs()
-        for k, v in z.tags.items():
-            a.add(k, v)
-        for ann in z.annotations:
-            a.event(_zipkin_event(ann.value), kind)
-        if not a.peer and z.remoteEndpoint is not None and z.remoteEndpoint.serviceName:
-            a.peer = z.remoteEndpoint.serviceName
-        sid, parent = z.id, z.parentId or ""
-        if kind == SERVER and z.shared:
-            # a shared span id: the server half of the client span with the same id
-            parent, sid = sid, sid + ":server"
-        req, resp = a.sizes()
-        rows.append(
-            (
-                z.traceId,
-                sid,
-                parent,
-                (z.localEndpoint.serviceName or "") if z.localEndpoint else "",
-                kind,
-                z.timestamp * 1000,
-                z.duration * 1000,
-                req,
-                resp,
-                a.peer,
-                a.proto,
-            )
-        )
-
-
-#: format → reader of one document into rows
-READERS: dict[str, Callable[[bytes, str, SpanRows], None]] = {
-    "otlp": read_otlp_json,
-    "otlp-proto": read_otlp_proto,
-    "zipkin": read_zipkin,
-}

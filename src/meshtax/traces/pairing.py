@@ -547,35 +547,6 @@ def _resolve(ptr: I64, follow: B) -> I64:
     raise RuntimeError("client chain deeper than 2^64")  # pragma: no cover
 
 
-def fill_rates(batches: Sequence[Paired], window_s: float | None, report: ImportReport) -> None:
-    """Counted rates: calls of each caller→callee pair over the window (``window_s``, else
-    the first graph's start to the last graph's end), written into every batch in place."""
-    todo = [p for p in batches if p.batch.n_invocations and np.isnan(p.batch.rate).any()]
-    if not todo:
-        return
-    counts: dict[tuple[str, str], int] = {}
-    lo, hi = np.iinfo(np.int64).max, np.iinfo(np.int64).min
-    for p in todo:
-        b = p.batch
-        names = (*b.services, "")
-        keys, cnt = np.unique(np.stack([b.caller, b.callee]), axis=1, return_counts=True)
-        for (a, c), k in zip(keys.T.tolist(), cnt.tolist(), strict=True):
-            counts[(names[a], names[c])] = counts.get((names[a], names[c]), 0) + k
-        lo, hi = min(lo, int(p.origin_ns.min())), max(hi, int(p.end_ns.max()))
-    window = window_s if window_s else max((hi - lo) * 1e-9, 1e-6)
-    report.notes[f"rates counted over a {window:g} s window"] += 1
-    for p in todo:
-        b = p.batch
-        names = (*b.services, "")
-        per = np.array(
-            [
-                counts.get((names[a], names[c]), 0) / window
-                for a, c in zip(b.caller.tolist(), b.callee.tolist(), strict=True)
-            ]
-        )
-        b.rate[:] = per
-
-
 def _empty() -> Paired:
     z = np.zeros(0, dtype=np.int64)
     f = np.zeros(0, dtype=np.float64)
