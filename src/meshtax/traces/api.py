@@ -125,8 +125,10 @@ def ingest(
     overwrite: bool = False,
     progress: bool = True,
 ) -> tuple[Store, ImportReport]:
-    """Import traces into a partitioned Parquet store at ``out_dir`` (streaming for Alibaba:
-    memory is bounded by ``AlibabaOptions.bucket_bytes``/``partition_graphs``). The report is
+    """Import traces into a partitioned Parquet store at ``out_dir``, streaming: for Alibaba,
+    memory is bounded by ``AlibabaOptions.bucket_bytes``/``partition_graphs``; for spans by
+    ``SpanOptions.batch_spans`` when ``SpanOptions.rate`` is given (counted rates need every
+    graph before the first is written: the columns of all of them are held). The report is
     also saved in the store's manifest."""
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     fmt = format or detect_format(paths[0])
@@ -135,7 +137,8 @@ def ingest(
     if fmt.startswith("alibaba"):
         opts = options if isinstance(options, AlibabaOptions) else AlibabaOptions()
         with _bar(progress, f"ingest {fmt}") as cb:
-            for b in iter_alibaba(paths, fmt, opts, rep, progress=cb):  # type: ignore[arg-type]
+            files = [s.name for s in expand(paths)]
+            for b in iter_alibaba(files, fmt, opts, rep, progress=cb):  # type: ignore[arg-type]
                 w.append(b)
     else:
         from meshtax.traces.spans import SpanOptions
