@@ -16,7 +16,8 @@ The rule (OpenTelemetry semantic conventions):
 - internal spans are never hops: they are walked through.
 - a consumer span answering a producer span is an **asynchronous** hop: a root of the graph
   of its own (the producer does not wait for it), timed by the consumer span; such hops are
-  listed in :attr:`Paired.asynchronous` and counted in the report.
+  listed in :attr:`Paired.asynchronous` and counted in the report. The graph's end-to-end
+  latency then runs to the last root's end: the request and the work it left behind.
 - times are integer nanoseconds until each graph's origin is subtracted. A hop outside its
   parent's interval (clock skew) is clamped into it when it sticks out by at most
   ``SpanOptions.max_skew_us``, else the trace is dropped (counted).
