@@ -111,6 +111,7 @@ def load_service_map(path: str | os.PathLike[str]) -> dict[str, str]:
 
 
 def naming(options: SpanOptions) -> Naming:
+    """The options' service naming: :func:`k8s_name`, then the override map; sidecars."""
     smap = dict(options.service_map)
     sidecars = dict(options.sidecars)
     default = options.default_sidecar
@@ -128,6 +129,7 @@ def naming(options: SpanOptions) -> Naming:
 def pair_rows(
     rows: Sequence[decode.Row] | decode.Resolved, rep: ImportReport, options: SpanOptions
 ) -> Paired:
+    """The call graphs of the span rows of whole traces (see :mod:`meshtax.traces.pairing`)."""
     args = (
         rep,
         naming(options),
