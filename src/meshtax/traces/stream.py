@@ -136,7 +136,8 @@ def _tasks(sources: list[inputs.Source], fmt: str, options: SpanOptions) -> Iter
     task = _Task()
     for src in sources:
         size = _size_of(src)
-        if fmt == "jaeger" and (src.is_stdin or size > budget):
+        big = src.is_stdin or size > budget
+        if fmt == "jaeger" and big and b'"resourceSpans"' not in inputs.head(src):
             if task.sources:
                 yield task
                 task = _Task()
