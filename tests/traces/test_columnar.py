@@ -436,3 +436,13 @@ def test_otlp_traces_spread_over_lines_and_files(tmp_path: Path, workers: int) -
     assert sum(p.batch.n_graphs for p in parts) == 40 == rep.graphs_kept
     assert all(p.batch.n_invocations == 2 * p.batch.n_graphs for p in parts)
     assert rep.rows_read == 120 and rep.rows_used == 80 and rep.rows_merged == 40
+
+
+def test_jaeger_api_v3_answers_otlp(tmp_path: Path) -> None:
+    # Jaeger's query API v3 answers OTLP wrapped in "result"
+    d = json.loads((FIX / "trace.otlp.json").read_text())
+    p = write(tmp_path, "v3.json", {"result": d})
+    ref = load_traces(FIX / "trace.otlp.json").ecgs[0].invocations
+    assert detect_format(p) == "otlp"
+    for fmt in ("otlp", "jaeger"):
+        assert load_traces(p, fmt).ecgs[0].invocations == ref
