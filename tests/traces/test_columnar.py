@@ -347,6 +347,12 @@ BAD_DOCS = [
         "startTimeUnixNano",
     ),
     ("deep", b'{"resourceSpans": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}", ""),
+    (
+        "invalid utf-8",
+        b'{"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", '
+        b'"value": {"stringValue": "\xff"}}]}}]}',
+        "UTF-8",
+    ),
 ]
 
 

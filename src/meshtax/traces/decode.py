@@ -270,6 +270,10 @@ def _decode(data: bytes, typ: Any, where: str) -> Any:
         raise TraceFormatError(f"{where}: invalid JSON ({e}; truncated file?)") from None
     except RecursionError:
         raise TraceFormatError(f"{where}: JSON nested too deeply") from None
+    except UnicodeDecodeError as e:  # msgspec lets invalid UTF-8 in a string through as this
+        raise TraceFormatError(
+            f"{where}: not UTF-8 text at byte {e.start} (binary data?)"
+        ) from None
 
 
 def _path(msg: str) -> str:
