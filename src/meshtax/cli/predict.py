@@ -43,7 +43,8 @@ from meshtax.store.sqlite import ProfileStore
 @click.option(
     "--traces",
     is_flag=True,
-    help="The files are distributed traces (Jaeger, OTLP, Zipkin, Alibaba CSV), not ECG files.",
+    help="The files are distributed traces (Jaeger, OTLP, Zipkin, Alibaba CSV), not ECG files: "
+    "files, directories, globs or - (stdin), gzip or zstd.",
 )
 @click.option(
     "--trace-format",
@@ -284,7 +285,7 @@ def traces() -> None:
 
 
 @traces.command("import")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option(
     "--out",
     "out_dir",
@@ -330,7 +331,8 @@ def traces_import(
     rate: float | None,
     overwrite: bool,
 ) -> None:
-    """Stream traces into a store (bounded memory); prints what was kept and dropped, and why."""
+    """Stream traces (files, directories, globs, - for stdin; gzip or zstd) into a store
+    (bounded memory); prints what was kept and dropped, and why."""
     summary = app_data.import_traces(
         files,
         out_dir,
