@@ -1,0 +1,474 @@
+"""Safe reading of user files, for every layer: regular files only, size and decompression
+limits, JSON without NaN/Infinity, YAML with an alias budget, nesting depth checked without
+recursion. Every refusal is an :class:`~meshtax.errors.InputError` naming the file and the
+limit; no message quotes the file's contents (it may be any file: meshtax often runs as root).
+
+Limits are process-wide defaults (:class:`Limits`), raised by the CLI's ``--max-input-mb``
+or ``$MESHTAX_MAX_INPUT_MB``, or for a block of code with :func:`use_limits`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gzip
+import io
+import json
+import math
+import os
+import re
+import stat
+import zlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from meshtax.errors import InputError
+
+PathIn = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``max_bytes``: a document read whole (ECG, profile, speedup, manifest, configuration).
+    ``max_ratio``/``min_decompressed``: a compressed stream may expand to
+    ``max(min_decompressed, max_ratio × compressed size)`` (text compresses 5–10×; a bomb
+    1000×). ``yaml_aliases``: aliases per YAML document; ``max_nodes``: values of a document
+    with every alias expanded; ``max_depth``: nesting of lists and mappings."""
+
+    max_bytes: int = 128 << 20
+    max_ratio: float = 100.0
+    min_decompressed: int = 64 << 20
+    yaml_aliases: int = 100
+    alias_values: int = 100_000
+    max_depth: int = 100
+
+
+def _env_limits() -> Limits:
+    mb = os.environ.get("MESHTAX_MAX_INPUT_MB", "").strip()
+    try:
+        v = float(mb) if mb else 0.0
+    except ValueError:
+        v = 0.0
+    return Limits(max_bytes=int(v * (1 << 20))) if math.isfinite(v) and v > 0 else Limits()
+
+
+# Limits is frozen: sharing the default is safe
+_LIMITS: ContextVar[Limits] = ContextVar("meshtax_limits", default=_env_limits())  # noqa: B039
+
+
+def limits() -> Limits:
+    """The limits in force."""
+    return _LIMITS.get()
+
+
+def set_limits(new: Limits) -> None:
+    """Set the process-wide limits (the CLI does, from its options)."""
+    _LIMITS.set(new)
+
+
+@contextlib.contextmanager
+def use_limits(**changes: Any) -> Iterator[Limits]:
+    """Limits changed for the block: ``with use_limits(max_bytes=1 << 30): ...``."""
+    token = _LIMITS.set(replace(_LIMITS.get(), **changes))
+    try:
+        yield _LIMITS.get()
+    finally:
+        _LIMITS.reset(token)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _os_error(path: str, what: str, e: OSError) -> InputError:
+    reason = {
+        "ENOENT": "not found",
+        "EACCES": "permission denied",
+        "EISDIR": "is a directory",
+        "ELOOP": "too many symbolic links",
+        "ENAMETOOLONG": "name too long",
+        "ENOTDIR": "a part of the path is not a directory",
+    }.get(errno.errorcode.get(e.errno or 0, ""), e.strerror or e.__class__.__name__)
+    return InputError(f"{path}: cannot read {what}: {reason}", file=path)
+
+
+def check_regular(path: PathIn, what: str = "the file") -> os.stat_result:
+    """``stat`` of a regular file (symbolic links followed); refuses directories, FIFOs,
+    devices and sockets without opening them (opening a FIFO blocks)."""
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise _os_error(p, what, e) from None
+    except ValueError:  # embedded NUL byte
+        raise InputError(f"{p!r}: not a valid path", file=p) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{p}: {_kind(st.st_mode)}; expected {what} as a regular file", file=p)
+    return st
+
+
+def open_regular(path: PathIn, what: str = "the file") -> IO[bytes]:
+    """Open a regular file for binary reading. Opened non-blocking and checked with ``fstat``,
+    so a path swapped for a FIFO after a check cannot block the reader."""
+    p = os.fspath(path)
+    check_regular(p, what)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise _os_error(p, what, e) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{p}: {_kind(st.st_mode)}; expected {what} as a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: PathIn, what: str = "the file", max_bytes: int | None = None) -> bytes:
+    """The whole file, refused beyond ``max_bytes`` (default: :attr:`Limits.max_bytes`)."""
+    p = os.fspath(path)
+    cap = limits().max_bytes if max_bytes is None else max_bytes
+    with open_regular(p, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > cap:
+            raise InputError(_too_big(p, what, size, cap), file=p)
+        try:
+            data = f.read(cap + 1)
+        except OSError as e:
+            raise _os_error(p, what, e) from None
+    if len(data) > cap:  # grew while we read it
+        raise InputError(_too_big(p, what, len(data), cap), file=p)
+    return data
+
+
+def _too_big(p: str, what: str, size: int, cap: int) -> str:
+    return (
+        f"{p}: {_size(size)}, over the {_size(cap)} limit for {what}; "
+        "raise it with --max-input-mb (or $MESHTAX_MAX_INPUT_MB) if the file is right"
+    )
+
+
+def decode_text(data: bytes, path: str, what: str = "the file") -> str:
+    """UTF-8 text (a BOM is dropped); refuses binary data with the offset of the first bad byte."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(
+            f"{path}: not UTF-8 text (byte {e.start}); expected {what} as YAML or JSON text",
+            file=path,
+        ) from None
+    if "\x00" in text:
+        raise InputError(f"{path}: contains NUL bytes; expected {what} as text", file=path)
+    return text
+
+
+def read_text(path: PathIn, what: str = "the file", max_bytes: int | None = None) -> str:
+    p = os.fspath(path)
+    return decode_text(read_bytes(p, what, max_bytes), p, what)
+
+
+# ---- compressed streams ------------------------------------------------------------------
+
+
+class _Bounded(io.RawIOBase):
+    """A decompressing reader that refuses to expand beyond a limit and turns every
+    decompression failure into an :class:`InputError`."""
+
+    def __init__(self, inner: IO[bytes], path: str, cap: int, compressed: int) -> None:
+        self._inner = inner
+        self._path = path
+        self._cap = cap
+        self._compressed = compressed
+        self.produced = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        try:
+            data = self._inner.read(len(b))
+        except (OSError, EOFError, zlib.error) as e:
+            raise InputError(
+                f"{self._path}: corrupt or truncated gzip data ({e.__class__.__name__}); "
+                "expected a complete .gz file",
+                file=self._path,
+            ) from None
+        n = len(data)
+        self.produced += n
+        if self.produced > self._cap:
+            raise InputError(
+                f"{self._path}: expands beyond {_size(self._cap)} "
+                f"({_size(self._compressed)} compressed): a decompression bomb or an unusually "
+                "repetitive file; raise the limit with --max-input-mb if it is right",
+                file=self._path,
+            )
+        b[:n] = data
+        return n
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._inner.close()
+        super().close()
+
+
+def is_gzip(path: PathIn) -> bool:
+    with open_regular(path) as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def open_stream(path: PathIn, what: str = "the file") -> IO[bytes]:
+    """A buffered binary stream of a regular file, gunzipped if it starts with the gzip magic,
+    with the decompression limit of :class:`Limits`. No limit on plain files (streams are
+    read in bounded memory)."""
+    p = os.fspath(path)
+    f = open_regular(p, what)
+    try:
+        magic = f.read(2)
+        f.seek(0)
+    except OSError as e:
+        f.close()
+        raise _os_error(p, what, e) from None
+    if magic != b"\x1f\x8b":
+        return f
+    lim = limits()
+    compressed = os.fstat(f.fileno()).st_size
+    cap = int(max(lim.min_decompressed, lim.max_ratio * compressed, lim.max_bytes))
+    raw = _Bounded(gzip.GzipFile(fileobj=f, mode="rb"), p, cap, compressed)
+    return io.BufferedReader(raw, buffer_size=1 << 20)
+
+
+# ---- documents ---------------------------------------------------------------------------
+
+
+def _check_tree(doc: Any, path: str) -> None:
+    """Nesting depth of parsed data, without recursion."""
+    cap = limits().max_depth
+    stack: list[tuple[Any, int]] = [(doc, 0)]
+    while stack:
+        x, d = stack.pop()
+        if d > cap:
+            raise InputError(
+                f"{path}: nested more than {cap} levels deep; expected a flatter document",
+                file=path,
+            )
+        if isinstance(x, dict):
+            stack.extend((v, d + 1) for v in x.values() if isinstance(v, (dict, list)))
+        elif isinstance(x, list):
+            stack.extend((v, d + 1) for v in x if isinstance(v, (dict, list)))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse_json(text: str, path: str) -> Any:
+    """JSON without NaN/Infinity, with the nesting limit; errors give line and column only."""
+    try:
+        doc = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"{path}: line {e.lineno} column {e.colno}: JSON syntax error: {e.msg}", file=path
+        ) from None
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply; expected a flatter document") from None
+    except ValueError as e:  # NaN/Infinity, integers beyond Python's digit limit
+        raise InputError(f"{path}: {_value_problem(e)}", file=path) from None
+    _check_tree(doc, path)
+    return doc
+
+
+def _value_problem(e: ValueError) -> str:
+    text = str(e)
+    if "digits" in text:
+        return "an integer with thousands of digits; expected a number of a sensible size"
+    return text.splitlines()[0] if text else e.__class__.__name__
+
+
+# PyYAML messages quote what they found; only a short token survives (a tab, a colon)
+_QUOTED = re.compile(r"'([^']{5,})'|\"([^\"]{5,})\"")
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(e, "problem", None) or e.__class__.__name__
+    return where + "YAML syntax error: " + _QUOTED.sub("'…'", str(problem))
+
+
+_Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_Base):  # type: ignore[misc]
+    """Safe YAML giving JSON-like data: string keys, timestamps as text, no sets or binary."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[str, Any]:
+        if not isinstance(node, yaml.MappingNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, "expected a mapping", node.start_mark
+            )
+        self.flatten_mapping(node)
+        out: dict[str, Any] = {}
+        for k, v in node.value:
+            key = self.construct_object(k, deep=deep)
+            if isinstance(key, (list, dict)):
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a list or mapping used as a key", k.start_mark
+                )
+            if isinstance(key, bool):
+                key = "true" if key else "false"
+            out[key if isinstance(key, str) else str(key)] = self.construct_object(v, deep=deep)
+        return out
+
+
+def _as_text(loader: Any, node: Any) -> str:
+    return str(loader.construct_scalar(node))
+
+
+def _refuse(loader: Any, node: Any) -> Any:
+    raise yaml.constructor.ConstructorError(
+        None, None, f"tag {node.tag.rsplit(':', 1)[-1]} is not allowed here", node.start_mark
+    )
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _as_text)
+_Loader.add_constructor("tag:yaml.org,2002:binary", _refuse)
+_Loader.add_constructor("tag:yaml.org,2002:set", _refuse)
+_Loader.add_constructor("tag:yaml.org,2002:omap", _refuse)
+_Loader.add_constructor("tag:yaml.org,2002:pairs", _refuse)
+
+
+def _check_nodes(root: Any, path: str, doc_index: int) -> None:
+    """Aliases, expanded size and depth of a composed YAML document, without recursion and
+    without expanding anything (an alias bomb is refused before it is built)."""
+    lim = limits()
+    where = f"{path} (document {doc_index + 1})" if doc_index else path
+
+    def refuse(problem: str) -> InputError:
+        return InputError(f"{where}: {problem}", file=path)
+
+    size: dict[int, int] = {}  # id(node) → values below it, aliases expanded
+    on_path: set[int] = set()  # open ancestors: an alias to one of them is a cycle
+    aliases = expanded = 0
+    stack: list[tuple[Any, int, bool]] = [(root, 0, False)]  # (node, depth, children done)
+    while stack:
+        node, depth, done = stack.pop()
+        nid = id(node)
+        if done:
+            on_path.discard(nid)
+            size[nid] = 1 + sum(size[id(k)] for k in _children(node))
+        elif nid in on_path:
+            raise refuse("an alias refers to a node that contains it; expected plain data")
+        elif nid in size:
+            aliases += 1
+            expanded += size[nid]
+            if aliases > lim.yaml_aliases or expanded > lim.alias_values:
+                raise refuse(
+                    f"YAML aliases (*name) beyond the budget ({aliases} aliases standing for "
+                    f"{expanded} values; at most {lim.yaml_aliases} and {lim.alias_values}); "
+                    "expected plain data (an alias bomb?)"
+                )
+        elif depth > lim.max_depth:
+            raise refuse(f"nested more than {lim.max_depth} levels deep; expected a flatter one")
+        else:
+            on_path.add(nid)
+            stack.append((node, depth, True))
+            stack.extend((k, depth + 1, False) for k in _children(node))
+
+
+def _children(node: Any) -> list[Any]:
+    if isinstance(node, yaml.MappingNode):
+        return [x for kv in node.value for x in kv]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def parse_yaml_all(text: str, path: str) -> list[Any]:
+    """Every document of a YAML stream, as JSON-like data, within the alias/size/depth limits."""
+    loader = _Loader(text)
+    docs: list[Any] = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                docs.append(None)
+                continue
+            _check_nodes(node, path, len(docs))
+            docs.append(loader.construct_document(node))
+    except InputError:
+        raise
+    except yaml.YAMLError as e:
+        where = f"{path} (document {len(docs) + 1})" if docs else path
+        raise InputError(f"{where}: {_yaml_problem(e)}", file=path) from None
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply; expected a flatter document") from None
+    except (ValueError, OverflowError) as e:  # integers beyond Python's digit limit
+        raise InputError(f"{path}: {_value_problem(e)}", file=path) from None
+    finally:
+        loader.dispose()
+    return docs
+
+
+def parse_yaml(text: str, path: str) -> Any:
+    """One YAML document (an empty stream is None)."""
+    docs = parse_yaml_all(text, path)
+    if len(docs) > 1:
+        raise InputError(
+            f"{path}: {len(docs)} YAML documents; expected one (no '---' separators)", file=path
+        )
+    return docs[0] if docs else None
+
+
+def load_document(path: PathIn, what: str = "the file") -> Any:
+    """A JSON (by the ``.json`` suffix) or YAML file read safely; refuses an empty file."""
+    p = os.fspath(path)
+    text = read_text(p, what)
+    if not text.strip():
+        raise InputError(f"{p}: the file is empty; expected {what}", file=p)
+    if Path(p).suffix.lower() == ".json":
+        return parse_json(text, p)
+    return parse_yaml(text, p)
+
+
+__all__ = [
+    "Limits",
+    "check_regular",
+    "decode_text",
+    "is_gzip",
+    "limits",
+    "load_document",
+    "open_regular",
+    "open_stream",
+    "parse_json",
+    "parse_yaml",
+    "parse_yaml_all",
+    "read_bytes",
+    "read_text",
+    "set_limits",
+    "use_limits",
+]
