@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from meshtax import safeio
+from meshtax.errors import MeshtaxError, UsageError
 from meshtax.host import this_host
 from meshtax.model.ecg import ECG, EcgBatch, ECGError, Service, to_batch
 from meshtax.model.profile import Profile
@@ -21,10 +21,6 @@ from meshtax.store.sqlite import ProfileStore, StoreError
 from meshtax.traces.ecg_file import load_ecg_file
 
 
-class UsageError(RuntimeError):
-    """A problem the user can fix (bad input, missing profile); printed without a traceback."""
-
-
 @dataclass(frozen=True)
 class PredictOptions:
     ecg_files: tuple[str, ...]
@@ -35,6 +31,7 @@ class PredictOptions:
     sidecar_mode: str = "http"  # with traces: every traced service's sidecar mode
     service_map: str | None = None  # with traces: trace name → Kubernetes name overrides
     pod_cpus: int | None = None  # CPUs the pods share (None: each pod has CPUs of its own)
+    allow_outside: tuple[str, ...] = ()  # directories ECG files may reference besides their own
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,23 +58,21 @@ def choose_profile(store: ProfileStore, name: str | None) -> tuple[Profile, list
     return p, warnings
 
 
-def load_ecgs(files: Sequence[str]) -> list[ECG]:
+def load_ecgs(files: Sequence[str], allow_outside: Sequence[str] = ()) -> list[ECG]:
     ecgs: list[ECG] = []
     for f in files:
-        ecgs += load_ecg_file(f)
+        ecgs += load_ecg_file(f, allow_outside=allow_outside)
     if not ecgs:
         raise UsageError("no call graphs given")
     return ecgs
 
 
-def load_speedup_file(path: str) -> dict[str, Any]:
+def load_speedup_file(path: str) -> Any:
+    """The parsed speedup document (validated by :func:`speedup_from_dict`)."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise SpeedupError(f"{path}: file not found") from None
-    except yaml.YAMLError as e:
-        raise SpeedupError(f"{path}: YAML syntax error: {e}") from None
-    return doc if isinstance(doc, dict) else {"_": doc}
+        return safeio.load_document(path, "a speedup file")
+    except MeshtaxError as e:
+        raise SpeedupError(str(e), file=path) from None
 
 
 @dataclass(frozen=True)
@@ -92,17 +87,21 @@ class Loaded:
 
 def load_batch(opts: PredictOptions) -> Loaded:
     """The graphs to predict, from ECG files or traces."""
+    if opts.rate is not None and not (math.isfinite(opts.rate) and opts.rate > 0):
+        raise UsageError(f"rate {opts.rate!r}; expected a finite number of requests/s > 0")
     if opts.trace_format is None:
-        ecgs = load_ecgs(opts.ecg_files)
+        ecgs = load_ecgs(opts.ecg_files, opts.allow_outside)
         if opts.rate is not None:
             ecgs = [
                 replace(e, invocations=tuple(replace(i, rate=opts.rate) for i in e.invocations))
                 for e in ecgs
             ]
         notes = list(dict.fromkeys(n for e in ecgs for n in e.meta.get("notes", ())))
-        return Loaded(
-            to_batch(ecgs), None, notes, {k: v for e in ecgs for k, v in e.services.items()}
-        )
+        try:
+            batch = to_batch(ecgs)
+        except ValueError as e:  # one service, two sidecars in two files
+            raise ECGError(", ".join(opts.ecg_files), [str(e)]) from None
+        return Loaded(batch, None, notes, {k: v for e in ecgs for k, v in e.services.items()})
     from meshtax.traces import (
         AlibabaOptions,
         SpanOptions,
@@ -113,6 +112,8 @@ def load_batch(opts: PredictOptions) -> Loaded:
     )
 
     sidecar = SidecarConfig(Mode(opts.sidecar_mode))
+    for path in opts.ecg_files:
+        safeio.check_regular(path, "a trace file")
     try:
         fmt = None if opts.trace_format == "auto" else opts.trace_format
         fmt = fmt or detect_format(opts.ecg_files[0])

@@ -1,13 +1,16 @@
 """The `meshtax` command: argv → frozen options → library calls → printed results.
 
-Nothing below this module parses argv or prints. User errors print one clear message and
-exit 2; they never show a traceback.
+Nothing below this module parses argv or prints. User errors (:class:`MeshtaxError`) print
+one clear message and exit 2; anything else is a bug and prints one line and exits 70
+(``--debug`` or ``$MESHTAX_DEBUG=1`` shows the traceback instead). Neither shows a traceback.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -17,32 +20,99 @@ from typing import Any, TypeVar
 
 import click
 
+from meshtax import safeio
 from meshtax._version import __version__
-from meshtax.app import PredictOptions, UsageError, predict_files
+from meshtax.app import PredictOptions, predict_files
+from meshtax.errors import EXIT_INTERNAL, EXIT_USER, MeshtaxError, UsageError, clip
 from meshtax.host import this_host
-from meshtax.model.ecg import ECGError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
-from meshtax.predict.engine import PredictionError
-from meshtax.predict.whatif import SpeedupError
 from meshtax.report.exporters import EXPORTERS
 from meshtax.report.text import prediction_text, profile_text, profiles_text
-from meshtax.store.sqlite import ProfileStore, StoreError
+from meshtax.store.sqlite import ProfileStore
 
 F = TypeVar("F", bound=Callable[..., Any])
-USER_ERRORS = (UsageError, ECGError, StoreError, PredictionError, SpeedupError)
+USER_ERRORS: tuple[type[Exception], ...] = (MeshtaxError,)
+_DEBUG = [os.environ.get("MESHTAX_DEBUG", "") not in ("", "0")]
 
 
 def user_errors(fn: F) -> F:
+    """User errors → one line on stderr, exit 2; anything else → the last-resort line, exit 70."""
+
     @functools.wraps(fn)
     def wrapper(*a: Any, **kw: Any) -> Any:
         try:
             return fn(*a, **kw)
         except USER_ERRORS as e:
             click.echo(f"meshtax: error: {e}", err=True)
-            sys.exit(2)
+            sys.exit(EXIT_USER)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            raise click.Abort() from None
+        except BrokenPipeError:
+            sys.exit(1)  # the reader went away (e.g. `| head`): nothing to say
+        except OSError as e:
+            if e.filename is None or _DEBUG[0]:
+                raise
+            click.echo(f"meshtax: error: {e.filename}: {e.strerror or e}", err=True)
+            sys.exit(EXIT_USER)
 
     return wrapper  # type: ignore[return-value]
+
+
+class _Main(click.Group):
+    """The command group with the last-resort handler: an unexpected exception is a bug;
+    say so in one line and exit 70, unless --debug asks for the traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:
+            if _DEBUG[0]:
+                raise
+            click.echo(
+                f"meshtax: internal error: {e.__class__.__name__}: {clip(str(e), 200)}\n"
+                "run with --debug for the traceback (and please report it)",
+                err=True,
+            )
+            sys.exit(EXIT_INTERNAL)
+
+
+class _Number(click.ParamType):
+    """A finite float within bounds (NaN, infinities and out-of-range values are refused)."""
+
+    name = "number"
+
+    def __init__(self, lo: float | None = None, *, open_lo: bool = False, hi: float | None = None):
+        self.lo, self.open_lo, self.hi = lo, open_lo, hi
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        want = (
+            "a finite number"
+            + ("" if self.lo is None else f" {'>' if self.open_lo else '≥'} {self.lo:g}")
+            + ("" if self.hi is None else f" and ≤ {self.hi:g}")
+        )
+        bad = not math.isfinite(v) or (
+            self.lo is not None and (v <= self.lo if self.open_lo else v < self.lo)
+        )
+        if bad or (self.hi is not None and v > self.hi):
+            self.fail(f"{value!r}; expected {want}", param, ctx)
+        return v
+
+
+POSITIVE = _Number(0.0, open_lo=True)
+NONNEG = _Number(0.0)
 
 
 def _emit(text: str, output: str | None) -> None:
@@ -76,10 +146,27 @@ output_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="meshtax")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of an unexpected error.")
+@click.option(
+    "--max-input-mb",
+    type=POSITIVE,
+    help="Largest input file read whole (ECG, profile, speedup, config; default 128, or "
+    "$MESHTAX_MAX_INPUT_MB); compressed traces may expand to 100× their size or this.",
+)
+def main(debug: bool, max_input_mb: float | None) -> None:
     """What does a service mesh cost me? Profile sidecars; predict their overhead on call graphs."""
+    _DEBUG[0] = _DEBUG[0] or debug
+    if max_input_mb is not None:
+        safeio.set_limits(
+            safeio.Limits(
+                max_bytes=int(max_input_mb * (1 << 20)),
+                min_decompressed=max(
+                    safeio.Limits().min_decompressed, int(max_input_mb * (1 << 20))
+                ),
+            )
+        )
 
 
 @main.command()
@@ -92,7 +179,7 @@ def main() -> None:
 @click.option(
     "--speedup", type=click.Path(), help="What-if speedup YAML: report before/after and the saving."
 )
-@click.option("--rate", type=float, help="Override every invocation's rate (requests/s).")
+@click.option("--rate", type=POSITIVE, help="Override every invocation's rate (requests/s).")
 @click.option(
     "--traces",
     is_flag=True,
@@ -117,6 +204,13 @@ def main() -> None:
     help="With --traces: trace → Kubernetes service names (YAML/JSON).",
 )
 @click.option(
+    "--allow-outside",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="Let ECG files read Envoy configs / manifests under this directory too (repeatable; "
+    "by default only under the ECG file's own directory).",
+)
+@click.option(
     "--pod-cpus",
     type=click.IntRange(min=1),
     help="The pods share this many CPUs: latency overhead is at least the request's sidecar CPU work ÷ N "
@@ -136,6 +230,7 @@ def predict(
     trace_format: str | None,
     sidecar_mode: str,
     service_map: str | None,
+    allow_outside: tuple[str, ...],
     pod_cpus: int | None,
     db: str | None,
     fmt: str,
@@ -155,6 +250,7 @@ def predict(
         sidecar_mode=sidecar_mode,
         service_map=service_map,
         pod_cpus=pod_cpus,
+        allow_outside=allow_outside,
     )
     store = ProfileStore(db)
     doc = predict_files(opts, store)
@@ -210,14 +306,14 @@ def profiles_list(db: str | None, fmt: str) -> None:
 @format_option
 @click.option(
     "--size",
-    type=float,
+    type=NONNEG,
     default=100.0,
     show_default=True,
     help="Message size (bytes) of the table.",
 )
 @click.option(
     "--rate",
-    type=float,
+    type=POSITIVE,
     default=30000.0,
     show_default=True,
     help="Rate (requests/s) for CPU in vCPU.",
@@ -253,15 +349,10 @@ def profiles_export(name: str, db: str | None, output: str | None, fmt: str) -> 
 @user_errors
 def profiles_import(file: str, name: str | None, replace: bool, db: str | None) -> None:
     """Import a profile exported with `meshtax profiles export`."""
-    try:
-        doc = json.loads(Path(file).read_text())
-        if name:
-            doc["name"] = name
-        p = Profile.from_dict(doc)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise UsageError(
-            f"{file}: not a meshtax profile document ({e.__class__.__name__}: {e})"
-        ) from None
+    doc = safeio.load_document(file, "a profile document")
+    if isinstance(doc, dict) and name:
+        doc["name"] = name
+    p = Profile.from_dict(doc, source=file)
     ProfileStore(db).save(p, replace=replace)
     click.echo(f"imported profile {p.name!r} ({p.provenance.source}, {p.platform.describe()})")
 
@@ -282,16 +373,18 @@ def profiles_delete(name: str, db: str | None) -> None:
 )
 @user_errors
 def example(dest: str) -> None:
-    """Write the bundled example ECGs (Bookinfo, Online Boutique, Hotel Reservation) and a speedup file to DEST."""
+    """Write the bundled example ECGs (Bookinfo, Online Boutique, Hotel Reservation) to DEST
+    and a speedup file to DEST/whatif/ (so `predict DEST/*.yaml` reads call graphs only)."""
     out = Path(dest)
-    out.mkdir(parents=True, exist_ok=True)
     src = resources.files("meshtax").joinpath("data/examples")
     names = []
     for f in sorted(src.iterdir(), key=lambda t: t.name):
         if f.name.endswith(".yaml"):
+            to = out / ("whatif" if f.name.startswith("speedup") else "") / f.name
+            to.parent.mkdir(parents=True, exist_ok=True)
             with resources.as_file(f) as path:
-                shutil.copyfile(path, out / f.name)
-            names.append(f.name)
+                shutil.copyfile(path, to)
+            names.append(str(to.relative_to(out)))
     click.echo(f"wrote {len(names)} files to {out}/: " + ", ".join(names))
 
 
@@ -324,15 +417,15 @@ def traces() -> None:
 )
 @click.option(
     "--request-bytes",
-    type=float,
+    type=NONNEG,
     default=100.0,
     show_default=True,
     help="Size when the traces give none (the paper's 100 B).",
 )
-@click.option("--response-bytes", type=float, default=100.0, show_default=True)
+@click.option("--response-bytes", type=NONNEG, default=100.0, show_default=True)
 @click.option(
     "--rate",
-    type=float,
+    type=POSITIVE,
     help="Requests/s of every call (Alibaba default: the paper's 30 000; spans: counted).",
 )
 @click.option("--overwrite", is_flag=True)
@@ -348,9 +441,11 @@ def traces_import(
     overwrite: bool,
 ) -> None:
     """Stream traces into a store (bounded memory); prints what was kept and dropped, and why."""
-    from meshtax.traces import AlibabaOptions, SpanOptions, TraceFormatError, detect_format, ingest
+    from meshtax.traces import AlibabaOptions, SpanOptions, detect_format, ingest
 
     sidecar = SidecarConfig(Mode(sidecar_mode))
+    for path in files:
+        safeio.check_regular(path, "a trace file")
     try:
         f = fmt or detect_format(files[0])
         options: Any = (
@@ -371,14 +466,14 @@ def traces_import(
         store, rep = ingest(
             list(files), out_dir, f, options, overwrite=overwrite, progress=sys.stderr.isatty()
         )
-    except (TraceFormatError, OSError, FileExistsError) as e:
+    except OSError as e:
         raise UsageError(str(e)) from None
     click.echo(rep.summary())
     click.echo(f"store: {out_dir}")
 
 
 @traces.command("generate")
-@click.option("--graphs", type=int, required=True, help="Number of call graphs.")
+@click.option("--graphs", type=click.IntRange(min=1), required=True, help="Number of call graphs.")
 @click.option(
     "--out",
     "out_path",
@@ -396,7 +491,7 @@ def traces_import(
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option(
     "--broken-fraction",
-    type=float,
+    type=_Number(0.0, hi=1.0),
     default=0.0,
     show_default=True,
     help="Share of graphs with a missing inner call (as in real traces).",
@@ -410,8 +505,6 @@ def traces_generate(
 
     from meshtax.traces import generate
 
-    if graphs <= 0:
-        raise UsageError("--graphs must be positive")
     with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
         task = bar.add_task("generating", total=graphs)
         summ = generate(
@@ -598,12 +691,12 @@ def config_from_k8s(directory: str, ecg: bool) -> None:
 )
 @click.option(
     "--rate",
-    type=float,
+    type=NONNEG,
     default=200.0,
     show_default=True,
     help="Requests/s of every run (0: closed loop).",
 )
-@click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
+@click.option("--duration", type=POSITIVE, default=3.0, show_default=True, help="Seconds per run.")
 @click.option(
     "--profile",
     "profile",
@@ -701,9 +794,9 @@ def validate(
     help="Comma-separated sidecar modes of the chains (default: every mode of the profile).",
 )
 @click.option(
-    "--rate", type=float, default=100.0, show_default=True, help="Requests/s of every run."
+    "--rate", type=POSITIVE, default=100.0, show_default=True, help="Requests/s of every run."
 )
-@click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
+@click.option("--duration", type=POSITIVE, default=3.0, show_default=True, help="Seconds per run.")
 @click.option("--quick", is_flag=True, help="Fewer pairs (smoke runs, CI): a wide interval.")
 @click.option(
     "--keep",
@@ -780,7 +873,7 @@ def _csv(text: str, conv: Callable[[str], V]) -> tuple[V, ...]:
 )
 @click.option("--modes", help="Comma-separated modes to profile (tcp,http,grpc).")
 @click.option("--sizes", help="Comma-separated message sizes in bytes, e.g. 100,1024,4096.")
-@click.option("--duration", type=float, help="Base seconds per load run.")
+@click.option("--duration", type=POSITIVE, help="Base seconds per load run.")
 @click.option(
     "--carried",
     help="Application protocols to measure through a tcp-mode sidecar (grpc,http; 'none': off; default: the preset's, grpc).",
@@ -814,7 +907,7 @@ def _csv(text: str, conv: Callable[[str], V]) -> tuple[V, ...]:
 @click.option(
     "--wait",
     "wait_s",
-    type=float,
+    type=NONNEG,
     default=0.0,
     show_default=True,
     help="Seconds to wait for another profiling run to finish (0: fail at once).",

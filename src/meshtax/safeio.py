@@ -104,13 +104,15 @@ def _kind(mode: int) -> str:
 
 def _os_error(path: str, what: str, e: OSError) -> InputError:
     reason = {
-        "ENOENT": "not found",
+        "ENOENT": "file not found",
         "EACCES": "permission denied",
         "EISDIR": "is a directory",
         "ELOOP": "too many symbolic links",
         "ENAMETOOLONG": "name too long",
         "ENOTDIR": "a part of the path is not a directory",
     }.get(errno.errorcode.get(e.errno or 0, ""), e.strerror or e.__class__.__name__)
+    if e.errno == errno.ENOENT:
+        return InputError(f"{path}: file not found; expected {what}", file=path)
     return InputError(f"{path}: cannot read {what}: {reason}", file=path)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from meshtax.errors import ModelError
 from meshtax.model.sidecar import SidecarConfig
 
 #: Published defaults (Zhu et al.): 100 B messages.
@@ -68,14 +69,14 @@ class ECG:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
 
-class ECGError(ValueError):
+class ECGError(ModelError):
     """A call graph that cannot be used; lists every problem found, each with where it is."""
 
     def __init__(self, source: str, problems: Sequence[str]) -> None:
         self.source = source
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{source}: {len(self.problems)} problem(s):\n{lines}")
+        super().__init__(f"{source}: {len(self.problems)} problem(s):\n{lines}", file=source)
 
 
 def validate(

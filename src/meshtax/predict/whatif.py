@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from meshtax.errors import PredictError
 from meshtax.model.components import Component, Kind
 from meshtax.model.costmodel import ComponentModel
 from meshtax.model.profile import ModeProfile, Profile
@@ -31,8 +32,8 @@ from meshtax.model.sidecar import Mode
 _PCT = re.compile(r"^\s*([+-]?\d+(?:\.\d+)?)\s*%\s*$")
 
 
-class SpeedupError(ValueError):
-    pass
+class SpeedupError(PredictError):
+    """A speedup file that cannot be used (names the file, the entry and what was expected)."""
 
 
 @dataclass(frozen=True)

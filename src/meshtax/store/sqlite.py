@@ -20,14 +20,11 @@ from typing import Any
 
 import platformdirs
 
+from meshtax.errors import StoreError as StoreError
 from meshtax.model.profile import Platform, Profile
 from meshtax.reference import REFERENCE_NAME, reference_profile
 
 SCHEMA_VERSION = 2
-
-
-class StoreError(RuntimeError):
-    pass
 
 
 def default_path() -> Path:

@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
+from meshtax.errors import TraceError
 from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, DEFAULT_RATE_RPS, EcgBatch, SidecarSpec
 from meshtax.model.sidecar import SidecarConfig
 from meshtax.traces.report import ImportReport
@@ -91,7 +92,7 @@ UNKNOWN_SERVICE = "(unknown)"
 _NUM = r"^\s*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*$"
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(TraceError):
     """An input that cannot be read at all (wrong columns, not CSV, truncated compression)."""
 
 

@@ -26,6 +26,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from meshtax.errors import TraceError
 from meshtax.model.ecg import EcgBatch, SidecarSpec
 from meshtax.model.sidecar import SidecarConfig
 
@@ -48,8 +49,11 @@ _ROW_COLS = (
 )
 
 
-class StoreError(ValueError):
-    """A store directory that is missing, incomplete or of an unknown format."""
+class TraceStoreError(TraceError):
+    """A store directory that is missing, incomplete, damaged or of an unknown format."""
+
+
+StoreError = TraceStoreError  # its name before the error types had layers
 
 
 def slice_graphs(batch: EcgBatch, g0: int, g1: int) -> EcgBatch:
