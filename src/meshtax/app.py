@@ -42,6 +42,12 @@ def choose_profile(store: ProfileStore, name: str | None) -> tuple[Profile, list
     host = this_host()
     if name is None:
         p = store.for_host(host)
+        if p is None and store.unusable:
+            names = ", ".join(repr(n) for n, _ in store.unusable)
+            raise UsageError(
+                f"no usable profile of this machine: {names} failed validation "
+                f"({store.unusable[0][1]}); measure again, or name one with --profile"
+            )
         if p is None:
             raise UsageError(
                 "no profile of this machine yet. Measure one with `meshtax profile --quick` (as root), "

@@ -83,7 +83,7 @@ class _Main(click.Group):
             sys.exit(EXIT_INTERNAL)
 
 
-class _Number(click.ParamType):
+class _Number(click.ParamType):  # type: ignore[type-arg]
     """A finite float within bounds (NaN, infinities and out-of-range values are refused)."""
 
     name = "number"
@@ -277,7 +277,10 @@ def profiles() -> None:
 @user_errors
 def profiles_list(db: str | None, fmt: str) -> None:
     """Every stored profile, and the bundled reference."""
-    rows = ProfileStore(db).list()
+    store = ProfileStore(db)
+    rows = store.list()
+    for bad, why in store.unusable:
+        click.echo(f"warning: stored profile {bad!r} is not usable, not listed: {why}", err=True)
     if fmt == "json":
         click.echo(
             json.dumps(

@@ -260,7 +260,8 @@ def open_stream(path: PathIn, what: str = "the file") -> IO[bytes]:
     lim = limits()
     compressed = os.fstat(f.fileno()).st_size
     cap = int(max(lim.min_decompressed, lim.max_ratio * compressed, lim.max_bytes))
-    raw = _Bounded(gzip.GzipFile(fileobj=f, mode="rb"), p, cap, compressed)
+    gz: Any = gzip.GzipFile(fileobj=f, mode="rb")
+    raw = _Bounded(gz, p, cap, compressed)
     return io.BufferedReader(raw, buffer_size=1 << 20)
 
 
@@ -304,7 +305,7 @@ def parse_json(text: str, path: str) -> Any:
     return doc
 
 
-def _value_problem(e: ValueError) -> str:
+def _value_problem(e: ValueError | OverflowError) -> str:
     text = str(e)
     if "digits" in text:
         return "an integer with thousands of digits; expected a number of a sensible size"

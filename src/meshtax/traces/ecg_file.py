@@ -126,7 +126,7 @@ def _invocation_checks() -> tuple[Callable[[Any], bool], Any]:
 
 def _skeleton_schema() -> dict[str, Any]:
     """The ECG schema with invocation lists checked as lists only (items: the fast path)."""
-    schema = json.loads(json.dumps(ecg_schema()))
+    schema: dict[str, Any] = json.loads(json.dumps(ecg_schema()))
     schema["$defs"]["invocations"] = {"type": "array", "minItems": 1}
     return schema
 
@@ -183,9 +183,9 @@ def ecgs_from_dict(doc: Any, source: str) -> list[ECG]:
                 f"(top level): a {type(doc).__name__}; expected a mapping with 'services' and 'invocations'"
             ],
         )
-    bad = _schema_problems(doc)
-    if bad:
-        raise ECGError(source, bad)
+    schema_bad = _schema_problems(doc)
+    if schema_bad:
+        raise ECGError(source, schema_bad)
     defaults = doc.get("defaults", {})
     try:
         default_sidecar = parse_sidecar(defaults.get("sidecar"), SidecarConfig())
