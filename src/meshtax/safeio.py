@@ -201,8 +201,11 @@ class _Bounded(io.RawIOBase):
     """A decompressing reader that refuses to expand beyond a limit and turns every
     decompression failure into an :class:`InputError`."""
 
-    def __init__(self, inner: IO[bytes], path: str, cap: int, compressed: int) -> None:
+    def __init__(
+        self, inner: IO[bytes], path: str, cap: int, compressed: int, raw: IO[bytes]
+    ) -> None:
         self._inner = inner
+        self._raw = raw
         self._path = path
         self._cap = cap
         self._compressed = compressed
@@ -214,10 +217,9 @@ class _Bounded(io.RawIOBase):
     def readinto(self, b: Any) -> int:
         try:
             data = self._inner.read(len(b))
-        except (OSError, EOFError, zlib.error) as e:
+        except (OSError, EOFError, zlib.error):
             raise InputError(
-                f"{self._path}: corrupt or truncated gzip data ({e.__class__.__name__}); "
-                "expected a complete .gz file",
+                f"{self._path}: corrupt or truncated gzip data; expected a complete .gz file",
                 file=self._path,
             ) from None
         n = len(data)
@@ -235,6 +237,8 @@ class _Bounded(io.RawIOBase):
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._inner.close()
+        with contextlib.suppress(Exception):
+            self._raw.close()
         super().close()
 
 
@@ -261,7 +265,7 @@ def open_stream(path: PathIn, what: str = "the file") -> IO[bytes]:
     compressed = os.fstat(f.fileno()).st_size
     cap = int(max(lim.min_decompressed, lim.max_ratio * compressed, lim.max_bytes))
     gz: Any = gzip.GzipFile(fileobj=f, mode="rb")
-    raw = _Bounded(gz, p, cap, compressed)
+    raw = _Bounded(gz, p, cap, compressed, f)
     return io.BufferedReader(raw, buffer_size=1 << 20)
 
 
