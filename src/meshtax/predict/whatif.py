@@ -18,18 +18,51 @@ Scaling multiplies every parameter of the component's latency and CPU models.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from meshtax.errors import PredictError
+from meshtax.errors import PredictError, clip
 from meshtax.model.components import Component, Kind
 from meshtax.model.costmodel import ComponentModel
 from meshtax.model.profile import ModeProfile, Profile
+from meshtax.model.schema import problems
 from meshtax.model.sidecar import Mode
 
 _PCT = re.compile(r"^\s*([+-]?\d+(?:\.\d+)?)\s*%\s*$")
+_MODES = [m.value for m in Mode]
+#: JSON Schema of a speedup file; numbers are finite (model/schema.py); a percentage is a
+#: number or text like ``-30%``, checked for range by :func:`parse_factor`.
+SPEEDUP_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "description": {"type": "string"},
+        "scale": {
+            "type": "object",
+            "additionalProperties": {
+                "anyOf": [{"type": "number"}, {"type": "string", "pattern": _PCT.pattern}],
+                "description": "a percent change like -30% or +10%",
+            },
+        },
+        "replace": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "description": "{profile: NAME, mode: tcp|http|grpc}",
+                "additionalProperties": False,
+                "required": ["profile"],
+                "properties": {
+                    "profile": {"type": "string", "minLength": 1},
+                    "mode": {"anyOf": [{"type": "null"}, {"enum": _MODES}]},
+                },
+            },
+        },
+    },
+}
 
 
 class SpeedupError(PredictError):
@@ -68,21 +101,25 @@ def parse_factor(value: Any, where: str) -> float:
     else:
         m = _PCT.match(str(value))
         if not m:
-            raise SpeedupError(f"{where}: {value!r}; expected a percent change like -30% or +10%")
+            raise SpeedupError(
+                f"{where}: {clip(value)}; expected a percent change like -30% or +10%"
+            )
         pct = float(m.group(1))
+    if not math.isfinite(pct) or pct > 1e6:
+        raise SpeedupError(f"{where}: {clip(value)}; expected a finite percent change")
     if pct < -100:
         raise SpeedupError(f"{where}: {pct:g}% would make a cost negative; expected ≥ -100%")
     return 1.0 + pct / 100.0
 
 
-def speedup_from_dict(d: Mapping[str, Any], source: str = "<speedup>") -> Speedup:
+def speedup_from_dict(d: Any, source: str = "<speedup>") -> Speedup:
+    """A validated speedup (:data:`SPEEDUP_SCHEMA`, then each entry); every problem of the
+    schema is raised together."""
     if not isinstance(d, Mapping):
         raise SpeedupError(f"{source}: expected a mapping with 'scale' and/or 'replace'")
-    unknown = set(d) - {"name", "scale", "replace", "description"}
-    if unknown:
-        raise SpeedupError(
-            f"{source}: unknown key(s) {', '.join(sorted(unknown))}; expected name, scale, replace"
-        )
+    bad = problems(SPEEDUP_SCHEMA, d, limit=10)
+    if bad:
+        raise SpeedupError(f"{source}: " + "; ".join(bad), file=source)
     factors: dict[str, float] = {}
     for k, v in (d.get("scale") or {}).items():
         key = str(k).strip().lower()
