@@ -81,7 +81,7 @@ def describe(err: jsonschema.ValidationError, where: str | None = None) -> str:
     """One line for one schema violation: the field, what it holds, what was expected."""
     at = where if where is not None else path_text(err.absolute_path)
     v, inst, want = err.validator, err.instance, err.validator_value
-    desc = err.schema.get("description") if isinstance(err.schema, Mapping) else None
+    desc = err.schema.get("x-expected") if isinstance(err.schema, Mapping) else None
     if desc and v in ("type", "anyOf", "oneOf", "pattern", "enum"):
         return f"{at}: {clip(inst)}; expected {desc}"
     if v == "type":

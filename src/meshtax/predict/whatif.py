@@ -45,14 +45,14 @@ SPEEDUP_SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": {
                 "anyOf": [{"type": "number"}, {"type": "string", "pattern": _PCT.pattern}],
-                "description": "a percent change like -30% or +10%",
+                "x-expected": "a percent change like -30% or +10%",
             },
         },
         "replace": {
             "type": "object",
             "additionalProperties": {
                 "type": "object",
-                "description": "{profile: NAME, mode: tcp|http|grpc}",
+                "x-expected": "{profile: NAME, mode: tcp|http|grpc}",
                 "additionalProperties": False,
                 "required": ["profile"],
                 "properties": {
