@@ -328,91 +328,161 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
 
 
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Y = "tag:yaml.org,2002:"
+_TEXT_TAGS = {_Y + "str", _Y + "timestamp", _Y + "value"}  # timestamps stay text (JSON-like)
+_SCALAR_TAGS = {_Y + "int", _Y + "float", _Y + "bool", _Y + "null"}
+_COLLECTION_TAGS = {_Y + "seq", _Y + "map"}
 
 
 class _Loader(_Base):  # type: ignore[misc]
-    """Safe YAML giving JSON-like data: string keys, timestamps as text, no sets or binary."""
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict[str, Any]:
-        if not isinstance(node, yaml.MappingNode):
-            raise yaml.constructor.ConstructorError(
-                None, None, "expected a mapping", node.start_mark
-            )
-        self.flatten_mapping(node)
-        out: dict[str, Any] = {}
-        for k, v in node.value:
-            key = self.construct_object(k, deep=deep)
-            if isinstance(key, (list, dict)):
-                raise yaml.constructor.ConstructorError(
-                    None, None, "a list or mapping used as a key", k.start_mark
-                )
-            if isinstance(key, bool):
-                key = "true" if key else "false"
-            out[key if isinstance(key, str) else str(key)] = self.construct_object(v, deep=deep)
-        return out
+    """libyaml's scanner and parser with PyYAML's safe scalar rules; no composer (see
+    :func:`_build`)."""
 
 
-def _as_text(loader: Any, node: Any) -> str:
-    return str(loader.construct_scalar(node))
+class _Open:
+    """A collection being built: the object, its key awaiting a value, merges (``<<``), the
+    values below it so far (aliases expanded), and its anchor."""
+
+    __slots__ = ("obj", "key", "merges", "size", "anchor")
+
+    def __init__(self, obj: Any, anchor: str | None) -> None:
+        self.obj = obj
+        self.key: Any = _NOKEY
+        self.merges: list[Any] = []
+        self.size = 1
+        self.anchor = anchor
 
 
-def _refuse(loader: Any, node: Any) -> Any:
-    raise yaml.constructor.ConstructorError(
-        None, None, f"tag {node.tag.rsplit(':', 1)[-1]} is not allowed here", node.start_mark
-    )
+_NOKEY = object()
+_MERGE = object()
 
 
-_Loader.add_constructor("tag:yaml.org,2002:timestamp", _as_text)
-_Loader.add_constructor("tag:yaml.org,2002:binary", _refuse)
-_Loader.add_constructor("tag:yaml.org,2002:set", _refuse)
-_Loader.add_constructor("tag:yaml.org,2002:omap", _refuse)
-_Loader.add_constructor("tag:yaml.org,2002:pairs", _refuse)
+def _build(loader: Any, path: str, doc_index: int) -> Any:
+    """One document as JSON-like data (string keys, timestamps as text), straight from the
+    parser's events, without recursion.
 
-
-def _check_nodes(root: Any, path: str, doc_index: int) -> None:
-    """Aliases, expanded size and depth of a composed YAML document, without recursion and
-    without expanding anything (an alias bomb is refused before it is built)."""
+    libyaml's composer recurses in C: a few hundred kilobytes of ``[[[[`` or ``- - -``
+    overflow the C stack and kill the process before any Python check can run; PyYAML's
+    constructor recurses in Python. Here depth, aliases and what the aliases stand for are
+    checked as the events arrive, so an alias bomb or a deep document is refused before it is
+    built. Aliases share the anchored object, as PyYAML's do.
+    """
     lim = limits()
     where = f"{path} (document {doc_index + 1})" if doc_index else path
 
     def refuse(problem: str) -> InputError:
         return InputError(f"{where}: {problem}", file=path)
 
-    size: dict[int, int] = {}  # id(node) → values below it, aliases expanded
-    on_path: set[int] = set()  # open ancestors: an alias to one of them is a cycle
+    def bad(problem: str, mark: Any) -> yaml.MarkedYAMLError:
+        return yaml.constructor.ConstructorError(None, None, problem, mark)
+
+    anchors: dict[str, tuple[Any, int]] = {}  # anchor → (object, values below it)
+    stack: list[_Open] = []
+    tags: dict[tuple[str, Any], str] = {}  # resolved implicit tags of repeated scalars (keys)
     aliases = expanded = 0
-    stack: list[tuple[Any, int, bool]] = [(root, 0, False)]  # (node, depth, children done)
-    while stack:
-        node, depth, done = stack.pop()
-        nid = id(node)
-        if done:
-            on_path.discard(nid)
-            size[nid] = 1 + sum(size[id(k)] for k in _children(node))
-        elif nid in on_path:
-            raise refuse("an alias refers to a node that contains it; expected plain data")
-        elif nid in size:
+    get_event, resolve = loader.get_event, loader.resolve
+    Scalar, SeqStart, MapStart = yaml.ScalarEvent, yaml.SequenceStartEvent, yaml.MappingStartEvent
+    SeqEnd, MapEnd, Alias = yaml.SequenceEndEvent, yaml.MappingEndEvent, yaml.AliasEvent
+    ScalarNode = yaml.ScalarNode
+    while True:
+        ev = get_event()
+        t = type(ev)
+        if t is Scalar:
+            tag = ev.tag
+            value: Any = ev.value
+            if tag is None or tag == "!":
+                k = (value, ev.implicit)
+                tag = tags.get(k)
+                if tag is None:
+                    tag = resolve(ScalarNode, value, ev.implicit)
+                    if len(tags) < 4096:
+                        tags[k] = tag
+            if tag in _TEXT_TAGS:
+                pass
+            elif tag in _SCALAR_TAGS:
+                value = loader.construct_object(ScalarNode(tag, value, ev.start_mark))
+            elif tag == _Y + "merge":
+                value = _MERGE
+            else:
+                raise bad(f"tag {tag.rsplit(':', 1)[-1]} is not allowed here", ev.start_mark)
+            size = 1
+            if ev.anchor is not None:
+                anchors[ev.anchor] = (value, 1)
+        elif t is SeqStart or t is MapStart:
+            if ev.tag not in (None, "!") and ev.tag not in _COLLECTION_TAGS:
+                raise bad(f"tag {ev.tag.rsplit(':', 1)[-1]} is not allowed here", ev.start_mark)
+            if len(stack) >= lim.max_depth:
+                raise refuse(
+                    f"nested more than {lim.max_depth} levels deep; expected a flatter one"
+                )
+            o = _Open([] if t is SeqStart else {}, ev.anchor)
+            if ev.anchor is not None:
+                anchors[ev.anchor] = (o.obj, -1)  # -1: still open
+            stack.append(o)
+            continue
+        elif t is SeqEnd or t is MapEnd:
+            o = stack.pop()
+            value, size = o.obj, o.size
+            if o.merges:  # explicit keys win; of merged maps, the first wins
+                merged: dict[str, Any] = {}
+                for m in reversed(o.merges):
+                    merged.update(m)
+                merged.update(value)
+                value.clear()
+                value.update(merged)
+            if o.anchor is not None:
+                anchors[o.anchor] = (value, size)
+        elif t is Alias:
+            if ev.anchor not in anchors:
+                raise bad("found an undefined alias", ev.start_mark)
+            value, size = anchors[ev.anchor]
+            if size < 0:
+                raise refuse("an alias refers to a node that contains it; expected plain data")
             aliases += 1
-            expanded += size[nid]
+            expanded += size
             if aliases > lim.yaml_aliases or expanded > lim.alias_values:
                 raise refuse(
                     f"YAML aliases (*name) beyond the budget ({aliases} aliases standing for "
                     f"{expanded} values; at most {lim.yaml_aliases} and {lim.alias_values}); "
                     "expected plain data (an alias bomb?)"
                 )
-        elif depth > lim.max_depth:
-            raise refuse(f"nested more than {lim.max_depth} levels deep; expected a flatter one")
         else:
-            on_path.add(nid)
-            stack.append((node, depth, True))
-            stack.extend((k, depth + 1, False) for k in _children(node))
+            raise bad(f"unexpected {t.__name__}", ev.start_mark)
+        if not stack:
+            if value is _MERGE:
+                raise bad("a merge key (<<) outside a mapping", ev.start_mark)
+            return value
+        top = stack[-1]
+        top.size += size
+        if type(top.obj) is list:
+            if value is _MERGE:
+                raise bad("a merge key (<<) outside a mapping", ev.start_mark)
+            top.obj.append(value)
+        elif top.key is _NOKEY:
+            if isinstance(value, (list, dict)):
+                raise bad("a list or mapping used as a key", ev.start_mark)
+            if value is not _MERGE:
+                value = _key_text(value)
+            top.key = value
+        elif top.key is _MERGE:
+            maps = value if isinstance(value, list) else [value]
+            if not all(isinstance(m, dict) for m in maps):
+                raise bad("a merge key (<<) needs a mapping or a list of mappings", ev.start_mark)
+            top.merges.extend(maps)
+            top.key = _NOKEY
+        else:
+            if value is _MERGE:
+                raise bad("a merge key (<<) used as a value", ev.start_mark)
+            top.obj[top.key] = value
+            top.key = _NOKEY
 
 
-def _children(node: Any) -> list[Any]:
-    if isinstance(node, yaml.MappingNode):
-        return [x for kv in node.value for x in kv]
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    return []
+def _key_text(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return "null" if key is None else str(key)
 
 
 def parse_yaml_all(text: str, path: str) -> list[Any]:
@@ -420,13 +490,12 @@ def parse_yaml_all(text: str, path: str) -> list[Any]:
     loader = _Loader(text)
     docs: list[Any] = []
     try:
-        while loader.check_node():
-            node = loader.get_node()
-            if node is None:
-                docs.append(None)
-                continue
-            _check_nodes(node, path, len(docs))
-            docs.append(loader.construct_document(node))
+        loader.get_event()  # stream start
+        while not loader.check_event(yaml.StreamEndEvent):
+            loader.get_event()  # document start
+            doc = _build(loader, path, len(docs))
+            loader.get_event()  # document end
+            docs.append(doc)
     except InputError:
         raise
     except yaml.YAMLError as e:
