@@ -111,8 +111,9 @@ class _Number(click.ParamType):  # type: ignore[type-arg]
         return v
 
 
-POSITIVE = _Number(0.0, open_lo=True)
-NONNEG = _Number(0.0)
+# upper bounds far beyond real values, so no product of them overflows a float
+POSITIVE = _Number(0.0, open_lo=True, hi=1e9)  # rates, seconds, MB
+NONNEG = _Number(0.0, hi=1e12)  # sizes in bytes, seconds to wait
 
 
 def _emit(text: str, output: str | None) -> None:

@@ -63,6 +63,10 @@ class Invalid(Exception):
     """A result that is not valid (e.g. a prediction with NaN)."""
 
 
+class _Clean(Exception):
+    """The CLI refused the input with exit status 2 (the message is kept for the report)."""
+
+
 def _cli(args: list[str], cwd: Path) -> str:
     from meshtax import cli
 
@@ -75,12 +79,12 @@ def _cli(args: list[str], cwd: Path) -> str:
             if e.code not in (0, None, 1, 2):
                 raise Invalid(f"exit {e.code}: {err.getvalue()[-300:]}") from None
             if e.code == 2:
-                return "clean"
+                raise _Clean(err.getvalue().strip()[:200]) from None
         except Exception as e:
             import click
 
             if isinstance(e, click.exceptions.ClickException):
-                return "clean"  # a bad option value: click's own usage error
+                raise _Clean(e.format_message()[:200]) from None  # click's own usage error
             raise
     text = err.getvalue()
     if "Traceback" in text:
@@ -132,9 +136,7 @@ def t_profile(c: Case, d: Path) -> str:
     p = d / c.name
     p.write_bytes(c.data)
     db = str(d / "p.db")
-    r = _cli(["profiles", "import", str(p), "--db", db, "--name", "fz"], d)
-    if r != "ok":
-        return r
+    _cli(["profiles", "import", str(p), "--db", db, "--name", "fz"], d)
     ex = _examples(d)
     args = ["predict", str(ex / "bookinfo.yaml"), "--profile", "fz", "--db", db]
     return _cli([*args, "--format", "json", "-o", str(d / "out.json")], d)
@@ -238,6 +240,8 @@ def _run_one(c: Case) -> tuple[str, str]:
         return TARGETS[c.target](c, d), ""
     except MeshtaxError as e:
         return "clean", str(e)[:200]
+    except _Clean as e:
+        return "clean", str(e)
     except Invalid as e:
         return "traceback", f"invalid result: {e}"
     except RecursionError as e:

@@ -451,9 +451,11 @@ class ProfileError(ModelError):
         )
 
 
-_NUM: dict[str, Any] = {"type": "number"}
-_NONNEG: dict[str, Any] = {"type": "number", "minimum": 0}
-_POS: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0}
+# bounds far beyond any real value, so no product of a few of them overflows a float
+_BIG = 1e12
+_NUM: dict[str, Any] = {"type": "number", "minimum": -_BIG, "maximum": _BIG}
+_NONNEG: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": _BIG}
+_POS: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9}  # rates
 _OPT_POS: dict[str, Any] = {"anyOf": [{"type": "null"}, _POS]}
 _MODES = [m.value for m in Mode]
 
@@ -492,6 +494,7 @@ PROFILE_SCHEMA: dict[str, Any] = {
         },
         "modes": {
             "type": "object",
+            "minProperties": 1,
             "propertyNames": {"enum": _MODES},
             "additionalProperties": {"$ref": "#/$defs/mode"},
         },
@@ -696,19 +699,24 @@ def _cost_problems(where: str, m: CostModel) -> list[str]:
     return out
 
 
+#: sizes (bytes) a mode's total cost is checked at besides its samples' sizes: the engine
+#: extrapolates linearly, so a total that turns negative anywhere up to 1 GiB is refused
+CHECK_SIZES = (0.0, 100.0, float(1 << 20), float(1 << 30))
+
+
 def _grid(models: Iterable[CostModel]) -> tuple[list[float], list[float | None]]:
-    """Sizes and rates where a set of models was measured: their samples' sizes (100 B when
-    none) and the ends of their rate ranges (None: the highest profiled rate)."""
+    """Sizes and rates to check a set of models at: :data:`CHECK_SIZES` and their samples'
+    sizes, and the ends of their rate ranges (None: the highest profiled rate)."""
     ms = list(models)
-    sizes = sorted({float(x) for m in ms if m.samples for x in m.samples.sizes} or {100.0})
+    sizes = sorted({float(x) for m in ms if m.samples for x in m.samples.sizes} | set(CHECK_SIZES))
     ends = {r for m in ms for r in (m.rate_lo, m.rate_hi) if r is not None}
     return sizes, [None, *sorted(ends)]
 
 
 def _total_problems(where: str, mp: ModeProfile) -> list[str]:
-    """The mode's total cost must not be negative where it was measured: base components
-    alone, with mTLS, and with each filter. Single components may be (they are differences of
-    measurements: docs of profile/decompose.py)."""
+    """The mode's total cost must not be negative at any size the engine may price (see
+    :data:`CHECK_SIZES`): base components alone, with mTLS, and with each filter. Single
+    components may be (they are differences of measurements: profile/decompose.py)."""
     base = {c: m for c, m in mp.components.items() if c.name == "" and c.key != "tls"}
     extras: list[tuple[str, dict[Component, ComponentModel]]] = [("", {})]
     extras += [(f" with {c.key}", {c: m}) for c, m in mp.components.items() if c not in base]
@@ -725,8 +733,8 @@ def _total_problems(where: str, mp: ModeProfile) -> list[str]:
                 worst = float(total.min())
                 if worst < -1e-9 * max(1.0, float(np.abs(total).max())):
                     out.append(
-                        f"{where}: total {metric}{label} is {worst:.4g} at a measured size; "
-                        "expected ≥ 0 (a sidecar cannot save time or CPU)"
+                        f"{where}: total {metric}{label} is {worst:.4g} at some size up to "
+                        "1 GiB; expected ≥ 0 (a sidecar cannot save time or CPU)"
                     )
                     break
     return out

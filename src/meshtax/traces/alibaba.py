@@ -31,6 +31,7 @@ decompression limit); a corrupt or truncated file is a :class:`TraceFormatError`
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -211,7 +212,11 @@ def _arrow_reason(e: BaseException) -> str:
     text = str(e).split("\n", 1)[0]
     if "InputError" in text or "zlib" in text or "decompress" in text.lower():
         return "corrupt or truncated compressed data"
-    return text[:200]
+    # "Expected 11 columns, got 10: <the row>": the row is the file's content, not quoted
+    m = re.match(r"(.*?(?:columns?|fields?), got \d+)", text)
+    if m:
+        return m.group(1)
+    return text.split(": ", 2)[0][:160] if len(text) > 160 else text
 
 
 _INVALID_ROWS = [0]
