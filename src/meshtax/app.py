@@ -76,7 +76,7 @@ def load_ecgs(files: Sequence[str], allow_outside: Sequence[str] = ()) -> list[E
 def load_speedup_file(path: str) -> Any:
     """The parsed speedup document (validated by :func:`speedup_from_dict`)."""
     try:
-        return safeio.load_document(path, "a speedup file")
+        return safeio.load_document(path, "a speedup file", nonfinite=True)
     except MeshtaxError as e:
         raise SpeedupError(str(e), file=path) from None
 

@@ -23,7 +23,7 @@ import click
 from meshtax import safeio
 from meshtax._version import __version__
 from meshtax.app import PredictOptions, predict_files
-from meshtax.errors import EXIT_INTERNAL, EXIT_USER, MeshtaxError, UsageError, clip
+from meshtax.errors import EXIT_INTERNAL, EXIT_USER, MeshtaxError, UsageError
 from meshtax.host import this_host
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
@@ -76,7 +76,7 @@ class _Main(click.Group):
             if _DEBUG[0]:
                 raise
             click.echo(
-                f"meshtax: internal error: {e.__class__.__name__}: {clip(str(e), 200)}\n"
+                f"meshtax: internal error: {e.__class__.__name__}: {str(e)[:200]}\n"
                 "run with --debug for the traceback (and please report it)",
                 err=True,
             )
@@ -353,7 +353,7 @@ def profiles_export(name: str, db: str | None, output: str | None, fmt: str) -> 
 @user_errors
 def profiles_import(file: str, name: str | None, replace: bool, db: str | None) -> None:
     """Import a profile exported with `meshtax profiles export`."""
-    doc = safeio.load_document(file, "a profile document")
+    doc = safeio.load_document(file, "a profile document", nonfinite=True)
     if isinstance(doc, dict) and name:
         doc["name"] = name
     p = Profile.from_dict(doc, source=file)

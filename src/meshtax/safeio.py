@@ -293,10 +293,11 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def parse_json(text: str, path: str) -> Any:
-    """JSON without NaN/Infinity, with the nesting limit; errors give line and column only."""
+def parse_json(text: str, path: str, nonfinite: bool = False) -> Any:
+    """JSON with the nesting limit; errors give line and column only. NaN/Infinity are
+    refused, unless ``nonfinite`` (a schema checks the numbers next, and names the field)."""
     try:
-        doc = json.loads(text, parse_constant=_no_constant)
+        doc = json.loads(text, parse_constant=float if nonfinite else _no_constant)
     except json.JSONDecodeError as e:
         raise InputError(
             f"{path}: line {e.lineno} column {e.colno}: JSON syntax error: {e.msg}", file=path
@@ -520,14 +521,16 @@ def parse_yaml(text: str, path: str) -> Any:
     return docs[0] if docs else None
 
 
-def load_document(path: PathIn, what: str = "the file") -> Any:
-    """A JSON (by the ``.json`` suffix) or YAML file read safely; refuses an empty file."""
+def load_document(path: PathIn, what: str = "the file", nonfinite: bool = False) -> Any:
+    """A JSON (by the ``.json`` suffix) or YAML file read safely; refuses an empty file.
+    ``nonfinite``: JSON's NaN/Infinity pass as floats, for a schema to name (YAML's
+    ``.nan``/``.inf`` always do)."""
     p = os.fspath(path)
     text = read_text(p, what)
     if not text.strip():
         raise InputError(f"{p}: the file is empty; expected {what}", file=p)
     if Path(p).suffix.lower() == ".json":
-        return parse_json(text, p)
+        return parse_json(text, p, nonfinite)
     return parse_yaml(text, p)
 
 

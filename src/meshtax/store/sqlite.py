@@ -180,7 +180,8 @@ class ProfileStore:
     def _load(self, name: str, document: str) -> Profile | str:
         """A stored document as a validated profile, or why not (also noted in ``unusable``)."""
         try:
-            return Profile.from_dict(safeio.parse_json(document, name), source=name)
+            doc = safeio.parse_json(document, name, nonfinite=True)
+            return Profile.from_dict(doc, source=name)
         except MeshtaxError as e:
             why = str(e).removeprefix(f"{name}: ")
             if (name, why) not in self.unusable:

@@ -262,7 +262,7 @@ def load_ecg_file(path: str | Path, allow_outside: Sequence[str | Path] = ()) ->
     p = Path(path)
     src = str(p)
     try:
-        doc = safeio.load_document(p, "an ECG file (YAML or JSON)")
+        doc = safeio.load_document(p, "an ECG file (YAML or JSON)", nonfinite=True)
     except MeshtaxError as e:
         raise ECGError(src, [_without(str(e), src)]) from None
     notes: list[str] = []
