@@ -121,7 +121,7 @@ def test_a_stored_profile_that_fails_validation_is_reported_not_used(tmp_path: P
     assert [s.name for s in store.list() if not s.bundled] == ["good"]
     assert {n for n, _ in store.unusable} == {"nan", "negative"}
     with pytest.raises(
-        StoreError, match="'nan'.*not usable.*intercept: nan is not a finite number"
+        StoreError, match="(?s)'nan'.*not usable.*intercept: nan is not a finite number"
     ):
         store.get("nan")
     with pytest.raises(StoreError, match="total latency is -5"):
