@@ -263,7 +263,7 @@ def open_stream(path: PathIn, what: str = "the file") -> IO[bytes]:
         return f
     lim = limits()
     compressed = os.fstat(f.fileno()).st_size
-    cap = int(max(lim.min_decompressed, lim.max_ratio * compressed, lim.max_bytes))
+    cap = int(max(lim.min_decompressed, lim.max_ratio * compressed))
     gz: Any = gzip.GzipFile(fileobj=f, mode="rb")
     raw = _Bounded(gz, p, cap, compressed, f)
     return io.BufferedReader(raw, buffer_size=1 << 20)
