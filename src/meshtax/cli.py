@@ -213,7 +213,7 @@ def main(debug: bool, max_input_mb: float | None) -> None:
 )
 @click.option(
     "--pod-cpus",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=1_000_000),
     help="The pods share this many CPUs: latency overhead is at least the request's sidecar CPU work ÷ N "
     "(default: every pod has CPUs of its own, the critical path alone).",
 )

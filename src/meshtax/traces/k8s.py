@@ -20,7 +20,6 @@ Every guess is listed in ``assumptions``; nothing raises anything but :class:`Co
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -786,7 +785,12 @@ def resolve_sidecar_refs_with_report(
     """
     if not isinstance(doc, dict):
         return doc, []
-    out = copy.deepcopy(doc)
+    # copies of what is rewritten (the services), not of the invocations (10^5 of them)
+    out = dict(doc)
+    if isinstance(out.get("services"), dict):
+        out["services"] = {
+            k: dict(v) if isinstance(v, dict) else v for k, v in out["services"].items()
+        }
     messages: list[str] = []
     services = out.get("services")
     k8s_ref = out.pop("sidecars_from_k8s", None)
