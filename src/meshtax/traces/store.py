@@ -328,8 +328,8 @@ def batch_problems(b: EcgBatch) -> str:
     """What makes a columnar batch unusable (empty string: nothing): lengths, the row index
     of graphs and parents, service and sidecar indices, non-finite or negative values."""
     n = b.n_invocations
-    cols = (b.caller, b.callee, b.caller_spec, b.callee_spec, b.request_bytes)
-    cols += (b.response_bytes, b.rate, b.start_us, b.duration_us)
+    cols: list[np.ndarray[Any, Any]] = [b.caller, b.callee, b.caller_spec, b.callee_spec]
+    cols += [b.request_bytes, b.response_bytes, b.rate, b.start_us, b.duration_us]
     if any(c.shape != (n,) for c in cols):
         return "columns of different lengths"
     if (np.diff(b.graph_ptr) < 0).any() or b.graph_ptr[0] != 0 or b.graph_ptr[-1] != n:
@@ -347,13 +347,13 @@ def batch_problems(b: EcgBatch) -> str:
     ):
         if ((c < -1) | (c >= hi)).any():
             return f"{name} index out of range"
-    for name, c in (
+    for name, f in (
         ("request_bytes", b.request_bytes),
         ("response_bytes", b.response_bytes),
         ("rate", b.rate),
         ("duration_us", b.duration_us),
     ):
-        if not np.isfinite(c).all() or (c < 0).any():
+        if not np.isfinite(f).all() or (f < 0).any():
             return f"{name}: not finite or negative"
     if not np.isfinite(b.start_us).all():
         return "start_us: not finite"
