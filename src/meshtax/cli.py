@@ -753,14 +753,14 @@ def validate(
     try:
         if sweep:
             sres = run_sweep(
-                sweep,
+                sweep,  # type: ignore[arg-type]
                 RealSystem(),
                 store,
                 mode=mode_list[0],
                 duration_s=duration,
                 profile_name=profile,
                 progress=progress,
-            )  # type: ignore[arg-type]
+            )
             doc = sres.to_document()
             click.echo(json.dumps(doc, indent=2, default=str))
             if report_path:
