@@ -12,10 +12,11 @@ from ``(seed, index)``.
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -220,7 +221,7 @@ def structural(seed: Seed, rng: random.Random) -> tuple[bytes, str]:
         r = rng.random()
         try:
             if r < 0.6:
-                v = rng.choice(HOSTILE)
+                v = copy.deepcopy(rng.choice(HOSTILE))  # never share (or change) the pool
                 doc = _set(doc, p, v)
                 hows.append(f"set {p[-3:]} = {str(v)[:20]}")
             elif r < 0.75:
@@ -234,15 +235,15 @@ def structural(seed: Seed, rng: random.Random) -> tuple[bytes, str]:
                 doc = _set(doc, p, deep)
                 hows.append(f"deep at {p[-3:]}")
             else:
-                # duplicate a list item (duplicate ids) or a big list
+                # duplicate a list item (duplicate ids); large graphs are special()'s
                 parent = p[:-1]
                 cur = doc
                 for k in parent:
                     cur = cur[k]
-                if isinstance(cur, list) and cur:
-                    cur.extend([cur[0]] * rng.choice([1, 1000]))
+                if isinstance(cur, list) and cur and len(cur) < 1000:
+                    cur.extend(json.loads(json.dumps(cur[:1])) * rng.randint(1, 3))
                     hows.append(f"duplicate items at {parent[-3:]}")
-        except (KeyError, IndexError, TypeError):
+        except (KeyError, IndexError, TypeError, ValueError):
             continue
         paths = _paths(doc)
         if not paths:
@@ -317,6 +318,20 @@ def special(seed: Seed, rng: random.Random) -> tuple[bytes, str]:
             out.append(b",".join(f))
         data = b"\n".join(out)
         return (gzip.compress(data) if seed.kind == "gz" else data), f"column {col} = {value!r}"
+    if r < 0.1 and seed.target in ("ecg", "ecg_refs"):
+        k = rng.choice([10_000, 100_000])
+        lines = ["services: {a: {}, b: {}}", "invocations:"]
+        lines.append(f"  - {{id: r, callee: a, duration_us: {10 * k + 100}}}")
+        parent = "r" if rng.random() < 0.5 else None  # siblings, or a chain k deep
+        for i in range(k):
+            p = parent or ("r" if i == 0 else f"c{i - 1}")
+            lines.append(
+                f"  - {{id: c{i}, parent: {p}, callee: b, start_us: {10 * i if parent else i}, "
+                f"duration_us: {5 if parent else 10 * (k - i)}}}"
+            )
+        return (
+            "\n".join(lines) + "\n"
+        ).encode(), f"{k} invocations ({'siblings' if parent else 'chain'})"
     if r < 0.3:
         return ALIAS_BOMB, "YAML alias bomb"
     if r < 0.45:
@@ -371,16 +386,20 @@ def cli_args(rng: random.Random) -> list[str]:
     )
 
 
-def cases(tmp: Path, n: int, seed: int = 15) -> list[Case]:
-    """``n`` mutated cases, round-robin over the input paths, then over each path's seeds
-    (every path gets its share however many seeds it has)."""
+#: a mutated file larger than this is not a useful case (and would only fill memory)
+MAX_CASE_BYTES = 16 << 20
+
+
+def cases(tmp: Path, n: int, seed: int = 15) -> Iterator[Case]:
+    """``n`` mutated cases, made one at a time, round-robin over the input paths, then over
+    each path's seeds (every path gets its share however many seeds it has)."""
     by_target: dict[str, list[Seed]] = {}
     for s in seeds(tmp):
         by_target.setdefault(s.target, []).append(s)
     targets = sorted(by_target)
-    out = []
     for i in range(n):
         rng = random.Random(seed * 1_000_003 + i)
         group = by_target[targets[i % len(targets)]]
-        out.append(mutate(group[(i // len(targets)) % len(group)], rng))
-    return out
+        s = group[(i // len(targets)) % len(group)]
+        c = mutate(s, rng)
+        yield c if len(c.data) <= MAX_CASE_BYTES else Case(c.target, c.name, s.data, "unchanged")
