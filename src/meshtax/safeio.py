@@ -333,6 +333,9 @@ _Y = "tag:yaml.org,2002:"
 _TEXT_TAGS = {_Y + "str", _Y + "timestamp", _Y + "value"}  # timestamps stay text (JSON-like)
 _SCALAR_TAGS = {_Y + "int", _Y + "float", _Y + "bool", _Y + "null"}
 _COLLECTION_TAGS = {_Y + "seq", _Y + "map"}
+_INT, _FLOAT = _Y + "int", _Y + "float"
+_PLAIN_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]{0,17})\Z")
+_PLAIN_FLOAT = re.compile(r"[-+]?[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?\Z")
 
 
 class _Loader(_Base):  # type: ignore[misc]
@@ -400,6 +403,10 @@ def _build(loader: Any, path: str, doc_index: int) -> Any:
                         tags[k] = tag
             if tag in _TEXT_TAGS:
                 pass
+            elif tag == _INT and _PLAIN_INT.match(value):
+                value = int(value)  # the common case, without the constructor's machinery
+            elif tag == _FLOAT and _PLAIN_FLOAT.match(value):
+                value = float(value)
             elif tag in _SCALAR_TAGS:
                 value = loader.construct_object(ScalarNode(tag, value, ev.start_mark))
             elif tag == _Y + "merge":

@@ -635,7 +635,11 @@ def _apply_envoy_filters(
 def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPACE) -> K8sImport:
     """Map each Service in the manifests under ``directory`` to the sidecar configuration meshtax models."""
     root = Path(directory)
-    if not root.exists():
+    try:
+        exists = root.exists()
+    except (OSError, ValueError) as e:
+        raise ConfigImportError(str(root)[:200], f"not a usable path ({e.__class__.__name__})")
+    if not exists:
         raise ConfigImportError(
             str(root), "not found; expected a directory (or file) of Kubernetes/Istio manifests"
         )
@@ -757,8 +761,11 @@ def _inside(
 ) -> Path:
     """``base_dir / ref`` if it resolves (links followed) inside ``base_dir`` or one of
     ``allow_outside``; an ECG from elsewhere must not make meshtax read any file it names."""
-    target = (base_dir / ref).resolve()
-    roots = [base_dir.resolve(), *(Path(a).resolve() for a in allow_outside)]
+    try:
+        target = (base_dir / ref).resolve()
+        roots = [base_dir.resolve(), *(Path(a).resolve() for a in allow_outside)]
+    except (OSError, RuntimeError, ValueError) as e:  # name too long, link loop, NUL byte
+        raise ConfigImportError(field, f"not a usable path ({e.__class__.__name__})") from None
     if not any(target == r or target.is_relative_to(r) for r in roots):
         raise ConfigImportError(
             field,
