@@ -638,7 +638,9 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
     try:
         exists = root.exists()
     except (OSError, ValueError) as e:
-        raise ConfigImportError(str(root)[:200], f"not a usable path ({e.__class__.__name__})")
+        raise ConfigImportError(
+            str(root)[:200], f"not a usable path ({e.__class__.__name__})"
+        ) from None
     if not exists:
         raise ConfigImportError(
             str(root), "not found; expected a directory (or file) of Kubernetes/Istio manifests"
