@@ -19,6 +19,7 @@ import multiprocessing as mp
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -236,8 +237,18 @@ def _run_one(c: Case) -> tuple[str, str]:
     from meshtax.errors import MeshtaxError
 
     d = Path(tempfile.mkdtemp(prefix="meshtax-fuzz-"))
+    printed = io.StringIO()
+    unraisable: list[str] = []
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: unraisable.append(_where(u.exc_value))
     try:
-        return TARGETS[c.target](c, d), ""
+        with contextlib.redirect_stderr(printed):
+            kind = TARGETS[c.target](c, d)
+        if unraisable:
+            return "traceback", "printed: Exception ignored: " + unraisable[0]
+        if "Traceback" in printed.getvalue():
+            return "traceback", "printed a traceback: " + printed.getvalue()[-200:]
+        return kind, ""
     except MeshtaxError as e:
         return "clean", str(e)[:200]
     except _Clean as e:
@@ -249,6 +260,7 @@ def _run_one(c: Case) -> tuple[str, str]:
     except Exception as e:
         return "traceback", _where(e) + f": {str(e)[:120]}"
     finally:
+        sys.unraisablehook = old_hook
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -30,8 +30,10 @@ decompression limit); a corrupt or truncated file is a :class:`TraceFormatError`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
 import tempfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -179,6 +181,8 @@ def _stream_tables(path: Path, version: Version, opts: AlibabaOptions) -> Iterat
     except InputError as e:
         raise TraceFormatError(str(e), file=str(path)) from None
     try:
+        quiet = _quiet_bad_rows()
+        quiet.__enter__()
         reader = pcsv.open_csv(
             stream,
             read_options=pcsv.ReadOptions(
@@ -203,7 +207,27 @@ def _stream_tables(path: Path, version: Version, opts: AlibabaOptions) -> Iterat
             file=str(path),
         ) from None
     finally:
+        quiet.__exit__(None, None, None)
         stream.close()
+
+
+@contextlib.contextmanager
+def _quiet_bad_rows() -> Iterator[None]:
+    """pyarrow decodes a malformed row as UTF-8 to hand it to the invalid-row handler; when
+    the row is not UTF-8 that fails inside pyarrow, which prints a traceback ("Exception
+    ignored") and then fails the read, which we report cleanly. Keep the traceback quiet."""
+    old = sys.unraisablehook
+
+    def hook(u: Any) -> None:
+        if isinstance(u.exc_value, UnicodeDecodeError) and u.object is _count_invalid:
+            return
+        old(u)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = old
 
 
 def _arrow_reason(e: BaseException) -> str:
