@@ -93,8 +93,8 @@ class Loaded:
 
 def load_batch(opts: PredictOptions) -> Loaded:
     """The graphs to predict, from ECG files or traces."""
-    if opts.rate is not None and not (math.isfinite(opts.rate) and opts.rate > 0):
-        raise UsageError(f"rate {opts.rate!r}; expected a finite number of requests/s > 0")
+    if opts.rate is not None and not (math.isfinite(opts.rate) and 0 < opts.rate <= 1e9):
+        raise UsageError(f"rate {opts.rate!r}; expected requests/s > 0 and ≤ 1e9")
     if opts.trace_format is None:
         ecgs = load_ecgs(opts.ecg_files, opts.allow_outside)
         if opts.rate is not None:

@@ -48,8 +48,6 @@ def user_errors(fn: F) -> F:
             sys.exit(EXIT_USER)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
             raise
-        except KeyboardInterrupt:
-            raise click.Abort() from None
         except BrokenPipeError:
             sys.exit(1)  # the reader went away (e.g. `| head`): nothing to say
         except OSError as e:
@@ -69,8 +67,6 @@ class _Main(click.Group):
         try:
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:
             if _DEBUG[0]:

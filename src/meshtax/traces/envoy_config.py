@@ -450,7 +450,7 @@ def _port(lst: Mapping[str, Any]) -> int | None:
     if isinstance(sa, Mapping) and sa.get("port_value") is not None:
         try:
             return int(sa["port_value"])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # .inf, .nan, text
             return None
     return None
 
@@ -482,7 +482,7 @@ def _chain_match_port(ch: Mapping[str, Any]) -> int | None:
     if isinstance(m, Mapping) and m.get("destination_port") is not None:
         try:
             return int(m["destination_port"])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # .inf, .nan, text
             return None
     return None
 
