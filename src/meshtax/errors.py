@@ -15,7 +15,8 @@ EXIT_INTERNAL = 70
 
 class MeshtaxError(Exception):
     """Base of every error meant for the user: a message naming the file, the field and the
-    expectation. Never carries file contents beyond the field names the user wrote."""
+    expectation. A value quoted from an input is clipped (:func:`clip`); errors about files an
+    input merely references (Envoy configs, manifests) quote nothing of them."""
 
     def __init__(
         self,
@@ -29,15 +30,6 @@ class MeshtaxError(Exception):
         self.file = file
         self.field = field
         self.expected = expected
-
-    @classmethod
-    def at(
-        cls, file: str | None, field: str | None, problem: str, expected: str | None = None
-    ) -> MeshtaxError:
-        """``FILE: FIELD: problem; expected EXPECTED`` with the parts that are known."""
-        parts = [p for p in (file, field) if p]
-        msg = ": ".join([*parts, problem]) + (f"; expected {expected}" if expected else "")
-        return cls(msg, file=file, field=field, expected=expected)
 
 
 class InputError(MeshtaxError, ValueError):
