@@ -157,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--profile", "reference", "--format", "json", "-o", str(Path(d) / "o")]
                 r = timed(lambda c=cmd: subprocess.run(c, check=True, capture_output=True), 3)
                 out["cli"][name] = r
-                print(f"meshtax predict, 10^5 siblings ({name}): {r['median_s']:.1f} s (median of 3)")
+                print(
+                    f"meshtax predict, 10^5 siblings ({name}): {r['median_s']:.1f} s (median of 3)"
+                )
     if a.out:
         a.out.write_text(json.dumps(out, indent=1))
     return 0
