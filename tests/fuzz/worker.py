@@ -233,10 +233,10 @@ def _where(e: BaseException) -> str:
     return f"{e.__class__.__name__} at {short}:{f.lineno} ({f.name})"
 
 
-def _run_one(c: Case) -> tuple[str, str]:
+def _run_one(c: Case, scratch: str) -> tuple[str, str]:
     from meshtax.errors import MeshtaxError
 
-    d = Path(tempfile.mkdtemp(prefix="meshtax-fuzz-"))
+    d = Path(tempfile.mkdtemp(prefix="case-", dir=scratch))
     printed = io.StringIO()
     unraisable: list[str] = []
     old_hook = sys.unraisablehook
@@ -264,9 +264,10 @@ def _run_one(c: Case) -> tuple[str, str]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _child(conn: Any) -> None:
+def _child(conn: Any, scratch: str) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
-    os.environ["MESHTAX_DB"] = str(Path(tempfile.mkdtemp(prefix="meshtax-fuzz-db-")) / "p.db")
+    os.environ["MESHTAX_DB"] = str(Path(scratch) / "p.db")
+    tempfile.tempdir = scratch  # whatever the code under test makes goes there too
     import meshtax.cli  # noqa: F401  (imports once, not in the first case's time)
 
     while True:
@@ -275,7 +276,7 @@ def _child(conn: Any) -> None:
             return
         t0 = time.perf_counter()
         try:
-            kind, detail = _run_one(msg)
+            kind, detail = _run_one(msg, scratch)
         except MemoryError:
             kind, detail = "rss", "MemoryError"
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -290,10 +291,13 @@ class Runner:
         self.ctx = mp.get_context("spawn")
         self.proc: Any = None
         self.conn: Any = None
+        # one scratch directory for every child, removed by close(): a killed child (hang,
+        # memory) cannot clean up after itself
+        self.scratch = tempfile.mkdtemp(prefix="meshtax-fuzz-")
 
     def _start(self) -> None:
         parent, child = self.ctx.Pipe()
-        self.proc = self.ctx.Process(target=_child, args=(child,), daemon=True)
+        self.proc = self.ctx.Process(target=_child, args=(child, self.scratch), daemon=True)
         self.proc.start()
         self.conn = parent
 
@@ -330,3 +334,4 @@ class Runner:
                 self.conn.send(None)
                 self.proc.join(10)
             self._stop()
+        shutil.rmtree(self.scratch, ignore_errors=True)
