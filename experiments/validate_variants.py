@@ -42,8 +42,8 @@ def highest_rate(on: bool) -> Iterator[None]:
     """Price every message at the profile's highest rate (the models clamp an infinite rate)."""
     orig = engine.hop_costs
 
-    def hop(batch: Any, profiles: Any, *, rates: Any = None) -> engine.Costs:
-        return orig(batch, profiles, rates=np.full(batch.n_invocations, np.inf))
+    def hop(batch: Any, profiles: Any, *, rates: Any = None, speed: Any = None) -> engine.Costs:
+        return orig(batch, profiles, rates=np.full(batch.n_invocations, np.inf), speed=speed)
 
     if on:
         engine.hop_costs = hop

@@ -71,8 +71,9 @@ def _imports(path: Path, module: str) -> set[str]:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
                 base = f"{base}.{node.module}" if node.module else base
             if base.startswith("meshtax"):
-                got.add(base)
-                got.update(f"{base}.{a.name}" for a in node.names)
+                subs = {f"{base}.{a.name}" for a in node.names}
+                # `from meshtax import safeio` imports the module, not the package's __init__
+                got.update(subs if subs <= set(MODULES) else {base, *subs})
     return got
 
 

@@ -164,6 +164,13 @@ invocations:
   - {{id: b, parent: a, callee: cart, start_us: 20, duration_us: 100}}
 """)
     r = invoke(["predict", str(ecg), "--profile", "reference", "--format", "json"], env)
+    # the manifests are outside the ECG's directory: refused unless allowed
+    assert r.exit_code == 2 and "--allow-outside" in r.output
+    r = invoke(
+        ["predict", str(ecg), "--profile", "reference", "--format", "json"]
+        + ["--allow-outside", str(FIX)],
+        env,
+    )
     # the reference profile has no filter models: the imported chains must reach the engine
     assert (
         r.exit_code == 2

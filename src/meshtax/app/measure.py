@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from meshtax.app import doctor
-from meshtax.app.errors import UsageError
+from meshtax.errors import UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends

@@ -11,6 +11,8 @@ import click
 from meshtax.app import UsageError
 from meshtax.app import data as app_data
 from meshtax.cli._common import (
+    NONNEG,
+    POSITIVE,
     accept_unclosed_option,
     csv,
     db_option,
@@ -38,12 +40,12 @@ from meshtax.store.sqlite import ProfileStore
 )
 @click.option(
     "--rate",
-    type=float,
+    type=NONNEG,
     default=200.0,
     show_default=True,
     help="Requests/s of every run (0: closed loop).",
 )
-@click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
+@click.option("--duration", type=POSITIVE, default=3.0, show_default=True, help="Seconds per run.")
 @click.option(
     "--profile",
     "profile",
@@ -132,9 +134,9 @@ def validate(
     help="Comma-separated sidecar modes of the chains (default: every mode of the profile).",
 )
 @click.option(
-    "--rate", type=float, default=100.0, show_default=True, help="Requests/s of every run."
+    "--rate", type=POSITIVE, default=100.0, show_default=True, help="Requests/s of every run."
 )
-@click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
+@click.option("--duration", type=POSITIVE, default=3.0, show_default=True, help="Seconds per run.")
 @click.option("--quick", is_flag=True, help="Fewer pairs (smoke runs, CI): a wide interval.")
 @click.option(
     "--keep",
@@ -183,7 +185,7 @@ def calibrate(
 )
 @click.option("--modes", help="Comma-separated modes to profile (tcp,http,grpc).")
 @click.option("--sizes", help="Comma-separated message sizes in bytes, e.g. 100,1024,4096.")
-@click.option("--duration", type=float, help="Base seconds per load run.")
+@click.option("--duration", type=POSITIVE, help="Base seconds per load run.")
 @click.option(
     "--carried",
     help="Application protocols to measure through a tcp-mode sidecar "
@@ -224,7 +226,7 @@ def calibrate(
 @click.option(
     "--wait",
     "wait_s",
-    type=float,
+    type=NONNEG,
     default=0.0,
     show_default=True,
     help="Seconds to wait for another profiling run to finish (0: fail at once).",

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from meshtax.errors import PredictError
 from meshtax.model.components import BASE_COMPONENTS, TLS, UNATTRIBUTED, Component, filter_component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
@@ -45,7 +46,7 @@ FloatArray = npt.NDArray[np.float64]
 Z95 = 1.959963984540054
 
 
-class PredictionError(ValueError):
+class PredictionError(PredictError):
     """The profile cannot price a sidecar configuration of the graph (e.g. an unprofiled filter)."""
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from meshtax import safeio
 from meshtax.traces.alibaba import TraceFormatError
 
 PathIn = str | os.PathLike[str]
@@ -58,11 +59,16 @@ def expand(paths: PathIn | Sequence[PathIn]) -> list[Source]:
             found: list[str] = []
             for top, dirs, files in os.walk(s):
                 dirs[:] = [d for d in dirs if not d.startswith(".")]
-                found.extend(os.path.join(top, f) for f in files if not f.startswith("."))
+                found.extend(
+                    os.path.join(top, f)
+                    for f in files
+                    if not f.startswith(".") and os.path.isfile(os.path.join(top, f))
+                )
             if not found:
                 raise TraceFormatError(f"{p}: directory holds no files")
             out.extend(Source(f) for f in sorted(found))
         elif p.exists():
+            safeio.check_regular(s, "a trace file")  # a FIFO or device would block or never end
             out.append(Source(s))
         elif any(c in s for c in "*?["):
             hits = sorted(h for h in glob.glob(s, recursive=True) if Path(h).is_file())
@@ -84,7 +90,11 @@ class _Limited:
     def _guard(self, fn: object, *a: int) -> bytes:
         try:
             return fn(*a)  # type: ignore[operator,no-any-return]
-        except (OSError, EOFError, zlib.error) as e:
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise TraceFormatError(
+                f"{self.name}: cannot read: corrupt or truncated gzip ({e})"
+            ) from None
+        except OSError as e:
             raise TraceFormatError(f"{self.name}: cannot read ({e}; truncated file?)") from None
         except Exception as e:  # zstandard.ZstdError has no common base to name
             if type(e).__name__ == "ZstdError":
