@@ -310,23 +310,6 @@ def test_validate_refuses_without_root_and_bad_modes(
     assert r.exit_code == 2 and "run it as root" in r.output
 
 
-def test_calibrate_refuses_without_root_and_names_a_missing_profile(
-    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import os
-
-    if os.geteuid() == 0:  # the profile is looked up before anything is deployed
-        r = invoke(["calibrate", "--profile", "nope"], env)
-        assert (
-            r.exit_code == 2
-            and "no profile named 'nope'" in r.output
-            and "Traceback" not in r.output
-        )
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    r = invoke(["calibrate"], env)
-    assert r.exit_code == 2 and "run it as root" in r.output
-
-
 def test_predict_pod_cpus_bounds_latency_by_cpu_work(examples: Path, env: dict[str, str]) -> None:
     f = str(examples / "online-boutique-view-cart.yaml")
     own = json.loads(

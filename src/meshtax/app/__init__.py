@@ -1,7 +1,7 @@
 """Every entry point of meshtax, behind the CLI: options in, results out; no argv, no printing.
 
 - :mod:`meshtax.app.predict`: predict call graphs or traces, study a store;
-- :mod:`meshtax.app.measure`: profile, calibrate, validate, sweep, readiness checks (root);
+- :mod:`meshtax.app.measure`: profile, validate, sweep, readiness checks (root);
 - :mod:`meshtax.app.data`: profiles in and out, examples, trace import, reports.
 """
 

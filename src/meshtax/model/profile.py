@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
-from meshtax.errors import ModelError
 from meshtax.model.components import Component
 from meshtax.model.costmodel import ComponentModel, CostModel
-from meshtax.model.crowding import Crowding
 from meshtax.model.sidecar import Mode
 from meshtax.model.speed import Speed
 
@@ -33,9 +29,9 @@ from meshtax.model.speed import Speed
 #:     its probe windows: shares of other work, steal, run-queue wait; windows refused), and
 #:     ``status`` (``closed`` | ``unclosed``: a mode whose components did not add up to the
 #:     measured overhead after the profiler's retries). Format-1 documents load unchanged.
-#:     Later the same day, optional top-level ``crowding`` per mode (the probed sidecar's cost
-#:     with neighbour sidecars on its CPU ÷ alone, :mod:`meshtax.model.crowding`; absent in
-#:     older documents, which price shared CPUs with ``colocation`` or ``alpha`` = 1).
+#:     ``colocation`` (the exponent ``meshtax calibrate`` fitted on chains) is no longer used
+#:     or written: shared CPUs are priced from the profile's own rate models (issue #14);
+#:     documents that carry it still load.
 PROFILE_FORMAT = 2
 
 
@@ -291,86 +287,6 @@ class ModeProfile:
 
 
 @dataclass(frozen=True)
-class ColocationPoint:
-    """One chain of the co-location calibration: ``services`` sidecars on the shared CPU(s),
-    measured CPU overhead per request (median of paired runs, 95 % interval) and the
-    prediction at the fitted ``alpha``."""
-
-    services: int
-    measured_us: float
-    measured_lo_us: float
-    measured_hi_us: float
-    predicted_us: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "services": self.services,
-            "measured_us": self.measured_us,
-            "measured_lo_us": self.measured_lo_us,
-            "measured_hi_us": self.measured_hi_us,
-            "predicted_us": self.predicted_us,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ColocationPoint:
-        return cls(
-            int(d["services"]),
-            float(d["measured_us"]),
-            float(d["measured_lo_us"]),
-            float(d["measured_hi_us"]),
-            float(d["predicted_us"]),
-        )
-
-
-@dataclass(frozen=True)
-class Colocation:
-    """How warm a sidecar of one mode is when its pod shares CPUs with many others (measured
-    by ``meshtax calibrate``, :mod:`meshtax.validate.colocation`).
-
-    A message through a sidecar that sees ``r_own`` messages/s on CPUs that see ``r_cpu``
-    (in one-hop terms, :func:`meshtax.predict.shared_cpu.shared_cpu_rates`) is priced at
-    ``r_own^(1−alpha) · r_cpu^alpha``: ``alpha`` = 1 when the CPU's busy-ness is all that warms
-    it, 0 when only its own traffic does (caches and predictors evicted by its neighbours).
-    ``lo``/``hi``: 95 % bootstrap interval over the calibration's paired runs.
-    """
-
-    alpha: float
-    lo: float
-    hi: float
-    mode: str
-    rate: float
-    points: tuple[ColocationPoint, ...] = ()
-    note: str = ""
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"colocation alpha must be within [0, 1], got {self.alpha}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "alpha": self.alpha,
-            "lo": self.lo,
-            "hi": self.hi,
-            "mode": self.mode,
-            "rate": self.rate,
-            "points": [p.to_dict() for p in self.points],
-            "note": self.note,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Colocation:
-        return cls(
-            float(d["alpha"]),
-            float(d["lo"]),
-            float(d["hi"]),
-            str(d["mode"]),
-            float(d["rate"]),
-            tuple(ColocationPoint.from_dict(p) for p in d.get("points", ())),
-            str(d.get("note", "")),
-        )
-
-
-@dataclass(frozen=True)
 class Profile:
     """A platform's sidecar cost models, per protocol mode, with provenance.
 
@@ -382,11 +298,9 @@ class Profile:
     platform: Platform
     provenance: Provenance
     modes: Mapping[Mode, ModeProfile]
-    colocation: Mapping[Mode, Colocation] = field(default_factory=dict)
     speed: Speed | None = None
     interference: Mapping[str, Any] = field(default_factory=dict)
     status: str | None = None  # closed | unclosed (None: not recorded; see unclosed_modes)
-    crowding: Mapping[Mode, Crowding] = field(default_factory=dict)
 
     @property
     def unclosed_modes(self) -> tuple[Mode, ...]:
@@ -402,7 +316,7 @@ class Profile:
 
     def quality(self) -> dict[str, Any]:
         """How far to trust the profile, for every output made with it: closure per mode,
-        what else ran while it measured, the machine's speed then, measured crowding."""
+        what else ran while it measured, the machine's speed then."""
         closures = {m.value: mp.closure for m, mp in self.modes.items() if mp.closure}
         return {
             "status": self.status
@@ -418,17 +332,7 @@ class Profile:
             },
             "interference": {k: v for k, v in self.interference.items() if k != "by_size"},
             "speed": None if self.speed is None else self.speed.to_dict(),
-            "crowding": {
-                m.value: {f"{p.sharing:g}": p.ratio for p in c.points}
-                for m, c in self.crowding.items()
-            },
         }
-
-    def alpha(self, mode: Mode) -> float:
-        """The co-location exponent the engine prices shared CPUs with in ``mode`` (1 when that
-        mode was not calibrated)."""
-        col = self.colocation.get(mode)
-        return 1.0 if col is None else col.alpha
 
     def mode(self, mode: Mode) -> ModeProfile:
         try:
@@ -449,26 +353,18 @@ class Profile:
             "platform": self.platform.to_dict(),
             "provenance": self.provenance.to_dict(),
             "modes": {m.value: mp.to_dict() for m, mp in self.modes.items()},
-            **(
-                {"colocation": {m.value: c.to_dict() for m, c in self.colocation.items()}}
-                if self.colocation
-                else {}
-            ),
             **({"speed": self.speed.to_dict()} if self.speed is not None else {}),
             **({"interference": dict(self.interference)} if self.interference else {}),
             **({"status": self.status} if self.status is not None else {}),
-            **(
-                {"crowding": {m.value: c.to_dict() for m, c in self.crowding.items()}}
-                if self.crowding
-                else {}
-            ),
         }
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "<profile>") -> Profile:
         """A validated profile: the document's types against :data:`PROFILE_SCHEMA`, then
         :func:`profile_problems`; every problem is raised together as a :class:`ProfileError`."""
-        bad = _doc_problems(d)
+        from meshtax.model.profile_check import ProfileError, doc_problems, profile_problems
+
+        bad = doc_problems(d, PROFILE_FORMAT)
         if bad:
             raise ProfileError(source, bad)
         try:
@@ -487,368 +383,7 @@ class Profile:
             platform=Platform.from_dict(d["platform"]),
             provenance=Provenance.from_dict(d["provenance"]),
             modes={Mode(k): ModeProfile.from_dict(v) for k, v in d["modes"].items()},
-            colocation={
-                Mode(k): Colocation.from_dict(v) for k, v in (d.get("colocation") or {}).items()
-            },
             speed=Speed.from_dict(d["speed"]) if d.get("speed") else None,
             interference=dict(d.get("interference") or {}),
             status=None if d.get("status") is None else str(d["status"]),
-            crowding={Mode(k): Crowding.from_dict(v) for k, v in (d.get("crowding") or {}).items()},
         )
-
-
-# ---- validation ----------------------------------------------------------------------------
-
-
-class ProfileError(ModelError):
-    """A profile document or profile whose values cannot be used; lists every problem."""
-
-    def __init__(self, source: str, problems: Sequence[str]) -> None:
-        self.source = source
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(
-            f"{source}: not a usable profile, {len(self.problems)} problem(s):\n{lines}",
-            file=source,
-        )
-
-
-# bounds far beyond any real value, so no product of a few of them overflows a float
-_BIG = 1e12
-_NUM: dict[str, Any] = {"type": "number", "minimum": -_BIG, "maximum": _BIG}
-_NONNEG: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": _BIG}
-_POS: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9}  # rates
-_OPT_POS: dict[str, Any] = {"anyOf": [{"type": "null"}, _POS]}
-_MODES = [m.value for m in Mode]
-
-#: JSON Schema of a profile document (format 1); unknown fields are allowed (newer writers
-#: add optional ones), every known one is checked. Numbers are finite (model/schema.py).
-PROFILE_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "required": ["name", "platform", "provenance", "modes"],
-    "properties": {
-        "format": {"type": "integer", "minimum": 1},
-        "name": {"type": "string", "minLength": 1, "maxLength": 200},
-        "platform": {
-            "type": "object",
-            "required": ["cpu_model", "cores", "kernel"],
-            "properties": {
-                "cpu_model": {"type": "string"},
-                "cores": {"type": "integer", "minimum": 0},
-                "kernel": {"type": "string"},
-                "proxy": {"type": "string"},
-                "proxy_version": {"type": "string"},
-                "config_hash": {"type": "string"},
-            },
-        },
-        "provenance": {
-            "type": "object",
-            "required": ["source", "by", "created"],
-            "properties": {
-                "source": {"type": "string"},
-                "by": {"type": "string"},
-                "created": {"type": "string"},
-                "tool_version": {"type": "string"},
-                "options": {"type": "object"},
-                "notes": {"type": "array", "items": {"type": "string"}},
-            },
-        },
-        "modes": {
-            "type": "object",
-            "minProperties": 1,
-            "propertyNames": {"enum": _MODES},
-            "additionalProperties": {"$ref": "#/$defs/mode"},
-        },
-        "colocation": {
-            "type": "object",
-            "propertyNames": {"enum": _MODES},
-            "additionalProperties": {"$ref": "#/$defs/colocation"},
-        },
-    },
-    "$defs": {
-        "cost": {
-            "type": "object",
-            "properties": {
-                "intercept": _NUM,
-                "slope": _NUM,
-                "split_bytes": {"anyOf": [{"type": "null"}, {"type": "integer", "minimum": 1}]},
-                "per_unit": _NUM,
-                "rate_coef": _NUM,
-                "rate_lo": _OPT_POS,
-                "rate_hi": _OPT_POS,
-                "note": {"type": "string"},
-                "stats": {
-                    "anyOf": [
-                        {"type": "null"},
-                        {
-                            "type": "object",
-                            "required": ["n"],
-                            "properties": {
-                                "n": {"type": "integer", "minimum": 0},
-                                "r2": {"anyOf": [{"type": "null"}, _NUM]},
-                                "residuals": {"type": "array", "items": _NUM},
-                                "stderr": {
-                                    "type": "array",
-                                    "maxItems": 4,
-                                    "items": {"anyOf": [{"type": "null"}, _NONNEG]},
-                                },
-                                "cov": {
-                                    "anyOf": [
-                                        {"type": "null"},
-                                        {
-                                            "type": "array",
-                                            "maxItems": 4,
-                                            "items": {
-                                                "type": "array",
-                                                "maxItems": 4,
-                                                "items": _NUM,
-                                            },
-                                        },
-                                    ]
-                                },
-                            },
-                        },
-                    ]
-                },
-                "samples": {
-                    "anyOf": [
-                        {"type": "null"},
-                        {
-                            "type": "object",
-                            "required": ["sizes", "values"],
-                            "properties": {
-                                "sizes": {"type": "array", "items": _NONNEG},
-                                "values": {"type": "array", "items": _NUM},
-                                "rates": {
-                                    "anyOf": [{"type": "null"}, {"type": "array", "items": _POS}]
-                                },
-                            },
-                        },
-                    ]
-                },
-            },
-        },
-        "opt_cost": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/cost"}]},
-        "component": {
-            "type": "object",
-            "required": ["latency", "cpu"],
-            "properties": {"latency": {"$ref": "#/$defs/cost"}, "cpu": {"$ref": "#/$defs/cost"}},
-        },
-        "opt_component": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/component"}]},
-        "components": {
-            "type": "object",
-            "propertyNames": {"minLength": 1, "maxLength": 200},
-            "additionalProperties": {"$ref": "#/$defs/component"},
-        },
-        "mode": {
-            "type": "object",
-            "required": ["mode", "components"],
-            "properties": {
-                "mode": {"enum": _MODES},
-                "components": {"$ref": "#/$defs/components"},
-                "closure": {
-                    "anyOf": [
-                        {"type": "null"},
-                        {
-                            "type": "object",
-                            "required": [
-                                "measured_us",
-                                "measured_lo_us",
-                                "measured_hi_us",
-                                "components_us",
-                                "tolerance",
-                            ],
-                            "properties": {
-                                "measured_us": _NUM,
-                                "measured_lo_us": _NUM,
-                                "measured_hi_us": _NUM,
-                                "components_us": _NUM,
-                                "tolerance": _NONNEG,
-                            },
-                        },
-                    ]
-                },
-                "memory": {"$ref": "#/$defs/opt_cost"},
-                "memory_mtls": {"$ref": "#/$defs/opt_cost"},
-                "tls_handshake": {"$ref": "#/$defs/opt_component"},
-                "carried": {
-                    "anyOf": [
-                        {"type": "null"},
-                        {
-                            "type": "object",
-                            "propertyNames": {"enum": ["http", "grpc"]},
-                            "additionalProperties": {"$ref": "#/$defs/mode"},
-                        },
-                    ]
-                },
-                "tls_version": {"anyOf": [{"type": "null"}, {"type": "string"}]},
-                "tls_by_version": {
-                    "anyOf": [
-                        {"type": "null"},
-                        {
-                            "type": "object",
-                            "additionalProperties": {
-                                "type": "object",
-                                "required": ["version"],
-                                "properties": {
-                                    "version": {"type": "string"},
-                                    "per_message": {"$ref": "#/$defs/opt_component"},
-                                    "handshake": {"$ref": "#/$defs/opt_component"},
-                                },
-                            },
-                        },
-                    ]
-                },
-                "per_connection": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/components"}]},
-            },
-        },
-        "colocation": {
-            "type": "object",
-            "required": ["alpha", "lo", "hi", "mode", "rate"],
-            "properties": {
-                "alpha": {"type": "number", "minimum": 0, "maximum": 1},
-                "lo": _NUM,
-                "hi": _NUM,
-                "mode": {"type": "string"},
-                "rate": _NONNEG,
-                "note": {"type": "string"},
-                "points": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": [
-                            "services",
-                            "measured_us",
-                            "measured_lo_us",
-                            "measured_hi_us",
-                            "predicted_us",
-                        ],
-                        "properties": {
-                            "services": {"type": "integer", "minimum": 0},
-                            "measured_us": _NUM,
-                            "measured_lo_us": _NUM,
-                            "measured_hi_us": _NUM,
-                            "predicted_us": _NUM,
-                        },
-                    },
-                },
-            },
-        },
-    },
-}
-
-
-def _cost_problems(where: str, m: CostModel) -> list[str]:
-    out = []
-    if m.rate_lo is not None and m.rate_hi is not None and m.rate_lo > m.rate_hi:
-        out.append(f"{where}: rate_lo {m.rate_lo:g} > rate_hi {m.rate_hi:g}; expected lo ≤ hi")
-    if (m.rate_lo is None) != (m.rate_hi is None):
-        out.append(f"{where}: rate_lo and rate_hi: one is missing; expected both or neither")
-    if m.rate_coef and m.rate_lo is None:
-        out.append(f"{where}: rate_coef without rate_lo/rate_hi; expected the profiled range")
-    s = m.samples
-    if s is not None and (
-        len(s.sizes) != len(s.values) or (s.rates is not None and len(s.rates) != len(s.sizes))
-    ):
-        out.append(f"{where}.samples: sizes, values and rates differ in length")
-    if m.stats is not None and m.stats.cov is not None:
-        c = m.stats.cov
-        if any(len(r) != len(c) for r in c) or len(c) not in (3, 4):
-            out.append(f"{where}.stats.cov: not a 3×3 or 4×4 matrix")
-        elif any(c[i][i] < 0 for i in range(len(c))):
-            out.append(f"{where}.stats.cov: a negative variance on the diagonal")
-    return out
-
-
-#: sizes (bytes) a mode's total cost is checked at besides its samples' sizes: the engine
-#: extrapolates linearly, so a total that turns negative anywhere up to 1 GiB is refused
-CHECK_SIZES = (0.0, 100.0, float(1 << 20), float(1 << 30))
-
-
-def _grid(models: Iterable[CostModel]) -> tuple[list[float], list[float | None]]:
-    """Sizes and rates to check a set of models at: :data:`CHECK_SIZES` and their samples'
-    sizes, and the ends of their rate ranges (None: the highest profiled rate)."""
-    ms = list(models)
-    sizes = sorted({float(x) for m in ms if m.samples for x in m.samples.sizes} | set(CHECK_SIZES))
-    ends = {r for m in ms for r in (m.rate_lo, m.rate_hi) if r is not None}
-    return sizes, [None, *sorted(ends)]
-
-
-def _total_problems(where: str, mp: ModeProfile) -> list[str]:
-    """The mode's total cost must not be negative at any size the engine may price (see
-    :data:`CHECK_SIZES`): base components alone, with mTLS, and with each filter. Single
-    components may be (they are differences of measurements: profile/decompose.py)."""
-    base = {c: m for c, m in mp.components.items() if c.name == "" and c.key != "tls"}
-    extras: list[tuple[str, dict[Component, ComponentModel]]] = [("", {})]
-    extras += [(f" with {c.key}", {c: m}) for c, m in mp.components.items() if c not in base]
-    out = []
-    for label, extra in extras:
-        parts = {**base, **extra}
-        for metric in ("latency", "cpu"):
-            models = [getattr(m, metric) for m in parts.values()]
-            if not models:
-                continue
-            sizes, rates = _grid(models)
-            for r in rates:
-                total = np.sum([m.predict(sizes, r) for m in models], axis=0)
-                worst = float(total.min())
-                if worst < -1e-9 * max(1.0, float(np.abs(total).max())):
-                    out.append(
-                        f"{where}: total {metric}{label} is {worst:.4g} at some size up to "
-                        "1 GiB; expected ≥ 0 (a sidecar cannot save time or CPU)"
-                    )
-                    break
-    return out
-
-
-def _mode_problems(where: str, mp: ModeProfile) -> list[str]:
-    out: list[str] = []
-    named: list[tuple[str, CostModel]] = []
-    for c, cm in mp.components.items():
-        named += [(f"{where}.components.{c.key}.latency", cm.latency)]
-        named += [(f"{where}.components.{c.key}.cpu", cm.cpu)]
-    for c, cm in mp.per_connection.items():
-        named += [
-            (f"{where}.per_connection.{c.key}.{k}", getattr(cm, k)) for k in ("latency", "cpu")
-        ]
-    for key in ("memory", "memory_mtls"):
-        m = getattr(mp, key)
-        if m is not None:
-            named.append((f"{where}.{key}", m))
-            if m.intercept < 0:
-                out.append(f"{where}.{key}.intercept: {m.intercept:g} bytes; expected ≥ 0")
-    if mp.tls_handshake is not None:
-        named += [(f"{where}.tls_handshake.latency", mp.tls_handshake.latency)]
-        named += [(f"{where}.tls_handshake.cpu", mp.tls_handshake.cpu)]
-    for w, m in named:
-        out += _cost_problems(w, m)
-    if mp.closure is not None and mp.closure.measured_lo_us > mp.closure.measured_hi_us:
-        out.append(f"{where}.closure: measured_lo_us > measured_hi_us; expected lo ≤ hi")
-    out += _total_problems(where, mp)
-    for proto, sub in mp.carried.items():
-        out += _mode_problems(f"{where}.carried.{proto}", sub)
-    return out
-
-
-def profile_problems(p: Profile) -> list[str]:
-    """What makes a profile unusable beyond its document's types: unordered intervals,
-    inconsistent samples, a negative total cost where it was measured."""
-    out: list[str] = []
-    for mode, mp in p.modes.items():
-        out += _mode_problems(f"modes.{mode.value}", mp)
-    for mode, col in p.colocation.items():
-        if col.lo > col.hi:
-            out.append(f"colocation.{mode.value}: lo {col.lo:g} > hi {col.hi:g}; expected lo ≤ hi")
-    return out
-
-
-def _doc_problems(d: Any) -> list[str]:
-    from meshtax.model.schema import problems
-
-    if not isinstance(d, Mapping):
-        return [f"(top level): a {type(d).__name__}; expected a profile document (a mapping)"]
-    fmt = d.get("format", PROFILE_FORMAT)
-    if isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > PROFILE_FORMAT:
-        return [f"format: {fmt} is newer than this meshtax understands ({PROFILE_FORMAT})"]
-    return problems(PROFILE_SCHEMA, d)

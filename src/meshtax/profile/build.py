@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 from meshtax._version import __version__
 from meshtax.model.components import IPC, NOTIFICATION, READ, WRITE, Component
-from meshtax.model.crowding import Crowding
 from meshtax.model.profile import ModeProfile, Profile, Provenance
 from meshtax.model.sidecar import Mode
 from meshtax.model.speed import Speed, typical
@@ -213,12 +212,10 @@ def build_profile(
     carried: Mapping[str, list[SizeResult]] | None = None,
     speeds: Sequence[Speed] = (),
     attempts: Mapping[Mode, Sequence[Mapping[str, Any]]] | None = None,
-    crowding: Mapping[Mode, Crowding | str] | None = None,
 ) -> Profile:
     """Fit every mode, check closure, and store (when ``store`` is given). ``speeds``: the
     reference workload's measurements during the run; ``attempts``: earlier measurements of a
-    mode that did not close (kept in the record); ``crowding``: per mode, what the crowding
-    measurement gave (or why it failed)."""
+    mode that did not close (kept in the record)."""
     tcp = {r.size: r for r in results.get(Mode.TCP, [])}
     carried = {p: rs for p, rs in (carried or {}).items() if rs}
     modes: list[ModeProfile] = []
@@ -306,12 +303,6 @@ def build_profile(
             "them (every pair of their size was disturbed; the least disturbed kept): their "
             "components include that work's interference"
         )
-    crowd = {m: c for m, c in (crowding or {}).items() if isinstance(c, Crowding)}
-    notes += [
-        f"{m.value}: crowding not measured ({why})"
-        for m, why in (crowding or {}).items()
-        if isinstance(why, str)
-    ]
     status = (
         "unclosed"
         if any(m.closure is not None and not m.closure.closes for m in modes)
@@ -347,7 +338,6 @@ def build_profile(
         speed=typical(speeds) if speeds else None,
         interference=interference,
         status=status,
-        crowding=crowd,
     )
     if store is not None:
         store.save(profile, replace=replace)

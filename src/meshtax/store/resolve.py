@@ -1,5 +1,5 @@
 """The one profile resolver: which stored profile a command uses, and what it must say about
-it. ``predict``, ``study``, ``validate``, ``calibrate`` and ``report`` all go through
+it. ``predict``, ``study``, ``validate`` and ``report`` all go through
 :func:`resolve_profile`, so they share defaults and warnings."""
 
 from __future__ import annotations
