@@ -229,6 +229,35 @@ def calibrate(
     show_default=True,
     help="Seconds to wait for another profiling run to finish (0: fail at once).",
 )
+@click.option(
+    "--proxy",
+    type=click.Choice(["envoy", "refsidecar"]),
+    default="envoy",
+    show_default=True,
+    help="The sidecar to profile: Envoy, or the reference L4 sidecar (refsidecar/, tcp mode).",
+)
+@click.option(
+    "--ipc",
+    type=click.Choice(["tcp", "uds", "sockmap"]),
+    default="tcp",
+    show_default=True,
+    help="The app↔sidecar legs: loopback TCP, Unix domain sockets, or loopback TCP redirected "
+    "socket to socket by sockmap/sk_msg (bpf/sockredir).",
+)
+@click.option(
+    "--write",
+    type=click.Choice(["copy", "zerocopy"]),
+    default="copy",
+    show_default=True,
+    help="The sidecar's sends: copied, or MSG_ZEROCOPY (refsidecar only).",
+)
+@click.option(
+    "--zerocopy-min",
+    type=int,
+    default=0,
+    show_default=True,
+    help="With --write zerocopy: smaller sends are copied (0: every send is zero-copy).",
+)
 @db_option
 @user_errors
 def profile_cmd(
@@ -247,9 +276,13 @@ def profile_cmd(
     large: bool,
     base: str | None,
     wait_s: float,
+    proxy: str,
+    ipc: str,
+    write: str,
+    zerocopy_min: int,
     db: str | None,
 ) -> None:
-    """Measure a real Envoy sidecar on this machine (root) and store its profile.
+    """Measure a real sidecar (Envoy by default) on this machine (root) and store its profile.
 
     Pods in network namespaces with Istio-style interception, fortio load, eBPF probes and
     perf; everything is removed on exit, on Ctrl-C, and on the next start after a crash.
@@ -265,9 +298,14 @@ def profile_cmd(
     )
 
     from meshtax.app import measure as m
-    from meshtax.app.measure import ExtrasOptions, ProfileOptions
+    from meshtax.app.measure import ExtrasOptions, ProfileOptions, ProxyChoice
 
     m.require_root("profiling creates network namespaces and attaches eBPF probes")
+    try:
+        choice = ProxyChoice(proxy, ipc, write, zerocopy_min)
+        choice.check_modes(parse_modes(modes) if modes else ())
+    except ValueError as e:
+        raise UsageError(f"--proxy/--ipc/--write/--modes: {e}") from None
     try:
         popts = ProfileOptions(
             name=name,
@@ -279,6 +317,7 @@ def profile_cmd(
             carried=None if carried is None else csv(carried, str),
             low_rates=None if low_rates is None else csv(low_rates, float),
             crowding=None if crowding is None else csv(crowding, int),
+            proxy=choice,
         )
         popts.resolve_plan()
     except ValueError as e:

@@ -33,6 +33,8 @@ from meshtax.model.speed import Speed
 #:     Later the same day, optional top-level ``crowding`` per mode (the probed sidecar's cost
 #:     with neighbour sidecars on its CPU ÷ alone, :mod:`meshtax.model.crowding`; absent in
 #:     older documents, which price shared CPUs with ``colocation`` or ``alpha`` = 1).
+#:     Later the same day, an optional platform ``variant`` (issue #17: the sidecar's IPC/write
+#:     variant, e.g. ``ipc=uds``; written only when set, so older platforms keep their keys).
 PROFILE_FORMAT = 2
 
 
@@ -46,6 +48,7 @@ class Platform:
     proxy: str = "envoy"
     proxy_version: str = ""
     config_hash: str = ""
+    variant: str = ""  # how the sidecar's app-facing legs differ from loopback TCP, copying
 
     @property
     def key(self) -> str:
@@ -63,10 +66,11 @@ class Platform:
 
     def describe(self) -> str:
         proxy = f"{self.proxy} {self.proxy_version}".strip()
-        return f"{self.cpu_model}, {self.cores} cores, Linux {self.kernel}, {proxy}"
+        variant = f" ({self.variant})" if self.variant else ""
+        return f"{self.cpu_model}, {self.cores} cores, Linux {self.kernel}, {proxy}{variant}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "cpu_model": self.cpu_model,
             "cores": self.cores,
             "kernel": self.kernel,
@@ -74,6 +78,9 @@ class Platform:
             "proxy_version": self.proxy_version,
             "config_hash": self.config_hash,
         }
+        if self.variant:
+            d["variant"] = self.variant
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Platform:
@@ -84,6 +91,7 @@ class Platform:
             proxy=str(d.get("proxy", "envoy")),
             proxy_version=str(d.get("proxy_version", "")),
             config_hash=str(d.get("config_hash", "")),
+            variant=str(d.get("variant", "")),
         )
 
 

@@ -187,8 +187,11 @@ class ProfileStore:
         return out
 
     def for_host(self, host: Platform) -> Profile | None:
-        """The newest measured profile of this host (same CPU model, cores, kernel)."""
+        """The newest measured profile of this host (same CPU model, cores, kernel); one of
+        the host's proxy without a variant when there is one (profiles of the reference
+        sidecar or of a Unix-socket variant are for what-if comparisons, not the default)."""
         best: Profile | None = None
+        plain: Profile | None = None
         with closing(self._connect()) as db:
             for (doc,) in db.execute(
                 "SELECT document FROM profiles WHERE source = 'measured' ORDER BY created"
@@ -196,7 +199,9 @@ class ProfileStore:
                 p = Profile.from_dict(json.loads(doc))
                 if p.platform.same_host(host):
                     best = p
-        return best
+                    if p.platform.proxy == host.proxy and not p.platform.variant:
+                        plain = p
+        return plain or best
 
     def samples(self, name: str) -> builtins.list[tuple[str, str, str, float, float | None, float]]:
         """Raw samples of a stored profile: (mode, component, metric, size, rate, value)."""
