@@ -10,10 +10,10 @@ from typing import IO
 
 import pytest
 
+from meshtax.model.proxy import TRAITS, ProxyChoice, ProxyError
 from meshtax.model.sidecar import Mode
 from meshtax.testbed.envoy.config import EnvoyConfig, bootstrap
 from meshtax.testbed.envoy.process import validate_config
-from meshtax.model.proxy import TRAITS, ProxyChoice, ProxyError
 from meshtax.testbed.proxy import PROXIES, SidecarRequest, family_keys
 from meshtax.testbed.refsidecar import (
     READY,
