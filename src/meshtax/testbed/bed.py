@@ -140,7 +140,7 @@ class EchoBed:
 
     @property
     def app_pid(self) -> int:
-        """The TCP echo: what the direct path reaches (and the meshed one, unless ipc uds)."""
+        """The TCP echo: what the direct path reaches (and the meshed one with ipc tcp)."""
         assert self.app.process is not None
         return self.app.process.pid
 
