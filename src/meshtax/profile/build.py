@@ -358,8 +358,8 @@ def build_profile(
 
 
 def _proxy_notes(proxy: ProxyChoice, results: Mapping[Mode, Sequence[SizeResult]]) -> list[str]:
-    """What the profile must say about its proxy: which one, and whether Unix-socket delivery
-    could be told apart from Write on this kernel."""
+    """What the profile must say about its proxy: which one, and whether socket-to-socket
+    delivery (Unix sockets, sockmap) could be told apart from Write on this kernel."""
     out = [f"sidecar: {proxy.describe()}"] if proxy != ProxyChoice() else []
     methods = {
         str(w.get("sock_method", ""))
@@ -368,11 +368,11 @@ def _proxy_notes(proxy: ProxyChoice, results: Mapping[Mode, Sequence[SizeResult]
         for w in r.probed.windows
         if w.get("meshed")
     }
-    if proxy.ipc == "uds" and "unavailable" in methods:
+    if proxy.ipc != "tcp" and "unavailable" in methods:
         out.append(
-            "this kernel has no sk_data_ready/sock_send_length tracepoints: Unix-socket "
-            "delivery stays inside Write (IPC holds only what crosses lo); compare IPC + Write "
-            "with a loopback-TCP profile"
+            "this kernel has no sk_data_ready/sock_send_length tracepoints: socket-to-socket "
+            f"delivery ({proxy.ipc}) stays inside Write (IPC holds only what crosses lo); "
+            "compare IPC + Write with a loopback-TCP profile"
         )
     return out
 
