@@ -353,9 +353,15 @@ def profile_cmd(
     click.echo(profile_text(done.profile), nl=False)
     for w in done.warnings:
         click.echo(f"WARNING: {w}", err=True)
+    pl = done.profile.platform
+    plain = pl.proxy == "envoy" and not pl.variant
     click.echo(
         f"stored profile {done.profile.name!r} in {store.path}; "
-        "`meshtax predict` uses it by default on this machine"
+        + (
+            "`meshtax predict` uses it by default on this machine"
+            if plain
+            else "a proxy variant: name it (`--profile`, `meshtax whatif derive`) to use it"
+        )
     )
 
 
