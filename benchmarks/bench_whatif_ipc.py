@@ -3,17 +3,20 @@ measured per component, derived speedups, and the what-if study over Alibaba-lik
 
 1. ``--measure`` (root): quick tcp-mode profiles (sizes 100 B, 4 KB, 64 KB; no carried
    protocols, no low rates) of the reference sidecar over loopback TCP, Unix sockets, TCP with
-   ``MSG_ZEROCOPY`` (every send) and TCP under sockmap redirection, then loopback TCP again
-   (the run-to-run reference: the same set-up twice), and of Envoy over loopback TCP, Unix
-   sockets and sockmap — into ``--db``, named ``<prefix>-<label>``.
+   ``MSG_ZEROCOPY`` (every send) and TCP under sockmap redirection, and of Envoy over loopback
+   TCP, Unix sockets and sockmap — in ``--rounds`` interleaved rounds (every set-up once per
+   round, so drift between profiles shows), into ``--db``, named ``<prefix>-<label>-r<round>``.
 2. ``--graphs`` Alibaba-like call graphs (``meshtax traces generate``, ``--seed``), imported at
    100 B and 4 KB messages (``meshtax traces import --sidecar tcp``).
 3. Per component, every variant next to its baseline at 100 B and 4 KB, latency and CPU with
    95 % intervals (the fitted models' ± 1.96 standard errors; ``components.md``/``.json``),
    and the paired end-to-end overhead each profile measured without probes.
-4. The what-if study per proxy (:func:`meshtax.app.whatif.whatif_study`: derived speedup files
-   applied over every graph; reductions of the mean overhead with intervals next to the
-   paper's 27 % / 18 % and "negligible") → ``whatif-<proxy>.json`` and ``report.html``.
+4. The what-if study per proxy and round (:func:`meshtax.app.whatif.whatif_study`: derived
+   speedup files applied over every graph; reductions of the mean overhead with intervals
+   next to the paper's 27 % / 18 % and "negligible"), each round's variants against that
+   round's baseline, and ``repeat``: the other round's baseline (the same set-up measured
+   again: how far drift alone moves a profile) → ``whatif-<proxy>-r<round>/`` and
+   ``report.html``.
 
 Run under the machine's measurement lock (the profiles measure; the study keeps a CPU busy)::
 
@@ -52,7 +55,6 @@ PROFILES: dict[str, ProxyChoice] = {
     "rs-uds": ProxyChoice("refsidecar", "uds"),
     "rs-zerocopy": ProxyChoice("refsidecar", write="zerocopy"),
     "rs-sockmap": ProxyChoice("refsidecar", "sockmap"),
-    "rs-tcp-again": ProxyChoice("refsidecar"),
     "envoy-tcp": ProxyChoice(),
     "envoy-uds": ProxyChoice("envoy", "uds"),
     "envoy-sockmap": ProxyChoice("envoy", "sockmap"),
@@ -61,12 +63,7 @@ PROFILES: dict[str, ProxyChoice] = {
 STUDIES: dict[str, tuple[str, dict[str, str]]] = {
     "refsidecar": (
         "rs-tcp",
-        {
-            "uds": "rs-uds",
-            "zerocopy": "rs-zerocopy",
-            "sockmap": "rs-sockmap",
-            "repeat": "rs-tcp-again",
-        },
+        {"uds": "rs-uds", "zerocopy": "rs-zerocopy", "sockmap": "rs-sockmap"},
     ),
     "envoy": ("envoy-tcp", {"uds": "envoy-uds", "sockmap": "envoy-sockmap"}),
 }
@@ -74,14 +71,15 @@ SIZES = (100.0, 4096.0)
 COMPONENTS: tuple[Component, ...] = (IPC, WRITE, READ, NOTIFICATION, OTHER)
 
 
-def run_profiles(store: ProfileStore, prefix: str, only: set[str]) -> dict[str, Any]:
-    """Measure every profile of :data:`PROFILES` (``only``: these labels); a failure is
-    recorded and the next one measured."""
+def run_profiles(store: ProfileStore, prefix: str, rounds: int, only: set[str]) -> dict[str, Any]:
+    """Measure every profile of :data:`PROFILES` once per round (``only``: these labels); a
+    failure is recorded and the next one measured."""
     log: dict[str, Any] = {}
-    for label, choice in PROFILES.items():
+    for r, (label, choice) in ((r, x) for r in range(1, rounds + 1) for x in PROFILES.items()):
         if only and label not in only:
             continue
-        name = f"{prefix}-{label}"
+        name = f"{prefix}-{label}-r{r}"
+        label = f"{label}-r{r}"
         t0, load0 = time.monotonic(), os.getloadavg()
         popts = ProfileOptions(
             name=name,
@@ -133,15 +131,42 @@ def _overheads(p: Profile) -> dict[str, Any]:
     return out
 
 
-def components(store: ProfileStore, prefix: str) -> dict[str, Any]:
-    """Every variant next to its baseline, per component, metric and size."""
+def _wakeups(p: Profile) -> dict[str, dict[str, float]]:
+    """Wake-ups (returns from a sleeping epoll wait) per request in the kept probe windows, at
+    each size: the sidecar's, and the app's on the meshed and on the direct path."""
+    out = {}
+    for r in p.provenance.options.get("measurements", {}).get("tcp", []):
+        ws = [w for w in r["probe"]["windows"] if w["kept"]]
+
+        def per(meshed: bool, who: str, ws: list[dict[str, Any]] = ws) -> float:
+            sel = [w for w in ws if w["meshed"] == meshed]
+            n = sum(w["requests"] for w in sel)
+            return sum(w[who]["notify_n"] for w in sel) / n if n else float("nan")
+
+        out[str(r["size"])] = {
+            "sidecar": per(True, "sidecar"),
+            "app_meshed": per(True, "app"),
+            "app_direct": per(False, "app"),
+        }
+    return out
+
+
+def components(store: ProfileStore, prefix: str, rounds: int) -> dict[str, Any]:
+    """Every variant next to its baseline, per component, metric and size, round by round."""
     out: dict[str, Any] = {}
+    stored = {s.name for s in store.list()}
     for proxy, (base_label, variants) in STUDIES.items():
-        for label, vlabel in {"baseline": base_label, **variants}.items():
-            try:
-                p = store.get(f"{prefix}-{vlabel}")
-            except Exception:  # noqa: BLE001 - a profile not measured is simply absent
+        labels = [
+            (lab, f"{v}-r{r}")
+            for r in range(1, rounds + 1)
+            for lab, v in {"tcp": base_label, **variants}.items()
+        ]
+        for label, vlabel in labels:
+            name = f"{prefix}-{vlabel}"
+            if name not in stored:
                 continue
+            label = f"{label} r{vlabel.rsplit('-r', 1)[1]}"
+            p = store.get(name)
             rows: dict[str, Any] = {}
             for metric in ("latency", "cpu"):
                 for size in SIZES:
@@ -157,6 +182,7 @@ def components(store: ProfileStore, prefix: str) -> dict[str, Any]:
                 "created": p.provenance.created,
                 "components": rows,
                 "overhead_per_crossing_us": _overheads(p),
+                "wakeups_per_request": _wakeups(p),
                 "closure": None
                 if c is None
                 else {"components": c.components_us, "measured": c.measured_us, "error": c.error},
@@ -196,6 +222,17 @@ def markdown(comp: dict[str, Any]) -> str:
             )
             + " |"
         )
+        lines.append(
+            "| wake-ups per request: sidecar / app meshed / app direct | "
+            + " | ".join(
+                "; ".join(
+                    f"{s} B {w['sidecar']:.2f} / {w['app_meshed']:.2f} / {w['app_direct']:.2f}"
+                    for s, w in by_label[lab]["wakeups_per_request"].items()
+                )
+                for lab in labels
+            )
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -204,6 +241,7 @@ def main() -> int:
     ap.add_argument("--db", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--prefix", default="w17")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--measure", action="store_true", help="measure the profiles first (root)")
     ap.add_argument(
         "--only", default="", help="with --measure: these labels only (comma-separated)"
@@ -220,8 +258,8 @@ def main() -> int:
     }
     if a.measure:
         only = {s for s in a.only.split(",") if s}
-        doc["profiles"] = run_profiles(store, a.prefix, only)
-    comp = components(store, a.prefix)
+        doc["profiles"] = run_profiles(store, a.prefix, a.rounds, only)
+    comp = components(store, a.prefix, a.rounds)
     (a.out / "components.json").write_text(json.dumps(comp, indent=1))
     (a.out / "components.md").write_text(markdown(comp))
     csv = a.out / f"graphs-{a.graphs}-seed{a.seed}.csv.gz"
@@ -238,28 +276,34 @@ def main() -> int:
     files = []
     t0 = time.monotonic()
     stored = {s.name for s in store.list()}
-    for proxy, (base_label, variants) in STUDIES.items():
-        have = {k: f"{a.prefix}-{v}" for k, v in variants.items() if f"{a.prefix}-{v}" in stored}
-        if f"{a.prefix}-{base_label}" not in stored or not have:
-            print(f"{proxy}: profiles missing, no study", file=sys.stderr)
+    for (proxy, (base_label, variants)), r in (
+        (x, r) for x in STUDIES.items() for r in range(1, a.rounds + 1)
+    ):
+        base = f"{a.prefix}-{base_label}-r{r}"
+        have = {k: f"{a.prefix}-{v}-r{r}" for k, v in variants.items()}
+        have = {k: v for k, v in have.items() if v in stored}
+        others = [f"{a.prefix}-{base_label}-r{q}" for q in range(1, a.rounds + 1) if q != r]
+        if others and others[0] in stored:
+            have["repeat"] = others[0]
+        if base not in stored or not have:
+            print(f"{proxy} round {r}: profiles missing, no study", file=sys.stderr)
             continue
+        out = a.out / f"whatif-{proxy}-r{r}"
         opts = WhatifStudyOptions(
             stores,
-            f"{a.prefix}-{base_label}",
+            base,
             have,
-            str(a.out / f"whatif-{proxy}"),
-            name=f"{proxy}: Figures 13/14 on this machine",
+            str(out),
+            name=f"{proxy}, round {r}: Figures 13/14 on this machine",
             accept_unclosed=True,
             notes=(
-                "'repeat' is the baseline's set-up measured again: the reduction a variant "
-                "needs to exceed to be told from run-to-run drift",
-            )
-            if "repeat" in have
-            else (),
+                "'repeat' is the baseline's set-up measured in another round: the reduction a "
+                "variant needs to exceed to be told from run-to-run drift",
+            ),
         )
         w = whatif_study(opts, store, say=lambda m: print(m, file=sys.stderr))
-        files.append(str(a.out / f"whatif-{proxy}" / "whatif-study.json"))
-        doc.setdefault("studies", {})[proxy] = {
+        files.append(str(out / "whatif-study.json"))
+        doc.setdefault("studies", {})[f"{proxy} r{r}"] = {
             v["label"] + f" {at['size']:g}": v["reduction_pct"]
             for at in w["sizes"]
             for v in at["variants"]
