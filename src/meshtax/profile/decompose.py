@@ -36,15 +36,16 @@ and :func:`mesh_breakdown` computes, per crossing:
   interception is for — without a sidecar there is no redirect. It is not Write (the
   sidecar's own syscalls) and not subtracted from Write (it is not inside the sidecar's or the
   app's writes).
-* **IPC over Unix sockets** (the app↔sidecar legs on ``AF_UNIX``, ``--ipc uds``): no device,
-  so nothing on ``lo``; the probe times, per thread, the delivery inside each send —
-  ``sk_data_ready`` of the peer (data queued, peer woken) to the end of that send
-  (``sock_send_length``) — for the sidecar's and the app's sends (meshed − direct app),
-  added to IPC and subtracted from Write as loopback delivery is. The two IPC definitions
-  time different stretches of the send (loopback: device queue → receive, the TCP receive
-  and wake-up staying in Write; Unix: the wake-up to the end of the send), so IPC alone is
-  not comparable across the two; IPC + Write is (each is the whole send). On a kernel
-  without those tracepoints (before 6.6) Unix delivery stays in Write
+* **IPC socket to socket** (the app↔sidecar legs on Unix sockets, ``--ipc uds``, or on
+  loopback TCP redirected by sockmap/sk_msg, ``--ipc sockmap``): no device, so nothing on
+  ``lo``; the probe times, per thread, the delivery inside each send — ``sk_data_ready`` of
+  the peer (data queued, peer woken) to the end of that send (``sock_send_length``) — for
+  the sidecar's and the app's sends (meshed − direct app), added to IPC and subtracted from
+  Write as loopback delivery is. The two IPC definitions time different stretches of the
+  send (loopback: device queue → receive, the TCP receive and wake-up staying in Write;
+  socket to socket: the wake-up to the end of the send), so IPC alone is not comparable
+  across the two; IPC + Write is (each is the whole send). On a kernel without those
+  tracepoints (before 6.6) that delivery stays in Write
   (:attr:`~meshtax.testbed.probe_reading.IpcStat.sock_method` says ``unavailable``).
 * **Zero-copy completions** (``recvmsg(MSG_ERRQUEUE)``, ``--write zerocopy``) are not Read:
   they are the zero-copy send's cost, counted in **Write**.
@@ -284,8 +285,8 @@ def mesh_breakdown(meshed: Window, direct: Window | None, *, notify_trim: float 
 
     read, write = us(s.read.ns), us(s.write.ns + s.errqueue.ns)
     notify, user = us(notify_ns(s, notify_trim)), us(s.user_ns)
-    # inside the writes of sidecar and app: loopback delivery, and Unix-socket delivery of
-    # the sidecar's sends (the app's below, as a change)
+    # inside the writes of sidecar and app: loopback delivery, and socket-to-socket delivery
+    # of the sidecar's sends (the app's below, as a change)
     lo = us(meshed.ipc_ns + s.sock_ipc.ns)
     intercept = 0.0  # inside the client's writes, not theirs
     if direct is not None:

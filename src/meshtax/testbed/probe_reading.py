@@ -1,5 +1,5 @@
 """What the eBPF probe (``bpf/sidecar``) reports, parsed: per-thread syscall, wake-up and CPU
-aggregates, loopback IPC timings, per-thread Unix-socket IPC and the probe's own counters
+aggregates, loopback IPC timings, per-thread socket-to-socket IPC and the probe's own counters
 (:func:`parse_reading`). Pure: readings add and subtract, so a window is the difference of two
 snapshots."""
 
@@ -170,9 +170,10 @@ class ThreadReading:
     switches_in: int
     followed: bool = False  # tracked because of its netns, not its PID
     notify_hist: Histogram = EMPTY_HIST  # per-event notification latencies (sums to ``notify``)
-    # Unix-socket delivery inside this thread's sends (sk_data_ready → end of the send; part
-    # of ``write``'s time) and recvmsg(MSG_ERRQUEUE) calls (zero-copy completions; not in
-    # ``read``). Empty from a loader or kernel without them.
+    # socket-to-socket delivery inside this thread's sends, with no device on the way (Unix
+    # sockets, sockmap; sk_data_ready → end of the send; part of ``write``'s time) and
+    # recvmsg(MSG_ERRQUEUE) calls (zero-copy completions; not in ``read``). Empty from a
+    # loader or kernel without them.
     sock_ipc: OpStat = OpStat()
     errqueue: OpStat = OpStat()
 
@@ -220,7 +221,7 @@ EMPTY_THREAD = ThreadReading(0, 0, "", OpStat(), OpStat(), OpStat(), OpStat(), 0
 @dataclass(frozen=True)
 class IpcStat:
     """Loopback skbs timed from queue to receive (``method`` says which tracepoints);
-    ``sock_method``: how Unix-socket delivery was timed per thread (``unavailable``: the
+    ``sock_method``: how socket-to-socket delivery was timed per thread (``unavailable``: the
     kernel lacks the tracepoints and it stays inside Write; empty: an older loader)."""
 
     method: str
