@@ -1,5 +1,6 @@
 """The one place meshtax looks for the programs it runs (Envoy, fortio, meshapp, the probe
-loader, the reference sidecar): ``$MESHTAX_<NAME>`` first, then where the project installs it, then ``$PATH``."""
+loader, the reference sidecar): ``$MESHTAX_<NAME>`` first, then where the project installs
+it, then ``$PATH``."""
 
 from __future__ import annotations
 
