@@ -236,7 +236,6 @@ def test_kinds_build_their_sidecars(tmp_path: Path) -> None:
 
 def test_envoy_unix_socket_bootstrap() -> None:
     cfg = EnvoyConfig(mode=Mode.TCP, inbound_upstream="/s/tcp.sock", outbound_pipe="/s/o.sock")
-    assert cfg.ipc == "uds" and EnvoyConfig(mode=Mode.TCP).ipc == "tcp"
     b = bootstrap(cfg)
     inbound, outbound = b["static_resources"]["listeners"]
     assert "socket_address" in inbound["address"] and inbound["listener_filters"]
