@@ -1,0 +1,314 @@
+"""Kubernetes/Istio manifests as read: every ``*.yaml``, ``*.yml`` and ``*.json`` under a
+directory (multi-document YAML and ``kind: List`` included), each object checked field by field
+(:class:`~meshtax.traces.config_files.ConfigImportError` naming the file and the document)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshtax.traces.config_files import ConfigImportError, load_documents
+from meshtax.traces.envoy_filters import _items
+
+_WORKLOAD_KINDS = (
+    "Deployment",
+    "StatefulSet",
+    "DaemonSet",
+    "ReplicaSet",
+    "ReplicationController",
+    "Job",
+    "CronJob",
+    "Pod",
+    "DeploymentConfig",
+    "Rollout",
+)
+
+
+@dataclass(frozen=True)
+class _Where:
+    file: str
+    doc: int | None
+
+    def __str__(self) -> str:
+        return self.file if self.doc is None else f"{self.file} (document {self.doc + 1})"
+
+
+@dataclass
+class _Workload:
+    kind: str
+    name: str
+    ns: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    ports: dict[str, int]  # container port name → number
+    where: _Where
+
+
+@dataclass
+class _Service:
+    name: str
+    ns: str
+    selector: dict[str, str] | None
+    ports: list[Mapping[str, Any]]
+    type: str
+    where: _Where
+
+
+@dataclass
+class _PeerAuth:
+    name: str
+    ns: str
+    selector: dict[str, str] | None
+    mode: str  # STRICT, PERMISSIVE, DISABLE, UNSET
+    port_modes: dict[int, str]
+    order: int
+
+
+@dataclass
+class _EnvoyFilter:
+    name: str
+    ns: str
+    selector: dict[str, str] | None
+    patches: list[Mapping[str, Any]]
+    priority: int
+    order: int
+    where: _Where
+
+
+@dataclass
+class _Manifests:
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
+    workloads: list[_Workload] = field(default_factory=list)
+    services: list[_Service] = field(default_factory=list)
+    peer_auths: list[_PeerAuth] = field(default_factory=list)
+    envoy_filters: list[_EnvoyFilter] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+def _str_map(v: Any, what: str, where: _Where) -> dict[str, str]:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise ConfigImportError(
+            where.file, f"{what}: a {type(v).__name__}; expected a mapping of strings", where.doc
+        )
+    return {
+        str(k): ("true" if x is True else "false" if x is False else str(x)) for k, x in v.items()
+    }
+
+
+def _get(obj: Mapping[str, Any], dotted: str, where: _Where, want: type, default: Any) -> Any:
+    cur: Any = obj
+    for part in dotted.split("."):
+        if cur is None:
+            return default
+        if not isinstance(cur, Mapping):
+            raise ConfigImportError(
+                where.file,
+                f"{dotted}: {part!r} is inside a {type(cur).__name__}; expected a mapping",
+                where.doc,
+            )
+        cur = cur.get(part)
+    if cur is None:
+        return default
+    if not isinstance(cur, want):
+        raise ConfigImportError(
+            where.file, f"{dotted}: a {type(cur).__name__}; expected a {want.__name__}", where.doc
+        )
+    return cur
+
+
+def _pod_template(obj: Mapping[str, Any], kind: str, where: _Where) -> Mapping[str, Any]:
+    if kind == "Pod":
+        return obj
+    if kind == "CronJob":
+        return dict(_get(obj, "spec.jobTemplate.spec.template", where, Mapping, {}))
+    return dict(_get(obj, "spec.template", where, Mapping, {}))
+
+
+def _add_object(obj: Any, m: _Manifests, where: _Where, order: int) -> None:
+    if not isinstance(obj, Mapping):
+        raise ConfigImportError(
+            where.file,
+            f"a {type(obj).__name__}; expected a Kubernetes object (apiVersion, kind, metadata)",
+            where.doc,
+        )
+    kind = obj.get("kind")
+    if not isinstance(kind, str):
+        raise ConfigImportError(
+            where.file,
+            "no 'kind'; expected a Kubernetes object (apiVersion, kind, metadata)",
+            where.doc,
+        )
+    if kind == "List" or kind.endswith("List"):
+        for item in _get(obj, "items", where, list, []):
+            _add_object(item, m, where, order)
+        return
+    meta = _get(obj, "metadata", where, Mapping, {})
+    name = str(meta.get("name", ""))
+    try:
+        _add_typed(obj, kind, name, meta, m, where, order)
+    except ConfigImportError as e:
+        if e.detail.startswith(kind):
+            raise
+        raise ConfigImportError(e.source, f"{kind} {name!r}: {e.detail}", e.doc_index) from None
+
+
+def _add_typed(
+    obj: Mapping[str, Any],
+    kind: str,
+    name: str,
+    meta: Mapping[str, Any],
+    m: _Manifests,
+    where: _Where,
+    order: int,
+) -> None:
+    ns = str(meta.get("namespace") or "default")
+    if kind == "Namespace":
+        m.namespaces[name] = _str_map(meta.get("labels"), "metadata.labels", where)
+    elif kind in _WORKLOAD_KINDS:
+        tpl = _pod_template(obj, kind, where)
+        tmeta = tpl.get("metadata") or {}
+        if not isinstance(tmeta, Mapping):
+            raise ConfigImportError(
+                where.file,
+                f"{kind} {name!r}: pod template metadata: a {type(tmeta).__name__}; expected a mapping",
+                where.doc,
+            )
+        ports: dict[str, int] = {}
+        containers = _get(tpl, "spec.containers", where, list, [])
+        for c in containers:
+            for p in _items(c.get("ports")) if isinstance(c, Mapping) else []:
+                if (
+                    isinstance(p, Mapping)
+                    and p.get("name")
+                    and isinstance(p.get("containerPort"), int)
+                ):
+                    ports[str(p["name"])] = int(p["containerPort"])
+        m.workloads.append(
+            _Workload(
+                kind,
+                name,
+                ns,
+                _str_map(tmeta.get("labels"), f"{kind} {name!r}: pod template labels", where),
+                _str_map(
+                    tmeta.get("annotations"), f"{kind} {name!r}: pod template annotations", where
+                ),
+                ports,
+                where,
+            )
+        )
+    elif kind == "Service":
+        sel = _get(obj, "spec.selector", where, Mapping, None)
+        sports = _get(obj, "spec.ports", where, list, [])
+        for i, p in enumerate(sports):
+            if not isinstance(p, Mapping):
+                raise ConfigImportError(
+                    where.file,
+                    f"Service {name!r}: spec.ports[{i}]: a {type(p).__name__}; expected "
+                    f"{{name, port, targetPort, appProtocol}}",
+                    where.doc,
+                )
+        m.services.append(
+            _Service(
+                name,
+                ns,
+                _str_map(sel, f"Service {name!r}: spec.selector", where)
+                if sel is not None
+                else None,
+                list(sports),
+                str(_get(obj, "spec.type", where, str, "ClusterIP")),
+                where,
+            )
+        )
+    elif kind == "PeerAuthentication":
+        sel = _get(obj, "spec.selector.matchLabels", where, Mapping, None)
+        mode = str(_get(obj, "spec.mtls.mode", where, str, "UNSET")).upper()
+        if mode not in ("STRICT", "PERMISSIVE", "DISABLE", "UNSET"):
+            raise ConfigImportError(
+                where.file,
+                f"PeerAuthentication {name!r}: spec.mtls.mode {mode!r}; expected STRICT, PERMISSIVE, DISABLE or UNSET",
+                where.doc,
+            )
+        port_modes: dict[int, str] = {}
+        for k, v in (_get(obj, "spec.portLevelMtls", where, Mapping, {}) or {}).items():
+            pm = v.get("mode") if isinstance(v, Mapping) else None
+            try:
+                port_modes[int(k)] = str(pm or "UNSET").upper()
+            except ValueError:
+                raise ConfigImportError(
+                    where.file,
+                    f"PeerAuthentication {name!r}: spec.portLevelMtls key {k!r}; expected a port number",
+                    where.doc,
+                ) from None
+        m.peer_auths.append(
+            _PeerAuth(
+                name,
+                ns,
+                _str_map(sel, "selector", where) if sel is not None else None,
+                mode,
+                port_modes,
+                order,
+            )
+        )
+    elif kind == "EnvoyFilter":
+        sel = _get(obj, "spec.workloadSelector.labels", where, Mapping, None)
+        patches = _get(obj, "spec.configPatches", where, list, [])
+        m.envoy_filters.append(
+            _EnvoyFilter(
+                name,
+                ns,
+                _str_map(sel, "workloadSelector.labels", where) if sel is not None else None,
+                list(patches),
+                int(_get(obj, "spec.priority", where, int, 0)),
+                order,
+                where,
+            )
+        )
+    else:
+        m.skipped[kind] = m.skipped.get(kind, 0) + 1
+
+
+#: manifests read from one directory tree at most (a larger tree is refused, not truncated)
+MAX_FILES = 10_000
+
+
+def _files(root: Path) -> list[Path]:
+    """Manifest files under ``root`` (regular files only; symbolic links to directories are
+    not followed, so a link loop cannot trap the walk)."""
+    if root.is_file():
+        return [root]
+    out: list[Path] = []
+    for d, dirs, names in os.walk(root, followlinks=False, onerror=None):
+        dirs.sort()
+        for n in names:
+            p = Path(d) / n
+            if p.suffix.lower() in (".yaml", ".yml", ".json") and p.is_file():
+                out.append(p)
+        if len(out) > MAX_FILES:
+            raise ConfigImportError(
+                str(root), f"more than {MAX_FILES} manifest files; expected a smaller directory"
+            )
+    return sorted(out)
+
+
+def _read(root: Path) -> _Manifests:
+    m = _Manifests()
+    order = 0
+    files = _files(root)
+    if not files:
+        raise ConfigImportError(
+            str(root), "no *.yaml, *.yml or *.json file; expected Kubernetes/Istio manifests"
+        )
+    for f in files:
+        docs = load_documents(f)
+        multi = len(docs) > 1
+        for i, d in enumerate(docs):
+            if d is None:
+                continue
+            _add_object(d, m, _Where(str(f), i if multi else None), order)
+            order += 1
+    return m
