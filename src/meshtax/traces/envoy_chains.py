@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshtax.model.presets import STAND_INS
 from meshtax.model.sidecar import Mode
 from meshtax.traces.config_files import ConfigImportError
 from meshtax.traces.envoy_filters import (
@@ -194,6 +195,11 @@ def _analyse_chain(ch: Mapping[str, Any], label: str, ctx: _Ctx) -> _Chain:
             )
             cl = ctx.clusters.get(str(cluster))
             upstream_mtls = upstream_mtls or (cl is not None and _cluster_client_cert(cl))
+        elif c.kind == "profiled" and c.name in STAND_INS:
+            ignored.append(
+                f"{c.name}: {f.get('name', c.name)} in a network chain (TCP telemetry, "
+                "per connection): not modelled"
+            )
         elif c.kind == "profiled":
             filters.append(c.name)
         elif c.kind == "ignored":

@@ -35,6 +35,10 @@ PROFILED_TYPES: Mapping[str, str] = {
     "envoy.extensions.filters.network.rbac.v3.RBAC": "rbac_network",
     "envoy.extensions.filters.http.ip_tagging.v3.IPTagging": "ip_tagging",
     "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation": "header_mutation",
+    # Istio's HTTP telemetry, priced by its Lua stand-ins (model/presets.py); the network
+    # stats filter has the same type and is left out by the chain analysis (per connection)
+    "io.istio.http.peer_metadata.Config": "istio_metadata_exchange",
+    "stats.PluginConfig": "istio_stats",
 }
 #: Well-known filter names → meshtax filter name, for filters written without a typed_config.
 PROFILED_NAMES: Mapping[str, str] = {
@@ -49,13 +53,22 @@ PROFILED_NAMES: Mapping[str, str] = {
     "envoy.filters.network.rbac": "rbac_network",
     "envoy.filters.http.ip_tagging": "ip_tagging",
     "envoy.filters.http.header_mutation": "header_mutation",
+    "istio.metadata_exchange": "istio_metadata_exchange",
+    "envoy.filters.http.peer_metadata": "istio_metadata_exchange",
+    "istio.stats": "istio_stats",
+}
+#: Istio before 1.18 ran its telemetry as Wasm plugins in the null VM (compiled in): the
+#: plugin's code name → its stand-in, so these are not priced as a V8 Wasm filter
+NULL_VM_PLUGINS: Mapping[str, str] = {
+    "envoy.wasm.metadata_exchange": "istio_metadata_exchange",
+    "envoy.wasm.stats": "istio_stats",
 }
 
 # Filters left out of the chain on purpose; the reason is reported with every import.
 _BASE = "part of meshtax's base mode (the profiled proxy runs it on every request)"
 _ISTIO = (
-    "Istio default telemetry/peer-metadata filter: no profile; its per-request cost is not modelled "
-    "(predictions for Istio sidecars underestimate by it)"
+    "Istio telemetry/peer-metadata filter of a TCP chain or an unknown version: no profile; "
+    "not modelled"
 )
 _CONN = "listener filter: runs once per connection, not per request; not modelled"
 #: type URL or filter name → reason it is ignored.
@@ -165,6 +178,14 @@ def _size_of(base: str, cfg: Mapping[str, Any]) -> int:
     return len(tags) if isinstance(tags, list) else 0
 
 
+def _wasm_code(cfg: Mapping[str, Any]) -> str:
+    """The inline code name of a Wasm filter (``envoy.wasm.stats`` for a null-VM plugin)."""
+    cur: Any = cfg
+    for key in ("config", "vm_config", "code", "local", "inline_string"):
+        cur = cur.get(key) if isinstance(cur, Mapping) else None
+    return cur if isinstance(cur, str) else ""
+
+
 def _fault_configured(cfg: Mapping[str, Any]) -> bool:
     return any(k in cfg for k in ("abort", "delay", "response_rate_limit"))
 
@@ -186,6 +207,8 @@ def classify_filter(f: Mapping[str, Any]) -> FilterClass:
             "fault filter with no abort/delay configured (Istio adds one to every HTTP chain): no "
             "fault to evaluate; not modelled",
         )
+    if base == "wasm":
+        base = NULL_VM_PLUGINS.get(_wasm_code(_typed_value(f)), base)
     if base is not None:
         if base in _SIZED:
             return FilterClass("profiled", sized(base, _size_of(base, _typed_value(f))))
