@@ -41,6 +41,7 @@ from meshtax.traces.k8s_istio import (
     _target_port,
 )
 from meshtax.traces.k8s_manifests import _read
+from meshtax.traces.k8s_policies import policy_chain, sidecar_protocol
 
 __all__ = [
     "ConfigImportError",
@@ -55,6 +56,8 @@ ROOT_NAMESPACE = "istio-system"
 #: What an unnamed port is modelled as. Istio sniffs the protocol (HTTP/1.1, HTTP/2, else TCP);
 #: most service traffic is HTTP, so http is the less wrong guess. Always reported.
 UNNAMED_PORT_MODE = Mode.HTTP
+#: ``from-k8s --injection``: as the manifests say, or every namespace enabled/disabled
+INJECTION = ("labels", "enabled", "disabled")
 
 _PROTO_MODE: Mapping[str, Mode] = {
     "http": Mode.HTTP,
@@ -83,6 +86,8 @@ class K8sImport:
     unknown_filters: tuple[str, ...] = ()
     problems: list[str] = field(default_factory=list)
     source: str = ""
+    #: per service: mTLS and where it comes from, telemetry, RBAC with rule counts, JWT
+    details: dict[str, list[str]] = field(default_factory=dict)
 
     def to_ecg_services_yaml(self) -> str:
         """An ECG ``services:`` block to paste into an ECG file (assumptions as comments)."""
@@ -96,6 +101,7 @@ class K8sImport:
         if not self.services:
             lines[-1] = "services: {}"
         for name, cfg in self.services.items():
+            lines += [f"  # {d}" for d in self.details.get(name, [])]
             lines.append(f"  {_yaml_key(name)}: {{sidecar: {_sidecar_flow(cfg)}}}")
         return "\n".join(lines) + "\n"
 
@@ -103,7 +109,9 @@ class K8sImport:
         """Human-readable summary (what the CLI prints)."""
         width = max((len(n) for n in self.services), default=0)
         lines = [f"{self.source}: {len(self.services)} service(s)"]
-        lines += [f"  {n.ljust(width)}  {c.describe()}" for n, c in self.services.items()]
+        for n, c in self.services.items():
+            lines.append(f"  {n.ljust(width)}  {c.describe()}")
+            lines += [f"  {''.ljust(width)}    {d}" for d in self.details.get(n, [])]
         lines += [
             f"  no profile for filter {u}: not in the modelled chain; the prediction leaves out its cost"
             for u in self.unknown_filters
@@ -128,8 +136,14 @@ def _sidecar_flow(cfg: SidecarConfig) -> str:
     return yaml.safe_dump(d, default_flow_style=True, sort_keys=False, width=10_000).strip()
 
 
-def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPACE) -> K8sImport:
-    """Map each Service in the manifests under ``directory`` to the sidecar configuration meshtax models."""
+def sidecars_from_k8s(
+    directory: str | Path, root_namespace: str = ROOT_NAMESPACE, injection: str = "labels"
+) -> K8sImport:
+    """Map each Service in the manifests under ``directory`` to the sidecar configuration
+    meshtax models. ``injection``: ``labels`` (as the manifests say), ``enabled`` (every
+    namespace labelled ``istio-injection=enabled``; pods may still opt out) or ``disabled``."""
+    if injection not in INJECTION:
+        raise ValueError(f"injection {injection!r}; expected one of {', '.join(INJECTION)}")
     root = Path(directory)
     try:
         exists = root.exists()
@@ -146,6 +160,7 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
     problems: list[str] = []
     unknown: list[str] = []
     services: dict[str, SidecarConfig] = {}
+    details: dict[str, list[str]] = {}
     counts: dict[str, int] = {}
     for s in m.services:
         counts[s.name] = counts.get(s.name, 0) + 1
@@ -181,8 +196,14 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
                 f"{where} selects no workload in the manifests (selector {s.selector}): left out"
             )
             continue
+        if injection == "disabled":
+            services[key] = NO_SIDECAR
+            continue
         ns_warn: list[str] = []
-        inj = [(_injected(w, ns_labels, ns_warn), w) for w in ws]
+        labels = {**(ns_labels or {}), "istio-injection": "enabled"}
+        inj = [
+            (_injected(w, labels if injection == "enabled" else ns_labels, ns_warn), w) for w in ws
+        ]
         for a in ns_warn:
             if a not in assumptions:
                 assumptions.append(a)
@@ -236,20 +257,49 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
                 f"{where}: {how} is not a protocol Istio knows: Istio sniffs/treats it as TCP; assumed tcp"
             )
         tport = _target_port(first, w)
+        declared = sidecar_protocol(m.policies, w, tport, root_namespace)
+        if declared is not None and declared[0].split("-")[0] in _PROTO_MODE:
+            mode = _PROTO_MODE[declared[0].split("-")[0]]
+            assumptions.append(f"{where}: {declared[1]} declares port {tport} {declared[0]}")
         pa_mode, pa_src = _mtls_mode(m.peer_auths, w, tport, root_namespace)
         mtls = pa_mode in ("STRICT", "PERMISSIVE")
         if pa_mode == "PERMISSIVE" and m.peer_auths:
             assumptions.append(
                 f"{where}: PERMISSIVE ({pa_src}): sidecar callers use auto mTLS: modelled mTLS"
             )
+        pc = policy_chain(m.policies, w, mode, root_namespace, key)
+        unknown += pc.unknown
+        assumptions += [a for a in pc.assumptions if a not in assumptions]
         filters = _apply_envoy_filters(
-            m.envoy_filters, w, mode, tport, root_namespace, key, assumptions, unknown, problems
+            m.envoy_filters,
+            w,
+            mode,
+            tport,
+            root_namespace,
+            key,
+            assumptions,
+            unknown,
+            problems,
+            pc.first,
         )
+        filters += tuple(f for f, _ in pc.last)
+        details[key] = [f"mTLS: {'yes' if mtls else 'no'}, {pa_mode} ({pa_src})", *pc.details]
         services[key] = SidecarConfig(mode=mode, filters=filters, mtls=mtls)
     if m.skipped:
         kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(m.skipped.items()))
         assumptions.append(f"not read (no effect on the modelled sidecar): {kinds}")
-    return K8sImport(services, assumptions, tuple(dict.fromkeys(unknown)), problems, str(root))
+    unlabelled = sorted({s.ns for s in m.services} - set(m.namespaces))
+    if injection == "labels" and services and unlabelled:
+        if not any(c.meshed for c in services.values()):
+            problems.append(
+                f"no Namespace manifest for {', '.join(unlabelled)} and no pod asks for a "
+                "sidecar: every service is modelled without one. Istio injects where the "
+                "namespace is labelled (kubectl label namespace NAME istio-injection=enabled, "
+                "usually not in the manifests): pass --injection enabled to model that"
+            )
+    return K8sImport(
+        services, assumptions, tuple(dict.fromkeys(unknown)), problems, str(root), details
+    )
 
 
 # ---------------------------------------------------------------------------------------------

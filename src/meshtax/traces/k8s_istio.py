@@ -127,11 +127,12 @@ def _apply_envoy_filters(
     assumptions: list[str],
     unknown: list[str],
     problems: list[str],
+    istio: Sequence[tuple[str, str]] = (),
 ) -> tuple[str, ...]:
-    """The filter chain after the EnvoyFilters selecting this workload, in Istio's order."""
-    chain: list[
-        tuple[str, str]
-    ] = []  # (meshtax filter, Envoy filter name) — names let INSERT_AFTER/REMOVE find them
+    """The filter chain after the EnvoyFilters selecting this workload, in Istio's order,
+    starting from the filters Istio's own resources put there (``istio``)."""
+    # (meshtax filter, Envoy filter name): names let INSERT_AFTER/REMOVE find them
+    chain: list[tuple[str, str]] = list(istio)
     applicable = [
         e
         for e in efs

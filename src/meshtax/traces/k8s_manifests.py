@@ -79,12 +79,44 @@ class _EnvoyFilter:
 
 
 @dataclass
+class _Policy:
+    """An Istio resource that changes a workload's filter chain, reduced to what does.
+
+    AuthorizationPolicy: ``action`` and ``rules`` (sources × operations of each rule);
+    RequestAuthentication: ``count`` JWT rules; Sidecar: ``ports`` (ingress port → protocol);
+    Telemetry: ``metrics`` and ``access_log`` (None: not set here, inherited)."""
+
+    kind: str
+    name: str
+    ns: str
+    selector: dict[str, str] | None
+    order: int
+    action: str = ""
+    rules: tuple[int, ...] = ()
+    count: int = 0
+    ports: dict[int, str] = field(default_factory=dict)
+    metrics: bool | None = None
+    access_log: bool | None = None
+    provider: str = ""
+    target_refs: bool = False
+
+    @property
+    def ref(self) -> str:
+        return f"{self.kind} {self.ns}/{self.name}"
+
+
+POLICY_KINDS = ("AuthorizationPolicy", "RequestAuthentication", "Sidecar", "Telemetry")
+AUTHZ_ACTIONS = ("ALLOW", "DENY", "AUDIT", "CUSTOM")
+
+
+@dataclass
 class _Manifests:
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
     workloads: list[_Workload] = field(default_factory=list)
     services: list[_Service] = field(default_factory=list)
     peer_auths: list[_PeerAuth] = field(default_factory=list)
     envoy_filters: list[_EnvoyFilter] = field(default_factory=list)
+    policies: list[_Policy] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
 
 
@@ -268,8 +300,87 @@ def _add_typed(
                 where,
             )
         )
+    elif kind in POLICY_KINDS:
+        m.policies.append(_read_policy(obj, kind, name, ns, where, order))
     else:
         m.skipped[kind] = m.skipped.get(kind, 0) + 1
+
+
+def _len(obj: Any, dotted: str, where: _Where) -> int:
+    return len(_get(obj, dotted, where, list, []))
+
+
+def _read_policy(
+    obj: Mapping[str, Any], kind: str, name: str, ns: str, where: _Where, order: int
+) -> _Policy:
+    sel_key = "spec.workloadSelector.labels" if kind == "Sidecar" else "spec.selector.matchLabels"
+    sel = _get(obj, sel_key, where, Mapping, None)
+    p = _Policy(kind, name, ns, _str_map(sel, sel_key, where) if sel is not None else None, order)
+    p.target_refs = bool(
+        _get(obj, "spec.targetRefs", where, list, [])
+        or _get(obj, "spec.targetRef", where, Mapping, {})
+    )
+    if kind == "AuthorizationPolicy":
+        p.action = str(_get(obj, "spec.action", where, str, "ALLOW")).upper()
+        if p.action not in AUTHZ_ACTIONS:
+            raise ConfigImportError(
+                where.file,
+                f"spec.action {p.action!r}; expected one of {', '.join(AUTHZ_ACTIONS)}",
+                where.doc,
+            )
+        p.provider = str(_get(obj, "spec.provider.name", where, str, ""))
+        rules = []
+        for i, r in enumerate(_get(obj, "spec.rules", where, list, [])):
+            if r is None:
+                r = {}
+            if not isinstance(r, Mapping):
+                raise ConfigImportError(
+                    where.file,
+                    f"spec.rules[{i}]: a {type(r).__name__}; expected {{from, to, when}}",
+                    where.doc,
+                )
+            # one (source, operation) pair = one policy of the profiled RBAC filters
+            rules.append(max(1, _len(r, "from", where)) * max(1, _len(r, "to", where)))
+        p.rules = tuple(rules)
+    elif kind == "RequestAuthentication":
+        p.count = _len(obj, "spec.jwtRules", where)
+    elif kind == "Sidecar":
+        for i, ing in enumerate(_get(obj, "spec.ingress", where, list, [])):
+            port = ing.get("port") if isinstance(ing, Mapping) else None
+            num = port.get("number") if isinstance(port, Mapping) else None
+            if not isinstance(port, Mapping) or not isinstance(num, int) or isinstance(num, bool):
+                raise ConfigImportError(
+                    where.file,
+                    f"spec.ingress[{i}].port.number: expected a port number",
+                    where.doc,
+                )
+            p.ports[num] = str(port.get("protocol") or port.get("name") or "").lower()
+    else:  # Telemetry
+        p.metrics = _telemetry_switch(_get(obj, "spec.metrics", where, list, None), where)
+        logs = _get(obj, "spec.accessLogging", where, list, None)
+        if logs is not None:
+            p.access_log = bool(logs) and not any(
+                isinstance(x, Mapping) and x.get("disabled") is True for x in logs
+            )
+    return p
+
+
+def _telemetry_switch(metrics: list[Any] | None, where: _Where) -> bool | None:
+    """Telemetry ``metrics``: False when an override disables every metric, True when set
+    otherwise, None when absent (inherited)."""
+    if metrics is None:
+        return None
+    for entry in metrics:
+        for o in _items(entry.get("overrides")) if isinstance(entry, Mapping) else []:
+            match = o.get("match") if isinstance(o, Mapping) else None
+            metric = match.get("metric") if isinstance(match, Mapping) else None
+            if (
+                isinstance(o, Mapping)
+                and o.get("disabled") is True
+                and (metric in (None, "ALL_METRICS"))
+            ):
+                return False
+    return True
 
 
 #: manifests read from one directory tree at most (a larger tree is refused, not truncated)
