@@ -335,3 +335,22 @@ def test_bad_policies_are_clear_errors(tmp_path: Path, spec: dict[str, Any], mes
 def test_unknown_injection_is_refused() -> None:
     with pytest.raises(ValueError, match="injection 'maybe'"):
         sidecars_from_k8s(ISTIO / "bookinfo", injection="maybe")
+
+
+def test_an_ecg_references_bookinfo_with_injection(tmp_path: Path) -> None:
+    from meshtax.traces.config_files import ConfigImportError
+    from meshtax.traces.k8s import resolve_sidecar_refs
+
+    shutil.copytree(ISTIO / "bookinfo", tmp_path / "bookinfo")
+    doc = {
+        "sidecars_from_k8s": {"path": "bookinfo", "injection": "enabled"},
+        "services": {"productpage": {}},
+        "invocations": [{"id": "r", "callee": "productpage", "duration_us": 1000}],
+    }
+    (ecg,) = ecgs_from_dict(resolve_sidecar_refs(doc, tmp_path), "g.yaml")
+    assert ecg.services["productpage"].sidecar == SidecarConfig(
+        Mode.HTTP, ("istio_metadata_exchange", "istio_stats"), mtls=True
+    )
+    doc["sidecars_from_k8s"] = {"path": "bookinfo", "injection": "often"}
+    with pytest.raises(ConfigImportError, match="injection: 'often'; expected one of labels"):
+        resolve_sidecar_refs(doc, tmp_path)

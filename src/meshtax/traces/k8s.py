@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from meshtax.errors import clip
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
 from meshtax.traces.config_files import ConfigImportError
 from meshtax.traces.envoy_config import sidecar_from_envoy
@@ -353,11 +354,22 @@ def resolve_sidecar_refs_with_report(
     services = out.get("services")
     k8s_ref = out.pop("sidecars_from_k8s", None)
     if k8s_ref is not None:
+        injection = "labels"
+        if isinstance(k8s_ref, dict) and set(k8s_ref) <= {"path", "injection"}:
+            injection = k8s_ref.get("injection", injection)
+            k8s_ref = k8s_ref.get("path")
+            if injection not in INJECTION:
+                raise ConfigImportError(
+                    "sidecars_from_k8s.injection",
+                    f"{clip(injection)}; expected one of {', '.join(INJECTION)}",
+                )
         if not isinstance(k8s_ref, str):
             raise ConfigImportError(
-                "sidecars_from_k8s", f"a {type(k8s_ref).__name__}; expected a directory path"
+                "sidecars_from_k8s",
+                f"a {type(k8s_ref).__name__}; expected a directory path or {{path, injection}}",
             )
-        imp = sidecars_from_k8s(_inside(base_dir, k8s_ref, "sidecars_from_k8s", allow_outside))
+        where = _inside(base_dir, k8s_ref, "sidecars_from_k8s", allow_outside)
+        imp = sidecars_from_k8s(where, injection=injection)
         messages += [f"{k8s_ref}: assumed: {a}" for a in imp.assumptions]
         messages += [f"{k8s_ref}: problem: {p}" for p in imp.problems]
         messages += [f"{k8s_ref}: no profile for filter {u}" for u in imp.unknown_filters]
