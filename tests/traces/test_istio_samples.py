@@ -354,3 +354,38 @@ def test_an_ecg_references_bookinfo_with_injection(tmp_path: Path) -> None:
     doc["sidecars_from_k8s"] = {"path": "bookinfo", "injection": "often"}
     with pytest.raises(ConfigImportError, match="injection: 'often'; expected one of labels"):
         resolve_sidecar_refs(doc, tmp_path)
+
+
+def test_bookinfo_destination_rules_set_what_clients_send(tmp_path: Path) -> None:
+    """Istio's networking sample: every Bookinfo host ISTIO_MUTUAL; a DISABLE rule turns a
+    PERMISSIVE service's hops plaintext, and against STRICT it is a problem (requests fail)."""
+    d = _tree(
+        tmp_path,
+        ISTIO / "bookinfo" / "bookinfo.yaml",
+        ISTIO / "networking" / "destination-rule-all-mtls.yaml",
+    )
+    imp = sidecars_from_k8s(d, injection="enabled")
+    assert all(c.mtls for c in imp.services.values())
+    assert imp.details["reviews"][0] == (
+        "mTLS: yes, PERMISSIVE (no PeerAuthentication (Istio's default)); "
+        "clients: ISTIO_MUTUAL (DestinationRule default/reviews)"
+    )
+    plain = {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "DestinationRule",
+        "metadata": {"name": "all-plain", "namespace": "default"},
+        "spec": {
+            "host": "*.default.svc.cluster.local",
+            "trafficPolicy": {"tls": {"mode": "DISABLE"}},
+        },
+    }
+    (d / "extra.yaml").write_text(yaml.safe_dump(plain))
+    imp = sidecars_from_k8s(d, injection="enabled")
+    # the exact hosts win over the wildcard
+    assert all(c.mtls for c in imp.services.values())
+    (d / "destination-rule-all-mtls.yaml").unlink()
+    imp = sidecars_from_k8s(d, injection="enabled")
+    assert not any(c.mtls for c in imp.services.values())
+    shutil.copy(ISTIO / "policies" / "bookinfo-authz.yaml", d)  # mesh-wide STRICT
+    imp = sidecars_from_k8s(d, injection="enabled")
+    assert len(imp.problems) == 4 and "plaintext to a STRICT server" in imp.problems[0]

@@ -42,7 +42,7 @@ from meshtax.traces.k8s_istio import (
     _target_port,
 )
 from meshtax.traces.k8s_manifests import _read
-from meshtax.traces.k8s_policies import policy_chain, sidecar_protocol
+from meshtax.traces.k8s_policies import destination_tls, policy_chain, sidecar_protocol
 
 __all__ = [
     "ConfigImportError",
@@ -268,6 +268,10 @@ def sidecars_from_k8s(
             assumptions.append(
                 f"{where}: PERMISSIVE ({pa_src}): sidecar callers use auto mTLS: modelled mTLS"
             )
+        tls_note = ""
+        dr = destination_tls(m.policies, s.name, s.ns)
+        if dr is not None:
+            mtls, tls_note = _client_tls(dr, pa_mode, where, mtls, assumptions, problems)
         pc = policy_chain(m.policies, w, mode, root_namespace, key)
         unknown += pc.unknown
         assumptions += [a for a in pc.assumptions if a not in assumptions]
@@ -284,7 +288,10 @@ def sidecars_from_k8s(
             pc.first,
         )
         filters += tuple(f for f, _ in pc.last)
-        details[key] = [f"mTLS: {'yes' if mtls else 'no'}, {pa_mode} ({pa_src})", *pc.details]
+        details[key] = [
+            f"mTLS: {'yes' if mtls else 'no'}, {pa_mode} ({pa_src}){tls_note}",
+            *pc.details,
+        ]
         services[key] = SidecarConfig(mode=mode, filters=filters, mtls=mtls)
     if m.skipped:
         kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(m.skipped.items()))
@@ -301,6 +308,34 @@ def sidecars_from_k8s(
     return K8sImport(
         services, assumptions, tuple(dict.fromkeys(unknown)), problems, str(root), details
     )
+
+
+def _client_tls(
+    dr: tuple[str, str],
+    server: str,
+    where: str,
+    mtls: bool,
+    assumptions: list[str],
+    problems: list[str],
+) -> tuple[bool, str]:
+    """mTLS of a service's hops once its DestinationRule's TLS mode (what clients send) meets
+    its PeerAuthentication mode (what the server accepts), and a note for the details."""
+    mode, ref = dr
+    note = f"; clients: {mode} ({ref})"
+    if mode == "DISABLE":
+        if server == "STRICT":
+            problems.append(f"{where}: {ref} sends plaintext to a STRICT server: requests fail")
+            return mtls, note
+        return False, note
+    if mode in ("ISTIO_MUTUAL", "MUTUAL"):
+        if server == "DISABLE":
+            problems.append(f"{where}: {ref} sends mTLS to a server with mTLS DISABLE")
+        return True, note
+    assumptions.append(
+        f"{where}: {ref} tls {mode}: TLS without Istio's client certificate, which meshtax "
+        "does not model; mTLS as PeerAuthentication says"
+    )
+    return mtls, note
 
 
 # ---------------------------------------------------------------------------------------------

@@ -99,13 +99,21 @@ class _Policy:
     access_log: bool | None = None
     provider: str = ""
     target_refs: bool = False
+    host: str = ""  # DestinationRule
+    tls: str = ""  # DestinationRule: trafficPolicy.tls.mode
 
     @property
     def ref(self) -> str:
         return f"{self.kind} {self.ns}/{self.name}"
 
 
-POLICY_KINDS = ("AuthorizationPolicy", "RequestAuthentication", "Sidecar", "Telemetry")
+POLICY_KINDS = (
+    "AuthorizationPolicy",
+    "RequestAuthentication",
+    "Sidecar",
+    "Telemetry",
+    "DestinationRule",
+)
 AUTHZ_ACTIONS = ("ALLOW", "DENY", "AUDIT", "CUSTOM")
 
 
@@ -344,6 +352,9 @@ def _read_policy(
         p.rules = tuple(rules)
     elif kind == "RequestAuthentication":
         p.count = _len(obj, "spec.jwtRules", where)
+    elif kind == "DestinationRule":
+        p.host = str(_get(obj, "spec.host", where, str, ""))
+        p.tls = str(_get(obj, "spec.trafficPolicy.tls.mode", where, str, "")).upper()
     elif kind == "Sidecar":
         for i, ing in enumerate(_get(obj, "spec.ingress", where, list, [])):
             port = ing.get("port") if isinstance(ing, Mapping) else None

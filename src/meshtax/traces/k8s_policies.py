@@ -1,6 +1,7 @@
 """What Istio's policy resources put in a workload's sidecar: AuthorizationPolicy → RBAC
 filters, RequestAuthentication → a JWT filter, Telemetry → the default telemetry preset and
-the access log, Sidecar → the protocol of an inbound port.
+the access log, Sidecar → the protocol of an inbound port, DestinationRule → whether clients
+use mTLS to a service.
 
 Selection follows Istio: a policy with a selector applies to the matching workloads of its
 namespace (of every namespace when it is in the root namespace); one without applies to its
@@ -18,7 +19,7 @@ from meshtax.model.presets import ISTIO_DEFAULT
 from meshtax.model.sidecar import Mode
 from meshtax.traces.k8s_manifests import _Policy, _Workload
 
-__all__ = ["Chain", "policy_chain", "sidecar_protocol"]
+__all__ = ["Chain", "destination_tls", "policy_chain", "sidecar_protocol"]
 
 #: Istio builds one RBAC filter per action, in this order (CUSTOM's decides when to call the
 #: external authorizer; AUDIT's only marks requests)
@@ -136,4 +137,25 @@ def sidecar_protocol(
         for lv, p in sorted(sel, key=lambda x: x[1].order):
             if lv == level and port in p.ports:
                 return p.ports[port], p.ref
+    return None
+
+
+def destination_tls(policies: Sequence[_Policy], name: str, ns: str) -> tuple[str, str] | None:
+    """The TLS mode clients use towards Service ``name.ns`` by its DestinationRule: an exact
+    host (short names in the rule's namespace) before a wildcard, the oldest first."""
+    fqdn = f"{name}.{ns}.svc.cluster.local"
+    exact: list[_Policy] = []
+    wild: list[_Policy] = []
+    for p in policies:
+        if p.kind != "DestinationRule" or not p.tls:
+            continue
+        host = p.host if "." in p.host or p.host == "*" else f"{p.host}.{p.ns}"
+        if fqdn.startswith(f"{host}.") or host == fqdn:
+            exact.append(p)
+        elif host.startswith("*") and fqdn.endswith(host[1:]):
+            wild.append(p)
+    for cands in (exact, wild):
+        if cands:
+            p = min(cands, key=lambda x: x.order)
+            return p.tls, p.ref
     return None

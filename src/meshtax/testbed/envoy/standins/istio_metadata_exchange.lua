@@ -6,7 +6,8 @@
 -- Not done here: decoding the protobuf (Istio does it in C++; the peer header is absent in
 -- the testbed anyway). See docs/config-import.md ("istio-default").
 local ID = "sidecar~10.44.0.2~meshtax-echo-5d8f7c9b7-x2x4q.default~default.svc.cluster.local"
-local MD = string.rep("ChsKDkFQUF9DT05UQUlORVJTEgkaB21lc2h0YXgKGgoKQ0xVU1RFUl9JRBIMGgpLdWJlcm5ldGVz", 7)
+local MD = string.rep(
+  "ChsKDkFQUF9DT05UQUlORVJTEgkaB21lc2h0YXgKGgoKQ0xVU1RFUl9JRBIMGgpLdWJlcm5ldGVz", 7)
 
 function envoy_on_request(request_handle)
   local headers = request_handle:headers()
