@@ -6,14 +6,19 @@ Reads every ``*.yaml``, ``*.yml`` and ``*.json`` under a directory (multi-docume
 * **sidecar** — injection: a pod label/annotation ``sidecar.istio.io/inject: "false"`` opts
   out; a namespace labelled ``istio-injection=disabled`` never injects; a namespace labelled
   ``istio-injection=enabled`` (or ``istio.io/rev``) injects; otherwise only pods labelled
-  ``sidecar.istio.io/inject: "true"`` (or ``istio.io/rev``) get one.
+  ``sidecar.istio.io/inject: "true"`` (or ``istio.io/rev``) get one; ``injection`` overrides
+  the namespaces' labels (``enabled``/``disabled``).
 * **mode** — Istio's protocol selection on the Service port: ``appProtocol`` first, then the
   port name ``<protocol>[-<suffix>]``; http → http; http2/grpc/grpc-web/h2c → grpc; tcp, tls,
   https, mongo, mysql, redis → tcp. Unnamed ports are sniffed by Istio; meshtax has to assume.
+  A Sidecar resource's ingress port protocol wins.
 * **mTLS** — PeerAuthentication, workload (selector, port-level) over namespace over mesh
-  (root namespace); STRICT and PERMISSIVE → mTLS (sidecar callers use auto mTLS), DISABLE → none.
+  (root namespace); STRICT and PERMISSIVE → mTLS (sidecar callers use auto mTLS), DISABLE → none:
+  a DestinationRule's TLS mode says what clients send.
 * **filters** — EnvoyFilter patches (HTTP_FILTER / NETWORK_FILTER inserts and removes) that
-  select the workload, classified like an Envoy config (:mod:`meshtax.traces.envoy_config`).
+  select the workload, classified like an Envoy config (:mod:`meshtax.traces.envoy_config`),
+  after the filters Istio's resources put there (:mod:`meshtax.traces.k8s_policies`): the
+  ``istio-default`` telemetry preset (per Telemetry), RBAC per AuthorizationPolicy action, JWT.
 
 Every guess is listed in ``assumptions``; nothing raises anything but :class:`ConfigImportError`.
 """
@@ -403,8 +408,8 @@ def resolve_sidecar_refs_with_report(
                 "sidecars_from_k8s",
                 f"a {type(k8s_ref).__name__}; expected a directory path or {{path, injection}}",
             )
-        where = _inside(base_dir, k8s_ref, "sidecars_from_k8s", allow_outside)
-        imp = sidecars_from_k8s(where, injection=injection)
+        k8s_dir = _inside(base_dir, k8s_ref, "sidecars_from_k8s", allow_outside)
+        imp = sidecars_from_k8s(k8s_dir, injection=injection)
         messages += [f"{k8s_ref}: assumed: {a}" for a in imp.assumptions]
         messages += [f"{k8s_ref}: problem: {p}" for p in imp.problems]
         messages += [f"{k8s_ref}: no profile for filter {u}" for u in imp.unknown_filters]
