@@ -389,3 +389,24 @@ def test_bookinfo_destination_rules_set_what_clients_send(tmp_path: Path) -> Non
     shutil.copy(ISTIO / "policies" / "bookinfo-authz.yaml", d)  # mesh-wide STRICT
     imp = sidecars_from_k8s(d, injection="enabled")
     assert len(imp.problems) == 4 and "plaintext to a STRICT server" in imp.problems[0]
+
+
+def test_a_virtual_service_fault_prices_the_fault_filter(tmp_path: Path) -> None:
+    """Istio's networking sample: a 7 s delay for one user on routes to ratings. The fault
+    filter's evaluation runs on every call to ratings; the delay itself is not an overhead."""
+    d = _tree(
+        tmp_path,
+        ISTIO / "bookinfo" / "bookinfo.yaml",
+        ISTIO / "networking" / "virtual-service-ratings-test-delay.yaml",
+    )
+    imp = sidecars_from_k8s(d, injection="enabled")
+    assert imp.services["ratings"].filters == (TEL, "fault_injection")
+    assert imp.services["reviews"].filters == (TEL,)
+    assert "fault filter configured by VirtualService default/ratings" in imp.details["ratings"]
+    assert any("delays and aborts change the application" in a for a in imp.assumptions)
+    # bound to a gateway only: not on the sidecars
+    doc = yaml.safe_load((d / "virtual-service-ratings-test-delay.yaml").read_text())
+    doc["spec"]["gateways"] = ["bookinfo-gateway"]
+    (d / "virtual-service-ratings-test-delay.yaml").write_text(yaml.safe_dump(doc))
+    imp = sidecars_from_k8s(d, injection="enabled")
+    assert imp.services["ratings"].filters == (TEL,)

@@ -47,7 +47,12 @@ from meshtax.traces.k8s_istio import (
     _target_port,
 )
 from meshtax.traces.k8s_manifests import _read
-from meshtax.traces.k8s_policies import destination_tls, policy_chain, sidecar_protocol
+from meshtax.traces.k8s_policies import (
+    destination_tls,
+    policy_chain,
+    route_faults,
+    sidecar_protocol,
+)
 
 __all__ = [
     "ConfigImportError",
@@ -278,6 +283,17 @@ def sidecars_from_k8s(
         if dr is not None:
             mtls, tls_note = _client_tls(dr, pa_mode, where, mtls, assumptions, problems)
         pc = policy_chain(m.policies, w, mode, root_namespace, key)
+        faults = route_faults(m.policies, s.name, s.ns)
+        if faults and mode is not Mode.TCP:
+            # the callers' sidecars evaluate it on every call to this service: one per call,
+            # priced on this hop (meshtax gives a sidecar one chain for both directions)
+            pc.first.append(("fault_injection", "envoy.filters.http.fault"))
+            pc.details.append(f"fault filter configured by {', '.join(faults)}")
+            assumptions.append(
+                f"{where}: {', '.join(faults)} injects faults on routes to it: the fault "
+                "filter's evaluation is priced (fault_injection); the injected delays and "
+                "aborts change the application, not the sidecar, and are not modelled"
+            )
         unknown += pc.unknown
         assumptions += [a for a in pc.assumptions if a not in assumptions]
         filters = _apply_envoy_filters(

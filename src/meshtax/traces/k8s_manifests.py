@@ -101,6 +101,8 @@ class _Policy:
     target_refs: bool = False
     host: str = ""  # DestinationRule
     tls: str = ""  # DestinationRule: trafficPolicy.tls.mode
+    hosts: tuple[str, ...] = ()  # VirtualService; ``count``: its HTTP routes with a fault
+    mesh: bool = True  # VirtualService: applies to sidecars (gateways unset or "mesh")
 
     @property
     def ref(self) -> str:
@@ -113,6 +115,7 @@ POLICY_KINDS = (
     "Sidecar",
     "Telemetry",
     "DestinationRule",
+    "VirtualService",
 )
 AUTHZ_ACTIONS = ("ALLOW", "DENY", "AUDIT", "CUSTOM")
 
@@ -352,6 +355,12 @@ def _read_policy(
         p.rules = tuple(rules)
     elif kind == "RequestAuthentication":
         p.count = _len(obj, "spec.jwtRules", where)
+    elif kind == "VirtualService":
+        p.hosts = tuple(str(h) for h in _get(obj, "spec.hosts", where, list, []))
+        gateways = _get(obj, "spec.gateways", where, list, [])
+        p.mesh = not gateways or "mesh" in gateways
+        routes = _get(obj, "spec.http", where, list, [])
+        p.count = sum(1 for r in routes if isinstance(r, Mapping) and r.get("fault"))
     elif kind == "DestinationRule":
         p.host = str(_get(obj, "spec.host", where, str, ""))
         p.tls = str(_get(obj, "spec.trafficPolicy.tls.mode", where, str, "")).upper()

@@ -1,7 +1,7 @@
 """What Istio's policy resources put in a workload's sidecar: AuthorizationPolicy → RBAC
 filters, RequestAuthentication → a JWT filter, Telemetry → the default telemetry preset and
 the access log, Sidecar → the protocol of an inbound port, DestinationRule → whether clients
-use mTLS to a service.
+use mTLS to a service, VirtualService → a configured fault filter on the routes to it.
 
 Selection follows Istio: a policy with a selector applies to the matching workloads of its
 namespace (of every namespace when it is in the root namespace); one without applies to its
@@ -19,7 +19,7 @@ from meshtax.model.presets import ISTIO_DEFAULT
 from meshtax.model.sidecar import Mode
 from meshtax.traces.k8s_manifests import _Policy, _Workload
 
-__all__ = ["Chain", "destination_tls", "policy_chain", "sidecar_protocol"]
+__all__ = ["Chain", "destination_tls", "policy_chain", "route_faults", "sidecar_protocol"]
 
 #: Istio builds one RBAC filter per action, in this order (CUSTOM's decides when to call the
 #: external authorizer; AUDIT's only marks requests)
@@ -143,19 +143,41 @@ def sidecar_protocol(
 def destination_tls(policies: Sequence[_Policy], name: str, ns: str) -> tuple[str, str] | None:
     """The TLS mode clients use towards Service ``name.ns`` by its DestinationRule: an exact
     host (short names in the rule's namespace) before a wildcard, the oldest first."""
-    fqdn = f"{name}.{ns}.svc.cluster.local"
     exact: list[_Policy] = []
     wild: list[_Policy] = []
     for p in policies:
         if p.kind != "DestinationRule" or not p.tls:
             continue
-        host = p.host if "." in p.host or p.host == "*" else f"{p.host}.{p.ns}"
-        if fqdn.startswith(f"{host}.") or host == fqdn:
+        how = _host_match(p.host, p.ns, name, ns)
+        if how == "exact":
             exact.append(p)
-        elif host.startswith("*") and fqdn.endswith(host[1:]):
+        elif how == "wildcard":
             wild.append(p)
     for cands in (exact, wild):
         if cands:
             p = min(cands, key=lambda x: x.order)
             return p.tls, p.ref
     return None
+
+
+def _host_match(host: str, rule_ns: str, name: str, ns: str) -> str | None:
+    """Does ``host`` (a short name means the rule's namespace) name Service ``name.ns``?"""
+    fqdn = f"{name}.{ns}.svc.cluster.local"
+    full = host if "." in host or host == "*" else f"{host}.{rule_ns}"
+    if fqdn.startswith(f"{full}.") or full == fqdn:
+        return "exact"
+    if full.startswith("*") and fqdn.endswith(full[1:]):
+        return "wildcard"
+    return None
+
+
+def route_faults(policies: Sequence[_Policy], name: str, ns: str) -> list[str]:
+    """VirtualServices that inject faults (delay, abort) on sidecar routes to ``name.ns``."""
+    return [
+        p.ref
+        for p in policies
+        if p.kind == "VirtualService"
+        and p.count
+        and p.mesh
+        and any(_host_match(h, p.ns, name, ns) for h in p.hosts)
+    ]
