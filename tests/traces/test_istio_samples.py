@@ -88,6 +88,10 @@ def test_bookinfo_with_its_policies(tmp_path: Path) -> None:
     report = imp.report()
     assert "ratings      http +istio-default+rbac_http_4 mTLS" in report
     assert "RBAC ALLOW: 1 rule(s) (default/allow-nothing, default/productpage-viewer)" in report
+    assert report.endswith(
+        "predict needs these filters in the profile: meshtax profile --filters "
+        "istio-default,rbac_http_1,rbac_http_4 --modes http --mtls"
+    )
     text = imp.to_ecg_services_yaml()
     assert "  # RBAC ALLOW: 4 rule(s)" in text
     assert (

@@ -129,6 +129,15 @@ class K8sImport:
         ]
         lines += [f"  assumed: {a}" for a in self.assumptions]
         lines += [f"  problem: {p}" for p in self.problems]
+        meshed = [c for c in self.services.values() if c.meshed]
+        filters = list(dict.fromkeys(f for c in meshed for f in c.filters))
+        if filters:
+            modes = ",".join(dict.fromkeys(c.mode.value for c in meshed if c.filters))
+            lines.append(
+                f"  predict needs these filters in the profile: meshtax profile --filters "
+                f"{','.join(filters)} --modes {modes}"
+                + (" --mtls" if any(c.mtls for c in meshed) else "")
+            )
         return "\n".join(lines)
 
 
