@@ -353,3 +353,15 @@ def test_real_requests_through_filters(
         # the limiter's stats are not per listener: checked on every request, never limiting
         assert stats["meshtax_rate_limit.http_local_rate_limit.ok"] >= 20
         assert stats["meshtax_rate_limit.http_local_rate_limit.rate_limited"] == 0
+
+
+def test_every_preset_filter_can_be_profiled() -> None:
+    for chain in PRESETS.values():
+        for f in chain:
+            spec = filter_config(f, Mode.HTTP)
+            assert spec.name == f and Mode.GRPC in spec.modes and Mode.TCP not in spec.modes
+            # a Lua stand-in, its source shipped with the package
+            (lua,) = spec.http_filters
+            assert (
+                "envoy_on_response" in lua["typed_config"]["default_source_code"]["inline_string"]
+            )

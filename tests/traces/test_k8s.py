@@ -91,7 +91,7 @@ def test_services_yaml_pastes_into_an_ecg() -> None:
 
 
 def _expanded(cfg: SidecarConfig) -> SidecarConfig:
-    return replace(cfg, filters=expand(cfg.filters, cfg.mode)[0])
+    return replace(cfg, filters=expand(cfg.filters, cfg.mode))
 
 
 # --- small manifests, one rule at a time ------------------------------------------------------

@@ -7,7 +7,7 @@ filter doing the same per-request work (:data:`STAND_INS` says what it does and 
 leaves out). The rest of Istio's default HTTP chain costs nothing modelled: the empty fault
 and CORS filters do no per-request work and the router is the base mode; ``grpc_stats`` has
 no profile (listed by the importers). In TCP mode Istio's telemetry is a pair of network
-filters run per connection, which the preset leaves out (said by :func:`expand`).
+filters run per connection, which the preset leaves out.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from meshtax.model.sidecar import Mode
 
-__all__ = ["ISTIO_DEFAULT", "PRESETS", "STAND_INS", "expand", "is_preset"]
+__all__ = ["ISTIO_DEFAULT", "PRESETS", "STAND_INS", "expand"]
 
 #: stand-in filter → what it stands for and how (the profiler's catalogue builds them)
 STAND_INS: Mapping[str, str] = {
@@ -39,24 +39,14 @@ PRESETS: Mapping[str, tuple[str, ...]] = {
 }
 
 
-def is_preset(name: str) -> bool:
-    return name in PRESETS
-
-
-def expand(filters: Sequence[str], mode: Mode) -> tuple[tuple[str, ...], list[str]]:
-    """``filters`` with every preset name replaced by its filters, and notes on what a preset
-    leaves out (its telemetry in TCP mode)."""
+def expand(filters: Sequence[str], mode: Mode) -> tuple[str, ...]:
+    """``filters`` with every preset name replaced by its filters (none in tcp mode: Istio's
+    TCP telemetry runs per connection, which meshtax does not model)."""
     out: list[str] = []
-    notes: list[str] = []
     for f in filters:
         chain = PRESETS.get(f)
         if chain is None:
             out.append(f)
-        elif mode is Mode.TCP:
-            notes.append(
-                f"{f} in tcp mode: Istio's TCP telemetry (network metadata exchange and stats, "
-                "per connection) is not modelled"
-            )
-        else:
+        elif mode is not Mode.TCP:
             out.extend(chain)
-    return tuple(out), notes
+    return tuple(out)

@@ -174,7 +174,7 @@ def parse_sidecar(value: Any, default: SidecarConfig) -> SidecarConfig:
         )  # mTLS switched off here: the default's version goes with it
     cfg = SidecarConfig.from_dict(merged)
     # a preset (istio-default) stands for its filters; in tcp mode it adds none
-    filters, _ = expand(cfg.filters, cfg.mode)
+    filters = expand(cfg.filters, cfg.mode)
     return cfg if filters == cfg.filters else replace(cfg, filters=filters)
 
 
