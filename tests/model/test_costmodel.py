@@ -131,10 +131,24 @@ def test_fit_rejects_bad_rates() -> None:
 def test_rate_term_is_kept_when_the_samples_just_identify_it() -> None:
     # a quick profile's tcp sidecar carrying gRPC: 100 B at the max rate and at 100/s, 4 KB at
     # its max rate only — three samples, three terms: the rate term must not be dropped
-    m = CostModel.fit([100, 100, 4096], [87.0, 323.0, 128.0], rates=[1094.0, 100.0, 623.0])
+    m = CostModel.fit([100, 100, 4096], [87.0, 323.0, 168.0], rates=[1094.0, 100.0, 623.0])
     assert (m.rate_lo, m.rate_hi) == (100.0, 1094.0)
     got = m.predict([100, 100, 4096], [1094.0, 100.0, 623.0])
-    assert got.tolist() == pytest.approx([87.0, 323.0, 128.0])
+    assert got.tolist() == pytest.approx([87.0, 323.0, 168.0])
     # one size at two rates: the cost between them follows ln(rate)
     two = CostModel.fit([100, 100], [40.0, 20.0], rates=[100.0, 1000.0])
     assert two.predict([100], [np.sqrt(100 * 1000)])[0] == pytest.approx(30.0)
+
+
+def test_a_size_slope_below_zero_is_held_at_zero() -> None:
+    # noise between sizes: unconstrained, the line falls 6 µs per KB and is negative at 1 MB
+    free = np.polyfit([100, 1000, 4096, 65536], [52.0, 60.0, 41.0, 40.0], 1)
+    assert np.polyval(free, 1 << 20) < 0
+    m = CostModel.fit([100, 1000, 4096, 65536], [52.0, 60.0, 41.0, 40.0])
+    assert m.slope == 0.0 and m.intercept == pytest.approx(48.25)
+    assert "held at 0" in m.note and m.predict([1 << 30])[0] == pytest.approx(48.25)
+    # with a split, the per-unit term too; a positive slope is kept as fitted
+    s = CostModel.fit([100, 1000, 20000, 65536], [10, 12, 9, 8], split_bytes=16384)
+    assert s.slope >= 0 and s.per_unit >= 0 and s.predict([1 << 30])[0] > 0
+    up = CostModel.fit([100, 1000, 4096], [10.0, 19.0, 49.96])
+    assert up.slope == pytest.approx(0.01, rel=1e-6) and "held" not in up.note

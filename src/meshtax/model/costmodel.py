@@ -127,7 +127,13 @@ class CostModel:
         note: str = "",
     ) -> CostModel:
         """Least-squares fit; with one distinct size only the intercept is fitted (slope 0);
-        with ``rates`` spanning at least two distinct positive values, also the rate term."""
+        with ``rates`` spanning at least two distinct positive values, also the rate term.
+
+        The size terms (``slope``, ``per_unit``) are physical: a message does not get cheaper
+        per byte. One that fits below zero is noise between sizes, and extrapolated it turns the
+        cost negative a few MB on (a quick profile at load average 10: −1.1e7 µs at 1 GiB); it
+        is held at 0 and the rest refitted (least squares under the constraint), said in
+        ``note``."""
         s = np.asarray(sizes, dtype=np.float64)
         y = np.asarray(values, dtype=np.float64)
         if s.shape != y.shape or s.ndim != 1 or s.size == 0:
@@ -159,8 +165,20 @@ class CostModel:
                 r_lo, r_hi = float(r.min()), float(r.max())
                 cols.append(xr)
                 names.append("d")
-        X = np.column_stack(cols)
-        beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+        held: list[str] = []
+        while True:
+            X = np.column_stack(cols)
+            beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+            neg = [j for j, k in enumerate(names) if k in "bu" and beta[j] < 0]
+            if not neg:
+                break
+            j = min(neg, key=lambda i: beta[i] * (np.abs(cols[i]).max() or 1.0))
+            held.append(f"{'slope' if names[j] == 'b' else 'per-unit'} {beta[j]:.3g}")
+            del cols[j], names[j]
+        if held:
+            note = (note + "; size term(s) fitted below 0 held at 0: " + ", ".join(held)).lstrip(
+                "; "
+            )
         fitted = X @ beta
         resid = y - fitted
         n, p = X.shape

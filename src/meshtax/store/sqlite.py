@@ -24,6 +24,7 @@ from meshtax import safeio
 from meshtax.errors import MeshtaxError
 from meshtax.errors import StoreError as StoreError
 from meshtax.model.profile import Platform, Profile
+from meshtax.model.profile_check import profile_problems
 from meshtax.store.reference import REFERENCE_NAME, reference_profile
 
 SCHEMA_VERSION = 2
@@ -193,6 +194,9 @@ class ProfileStore:
             raise StoreError(
                 f"{REFERENCE_NAME!r} is the bundled reference profile's name; choose another"
             )
+        bad = profile_problems(profile)
+        if bad:  # what the store would refuse to load, it does not store
+            raise StoreError(f"profile {profile.name!r} fails its checks: " + "; ".join(bad[:5]))
         doc = profile.to_dict()
         with closing(self._connect()) as db, db:
             row = db.execute("SELECT id FROM profiles WHERE name = ?", (profile.name,)).fetchone()
