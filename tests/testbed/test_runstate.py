@@ -142,7 +142,7 @@ def test_reap_dead_runs_orphans_and_reused_pids(tmp_path: Path) -> None:
         netns_of={31: "mtx-dead-a", 41: "mtx-orphan-x"},
     )
     sysm = ip_answers(netns, {"mtx-dead-a": [31], "mtx-orphan-x": [41]})
-    rep = reap(sysm, procs, tmp_path, index_dir=idx)
+    rep = reap(sysm, procs, tmp_path, index_dir=idx, tmp_dir=tmp_path / "tmp")
     assert rep.runs == ["dead"]
     assert rep.dirs == [str(dead_dir)] and not dead_dir.exists() and live_dir.exists()
     assert rep.netns == ["mtx-dead-a", "mtx-dead-bridge", "mtx-orphan-x"]
@@ -161,9 +161,9 @@ def test_reap_spares_live_runs_of_other_state_dirs(tmp_path: Path) -> None:
     idx, mine, other = tmp_path / "index", tmp_path / "mine", tmp_path / "other"
     Registry(other, RunState("else", 20, 2000, ["mtx-else-a"]), idx).save()
     netns = ["mtx-else-a", "mtx-orphan-x"]
-    rep = reap(ip_answers(netns, {}), FakeProcs({20: 2000}), mine, index_dir=idx)
+    rep = reap(ip_answers(netns, {}), FakeProcs({20: 2000}), mine, index_dir=idx, tmp_dir=mine)
     assert rep.netns == ["mtx-orphan-x"] and netns == ["mtx-else-a"]
-    rep = reap(ip_answers(netns, {}), FakeProcs({}), mine, index_dir=idx)
+    rep = reap(ip_answers(netns, {}), FakeProcs({}), mine, index_dir=idx, tmp_dir=mine)
     assert rep.netns == ["mtx-else-a"] and netns == []
 
 
@@ -177,6 +177,7 @@ def test_reap_keeps_named_runs_and_drops_corrupt_files(tmp_path: Path) -> None:
         tmp_path,
         keep_runs=["mine"],
         index_dir=tmp_path / "index",
+        tmp_dir=tmp_path,
     )
     assert not rep and netns == ["mtx-mine-a"]
     assert not (tmp_path / "broken.json").exists()
