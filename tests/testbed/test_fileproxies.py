@@ -48,7 +48,7 @@ def test_haproxy_config_text() -> None:
     assert "server app 0.0.0.0\n" in HaproxyConfig().render(Path("/w"))
     cfg = HaproxyConfig()
     assert cfg.argv(Path("/h"), Path("/w/h.conf"), Path("/w")) == ["/h", "-db", "-f", "/w/h.conf"]
-    assert cfg.check_argv(Path("/h"), Path("/c"), Path("/w"))[:3] == ["/h", "-c", "-q"]
+    assert cfg.check_argv(Path("/h"), Path("/c"), Path("/w")) == ["/h", "-c", "-f", "/c"]
 
 
 def test_nginx_config_text() -> None:
@@ -129,7 +129,7 @@ def test_file_proxy_checks_places_and_waits_until_it_listens(tmp_path: Path) -> 
     assert (tmp_path / "w" / "haproxy.conf").read_text() == cfg.render(tmp_path / "w")
     chown, check = sysm.calls[3], sysm.calls[4]
     assert chown == ("chown", "-R", "1337:1337", str(tmp_path / "w"))
-    assert check[-5:] == ("/h", "-c", "-q", "-f", str(tmp_path / "w" / "haproxy.conf"))
+    assert check[-4:] == ("/h", "-c", "-f", str(tmp_path / "w" / "haproxy.conf"))
     assert "--reuid=1337" in check and check[:4] == ("ip", "netns", "exec", "pod")
 
 

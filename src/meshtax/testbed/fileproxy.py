@@ -51,7 +51,7 @@ class FileConfig(Protocol):
 class FileProxy:
     """One running file-configured proxy, placed by a :class:`Placement`; use as a context
     manager. The work directory is handed to the placement's uid (the proxy writes its pid
-    file, temp files and logs there); stderr goes to ``<name>.log``."""
+    file, temp files and logs there); stderr goes to ``<name>.stderr``."""
 
     def __init__(
         self,
@@ -72,7 +72,7 @@ class FileProxy:
         self.start_timeout = start_timeout
         self.proc = proc
         self.conf_path = workdir / f"{config.name}.conf"
-        self.log_path = workdir / f"{config.name}.log"
+        self.log_path = workdir / f"{config.name}.stderr"
         self.process: Process | None = None
         self._files: list[IO[bytes]] = []
 

@@ -97,7 +97,7 @@ class HaproxyConfig:
         return [str(binary), "-db", "-f", str(conf)]
 
     def check_argv(self, binary: Path, conf: Path, workdir: Path) -> list[str]:
-        return [str(binary), "-c", "-q", "-f", str(conf)]
+        return [str(binary), "-c", "-f", str(conf)]
 
     def key(self) -> str:
         """Hash of the config with neutral addresses and ports (a static app and the

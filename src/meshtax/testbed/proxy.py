@@ -73,6 +73,8 @@ class ProxyKind:
     version: Callable[[System, Path | None], str]
     build: Callable[[System, SidecarRequest], Proxy]
     key: Callable[[Mode, ProxyChoice], str]
+    #: it reads its config and writes its files in its work directory, as the proxy's uid
+    file_configured: bool = False
 
 
 def family_keys(choice: ProxyChoice) -> dict[str, str]:
@@ -149,6 +151,6 @@ def _nginx_key(mode: Mode, choice: ProxyChoice) -> str:
 PROXIES: dict[str, ProxyKind] = {
     "envoy": ProxyKind("envoy", envoy_version, _envoy, _envoy_key),
     "refsidecar": ProxyKind("refsidecar", refsidecar_version, _refsidecar, _refsidecar_key),
-    "haproxy": ProxyKind("haproxy", haproxy_version, _haproxy, _haproxy_key),
-    "nginx": ProxyKind("nginx", nginx_version, _nginx, _nginx_key),
+    "haproxy": ProxyKind("haproxy", haproxy_version, _haproxy, _haproxy_key, True),
+    "nginx": ProxyKind("nginx", nginx_version, _nginx, _nginx_key, True),
 }
