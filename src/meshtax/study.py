@@ -35,6 +35,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from meshtax.errors import PredictError
 from meshtax.model.components import filter_component
 from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
 from meshtax.model.profile import Profile
@@ -53,7 +54,7 @@ METRICS = ("latency_overhead_us", "latency_overhead_pct", "cpu_vcpu")
 N_QUANTILES = 1001
 
 
-class StudyError(ValueError):
+class StudyError(PredictError):
     """A study that cannot run (no input, no runnable configuration, unknown engine)."""
 
 

@@ -293,7 +293,7 @@ def test_speedup_replaces_a_component_by_another_profiles_model() -> None:
         ({"scale": {"ipc": "-150%"}}, "≥ -100%"),
         ({"replace": {"ipc": "x"}}, "expected {profile"),
         ({}, "nothing to change"),
-        ({"scale": {"ipc": "-5%"}, "extra": 1}, "unknown key"),
+        ({"scale": {"ipc": "-5%"}, "extra": 1}, "unknown field"),
     ],
 )
 def test_bad_speedups_are_clear_errors(doc: dict, message: str) -> None:  # type: ignore[type-arg]

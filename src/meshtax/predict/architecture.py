@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
+from meshtax.errors import PredictError
 from meshtax.model.ecg import EcgBatch, SidecarSpec
 from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
 from meshtax.model.speed import Speed
@@ -59,7 +60,7 @@ IntArray = npt.NDArray[np.int64]
 _PROXIED = (Architecture.NODE_L4, Architecture.WAYPOINT)
 
 
-class ArchitectureError(ValueError):
+class ArchitectureError(PredictError):
     """An architecture name or placement that cannot be used."""
 
 

@@ -19,19 +19,19 @@ work a sidecar does after forwarding queue behind each other. With one request i
 one shared CPU this bound is exact (measured here: latency overhead ÷ CPU overhead = 1.00 in
 the http/grpc validation cases); with ``k`` CPUs the overhead is ``max(critical path, W / k)``.
 
-Shared CPUs also change what a message costs: how warm the CPU is depends on its neighbours'
-traffic as well as the sidecar's own; :mod:`meshtax.predict.shared_cpu` prices it (with the
-crowding the profiler measured, or the co-location exponent).
+Shared CPUs also change what a message costs: how warm the CPU is depends on all the traffic
+on it, not the sidecar's own alone; :mod:`meshtax.predict.shared_cpu` says at which rate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
+from meshtax.errors import PredictError
 from meshtax.model.components import BASE_COMPONENTS, TLS, UNATTRIBUTED, Component, filter_component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
@@ -39,13 +39,13 @@ from meshtax.model.profile import ModeProfile, Profile, TlsModels
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.model.speed import Speed, speed_factor
 from meshtax.predict.critical_path import Propagation, Structure, propagate, structure
-from meshtax.predict.shared_cpu import pricing
+from meshtax.predict.shared_cpu import shared_cpu_rates
 
 FloatArray = npt.NDArray[np.float64]
 Z95 = 1.959963984540054
 
 
-class PredictionError(ValueError):
+class PredictionError(PredictError):
     """The profile cannot price a sidecar configuration of the graph (e.g. an unprofiled filter)."""
 
 
@@ -74,20 +74,6 @@ class Costs:
     @property
     def latency(self) -> FloatArray:
         return self.latency_caller + self.latency_callee
-
-    def scaled(self, caller: FloatArray, callee: FloatArray) -> Costs:
-        """Each row's caller-side and callee-side costs multiplied by a per-row factor (the
-        standard errors by the larger of the two)."""
-        c, d, m = caller[:, None], callee[:, None], np.maximum(caller, callee)
-        return replace(
-            self,
-            latency_caller=self.latency_caller * c,
-            latency_callee=self.latency_callee * d,
-            cpu_caller=self.cpu_caller * c,
-            cpu_callee=self.cpu_callee * d,
-            latency_se=self.latency_se * m,
-            cpu_se=self.cpu_se * m,
-        )
 
     @property
     def cpu(self) -> FloatArray:
@@ -415,25 +401,19 @@ def predict_batch(
     costs: Costs | None = None,
     shape: Structure | None = None,
     pod_cpus: int | None = None,
-    alpha: float | None = None,
     speed: Speed | None = None,
 ) -> BatchPrediction:
     """Predict every graph of ``batch``; ``profiles(name)`` resolves a service's platform
     (``None`` → the profile chosen for this prediction). ``pod_cpus``: the number of CPUs the
-    graph's pods share (None: every pod has its own; see the module docstring). ``alpha``: the
-    co-location exponent of shared CPUs for every sidecar (None: each sidecar's profile's for
-    its mode, :meth:`Profile.alpha`). ``speed``: the machine's speed now; each profile's costs
-    are scaled from the speed it recorded (None: as measured)."""
+    graph's pods share (None: every pod has its own; see the module docstring; their messages
+    are priced at :func:`~meshtax.predict.shared_cpu.shared_cpu_rates`). ``speed``: the
+    machine's speed now; each profile's costs are scaled from the speed it recorded (None: as
+    measured)."""
     if pod_cpus is not None and pod_cpus < 1:
         raise ValueError(f"pod_cpus must be at least 1, got {pod_cpus}")
     if costs is None:
-        if pod_cpus is None:
-            costs = hop_costs(batch, profiles, speed=speed)
-        else:
-            sp = pricing(batch, pod_cpus, profiles, alpha)
-            costs = hop_costs(batch, profiles, rates=(sp.rate_caller, sp.rate_callee), speed=speed)
-            if sp.crowded:
-                costs = costs.scaled(sp.factor_caller, sp.factor_callee)
+        rates = None if pod_cpus is None else shared_cpu_rates(batch, pod_cpus)
+        costs = hop_costs(batch, profiles, rates=rates, speed=speed)
     shape = shape or structure(batch)
     lat = costs.latency
     extra = lat.sum(axis=1)

@@ -12,12 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from meshtax.model.crowding import Crowding
 from meshtax.model.sidecar import Mode
 from meshtax.model.speed import Speed
-from meshtax.profile.crowding import CrowdPolicy, Neighbours, measure_crowding
 from meshtax.testbed import procfs
-from meshtax.testbed.bed import EchoBed
 from meshtax.testbed.connect import ConnectFn, connect_loop
 from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.fortio import FortioServer, LoadResult, LoadSpec, run_spec
@@ -46,13 +43,6 @@ PERF_FREQ = 4999
 LO = "127.0.0.1"
 
 LoadFn = Callable[[str, Mode, int, int], LoadResult]  # (host:port, mode, size, n) → result
-CrowdingMeter = Callable[[EchoBed, Neighbours, Mode, CrowdPolicy], Crowding]
-
-
-def _measure_crowding(
-    bed: EchoBed, neighbours: Neighbours, mode: Mode, policy: CrowdPolicy
-) -> Crowding:
-    return measure_crowding(bed, neighbours, mode, policy)[0]
 
 
 class CpuSampler(Protocol):
@@ -143,9 +133,6 @@ class Backends:
     # the machine's speed now, on the reference workload ((system, CPU a, CPU b) → Speed;
     # None: not measured)
     speed: Callable[[System, int | None, int | None], Speed] | None = measure_speed
-    # neighbour sidecars on the probed one's CPU ((bed, neighbours, mode, policy) → Crowding;
-    # None: not measured)
-    crowding: CrowdingMeter | None = _measure_crowding
     callgrind_available: Callable[[], bool] = field(
         default=lambda: shutil.which("valgrind") is not None
     )

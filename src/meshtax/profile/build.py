@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 from meshtax._version import __version__
 from meshtax.model.components import IPC, NOTIFICATION, READ, WRITE, Component
-from meshtax.model.crowding import Crowding
 from meshtax.model.profile import ModeProfile, Platform, Profile, Provenance
 from meshtax.model.proxy import ProxyChoice
 from meshtax.model.sidecar import Mode
@@ -86,8 +85,15 @@ class SizeResult:
 
     def cpu_bd(self, run: CpuRun) -> Breakdown:
         """A CPU run's per-crossing breakdown: the sidecar's (perf split, schedstat total)
-        plus the app's user-space change (:attr:`app_user_us`), as the latency counts it."""
-        return replace(run.bd, user=run.bd.user + self.app_user_us)
+        plus the app's user-space change (:attr:`app_user_us`), as the latency counts it, plus
+        the client's CPU change (:meth:`ProbeResult.client_cpu_us`: read, write, user)."""
+        c = self.probed.client_cpu_us()
+        return replace(
+            run.bd,
+            read=run.bd.read + c["read"],
+            write=run.bd.write + c["write"],
+            user=run.bd.user + self.app_user_us + c["user"],
+        )
 
     def cpu_like(self, run: CpuRun) -> CpuRun | None:
         """The run of the same label, else the one nearest in rate (the TCP baseline of an
@@ -213,14 +219,12 @@ def build_profile(
     carried: Mapping[str, list[SizeResult]] | None = None,
     speeds: Sequence[Speed] = (),
     attempts: Mapping[Mode, Sequence[Mapping[str, Any]]] | None = None,
-    crowding: Mapping[Mode, Crowding | str] | None = None,
     proxy: ProxyChoice = ProxyChoice(),
 ) -> Profile:
     """Fit every mode, check closure, and store (when ``store`` is given). ``speeds``: the
     reference workload's measurements during the run; ``attempts``: earlier measurements of a
-    mode that did not close (kept in the record); ``crowding``: per mode, what the crowding
-    measurement gave (or why it failed); ``proxy``: the sidecar measured (its version is
-    ``versions[proxy.kind]``)."""
+    mode that did not close (kept in the record); ``proxy``: the sidecar measured (its version
+    is ``versions[proxy.kind]``)."""
     tcp = {r.size: r for r in results.get(Mode.TCP, [])}
     carried = {p: rs for p, rs in (carried or {}).items() if rs}
     modes: list[ModeProfile] = []
@@ -236,8 +240,9 @@ def build_profile(
         "options.probe_perturbation_us_per_request",
         "CPU components = the sidecar's CPU (perf split scaled to schedstat) + the app's "
         "user-space CPU change (meshed − direct, from the probe windows: it parses what the "
-        "sidecar adds), so Parsing counts both; the app's kernel-side change is not counted "
-        "(it depends on the placement of client and app)",
+        "sidecar adds) + the client's read, write and user CPU change (the interception runs in "
+        "its send path; it parses what the sidecar sends), so Parsing counts all three; the "
+        "app's kernel-side change is not counted (it depends on the placement of client and app)",
     ]
     notes += _proxy_notes(proxy, results)
     if Mode.TCP not in results:
@@ -308,12 +313,6 @@ def build_profile(
             "them (every pair of their size was disturbed; the least disturbed kept): their "
             "components include that work's interference"
         )
-    crowd = {m: c for m, c in (crowding or {}).items() if isinstance(c, Crowding)}
-    notes += [
-        f"{m.value}: crowding not measured ({why})"
-        for m, why in (crowding or {}).items()
-        if isinstance(why, str)
-    ]
     status = (
         "unclosed"
         if any(m.closure is not None and not m.closure.closes for m in modes)
@@ -350,7 +349,6 @@ def build_profile(
         speed=typical(speeds) if speeds else None,
         interference=interference,
         status=status,
-        crowding=crowd,
     )
     if store is not None:
         store.save(profile, replace=replace)

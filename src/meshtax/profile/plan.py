@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.crowding import CrowdPolicy
 from meshtax.profile.onehop import WindowPolicy
 from meshtax.testbed.interference import Thresholds
 from meshtax.testbed.pinning import Pinning, default_pinning
@@ -80,9 +79,7 @@ class Step:
             "maxqps": "max rate",
             "cpu": f"CPU at {self.rate_fraction:.0%} of max",
             "lowrate": f"CPU at {self.rate:g}/s",
-        }.get(self.kind)
-        if what is None:  # crowding: no size of its own
-            return f"{who}: neighbour sidecars on its CPU"
+        }[self.kind]
         return f"{who} {self.size} B: {what}"
 
 
@@ -160,9 +157,6 @@ class Plan:
     # in the measurement; on an idle machine it changes nothing. None: leave as is.
     nice: int | None = -20
     preset: str = "quick"
-    # the sidecar's CPU per request with neighbour sidecars on its CPU ÷ alone, per mode
-    # (profile.crowding; None: not measured, shared CPUs priced by the exponent)
-    crowding: CrowdPolicy | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
@@ -251,8 +245,6 @@ class Plan:
                 out += self._cpu_steps(m, s, self.cpu_fractions())
             if m is Mode.TCP:
                 out += self.carried_steps()
-            if self.crowding is not None:
-                out.append(Step("crowding", m, expected_s=self.crowding.expected_s()))
         return out
 
     def _cpu_steps(
@@ -353,7 +345,6 @@ class Plan:
             "closure_tolerance": self.closure_tolerance,
             "pinning": self.pinning.to_dict(),
             "nice": self.nice,
-            "crowding": None if self.crowding is None else self.crowding.to_dict(),
         }
 
 

@@ -42,21 +42,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from meshtax.model.crowding import Crowding
 from meshtax.model.profile import Profile
 from meshtax.model.proxy import ProxyChoice
 from meshtax.model.sidecar import Mode
 from meshtax.model.speed import Speed
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import CpuRun, ProfileSink, SizeResult, build_profile, points
-from meshtax.profile.crowding import CrowdError, CrowdPolicy, Neighbours
 from meshtax.profile.decompose import Breakdown
 from meshtax.profile.fit import fit_mode
 from meshtax.profile.onehop import measure_overhead, probe_components, sidecar_cpu
 from meshtax.profile.plan import Plan, Step, full_plan, quick_plan, window_policy
 from meshtax.testbed.bed import EchoBed, echo_testbed
-from meshtax.testbed.envoy.process import EnvoyError
-from meshtax.testbed.fortio import LoadFailed, fortio_version
+from meshtax.testbed.fortio import fortio_version
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.proxy import PROXIES, Proxy
 from meshtax.testbed.system import System
@@ -69,8 +66,8 @@ __all__ = ["ProfileOptions", "Progress", "run_profile"]
 class ProfileOptions:
     """What ``meshtax profile`` asks for (the CLI maps argv onto this, nothing else).
 
-    ``modes``/``sizes``/``duration_s``/``carried``/``low_rates``/``crowding`` override the
-    preset (``quick`` or full; ``()`` turns carried protocols, low-rate runs or crowding off);
+    ``modes``/``sizes``/``duration_s``/``carried``/``low_rates`` override the preset
+    (``quick`` or full; ``()`` turns carried protocols or low-rate runs off);
     ``plan``, if given, replaces the preset entirely. ``name`` defaults to ``<hostname>-<UTC time>``.
     ``proxy``: the sidecar measured (Envoy; or the reference sidecar, tcp mode only) and its
     IPC/write variant.
@@ -85,7 +82,6 @@ class ProfileOptions:
     plan: Plan | None = None
     carried: tuple[str, ...] | None = None
     low_rates: tuple[float, ...] | None = None
-    crowding: tuple[int, ...] | None = None  # neighbour counts (() → not measured)
     proxy: ProxyChoice = ProxyChoice()
 
     def resolve_plan(self) -> Plan:
@@ -99,12 +95,6 @@ class ProfileOptions:
             changes["carried"] = tuple(self.carried)
         if self.low_rates is not None:
             changes["low_rates"] = tuple(self.low_rates)
-        if self.crowding is not None:
-            changes["crowding"] = (
-                replace(p.crowding or CrowdPolicy(), neighbours=tuple(self.crowding))
-                if self.crowding
-                else None
-            )
         if changes:
             p = Plan(**{**_plan_fields(p), **changes})
         if self.duration_s is not None:
@@ -218,7 +208,6 @@ def run_profile(
     carried: dict[str, list[SizeResult]] = {}
     speeds: list[Speed] = []
     attempts: dict[Mode, list[dict[str, Any]]] = {}
-    crowding: dict[Mode, Crowding | str] = {}
     with (
         be.niceness(plan.nice),
         be.testbed(system) as tb,
@@ -232,16 +221,12 @@ def run_profile(
         ) as bed,
     ):
         _speed(be, tb, plan, speeds)
-        neighbours = Neighbours(bed)
         for mode in plan.modes:
             ticker.next("setup", mode)
             results[mode] = _measure_mode(mode, plan, bed, be, ticker)
             if mode is Mode.TCP:
                 for proto in plan.carried:
                     carried[proto] = _measure_carried(proto, plan, bed, be, ticker)
-            if plan.crowding is not None:
-                ticker.next("crowding", mode)
-                crowding[mode] = _crowding(bed, neighbours, mode, plan.crowding, be)
             _speed(be, tb, plan, speeds)
         # a mode that does not close is measured again (the attempt closest to closing stays)
         for _ in range(plan.closure_retries):
@@ -276,21 +261,8 @@ def run_profile(
         carried=carried,
         speeds=speeds,
         attempts=attempts,
-        crowding=crowding,
         proxy=px,
     )
-
-
-def _crowding(
-    bed: EchoBed, neighbours: Neighbours, mode: Mode, policy: CrowdPolicy, be: Backends
-) -> Crowding | str:
-    """The mode's crowding, or why it could not be measured (the profile is still useful)."""
-    if be.crowding is None:
-        return "no crowding backend"
-    try:
-        return be.crowding(bed, neighbours, mode, policy)
-    except (CrowdError, LoadFailed, EnvoyError) as e:
-        return f"{type(e).__name__}: {e}"
 
 
 def _speed(be: Backends, tb: Testbed, plan: Plan, into: list[Speed]) -> None:

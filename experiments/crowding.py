@@ -1,5 +1,18 @@
-"""Crowding, measured on the echo bed: a sidecar's CPU per request alone on its CPU and with
-neighbour sidecars on the same CPU (:mod:`meshtax.model.crowding` says what it is for).
+"""Crowding (issue #14, item 4): a sidecar's CPU per request alone on its CPU and with
+neighbour sidecars on the same CPU, measured on the profiler's echo bed.
+
+The question: the engine prices a message through a sidecar on shared CPUs at the one-hop rate
+that loads the CPU alike (``predict.shared_cpu``). Would pricing it at the sidecar's own rate
+times a measured "crowding" ratio (how much cheaper a message is when neighbours keep the CPU
+busy) be better? Measured here 2026-11-23 (2 cores, load ~2.5; BENCHMARKS.md "Shared CPUs"):
+neighbours at 100/s each bring the probed sidecar's CPU per request to 0.73–0.78 of alone at
+sharing 4–8, in every mode; priced that way, the validation suite's cases were over-predicted
+by +24 % / +49 % (calibration / hold-out) on latency, while the CPU-rate pricing came within
+−6 % / −8 %. Requests in an app cross their sidecars back to back, so the CPU is warmer than
+with independently timed neighbours: the engine keeps the CPU-rate pricing.
+
+Run (root, under the measurement lock):
+``flock /run/meshtax-measure.lock .venv/bin/python experiments/crowding.py --modes tcp,http,grpc``
 
 Set-up: ``K`` neighbour pods, each meshed with a sidecar of the mode on the probed sidecar's
 CPUs, forwarding to the bed's echo app (its app port, not intercepted). A window loads the
@@ -15,22 +28,50 @@ over its pairs and its 95 % interval.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from meshtax.model.crowding import Crowding, CrowdPoint
 from meshtax.model.sidecar import Mode
 from meshtax.model.stats import estimate
 from meshtax.testbed import procfs
-from meshtax.testbed.bed import APP_PORTS, SERVICE_PORT, EchoBed, mesh_pod, start_sidecar
+from meshtax.testbed.bed import (
+    APP_PORTS,
+    SERVICE_PORT,
+    EchoBed,
+    echo_testbed,
+    mesh_pod,
+    start_sidecar,
+)
 from meshtax.testbed.envoy.config import EnvoyConfig
 from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.fortio import LoadResult, run_load
 from meshtax.testbed.paired import Paired, PairPolicy, paired_runs
-from meshtax.testbed.pods import Pod
+from meshtax.testbed.pinning import default_pinning
+from meshtax.testbed.pods import Pod, Testbed
+from meshtax.testbed.system import RealSystem
 
-__all__ = ["CrowdError", "CrowdPolicy", "Neighbours", "crowd_points", "measure_crowding"]
+
+@dataclass(frozen=True)
+class CrowdPoint:
+    """CPU per request with neighbours ÷ alone at one sharing (neighbours + 1): median over
+    the paired windows, its 95 % interval, and the number of pairs."""
+
+    sharing: float
+    ratio: float
+    lo: float
+    hi: float
+    pairs: int
+
+
+@dataclass(frozen=True)
+class Crowding:
+    mode: str
+    rate: float
+    size: int
+    points: tuple[CrowdPoint, ...]
+    note: str = ""
 
 
 class CrowdError(RuntimeError):
@@ -209,3 +250,28 @@ def measure_crowding(
         f"stopped: {paired.stop}"
     )
     return Crowding(mode.value, policy.rate, policy.size, points, note), paired
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--modes", default="tcp,http,grpc")
+    ap.add_argument("--neighbours", default="1,3,7")
+    ap.add_argument("--rate", type=float, default=100.0)
+    ap.add_argument("--run-s", type=float, default=2.0)
+    a = ap.parse_args()
+    policy = CrowdPolicy(tuple(int(k) for k in a.neighbours.split(",")), rate=a.rate, run_s=a.run_s)
+    system = RealSystem()
+    with Testbed(system) as tb, echo_testbed(tb, default_pinning()) as bed:
+        crowd = Neighbours(bed)
+        for m in a.modes.split(","):
+            got, _ = measure_crowding(bed, crowd, Mode(m), policy, progress=print)
+            print(got.note)
+            for p in got.points:
+                print(
+                    f"{m}: sharing {p.sharing:g}: ratio {p.ratio:.3f} "
+                    f"[{p.lo:.3f}, {p.hi:.3f}] ({p.pairs} pairs)"
+                )
+
+
+if __name__ == "__main__":
+    main()
