@@ -74,9 +74,11 @@ def memory_by_architecture(
         mp = prof.modes.get(mode)
         model = None if mp is None else (mp.memory_mtls if mtls else mp.memory)
         if model is None:
+            role = proxy.rsplit(" ", 1)[0]
             warnings.append(
                 f"profile {prof.name!r} has no {mode.value}{' mTLS' if mtls else ''} memory "
-                f"model: memory of {proxy} not predicted (`meshtax profile --memory`)"
+                f"model: {role} memory under {default.value} not predicted "
+                "(`meshtax profile --memory`)"
             )
             return
         b = float(model.predict([conns])[0])
@@ -98,7 +100,7 @@ def memory_by_architecture(
         conns = sum(services[n].connections or 0 for n in names)
         price(f"node proxy {node}", first, Mode.TCP, mtls, conns)
     if warnings:
-        return None, warnings
+        return None, list(dict.fromkeys(warnings))
     return {
         "architecture": default.value,
         "proxies": len(rows),
