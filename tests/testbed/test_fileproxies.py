@@ -64,6 +64,7 @@ def test_nginx_config_text() -> None:
     assert "load_module" not in http and "access_log off;" in http
     assert "upstream app { server 127.0.0.1:9080; keepalive 64;" in http
     assert "proxy_http_version 1.1;" in http and "client_body_temp_path /w/client_body;" in http
+    assert "proxy_request_buffering off; proxy_buffering off;" in http  # streamed, as sidecars
     grpc = NginxConfig(mode=Mode.GRPC, app=("127.0.0.1", 9079)).render(Path("/w"))
     assert "listen 15006 http2;" in grpc and "grpc_pass grpc://app;" in grpc
     argv = NginxConfig().argv(Path("/n"), Path("/w/n.conf"), Path("/w"))
