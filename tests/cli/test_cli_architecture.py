@@ -93,6 +93,22 @@ def test_predict_compares_architectures(ecg_file: Path, tmp_path: Path) -> None:
     assert float(table[1]["latency_overhead_us"]) == pytest.approx(lat["node-l4"])
 
 
+def test_none_alone_leaves_only_the_service_that_keeps_its_sidecar(
+    ecg_file: Path, tmp_path: Path
+) -> None:
+    args = ["predict", str(ecg_file), "--profile", "reference", "--architecture", "none"]
+    doc = json.loads(run([*args, "--format", "json"], tmp_path))
+    (row,) = doc["architectures"]["by_architecture"]
+    assert row["architecture"] == "none" and row["services"] == {"none": 3, "sidecar": 1}
+    # front → legacy still crosses legacy's sidecar (inbound), nothing else does
+    _, p = predict_architecture(
+        to_batch(load_ecg_file(ecg_file)), single_profile(reference_profile()), "none"
+    )
+    lat = doc["graphs"][0]["latency_overhead_us"]["value"]
+    assert lat == pytest.approx(float(p.latency_overhead_us[0])) and lat > 0
+    assert float(p.row_latency_caller_us.sum()) == 0.0  # front has no proxy of its own
+
+
 def test_bad_architecture_is_a_user_error(ecg_file: Path, tmp_path: Path) -> None:
     r = CliRunner().invoke(
         main,

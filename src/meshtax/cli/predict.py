@@ -17,6 +17,7 @@ from meshtax.cli._common import (
     POSITIVE,
     Number,
     accept_unclosed_option,
+    architecture_options,
     db_option,
     emit,
     format_option,
@@ -81,23 +82,7 @@ from meshtax.store.sqlite import ProfileStore
     help="The pods share this many CPUs: latency overhead is at least the request's sidecar CPU work ÷ N "
     "(default: every pod has CPUs of its own, the critical path alone).",
 )
-@click.option(
-    "--architecture",
-    "architecture",
-    default="sidecar",
-    show_default=True,
-    help="Mesh architecture(s), comma-separated: sidecar, node-l4, waypoint, none; several are "
-    "compared side by side (the first prices the main prediction). A service's own "
-    "'architecture:' in the ECG wins.",
-)
-@click.option(
-    "--pods-per-node",
-    type=click.IntRange(min=1, max=1_000_000),
-    default=1,
-    show_default=True,
-    help="Services without a 'node:' are placed by name, this many to a node (node-l4, "
-    "waypoint: intra-node calls cross one node proxy; memory counts node proxies per node).",
-)
+@architecture_options
 @db_option
 @format_option
 @output_option
@@ -141,9 +126,7 @@ def predict(
         accept_unclosed=accept_unclosed,
         speed=speed,
         allow_outside=allow_outside,
-        architectures=tuple(a.strip() for a in architecture.split(",") if a.strip())
-        if architecture != "sidecar"
-        else (),
+        architectures=() if architecture == "sidecar" else tuple(architecture.split(",")),
         pods_per_node=pods_per_node,
     )
     store = ProfileStore(db)
