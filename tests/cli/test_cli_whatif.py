@@ -29,5 +29,9 @@ def test_whatif_study_prints_reductions_and_writes_the_study(
     row = next(line for line in r.output.splitlines() if line.startswith("uds | 100 B"))
     assert f"+{cpu['value']:.1f} % [+{cpu['lo']:.1f}, +{cpu['hi']:.1f}]" in row
     assert "27 % headline" in row and (tmp_path / "r.html").is_file()
-    bad = CliRunner().invoke(main, [*args[:-4], "--store", "x=y", "--out", str(out)])
-    assert bad.exit_code == 2 and "BYTES must be a number" in bad.output
+    for size in ("x", "nan", "inf", "-100", "0"):
+        a = [*args[:-4], "--store", f"{size}=y", "--out", str(out)]
+        bad = CliRunner().invoke(main, a)
+        assert bad.exit_code == 2 and "BYTES must be a size in bytes" in bad.output, size
+    bad = CliRunner().invoke(main, [*args, "--rate", "nan"])
+    assert bad.exit_code == 2 and "--rate" in bad.output

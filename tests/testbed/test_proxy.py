@@ -24,7 +24,7 @@ from meshtax.testbed.refsidecar import (
     refsidecar_version,
 )
 from meshtax.testbed.system import Completed, FakeSystem, Placement, Process, RealSystem
-from meshtax.testbed.tools import find_tool
+from meshtax.testbed.tools import TOOLS, find_tool
 
 # ---- the choice ------------------------------------------------------------------------------
 
@@ -198,6 +198,18 @@ def test_refsidecar_that_exits_at_start_says_why(tmp_path: Path) -> None:
         rs.start()
 
 
+def test_every_proxy_has_a_kind_a_tool_and_a_key_per_mode_and_variant() -> None:
+    assert set(PROXIES) == set(TRAITS)
+    for name, kind in PROXIES.items():
+        t = TRAITS[name]
+        assert kind.tool in TOOLS
+        keys = {kind.key(m, ProxyChoice(name, ipc)) for m in t.modes for ipc in t.ipcs}
+        keys |= {kind.key(m, ProxyChoice(name, write=w)) for m in t.modes for w in t.writes}
+        # a key per mode and IPC/write (sockmap is named beside the keys, not in them)
+        n_ipc = len([i for i in t.ipcs if i != "sockmap"])
+        assert len(keys) == len(t.modes) * (n_ipc + len(t.writes) - 1), name
+
+
 def test_kinds_build_their_sidecars(tmp_path: Path) -> None:
     sysm = FakeSystem()
     req = SidecarRequest(
@@ -228,7 +240,6 @@ def test_kinds_build_their_sidecars(tmp_path: Path) -> None:
 
 def test_envoy_unix_socket_bootstrap() -> None:
     cfg = EnvoyConfig(mode=Mode.TCP, inbound_upstream="/s/tcp.sock", outbound_pipe="/s/o.sock")
-    assert cfg.ipc == "uds" and EnvoyConfig(mode=Mode.TCP).ipc == "tcp"
     b = bootstrap(cfg)
     inbound, outbound = b["static_resources"]["listeners"]
     assert "socket_address" in inbound["address"] and inbound["listener_filters"]

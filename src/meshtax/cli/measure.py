@@ -23,6 +23,7 @@ from meshtax.cli._common import (
     stderr,
     user_errors,
 )
+from meshtax.model.proxy import IPCS, TRAITS, WRITES
 from meshtax.report.text import profile_text
 from meshtax.store.sqlite import ProfileStore
 
@@ -173,15 +174,16 @@ def validate(
 )
 @click.option(
     "--proxy",
-    type=click.Choice(["envoy", "refsidecar", "haproxy", "nginx"]),
+    type=click.Choice(list(TRAITS)),
     default="envoy",
     show_default=True,
-    help="The sidecar to profile: Envoy, the reference L4 sidecar (refsidecar/, tcp mode), "
-    "HAProxy or nginx (Debian packages; loopback TCP only).",
+    help="The sidecar to profile: "
+    + "; ".join(f"{k}: {t.what} ({', '.join(m.value for m in t.modes)})" for k, t in TRAITS.items())
+    + ".",
 )
 @click.option(
     "--ipc",
-    type=click.Choice(["tcp", "uds", "sockmap"]),
+    type=click.Choice(IPCS),
     default="tcp",
     show_default=True,
     help="The app↔sidecar legs: loopback TCP, Unix domain sockets, or loopback TCP redirected "
@@ -189,14 +191,14 @@ def validate(
 )
 @click.option(
     "--write",
-    type=click.Choice(["copy", "zerocopy"]),
+    type=click.Choice(WRITES),
     default="copy",
     show_default=True,
     help="The sidecar's sends: copied, or MSG_ZEROCOPY (refsidecar only).",
 )
 @click.option(
     "--zerocopy-min",
-    type=int,
+    type=click.IntRange(0, 1 << 30),
     default=0,
     show_default=True,
     help="With --write zerocopy: smaller sends are copied (0: every send is zero-copy).",

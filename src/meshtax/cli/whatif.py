@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from meshtax.app import UsageError
 from meshtax.app import data as app_data
 from meshtax.cli._common import (
+    POSITIVE,
     accept_unclosed_option,
     db_option,
     report_option,
@@ -14,6 +17,7 @@ from meshtax.cli._common import (
     user_errors,
 )
 from meshtax.cli.predict import whatif
+from meshtax.errors import clip
 from meshtax.report.whatif import whatif_rows
 from meshtax.store.sqlite import ProfileStore
 
@@ -26,6 +30,19 @@ def _pairs(items: tuple[str, ...], what: str) -> list[tuple[str, str]]:
             raise UsageError(f"{what}: expected KEY=VALUE, got {it!r}")
         out.append((key, value))
     return out
+
+
+def _bytes(text: str) -> float:
+    """A message size of ``--store``: a finite number of bytes above 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (0.0 < v <= 1e12):  # NaN fails too
+        raise UsageError(
+            f"--store: BYTES must be a size in bytes, e.g. 100=store-100B (got {clip(text)})"
+        )
+    return v
 
 
 @whatif.command("study")
@@ -52,7 +69,7 @@ def _pairs(items: tuple[str, ...], what: str) -> list[tuple[str, str]]:
     "--mode", type=click.Choice(["tcp", "http", "grpc"]), default="tcp", show_default=True
 )
 @click.option(
-    "--rate", type=float, help="Requests/s of the CPU ratios (default: each model's highest)."
+    "--rate", type=POSITIVE, help="Requests/s of the CPU ratios (default: each model's highest)."
 )
 @report_option
 @accept_unclosed_option
@@ -75,10 +92,7 @@ def whatif_study(
     from meshtax.app.whatif import whatif_study as run
     from meshtax.model.sidecar import Mode
 
-    try:
-        by_size = {float(k): v for k, v in _pairs(stores, "--store")}
-    except ValueError:
-        raise UsageError("--store: BYTES must be a number, e.g. 100=store-100B") from None
+    by_size = {_bytes(k): v for k, v in _pairs(stores, "--store")}
     opts = WhatifStudyOptions(
         by_size,
         base,

@@ -12,16 +12,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from meshtax.errors import ModelError
 from meshtax.model.sidecar import Mode
 
-__all__ = ["IPCS", "TRAITS", "ProxyChoice", "ProxyError", "ProxyTraits"]
+__all__ = ["IPCS", "TRAITS", "WRITES", "ProxyChoice", "ProxyError", "ProxyTraits"]
 
 #: app↔sidecar legs: loopback TCP, Unix domain sockets, or loopback TCP redirected socket to
 #: socket by sockmap/sk_msg (as Merbridge and Cilium do)
 IPCS = ("tcp", "uds", "sockmap")
+#: the sidecar's sends: copied, or ``MSG_ZEROCOPY``
+WRITES = ("copy", "zerocopy")
 
 
-class ProxyError(ValueError):
+class ProxyError(ModelError):
     """A proxy cannot do what was asked (an unknown proxy, a mode or variant it lacks)."""
 
 

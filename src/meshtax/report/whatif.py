@@ -98,11 +98,12 @@ def whatif_rows(doc: Mapping[str, Any]) -> list[list[str]]:
         b = at.get("baseline") or {}
         for v in at.get("variants") or []:
             red = v.get("reduction_pct") or {}
+            lat_b, lat_v = b["latency_overhead_us"]["mean"], v["latency_overhead_us"]["mean"]
             rows.append(
                 [
                     str(v["label"]),
                     _size_label(float(at["size"])),
-                    f"{b['latency_overhead_us']['mean']:.1f} → {v['latency_overhead_us']['mean']:.1f}",
+                    f"{lat_b:.1f} → {lat_v:.1f}",
                     _pct(red.get("latency")),
                     _paper(v.get("published"), "latency"),
                     f"{b['cpu_vcpu']['mean']:.3g} → {v['cpu_vcpu']['mean']:.3g}",

@@ -7,10 +7,30 @@ sidecar is a :class:`Proxy` — Envoy's :class:`~meshtax.testbed.envoy.process.E
 the reference sidecar's :class:`~meshtax.testbed.refsidecar.RefsidecarProcess`, or HAProxy's
 and nginx's :class:`~meshtax.testbed.fileproxy.FileProxy`.
 
-A new proxy (HAProxy, nginx, a per-node proxy, a user's binary) is a ``testbed/<proxy>.py``
-with its config builder (pure) and process class (taking a ``System``), its traits in
-:mod:`meshtax.model.proxy` and one :class:`ProxyKind` here; the one-hop bed
-(:class:`~meshtax.testbed.bed.EchoBed`) and the profiler then run it unchanged.
+Adding a proxy (HAProxy, nginx, a per-node proxy, a user's binary):
+
+1. ``model/proxy.py``: its :class:`~meshtax.model.proxy.ProxyTraits` in ``TRAITS`` — the
+   modes it runs (an L4 proxy: tcp only; the profiler refuses the others before anything
+   starts), the IPC variants (``tcp``; ``uds`` if it can forward to a Unix socket and listen
+   on one; ``sockmap`` needs nothing of the proxy) and write variants (``copy``).
+2. ``testbed/tools.py``: its name in ``Tool``/``TOOLS``, where the project installs it
+   (``INSTALLED``) and how to install it (``FIX``); ``$MESHTAX_<NAME>`` overrides.
+3. ``testbed/<proxy>.py``: a config (pure: argv or a config file's text from a
+   :class:`SidecarRequest` — the mode, the app's :data:`Upstream`, the outbound socket path
+   with ``uds``) and a process class taking a ``System`` that satisfies :class:`Proxy`:
+   ``start()`` returns once its listeners are open (inbound on 15006, outbound on 15001, as
+   Istio lays a sidecar out; it runs as uid 1337, which interception exempts, on the
+   :class:`~meshtax.testbed.system.Placement` given), ``stop()`` ends it and returns its exit
+   status, ``pid`` is what the probe and perf watch (a multi-process proxy: the worker's).
+4. Here: one :class:`ProxyKind` in :data:`PROXIES` — ``tool``, ``version(system, binary)``,
+   ``build(system, request)`` and ``key(mode, choice)`` (a hash of what shapes the proxy's work,
+   not of addresses or paths: :func:`family_keys` puts every mode's key in the profile's
+   ``config_hash``).
+
+``meshtax profile --proxy NAME`` (its choices come from ``TRAITS``), the one-hop bed
+(:meth:`~meshtax.testbed.bed.EchoBed.start_sidecar`) and the profiler then run it unchanged,
+and the profile's platform records proxy, version and variant (``tests/testbed/test_proxy.py``
+checks that every name of ``TRAITS`` has a kind, a tool and distinct keys per variant).
 """
 
 from __future__ import annotations

@@ -95,12 +95,6 @@ class EnvoyConfig:
         if self.outbound_pipe is not None and not self.outbound_pipe:
             raise ValueError("outbound_pipe: an empty Unix socket path")
 
-    @property
-    def ipc(self) -> str:
-        """How the app-facing legs are carried: ``uds`` when either is a Unix socket."""
-        uds = isinstance(self.inbound_upstream, str) or self.outbound_pipe is not None
-        return "uds" if uds else "tcp"
-
     def key(self) -> str:
         """Hash of what shapes the proxy's work, independent of ports and addresses.
 
