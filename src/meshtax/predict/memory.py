@@ -8,6 +8,7 @@ from typing import Any
 from meshtax.model.ecg import Service
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Architecture, Mode
+from meshtax.predict.architecture import architecture_of, place_nodes
 
 
 def memory_by_service(
@@ -61,8 +62,6 @@ def memory_by_architecture(
     services: every connection of a pod goes through its node's proxy), and a waypoint per
     waypoint service (its mode's model at its connections). Services without a connection
     count count 0 connections. None (with a warning) when a proxy's model is missing."""
-    from meshtax.predict.architecture import architecture_of, place_nodes
-
     default = Architecture(architecture)
     arch = {n: architecture_of(s.sidecar, s.architecture, default) for n, s in services.items()}
     nodes = place_nodes(services, {n: s.node for n, s in services.items()}, pods_per_node)
