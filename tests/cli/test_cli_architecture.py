@@ -116,3 +116,14 @@ def test_bad_architecture_is_a_user_error(ecg_file: Path, tmp_path: Path) -> Non
         env={"MESHTAX_DB": str(tmp_path / "p.db")},
     )
     assert r.exit_code == 2 and "unknown architecture 'ambient'" in r.output
+
+
+def test_report_shows_one_comparison_figure(ecg_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    args = ["predict", str(ecg_file), "--profile", "reference", "--report", str(out)]
+    run([*args, "--architecture", "sidecar,node-l4,waypoint"], tmp_path)
+    html = out.read_text()
+    assert html.count('data-kind="architectures"') == 1 and "<h3>Architectures</h3>" in html
+    assert "stand-in for ztunnel, not ztunnel" in html
+    run(args, tmp_path)  # no comparison asked: no figure
+    assert 'data-kind="architectures"' not in out.read_text()

@@ -8,11 +8,20 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import matplotlib
+import numpy as np
+
 from meshtax.model.ecg import EcgBatch
 from meshtax.predict.architecture import Arranged
 from meshtax.predict.engine import BatchPrediction
+from meshtax.report.figures import RC, SERIES, Chart, make_chart, new_figure, slug
 
-__all__ = ["architecture_section", "architectures_csv", "architectures_text"]
+__all__ = [
+    "architecture_chart",
+    "architecture_section",
+    "architectures_csv",
+    "architectures_text",
+]
 
 #: which profile prices each proxy role (said with every comparison)
 ROLES = (
@@ -119,3 +128,41 @@ def architectures_csv(section: Mapping[str, Any]) -> str:
                 + [a["node_proxies"], "" if mem is None else f"{mem['total_bytes']:.6g}"]
             )
     return buf.getvalue()
+
+
+def architecture_chart(label: str, doc: Mapping[str, Any]) -> Chart | None:
+    """One comparison figure: per architecture, the mean latency overhead over the graphs
+    (with the graphs' range), the CPU over all graphs, and the proxies' memory when known."""
+    sec = doc.get("architectures")
+    if not sec:
+        return None
+    rows = sec["by_architecture"]
+    names = [r["architecture"] for r in rows]
+    lat = [[g["latency_overhead_us"]["value"] for g in r["graphs"]] for r in rows]
+    cpu = [sum(g["cpu_vcpu"]["value"] for g in r["graphs"]) for r in rows]
+    mem = [None if r["memory"] is None else r["memory"]["total_bytes"] / 1e6 for r in rows]
+    panels = 3 if any(m is not None for m in mem) else 2
+    x = np.arange(len(rows))
+    colors = [SERIES[k % len(SERIES)] for k in range(len(rows))]
+    with matplotlib.rc_context(RC):
+        fig, axes = new_figure(3.0 * panels, 3.0, 1, panels)
+        mean = np.array([float(np.mean(v)) if v else 0.0 for v in lat])
+        lo = mean - np.array([min(v, default=0.0) for v in lat])
+        hi = np.array([max(v, default=0.0) for v in lat]) - mean
+        axes[0].bar(x, mean, 0.6, color=colors, yerr=[lo, hi], capsize=3)
+        axes[0].set_ylabel("latency overhead (µs), mean [graphs' range]")
+        axes[1].bar(x, cpu, 0.6, color=colors)
+        axes[1].set_ylabel("CPU over all graphs (vCPU)")
+        if panels == 3:
+            axes[2].bar(x, [0.0 if m is None else m for m in mem], 0.6, color=colors)
+            axes[2].set_ylabel("proxies' memory (MB)")
+        for ax in axes:
+            ax.set_xticks(x, names)
+    return make_chart(
+        fig,
+        f"architectures-{slug(label)}",
+        "architectures",
+        f"Architectures: {label}",
+        "The same call graphs priced with sidecars, per-node L4 proxies, waypoints or no proxy "
+        f"(unplaced services {sec['pods_per_node']} to a node). Roles priced: {sec['roles']}.",
+    )
