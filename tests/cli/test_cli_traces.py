@@ -146,6 +146,14 @@ def test_config_from_envoy_and_k8s(env: dict[str, str]) -> None:
     assert r.exit_code == 2 and "Traceback" not in r.output
     r = invoke(["config", "from-k8s", str(FIX / "k8s" / "shop"), "--ecg"], env)
     assert r.exit_code == 0 and r.output.count("sidecar:") >= 5
+    # Istio's Bookinfo as published: no namespace label, so no sidecar, said; --injection
+    bookinfo = str(FIX / "istio" / "bookinfo")
+    r = invoke(["config", "from-k8s", bookinfo], env)
+    assert r.exit_code == 0 and "--injection enabled" in r.output
+    r = invoke(["config", "from-k8s", bookinfo, "--injection", "enabled"], env)
+    assert r.exit_code == 0 and r.output.count("http +istio-default mTLS") == 4
+    r = invoke(["config", "from-k8s", bookinfo, "--injection", "sometimes"], env)
+    assert r.exit_code == 2
 
 
 def test_ecg_may_reference_envoy_config_and_k8s_manifests(

@@ -165,6 +165,9 @@ def test_resolve_filters() -> None:
         "rbac_http_100",
     ]
     assert resolve_filters(None, [Mode.HTTP]) == {Mode.HTTP: []}
+    # a preset: its stand-ins, HTTP modes only
+    got = resolve_filters(["istio-default"], [Mode.HTTP, Mode.TCP])
+    assert got == {Mode.HTTP: ["istio_metadata_exchange", "istio_stats"], Mode.TCP: []}
     with pytest.raises(ValueError, match="unknown filter 'nope'"):
         resolve_filters(["nope"], [Mode.HTTP])
 

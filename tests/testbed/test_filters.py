@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from meshtax.model.presets import ISTIO_DEFAULT, PRESETS
 from meshtax.model.sidecar import Mode
 from meshtax.testbed.envoy.config import EnvoyConfig, bootstrap
 from meshtax.testbed.envoy.filters import (
@@ -81,6 +82,8 @@ def test_catalogue_names_and_sizes() -> None:
         "ip_tagging_10",
         "header_mutation",
         "access_log",
+        "istio_metadata_exchange",  # Lua stand-ins for Istio's telemetry (model/presets.py)
+        "istio_stats",
     ]
     for n, p in catalogue():
         assert parse_component(component_name(n, p)) == (n, p)
@@ -253,7 +256,7 @@ def _all_configs(outdir: Path) -> list[tuple[str, FilterSpec, Mode]]:
 def test_real_validate_every_catalogue_config(tmp_path: Path) -> None:
     """Every filter (both HTTP modes; network RBAC in tcp too) and every combination."""
     configs = _all_configs(tmp_path)
-    assert len(configs) == 18 * 2 + 4 + 9 * 2
+    assert len(configs) == 20 * 2 + 4 + 9 * 2
 
     def check(item: tuple[str, FilterSpec, Mode]) -> str | None:
         label, spec, mode = item
@@ -299,8 +302,10 @@ def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Mode, int]]:
         (Mode.HTTP, ("wasm",)),
         (Mode.GRPC, ("wasm",)),
         (Mode.HTTP, COMBINATIONS["all5"] + ("access_log",)),
+        (Mode.HTTP, PRESETS[ISTIO_DEFAULT]),
+        (Mode.GRPC, PRESETS[ISTIO_DEFAULT]),
     ],
-    ids=["http-wasm", "grpc-wasm", "http-all5-log"],
+    ids=["http-wasm", "grpc-wasm", "http-all5-log", "http-istio", "grpc-istio"],
 )
 def test_real_requests_through_filters(
     echo: dict[Mode, int], mode: Mode, components: tuple[str, ...], tmp_path: Path
@@ -336,6 +341,10 @@ def test_real_requests_through_filters(
     )
     if "wasm" in components:
         assert stats["wasm.envoy.wasm.runtime.v8.active"] >= 1  # the VM is up
+    if "istio_stats" in components:
+        # the Lua stand-ins ran on every request without a script error
+        assert stats["http.inbound.lua.executions"] >= 20
+        assert stats["http.inbound.lua.errors"] == 0
     if "tap" in components:
         # one file per tapped request (fortio adds a warm-up request)
         assert len(list((tmp_path / "tap").iterdir())) >= 20
@@ -344,3 +353,15 @@ def test_real_requests_through_filters(
         # the limiter's stats are not per listener: checked on every request, never limiting
         assert stats["meshtax_rate_limit.http_local_rate_limit.ok"] >= 20
         assert stats["meshtax_rate_limit.http_local_rate_limit.rate_limited"] == 0
+
+
+def test_every_preset_filter_can_be_profiled() -> None:
+    for chain in PRESETS.values():
+        for f in chain:
+            spec = filter_config(f, Mode.HTTP)
+            assert spec.name == f and Mode.GRPC in spec.modes and Mode.TCP not in spec.modes
+            # a Lua stand-in, its source shipped with the package
+            (lua,) = spec.http_filters
+            assert (
+                "envoy_on_response" in lua["typed_config"]["default_source_code"]["inline_string"]
+            )

@@ -8,7 +8,7 @@ import pytest
 
 from meshtax.model.ecg import EXTERNAL, ECGError
 from meshtax.model.sidecar import Mode
-from meshtax.traces.ecg_file import load_ecg_file
+from meshtax.traces.ecg_file import ecgs_from_dict, load_ecg_file
 
 GOOD = """
 name: t
@@ -212,3 +212,17 @@ def test_tls_version_of_a_sidecar(tmp_path: Path) -> None:
         ECGError, match=r"services.a.sidecar: tls_version 1.3 without mtls: set mtls: true"
     ):
         load_ecg_file(p)
+
+
+def test_a_preset_stands_for_its_filters() -> None:
+    doc = {
+        "services": {
+            "a": {"sidecar": {"mode": "http", "filters": ["istio-default", "lua"]}},
+            "b": {"sidecar": {"mode": "tcp", "filters": ["istio-default"]}},
+        },
+        "invocations": [{"caller": "a", "callee": "b"}],
+    }
+    (ecg,) = ecgs_from_dict(doc, "preset.yaml")
+    by = {n: s.sidecar for n, s in ecg.services.items()}
+    assert by["a"].filters == ("istio_metadata_exchange", "istio_stats", "lua")
+    assert by["b"].filters == ()  # Istio's TCP telemetry is per connection: not modelled

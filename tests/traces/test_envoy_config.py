@@ -22,6 +22,7 @@ from meshtax.traces.envoy_config import (
 )
 
 FIX = Path(__file__).parent / "fixtures" / "envoy"
+ISTIO = ("istio_metadata_exchange",)
 T = "type.googleapis.com/"
 
 
@@ -51,7 +52,8 @@ T = "type.googleapis.com/"
         (
             "istio_config_dump.json",
             {},
-            SidecarConfig(Mode.HTTP, ("wasm", "lua", "access_log"), mtls=True),
+            # Istio's telemetry priced by its stand-ins (model/presets.py)
+            SidecarConfig(Mode.HTTP, (*ISTIO, "wasm", "lua", "istio_stats", "access_log"), True),
             (),
         ),
         # the TCP port of the same sidecar has only an mTLS chain
@@ -60,7 +62,7 @@ T = "type.googleapis.com/"
         (
             "istio_config_dump.json",
             {"listener": "0.0.0.0_7070"},
-            SidecarConfig(Mode.HTTP, ("wasm", "lua", "access_log")),
+            SidecarConfig(Mode.HTTP, (*ISTIO, "wasm", "lua", "istio_stats", "access_log")),
             (),
         ),
     ],
@@ -91,15 +93,18 @@ def test_istio_dump_explains_choices_and_ignored_filters() -> None:
     assert imp.config.tls_version is None and "TLS version not pinned by the listener" in notes
     ignored = {i.split(":")[0] for i in imp.ignored}
     assert ignored == {
-        "istio.metadata_exchange",
+        "istio.metadata_exchange",  # the TCP chain's network filter: per connection
         "envoy.filters.http.grpc_stats",
         "envoy.filters.http.fault",  # Istio's empty fault filter: no fault configured
         "envoy.filters.http.cors",
-        "istio.stats",
         "envoy.filters.http.router",
     }
     assert "envoy.filters.http.jwt_authn" not in imp.report()
-    assert imp.report().splitlines()[0].endswith("http +wasm+lua+access_log mTLS")
+    assert (
+        imp.report()
+        .splitlines()[0]
+        .endswith("http +istio_metadata_exchange+wasm+lua+istio_stats+access_log mTLS")
+    )
 
 
 @pytest.mark.parametrize(
@@ -465,3 +470,45 @@ def test_wrong_types_anywhere_give_import_errors_not_tracebacks() -> None:
                 envoy_from_dict(doc, "conf.json")
             except ConfigImportError:
                 pass
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        # Istio ≥ 1.18: native filters, written as TypedStructs
+        (
+            {"name": "istio.stats", "typed_config": {"@type": T + "stats.PluginConfig"}},
+            "istio_stats",
+        ),
+        (
+            {
+                "name": "istio.metadata_exchange",
+                "typed_config": {
+                    "@type": T + "udpa.type.v1.TypedStruct",
+                    "type_url": T + "io.istio.http.peer_metadata.Config",
+                },
+            },
+            "istio_metadata_exchange",
+        ),
+        ({"name": "envoy.filters.http.peer_metadata"}, "istio_metadata_exchange"),
+        # Istio < 1.18: Wasm plugins compiled in (null VM), not a V8 module
+        (
+            {
+                "name": "istio.stats",
+                "typed_config": {
+                    "@type": T + "envoy.extensions.filters.http.wasm.v3.Wasm",
+                    "config": {
+                        "root_id": "stats_inbound",
+                        "vm_config": {
+                            "runtime": "envoy.wasm.runtime.null",
+                            "code": {"local": {"inline_string": "envoy.wasm.stats"}},
+                        },
+                    },
+                },
+            },
+            "istio_stats",
+        ),
+    ],
+)
+def test_istio_telemetry_maps_to_its_stand_ins(entry: dict[str, Any], expected: str) -> None:
+    assert classify_filter(entry) == FilterClass("profiled", expected)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from meshtax.model.presets import ISTIO_DEFAULT, expand
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
 from meshtax.traces.ecg_file import ecgs_from_dict, parse_sidecar
 from meshtax.traces.k8s import (
@@ -21,18 +23,21 @@ from meshtax.traces.k8s import (
 FIX = Path(__file__).parent / "fixtures"
 SHOP = FIX / "k8s" / "shop"
 
+TEL = ISTIO_DEFAULT  # Istio's default telemetry on every HTTP/gRPC sidecar
 SHOP_EXPECTED = {
     "frontend": SidecarConfig(
-        Mode.HTTP, ("rate_limit", "lua"), mtls=True
+        Mode.HTTP, (TEL, "rate_limit", "lua"), mtls=True
     ),  # mesh EnvoyFilter first, then the namespace's
-    "cart": SidecarConfig(Mode.HTTP, ("rate_limit",), mtls=True),  # unnamed port: assumed http
+    "cart": SidecarConfig(Mode.HTTP, (TEL, "rate_limit"), mtls=True),  # unnamed port: assumed http
     "checkout": SidecarConfig(
-        Mode.GRPC, ("rate_limit", "wasm"), mtls=True
+        Mode.GRPC, (TEL, "rate_limit", "wasm"), mtls=True
     ),  # jwt_authn has no profile
     "payments": SidecarConfig(
-        Mode.GRPC, ("rate_limit",), mtls=False
+        Mode.GRPC, (TEL, "rate_limit"), mtls=False
     ),  # appProtocol wins; port-level DISABLE
-    "search": SidecarConfig(Mode.GRPC, ("rbac_http_2", "rate_limit"), mtls=True),  # INSERT_FIRST
+    "search": SidecarConfig(
+        Mode.GRPC, ("rbac_http_2", TEL, "rate_limit"), mtls=True
+    ),  # INSERT_FIRST
     "redis": NO_SIDECAR,  # inject: "false" label
     "inventory": SidecarConfig(
         Mode.TCP, (), mtls=True
@@ -69,17 +74,24 @@ def test_services_yaml_pastes_into_an_ecg() -> None:
     imp = sidecars_from_k8s(SHOP)
     text = imp.to_ecg_services_yaml()
     assert (
-        "  search: {sidecar: {mode: grpc, filters: [rbac_http_2, rate_limit], mtls: true}}" in text
+        "  search: {sidecar: {mode: grpc, filters: [rbac_http_2, istio-default, rate_limit], "
+        "mtls: true}}" in text
     )
     assert "  redis: {sidecar: none}" in text
     assert "# no profile for filter envoy.filters.http.jwt_authn" in text
     doc = yaml.safe_load(text)
     doc["invocations"] = [{"id": "a", "callee": "frontend", "duration_us": 100}]
     (ecg,) = ecgs_from_dict(doc, "pasted.yaml")  # valid against the ECG schema and semantics
-    assert {n: s.sidecar for n, s in ecg.services.items()} == SHOP_EXPECTED
+    # the preset stands for its filters (none in tcp mode)
+    expanded = {n: _expanded(c) for n, c in SHOP_EXPECTED.items()}
+    assert {n: s.sidecar for n, s in ecg.services.items()} == expanded
     assert {
         n: parse_sidecar(v["sidecar"], SidecarConfig()) for n, v in doc["services"].items()
-    } == SHOP_EXPECTED
+    } == expanded
+
+
+def _expanded(cfg: SidecarConfig) -> SidecarConfig:
+    return replace(cfg, filters=expand(cfg.filters, cfg.mode))
 
 
 # --- small manifests, one rule at a time ------------------------------------------------------
@@ -390,7 +402,13 @@ def test_envoy_filter_patches(
     imp = sidecars_from_k8s(
         _write(tmp_path, [_ns("default", **{"istio-injection": "enabled"}), *_app("a"), *efs])
     )
-    assert imp.services["a"].filters == filters
+    assert _own(imp.services["a"]) == filters
+
+
+def _own(cfg: SidecarConfig) -> tuple[str, ...]:
+    """The chain without Istio's default telemetry (every HTTP sidecar has it)."""
+    assert cfg.filters.count(TEL) == 1
+    return tuple(f for f in cfg.filters if f != TEL)
 
 
 def test_outbound_only_and_merge_patches_are_assumptions(tmp_path: Path) -> None:
@@ -407,7 +425,7 @@ def test_outbound_only_and_merge_patches_are_assumptions(tmp_path: Path) -> None
     imp = sidecars_from_k8s(
         _write(tmp_path, [_ns("default", **{"istio-injection": "enabled"}), *_app("a"), *efs])
     )
-    assert imp.services["a"].filters == ("lua",)
+    assert _own(imp.services["a"]) == ("lua",)
     text = "\n".join(imp.assumptions)
     assert "SIDECAR_OUTBOUND only" in text and "MERGEs envoy.filters.http.lua" in text
 
@@ -420,7 +438,10 @@ def test_same_name_in_two_namespaces(tmp_path: Path) -> None:
         *_app("web", ns="b"),
     ]
     imp = sidecars_from_k8s(_write(tmp_path, docs))
-    assert imp.services == {"web.a": SidecarConfig(Mode.HTTP, (), mtls=True), "web.b": NO_SIDECAR}
+    assert imp.services == {
+        "web.a": SidecarConfig(Mode.HTTP, (TEL,), mtls=True),
+        "web.b": NO_SIDECAR,
+    }
 
 
 def test_service_without_workload_or_selector_is_a_problem(tmp_path: Path) -> None:
@@ -500,7 +521,10 @@ def test_ecg_references_resolve(tmp_path: Path) -> None:
     (ecg,) = ecgs_from_dict(out, "refs.yaml")
     got = {n: s.sidecar for n, s in ecg.services.items()}
     assert got == {
-        "frontend": SHOP_EXPECTED["frontend"],
+        # the preset stands for its filters in an ECG
+        "frontend": SidecarConfig(
+            Mode.HTTP, ("istio_metadata_exchange", "istio_stats", "rate_limit", "lua"), mtls=True
+        ),
         "cart": SidecarConfig(Mode.TCP),
         "edge": SidecarConfig(
             Mode.GRPC,

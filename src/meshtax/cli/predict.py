@@ -544,14 +544,22 @@ def config_from_envoy(file: str, listener: str | None, port: int | None, fmt: st
 @click.option(
     "--ecg", is_flag=True, help="Print an ECG 'services:' block to paste into a call graph."
 )
+@click.option(
+    "--injection",
+    type=click.Choice(["labels", "enabled", "disabled"]),
+    default="labels",
+    show_default=True,
+    help="Sidecar injection: as the manifests' labels say, or as if every namespace were "
+    "labelled istio-injection=enabled (pods may still opt out), or none.",
+)
 @user_errors
-def config_from_k8s(directory: str, ecg: bool) -> None:
+def config_from_k8s(directory: str, ecg: bool, injection: str) -> None:
     """Each service's sidecar configuration from Kubernetes/Istio manifests in DIRECTORY, and what was assumed."""
     from meshtax.traces.envoy_config import ConfigImportError
     from meshtax.traces.k8s import sidecars_from_k8s
 
     try:
-        imp = sidecars_from_k8s(directory)
+        imp = sidecars_from_k8s(directory, injection=injection)
     except ConfigImportError as e:
         raise UsageError(str(e)) from None
     click.echo(imp.to_ecg_services_yaml() if ecg else imp.report())

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshtax.model.costmodel import ComponentModel, CostModel
+from meshtax.model.presets import PRESETS
 from meshtax.model.sidecar import Mode
 from meshtax.model.stats import Estimate, estimate, median
 from meshtax.profile.backends import Backends
@@ -67,7 +68,8 @@ def resolve_filters(
     filters: str | Sequence[str] | None, modes: Sequence[Mode]
 ) -> dict[Mode, list[str]]:
     """Component names to profile per mode: ``"all"`` is the whole catalogue; names may be
-    bare filters (``rbac_http`` = every size) or sized components (``rbac_http_1000``)."""
+    bare filters (``rbac_http`` = every size), sized components (``rbac_http_1000``) or a
+    preset (``istio-default``: its filters)."""
     if filters is None:
         return {m: [] for m in modes}
     wanted: list[str] = []
@@ -75,6 +77,9 @@ def resolve_filters(
         wanted = [component_name(f, p) for f, p in catalogue()]
     else:
         for f in [filters] if isinstance(filters, str) else filters:
+            if f in PRESETS:  # istio-default: its stand-ins
+                wanted.extend(PRESETS[f])
+                continue
             try:
                 parse_component(f)
                 wanted.append(f)

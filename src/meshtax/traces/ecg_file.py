@@ -29,6 +29,7 @@ from meshtax.model.ecg import (
     Service,
     validate,
 )
+from meshtax.model.presets import expand
 from meshtax.model.schema import describe, path_text, validator
 from meshtax.model.sidecar import NO_SIDECAR, Architecture, Mode, SidecarConfig
 
@@ -171,7 +172,10 @@ def parse_sidecar(value: Any, default: SidecarConfig) -> SidecarConfig:
         merged.pop(
             "tls_version", None
         )  # mTLS switched off here: the default's version goes with it
-    return SidecarConfig.from_dict(merged)
+    cfg = SidecarConfig.from_dict(merged)
+    # a preset (istio-default) stands for its filters; in tcp mode it adds none
+    filters = expand(cfg.filters, cfg.mode)
+    return cfg if filters == cfg.filters else replace(cfg, filters=filters)
 
 
 def ecgs_from_dict(doc: Any, source: str) -> list[ECG]:

@@ -6,14 +6,19 @@ Reads every ``*.yaml``, ``*.yml`` and ``*.json`` under a directory (multi-docume
 * **sidecar** — injection: a pod label/annotation ``sidecar.istio.io/inject: "false"`` opts
   out; a namespace labelled ``istio-injection=disabled`` never injects; a namespace labelled
   ``istio-injection=enabled`` (or ``istio.io/rev``) injects; otherwise only pods labelled
-  ``sidecar.istio.io/inject: "true"`` (or ``istio.io/rev``) get one.
+  ``sidecar.istio.io/inject: "true"`` (or ``istio.io/rev``) get one; ``injection`` overrides
+  the namespaces' labels (``enabled``/``disabled``).
 * **mode** — Istio's protocol selection on the Service port: ``appProtocol`` first, then the
   port name ``<protocol>[-<suffix>]``; http → http; http2/grpc/grpc-web/h2c → grpc; tcp, tls,
   https, mongo, mysql, redis → tcp. Unnamed ports are sniffed by Istio; meshtax has to assume.
+  A Sidecar resource's ingress port protocol wins.
 * **mTLS** — PeerAuthentication, workload (selector, port-level) over namespace over mesh
-  (root namespace); STRICT and PERMISSIVE → mTLS (sidecar callers use auto mTLS), DISABLE → none.
+  (root namespace); STRICT and PERMISSIVE → mTLS (sidecar callers use auto mTLS), DISABLE → none:
+  a DestinationRule's TLS mode says what clients send.
 * **filters** — EnvoyFilter patches (HTTP_FILTER / NETWORK_FILTER inserts and removes) that
-  select the workload, classified like an Envoy config (:mod:`meshtax.traces.envoy_config`).
+  select the workload, classified like an Envoy config (:mod:`meshtax.traces.envoy_config`),
+  after the filters Istio's resources put there (:mod:`meshtax.traces.k8s_policies`): the
+  ``istio-default`` telemetry preset (per Telemetry), RBAC per AuthorizationPolicy action, JWT.
 
 Every guess is listed in ``assumptions``; nothing raises anything but :class:`ConfigImportError`.
 """
@@ -28,13 +33,25 @@ from typing import Any
 
 import yaml
 
+from meshtax.errors import clip
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
-from meshtax.traces.envoy_config import (
-    ConfigImportError,
-    _items,
-    classify_filter,
-    load_documents,
-    sidecar_from_envoy,
+from meshtax.traces.config_files import ConfigImportError
+from meshtax.traces.envoy_config import sidecar_from_envoy
+from meshtax.traces.k8s_istio import (
+    _apply_envoy_filters,
+    _injected,
+    _matches,
+    _mtls_mode,
+    _port_label,
+    _protocol,
+    _target_port,
+)
+from meshtax.traces.k8s_manifests import _read
+from meshtax.traces.k8s_policies import (
+    destination_tls,
+    policy_chain,
+    route_faults,
+    sidecar_protocol,
 )
 
 __all__ = [
@@ -50,19 +67,9 @@ ROOT_NAMESPACE = "istio-system"
 #: What an unnamed port is modelled as. Istio sniffs the protocol (HTTP/1.1, HTTP/2, else TCP);
 #: most service traffic is HTTP, so http is the less wrong guess. Always reported.
 UNNAMED_PORT_MODE = Mode.HTTP
+#: ``from-k8s --injection``: as the manifests say, or every namespace enabled/disabled
+INJECTION = ("labels", "enabled", "disabled")
 
-_WORKLOAD_KINDS = (
-    "Deployment",
-    "StatefulSet",
-    "DaemonSet",
-    "ReplicaSet",
-    "ReplicationController",
-    "Job",
-    "CronJob",
-    "Pod",
-    "DeploymentConfig",
-    "Rollout",
-)
 _PROTO_MODE: Mapping[str, Mode] = {
     "http": Mode.HTTP,
     "http2": Mode.GRPC,
@@ -79,7 +86,6 @@ _PROTO_MODE: Mapping[str, Mode] = {
     "mysql": Mode.TCP,
     "redis": Mode.TCP,
 }
-_INJECT = "sidecar.istio.io/inject"
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,8 @@ class K8sImport:
     unknown_filters: tuple[str, ...] = ()
     problems: list[str] = field(default_factory=list)
     source: str = ""
+    #: per service: mTLS and where it comes from, telemetry, RBAC with rule counts, JWT
+    details: dict[str, list[str]] = field(default_factory=dict)
 
     def to_ecg_services_yaml(self) -> str:
         """An ECG ``services:`` block to paste into an ECG file (assumptions as comments)."""
@@ -104,6 +112,7 @@ class K8sImport:
         if not self.services:
             lines[-1] = "services: {}"
         for name, cfg in self.services.items():
+            lines += [f"  # {d}" for d in self.details.get(name, [])]
             lines.append(f"  {_yaml_key(name)}: {{sidecar: {_sidecar_flow(cfg)}}}")
         return "\n".join(lines) + "\n"
 
@@ -111,13 +120,24 @@ class K8sImport:
         """Human-readable summary (what the CLI prints)."""
         width = max((len(n) for n in self.services), default=0)
         lines = [f"{self.source}: {len(self.services)} service(s)"]
-        lines += [f"  {n.ljust(width)}  {c.describe()}" for n, c in self.services.items()]
+        for n, c in self.services.items():
+            lines.append(f"  {n.ljust(width)}  {c.describe()}")
+            lines += [f"  {''.ljust(width)}    {d}" for d in self.details.get(n, [])]
         lines += [
             f"  no profile for filter {u}: not in the modelled chain; the prediction leaves out its cost"
             for u in self.unknown_filters
         ]
         lines += [f"  assumed: {a}" for a in self.assumptions]
         lines += [f"  problem: {p}" for p in self.problems]
+        meshed = [c for c in self.services.values() if c.meshed]
+        filters = list(dict.fromkeys(f for c in meshed for f in c.filters))
+        if filters:
+            modes = ",".join(dict.fromkeys(c.mode.value for c in meshed if c.filters))
+            lines.append(
+                f"  predict needs these filters in the profile: meshtax profile --filters "
+                f"{','.join(filters)} --modes {modes}"
+                + (" --mtls" if any(c.mtls for c in meshed) else "")
+            )
         return "\n".join(lines)
 
 
@@ -136,508 +156,14 @@ def _sidecar_flow(cfg: SidecarConfig) -> str:
     return yaml.safe_dump(d, default_flow_style=True, sort_keys=False, width=10_000).strip()
 
 
-# ---------------------------------------------------------------------------------------------
-# Objects as read from the manifests
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Where:
-    file: str
-    doc: int | None
-
-    def __str__(self) -> str:
-        return self.file if self.doc is None else f"{self.file} (document {self.doc + 1})"
-
-
-@dataclass
-class _Workload:
-    kind: str
-    name: str
-    ns: str
-    labels: dict[str, str]
-    annotations: dict[str, str]
-    ports: dict[str, int]  # container port name → number
-    where: _Where
-
-
-@dataclass
-class _Service:
-    name: str
-    ns: str
-    selector: dict[str, str] | None
-    ports: list[Mapping[str, Any]]
-    type: str
-    where: _Where
-
-
-@dataclass
-class _PeerAuth:
-    name: str
-    ns: str
-    selector: dict[str, str] | None
-    mode: str  # STRICT, PERMISSIVE, DISABLE, UNSET
-    port_modes: dict[int, str]
-    order: int
-
-
-@dataclass
-class _EnvoyFilter:
-    name: str
-    ns: str
-    selector: dict[str, str] | None
-    patches: list[Mapping[str, Any]]
-    priority: int
-    order: int
-    where: _Where
-
-
-@dataclass
-class _Manifests:
-    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
-    workloads: list[_Workload] = field(default_factory=list)
-    services: list[_Service] = field(default_factory=list)
-    peer_auths: list[_PeerAuth] = field(default_factory=list)
-    envoy_filters: list[_EnvoyFilter] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)
-
-
-def _str_map(v: Any, what: str, where: _Where) -> dict[str, str]:
-    if v is None:
-        return {}
-    if not isinstance(v, Mapping):
-        raise ConfigImportError(
-            where.file, f"{what}: a {type(v).__name__}; expected a mapping of strings", where.doc
-        )
-    return {
-        str(k): ("true" if x is True else "false" if x is False else str(x)) for k, x in v.items()
-    }
-
-
-def _get(obj: Mapping[str, Any], dotted: str, where: _Where, want: type, default: Any) -> Any:
-    cur: Any = obj
-    for part in dotted.split("."):
-        if cur is None:
-            return default
-        if not isinstance(cur, Mapping):
-            raise ConfigImportError(
-                where.file,
-                f"{dotted}: {part!r} is inside a {type(cur).__name__}; expected a mapping",
-                where.doc,
-            )
-        cur = cur.get(part)
-    if cur is None:
-        return default
-    if not isinstance(cur, want):
-        raise ConfigImportError(
-            where.file, f"{dotted}: a {type(cur).__name__}; expected a {want.__name__}", where.doc
-        )
-    return cur
-
-
-def _pod_template(obj: Mapping[str, Any], kind: str, where: _Where) -> Mapping[str, Any]:
-    if kind == "Pod":
-        return obj
-    if kind == "CronJob":
-        return dict(_get(obj, "spec.jobTemplate.spec.template", where, Mapping, {}))
-    return dict(_get(obj, "spec.template", where, Mapping, {}))
-
-
-def _add_object(obj: Any, m: _Manifests, where: _Where, order: int) -> None:
-    if not isinstance(obj, Mapping):
-        raise ConfigImportError(
-            where.file,
-            f"a {type(obj).__name__}; expected a Kubernetes object (apiVersion, kind, metadata)",
-            where.doc,
-        )
-    kind = obj.get("kind")
-    if not isinstance(kind, str):
-        raise ConfigImportError(
-            where.file,
-            "no 'kind'; expected a Kubernetes object (apiVersion, kind, metadata)",
-            where.doc,
-        )
-    if kind == "List" or kind.endswith("List"):
-        for item in _get(obj, "items", where, list, []):
-            _add_object(item, m, where, order)
-        return
-    meta = _get(obj, "metadata", where, Mapping, {})
-    name = str(meta.get("name", ""))
-    try:
-        _add_typed(obj, kind, name, meta, m, where, order)
-    except ConfigImportError as e:
-        if e.detail.startswith(kind):
-            raise
-        raise ConfigImportError(e.source, f"{kind} {name!r}: {e.detail}", e.doc_index) from None
-
-
-def _add_typed(
-    obj: Mapping[str, Any],
-    kind: str,
-    name: str,
-    meta: Mapping[str, Any],
-    m: _Manifests,
-    where: _Where,
-    order: int,
-) -> None:
-    ns = str(meta.get("namespace") or "default")
-    if kind == "Namespace":
-        m.namespaces[name] = _str_map(meta.get("labels"), "metadata.labels", where)
-    elif kind in _WORKLOAD_KINDS:
-        tpl = _pod_template(obj, kind, where)
-        tmeta = tpl.get("metadata") or {}
-        if not isinstance(tmeta, Mapping):
-            raise ConfigImportError(
-                where.file,
-                f"{kind} {name!r}: pod template metadata: a {type(tmeta).__name__}; expected a mapping",
-                where.doc,
-            )
-        ports: dict[str, int] = {}
-        containers = _get(tpl, "spec.containers", where, list, [])
-        for c in containers:
-            for p in _items(c.get("ports")) if isinstance(c, Mapping) else []:
-                if (
-                    isinstance(p, Mapping)
-                    and p.get("name")
-                    and isinstance(p.get("containerPort"), int)
-                ):
-                    ports[str(p["name"])] = int(p["containerPort"])
-        m.workloads.append(
-            _Workload(
-                kind,
-                name,
-                ns,
-                _str_map(tmeta.get("labels"), f"{kind} {name!r}: pod template labels", where),
-                _str_map(
-                    tmeta.get("annotations"), f"{kind} {name!r}: pod template annotations", where
-                ),
-                ports,
-                where,
-            )
-        )
-    elif kind == "Service":
-        sel = _get(obj, "spec.selector", where, Mapping, None)
-        sports = _get(obj, "spec.ports", where, list, [])
-        for i, p in enumerate(sports):
-            if not isinstance(p, Mapping):
-                raise ConfigImportError(
-                    where.file,
-                    f"Service {name!r}: spec.ports[{i}]: a {type(p).__name__}; expected "
-                    f"{{name, port, targetPort, appProtocol}}",
-                    where.doc,
-                )
-        m.services.append(
-            _Service(
-                name,
-                ns,
-                _str_map(sel, f"Service {name!r}: spec.selector", where)
-                if sel is not None
-                else None,
-                list(sports),
-                str(_get(obj, "spec.type", where, str, "ClusterIP")),
-                where,
-            )
-        )
-    elif kind == "PeerAuthentication":
-        sel = _get(obj, "spec.selector.matchLabels", where, Mapping, None)
-        mode = str(_get(obj, "spec.mtls.mode", where, str, "UNSET")).upper()
-        if mode not in ("STRICT", "PERMISSIVE", "DISABLE", "UNSET"):
-            raise ConfigImportError(
-                where.file,
-                f"PeerAuthentication {name!r}: spec.mtls.mode {mode!r}; expected STRICT, PERMISSIVE, DISABLE or UNSET",
-                where.doc,
-            )
-        port_modes: dict[int, str] = {}
-        for k, v in (_get(obj, "spec.portLevelMtls", where, Mapping, {}) or {}).items():
-            pm = v.get("mode") if isinstance(v, Mapping) else None
-            try:
-                port_modes[int(k)] = str(pm or "UNSET").upper()
-            except ValueError:
-                raise ConfigImportError(
-                    where.file,
-                    f"PeerAuthentication {name!r}: spec.portLevelMtls key {k!r}; expected a port number",
-                    where.doc,
-                ) from None
-        m.peer_auths.append(
-            _PeerAuth(
-                name,
-                ns,
-                _str_map(sel, "selector", where) if sel is not None else None,
-                mode,
-                port_modes,
-                order,
-            )
-        )
-    elif kind == "EnvoyFilter":
-        sel = _get(obj, "spec.workloadSelector.labels", where, Mapping, None)
-        patches = _get(obj, "spec.configPatches", where, list, [])
-        m.envoy_filters.append(
-            _EnvoyFilter(
-                name,
-                ns,
-                _str_map(sel, "workloadSelector.labels", where) if sel is not None else None,
-                list(patches),
-                int(_get(obj, "spec.priority", where, int, 0)),
-                order,
-                where,
-            )
-        )
-    else:
-        m.skipped[kind] = m.skipped.get(kind, 0) + 1
-
-
-#: manifests read from one directory tree at most (a larger tree is refused, not truncated)
-MAX_FILES = 10_000
-
-
-def _files(root: Path) -> list[Path]:
-    """Manifest files under ``root`` (regular files only; symbolic links to directories are
-    not followed, so a link loop cannot trap the walk)."""
-    if root.is_file():
-        return [root]
-    out: list[Path] = []
-    for d, dirs, names in os.walk(root, followlinks=False, onerror=None):
-        dirs.sort()
-        for n in names:
-            p = Path(d) / n
-            if p.suffix.lower() in (".yaml", ".yml", ".json") and p.is_file():
-                out.append(p)
-        if len(out) > MAX_FILES:
-            raise ConfigImportError(
-                str(root), f"more than {MAX_FILES} manifest files; expected a smaller directory"
-            )
-    return sorted(out)
-
-
-def _read(root: Path) -> _Manifests:
-    m = _Manifests()
-    order = 0
-    files = _files(root)
-    if not files:
-        raise ConfigImportError(
-            str(root), "no *.yaml, *.yml or *.json file; expected Kubernetes/Istio manifests"
-        )
-    for f in files:
-        docs = load_documents(f)
-        multi = len(docs) > 1
-        for i, d in enumerate(docs):
-            if d is None:
-                continue
-            _add_object(d, m, _Where(str(f), i if multi else None), order)
-            order += 1
-    return m
-
-
-# ---------------------------------------------------------------------------------------------
-# Istio's rules
-# ---------------------------------------------------------------------------------------------
-
-
-def _matches(selector: Mapping[str, str] | None, labels: Mapping[str, str]) -> bool:
-    return selector is not None and all(labels.get(k) == v for k, v in selector.items())
-
-
-def _injected(
-    w: _Workload, ns_labels: Mapping[str, str] | None, assumptions: list[str]
-) -> tuple[bool, str]:
-    """Istio's injection webhooks (namespace selector + object selector), as ``(injected, why)``."""
-    pod = w.labels.get(_INJECT, "").lower()
-    ann = w.annotations.get(_INJECT, "").lower()
-    if ns_labels is None:
-        ns_labels = {}
-        assumptions.append(
-            f"namespace {w.ns!r} is not in the manifests: assumed it has no istio-injection label"
-        )
-    ns = ns_labels.get("istio-injection", "").lower()
-    if pod == "false" or (not pod and ann == "false"):
-        return False, f"{_INJECT}: false on the pod"
-    if ns == "disabled":
-        return False, f"namespace {w.ns!r} has istio-injection=disabled"
-    if ns == "enabled" or "istio.io/rev" in ns_labels:
-        return True, f"namespace {w.ns!r} has injection enabled"
-    if pod == "true" or "istio.io/rev" in w.labels:
-        return True, f"{_INJECT}: true label on the pod"
-    if ann == "true":
-        assumptions.append(
-            f"{w.kind} {w.ns}/{w.name}: {_INJECT} is an annotation, not a label, in a namespace "
-            "without istio-injection: "
-            "Istio's webhook selects on the label, so no sidecar"
-        )
-    return False, "no injection label on the namespace or the pod"
-
-
-def _protocol(port: Mapping[str, Any]) -> tuple[str | None, str]:
-    """Istio's explicit protocol of a Service port (appProtocol wins over the name) and where it came from."""
-    if str(port.get("protocol", "TCP")).upper() == "UDP":
-        return "udp", "protocol: UDP"
-    ap = port.get("appProtocol")
-    if isinstance(ap, str) and ap:
-        return ap.lower(), f"appProtocol {ap}"
-    name = str(port.get("name") or "").lower()
-    if name.startswith("grpc-web"):
-        return "grpc-web", f"port name {name}"
-    if name:
-        return name.split("-", 1)[0], f"port name {name}"
-    return None, "no name or appProtocol"
-
-
-def _port_label(p: Mapping[str, Any]) -> str:
-    return str(p.get("port", "?"))
-
-
-def _target_port(p: Mapping[str, Any], w: _Workload | None) -> int | None:
-    tp = p.get("targetPort", p.get("port"))
-    if isinstance(tp, int):
-        return tp
-    if isinstance(tp, str):
-        if tp.isdigit():
-            return int(tp)
-        if w is not None and tp in w.ports:
-            return w.ports[tp]
-    return None
-
-
-def _mtls_mode(
-    pas: Sequence[_PeerAuth], w: _Workload, port: int | None, root: str
-) -> tuple[str, str]:
-    """Effective PeerAuthentication mode for a workload port: ``(mode, source)``."""
-    wl = [p for p in pas if p.ns == w.ns and _matches(p.selector, w.labels)]
-    nsl = [p for p in pas if p.ns == w.ns and p.selector is None and p.ns != root]
-    mesh = [p for p in pas if p.ns == root and p.selector is None]
-    for level, cands in (("workload", wl), ("namespace", nsl), ("mesh", mesh)):
-        if not cands:
-            continue
-        pa = min(
-            cands, key=lambda p: p.order
-        )  # Istio: the oldest wins; file order stands in for age
-        if level == "workload" and port is not None and pa.port_modes.get(port, "UNSET") != "UNSET":
-            return pa.port_modes[port], f"{level} PeerAuthentication {pa.ns}/{pa.name}, port {port}"
-        if pa.mode != "UNSET":
-            return pa.mode, f"{level} PeerAuthentication {pa.ns}/{pa.name}"
-    return "PERMISSIVE", "no PeerAuthentication (Istio's default)"
-
-
-def _filter_name_of(match: Mapping[str, Any]) -> str:
-    lst = match.get("listener") if isinstance(match, Mapping) else None
-    fc = lst.get("filterChain") if isinstance(lst, Mapping) else None
-    f = fc.get("filter") if isinstance(fc, Mapping) else None
-    if not isinstance(f, Mapping):
-        return ""
-    sub = f.get("subFilter")
-    if isinstance(sub, Mapping) and sub.get("name"):
-        return str(sub["name"])
-    return str(f.get("name", ""))
-
-
-def _match_port(match: Mapping[str, Any]) -> int | None:
-    lst = match.get("listener") if isinstance(match, Mapping) else None
-    if isinstance(lst, Mapping) and isinstance(lst.get("portNumber"), int):
-        return int(lst["portNumber"])
-    return None
-
-
-def _apply_envoy_filters(
-    efs: Sequence[_EnvoyFilter],
-    w: _Workload,
-    mode: Mode,
-    port: int | None,
-    root: str,
-    svc: str,
-    assumptions: list[str],
-    unknown: list[str],
-    problems: list[str],
-) -> tuple[str, ...]:
-    """The filter chain after the EnvoyFilters selecting this workload, in Istio's order."""
-    chain: list[
-        tuple[str, str]
-    ] = []  # (meshtax filter, Envoy filter name) — names let INSERT_AFTER/REMOVE find them
-    applicable = [
-        e
-        for e in efs
-        if (e.ns == w.ns or e.ns == root) and (e.selector is None or _matches(e.selector, w.labels))
-    ]
-    # Istio applies root-namespace EnvoyFilters first, then the workload's namespace; priority, then age, within
-    applicable.sort(key=lambda e: (e.priority, e.ns != root, e.order))
-    for ef in applicable:
-        ref = f"EnvoyFilter {ef.ns}/{ef.name}"
-        for i, patch in enumerate(ef.patches):
-            if not isinstance(patch, Mapping):
-                raise ConfigImportError(
-                    ef.where.file,
-                    f"{ref}: configPatches[{i}]: a {type(patch).__name__}; expected {{applyTo, match, patch}}",
-                    ef.where.doc,
-                )
-            apply_to = str(patch.get("applyTo", ""))
-            match = patch.get("match") or {}
-            body = patch.get("patch") or {}
-            if not isinstance(match, Mapping) or not isinstance(body, Mapping):
-                raise ConfigImportError(
-                    ef.where.file,
-                    f"{ref}: configPatches[{i}]: match and patch must be mappings",
-                    ef.where.doc,
-                )
-            context = str(match.get("context", "ANY"))
-            op = str(body.get("operation", ""))
-            if apply_to not in ("HTTP_FILTER", "NETWORK_FILTER"):
-                if apply_to:
-                    assumptions.append(
-                        f"service {svc!r}: {ref} patch {i} applies to {apply_to}: not a filter; not modelled"
-                    )
-                continue
-            if context == "GATEWAY":
-                continue
-            if apply_to == "HTTP_FILTER" and mode is Mode.TCP:
-                assumptions.append(
-                    f"service {svc!r}: {ref} patch {i} adds an HTTP filter, but the port is TCP: does not apply"
-                )
-                continue
-            mp = _match_port(match)
-            if mp is not None and port is not None and mp != port:
-                continue
-            if context == "SIDECAR_OUTBOUND":
-                assumptions.append(
-                    f"service {svc!r}: {ref} patch {i} is for SIDECAR_OUTBOUND only; meshtax gives "
-                    "a sidecar one chain for both directions, so it counts inbound too"
-                )
-            target = _filter_name_of(match)
-            if op == "REMOVE":
-                chain = [c for c in chain if c[1] != target]
-                continue
-            if op in ("MERGE", "REPLACE"):
-                assumptions.append(
-                    f"service {svc!r}: {ref} patch {i} {op}s {target or 'a filter'}: changes a "
-                    "filter's settings, not the chain; not modelled"
-                )
-                continue
-            value = body.get("value")
-            if not isinstance(value, Mapping):
-                problems.append(
-                    f"{ef.where}: {ref}: configPatches[{i}].patch.value: expected a filter {{name, typed_config}}"
-                )
-                continue
-            c = classify_filter(value)
-            fname = str(value.get("name", ""))
-            if c.kind == "unknown":
-                unknown.append(f"{c.name} ({ref})")
-                continue
-            if c.kind != "profiled":
-                continue
-            entry = (c.name, fname)
-            names = [x[1] for x in chain]
-            if op == "INSERT_FIRST":
-                chain.insert(0, entry)
-            elif op == "INSERT_AFTER" and target in names:
-                chain.insert(names.index(target) + 1, entry)
-            elif op == "INSERT_BEFORE" and target in names:
-                chain.insert(names.index(target), entry)
-            else:
-                # ADD, or relative to a filter meshtax does not keep (router, Istio's defaults): in order of application
-                chain.append(entry)
-    return tuple(c[0] for c in chain)
-
-
-def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPACE) -> K8sImport:
-    """Map each Service in the manifests under ``directory`` to the sidecar configuration meshtax models."""
+def sidecars_from_k8s(
+    directory: str | Path, root_namespace: str = ROOT_NAMESPACE, injection: str = "labels"
+) -> K8sImport:
+    """Map each Service in the manifests under ``directory`` to the sidecar configuration
+    meshtax models. ``injection``: ``labels`` (as the manifests say), ``enabled`` (every
+    namespace labelled ``istio-injection=enabled``; pods may still opt out) or ``disabled``."""
+    if injection not in INJECTION:
+        raise ValueError(f"injection {injection!r}; expected one of {', '.join(INJECTION)}")
     root = Path(directory)
     try:
         exists = root.exists()
@@ -654,6 +180,7 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
     problems: list[str] = []
     unknown: list[str] = []
     services: dict[str, SidecarConfig] = {}
+    details: dict[str, list[str]] = {}
     counts: dict[str, int] = {}
     for s in m.services:
         counts[s.name] = counts.get(s.name, 0) + 1
@@ -689,8 +216,14 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
                 f"{where} selects no workload in the manifests (selector {s.selector}): left out"
             )
             continue
+        if injection == "disabled":
+            services[key] = NO_SIDECAR
+            continue
         ns_warn: list[str] = []
-        inj = [(_injected(w, ns_labels, ns_warn), w) for w in ws]
+        labels = {**(ns_labels or {}), "istio-injection": "enabled"}
+        inj = [
+            (_injected(w, labels if injection == "enabled" else ns_labels, ns_warn), w) for w in ws
+        ]
         for a in ns_warn:
             if a not in assumptions:
                 assumptions.append(a)
@@ -744,20 +277,95 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
                 f"{where}: {how} is not a protocol Istio knows: Istio sniffs/treats it as TCP; assumed tcp"
             )
         tport = _target_port(first, w)
+        declared = sidecar_protocol(m.policies, w, tport, root_namespace)
+        if declared is not None and declared[0].split("-")[0] in _PROTO_MODE:
+            mode = _PROTO_MODE[declared[0].split("-")[0]]
+            assumptions.append(f"{where}: {declared[1]} declares port {tport} {declared[0]}")
         pa_mode, pa_src = _mtls_mode(m.peer_auths, w, tport, root_namespace)
         mtls = pa_mode in ("STRICT", "PERMISSIVE")
         if pa_mode == "PERMISSIVE" and m.peer_auths:
             assumptions.append(
                 f"{where}: PERMISSIVE ({pa_src}): sidecar callers use auto mTLS: modelled mTLS"
             )
+        tls_note = ""
+        dr = destination_tls(m.policies, s.name, s.ns)
+        if dr is not None:
+            mtls, tls_note = _client_tls(dr, pa_mode, where, mtls, assumptions, problems)
+        pc = policy_chain(m.policies, w, mode, root_namespace, key)
+        faults = route_faults(m.policies, s.name, s.ns)
+        if faults and mode is not Mode.TCP:
+            # the callers' sidecars evaluate it on every call to this service: one per call,
+            # priced on this hop (meshtax gives a sidecar one chain for both directions)
+            pc.first.append(("fault_injection", "envoy.filters.http.fault"))
+            pc.details.append(f"fault filter configured by {', '.join(faults)}")
+            assumptions.append(
+                f"{where}: {', '.join(faults)} injects faults on routes to it: the fault "
+                "filter's evaluation is priced (fault_injection); the injected delays and "
+                "aborts change the application, not the sidecar, and are not modelled"
+            )
+        unknown += pc.unknown
+        assumptions += [a for a in pc.assumptions if a not in assumptions]
         filters = _apply_envoy_filters(
-            m.envoy_filters, w, mode, tport, root_namespace, key, assumptions, unknown, problems
+            m.envoy_filters,
+            w,
+            mode,
+            tport,
+            root_namespace,
+            key,
+            assumptions,
+            unknown,
+            problems,
+            pc.first,
         )
+        filters += tuple(f for f, _ in pc.last)
+        details[key] = [
+            f"mTLS: {'yes' if mtls else 'no'}, {pa_mode} ({pa_src}){tls_note}",
+            *pc.details,
+        ]
         services[key] = SidecarConfig(mode=mode, filters=filters, mtls=mtls)
     if m.skipped:
         kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(m.skipped.items()))
         assumptions.append(f"not read (no effect on the modelled sidecar): {kinds}")
-    return K8sImport(services, assumptions, tuple(dict.fromkeys(unknown)), problems, str(root))
+    unlabelled = sorted({s.ns for s in m.services} - set(m.namespaces))
+    if injection == "labels" and services and unlabelled:
+        if not any(c.meshed for c in services.values()):
+            problems.append(
+                f"no Namespace manifest for {', '.join(unlabelled)} and no pod asks for a "
+                "sidecar: every service is modelled without one. Istio injects where the "
+                "namespace is labelled (kubectl label namespace NAME istio-injection=enabled, "
+                "usually not in the manifests): pass --injection enabled to model that"
+            )
+    return K8sImport(
+        services, assumptions, tuple(dict.fromkeys(unknown)), problems, str(root), details
+    )
+
+
+def _client_tls(
+    dr: tuple[str, str],
+    server: str,
+    where: str,
+    mtls: bool,
+    assumptions: list[str],
+    problems: list[str],
+) -> tuple[bool, str]:
+    """mTLS of a service's hops once its DestinationRule's TLS mode (what clients send) meets
+    its PeerAuthentication mode (what the server accepts), and a note for the details."""
+    mode, ref = dr
+    note = f"; clients: {mode} ({ref})"
+    if mode == "DISABLE":
+        if server == "STRICT":
+            problems.append(f"{where}: {ref} sends plaintext to a STRICT server: requests fail")
+            return mtls, note
+        return False, note
+    if mode in ("ISTIO_MUTUAL", "MUTUAL"):
+        if server == "DISABLE":
+            problems.append(f"{where}: {ref} sends mTLS to a server with mTLS DISABLE")
+        return True, note
+    assumptions.append(
+        f"{where}: {ref} tls {mode}: TLS without Istio's client certificate, which meshtax "
+        "does not model; mTLS as PeerAuthentication says"
+    )
+    return mtls, note
 
 
 # ---------------------------------------------------------------------------------------------
@@ -811,11 +419,22 @@ def resolve_sidecar_refs_with_report(
     services = out.get("services")
     k8s_ref = out.pop("sidecars_from_k8s", None)
     if k8s_ref is not None:
+        injection = "labels"
+        if isinstance(k8s_ref, dict) and set(k8s_ref) <= {"path", "injection"}:
+            injection = k8s_ref.get("injection", injection)
+            k8s_ref = k8s_ref.get("path")
+            if injection not in INJECTION:
+                raise ConfigImportError(
+                    "sidecars_from_k8s.injection",
+                    f"{clip(injection)}; expected one of {', '.join(INJECTION)}",
+                )
         if not isinstance(k8s_ref, str):
             raise ConfigImportError(
-                "sidecars_from_k8s", f"a {type(k8s_ref).__name__}; expected a directory path"
+                "sidecars_from_k8s",
+                f"a {type(k8s_ref).__name__}; expected a directory path or {{path, injection}}",
             )
-        imp = sidecars_from_k8s(_inside(base_dir, k8s_ref, "sidecars_from_k8s", allow_outside))
+        k8s_dir = _inside(base_dir, k8s_ref, "sidecars_from_k8s", allow_outside)
+        imp = sidecars_from_k8s(k8s_dir, injection=injection)
         messages += [f"{k8s_ref}: assumed: {a}" for a in imp.assumptions]
         messages += [f"{k8s_ref}: problem: {p}" for p in imp.problems]
         messages += [f"{k8s_ref}: no profile for filter {u}" for u in imp.unknown_filters]

@@ -19,9 +19,11 @@ import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.resources import files
 from typing import Any
 
 from meshtax.model.components import sized  # the one spelling, shared with config import
+from meshtax.model.presets import STAND_INS
 from meshtax.model.sidecar import Mode
 from meshtax.testbed.envoy.config import EnvoyConfig
 
@@ -64,6 +66,7 @@ FILTERS = (
     "ip_tagging",
     "header_mutation",
     "access_log",
+    *STAND_INS,
 )
 # compiled into Envoy, as opposed to the Lua and Wasm extension runtimes (the paper's split)
 CPP_FILTERS = ("fault_injection", "rate_limit", "tap")
@@ -255,6 +258,16 @@ def _wasm(p: Mapping[str, Any]) -> FilterSpec:
     )
 
 
+def _stand_in(name: str) -> Callable[[Mapping[str, Any]], FilterSpec]:
+    """A Lua stand-in for a filter upstream Envoy lacks (Istio's telemetry, ``standins/``)."""
+
+    def build(p: Mapping[str, Any]) -> FilterSpec:
+        code = (files("meshtax.testbed.envoy") / "standins" / f"{name}.lua").read_text()
+        return dataclasses.replace(_lua({"code": code}), name=name)
+
+    return build
+
+
 def _rules(p: Mapping[str, Any]) -> int:
     n = int(p.get("rules", 0))
     if n < 1:
@@ -373,6 +386,7 @@ _BUILDERS: dict[str, Callable[[Mapping[str, Any]], FilterSpec]] = {
     "ip_tagging": _ip_tagging,
     "header_mutation": _header_mutation,
     "access_log": _access_log,
+    **{n: _stand_in(n) for n in STAND_INS},
 }
 
 
@@ -439,4 +453,5 @@ PARAMS: dict[str, frozenset[str]] = {
     "ip_tagging": frozenset({"tags", "matching"}),
     "header_mutation": frozenset({"header", "value"}),
     "access_log": frozenset({"path"}),
+    **{n: frozenset() for n in STAND_INS},
 }
