@@ -12,6 +12,7 @@ from meshtax.app import doctor
 from meshtax.app.doctor import Check, check_all, parse_envoy_version, prepare
 from meshtax.testbed import tools
 from meshtax.testbed.host import INFINITY, RealHost
+from meshtax.testbed.nginx import STREAM_MODULE
 from meshtax.testbed.probes import FakeProbe, ProbeError, parse_reading
 from meshtax.testbed.system import Completed, FakeSystem, RealSystem
 from meshtax.testbed.tools import find_tool
@@ -20,6 +21,8 @@ GOOD_MOUNTS = [("/sys/kernel/tracing", "tracefs"), ("/sys/fs/bpf", "bpf"), ("/",
 ENVOY_BIN = "/venv/site-packages/envoy/_bin/envoy"
 FORTIO_BIN = str(tools.INSTALLED["fortio"][0])
 PROBE_BIN = str(tools.INSTALLED["probe"][0])
+HAPROXY_BIN = str(tools.INSTALLED["haproxy"][0])
+NGINX_BIN = str(tools.INSTALLED["nginx"][0])
 READING = parse_reading(
     (Path(__file__).parents[1] / "testbed" / "fixtures" / "sidecar_reading.json").read_text()
 )
@@ -33,7 +36,15 @@ class FakeHost:
     uid: int = 0
     mount_list: list[tuple[str, str]] = field(default_factory=lambda: list(GOOD_MOUNTS))
     files: set[str] = field(
-        default_factory=lambda: {doctor.BTF, doctor.LIBBPF_HEADER, FORTIO_BIN, PROBE_BIN}
+        default_factory=lambda: {
+            doctor.BTF,
+            doctor.LIBBPF_HEADER,
+            FORTIO_BIN,
+            PROBE_BIN,
+            HAPROXY_BIN,
+            NGINX_BIN,
+            str(STREAM_MODULE),
+        }
     )
     tools: dict[str, str] = field(
         default_factory=lambda: {t: f"/usr/bin/{t}" for t in ("perf", "clang", "bpftool")}
@@ -88,6 +99,8 @@ GOOD = {
     ("iptables", "--version"): (0, "iptables v1.8.9 (nf_tables)"),
     (ENVOY_BIN, "--version"): (0, ENVOY_OUT),
     (FORTIO_BIN, "version"): (0, "1.68.2\n"),
+    (HAPROXY_BIN, "-v"): (0, "HAProxy version 2.6.12-1+deb12u4 2026/10/17 - https://haproxy.org/"),
+    (NGINX_BIN, "-v"): (0, "nginx version: nginx/1.22.1\n"),
 }
 
 
@@ -116,12 +129,15 @@ def test_all_good() -> None:
         "iptables",
         "envoy",
         "fortio",
+        "haproxy",
+        "nginx",
         "perf",
         "probe-build",
         "probe-attach",
     ]
     bad = [c for c in checks.values() if not c.ok]
     assert bad == []
+    assert checks["nginx"].detail == f"{NGINX_BIN}: nginx 1.22.1" and checks["nginx"].optional
     assert checks["envoy"].detail == f"{ENVOY_BIN}: Envoy 1.40.0"
     assert checks["fortio"].detail == f"{FORTIO_BIN}: fortio 1.68.2"
     # the scratch namespace is removed again, and is not an mtx-* name a reaper would take
@@ -130,6 +146,17 @@ def test_all_good() -> None:
     assert sysm.calls.index(("ip", "netns", "del", ns)) > sysm.calls.index(
         ("ip", "netns", "add", ns)
     )
+
+
+def test_other_proxies_are_optional_and_say_what_is_missing() -> None:
+    host = FakeHost()
+    host.files -= {HAPROXY_BIN, str(STREAM_MODULE)}
+    checks, _ = run(host)
+    h, n = checks["haproxy"], checks["nginx"]
+    assert not h.ok and h.optional and "apt-get install haproxy" in h.fix
+    assert not n.ok and n.optional and "no stream module" in n.detail
+    assert "libnginx-mod-stream" in n.fix
+    assert all(c.ok for c in checks.values() if not c.optional)
 
 
 @pytest.mark.parametrize(

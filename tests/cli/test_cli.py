@@ -360,7 +360,8 @@ def test_predict_pod_cpus_bounds_latency_by_cpu_work(examples: Path, env: dict[s
         (["--proxy", "refsidecar", "--modes", "tcp,http"], "runs tcp mode only, not http"),
         (["--write", "zerocopy"], "envoy has no zerocopy writes"),
         (["--proxy", "refsidecar", "--ipc", "sockmap", "--write", "zerocopy"], "do not compose"),
-        (["--proxy", "haproxy"], "'haproxy' is not one of"),
+        (["--proxy", "linkerd"], "'linkerd' is not one of"),
+        (["--proxy", "nginx", "--ipc", "uds"], "nginx has no ipc 'uds'"),
         (["--proxy", "refsidecar", "--zerocopy-min", "-1"], "--zerocopy-min"),
     ],
 )

@@ -30,8 +30,12 @@ from meshtax.testbed.tools import TOOLS, find_tool
 
 
 def test_choice_refuses_what_a_proxy_cannot_do_and_says_where_it_can() -> None:
-    with pytest.raises(ProxyError, match="unknown proxy 'haproxy'; expected envoy, refsidecar"):
-        ProxyChoice("haproxy")
+    with pytest.raises(
+        ProxyError, match="unknown proxy 'linkerd'; expected envoy, refsidecar, haproxy, nginx"
+    ):
+        ProxyChoice("linkerd")
+    with pytest.raises(ProxyError, match="haproxy has no ipc 'uds'"):
+        ProxyChoice("haproxy", "uds")
     with pytest.raises(ProxyError, match="envoy has no zerocopy writes.*use --proxy refsidecar"):
         ProxyChoice("envoy", write="zerocopy")
     with pytest.raises(ProxyError, match="no ipc 'shm'"):
@@ -47,7 +51,7 @@ def test_choice_refuses_what_a_proxy_cannot_do_and_says_where_it_can() -> None:
     with pytest.raises(
         ProxyError,
         match=r"refsidecar \(the reference L4 sidecar\) runs tcp mode only, not "
-        r"http, grpc; use --proxy envoy for those",
+        r"http, grpc; use --proxy envoy or haproxy or nginx for those",
     ):
         rs.check_modes([Mode.TCP, Mode.HTTP, Mode.GRPC])
     ProxyChoice().check_modes(list(Mode))

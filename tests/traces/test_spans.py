@@ -265,3 +265,44 @@ def test_protocol_from_semantic_conventions(fmt: str) -> None:
     }
     codes = r.batch.protocol
     assert codes is not None and sorted(codes.tolist()) == [0, 0, 0, 1, 1, 2]
+
+
+NODES = {"frontend.default": "n1", "cart.default": "n1", "catalog.default": "n2"}
+
+
+def _node_attrs(svc: str) -> list[tuple[str, str]]:
+    """frontend and cart name a k8s node, catalog only a host, payment both (k8s wins)."""
+    if svc == "payment.default":
+        return [("host.name", "h9"), ("k8s.node.name", "n3")]
+    if svc == "catalog.default":
+        return [("host.name", "n2")]
+    return [("k8s.node.name", NODES[svc])] if svc in NODES else []
+
+
+@pytest.mark.parametrize("fmt", ["otlp", "jaeger"])
+def test_nodes_from_resource_attributes(fmt: str, tmp_path: Path) -> None:
+    from meshtax.predict.architecture import arrange
+
+    doc = json.loads((FIX / f"trace.{fmt}.json").read_text())
+    if fmt == "otlp":
+        for rs in doc["resourceSpans"]:
+            attrs = rs["resource"]["attributes"]
+            svc = attrs[0]["value"]["stringValue"]
+            attrs += [{"key": k, "value": {"stringValue": v}} for k, v in _node_attrs(svc)]
+    else:
+        for p in doc["data"][0]["processes"].values():
+            p["tags"] = [
+                {"key": k, "type": "string", "value": v} for k, v in _node_attrs(p["serviceName"])
+            ]
+    path = tmp_path / f"trace.{fmt}.json"
+    path.write_text(json.dumps(doc))
+    b = load_traces(path, options=SpanOptions(rate=100.0)).batch
+    assert b.service_node is not None
+    node = {s: b.node_names[k] for s, k in zip(b.services, b.service_node) if k >= 0}
+    assert node == {"frontend": "n1", "cart": "n1", "catalog": "n2", "payment": "n3"}
+    # placed where the traces say: frontend → cart is intra-node under node-l4
+    nodes = arrange(b, "node-l4").nodes
+    assert nodes["frontend"] == nodes["cart"] != nodes["catalog"]
+    # without node attributes nothing is placed
+    plain = load_traces(FIX / f"trace.{fmt}.json", options=SpanOptions(rate=100.0)).batch
+    assert plain.service_node is not None and (plain.service_node == -1).all()

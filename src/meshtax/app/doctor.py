@@ -12,10 +12,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshtax.testbed.haproxy import parse_version as parse_haproxy_version
 from meshtax.testbed.host import INFINITY, Host, RealHost
+from meshtax.testbed.nginx import STREAM_MODULE
+from meshtax.testbed.nginx import parse_version as parse_nginx_version
 from meshtax.testbed.probes import ProbeError, ProbeSession, RealProbe
 from meshtax.testbed.system import CommandError, Completed, Placement, RealSystem, System
-from meshtax.testbed.tools import FIX, ToolMissing, find_tool
+from meshtax.testbed.tools import FIX, Tool, ToolMissing, find_tool
 
 TRACEFS = "/sys/kernel/tracing"
 TRACEFS_POINTS = (TRACEFS, "/sys/kernel/debug/tracing")
@@ -36,6 +39,7 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    optional: bool = False  # only some runs need it (another proxy): missing is not a failure
 
 
 def parse_envoy_version(text: str) -> str | None:
@@ -256,6 +260,31 @@ def check_fortio(system: System, host: Host) -> Check:
     return Check("fortio", True, f"{path}: fortio {ver}")
 
 
+def check_other_proxies(system: System, host: Host) -> list[Check]:
+    """HAProxy and nginx (``profile --proxy haproxy|nginx``; nginx's tcp mode needs its stream
+    module): optional, Envoy is the default sidecar."""
+    out: list[Check] = []
+    names: tuple[Tool, ...] = ("haproxy", "nginx")
+    for name in names:
+        path = find_tool(name, host)
+        if path is None:
+            out.append(Check(name, False, f"no {name} (--proxy {name})", FIX[name], True))
+            continue
+        done = _run(system, [path, "-v"])
+        try:
+            parse = parse_haproxy_version if name == "haproxy" else parse_nginx_version
+            ver = parse(done.stdout + done.stderr)
+        except ValueError:
+            out.append(Check(name, False, f"{path}: {_first_line(done)}", FIX[name], True))
+            continue
+        if name == "nginx" and not host.exists(str(STREAM_MODULE)):
+            detail = f"{path}: nginx {ver}, no stream module ({STREAM_MODULE}): no tcp mode"
+            out.append(Check(name, False, detail, APT_FIX.format("libnginx-mod-stream"), True))
+            continue
+        out.append(Check(name, True, f"{path}: {name} {ver}", optional=True))
+    return out
+
+
 def check_perf(system: System, host: Host) -> Check:
     if host.which("perf") is None:
         return Check("perf", False, "no perf on PATH", APT_FIX.format("linux-perf"))
@@ -296,6 +325,7 @@ def check_all(
     checks += [
         check_envoy(system, h),
         check_fortio(system, h),
+        *check_other_proxies(system, h),
         check_perf(system, h),
         check_probe_build(system, h),
         check_probe_attach(h, probe),

@@ -14,9 +14,10 @@ from meshtax.model.ecg import ECG, EcgBatch, ECGError, Service, to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.model.speed import Speed, describe_scaling
-from meshtax.predict.engine import predict_batch
-from meshtax.predict.memory import memory_by_service
+from meshtax.predict.architecture import parse_architectures, predict_architecture
+from meshtax.predict.memory import memory_by_architecture, memory_by_service
 from meshtax.predict.whatif import SpeedupError, apply_speedup, speedup_from_dict
+from meshtax.report.architectures import architecture_section
 from meshtax.report.result import prediction_document
 from meshtax.store.resolve import resolve_profile
 from meshtax.store.sqlite import ProfileStore
@@ -54,6 +55,9 @@ class PredictOptions:
     accept_unclosed: bool = False  # use a profile that failed its closure check (with a warning)
     speed: str = "profile"  # "now": measure this machine's speed and scale the profile's costs
     allow_outside: tuple[str, ...] = ()  # directories ECG files may reference besides their own
+    # mesh architectures to compare (the first prices the main prediction); (): sidecar only
+    architectures: tuple[str, ...] = ()
+    pods_per_node: int = 1  # services without a node: this many to a node, by name
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,7 +180,13 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
         warnings += notes
     elif opts.speed != "profile":
         raise UsageError(f"speed must be one of {', '.join(SPEEDS)}, got {opts.speed!r}")
-    bp = predict_batch(batch, lookup, pod_cpus=opts.pod_cpus, speed=speed)
+    archs = parse_architectures(",".join(opts.architectures or ("sidecar",)))
+    if opts.pods_per_node < 1:
+        raise UsageError(f"pods per node {opts.pods_per_node}; expected at least 1")
+    kw: dict[str, Any] = {"pods_per_node": opts.pods_per_node, "pod_cpus": opts.pod_cpus}
+    results = [predict_architecture(batch, lookup, a, speed=speed, **kw) for a in archs]
+    bp = results[0][1]
+    warnings += [w for _, other in results[1:] for w in other.warnings]
     whatif = None
     if opts.speedup:
         sp = speedup_from_dict(load_speedup_file(opts.speedup), opts.speedup)
@@ -188,7 +198,7 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
 
         whatif = (
             sp.describe(),
-            predict_batch(batch, lookup_after, pod_cpus=opts.pod_cpus, speed=speed),
+            predict_architecture(batch, lookup_after, archs[0], speed=speed, **kw)[1],
             after_profile,
         )
     memory, mw = memory_by_service(loaded.services, lookup)
@@ -206,6 +216,17 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
         doc["import"] = loaded.imported
     if memory is not None:
         doc["memory"] = memory
+    if opts.architectures:
+        mem: dict[str, dict[str, Any] | None] = {}
+        for a in archs:
+            m, aw = (
+                memory_by_architecture(loaded.services, lookup, a, opts.pods_per_node)
+                if loaded.services
+                else (None, [])
+            )
+            mem[a.value] = m
+            doc["warnings"] = list(dict.fromkeys([*doc["warnings"], *aw]))
+        doc["architectures"] = architecture_section(batch, results, mem, opts.pods_per_node)
     if speed is not None:
         doc["speed"] = {
             "now": speed.to_dict(),

@@ -194,3 +194,23 @@ def csv(text: str, conv: Callable[[str], V]) -> tuple[V, ...]:
     if text.strip().lower() in ("", "none"):
         return ()
     return tuple(conv(x.strip()) for x in text.split(","))
+
+
+def architecture_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--architecture`` and ``--pods-per-node`` (predict)."""
+    f = click.option(
+        "--pods-per-node",
+        type=click.IntRange(min=1, max=1_000_000),
+        default=1,
+        show_default=True,
+        help="Services without a 'node:' are placed by name, this many to a node (node-l4, "
+        "waypoint: intra-node calls cross one node proxy; memory counts node proxies per node).",
+    )(f)
+    return click.option(
+        "--architecture",
+        default="sidecar",
+        show_default=True,
+        help="Mesh architecture(s), comma-separated: sidecar, node-l4, waypoint, none; several "
+        "are compared side by side (the first prices the main prediction). A service's own "
+        "'architecture:' in the ECG wins.",
+    )(f)

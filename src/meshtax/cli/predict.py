@@ -17,6 +17,7 @@ from meshtax.cli._common import (
     POSITIVE,
     Number,
     accept_unclosed_option,
+    architecture_options,
     db_option,
     emit,
     format_option,
@@ -26,6 +27,7 @@ from meshtax.cli._common import (
     speed_option,
     user_errors,
 )
+from meshtax.report.architectures import architectures_csv, architectures_text
 from meshtax.report.exporters import EXPORTERS
 from meshtax.report.text import prediction_text, profile_text, profiles_text
 from meshtax.store.sqlite import ProfileStore
@@ -80,6 +82,7 @@ from meshtax.store.sqlite import ProfileStore
     help="The pods share this many CPUs: latency overhead is at least the request's sidecar CPU work ÷ N "
     "(default: every pod has CPUs of its own, the critical path alone).",
 )
+@architecture_options
 @db_option
 @format_option
 @output_option
@@ -98,6 +101,8 @@ def predict(
     service_map: str | None,
     allow_outside: tuple[str, ...],
     pod_cpus: int | None,
+    architecture: str,
+    pods_per_node: int,
     db: str | None,
     fmt: str,
     output: str | None,
@@ -121,10 +126,18 @@ def predict(
         accept_unclosed=accept_unclosed,
         speed=speed,
         allow_outside=allow_outside,
+        architectures=() if architecture == "sidecar" else tuple(architecture.split(",")),
+        pods_per_node=pods_per_node,
     )
     store = ProfileStore(db)
     doc = predict_files(opts, store)
-    emit(prediction_text(doc) if fmt == "table" else EXPORTERS[fmt].export(doc), output)
+    arch = doc.get("architectures")
+    if arch is not None and fmt in ("table", "csv"):
+        # the comparison: side by side (table) or one row per architecture and graph (csv)
+        text = prediction_text(doc) + "\n" + architectures_text(arch)
+        emit(text if fmt == "table" else architectures_csv(arch), output)
+    else:
+        emit(prediction_text(doc) if fmt == "table" else EXPORTERS[fmt].export(doc), output)
     if report_path:
         out = app_data.build_report((), [doc["profile"]["name"]], store, report_path, docs=[doc])
         click.echo(f"wrote {out}", err=True)

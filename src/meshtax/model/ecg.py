@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meshtax.errors import ModelError
-from meshtax.model.sidecar import SidecarConfig
+from meshtax.model.sidecar import Architecture, SidecarConfig
 
 #: Published defaults (Zhu et al.): 100 B messages.
 DEFAULT_MESSAGE_BYTES = 100.0
@@ -32,12 +32,16 @@ PROTOCOLS: tuple[str, ...] = ("", "http", "grpc")
 
 @dataclass(frozen=True)
 class Service:
-    """A service instance: its sidecar and the platform (profile name) it runs on."""
+    """A service instance: its sidecar and the platform (profile name) it runs on; the node
+    it runs on (None: placed by the prediction, ``--pods-per-node``) and the mesh
+    architecture it asks for itself (None: the prediction's ``--architecture``)."""
 
     name: str
     sidecar: SidecarConfig = SidecarConfig()
     platform: str | None = None  # profile name; None → the profile chosen for the prediction
     connections: int | None = None  # open connections of its sidecar, for memory
+    node: str | None = None
+    architecture: Architecture | None = None
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,10 @@ class EcgBatch:
     new_connections: FloatArray | None = (
         None  # share of calls opening a connection per row; None: all 0
     )
+    # per service: index into node_names (-1: not placed), its own architecture ("" none asked)
+    service_node: IntArray | None = None
+    node_names: tuple[str, ...] = ()
+    service_arch: tuple[str, ...] = ()
 
     @property
     def n_graphs(self) -> int:
@@ -266,19 +274,32 @@ class BatchBuilder:
         self._ids: list[str] = []
         self._proto: list[int] = []
         self._conn: list[float] = []
+        self._where: dict[int, tuple[str | None, str]] = {}
 
-    def service(self, name: str, sidecar: SidecarConfig, platform: str | None = None) -> int:
+    def service(
+        self,
+        name: str,
+        sidecar: SidecarConfig,
+        platform: str | None = None,
+        *,
+        node: str | None = None,
+        architecture: Architecture | None = None,
+    ) -> int:
         """Index of a service (registered on first use; its sidecar must not change)."""
         idx = self._services.get(name)
         spec = -1
         if sidecar.meshed:
             s = SidecarSpec(sidecar, platform)
             spec = self._specs.setdefault(s, len(self._specs))
+        where = (node, "" if architecture is None else architecture.value)
         if idx is None:
             idx = self._services[name] = len(self._services)
             self._service_spec[idx] = spec
+            self._where[idx] = where
         elif self._service_spec[idx] != spec:
             raise ValueError(f"service {name!r} appears with two different sidecar configurations")
+        elif self._where[idx] != where:
+            raise ValueError(f"service {name!r} appears on two nodes or with two architectures")
         return idx
 
     def add_graph(
@@ -324,7 +345,9 @@ class BatchBuilder:
             if name == EXTERNAL:
                 return -1
             s = ecg.services[name]
-            return self.service(name, s.sidecar, s.platform)
+            return self.service(
+                name, s.sidecar, s.platform, node=s.node, architecture=s.architecture
+            )
 
         self.add_graph(
             ecg.name,
@@ -352,6 +375,9 @@ class BatchBuilder:
         spec_of = np.full(len(self._services) + 1, -1, dtype=np.int64)  # last slot: external (-1)
         for svc, spec in self._service_spec.items():
             spec_of[svc] = spec
+        where = [self._where.get(i, (None, "")) for i in range(len(self._services))]
+        nodes = tuple(dict.fromkeys(n for n, _ in where if n is not None))
+        node_ix = {n: k for k, n in enumerate(nodes)}
         return EcgBatch(
             graph_ptr=np.asarray(self._ptr, dtype=np.int64),
             parent=np.asarray(c["parent"], dtype=np.int64),
@@ -370,6 +396,11 @@ class BatchBuilder:
             row_ids=tuple(self._ids) if len(self._ids) == self._ptr[-1] else (),
             protocol=np.asarray(self._proto, dtype=np.int64) if any(self._proto) else None,
             new_connections=np.asarray(self._conn, dtype=np.float64) if any(self._conn) else None,
+            service_node=np.asarray(
+                [-1 if n is None else node_ix[n] for n, _ in where], dtype=np.int64
+            ),
+            node_names=nodes,
+            service_arch=tuple(a for _, a in where),
         )
 
 

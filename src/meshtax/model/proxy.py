@@ -41,6 +41,9 @@ class ProxyTraits:
 TRAITS: dict[str, ProxyTraits] = {
     "envoy": ProxyTraits((Mode.TCP, Mode.HTTP, Mode.GRPC), IPCS, ("copy",), "Envoy, L4 and L7"),
     "refsidecar": ProxyTraits((Mode.TCP,), IPCS, ("copy", "zerocopy"), "the reference L4 sidecar"),
+    # loopback TCP only: their upstreams are host:port here (no Unix-socket or sockmap bed)
+    "haproxy": ProxyTraits(tuple(Mode), ("tcp",), ("copy",), "HAProxy, L4 and L7"),
+    "nginx": ProxyTraits(tuple(Mode), ("tcp",), ("copy",), "nginx, L4 and L7"),
 }
 
 

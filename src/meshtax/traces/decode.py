@@ -100,6 +100,10 @@ class Resolved:
         self.names: dict[str, int] = {"": -1}
 
 
+#: resource attributes naming the node a service runs on, preferred first
+NODE_KEYS = ("k8s.node.name", "host.name")
+
+
 class SpanRows:
     """Span rows of one or more documents: ``rows`` to be joined on ids (and ``complete``:
     whether every trace in them is whole — Zipkin's lists of traces are, OTLP batches are
@@ -109,6 +113,15 @@ class SpanRows:
         self.rows: list[Row] = []
         self.complete = True
         self.resolved = Resolved()
+        self.nodes: dict[str, str] = {}  # service name → the node its resource names
+
+    def note_node(self, service: str, attrs: Iterable[tuple[str, object]]) -> None:
+        """The node of ``service`` from its resource's (or process's) attributes:
+        ``k8s.node.name``, else ``host.name``; the first seen per service is kept."""
+        found = {k: v for k, v in attrs if k in NODE_KEYS and v}
+        node = next((found[k] for k in NODE_KEYS if k in found), None)
+        if service and node is not None:
+            self.nodes.setdefault(service, str(node)[:253])
 
     def __len__(self) -> int:
         return len(self.rows) + len(self.resolved.rows)
@@ -335,6 +348,7 @@ class _JLog(Struct, gc=False):
 
 class _JProc(Struct, gc=False):
     serviceName: str = ""
+    tags: list[_JTag] = []
 
 
 class _JSpan(Struct, gc=False):
@@ -407,6 +421,8 @@ def _add_jaeger(t: _JTrace, where: str, out: SpanRows) -> None:
     res = out.resolved
     names = res.names
     procs = {k: names.setdefault(p.serviceName, len(names) - 1) for k, p in t.processes.items()}
+    for p in t.processes.values():
+        out.note_node(p.serviceName, ((g.key, g.value) for g in p.tags))
     spans = t.spans
     ti = len(res.trace_names)
     res.trace_names.append(t.traceID or (spans[0].traceID if spans else ""))
@@ -436,6 +452,7 @@ def _add_jaeger(t: _JTrace, where: str, out: SpanRows) -> None:
             svc = procs.get(s.processID, -1)
         else:
             svc = names.setdefault(s.process.serviceName, len(names) - 1)
+            out.note_node(s.process.serviceName, ((g.key, g.value) for g in s.process.tags))
         if dups and local[s.spanID] != base + si:
             kind = -1  # a duplicate id: the last span with it is kept
         rows.append(

@@ -31,7 +31,7 @@ from meshtax.model.ecg import (
 )
 from meshtax.model.presets import expand
 from meshtax.model.schema import describe, path_text, validator
-from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
+from meshtax.model.sidecar import NO_SIDECAR, Architecture, Mode, SidecarConfig
 
 
 @cache
@@ -203,8 +203,14 @@ def ecgs_from_dict(doc: Any, source: str) -> list[ECG]:
         except ValueError as e:
             bad.append(f"services.{name}.sidecar: {e}")
             continue
+        own = s.get("architecture")
         services[name] = Service(
-            name, sidecar, s.get("platform", defaults.get("platform")), s.get("connections")
+            name,
+            sidecar,
+            s.get("platform", defaults.get("platform")),
+            s.get("connections"),
+            node=s.get("node"),
+            architecture=None if own is None else Architecture(own),
         )
     if bad:
         raise ECGError(source, bad)

@@ -96,6 +96,8 @@ def read_otlp_json(doc: bytes, where: str, out: SpanRows) -> None:
         for kv in rs.resource.attributes if rs.resource else ():
             if kv.key == "service.name":
                 svc = str(_otlp_value(kv.value) or "")
+        if rs.resource:
+            out.note_node(svc, ((kv.key, _otlp_value(kv.value)) for kv in rs.resource.attributes))
         for ci, sc in enumerate(rs.scopeSpans or rs.instrumentationLibrarySpans):
             for si, s in enumerate(sc.spans):
                 k = s.kind
@@ -171,6 +173,7 @@ def read_otlp_proto(data: bytes, where: str, out: SpanRows) -> None:
         for kv in rs.resource.attributes:
             if kv.key == "service.name":
                 svc = kv.value.string_value
+        out.note_node(svc, ((kv.key, kv.value.string_value) for kv in rs.resource.attributes))
         for sc in rs.scope_spans:
             for s in sc.spans:
                 kind = _OTLP_KINDS.get(int(s.kind), INTERNAL)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -85,6 +85,7 @@ class Paired:
     origin_ns: I64
     end_ns: I64
     asynchronous: B
+    nodes: dict[str, str] = field(default_factory=dict)  # trace service name → its node
 
 
 def _depth(parent: I64) -> tuple[I64, B]:

@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from meshtax.traces import decode, inputs, otlp, zipkin
 from meshtax.traces.alibaba import TraceFormatError
 from meshtax.traces.pairing import Paired
 from meshtax.traces.report import ImportReport
-from meshtax.traces.spans import FORMATS, SpanOptions, fill_rates, pair_rows
+from meshtax.traces.spans import FORMATS, SpanOptions, fill_rates, naming, pair_rows
 
 #: format → reader of one document into rows (Jaeger has its own path: traces are cut out)
 READERS = {
@@ -110,12 +110,16 @@ def _decode_and_pair(
         rows.resolved = whole.resolved  # one table of joined traces for the task
         _read_source(src, fmt, options.max_document_bytes, rows, None)
         (whole.rows if rows.complete else held).extend(rows.rows)
+        for k, v in rows.nodes.items():
+            whole.nodes.setdefault(k, v)
     for i, raw in enumerate(task.raws):
         decode.read_jaeger_trace(raw, f"{task.where}: trace {i}", whole)
     parts = [pair_rows(whole.rows, rep, options)] if whole.rows else []
     if whole.resolved.rows:
         parts.append(pair_rows(whole.resolved, rep, options))
-    return (concat(parts) if parts else pair_rows([], rep, options)), rep, held
+    paired = concat(parts) if parts else pair_rows([], rep, options)
+    # nodes of every source read, also of rows held back for later pairing
+    return replace(paired, nodes={**whole.nodes, **paired.nodes}), rep, held
 
 
 #: Beyond this many inputs, files are not looked at one by one (a stat of every one of 50 000
@@ -376,11 +380,16 @@ def concat(parts: Sequence[Paired]) -> Paired:
         row_ids=tuple(i for p in parts for i in p.batch.row_ids),
         protocol=proto if proto.any() else None,
     )
+    nodes: dict[str, str] = {}
+    for p in parts:
+        for k, v in p.nodes.items():
+            nodes.setdefault(k, v)
     return Paired(
         batch,
         np.concatenate([p.origin_ns for p in parts]).astype(np.int64),
         np.concatenate([p.end_ns for p in parts]).astype(np.int64),
         np.concatenate([p.asynchronous for p in parts]).astype(bool),
+        nodes,
     )
 
 
@@ -392,7 +401,22 @@ def load_paired(
     parts = list(iter_batches(paths, format, options, rep))
     if options.rate is None:
         fill_rates(parts, options.window_s, rep)
-    return (concat(parts) if parts else pair_rows([], rep, options)), rep
+    paired = concat(parts) if parts else pair_rows([], rep, options)
+    return replace(paired, batch=_with_nodes(paired, options)), rep
+
+
+def _with_nodes(paired: Paired, options: SpanOptions) -> EcgBatch:
+    """The batch with each service's node (``k8s.node.name``/``host.name`` of its resource,
+    under the service's mapped name)."""
+    rename = naming(options).rename
+    by_name: dict[str, str] = {}
+    for raw, node in paired.nodes.items():
+        by_name.setdefault(rename(raw), node)
+    b = paired.batch
+    names = tuple(dict.fromkeys(by_name[s] for s in b.services if s in by_name))
+    ix = {n: k for k, n in enumerate(names)}
+    where = [ix[by_name[s]] if s in by_name else -1 for s in b.services]
+    return replace(b, service_node=np.asarray(where, dtype=np.int64), node_names=names)
 
 
 def _as_list(paths: inputs.PathIn | Sequence[inputs.PathIn]) -> list[inputs.PathIn]:

@@ -1,0 +1,193 @@
+"""Pricing per mesh architecture on hand-computed graphs: which proxies a call crosses (sidecar,
+node-l4 intra- and inter-node, waypoint, none, mixed), the roles' models (tcp for node
+proxies, mTLS carried, the callee's L7 for waypoints), node placement and memory."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from meshtax.model.components import OTHER, PARSING, READ, TLS
+from meshtax.model.costmodel import CostModel
+from meshtax.model.ecg import ECG, Service, to_batch, validate
+from meshtax.model.profile import ModeProfile
+from meshtax.model.sidecar import NO_SIDECAR, Architecture, Mode, SidecarConfig
+from meshtax.predict.architecture import (
+    ArchitectureError,
+    arrange,
+    parse_architectures,
+    place_nodes,
+    predict_architecture,
+)
+from meshtax.predict.engine import predict_batch, single_profile
+from meshtax.predict.memory import memory_by_architecture
+from tests.helpers import EXTERNAL, flat, inv, profile
+
+# per message: tcp 10 µs / 20 CPU-µs; http 10 + 30 = 40 µs / 20 + 40 = 60 CPU-µs; TLS 5 / 7
+P = profile(
+    {
+        Mode.TCP: {READ: flat(10, 20), TLS: flat(5, 7)},
+        Mode.HTTP: {READ: flat(10, 20), PARSING: flat(30, 40)},
+    }
+)
+LOOK = single_profile(P)
+HTTP = SidecarConfig(Mode.HTTP)
+SIDECAR, L4, WAY, NONE = (
+    Architecture.SIDECAR,
+    Architecture.NODE_L4,
+    Architecture.WAYPOINT,
+    Architecture.NONE,
+)
+
+
+def chain(
+    a_node: str | None = "n1",
+    b_node: str | None = "n1",
+    a: Service | None = None,
+    b: Service | None = None,
+) -> ECG:
+    """external → A (0–100 µs) → B (10–60 µs), 100 B each way, 1000/s."""
+    services = {
+        "A": a or Service("A", HTTP, node=a_node),
+        "B": b or Service("B", HTTP, node=b_node),
+    }
+    return validate(
+        "g",
+        services,
+        [inv("r", EXTERNAL, "A", 0, 100), inv("c", "A", "B", 10, 50, parent="r")],
+    )
+
+
+def overhead(
+    g: ECG, arch: Architecture, pods_per_node: int = 1
+) -> tuple[float, float, list[float]]:
+    """(latency µs, vCPU, per-row latency) of one graph under ``arch``."""
+    _, p = predict_architecture(to_batch([g]), LOOK, arch, pods_per_node=pods_per_node)
+    rows = list(p.row_latency_caller_us + p.row_latency_callee_us)
+    return float(p.latency_overhead_us[0]), float(p.cpu_vcpu[0]), rows
+
+
+@pytest.mark.parametrize(
+    ("arch", "a_node", "b_node", "rows", "cpu"),
+    [
+        # A's and B's sidecars, http: 2 × 40 µs per crossing
+        (SIDECAR, "n1", "n2", [80, 160], (120 + 240) * 1e-3),
+        # one node proxy, tcp: 2 × 10 µs; intra-node A → B crosses it once
+        (L4, "n1", "n1", [20, 20], (40 + 40) * 1e-3),
+        # inter-node: A's node proxy and B's
+        (L4, "n1", "n2", [20, 40], (40 + 80) * 1e-3),
+        # plus the callee's waypoint (http: 2 × 40 µs, 2 × 60 CPU-µs)
+        (WAY, "n1", "n2", [100, 120], (40 + 120 + 80 + 120) * 1e-3),
+        (WAY, "n1", "n1", [100, 100], (40 + 120 + 40 + 120) * 1e-3),
+        (NONE, "n1", "n2", [0, 0], 0.0),
+    ],
+)
+def test_crossings_per_architecture(
+    arch: Architecture, a_node: str, b_node: str, rows: list[float], cpu: float
+) -> None:
+    lat, vcpu, per_row = overhead(chain(a_node, b_node), arch)
+    assert per_row == pytest.approx(rows)
+    assert lat == pytest.approx(sum(rows))  # B's call is on A's critical path
+    assert vcpu == pytest.approx(cpu)
+
+
+def test_sidecar_architecture_is_todays_prediction() -> None:
+    g = chain("n1", "n2")
+    b = to_batch([g])
+    today = predict_batch(b, LOOK)
+    _, p = predict_architecture(b, LOOK, SIDECAR)
+    assert p.latency_overhead_us == pytest.approx(today.latency_overhead_us)
+    assert p.cpu_vcpu == pytest.approx(today.cpu_vcpu)
+
+
+def test_a_service_choice_overrides_the_default() -> None:
+    # A keeps its sidecar, B follows the default node-l4: A's sidecar 80 + B's node proxy 20
+    a = Service("A", HTTP, node="n1", architecture=SIDECAR)
+    _, _, rows = overhead(chain(a=a), L4)
+    assert rows == pytest.approx([80, 100])
+    # a sidecar config asking for a waypoint keeps it under a node-l4 default
+    b = Service("B", SidecarConfig(Mode.HTTP, architecture=WAY), node="n1")
+    _, _, rows = overhead(chain(b=b), L4)
+    assert rows == pytest.approx([20, 20 + 80])  # intra-node: one node proxy, B's waypoint
+    # a service without a sidecar opts out of every architecture
+    b = Service("B", NO_SIDECAR, node="n2")
+    for arch in (SIDECAR, L4, WAY):
+        _, _, rows = overhead(chain(b=b), arch)
+        assert rows[1] == pytest.approx({SIDECAR: 80, L4: 20, WAY: 20}[arch])
+
+
+def test_node_proxy_is_l4_with_the_services_mtls() -> None:
+    mtls = SidecarConfig(Mode.HTTP, mtls=True)
+    g = chain(a=Service("A", mtls, node="n1"), b=Service("B", mtls, node="n2"))
+    # tcp + TLS per message: 2 × (10 + 5) per node proxy
+    assert overhead(g, L4)[2] == pytest.approx([30, 60])
+    arranged = arrange(to_batch([g]), L4)
+    cfgs = {s.config for s in arranged.batch.specs}
+    assert cfgs == {SidecarConfig(Mode.TCP, mtls=True, architecture=L4)}
+    # the profile has no http TLS model: the waypoint's mTLS is warned about, not guessed
+    _, p = predict_architecture(to_batch([g]), LOOK, WAY)
+    assert any("no TLS model in http mode" in w for w in p.warnings)
+
+
+def test_unplaced_services_are_placed_by_name_pods_per_node() -> None:
+    assert place_nodes(["b", "a", "c"], {"a": None, "b": None, "c": "x"}, 2) == {
+        "a": "~0",
+        "b": "~0",
+        "c": "x",
+    }
+    g = chain(None, None)
+    # one pod per node (the default): A → B is inter-node; two: intra-node
+    assert overhead(g, L4)[2] == pytest.approx([20, 40])
+    assert overhead(g, L4, pods_per_node=2)[2] == pytest.approx([20, 20])
+    assert arrange(to_batch([g]), L4, 2).n_nodes == 1
+    with pytest.raises(ArchitectureError, match="pods_per_node must be at least 1"):
+        place_nodes(["a"], {}, 0)
+
+
+def test_parse_architectures() -> None:
+    assert parse_architectures("sidecar, node-l4,sidecar") == (SIDECAR, L4)
+    with pytest.raises(ArchitectureError, match="unknown architecture 'ambient'; expected"):
+        parse_architectures("sidecar,ambient")
+
+
+def test_memory_per_architecture() -> None:
+    # sidecar memory M + n·m: tcp 10 MB + 1 kB per connection, http 20 MB + 2 kB
+    base = {OTHER: flat(1, 1)}
+    mem = replace(
+        P,
+        modes={
+            Mode.TCP: ModeProfile(Mode.TCP, base, memory=CostModel(10e6, 1e3)),
+            Mode.HTTP: ModeProfile(Mode.HTTP, base, memory=CostModel(20e6, 2e3)),
+        },
+    )
+    services = {
+        n: Service(n, HTTP, connections=c, node=node)
+        for n, c, node in (("a", 10, "n1"), ("b", 20, "n1"), ("c", 30, "n2"))
+    }
+    look = single_profile(mem)
+    got: dict[Architecture, dict[str, Any]] = {}
+    for arch in (SIDECAR, L4, WAY, NONE):
+        m, warns = memory_by_architecture(services, look, arch)
+        assert m is not None and warns == []
+        got[arch] = m
+    sidecars = 3 * 20e6 + 2e3 * 60
+    nodes = 2 * 10e6 + 1e3 * 60  # two nodes, every connection through one node proxy
+    assert got[SIDECAR]["total_bytes"] == pytest.approx(sidecars)
+    assert got[L4]["total_bytes"] == pytest.approx(nodes) and got[L4]["proxies"] == 2
+    assert got[WAY]["total_bytes"] == pytest.approx(nodes + sidecars)
+    assert got[NONE]["total_bytes"] == 0 and got[NONE]["proxies"] == 0
+    # without a memory model: not predicted, and said
+    none, warns = memory_by_architecture(services, LOOK, L4)
+    assert none is None and any("no tcp memory model" in w for w in warns)
+
+
+def test_several_graphs_and_one_placement() -> None:
+    g1 = chain("n1", "n2")
+    g2 = validate("h", g1.services, [inv("r", EXTERNAL, "B", 0, 100)])
+    _, p = predict_architecture(to_batch([g1, g2]), LOOK, L4)
+    assert p.latency_overhead_us == pytest.approx(np.array([60.0, 20.0]))
+    with pytest.raises(ValueError, match="'B' appears on two nodes"):
+        to_batch([g1, chain("n1", "n1")])
