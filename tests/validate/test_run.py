@@ -122,6 +122,7 @@ def test_bookinfo_http_prediction_not_grossly_off(short_profile: Profile) -> Non
         profile_name="ci-validate",
         warmup_n=100,
         lock_timeout_s=300.0,
+        speed="now",  # the real reference workload, on the real CPUs
     )
     res = run_validation(opts, RealSystem(), short_profile)
     (case,) = res.cases

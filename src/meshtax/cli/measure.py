@@ -64,7 +64,7 @@ from meshtax.store.sqlite import ProfileStore
 @report_option
 @db_option
 @accept_unclosed_option
-@speed_option("now")
+@speed_option("profile")
 @user_errors
 def validate(
     topology: str,

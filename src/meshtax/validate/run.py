@@ -101,7 +101,10 @@ class ValidateOptions:
     lock_timeout_s: float = 900.0
     keep_workdir: bool = False
     traces_dir: str | None = None
-    speed: str = "now"  # "now": the reference workload before each prediction, costs scaled
+    # "now": the reference workload before each prediction, costs scaled by it. Not the default:
+    # on a loaded machine its fastest burst moved 4× within minutes (cross-CPU 95–397 µs),
+    # and the scaling doubled the suite's error (BENCHMARKS.md, issue #14)
+    speed: str = "profile"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
