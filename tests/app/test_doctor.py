@@ -36,7 +36,9 @@ class FakeHost:
         default_factory=lambda: {doctor.BTF, doctor.LIBBPF_HEADER, FORTIO_BIN, PROBE_BIN}
     )
     tools: dict[str, str] = field(
-        default_factory=lambda: {t: f"/usr/bin/{t}" for t in ("perf", "clang", "bpftool")}
+        default_factory=lambda: {
+            t: f"/usr/bin/{t}" for t in ("perf", "clang", "bpftool", "valgrind")
+        }
     )
     env: dict[str, str] = field(default_factory=dict)
     release: str = "6.18.0"
@@ -117,6 +119,7 @@ def test_all_good() -> None:
         "envoy",
         "fortio",
         "perf",
+        "counters",
         "probe-build",
         "probe-attach",
     ]

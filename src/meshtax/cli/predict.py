@@ -22,6 +22,7 @@ from meshtax.cli._common import (
     user_errors,
 )
 from meshtax.report.exporters import EXPORTERS
+from meshtax.report.microarch import microarch_document
 from meshtax.report.text import prediction_text, profile_text, profiles_text
 from meshtax.store.sqlite import ProfileStore
 
@@ -163,10 +164,25 @@ def profiles_list(db: str | None, fmt: str) -> None:
     show_default=True,
     help="Rate (requests/s) for CPU in vCPU.",
 )
+@click.option(
+    "--microarch",
+    is_flag=True,
+    help="Instead: instructions, cache misses and branches per request (`profile --microarch`).",
+)
 @user_errors
-def profiles_show(name: str, db: str | None, fmt: str, size: float, rate: float) -> None:
+def profiles_show(
+    name: str, db: str | None, fmt: str, size: float, rate: float, microarch: bool
+) -> None:
     """The component breakdown of profile NAME (the paper's Table 2 layout)."""
     p = ProfileStore(db).get(name)
+    if microarch:
+        if p.microarch is None:
+            raise UsageError(
+                f"profile {name!r} has no microarchitectural part; measure one with "
+                f"`meshtax profile --microarch --base {name}`"
+            )
+        click.echo(microarch_document(p.microarch, fmt), nl=False)
+        return
     click.echo(
         profile_text(p, size, rate) if fmt == "table" else EXPORTERS[fmt].export(p.to_dict()),
         nl=False,

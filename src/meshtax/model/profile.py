@@ -10,6 +10,7 @@ from typing import Any
 
 from meshtax.model.components import Component
 from meshtax.model.costmodel import ComponentModel, CostModel
+from meshtax.model.microarch import Microarch
 from meshtax.model.sidecar import Mode
 
 #: Version of the profile document format (bump with a dated note when it changes).
@@ -23,6 +24,9 @@ from meshtax.model.sidecar import Mode
 #:     only when set, absent in older documents). Optional top-level ``colocation`` (issue #6:
 #:     how much the CPU's message rate warms one of many co-located sidecars; absent in older
 #:     documents, which price every message at the shared CPU's rate, ``alpha`` = 1), per mode.
+#:     2026-11-23: optional top-level ``microarch`` (issue #19: instructions, simulated cache
+#:     misses and branches per request; its own ``format``, see ``model.microarch``; absent in
+#:     older documents).
 PROFILE_FORMAT = 1
 
 
@@ -362,7 +366,8 @@ class Profile:
     """A platform's sidecar cost models, per protocol mode, with provenance.
 
     Models are per message crossing one sidecar once (one direction); a request and its
-    response through one sidecar cost two such crossings.
+    response through one sidecar cost two such crossings. ``microarch``: counts per request
+    (instructions, cache misses, branches), when measured.
     """
 
     name: str
@@ -370,6 +375,7 @@ class Profile:
     provenance: Provenance
     modes: Mapping[Mode, ModeProfile]
     colocation: Mapping[Mode, Colocation] = field(default_factory=dict)
+    microarch: Microarch | None = None
 
     def alpha(self, mode: Mode) -> float:
         """The co-location exponent the engine prices shared CPUs with in ``mode`` (1 when that
@@ -401,6 +407,7 @@ class Profile:
                 if self.colocation
                 else {}
             ),
+            **({} if self.microarch is None else {"microarch": self.microarch.to_dict()}),
         }
 
     @classmethod
@@ -418,4 +425,5 @@ class Profile:
             colocation={
                 Mode(k): Colocation.from_dict(v) for k, v in (d.get("colocation") or {}).items()
             },
+            microarch=None if d.get("microarch") is None else Microarch.from_dict(d["microarch"]),
         )

@@ -301,7 +301,15 @@ def profile_text(profile: Profile, size: float = TABLE_BYTES, rate: float = TABL
         for name, mp in cols
         if mp.closure is not None
     ]
-    return _render(*head, "", t, *closure, *colocation_lines(profile.colocation), width=160)
+    micro = []
+    if profile.microarch is not None:
+        m = profile.microarch
+        micro.append(
+            f"microarchitecture: {len(m.rows)} counted variants ({m.source}); "
+            f"`meshtax profiles show {profile.name} --microarch`"
+        )
+    cols_ = colocation_lines(profile.colocation)
+    return _render(*head, "", t, *closure, *cols_, *micro, width=160)
 
 
 def colocation_lines(cols: Mapping[Mode, Colocation]) -> list[str]:
