@@ -183,6 +183,14 @@ def test_kernel_rows_pool_the_meshed_windows() -> None:
                         },
                     ]
                 },
+                "cpu": [
+                    {"run": "f0.5", "rate": 5000, "breakdown_us": {"user": 1.0, "read": 9.0}},
+                    {
+                        "run": "max",
+                        "rate": 9000,
+                        "breakdown_us": {"user": 4.0, "write": 2.5, "ipc": 1.0},
+                    },
+                ],
             },
             {"size": 1024, "probe": {"windows": []}},
         ]
@@ -191,6 +199,8 @@ def test_kernel_rows_pool_the_meshed_windows() -> None:
     assert (k.mode, k.size, k.requests) == ("tcp", 100, 200)
     assert (k.syscalls, k.reads, k.writes, k.epoll_waits) == (3.0, 1.0, 1.0, 0.9)
     assert (k.kernel_cpu_us, k.user_cpu_us) == (30.0, 20.0)
+    # perf: the closed-loop run, per crossing in the record → per request
+    assert (k.perf_kernel_cpu_us, k.perf_user_cpu_us, k.perf_run) == (7.0, 8.0, "max")
     assert kernel_rows({}) == []
 
 

@@ -203,7 +203,9 @@ class CounterRow:
 @dataclass(frozen=True)
 class KernelRow:
     """The sidecar's kernel work per request at one mode and size, from the base profile's own
-    probe windows (syscalls, kernel and user CPU of its worker threads) — not re-measured."""
+    measurements — not re-measured: its probe windows (syscalls, kernel and user CPU of its
+    worker threads) and its perf CPU run at the highest rate (``perf_run``; CPU-µs per request,
+    kernel symbols vs user space; None without one)."""
 
     mode: str
     size: int
@@ -214,6 +216,9 @@ class KernelRow:
     epoll_waits: float
     kernel_cpu_us: float
     user_cpu_us: float
+    perf_kernel_cpu_us: float | None = None
+    perf_user_cpu_us: float | None = None
+    perf_run: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -226,25 +231,29 @@ class KernelRow:
             "epoll_waits": self.epoll_waits,
             "kernel_cpu_us": self.kernel_cpu_us,
             "user_cpu_us": self.user_cpu_us,
+            "perf_kernel_cpu_us": self.perf_kernel_cpu_us,
+            "perf_user_cpu_us": self.perf_user_cpu_us,
+            "perf_run": self.perf_run,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> KernelRow:
+        def opt(k: str) -> float | None:
+            return None if d.get(k) is None else float(d[k])
+
         return cls(
             str(d["mode"]),
             int(d["size"]),
             int(d["requests"]),
-            *(
-                float(d[k])
-                for k in (
-                    "syscalls",
-                    "reads",
-                    "writes",
-                    "epoll_waits",
-                    "kernel_cpu_us",
-                    "user_cpu_us",
-                )
-            ),
+            float(d["syscalls"]),
+            float(d["reads"]),
+            float(d["writes"]),
+            float(d["epoll_waits"]),
+            float(d["kernel_cpu_us"]),
+            float(d["user_cpu_us"]),
+            opt("perf_kernel_cpu_us"),
+            opt("perf_user_cpu_us"),
+            str(d.get("perf_run", "")),
         )
 
 

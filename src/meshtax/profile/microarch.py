@@ -295,7 +295,8 @@ def count_mode(
 def kernel_rows(measurements: Mapping[str, Any]) -> list[KernelRow]:
     """Per mode and size, the sidecar's syscalls and CPU per request, pooled over the meshed
     probe windows of a profile's ``options.measurements`` (its worker threads: those that read
-    or wrote); empty when the profile has no such record."""
+    or wrote), and the kernel/user split of its perf run at the highest rate (per crossing in
+    the record, so doubled); empty when the profile has no such record."""
     rows = []
     for mode, records in measurements.items():
         for r in records or ():
@@ -307,6 +308,8 @@ def kernel_rows(measurements: Mapping[str, Any]) -> list[KernelRow]:
             def tot(key: str, ws: list[dict[str, Any]] = ws) -> float:
                 return float(sum(w.get("sidecar", {}).get(key, 0) for w in ws))
 
+            cpu = max(r.get("cpu") or [{}], key=lambda c: (c.get("run") == "max", c.get("rate", 0)))
+            bd = cpu.get("breakdown_us")
             rows.append(
                 KernelRow(
                     str(mode),
@@ -318,6 +321,9 @@ def kernel_rows(measurements: Mapping[str, Any]) -> list[KernelRow]:
                     tot("epoll_n") / n,
                     tot("sys_cpu_ns") / n / 1e3,
                     tot("user_ns") / n / 1e3,
+                    None if bd is None else 2 * sum(v for k, v in bd.items() if k != "user"),
+                    None if bd is None else 2 * bd.get("user", 0.0),
+                    str(cpu.get("run", "")),
                 )
             )
     return rows

@@ -288,6 +288,8 @@ def kernel_table(m: Microarch) -> Tab | None:
             f"{k.epoll_waits:.2f}",
             f"{k.kernel_cpu_us:.1f}",
             f"{k.user_cpu_us:.1f}",
+            _f(k.perf_kernel_cpu_us, "{:.1f}"),
+            _f(k.perf_user_cpu_us, "{:.1f}"),
             str(k.requests),
         ]
         for k in m.kernel
@@ -303,9 +305,14 @@ def kernel_table(m: Microarch) -> Tab | None:
         "epoll waits",
         "kernel CPU µs",
         "user CPU µs",
+        "perf kernel µs",
+        "perf user µs",
         "requests",
     )
-    note = "per request, the sidecar's worker threads in the base profile's meshed probe windows"
+    note = (
+        "per request, the sidecar's worker threads in the base profile's meshed probe windows; "
+        "perf: its CPU run at the highest rate (kernel symbols vs user space)"
+    )
     return Tab("Kernel work per request (from the base profile)", head, rows, [note])
 
 
