@@ -149,7 +149,10 @@ class EnvoyProcess:
             CallgrindSpec() if callgrind is True else None if callgrind is False else callgrind
         )
         self.callgrind = self.callgrind_spec is not None
-        self.start_timeout = start_timeout or (CALLGRIND_START_S if callgrind else 15.0)
+        spec = self.callgrind_spec
+        # the simulators slow Envoy's start under callgrind about twice more
+        slow = 2 if spec is not None and (spec.cache_sim or spec.branch_sim) else 1
+        self.start_timeout = start_timeout or (slow * CALLGRIND_START_S if spec else 15.0)
         self.config_path = workdir / "envoy.json"
         self.log_path = workdir / "envoy.log"
         self.process: Process | None = None
