@@ -123,7 +123,7 @@ def test_pmu_counter_windows(tmp_path: Path) -> None:
             "stat",
             "-x,",
             "-e",
-            "instructions,cycles",
+            "instructions:u,cycles:u",
             "-p",
             "99",
             "-o",

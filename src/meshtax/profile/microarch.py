@@ -11,7 +11,8 @@ what the first window cost beyond that (``warmup``: lazy initialisation, cold ca
 Variants that cost many instructions per request (RBAC with 10 000 rules) get proportionally
 fewer requests, so every window simulates about the same number of instructions.
 
-Counts are user space of the whole proxy process (every thread). Where the proxy's symbols
+Counts are the proxy's user space (under valgrind, its main thread apart: it serves no request,
+and its timers follow a window's wall time, not its requests). Where the proxy's symbols
 are known (a binary with symbols, or a symbol map), each function's self cost is attributed to
 parsing, filters or other (:func:`classify`); else the rows stay whole-process and say so.
 Kernel work per request is not re-measured: it comes from the base profile's probe windows
@@ -384,10 +385,15 @@ def measure_microarch(
     )
     rows = [r if named else dataclasses.replace(r, by_part={}) for m in counted for r in m.rows]
     geometry = next((m.geometry for m in counted if m.geometry is not None), None)
+    whose = (
+        "every thread but the main one (counted apart: its timers follow wall time)"
+        if source.name == "valgrind"
+        else "every thread"
+    )
     notes = [
-        "user space of the whole proxy process (every thread), per request: "
-        "(C(n2) − C(n1)) / (n2 − n1); fixed = per-window work (one connection each); "
-        "warmup = the first window beyond steady and fixed work",
+        f"user space of the proxy, {whose}, per request: (C(n2) − C(n1)) / (n2 − n1); "
+        "fixed = per-window work (one connection each); warmup = the first window beyond "
+        "steady and fixed work",
         "kernel work per request from the base profile's probe windows (not re-measured)",
     ]
     if shares and not named:

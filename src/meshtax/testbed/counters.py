@@ -187,14 +187,15 @@ class ValgrindSource:
 
 
 def parse_perf_stat(text: str) -> dict[str, float]:
-    """``perf stat -x,`` output → {event: count}; events perf could not count are left out."""
+    """``perf stat -x,`` output → {event: count} (modifiers such as ``:u`` dropped from the
+    names); events perf could not count are left out."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         parts = line.split(",")
         if len(parts) < 3 or line.startswith("#"):
             continue
         try:
-            out[parts[2].strip()] = float(parts[0])
+            out[parts[2].strip().split(":")[0]] = float(parts[0])
         except ValueError:
             continue  # <not supported>, <not counted>
     return out
@@ -229,7 +230,9 @@ class _PerfStatCounter:
     def zero(self) -> None:
         self._stop()
         self._n += 1
-        argv = ["perf", "stat", "-x,", "-e", ",".join(self.events), "-p", str(self.pid)]
+        # user space only, like valgrind's counts (the kernel's share comes from the probes)
+        events = ",".join(f"{e}:u" for e in self.events)
+        argv = ["perf", "stat", "-x,", "-e", events, "-p", str(self.pid)]
         self._proc = self.system.spawn([*argv, "-o", str(self._out())], place=Placement())
 
     def _out(self) -> Path:
@@ -264,8 +267,8 @@ class _PerfStatCounter:
 
 @dataclass(frozen=True)
 class PmuSource:
-    """The hardware counters through ``perf stat -p`` (``events``: what this CPU counts,
-    :func:`pmu_events`)."""
+    """The hardware counters through ``perf stat -p``, user space only, every thread of the
+    process (``events``: what this CPU counts, :func:`pmu_events`)."""
 
     events: tuple[str, ...]
     name: str = "pmu"
