@@ -19,6 +19,7 @@ from meshtax.report.build import ReportInputs, render_report
 from meshtax.report.microarch import (
     additivity,
     agreement,
+    components_table,
     counts_table,
     microarch_document,
     microarch_text,
@@ -64,6 +65,20 @@ def test_counts_table() -> None:
     assert rows[("http", "base")][-2:] == ["400,000", "900,000"]
     assert rows[("tcp", "base")][4] == "—"  # its own mode's base
     assert "IPC" not in t.head
+
+
+def test_components_by_difference() -> None:
+    t = components_table(MICRO)
+    assert t is not None
+    rows = [r[:4] for r in t.rows]
+    assert rows[:4] == [
+        ["http", "100", "Other", "100,000"],
+        ["http", "100", "Parsing", "100,000"],
+        ["http", "100", "Filter(ip_tagging_1)", "10,000"],
+        ["http", "100", "Filter(ip_tagging_5)", "16,000"],
+    ]
+    assert ["tcp", "100", "Other", "100,000"] in rows
+    assert not any(r[2] == "Filter(http_mix_1)" for r in rows)  # chains are not components
 
 
 def test_additivity_on_instructions() -> None:

@@ -160,6 +160,41 @@ def parts_table(m: Microarch) -> Tab | None:
 PARTS = ("parsing", "filters", "other")
 
 
+def components_table(m: Microarch) -> Tab | None:
+    """Instructions per request split as the profile's components are, by difference: Other =
+    the TCP-mode base sidecar, Parsing = this mode's base − it (same size), each filter = its
+    variant − base. Needs no symbols."""
+    rows = []
+    for (mode, size), rs in _groups(m).items():
+        tcp = m.row("tcp", BASE, size)
+        base = m.row(mode, BASE, size)
+        other = None if tcp is None else _m(tcp, m.source, "instructions")
+        mine = None if base is None else _m(base, m.source, "instructions")
+        if other is None or mine is None:
+            continue
+        rows.append([mode, str(size), "Other", _f(other), f"{100 * other / mine:.0f}"])
+        if mode != "tcp":
+            parsing = mine - other
+            rows.append([mode, str(size), "Parsing", _f(parsing), f"{100 * parsing / mine:.0f}"])
+        for r in rs:
+            i = _m(r, m.source, "instructions")
+            if r.variant != BASE and not r.members and i is not None:
+                rows.append(
+                    [
+                        mode,
+                        str(size),
+                        f"Filter({r.variant})",
+                        _f(i - mine),
+                        f"{100 * (i - mine) / mine:+.0f}",
+                    ]
+                )
+    if not rows:
+        return None
+    head = ("mode", "size (B)", "component", "instructions / request", "% of the mode's base")
+    note = "by difference: Other = TCP-mode base; Parsing = the mode's base − Other; filters − base"
+    return Tab("Instructions per request by component", head, rows, [note])
+
+
 @dataclass(frozen=True)
 class Additivity:
     """A chain against base + Σ (member − base), on instructions per request."""
@@ -318,7 +353,8 @@ def kernel_table(m: Microarch) -> Tab | None:
 
 def microarch_tables(m: Microarch) -> list[Tab]:
     tabs = [counts_table(m)]
-    for t in (parts_table(m), additivity_table(m), published_table(m), kernel_table(m)):
+    more = (components_table(m), parts_table(m), additivity_table(m), published_table(m))
+    for t in (*more, kernel_table(m)):
         if t is not None:
             tabs.append(t)
     return tabs
