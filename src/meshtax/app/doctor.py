@@ -279,7 +279,7 @@ def check_counters(system: System, host: Host) -> Check:
     source, why = detect_source(system, valgrind=lambda: host.which("valgrind") is not None)
     if source is None:
         return Check("counters", False, why, APT_FIX.format("valgrind"))
-    return Check("counters", True, f"{source.name}: {why}")
+    return Check("counters", True, why)
 
 
 def check_probe_build(system: System, host: Host) -> Check:
