@@ -1,4 +1,4 @@
-"""Entry points that measure this machine (root): profile (with extras), calibrate, validate,
+"""Entry points that measure this machine (root): profile (with extras), validate,
 the one-hop sweeps, and the readiness checks. Options in, profiles and documents out."""
 
 from __future__ import annotations
@@ -7,11 +7,10 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from meshtax.app import doctor
-from meshtax.app.errors import UsageError
+from meshtax.errors import UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends
@@ -22,23 +21,21 @@ from meshtax.store.resolve import resolve_profile
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
 from meshtax.testbed.paired import PairPolicy
+from meshtax.testbed.pinning import pinning_of
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.runstate import RunBusy
 from meshtax.testbed.system import RealSystem, System
-from meshtax.validate.colocation import calibrate as calibrate_mode
 from meshtax.validate.result import ValidationResult
-from meshtax.validate.run import ValidateOptions, machine, pinning_of, run_validation
+from meshtax.validate.run import ValidateOptions, machine, run_validation
 from meshtax.validate.sweep import SweepResult, run_sweep
 
 __all__ = [
-    "CalibrateOptions",
     "ExtrasOptions",
     "MeasureOptions",
     "Measured",
     "ProfileOptions",
     "SweepOptions",
     "ValidateOptions",
-    "calibrate",
     "check_machine",
     "measure",
     "require_root",
@@ -103,47 +100,13 @@ def measure(
     return Measured(prof, notes)
 
 
-@dataclass(frozen=True)
-class CalibrateOptions:
-    profile: str | None = None
-    modes: tuple[Mode, ...] = ()  # empty: every mode of the profile
-    rate: float = 100.0
-    duration_s: float = 3.0
-    quick: bool = False
-    keep_dir: str | None = None
-
-
-def calibrate(
-    opts: CalibrateOptions, store: ProfileStore, say: Say | None = None
-) -> tuple[Profile, list[tuple[Mode, ValidationResult]]]:
-    """Per mode, the co-location exponent from chains of services; each stored when done."""
-    prof = resolve_profile(store, opts.profile, this_host()).profile
-    results = []
-    try:
-        for m in opts.modes or tuple(prof.modes):
-            keep = None if opts.keep_dir is None else Path(opts.keep_dir) / m.value
-            prof, res = calibrate_mode(
-                RealSystem(),
-                prof,
-                store,
-                mode=m,
-                rate=opts.rate,
-                duration_s=opts.duration_s,
-                quick=opts.quick,
-                keep_dir=keep,
-                progress=say,
-            )
-            results.append((m, res))
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    return prof, results
-
-
 def validate(
     opts: ValidateOptions, store: ProfileStore, say: Say | None = None
 ) -> ValidationResult:
     """Measured vs predicted on a multi-service app in pods (:mod:`meshtax.validate.run`)."""
-    resolved = resolve_profile(store, opts.profile_name, this_host())
+    resolved = resolve_profile(
+        store, opts.profile_name, this_host(), accept_unclosed=opts.accept_unclosed
+    )
     try:
         return run_validation(opts, RealSystem(), resolved.profile, say, warnings=resolved.warnings)
     except (ValueError, FileNotFoundError) as e:
@@ -159,11 +122,14 @@ class SweepOptions:
     sizes: Sequence[int] = field(default=(100, 1024, 4096, 16384, 65536))
     rate: float = 200.0  # the size sweep's rate
     pairs: tuple[int, int] = (6, 8)  # paired runs per point: at least, at most
+    accept_unclosed: bool = False
 
 
 def sweep(opts: SweepOptions, store: ProfileStore, say: Say | None = None) -> SweepResult:
     """One hop, size or rate sweep, measured vs predicted."""
-    prof = resolve_profile(store, opts.profile, this_host()).profile
+    prof = resolve_profile(
+        store, opts.profile, this_host(), accept_unclosed=opts.accept_unclosed
+    ).profile
     with Testbed(RealSystem(), lock_timeout=900.0) as tb:
         return run_sweep(
             opts.kind,
