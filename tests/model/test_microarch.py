@@ -17,6 +17,7 @@ from meshtax.model.microarch import (
     metric,
 )
 from meshtax.model.profile import Profile
+from meshtax.model.profile_check import ProfileError
 from meshtax.model.sidecar import Mode
 from tests.helpers import flat, profile
 
@@ -90,6 +91,24 @@ def test_old_documents_load_and_newer_are_refused() -> None:
         {"mode": "tcp", "variant": "base", "size": 1, "n1": 1, "n2": 2, "per_request": {"Ir": 3}}
     )
     assert r.fixed == {} and r.main == {} and r.members == ()
+
+
+@pytest.mark.parametrize(
+    ("micro", "says"),
+    [
+        ([], "microarch"),
+        ({"source": "valgrind"}, "rows"),
+        ({"source": "valgrind", "rows": [{"mode": "tcp"}]}, "variant"),
+        ({"source": "valgrind", "rows": [{**ROW.to_dict(), "per_request": {"Ir": "x"}}]}, "Ir"),
+        ({"source": "valgrind", "rows": [{**ROW.to_dict(), "mode": "udp"}]}, "mode"),
+        ({"source": "valgrind", "rows": [], "kernel": [{"mode": "tcp"}]}, "size"),
+        ({**MICRO.to_dict(), "geometry": {"i1": {"size": 3}}}, "assoc"),
+    ],
+)
+def test_a_broken_microarch_part_is_a_profile_error(micro: object, says: str) -> None:
+    d = {**profile({Mode.HTTP: {OTHER: flat(1, 2)}}).to_dict(), "microarch": micro}
+    with pytest.raises(ProfileError, match=says):
+        Profile.from_dict(d, "p.json")
 
 
 def test_merged_replaces_recounted_rows() -> None:
