@@ -8,7 +8,9 @@ Run as root, under the machine's measurement lock::
 
 Runs the CLI ``meshtax profile --microarch --base BASE --name BASE+microarch-N`` (into
 ``--db``) ``--runs`` times, one after the other; a missing ``BASE`` is measured first with
-``meshtax profile --quick`` (its probe windows give the kernel work per request). Then prints
+``meshtax profile --quick`` (its probe windows give the kernel work per request; on a loaded
+machine that timed profile may come out unusable and stop the benchmark). ``--base reference``
+counts on the bundled reference instead: the same counts, without kernel rows. Then prints
 one JSON object: per run its wall time and load average before and after; per item (mode,
 variant, size, metric) both runs' counts per request and their relative difference, against
 the issue's bounds (instructions 2 %, simulated misses 5 %; counts below one per request are

@@ -226,11 +226,8 @@ def test_fill_instructions() -> None:
     assert run.samples[100]["base"].instructions is None
 
 
-def test_profile_extras_stores_the_microarch_and_feeds_the_filters(tmp_path: Path) -> None:
-    """``--microarch --filters lua``: one counted pass; the filter profile takes its
-    instructions from it (no callgrind Envoy of its own); kernel rows come from the base."""
-    from meshtax.store.sqlite import ProfileStore
-
+def _lua_world(tmp_path: Path) -> Backends:
+    """Backends of a fake world where base and lua count 170k and 184k instructions."""
     events = {v: {"Ir": x, "I1mr": x / 30} for v, x in (("base", 170e3), ("lua", 184e3))}
     world = FakeWorld(
         {"base": 10.0, "lua": 11.0}, {"base": 50.0, "lua": 52.0}, {"base": 0, "lua": 0}
@@ -251,6 +248,15 @@ def test_profile_extras_stores_the_microarch_and_feeds_the_filters(tmp_path: Pat
         state_dir=tmp_path,
         procs=FakeProcOps(default=lambda p: p * 10),
     )
+    return be
+
+
+def test_profile_extras_stores_the_microarch_and_feeds_the_filters(tmp_path: Path) -> None:
+    """``--microarch --filters lua``: one counted pass; the filter profile takes its
+    instructions from it (no callgrind Envoy of its own); kernel rows come from the base."""
+    from meshtax.store.sqlite import ProfileStore
+
+    be = _lua_world(tmp_path)
     store = ProfileStore(tmp_path / "p.db")
     base = profile({Mode.HTTP: {}}, name="b")
     meas = {
@@ -288,6 +294,20 @@ def test_profile_extras_stores_the_microarch_and_feeds_the_filters(tmp_path: Pat
         backends=be,
     )
     assert again.microarch is not None and len(again.microarch.rows) == 2
+
+
+def test_microarch_on_the_bundled_reference_has_no_kernel_rows(tmp_path: Path) -> None:
+    """``--base reference`` (benchmarks/bench_microarch.py on a machine without a usable base):
+    the same counts, stored under a new name, and no kernel work (no probe windows here)."""
+    from meshtax.store.sqlite import ProfileStore
+
+    store = ProfileStore(tmp_path / "p.db")
+    opts = ExtrasOptions(("lua",), quick=True, modes=(Mode.HTTP,), microarch=True, name="r+m")
+    got = profile_extras(opts, FakeSystem(), store, "reference", backends=_lua_world(tmp_path))
+    m = store.get("r+m").microarch
+    assert m is not None and m == got.microarch and m.kernel == ()
+    lua = m.row("http", "lua", 100)
+    assert lua is not None and lua.per_request["Ir"] == pytest.approx(184e3)
 
 
 def test_counter_source_choice(tmp_path: Path) -> None:
