@@ -25,6 +25,7 @@ from meshtax.report.microarch import (
     microarch_text,
     published_ratios,
     published_table,
+    topdown_table,
 )
 from meshtax.report.text import profile_text
 from tests.helpers import flat, profile
@@ -65,6 +66,18 @@ def test_counts_table() -> None:
     assert rows[("http", "base")][-2:] == ["400,000", "900,000"]
     assert rows[("tcp", "base")][4] == "—"  # its own mode's base
     assert "IPC" not in t.head
+
+
+def test_pmu_rows_have_ipc_and_a_top_down_split() -> None:
+    ev = {"instructions": 2e5, "cycles": 4e5, "slots": 8e5, "topdown-retiring": 2e5}
+    ev |= {"topdown-bad-spec": 4e4, "topdown-fe-bound": 2e5, "topdown-be-bound": 3.6e5}
+    pmu = Microarch("pmu", "perf", (CounterRow("http", "base", 100, 100, 500, 100, ev),))
+    counts = counts_table(pmu)
+    assert counts.rows[0][counts.head.index("IPC")] == "0.50"
+    td = topdown_table(pmu)
+    assert td is not None and td.rows == [["http", "100", "base", "25.0", "5.0", "25.0", "45.0"]]
+    assert "Top-down" in microarch_text(pmu)
+    assert topdown_table(MICRO) is None  # valgrind simulates no pipeline
 
 
 def test_components_by_difference() -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "PUBLISHED_MICROARCH",
     "PUBLISHED_RATIOS",
     "SAHU",
+    "TOPDOWN",
     "CacheGeometry",
     "CacheLevel",
     "CounterRow",
@@ -52,7 +53,15 @@ METRICS: dict[str, dict[str, tuple[str, ...]]] = {
     "cond_misses": {"valgrind": ("Bcm",)},
     "indirect_branches": {"valgrind": ("Bi",)},
     "indirect_misses": {"valgrind": ("Bim",)},
+    # the top-down level-1 split, in pipeline slots (perf's names; CPUs that have them)
+    "slots": {"pmu": ("slots",)},
+    "retiring": {"pmu": ("topdown-retiring",)},
+    "bad_speculation": {"pmu": ("topdown-bad-spec",)},
+    "frontend_bound": {"pmu": ("topdown-fe-bound",)},
+    "backend_bound": {"pmu": ("topdown-be-bound",)},
 }
+#: the top-down categories, as shares of :data:`METRICS` ``slots``
+TOPDOWN = ("retiring", "bad_speculation", "frontend_bound", "backend_bound")
 
 
 def metric(events: Mapping[str, float], source: str, name: str) -> float | None:

@@ -17,6 +17,7 @@ from meshtax.model.microarch import (
     PUBLISHED_MICROARCH,
     PUBLISHED_RATIOS,
     SAHU,
+    TOPDOWN,
     CounterRow,
     Microarch,
     metric,
@@ -158,6 +159,27 @@ def parts_table(m: Microarch) -> Tab | None:
 
 
 PARTS = ("parsing", "filters", "other")
+
+
+def topdown_table(m: Microarch) -> Tab | None:
+    """Hardware counters with the top-down events: each category's share of a request's
+    pipeline slots (None for valgrind, which simulates no pipeline)."""
+    rows = []
+    for r in m.rows:
+        slots = _m(r, m.source, "slots")
+        shares = [_m(r, m.source, k) for k in TOPDOWN]
+        if slots and slots > 0 and all(v is not None for v in shares):
+            rows.append(
+                [r.mode, str(r.size), r.variant, *(f"{100 * (v or 0) / slots:.1f}" for v in shares)]
+            )
+    if not rows:
+        return None
+    head = ("mode", "size (B)", "variant", *(f"{k.replace('_', ' ')} %" for k in TOPDOWN))
+    note = (
+        "shares of the pipeline slots per request (perf's topdown-* events over slots); "
+        f"published frontend-bound cycles: {PUBLISHED_MICROARCH['frontend-bound cycles']}"
+    )
+    return Tab("Top-down split of the pipeline slots per request", head, rows, [note])
 
 
 def components_table(m: Microarch) -> Tab | None:
@@ -353,7 +375,13 @@ def kernel_table(m: Microarch) -> Tab | None:
 
 def microarch_tables(m: Microarch) -> list[Tab]:
     tabs = [counts_table(m)]
-    more = (components_table(m), parts_table(m), additivity_table(m), published_table(m))
+    more = (
+        topdown_table(m),
+        components_table(m),
+        parts_table(m),
+        additivity_table(m),
+        published_table(m),
+    )
     for t in (*more, kernel_table(m)):
         if t is not None:
             tabs.append(t)
