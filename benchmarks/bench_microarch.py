@@ -120,7 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="shorter windows (--quick)")
     ap.add_argument("--modes", default="tcp,http,grpc")
-    ap.add_argument("--filters", help="as `profile --filters` (default: the microarch set)")
+    ap.add_argument(
+        "--filters",
+        help="as `profile --filters`: counts these and also measures their CPU and latency "
+        "(paired rounds, minutes); default: the microarch set, counted only",
+    )
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     ap.add_argument("--report", nargs=2, metavar=("A", "B"), help="compare two stored profiles")
     args = ap.parse_args(argv)

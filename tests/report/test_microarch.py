@@ -65,6 +65,9 @@ def test_counts_table() -> None:
     assert rows[("http", "ip_tagging_1")][3:7] == ["210,000", "+10,000", "+5.0", "30.00"]
     assert rows[("http", "base")][-2:] == ["400,000", "900,000"]
     assert rows[("tcp", "base")][4] == "—"  # its own mode's base
+    # a window difference a hair below zero reads 0.00, not -0.00
+    tiny = dataclasses.replace(MICRO.rows[0], per_request={**BASE_EV, "ILmr": -0.4})
+    assert counts_table(dataclasses.replace(MICRO, rows=(tiny,))).rows[0][8] == "0.00"
     assert "IPC" not in t.head
 
 

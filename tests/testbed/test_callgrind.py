@@ -61,7 +61,7 @@ def test_parse_dump_totals_geometry_and_self_costs() -> None:
         CacheLevel(32768, 8, 64),
         CacheLevel(49152, 12, 64),
         CacheLevel(268435456, 1, 64),
-        "as simulated (valgrind)",
+        "as valgrind reports them in its dump",
     )
     # the inclusive cost after calls= is not the caller's own; names are decompressed
     # (fn=(1) under ob=(2) is the same name id: callgrind shares one table for fn and cfn)

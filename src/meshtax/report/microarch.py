@@ -80,7 +80,10 @@ def _f(v: float | None, fmt: str = "{:,.0f}") -> str:
 
 def _mpki(row: CounterRow, source: str, name: str) -> str:
     i, x = _m(row, source, "instructions"), _m(row, source, name)
-    return "—" if not i or x is None else f"{1000 * x / i:.2f}"
+    if not i or x is None:
+        return "—"
+    v = 1000 * x / i
+    return "0.00" if abs(v) < 0.005 else f"{v:.2f}"  # a difference of two windows: ±0, not −0
 
 
 def _groups(m: Microarch) -> dict[tuple[str, int], list[CounterRow]]:

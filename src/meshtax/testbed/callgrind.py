@@ -104,7 +104,7 @@ def parse_geometry(lines: Iterable[str]) -> CacheGeometry | None:
         got[m.group(1)] = CacheLevel(size, assoc, line_b)
     if set(got) != {"I1", "D1", "LL"}:
         return None
-    return CacheGeometry(got["I1"], got["D1"], got["LL"], "as simulated (valgrind)")
+    return CacheGeometry(got["I1"], got["D1"], got["LL"], "as valgrind reports them in its dump")
 
 
 def _name(table: dict[str, str], text: str) -> str:
