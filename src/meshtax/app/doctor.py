@@ -1,4 +1,5 @@
-"""Can this machine profile? ``check_all`` says what works and how to fix what does not.
+"""Can this machine profile? ``check_all`` says what works and how to fix what does not
+(and which counter source ``--microarch`` would use).
 
 Commands go through :class:`System`; everything else the checks look at (uid, mounts, files,
 limits) goes through a small :class:`Host`, so the check logic runs against fakes in tests.
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshtax.testbed.counters import detect_source
 from meshtax.testbed.haproxy import parse_version as parse_haproxy_version
 from meshtax.testbed.host import INFINITY, Host, RealHost
 from meshtax.testbed.nginx import STREAM_MODULE
@@ -300,6 +302,15 @@ def check_perf(system: System, host: Host) -> Check:
     return Check("perf", True, "perf record -e cpu-clock works")
 
 
+def check_counters(system: System, host: Host) -> Check:
+    """Which counter source ``meshtax profile --microarch`` would use here: the hardware
+    counters when ``perf stat`` counts instructions and cycles, else valgrind's simulation."""
+    source, why = detect_source(system, valgrind=lambda: host.which("valgrind") is not None)
+    if source is None:
+        return Check("counters", False, why, APT_FIX.format("valgrind"))
+    return Check("counters", True, why)
+
+
 def check_probe_build(system: System, host: Host) -> Check:
     missing = [t for t in ("clang", "bpftool") if host.which(t) is None]
     if not host.exists(LIBBPF_HEADER):
@@ -327,6 +338,7 @@ def check_all(
         check_fortio(system, h),
         *check_other_proxies(system, h),
         check_perf(system, h),
+        check_counters(system, h),
         check_probe_build(system, h),
         check_probe_attach(h, probe),
     ]

@@ -142,7 +142,11 @@ def validate(
     "low_rates",
     help="Absolute low rates (requests/s) of extra CPU runs, e.g. 100,300 ('none': off; default: the preset's).",
 )
-@click.option("--name", help="Profile name (default: <hostname>-<UTC time>).")
+@click.option(
+    "--name",
+    help="Profile name (default: <hostname>-<UTC time>; with --base, of the extended profile: "
+    "default <base>+extras).",
+)
 @click.option("--replace", is_flag=True, help="Replace a stored profile of the same name.")
 @click.option(
     "--filters",
@@ -160,8 +164,28 @@ def validate(
     "--large", is_flag=True, help="Also profile large messages (up to 1 MB) and where they split."
 )
 @click.option(
+    "--microarch",
+    is_flag=True,
+    help="Also count instructions, cache misses and branch mispredictions per request (base "
+    "sidecar, each filter of --filters or a default set, their combinations; per mode and size).",
+)
+@click.option(
+    "--counters",
+    type=click.Choice(["auto", "valgrind", "pmu"]),
+    default="auto",
+    show_default=True,
+    help="With --microarch: hardware counters (pmu), valgrind's simulators, or what this machine "
+    "offers (see `meshtax doctor`).",
+)
+@click.option(
+    "--symbol-map",
+    type=click.Path(exists=True, dir_okay=False),
+    help="With --microarch: `nm -C --defined-only` output of a stripped proxy binary, to split "
+    "instructions into parsing, filters and other.",
+)
+@click.option(
     "--base",
-    help="With --filters/--mtls/--memory/--large: add to this stored profile "
+    help="With --filters/--mtls/--memory/--large/--microarch: add to this stored profile "
     "(default: this machine's newest; measured first if none).",
 )
 @click.option(
@@ -218,6 +242,9 @@ def profile_cmd(
     mtls: bool,
     memory: bool,
     large: bool,
+    microarch: bool,
+    counters: str,
+    symbol_map: str | None,
     base: str | None,
     wait_s: float,
     proxy: str,
@@ -230,7 +257,7 @@ def profile_cmd(
 
     Pods in network namespaces with Istio-style interception, fortio load, eBPF probes and
     perf; everything is removed on exit, on Ctrl-C, and on the next start after a crash.
-    With --filters/--mtls/--memory/--large the extra components are measured and stored as
+    With --filters/--mtls/--memory/--large/--microarch the extras are measured and stored as
     '<base>+extras' (the base profile is not changed).
     """
     from rich.progress import (
@@ -269,9 +296,20 @@ def profile_cmd(
             "--sizes 100,1024 --carried grpc --low-rates 100,300"
         ) from None
     extras = None
-    if filters or mtls or memory or large:
+    if filters or mtls or memory or large or microarch:
         which = None if not filters else "all" if filters == "all" else csv(filters, str)
-        extras = ExtrasOptions(which, quick, mtls, memory, large, modes=popts.modes)
+        extras = ExtrasOptions(
+            which,
+            quick,
+            mtls,
+            memory,
+            large,
+            modes=popts.modes,
+            name=name if base else None,  # with --base nothing else is named
+            microarch=microarch,
+            counters=counters,
+            symbol_map=symbol_map,
+        )
     store = ProfileStore(db)
     columns = (
         TextColumn("{task.description}"),

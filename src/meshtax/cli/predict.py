@@ -1,4 +1,4 @@
-"""Commands that predict and move data: predict, study, profiles, example, traces, config,
+"""Commands that predict and move data: predict, study, example, traces, config,
 report."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from meshtax.cli._common import (
 )
 from meshtax.report.architectures import architectures_csv, architectures_text
 from meshtax.report.exporters import EXPORTERS
-from meshtax.report.text import prediction_text, profile_text, profiles_text
+from meshtax.report.text import prediction_text
 from meshtax.store.sqlite import ProfileStore
 
 
@@ -141,108 +141,6 @@ def predict(
     if report_path:
         out = app_data.build_report((), [doc["profile"]["name"]], store, report_path, docs=[doc])
         click.echo(f"wrote {out}", err=True)
-
-
-@main.group()
-def profiles() -> None:
-    """List, show, export and import stored profiles."""
-
-
-@profiles.command("list")
-@db_option
-@click.option(
-    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
-)
-@user_errors
-def profiles_list(db: str | None, fmt: str) -> None:
-    """Every stored profile, and the bundled reference."""
-    store = ProfileStore(db)
-    rows = store.list()
-    for bad, why in store.unusable:
-        click.echo(f"warning: stored profile {bad!r} is not usable, not listed: {why}", err=True)
-    if fmt == "json":
-        click.echo(
-            json.dumps(
-                [
-                    {
-                        "name": r.name,
-                        "source": r.source,
-                        "created": r.created,
-                        "modes": r.modes,
-                        "filters": r.filters,
-                        "platform": r.platform.to_dict(),
-                        "bundled": r.bundled,
-                    }
-                    for r in rows
-                ],
-                indent=2,
-            )
-        )
-    else:
-        click.echo(profiles_text(rows), nl=False)
-
-
-@profiles.command("show")
-@click.argument("name")
-@db_option
-@format_option
-@click.option(
-    "--size",
-    type=NONNEG,
-    default=100.0,
-    show_default=True,
-    help="Message size (bytes) of the table.",
-)
-@click.option(
-    "--rate",
-    type=POSITIVE,
-    default=30000.0,
-    show_default=True,
-    help="Rate (requests/s) for CPU in vCPU.",
-)
-@user_errors
-def profiles_show(name: str, db: str | None, fmt: str, size: float, rate: float) -> None:
-    """The component breakdown of profile NAME (the paper's Table 2 layout)."""
-    p = ProfileStore(db).get(name)
-    click.echo(
-        profile_text(p, size, rate) if fmt == "table" else EXPORTERS[fmt].export(p.to_dict()),
-        nl=False,
-    )
-
-
-@profiles.command("export")
-@click.argument("name")
-@db_option
-@output_option
-@click.option(
-    "--format", "fmt", type=click.Choice(["json", "csv"]), default="json", show_default=True
-)
-@user_errors
-def profiles_export(name: str, db: str | None, output: str | None, fmt: str) -> None:
-    """Write profile NAME as a self-describing document (JSON, with samples) or CSV."""
-    emit(EXPORTERS[fmt].export(ProfileStore(db).get(name).to_dict()), output)
-
-
-@profiles.command("import")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--name", help="Store under this name instead of the document's.")
-@click.option("--replace", is_flag=True, help="Replace a stored profile of the same name.")
-@db_option
-@user_errors
-def profiles_import(file: str, name: str | None, replace: bool, db: str | None) -> None:
-    """Import a profile exported with `meshtax profiles export`."""
-    p = app_data.import_profile(file, ProfileStore(db), name, replace)
-    click.echo(f"imported profile {p.name!r} ({p.provenance.source}, {p.platform.describe()})")
-
-
-@profiles.command("delete")
-@click.argument("name")
-@db_option
-@user_errors
-def profiles_delete(name: str, db: str | None) -> None:
-    """Delete stored profile NAME."""
-    ProfileStore(db).delete(name)
-    click.echo(f"deleted {name!r}")
 
 
 @main.group()

@@ -10,6 +10,7 @@ from typing import Any
 
 from meshtax.model.components import Component
 from meshtax.model.costmodel import ComponentModel, CostModel
+from meshtax.model.microarch import Microarch
 from meshtax.model.sidecar import Mode
 from meshtax.model.speed import Speed
 
@@ -34,6 +35,9 @@ from meshtax.model.speed import Speed
 #:     documents that carry it still load. Optional platform ``variant`` (issue #17: the
 #:     sidecar's IPC/write variant, e.g. ``ipc=uds``; written only when set, so older
 #:     platforms keep their keys).
+#:     Later the same day, optional top-level ``microarch`` (issue #19: instructions, simulated
+#:     cache misses and branches per request; its own ``format``, see
+#:     :mod:`meshtax.model.microarch`; absent in older documents).
 PROFILE_FORMAT = 2
 
 
@@ -299,7 +303,8 @@ class Profile:
     """A platform's sidecar cost models, per protocol mode, with provenance.
 
     Models are per message crossing one sidecar once (one direction); a request and its
-    response through one sidecar cost two such crossings.
+    response through one sidecar cost two such crossings. ``microarch``: counts per request
+    (instructions, cache misses, branches), when measured.
     """
 
     name: str
@@ -309,6 +314,7 @@ class Profile:
     speed: Speed | None = None
     interference: Mapping[str, Any] = field(default_factory=dict)
     status: str | None = None  # closed | unclosed (None: not recorded; see unclosed_modes)
+    microarch: Microarch | None = None
 
     @property
     def unclosed_modes(self) -> tuple[Mode, ...]:
@@ -364,6 +370,7 @@ class Profile:
             **({"speed": self.speed.to_dict()} if self.speed is not None else {}),
             **({"interference": dict(self.interference)} if self.interference else {}),
             **({"status": self.status} if self.status is not None else {}),
+            **({} if self.microarch is None else {"microarch": self.microarch.to_dict()}),
         }
 
     @classmethod
@@ -394,4 +401,5 @@ class Profile:
             speed=Speed.from_dict(d["speed"]) if d.get("speed") else None,
             interference=dict(d.get("interference") or {}),
             status=None if d.get("status") is None else str(d["status"]),
+            microarch=None if d.get("microarch") is None else Microarch.from_dict(d["microarch"]),
         )

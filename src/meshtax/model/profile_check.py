@@ -83,8 +83,46 @@ PROFILE_SCHEMA: dict[str, Any] = {
             "additionalProperties": {"$ref": "#/$defs/mode"},
         },
         "colocation": {"type": "object"},  # written by older versions; not used
+        "microarch": {"$ref": "#/$defs/microarch"},
     },
     "$defs": {
+        "events": {"type": "object", "additionalProperties": _NUM},
+        "microarch": {  # model.microarch.Microarch (issue #19)
+            "type": "object",
+            "required": ["source", "rows"],
+            "properties": {
+                "format": {"type": "integer", "minimum": 1},
+                "source": {"type": "string"},
+                "tool": {"type": "string"},
+                "geometry": {"anyOf": [{"type": "null"}, {"type": "object"}]},
+                "notes": {"type": "array", "items": {"type": "string"}},
+                "rows": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["mode", "variant", "size", "n1", "n2", "per_request"],
+                        "properties": {
+                            "mode": {"enum": _MODES},
+                            "variant": {"type": "string"},
+                            "size": {"type": "integer", "minimum": 0},
+                            "n1": {"type": "integer", "minimum": 0},
+                            "n2": {"type": "integer", "minimum": 1},
+                            "warmup_n": {"type": "integer", "minimum": 0},
+                            "per_request": {"$ref": "#/$defs/events"},
+                            "fixed": {"$ref": "#/$defs/events"},
+                            "warmup": {"$ref": "#/$defs/events"},
+                            "main": {"$ref": "#/$defs/events"},
+                            "members": {"type": "array", "items": {"type": "string"}},
+                            "by_part": {
+                                "type": "object",
+                                "additionalProperties": {"$ref": "#/$defs/events"},
+                            },
+                        },
+                    },
+                },
+                "kernel": {"type": "array", "items": {"type": "object"}},
+            },
+        },
         "cost": {
             "type": "object",
             "properties": {

@@ -15,7 +15,9 @@ from typing import Any, Protocol
 from meshtax.model.sidecar import Mode
 from meshtax.model.speed import Speed
 from meshtax.testbed import procfs
+from meshtax.testbed.callgrind import CallgrindSpec, host_geometry
 from meshtax.testbed.connect import ConnectFn, connect_loop
+from meshtax.testbed.counters import CounterSource, ValgrindSource, detect_source
 from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.fortio import FortioServer, LoadResult, LoadSpec, run_spec
 from meshtax.testbed.interference import InterferenceMeter, MeterFactory
@@ -145,12 +147,32 @@ class Backends:
     clock: Callable[[], float] = time.monotonic
     niceness: Callable[[int | None], AbstractContextManager[None]] = niceness
     now: Callable[[], _dt.datetime] = field(default=lambda: _dt.datetime.now(_dt.UTC))
+    counters: Callable[[System], tuple[CounterSource | None, str]] = detect_source
 
     def testbed(self, system: System) -> Testbed:
         """A testbed with these settings (not yet open)."""
         return Testbed(
             system, state_dir=self.state_dir, lock_timeout=self.lock_timeout, procs=self.procs
         )
+
+    def counter_source(self, system: System, which: str = "auto") -> CounterSource:
+        """The microarch counter source: ``auto`` (what :attr:`counters` finds: the PMU, else
+        valgrind), ``valgrind`` or ``pmu``; valgrind simulates this host's caches where it can
+        (:func:`~meshtax.testbed.callgrind.host_geometry`). ``ValueError`` when the machine
+        does not offer the source asked for."""
+        if which not in ("auto", "valgrind", "pmu"):
+            raise ValueError(f"unknown counter source {which!r} (auto, valgrind, pmu)")
+        spec = CallgrindSpec(True, True, host_geometry(), separate_threads=True)
+        if which == "valgrind":
+            if not self.callgrind_available():
+                raise ValueError("valgrind is not installed (apt-get install valgrind)")
+            return ValgrindSource(spec, functions=True)
+        found, why = self.counters(system)
+        if found is None or (which == "pmu" and found.name != "pmu"):
+            raise ValueError(
+                f"no {'hardware counters' if which == 'pmu' else 'counter source'}: {why}"
+            )
+        return ValgrindSource(spec, functions=True) if isinstance(found, ValgrindSource) else found
 
     def loads(self, system: System, *, stdclient: bool = False) -> LoadFn:
         return self.load or loopback_load(system, stdclient=stdclient)

@@ -14,6 +14,10 @@
   the primary ``tls_version`` also fills ``tls``/``tls_handshake`` (``ModeProfile.tls_version``).
 * **memory** (:mod:`meshtax.profile.memory`): the server sidecar's RSS against its open
   connections, plaintext and mTLS → ``ModeProfile.memory``/``memory_mtls``.
+* **microarch** (:mod:`meshtax.profile.microarch`): instructions, cache misses and branch
+  mispredictions per request of the base sidecar, each filter and chain, per mode, from the
+  machine's counter source (hardware counters, else valgrind's simulators) → ``Profile.microarch``.
+  With filters, its instruction counts also stand in for the filter profile's own callgrind pass.
 * **large messages**: the base sidecar at sizes up to 1 MiB; a straight line through the small
   sizes underestimates large messages, so the split size (:func:`meshtax.profile.fit.choose_split`)
   and the cost of each extra unit are fitted and added to the mode's ``other`` component (its
@@ -32,6 +36,7 @@ from typing import Any, Protocol
 
 from meshtax._version import __version__
 from meshtax.model.components import TLS, filter_component
+from meshtax.model.microarch import Microarch
 from meshtax.model.profile import ModeProfile, Profile, Provenance, TlsModels
 from meshtax.model.sidecar import Mode
 from meshtax.profile.additivity import additivity
@@ -48,9 +53,17 @@ from meshtax.profile.filters import (
 )
 from meshtax.profile.large import LARGE_SIZES, add_large, fit_large, measure_large
 from meshtax.profile.memory import CONNECTIONS, QUICK_CONNECTIONS, MemorySpec, measure_memory
+from meshtax.profile.microarch import (
+    DEFAULT_FILTERS,
+    MicroarchOptions,
+    fill_instructions,
+    measure_microarch,
+)
 from meshtax.profile.tls import TLS_SIZES, measure_handshake, measure_tls, tls_models
+from meshtax.testbed.callgrind import load_symbol_map
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.system import System
+from meshtax.testbed.tools import tool
 
 __all__ = ["ExtrasOptions", "ProfileStoreLike", "profile_extras"]
 
@@ -76,6 +89,9 @@ class ExtrasOptions:
     name: str | None = None
     tls_version: str = "1.3"  # the version of the top-level ``tls``/``tls_handshake`` and of memory
     tls_versions: tuple[str, ...] = ("1.3", "1.2")  # every version measured (``tls_by_version``)
+    microarch: bool = False
+    counters: str = "auto"  # the microarch counter source: auto, valgrind or pmu
+    symbol_map: str | None = None  # `nm -C` output of a stripped proxy binary (attribution)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,6 +105,9 @@ class ExtrasOptions:
             "modes": None if self.modes is None else [Mode(m).value for m in self.modes],
             "tls_version": self.tls_version,
             "tls_versions": list(self.tls_versions),
+            "microarch": self.microarch,
+            "counters": self.counters,
+            "symbol_map": self.symbol_map,
         }
 
 
@@ -135,9 +154,14 @@ def profile_extras(
         dict(start.provenance.options.get("extras", {})) if start is not base else {}
     )
     mps: Modes = dict(start.modes)
+    micro = start.microarch
     with be.testbed(system) as tb:
+        counted = None
+        if options.microarch:
+            counted = _microarch(tb, be, options, modes, base, say)
+            micro = counted if micro is None else micro.merged(counted)
         if options.filters:
-            rec = _add_filters(tb, be, options, modes, mps, say)
+            rec = _add_filters(tb, be, options, modes, mps, say, counted)
             record["filters"] = {**record.get("filters", {}), **rec}
         if options.mtls:
             record["mtls"] = _add_mtls(tb, be, options, modes, mps, say)
@@ -146,7 +170,7 @@ def profile_extras(
         if options.large:
             record["large"] = _add_large(tb, be, options, modes, mps, say)
     created = be.now().isoformat(timespec="seconds")
-    what = [k for k in ("filters", "mtls", "memory", "large") if getattr(options, k)]
+    what = [k for k in ("filters", "mtls", "memory", "large", "microarch") if getattr(options, k)]
     notes = [
         *start.provenance.notes,
         f"{created}: extras ({', '.join(what) or 'nothing'}) measured on loopback, "
@@ -165,7 +189,7 @@ def profile_extras(
         },
         notes=tuple(notes),
     )
-    out = dataclasses.replace(start, name=name, provenance=prov, modes=mps)
+    out = dataclasses.replace(start, name=name, provenance=prov, modes=mps, microarch=micro)
     store.save(out, replace=True)
     return out
 
@@ -174,10 +198,37 @@ def _run_options(options: ExtrasOptions) -> FilterRunOptions:
     return FilterRunOptions.quick() if options.quick else FilterRunOptions()
 
 
+def _microarch(
+    tb: Testbed, be: Backends, options: ExtrasOptions, modes: list[Mode], base: Profile, say: Say
+) -> Microarch:
+    source = be.counter_source(tb.system, options.counters)
+    per_mode = resolve_filters(options.filters or list(DEFAULT_FILTERS), modes)
+    return measure_microarch(
+        tb,
+        be,
+        per_mode,
+        source,
+        MicroarchOptions.quick() if options.quick else MicroarchOptions(),
+        binary=be.envoy_binary or tool("envoy"),
+        symbols=None if options.symbol_map is None else load_symbol_map(options.symbol_map),
+        measurements=base.provenance.options.get("measurements"),
+        created=be.now().isoformat(timespec="seconds"),
+        progress=lambda m: say(f"microarch, {m}"),
+    )
+
+
 def _add_filters(
-    tb: Testbed, be: Backends, options: ExtrasOptions, modes: list[Mode], mps: Modes, say: Say
+    tb: Testbed,
+    be: Backends,
+    options: ExtrasOptions,
+    modes: list[Mode],
+    mps: Modes,
+    say: Say,
+    counted: Microarch | None = None,
 ) -> dict[str, Any]:
     opts = _run_options(options)
+    if counted is not None:  # the microarch run counted instructions already
+        opts = dataclasses.replace(opts, callgrind=False)
     per_mode = resolve_filters(options.filters, modes)
     rec: dict[str, Any] = {}
     for mode in modes:
@@ -187,6 +238,8 @@ def _add_filters(
         say(f"filters, {mode.value} mode: {len(comps)} components")
         combos = combos_for(mode, comps)
         run = profile_filters(tb, be, mode, comps, opts, combos=combos, progress=say)
+        if counted is not None:
+            fill_instructions(run, counted)
         cs = dict(mps[mode].components)
         cs.update({filter_component(n): m for n, m in filter_models(run).items()})
         mps[mode] = dataclasses.replace(mps[mode], components=cs)

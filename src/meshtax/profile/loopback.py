@@ -17,6 +17,7 @@ from pathlib import Path
 
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends, LoadFn, loopback_load
+from meshtax.testbed.callgrind import CallgrindSpec
 from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.envoy.variants import LO, Variant, multi_bootstrap
 from meshtax.testbed.pods import Testbed
@@ -73,12 +74,13 @@ def variant_envoy(
     n_variants: int,
     *,
     label: str,
-    callgrind: bool = False,
+    callgrind: bool | CallgrindSpec = False,
     pin: bool = False,
     stdclient: bool = False,
 ) -> Iterator[VariantEnvoy]:
     """An echo app and one Envoy serving ``build``'s variants, in ``tb``'s scratch directory
-    ``meshtax-<label>-…``; ``pin``: the client on CPU 0, Envoy and the echo app on CPU 1."""
+    ``meshtax-<label>-…``; ``pin``: the client on CPU 0, Envoy and the echo app on CPU 1;
+    ``callgrind``: Envoy under callgrind (:class:`~meshtax.testbed.envoy.process.EnvoyProcess`)."""
     system = tb.registered
     work = tb.scratch_dir(f"meshtax-{label}-")
     # the admin port is chosen with the others: chosen apart, a port just released could

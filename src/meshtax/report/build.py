@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from meshtax.model.microarch import Microarch
 from meshtax.report import architectures as A
 from meshtax.report import figures as F
 from meshtax.report import graph_figures as G
@@ -26,6 +27,7 @@ from meshtax.report import html as H
 from meshtax.report import tables as T
 from meshtax.report import whatif as W
 from meshtax.report.markdown import interval
+from meshtax.report.microarch import microarch_html
 
 #: Per-graph call-graph figures drawn per prediction (the rest are in the exports).
 MAX_CALLGRAPHS = 8
@@ -222,6 +224,8 @@ def _profile_section(
         else:
             charts.append(chart)
             sec.blocks.append(H.figure(chart.id, chart.kind, chart.title, chart.caption, chart.svg))
+    if doc.get("microarch"):
+        sec.blocks += microarch_html(Microarch.from_dict(doc["microarch"]))
     return sec
 
 

@@ -300,4 +300,11 @@ def profile_text(profile: Profile, size: float = TABLE_BYTES, rate: float = TABL
         for name, mp in cols
         if mp.closure is not None
     ]
-    return _render(*head, "", t, *closure, width=160)
+    micro = []
+    if profile.microarch is not None:
+        m = profile.microarch
+        micro.append(
+            f"microarchitecture: {len(m.rows)} counted variants ({m.source}); "
+            f"`meshtax profiles show {profile.name} --microarch`"
+        )
+    return _render(*head, "", t, *closure, *micro, width=160)

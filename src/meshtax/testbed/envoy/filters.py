@@ -34,6 +34,7 @@ __all__ = [
     "MIXES",
     "RBAC_RULES",
     "IP_TAGS",
+    "SAHU_MIXES",
     "FilterSpec",
     "catalogue",
     "combination",
@@ -86,6 +87,12 @@ MIXES: dict[str, tuple[str, ...]] = {
     "rbac_http_1000+ip_tagging_10": ("rbac_http_1000", "ip_tagging_10"),
     "rbac_http_10000+ip_tagging_10": ("rbac_http_10000", "ip_tagging_10"),
     "rbac_network_1000+rbac_http_1000": ("rbac_network_1000", "rbac_http_1000"),
+}
+# Sahu et al.'s two HTTP mixes (header processing, rate limit, IP tag, logging): mix 1 is
+# rate limit + IP tag (its published filter estimate is their sum), mix 2 all four
+SAHU_MIXES: dict[str, tuple[str, ...]] = {
+    "http_mix_1": ("rate_limit", "ip_tagging_1"),
+    "http_mix_2": ("header_mutation", "rate_limit", "ip_tagging_1", "access_log"),
 }
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from meshtax.testbed.callgrind import CallgrindDump, CallgrindSpec, parse_dump
 from meshtax.testbed.envoy.config import EnvoyConfig, bootstrap
 from meshtax.testbed.system import CommandError, Placement, Process, System
 from meshtax.testbed.tools import tool
@@ -115,8 +116,10 @@ class EnvoyProcess:
 
     ``config`` is a sidecar's :class:`EnvoyConfig` or a whole bootstrap (e.g. many variants,
     :func:`~meshtax.testbed.envoy.variants.multi_bootstrap`). ``callgrind`` runs it under
-    ``valgrind --tool=callgrind`` (instructions only): :meth:`zero` and :meth:`dump` then
-    count the instructions of a window. The admin interface is read from inside the
+    ``valgrind --tool=callgrind`` (True: instructions only; a
+    :class:`~meshtax.testbed.callgrind.CallgrindSpec`: with the cache and branch simulators):
+    :meth:`zero` and :meth:`dump` then count the instructions of a window,
+    :meth:`dump_threads` every event per thread. The admin interface is read from inside the
     placement's namespace with ``curl`` (admin listens on 127.0.0.1 only).
     """
 
@@ -128,7 +131,7 @@ class EnvoyProcess:
         place: Placement = Placement(),
         binary: Path | None = None,
         *,
-        callgrind: bool = False,
+        callgrind: bool | CallgrindSpec = False,
         start_timeout: float | None = None,
     ) -> None:
         self.system = system
@@ -142,8 +145,14 @@ class EnvoyProcess:
         self.workdir = workdir
         self.place = place
         self.binary = binary or tool("envoy")
-        self.callgrind = callgrind
-        self.start_timeout = start_timeout or (CALLGRIND_START_S if callgrind else 15.0)
+        self.callgrind_spec: CallgrindSpec | None = (
+            CallgrindSpec() if callgrind is True else None if callgrind is False else callgrind
+        )
+        self.callgrind = self.callgrind_spec is not None
+        spec = self.callgrind_spec
+        # the simulators slow Envoy's start under callgrind about twice more
+        slow = 2 if spec is not None and (spec.cache_sim or spec.branch_sim) else 1
+        self.start_timeout = start_timeout or (slow * CALLGRIND_START_S if spec else 15.0)
         self.config_path = workdir / "envoy.json"
         self.log_path = workdir / "envoy.log"
         self.process: Process | None = None
@@ -187,17 +196,9 @@ class EnvoyProcess:
             self.log_level,
             *self.extra_args,
         ]
-        if not self.callgrind:
+        if self.callgrind_spec is None:
             return envoy
-        # instructions only (no cache sim, no per-instruction dump): the cheapest callgrind
-        return [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={self.workdir}/cg.out",
-            "--dump-instr=no",
-            "--collect-jumps=no",
-            *envoy,
-        ]
+        return [*self.callgrind_spec.args(self.workdir / "cg.out"), *envoy]
 
     def start(self) -> None:
         """Spawn Envoy (its bootstrap also saved as ``envoy.json`` for the record) and wait
@@ -285,15 +286,36 @@ class EnvoyProcess:
 
     def dump(self) -> int:
         """Dump callgrind's counters since the last zero/dump; returns the instruction count."""
+        return sum(parse_callgrind_total(t) for t in self._dump().values())
+
+    def dump_threads(self, *, functions: bool = False) -> dict[int, CallgrindDump]:
+        """As :meth:`dump`, every event (and with ``functions`` each function's self cost) per
+        valgrind thread number (1: the main thread); one entry, 0, unless the spec separates
+        threads."""
+        return {t: parse_dump(text, functions=functions) for t, text in self._dump().items()}
+
+    def _dump(self) -> dict[int, str]:
+        """Dump callgrind's counters since the last zero/dump; the dumps' texts by thread."""
         self.system.run(["callgrind_control", "-d", str(self.pid)], timeout=60)
         self._dumps += 1
-        path = self.workdir / f"cg.out.{self._dumps}"
+        base = self.workdir / f"cg.out.{self._dumps}"
+        split = self.callgrind_spec is not None and self.callgrind_spec.separate_threads
         deadline = time.monotonic() + 30
-        while not path.exists() or "totals:" not in path.read_text(errors="replace"):
+        seen: dict[int, str] = {}
+        while True:
+            paths = sorted(self.workdir.glob(f"{base.name}-*")) if split else [base]
+            texts = {
+                int(p.name.rsplit("-", 1)[1]) if split else 0: p.read_text(errors="replace")
+                for p in paths
+                if p.exists()
+            }
+            done = bool(texts) and all("totals:" in t for t in texts.values())
+            if done and texts.keys() == seen.keys():
+                return texts  # complete, and no thread's dump appeared since the last look
+            seen = texts if done else {}
             if time.monotonic() > deadline:
-                raise EnvoyError(f"callgrind wrote no dump {path}")
+                raise EnvoyError(f"callgrind wrote no complete dump {base}")
             time.sleep(0.1)
-        return parse_callgrind_total(path.read_text(errors="replace"))
 
     def stop(self) -> int | None:
         """End Envoy (SIGTERM, then SIGKILL) and close the log handle."""

@@ -1,0 +1,131 @@
+"""The microarch part of a profile: metrics per source, round trips, old and future documents."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from meshtax.model.components import OTHER
+from meshtax.model.microarch import (
+    MICROARCH_FORMAT,
+    CacheGeometry,
+    CacheLevel,
+    CounterRow,
+    KernelRow,
+    Microarch,
+    metric,
+)
+from meshtax.model.profile import Profile
+from meshtax.model.profile_check import ProfileError
+from meshtax.model.sidecar import Mode
+from tests.helpers import flat, profile
+
+GEOM = CacheGeometry(
+    CacheLevel(32768, 8, 64), CacheLevel(32768, 8, 64), CacheLevel(32 << 20, 16, 64), "host"
+)
+ROW = CounterRow(
+    "http",
+    "base",
+    100,
+    100,
+    500,
+    100,
+    {
+        "Ir": 170e3,
+        "I1mr": 6e3,
+        "D1mr": 2.6e3,
+        "D1mw": 700.0,
+        "Bc": 27e3,
+        "Bcm": 1.4e3,
+        "Bi": 3e3,
+        "Bim": 1.9e3,
+    },
+    {"Ir": 4e5},
+    {"Ir": 9e5},
+    (),
+    {"parsing": {"Ir": 80e3}},
+    {"Ir": 1.5e3},
+)
+MICRO = Microarch(
+    "valgrind",
+    "valgrind-3.19.0 --tool=callgrind",
+    (ROW, dataclasses.replace(ROW, variant="lua+wasm", members=("lua", "wasm"))),
+    GEOM,
+    "none: whole-process numbers",
+    (KernelRow("tcp", 100, 2000, 3.0, 1.0, 1.0, 0.9, 12.5, 8.0),),
+    "2026-11-23T06:00:00+00:00",
+    ("a note",),
+)
+
+
+def test_metrics_per_source() -> None:
+    assert metric(ROW.per_request, "valgrind", "instructions") == 170e3
+    assert metric(ROW.per_request, "valgrind", "d1_misses") == 3.3e3
+    assert metric(ROW.per_request, "valgrind", "branch_misses") == pytest.approx(3.3e3)
+    assert metric(ROW.per_request, "valgrind", "ll_misses") is None  # events not counted
+    assert metric(ROW.per_request, "valgrind", "cycles") is None  # not a valgrind metric
+    pmu = {"instructions": 1e5, "cycles": 2e5, "branch-misses": 10.0}
+    assert metric(pmu, "pmu", "cycles") == 2e5 and metric(pmu, "pmu", "branch_misses") == 10.0
+    assert metric(pmu, "pmu", "cond_misses") is None
+
+
+def test_round_trip_inside_a_profile() -> None:
+    p = dataclasses.replace(profile({Mode.HTTP: {OTHER: flat(1, 2)}}), microarch=MICRO)
+    d = p.to_dict()
+    assert d["microarch"]["format"] == MICROARCH_FORMAT
+    assert Profile.from_dict(d) == p
+    assert Microarch.from_dict(MICRO.to_dict()) == MICRO
+
+
+def test_old_documents_load_and_newer_are_refused() -> None:
+    p = profile({Mode.HTTP: {OTHER: flat(1, 2)}})
+    d = p.to_dict()
+    assert "microarch" not in d  # written only when measured
+    assert Profile.from_dict(d).microarch is None
+    newer = {**MICRO.to_dict(), "format": MICROARCH_FORMAT + 1}
+    with pytest.raises(ValueError, match="newer"):
+        Microarch.from_dict(newer)
+    # a minimal row (first format's required fields) loads with empty extras
+    r = CounterRow.from_dict(
+        {"mode": "tcp", "variant": "base", "size": 1, "n1": 1, "n2": 2, "per_request": {"Ir": 3}}
+    )
+    assert r.fixed == {} and r.main == {} and r.members == ()
+
+
+@pytest.mark.parametrize(
+    ("micro", "says"),
+    [
+        ([], "microarch"),
+        ({"source": "valgrind"}, "rows"),
+        ({"source": "valgrind", "rows": [{"mode": "tcp"}]}, "variant"),
+        ({"source": "valgrind", "rows": [{**ROW.to_dict(), "per_request": {"Ir": "x"}}]}, "Ir"),
+        ({"source": "valgrind", "rows": [{**ROW.to_dict(), "mode": "udp"}]}, "mode"),
+        ({"source": "valgrind", "rows": [], "kernel": [{"mode": "tcp"}]}, "size"),
+        ({**MICRO.to_dict(), "geometry": {"i1": {"size": 3}}}, "assoc"),
+    ],
+)
+def test_a_broken_microarch_part_is_a_profile_error(micro: object, says: str) -> None:
+    d = {**profile({Mode.HTTP: {OTHER: flat(1, 2)}}).to_dict(), "microarch": micro}
+    with pytest.raises(ProfileError, match=says):
+        Profile.from_dict(d, "p.json")
+
+
+def test_merged_replaces_recounted_rows() -> None:
+    newer = Microarch("valgrind", "t2", (dataclasses.replace(ROW, per_request={"Ir": 1.0}),))
+    m = MICRO.merged(newer)
+    assert [(r.variant, r.per_request.get("Ir")) for r in m.rows] == [
+        ("lua+wasm", 170e3),
+        ("base", 1.0),
+    ]
+    assert m.tool == "t2" and m.kernel == MICRO.kernel
+    other = Microarch("pmu", "perf", ())
+    assert MICRO.merged(other) is other  # sources are never mixed
+
+
+def test_cache_level_checks_and_describes() -> None:
+    assert CacheLevel(32768, 8, 64).sets == 64
+    assert CacheLevel(1 << 20, 1, 64).describe() == "1024 KiB direct-mapped, 64 B lines"
+    with pytest.raises(ValueError):
+        CacheLevel(1000, 8, 64)
+    assert "LL 32768 KiB 16-way" in GEOM.describe()

@@ -1,0 +1,355 @@
+"""The microarchitectural profile against a fake world with known counts per request, per
+window and per first use; profile_extras stores it; kernel rows from a recorded profile; one
+real run (root, slow): two Envoys agree on instructions per request."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from meshtax.model.microarch import Microarch, metric
+from meshtax.model.profile import Provenance
+from meshtax.model.sidecar import Mode
+from meshtax.profile.backends import Backends
+from meshtax.profile.extras import ExtrasOptions, profile_extras
+from meshtax.profile.filters import ModeRun, VariantSamples
+from meshtax.profile.microarch import (
+    DEFAULT_FILTERS,
+    Attribution,
+    MicroarchOptions,
+    classify,
+    combos_for,
+    count_mode,
+    fill_instructions,
+    kernel_rows,
+)
+from meshtax.testbed.callgrind import SymbolMap
+from meshtax.testbed.counters import FakeCounterSource
+from meshtax.testbed.envoy.filters import COMBINATIONS, SAHU_MIXES
+from meshtax.testbed.pods import Testbed
+from meshtax.testbed.runstate import FakeProcOps
+from meshtax.testbed.system import FakeSystem, RealSystem
+from tests.helpers import profile
+from tests.profile.fakes import FakeWorld, fake_backends
+
+#: per request, per variant: instructions (Ir), I1 misses, conditional branches
+EVENTS = {
+    "base": {"Ir": 170_000.0, "I1mr": 6000.0, "Bc": 27_000.0, "Bcm": 1400.0},
+    "tap": {"Ir": 500_000.0, "I1mr": 9000.0, "Bc": 60_000.0, "Bcm": 2000.0},
+    "lua": {"Ir": 184_000.0, "I1mr": 6500.0, "Bc": 29_000.0, "Bcm": 1500.0},
+    "rbac_http_10000": {"Ir": 3_600_000.0, "I1mr": 6100.0, "Bc": 900_000.0, "Bcm": 1500.0},
+}
+FIXED = {"Ir": 400_000.0, "I1mr": 3000.0, "Bc": 60_000.0, "Bcm": 5000.0}  # per window
+FIRST = {"Ir": 900_000.0, "I1mr": 16_000.0, "Bc": 50_000.0, "Bcm": 10_000.0}  # first use
+
+
+def world_source(world: FakeWorld, events: Mapping[str, Mapping[str, float]]) -> FakeCounterSource:
+    """Cumulative counts of the fake Envoy: every load so far, its windows and first uses."""
+
+    def total() -> dict[str, float]:
+        acc: dict[str, float] = {}
+        seen: set[str] = set()
+        for name, _size, n in world.loads:
+            per = events[name]
+            for e in per:
+                acc[e] = (
+                    acc.get(e, 0.0) + per[e] * n + FIXED[e] + (FIRST[e] if name not in seen else 0)
+                )
+            seen.add(name)
+        return acc
+
+    return FakeCounterSource(total)
+
+
+def test_windows_scale_down_costly_variants() -> None:
+    o = MicroarchOptions()
+    assert o.windows(None) == (100, 500) and o.windows(170_000) == (100, 500)
+    assert o.windows(3.6e6) == (10, 42)  # 1.5e8 / 3.6e6 ≈ 42 requests
+    assert o.windows(1e9) == (10, 40)
+    q = MicroarchOptions.quick()
+    assert q.windows(100_000) == (50, 250) and q.windows(1e6) == (12, 60)
+
+
+def test_count_mode_separates_steady_fixed_and_warmup(tb: Testbed) -> None:
+    comps = ["tap", "lua", "rbac_http_10000"]
+    world = FakeWorld({v: 1.0 for v in EVENTS}, {v: 1.0 for v in EVENTS}, {v: 0.0 for v in EVENTS})
+    src = world_source(world, EVENTS)
+    mc = count_mode(tb, fake_backends(world), Mode.HTTP, comps, src, MicroarchOptions())
+    assert [r.variant for r in mc.rows] == ["base", *comps]
+    for r in mc.rows:
+        assert r.per_request == pytest.approx(EVENTS[r.variant])
+        assert r.fixed == pytest.approx(FIXED)
+        assert r.warmup == pytest.approx(FIRST)
+        assert r.mode == "http" and r.size == 100 and r.warmup_n == 100
+    rbac = next(r for r in mc.rows if r.variant == "rbac_http_10000")
+    assert (rbac.n1, rbac.n2) == (10, 42)
+    assert ("rbac_http_10000", 100, 42) in world.loads
+    assert mc.named_share is None and src.opened == [4242]
+
+
+def test_count_mode_counts_combinations_with_their_members(tb: Testbed) -> None:
+    # the fake Envoy names a listener by its slug: lua+wasm → lua_wasm
+    names = ["base", "lua", "wasm", "lua_wasm"]
+    events = {v: {"Ir": 1000.0 * (i + 1)} for i, v in enumerate(names)}
+    world = FakeWorld({v: 1.0 for v in events}, {v: 1.0 for v in events}, {v: 0.0 for v in events})
+
+    def total() -> dict[str, float]:
+        return {"Ir": sum(events[n]["Ir"] * k for n, _s, k in world.loads)}
+
+    combos = combos_for(Mode.HTTP, ["lua", "wasm"])
+    assert combos == {"lua+wasm": ("lua", "wasm")}
+    mc = count_mode(
+        tb,
+        fake_backends(world),
+        Mode.HTTP,
+        ["lua", "wasm"],
+        FakeCounterSource(total),
+        MicroarchOptions.quick(),
+        combos=combos,
+    )
+    row = mc.rows[-1]
+    assert row.variant == "lua+wasm" and row.members == ("lua", "wasm")
+    assert row.per_request == pytest.approx({"Ir": 4000.0})
+
+
+def test_default_filters_cover_the_done_criteria() -> None:
+    for chain in (*COMBINATIONS.values(), *SAHU_MIXES.values()):
+        assert set(chain) <= set(DEFAULT_FILTERS)
+    for f in ("ip_tagging_1", "ip_tagging_5", "ip_tagging_10", "rbac_http_100", "rbac_http_10000"):
+        assert f in DEFAULT_FILTERS
+    assert combos_for(Mode.HTTP, DEFAULT_FILTERS) == {**COMBINATIONS, **SAHU_MIXES}
+    assert combos_for(Mode.TCP, DEFAULT_FILTERS) == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "part"),
+    [
+        ("Envoy::Http::Http1::ConnectionImpl::dispatch(Envoy::Buffer::Instance&)", "parsing"),
+        ("nghttp2_session_mem_recv", "parsing"),
+        ("Envoy::Extensions::Filters::Http::Lua::Filter::decodeHeaders(bool)", "filters"),
+        (
+            "Envoy::Extensions::Filters::Common::RBAC::RoleBasedAccessControlEngineImpl::handleAction",
+            "filters",
+        ),
+        ("Envoy::Extensions::Filters::Http::Router::Filter::decodeHeaders(bool)", "other"),
+        ("Envoy::Extensions::Filters::Network::HttpConnectionManager::Config::Config", "other"),
+        ("v8::internal::Heap::Scavenge()", "filters"),
+        ("__memcpy_avx_unaligned_erms", "other"),
+    ],
+)
+def test_classify(name: str, part: str) -> None:
+    assert classify(name) == part
+
+
+def test_attribution_names_a_stripped_binary_from_a_symbol_map() -> None:
+    symbols = SymbolMap((0x1000, 0x2000), ("Envoy::Http::Http1::Parser::run", "lua_pcall"))
+    a = Attribution("/opt/envoy", 0x5550000, symbols)
+    fns = {
+        ("/opt/envoy", hex(0x5550000 + 0x1010)): {"Ir": 60.0},
+        ("/opt/envoy", hex(0x5550000 + 0x2004)): {"Ir": 30.0},
+        ("/lib/libc.so.6", "memcpy"): {"Ir": 10.0},
+    }
+    parts, share = a.split(fns)
+    assert parts == {"parsing": {"Ir": 60.0}, "filters": {"Ir": 30.0}, "other": {"Ir": 10.0}}
+    assert share == 1.0
+    # without a map, the proxy's addresses name nothing: "other", and the share says so
+    parts, share = Attribution("/opt/envoy").split(fns)
+    assert parts["other"] == {"Ir": 100.0} and share == pytest.approx(0.1)
+
+
+def test_kernel_rows_pool_the_meshed_windows() -> None:
+    side = {"syscalls": 300, "read_n": 100, "write_n": 100, "epoll_n": 90}
+    rec = {
+        "tcp": [
+            {
+                "size": 100,
+                "probe": {
+                    "windows": [
+                        {
+                            "meshed": True,
+                            "requests": 100,
+                            "sidecar": {**side, "sys_cpu_ns": 2e6, "user_ns": 1e6},
+                        },
+                        {"meshed": False, "requests": 100, "sidecar": {"syscalls": 9999}},
+                        {
+                            "meshed": True,
+                            "requests": 100,
+                            "sidecar": {**side, "sys_cpu_ns": 4e6, "user_ns": 3e6},
+                        },
+                    ]
+                },
+                "cpu": [
+                    {"run": "f0.5", "rate": 5000, "breakdown_us": {"user": 1.0, "read": 9.0}},
+                    {
+                        "run": "max",
+                        "rate": 9000,
+                        "breakdown_us": {"user": 4.0, "write": 2.5, "ipc": 1.0},
+                    },
+                ],
+            },
+            {"size": 1024, "probe": {"windows": []}},
+        ]
+    }
+    (k,) = kernel_rows(rec)
+    assert (k.mode, k.size, k.requests) == ("tcp", 100, 200)
+    assert (k.syscalls, k.reads, k.writes, k.epoll_waits) == (3.0, 1.0, 1.0, 0.9)
+    assert (k.kernel_cpu_us, k.user_cpu_us) == (30.0, 20.0)
+    # perf: the closed-loop run, per crossing in the record → per request
+    assert (k.perf_kernel_cpu_us, k.perf_user_cpu_us, k.perf_run) == (7.0, 8.0, "max")
+    assert kernel_rows({}) == []
+
+
+def test_fill_instructions() -> None:
+    run = ModeRun(Mode.HTTP, {100: {"base": VariantSamples(), "lua": VariantSamples()}})
+    m = Microarch.from_dict(
+        {
+            "source": "valgrind",
+            "rows": [
+                {
+                    "mode": "http",
+                    "variant": "lua",
+                    "size": 100,
+                    "n1": 1,
+                    "n2": 2,
+                    "per_request": {"Ir": 7.0},
+                }
+            ],
+        }
+    )
+    fill_instructions(run, m)
+    assert run.samples[100]["lua"].instructions == 7.0
+    assert run.samples[100]["base"].instructions is None
+
+
+def _lua_world(tmp_path: Path) -> Backends:
+    """Backends of a fake world where base and lua count 170k and 184k instructions."""
+    events = {v: {"Ir": x, "I1mr": x / 30} for v, x in (("base", 170e3), ("lua", 184e3))}
+    world = FakeWorld(
+        {"base": 10.0, "lua": 11.0}, {"base": 50.0, "lua": 52.0}, {"base": 0, "lua": 0}
+    )
+
+    def total() -> dict[str, float]:
+        acc: dict[str, float] = {}
+        for n, _s, k in world.loads:
+            for e, v in events[n].items():
+                acc[e] = acc.get(e, 0.0) + v * k
+        return acc
+
+    src = FakeCounterSource(total)
+    be = fake_backends(
+        world,
+        callgrind=False,
+        counters=lambda s: (src, "fake"),
+        state_dir=tmp_path,
+        procs=FakeProcOps(default=lambda p: p * 10),
+    )
+    return be
+
+
+def test_profile_extras_stores_the_microarch_and_feeds_the_filters(tmp_path: Path) -> None:
+    """``--microarch --filters lua``: one counted pass; the filter profile takes its
+    instructions from it (no callgrind Envoy of its own); kernel rows come from the base."""
+    from meshtax.store.sqlite import ProfileStore
+
+    be = _lua_world(tmp_path)
+    store = ProfileStore(tmp_path / "p.db")
+    base = profile({Mode.HTTP: {}}, name="b")
+    meas = {
+        "http": [
+            {
+                "size": 100,
+                "probe": {
+                    "windows": [{"meshed": True, "requests": 10, "sidecar": {"syscalls": 40}}]
+                },
+            }
+        ]
+    }
+    prov = Provenance("measured", "test", "2026-11-23", options={"measurements": meas})
+    store.save(dataclasses.replace(base, provenance=prov))
+    opts = ExtrasOptions(("lua",), quick=True, modes=(Mode.HTTP,), microarch=True)
+    got = profile_extras(opts, FakeSystem(), store, "b", backends=be)
+    m = got.microarch
+    assert m is not None and m.source == "valgrind" and m.tool == "fake valgrind counters"
+    assert [r.variant for r in m.rows] == ["base", "lua"]
+    lua = m.row("http", "lua", 100)
+    assert lua is not None and metric(lua.per_request, "valgrind", "instructions") == pytest.approx(
+        184e3
+    )
+    assert [(k.mode, k.syscalls) for k in m.kernel] == [("http", 4.0)]
+    assert m.attribution.startswith("none")
+    rec = got.provenance.options["extras"]["filters"]["http"]["filters"]["100"]["lua"]
+    assert rec["instructions_per_request"] == pytest.approx(14e3)
+    assert store.get("b+extras").microarch == m
+    # a later run replaces the rows it counts again (and keeps the others)
+    again = profile_extras(
+        ExtrasOptions(("lua",), quick=True, modes=(Mode.HTTP,), microarch=True),
+        FakeSystem(),
+        store,
+        "b",
+        backends=be,
+    )
+    assert again.microarch is not None and len(again.microarch.rows) == 2
+
+
+def test_microarch_on_the_bundled_reference_has_no_kernel_rows(tmp_path: Path) -> None:
+    """``--base reference`` (benchmarks/bench_microarch.py on a machine without a usable base):
+    the same counts, stored under a new name, and no kernel work (no probe windows here)."""
+    from meshtax.store.sqlite import ProfileStore
+
+    store = ProfileStore(tmp_path / "p.db")
+    opts = ExtrasOptions(("lua",), quick=True, modes=(Mode.HTTP,), microarch=True, name="r+m")
+    got = profile_extras(opts, FakeSystem(), store, "reference", backends=_lua_world(tmp_path))
+    m = store.get("r+m").microarch
+    assert m is not None and m == got.microarch and m.kernel == ()
+    lua = m.row("http", "lua", 100)
+    assert lua is not None and lua.per_request["Ir"] == pytest.approx(184e3)
+
+
+def test_counter_source_choice(tmp_path: Path) -> None:
+    fake = FakeCounterSource(lambda: {}, name="pmu")
+    be = Backends(counters=lambda s: (fake, "fake pmu"), callgrind_available=lambda: False)
+    assert be.counter_source(FakeSystem()) is fake
+    assert be.counter_source(FakeSystem(), "pmu") is fake
+    with pytest.raises(ValueError, match="valgrind is not installed"):
+        be.counter_source(FakeSystem(), "valgrind")
+    with pytest.raises(ValueError, match="unknown counter source"):
+        be.counter_source(FakeSystem(), "papi")
+    none = Backends(counters=lambda s: (None, "nothing here"))
+    with pytest.raises(ValueError, match="nothing here"):
+        none.counter_source(FakeSystem())
+    vg = FakeCounterSource(lambda: {}, name="valgrind")
+    with pytest.raises(ValueError, match="no hardware counters"):
+        Backends(counters=lambda s: (vg, "simulated")).counter_source(FakeSystem(), "pmu")
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_real_counts_agree_between_two_envoys(tmp_path: Path) -> None:
+    """Two Envoys under callgrind, one after the other: base and header mutation in HTTP
+    mode agree on instructions per request within 2 %, the filter costs something, and the
+    simulated geometry is recorded."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind missing")
+    be = Backends(lock_timeout=900.0)
+    opts = MicroarchOptions(warmup_n=30, n1=30, n2=130)
+    with Testbed(RealSystem(), lock_timeout=900.0) as real:
+        src = be.counter_source(real.system, "valgrind")
+        a, b = (count_mode(real, be, Mode.HTTP, ["header_mutation"], src, opts) for _ in range(2))
+    ir = {
+        (r.variant, k): metric(r.per_request, "valgrind", "instructions")
+        for k, m in (("a", a), ("b", b))
+        for r in m.rows
+    }
+    for v in ("base", "header_mutation"):
+        x, y = ir[(v, "a")], ir[(v, "b")]
+        assert x is not None and y is not None and abs(y / x - 1) < 0.02, (v, x, y)
+    hm, base = ir[("header_mutation", "a")], ir[("base", "a")]
+    assert hm is not None and base is not None and hm > base
+    assert a.geometry is not None and a.rows[0].main  # the main thread counted apart
