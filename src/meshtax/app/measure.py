@@ -4,11 +4,12 @@ the one-hop sweeps, and the readiness checks. Options in, profiles and documents
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from meshtax.app import doctor
 from meshtax.app.errors import UsageError
@@ -23,27 +24,43 @@ from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
 from meshtax.testbed.paired import PairPolicy
 from meshtax.testbed.pods import Testbed
-from meshtax.testbed.runstate import RunBusy
+from meshtax.testbed.runstate import RunBusy, owned_tempdir
 from meshtax.testbed.system import RealSystem, System
 from meshtax.validate.colocation import calibrate as calibrate_mode
-from meshtax.validate.result import ValidationResult
-from meshtax.validate.run import ValidateOptions, machine, pinning_of, run_validation
+from meshtax.validate.result import CaseResult, ValidationResult
+from meshtax.validate.run import ValidateOptions, machine, pinning_of, run_case, run_validation
+from meshtax.validate.suite import SETS, Suite, SuiteCase, SuiteError, load_suite
+from meshtax.validate.suite_run import (
+    CaseRunner,
+    SuiteDir,
+    SuiteResult,
+    profile_record,
+    run_cases,
+    utc_now,
+)
 from meshtax.validate.sweep import SweepResult, run_sweep
 
 __all__ = [
+    "CALIBRATIONS",
     "CalibrateOptions",
+    "Calibrated",
+    "CalibrationInput",
     "ExtrasOptions",
     "MeasureOptions",
     "Measured",
     "ProfileOptions",
+    "SuiteBackends",
+    "SuiteOptions",
     "SweepOptions",
     "ValidateOptions",
     "calibrate",
     "check_machine",
     "measure",
+    "real_suite_backends",
     "require_root",
     "sweep",
     "validate",
+    "validate_suite",
 ]
 
 Say = Callable[[str], None]
@@ -148,6 +165,254 @@ def validate(
         return run_validation(opts, RealSystem(), resolved.profile, say, warnings=resolved.warnings)
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class SuiteOptions:
+    """``meshtax validate --suite``: run ``suite`` (a file; None: the bundled one) into the
+    directory ``out``. ``sets``: which sets to measure. ``rate``/``duration_s``: override the
+    suite's. ``name``: the new profile's name (None: generated); ``profile``: use this stored
+    profile instead of measuring one (the report says so). ``calibration``: a key of
+    :data:`CALIBRATIONS`. ``resume``: continue the run in ``out``, skipping what it measured."""
+
+    out: str
+    suite: str | None = None
+    sets: tuple[str, ...] = SETS
+    rate: float | None = None
+    duration_s: float | None = None
+    quick: bool = False
+    name: str | None = None
+    profile: str | None = None
+    calibration: str = "chains"
+    resume: bool = False
+    wait_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.sets or any(s not in SETS for s in self.sets):
+            raise UsageError(f"--sets: {','.join(self.sets)!r}; expected some of {','.join(SETS)}")
+        if self.calibration not in CALIBRATIONS:
+            raise UsageError(
+                f"--calibration: {self.calibration!r}; expected one of {', '.join(CALIBRATIONS)}"
+            )
+        if (self.rate is not None and self.rate < 0) or (
+            self.duration_s is not None and self.duration_s <= 0
+        ):
+            raise UsageError("--rate must be ≥ 0 (0: closed loop) and --duration positive")
+        if self.name and self.profile:
+            raise UsageError("--name names a new profile, --profile an existing one: not both")
+
+
+@dataclass(frozen=True)
+class CalibrationInput:
+    """What a calibration step may see: the profile and the suite's *calibration* set (never the
+    hold-out), with the run's rate, duration and quick setting."""
+
+    profile: Profile
+    cases: tuple[SuiteCase, ...]
+    rate: float
+    duration_s: float
+    quick: bool
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """A calibration step's outcome: the profile to predict with (stored), one line for the
+    report and the details for the run's record."""
+
+    profile: Profile
+    summary: str
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+Calibrator = Callable[[CalibrationInput, ProfileStore, Say], Calibrated]
+
+
+def _chain_calibration(inp: CalibrationInput, store: ProfileStore, say: Say) -> Calibrated:
+    """``meshtax calibrate`` on the profile: the co-location exponent per mode from chains of
+    services (not the suite's cases)."""
+    opts = CalibrateOptions(inp.profile.name, (), inp.rate, inp.duration_s, inp.quick)
+    prof, _ = calibrate(opts, store, say)
+    col = prof.colocation
+    line = "co-location exponent from chains of 1–8 services: " + ", ".join(
+        f"α {m.value} {c.alpha:.2f} [{c.lo:.2f}, {c.hi:.2f}]" for m, c in col.items()
+    )
+    return Calibrated(prof, line, {m.value: c.to_dict() for m, c in col.items()})
+
+
+def _no_calibration(inp: CalibrationInput, store: ProfileStore, say: Say) -> Calibrated:
+    p = inp.profile
+    kept = ", ".join(f"α {m.value} {p.alpha(m):.2f}" for m in p.modes)
+    return Calibrated(p, f"none: the profile as stored ({kept})")
+
+
+#: the calibration steps ``validate --suite --calibration`` offers (add a model's fit here)
+CALIBRATIONS: dict[str, Calibrator] = {"chains": _chain_calibration, "none": _no_calibration}
+
+
+@dataclass(frozen=True)
+class SuiteBackends:
+    """The side effects of a suite run: measuring a profile (name, say → Measured) and making
+    the runner of one case for a profile and the run's output. Tests pass fakes."""
+
+    profile: Callable[[str | None, Say], Measured]
+    cases: Callable[[Profile, Suite, SuiteOptions, SuiteDir, Say], CaseRunner]
+
+
+def real_suite_backends(store: ProfileStore, wait_s: float) -> SuiteBackends:
+    """A quick profile of this machine stored in ``store`` (waiting up to ``wait_s`` for the
+    profiling lock), and each case deployed for real by :func:`~meshtax.validate.run.run_case`
+    (its traces kept in the output directory, its scratch directory removed)."""
+    system = RealSystem()
+
+    def profile(name: str | None, say: Say) -> Measured:
+        last: list[str] = []
+
+        def progress(p: Progress) -> None:
+            if p.description != (last or [""])[-1]:
+                last.append(p.description)
+                say(f"profile [{p.index}/{p.total}] {p.description}")
+
+        opts = MeasureOptions(ProfileOptions(name=name, quick=True), wait_s=wait_s)
+        return measure(opts, store, progress, say, system=system)
+
+    def cases(
+        prof: Profile, suite: Suite, opts: SuiteOptions, out: SuiteDir, say: Say
+    ) -> CaseRunner:
+        pinning = pinning_of(prof)
+
+        def run(c: SuiteCase) -> CaseResult:
+            vopts = ValidateOptions(
+                c.topology,
+                (c.query,),
+                (c.mode,),
+                rate=c.rate,
+                duration_s=opts.duration_s or suite.duration_s,
+                profile_name=prof.name,
+                quick=opts.quick,
+                traces_dir=str(out.traces),
+            )
+            work = owned_tempdir("suite")
+            try:
+                topo = suite.topologies[c.topology]
+                return run_case(topo, c.query, c.mode, prof, vopts, system, work, pinning, say)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+
+        return run
+
+    return SuiteBackends(profile, cases)
+
+
+def validate_suite(
+    opts: SuiteOptions,
+    store: ProfileStore,
+    say: Say | None = None,
+    *,
+    backends: SuiteBackends | None = None,
+) -> SuiteResult:
+    """In one sitting: (a) profile this machine (quick), (b) the calibration step on that
+    profile, seeing the calibration set only, (c) every case of the calibration set, (d) every
+    case of the hold-out set; each step and case recorded in ``opts.out`` as it is done (see
+    :mod:`meshtax.validate.suite_run`), the summary written at the end, also when interrupted."""
+    tell = say or (lambda _m: None)
+    be = backends or real_suite_backends(store, opts.wait_s)
+    try:
+        suite = load_suite(opts.suite)
+    except SuiteError as e:
+        raise UsageError(str(e)) from None
+    out = SuiteDir(opts.out)
+    man = out.manifest()
+    if man is not None and not opts.resume:
+        raise UsageError(f"{out.root} holds a suite run already: --resume continues it")
+    cases = tuple(
+        c if opts.rate is None else replace(c, rate=opts.rate)
+        for s in opts.sets
+        for c in suite.of(s)
+    )
+    run_opts = {
+        "duration_s": opts.duration_s or suite.duration_s,
+        "quick": opts.quick,
+        "rates": "/".join(f"{r:g}" for r in dict.fromkeys(c.rate for c in cases)),
+        "calibration": opts.calibration,
+    }
+    if man is not None and (was := man.get("options", {})) != run_opts:
+        raise UsageError(
+            f"{out.root} was run with {was}, not {run_opts}: resume with the same options"
+        )
+    if man is None:
+        man = out.update_manifest(
+            suite=suite.describe(),
+            cases=[c.key for c in cases],
+            options=run_opts,
+            machine=machine(),
+            started=utc_now(),
+        )
+    else:
+        tell(f"resuming the run begun {man.get('started')} in {out.root}")
+        man = out.update_manifest(cases=[c.key for c in cases])
+    try:
+        prof = _suite_profile(opts, store, man, out, be, tell)
+        prof = _suite_calibration(opts, store, suite, prof, man, out, tell, run_opts)
+        runner = be.cases(prof, suite, opts, out, tell)
+        record = {"profile": prof.name}
+        try:
+            run_cases(cases, out, runner, tell, resume=opts.resume, record=record)
+        except (ValueError, FileNotFoundError) as e:
+            raise UsageError(str(e)) from None
+    finally:
+        result = out.result()
+        out.write_summary(result)
+    return result
+
+
+def _suite_profile(
+    opts: SuiteOptions,
+    store: ProfileStore,
+    man: Mapping[str, Any],
+    out: SuiteDir,
+    be: SuiteBackends,
+    say: Say,
+) -> Profile:
+    done = man.get("profile")
+    if opts.resume and done:
+        say(f"profile {done['name']!r} of the interrupted run")
+        return store.get(str(done["name"]))
+    if opts.profile:
+        prof = resolve_profile(store, opts.profile, this_host()).profile
+        out.update_manifest(profile=profile_record(prof, "stored earlier, not this sitting", ()))
+        return prof
+    say("profiling this machine (quick)")
+    measured = be.profile(opts.name, say)
+    rec = profile_record(measured.profile, "measured in this sitting, quick", measured.warnings)
+    out.update_manifest(profile=rec)
+    return measured.profile
+
+
+def _suite_calibration(
+    opts: SuiteOptions,
+    store: ProfileStore,
+    suite: Suite,
+    prof: Profile,
+    man: Mapping[str, Any],
+    out: SuiteDir,
+    say: Say,
+    run_opts: Mapping[str, Any],
+) -> Profile:
+    done = man.get("calibration")
+    if opts.resume and done:
+        say(f"calibration ({done['step']}) of the interrupted run")
+        return store.get(prof.name)
+    say(f"calibration step: {opts.calibration}")
+    cal_cases = tuple(
+        c if opts.rate is None else replace(c, rate=opts.rate) for c in suite.of("calibration")
+    )
+    rate = opts.rate if opts.rate is not None else suite.rate
+    inp = CalibrationInput(prof, cal_cases, rate, float(run_opts["duration_s"]), opts.quick)
+    cal = CALIBRATIONS[opts.calibration](inp, store, say)
+    out.update_manifest(
+        calibration={"step": opts.calibration, "summary": cal.summary, "detail": cal.detail},
+    )
+    return cal.profile
 
 
 @dataclass(frozen=True)

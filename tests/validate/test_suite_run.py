@@ -1,0 +1,197 @@
+"""meshtax.validate.suite_run and the per-set statistics of meshtax.validate.result: exact
+numbers on synthetic cases, one file per case as soon as it is done, resuming, the result read
+back from the directory, the Markdown both sets side by side."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from meshtax.model.sidecar import Mode
+from meshtax.validate.result import (
+    CaseResult,
+    Predicted,
+    RunSample,
+    error_stats,
+    set_summary,
+)
+from meshtax.validate.suite import SuiteCase
+from meshtax.validate.suite_run import SuiteDir, SuiteResult, run_cases
+
+
+def case(
+    name: str,
+    mode: str,
+    lat: tuple[float, float],
+    cpu: tuple[float, float],
+    error: str | None = None,
+) -> CaseResult:
+    """A case whose overheads are exactly ``lat[0]`` µs (p50 and p90) and ``cpu[0]`` CPU-µs per
+    request on every pair, predicted as ``lat[1]`` and ``cpu[1]``."""
+    topo, query = name.split("/")
+    if error is not None:
+        return CaseResult(topo, query, mode, 100.0, error=error)
+    base = RunSample(1000.0, 1500.0, 1100.0, 100, 100.0, 1.0, {"a": 50_000_000}, 0)
+    mesh = RunSample(
+        1000.0 + lat[0],
+        1500.0 + lat[0],
+        1100.0 + lat[0],
+        100,
+        100.0,
+        1.0,
+        {"a": 50_000_000 + int(cpu[0] * 1e3 * 100)},
+        int(cpu[0] * 1e3 * 50),
+    )
+    pred = Predicted(lat[1], lat[1], lat[1], cpu[1], 10, 1000.0, {"ipc": 1.5}, ("a warning",))
+    return CaseResult(topo, query, mode, 100.0, ((base, mesh),) * 6, pred, {"a": mode})
+
+
+# latency errors +10 %, −20 %, +40 %, +5 %, −50 %; CPU errors +20 %, +20 %, −10 %, +35 %, 0 %
+CASES = (
+    case("t/a", "tcp", (100, 110), (200, 240)),
+    case("t/b", "http", (100, 80), (200, 240)),
+    case("u/a", "grpc", (100, 140), (200, 180)),
+    case("u/b", "http", (200, 210), (400, 540)),
+    case("v/a", "tcp", (100, 50), (300, 300)),
+    case("v/b", "grpc", (0, 0), (0, 0), error="RuntimeError: no pods"),
+)
+
+
+def test_error_stats_exact() -> None:
+    s = error_stats([0.10, -0.20, 0.40, 0.05, -0.50, math.nan])
+    assert s["n"] == 5
+    assert s["median_abs_error"] == pytest.approx(0.20)
+    assert s["mean_error"] == pytest.approx(-0.03)  # (0.10 − 0.20 + 0.40 + 0.05 − 0.50) / 5
+    assert s["p90_abs_error"] == pytest.approx(0.50)  # nearest rank ⌈4.5⌉ = 5th of 5
+    assert (s["beyond"], s["beyond_share"]) == (2, pytest.approx(0.4))
+    ten = error_stats([i / 10 for i in range(1, 11)])  # |e| 0.1 … 1.0
+    assert ten["p90_abs_error"] == pytest.approx(0.9) and ten["median_abs_error"] == 0.55
+    assert ten["beyond"] == 7  # 0.4 … 1.0 (0.3 is not beyond 30 %)
+    none = error_stats([math.nan])
+    assert none["n"] == 0 and math.isnan(none["median_abs_error"])
+
+
+def test_set_summary_exact() -> None:
+    s = set_summary(CASES)
+    assert (s["cases"], s["measured"], s["failed"]) == (6, 5, ["v/b (grpc)"])
+    lat, cpu, p90 = s["latency"], s["cpu"], s["p90"]
+    assert lat["median_abs_error"] == pytest.approx(0.20)
+    assert lat["mean_error"] == pytest.approx(-0.03)
+    assert lat["p90_abs_error"] == pytest.approx(0.50)
+    assert lat["beyond_cases"] == ["u/a (grpc)", "v/a (tcp)"]
+    assert lat["worst"] == {"case": "v/a (tcp)", "error": pytest.approx(-0.5)}
+    assert p90["median_abs_error"] == pytest.approx(0.20)  # p90 overhead = p50 overhead here
+    # CPU: +20, +20, −10, +35, 0 % → |e| sorted 0, 10, 20, 20, 35
+    assert cpu["median_abs_error"] == pytest.approx(0.20)
+    assert cpu["mean_error"] == pytest.approx(0.13)
+    assert (cpu["beyond"], cpu["beyond_cases"]) == (1, ["u/b (http)"])
+    assert s["by_mode"]["tcp"]["latency"]["mean_error"] == pytest.approx(-0.20)  # +10, −50
+    assert s["by_mode"]["http"]["cpu"]["median_abs_error"] == pytest.approx(0.275)
+    assert set(s["by_mode"]) == {"tcp", "http", "grpc"}
+    assert s["by_mode"]["grpc"]["latency"]["n"] == 1  # the failed grpc case is not counted
+
+
+def test_case_documents_read_back_whole() -> None:
+    for c in CASES:
+        back = CaseResult.from_case(json.loads(json.dumps(c.to_case())))
+        assert back.error == c.error and back.predicted == c.predicted
+        assert back.comparisons.keys() == c.comparisons.keys()
+        for k, v in c.comparisons.items():
+            assert back.comparisons[k].error == pytest.approx(v.error)
+
+
+def _suite_cases() -> list[SuiteCase]:
+    out = []
+    for c in CASES:
+        which = "calibration" if c.topology == "t" else "holdout"
+        out.append(SuiteCase(which, c.topology, c.query, Mode(c.mode), 100.0))
+    return out
+
+
+def test_each_case_is_written_when_done_and_an_interrupted_run_resumes(tmp_path: Path) -> None:
+    out = SuiteDir(tmp_path / "run")
+    out.update_manifest(cases=[c.key for c in _suite_cases()], suite={"name": "t"})
+    by_key = {sc.key: c for sc, c in zip(_suite_cases(), CASES, strict=True)}
+    calls: list[str] = []
+
+    def runner(sc: SuiteCase) -> CaseResult:
+        done = sorted(p.name for p in (tmp_path / "run" / "cases").rglob("*.json"))
+        assert len(done) == len(calls)  # every earlier case is on disk before the next starts
+        calls.append(sc.key)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return by_key[sc.key]
+
+    with pytest.raises(KeyboardInterrupt):
+        run_cases(_suite_cases(), out, runner)
+    files = sorted(str(p.relative_to(out.root)) for p in out.root.rglob("*") if p.is_file())
+    assert files == [
+        "cases/calibration/t-a-tcp.json",
+        "cases/calibration/t-b-http.json",
+        "manifest.json",
+    ]  # no half-written file of the interrupted case
+    doc = json.loads(out.case_path(_suite_cases()[0]).read_text())
+    assert (
+        doc["set"] == "calibration" and doc["key"] == "t/a/tcp" and len(doc["loadavg_after"]) == 3
+    )
+    part = out.result()
+    assert [c.name for c in part.sets["calibration"]] == ["t/a", "t/b"]
+    assert part.missing == ("u/a/grpc", "u/b/http", "v/a/tcp", "v/b/grpc")
+
+    calls.clear()
+    said: list[str] = []
+    got = run_cases(_suite_cases(), out, lambda sc: by_key[sc.key], said.append, resume=True)
+    assert [c.name for c in got] == [c.name for c in CASES]
+    assert sum("measured before, kept" in m for m in said) == 2
+    assert any("FAILED (RuntimeError: no pods)" in m for m in said)
+    # a failed case is measured again on the next resume; the measured ones are not
+    again: list[str] = []
+    run_cases(_suite_cases(), out, lambda sc: again.append(sc.key) or by_key[sc.key], resume=True)
+    assert again == ["v/b/grpc"]
+
+    res = out.result()
+    assert res.missing == () and res.summary()["holdout"]["latency"]["n"] == 3
+    assert res.summary()["calibration"]["latency"]["mean_error"] == pytest.approx(-0.05)
+    j, md = out.write_summary(res)
+    assert json.loads(j.read_text())["summary"]["holdout"]["cases"] == 4
+    assert "## holdout set: per case" in md.read_text()
+
+
+def test_markdown_puts_both_sets_side_by_side_with_the_targets() -> None:
+    sets = {
+        "calibration": CASES[:2],
+        "holdout": CASES[2:],
+    }
+    res = SuiteResult(
+        {"name": "t"},
+        sets,
+        profile={
+            "name": "p1",
+            "how": "measured in this sitting, quick",
+            "created": "2026-11-23T06:00:00",
+            "closure": {"tcp": {"error": -0.04, "closes": True}},
+        },
+        calibration={"step": "none", "summary": "none: the profile as stored (α tcp 1.00)"},
+        machine={"host": "AMD EPYC", "cpus": 2, "kernel": "6.18", "loadavg": [1.0, 0.5, 0.25]},
+        options={"duration_s": 3.0, "quick": False, "rates": "100"},
+        started="2026-11-23T06:00:00Z",
+        finished="2026-11-23T06:40:00Z",
+        loadavg_end=[2.0, 1.5, 1.0],
+    )
+    md = res.markdown()
+    assert (
+        "| metric | calibration (2 of 2 cases) | holdout (3 of 4 cases) | hold-out target |" in md
+    )
+    # hold-out latency: +40, +5, −50 % → median 40 %, bias −1.7 %, 90th pct 50 %, 2 beyond
+    assert "| latency p50: median abs. error | 15.0% | 40.0% | ≤ 15% not met |" in md
+    assert "| latency p50: bias (mean signed error) | -5.0% | -1.7% | ±10% met |" in md
+    assert "| latency p50: beyond 30% | 0 (0.0%) | 2 (66.7%) | ≤ 10% of cases not met |" in md
+    assert "| failed | 0 | 1 |" in md
+    assert "tcp -4% (closes)" in md and "1.00/0.50/0.25 at the start" in md
+    # hold-out CPU: −10, +35, 0 % → median 10 %, bias +8.3 %, 1 of 3 beyond
+    assert res.targets()["cpu"] == {"median_abs_error": True, "bias": True, "beyond_share": False}
+    docs = res.validation_documents()
+    assert [d["name"] for d in docs] == ["t: calibration set", "t: holdout set"]
