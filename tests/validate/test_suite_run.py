@@ -66,7 +66,7 @@ def test_error_stats_exact() -> None:
     assert s["median_abs_error"] == pytest.approx(0.20)
     assert s["mean_error"] == pytest.approx(-0.03)  # (0.10 − 0.20 + 0.40 + 0.05 − 0.50) / 5
     assert s["p90_abs_error"] == pytest.approx(0.50)  # nearest rank ⌈4.5⌉ = 5th of 5
-    assert (s["beyond"], s["beyond_share"]) == (2, pytest.approx(0.4))
+    assert s["beyond"] == 2 and s["beyond_share"] == pytest.approx(0.4)
     ten = error_stats([i / 10 for i in range(1, 11)])  # |e| 0.1 … 1.0
     assert ten["p90_abs_error"] == pytest.approx(0.9) and ten["median_abs_error"] == 0.55
     assert ten["beyond"] == 7  # 0.4 … 1.0 (0.3 is not beyond 30 %)
@@ -149,7 +149,12 @@ def test_each_case_is_written_when_done_and_an_interrupted_run_resumes(tmp_path:
     assert any("FAILED (RuntimeError: no pods)" in m for m in said)
     # a failed case is measured again on the next resume; the measured ones are not
     again: list[str] = []
-    run_cases(_suite_cases(), out, lambda sc: again.append(sc.key) or by_key[sc.key], resume=True)
+
+    def record(sc: SuiteCase) -> CaseResult:
+        again.append(sc.key)
+        return by_key[sc.key]
+
+    run_cases(_suite_cases(), out, record, resume=True)
     assert again == ["v/b/grpc"]
 
     res = out.result()
@@ -195,3 +200,103 @@ def test_markdown_puts_both_sets_side_by_side_with_the_targets() -> None:
     assert res.targets()["cpu"] == {"median_abs_error": True, "bias": True, "beyond_share": False}
     docs = res.validation_documents()
     assert [d["name"] for d in docs] == ["t: calibration set", "t: holdout set"]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``."""
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+@pytest.mark.root
+def test_reduced_real_suite_leaves_nothing_behind(tmp_path: Path) -> None:
+    """`validate --suite`, reduced: a short http-only profile, no calibration, one small case in
+    each set (Hotel Reservation's user query, the media poster's 32 KB), quick runs on the real
+    machine. Both cases are measured and written with their traces, and nothing of the run is
+    left: no mtx- namespace, no process, no scratch directory."""
+    import os
+    import tempfile
+    import warnings
+
+    from meshtax.app.measure import Measured, SuiteBackends, SuiteOptions, real_suite_backends
+    from meshtax.app.measure import validate_suite as run_suite
+    from meshtax.profile.backends import Backends
+    from meshtax.profile.build import ClosureWarning
+    from meshtax.profile.plan import Plan
+    from meshtax.profile.run import ProfileOptions, run_profile
+    from meshtax.store.sqlite import ProfileStore
+    from meshtax.testbed.system import RealSystem
+    from tests.validate.test_run import _missing, _ours
+
+    if _missing() is not None:
+        pytest.skip(str(_missing()))
+    (tmp_path / "suite.yaml").write_text(
+        "defaults: {modes: [http], rate: 100}\n"
+        "calibration:\n  - {topology: hotel-reservation, query: user}\n"
+        "holdout:\n  - {topology: media, query: poster}\n"
+    )
+    store = ProfileStore(tmp_path / "p.db")
+    plan = Plan(
+        modes=(Mode.HTTP,),
+        sizes=(100, 1024),
+        rate_fractions=(0.5,),
+        low_rates=(100.0,),
+        latency_run_s=0.5,
+        latency_min_runs=4,
+        latency_max_runs=4,
+        probe_run_s=1.0,
+        maxqps_run_s=0.5,
+        cpu_run_s=0.5,
+        warmup_n=100,
+    )
+
+    def short_profile(name: str | None, say: object) -> Measured:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ClosureWarning)  # a noisy shared machine
+            p = run_profile(
+                ProfileOptions(name=name, plan=plan),
+                RealSystem(),
+                store,
+                backends=Backends(lock_timeout=300.0),
+            )
+        return Measured(p, ())
+
+    netns, scratch = _ours(), set(Path(tempfile.gettempdir()).glob("meshtax-*"))
+    opts = SuiteOptions(
+        str(tmp_path / "out"),
+        str(tmp_path / "suite.yaml"),
+        quick=True,
+        name="ci-suite",
+        calibration="none",
+    )
+    be = SuiteBackends(short_profile, real_suite_backends(store, 300.0).cases)
+    res = run_suite(opts, store, backends=be)
+    cases = [*res.sets["calibration"], *res.sets["holdout"]]
+    assert [(c.name, c.error) for c in cases] == [
+        ("hotel-reservation/user", None),
+        ("media/poster", None),
+    ]
+    assert all(c.comparisons["cpu"].measured.median > 0 for c in cases)
+    out = tmp_path / "out"
+    assert sorted(p.name for p in (out / "traces").iterdir()) == [
+        "hotel-reservation-user-http.json",
+        "media-poster-http.json",
+    ]
+    assert (out / "summary.md").is_file() and not list(out.rglob(".*.tmp"))
+    assert _ours() == netns
+    assert _descendants(os.getpid()) == []
+    mine = f".{os.getpid()}."
+    left = set(Path(tempfile.gettempdir()).glob("meshtax-*")) - scratch
+    assert not [p for p in left if mine in p.name], left
