@@ -354,11 +354,7 @@ def validate_suite(
         prof = _suite_profile(opts, store, man, out, be, tell)
         prof = _suite_calibration(opts, store, suite, prof, man, out, tell, run_opts)
         runner = be.cases(prof, suite, opts, out, tell)
-        record = {"profile": prof.name}
-        try:
-            run_cases(cases, out, runner, tell, resume=opts.resume, record=record)
-        except (ValueError, FileNotFoundError) as e:
-            raise UsageError(str(e)) from None
+        run_cases(cases, out, runner, tell, resume=opts.resume, record={"profile": prof.name})
     finally:
         result = out.result()
         out.write_summary(result)
