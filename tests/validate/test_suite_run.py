@@ -159,6 +159,7 @@ def test_each_case_is_written_when_done_and_an_interrupted_run_resumes(tmp_path:
 
     res = out.result()
     assert res.missing == () and res.summary()["holdout"]["latency"]["n"] == 3
+    assert len(res.case_loads) == 6 and "(1-min after each case: median" in res.markdown()
     assert res.summary()["calibration"]["latency"]["mean_error"] == pytest.approx(-0.05)
     j, md = out.write_summary(res)
     assert json.loads(j.read_text())["summary"]["holdout"]["cases"] == 4

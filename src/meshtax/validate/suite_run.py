@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -136,6 +137,7 @@ class SuiteDir:
             finished=max((str(found[k][0].get("finished", "")) for k in keys), default=""),
             missing=tuple(k for k in order if k not in found),
             loadavg_end=next((x for x in reversed(loads) if x), None),
+            case_loads=tuple(float(x[0]) for x in loads if x),
         )
 
     def write_summary(self, result: SuiteResult) -> tuple[Path, Path]:
@@ -252,6 +254,7 @@ class SuiteResult:
     finished: str = ""
     missing: tuple[str, ...] = ()
     loadavg_end: Sequence[float] | None = None
+    case_loads: tuple[float, ...] = ()  # 1-min load average after each case
 
     def summary(self) -> dict[str, Any]:
         """:func:`~meshtax.validate.result.set_summary` of each set that has cases."""
@@ -280,6 +283,7 @@ class SuiteResult:
             "finished": self.finished,
             "machine": dict(self.machine),
             "loadavg_end": self.loadavg_end,
+            "case_loads": list(self.case_loads),
             "profile": dict(self.profile),
             "calibration": dict(self.calibration),
             "options": dict(self.options),
@@ -313,7 +317,13 @@ class SuiteResult:
         lines = [
             f"Machine: {m.get('host', '?')}, {m.get('cpus', '?')} CPUs, kernel "
             f"{m.get('kernel', '?')}; {self.started} → {self.finished or 'unfinished'}; "
-            f"load average {_load(load)} at the start, {_load(end)} after the last case.",
+            f"load average {_load(load)} at the start, {_load(end)} after the last case"
+            + (
+                f" (1-min after each case: median {statistics.median(self.case_loads):.2f}, "
+                f"{min(self.case_loads):.2f}–{max(self.case_loads):.2f})."
+                if self.case_loads
+                else "."
+            ),
             f"Profile `{p.get('name', '?')}` ({p.get('how', '?')}, created "
             f"{p.get('created', '?')}); closure "
             + (
