@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,20 @@ def test_set_summary_exact() -> None:
     assert s["by_mode"]["http"]["cpu"]["median_abs_error"] == pytest.approx(0.275)
     assert set(s["by_mode"]) == {"tcp", "http", "grpc"}
     assert s["by_mode"]["grpc"]["latency"]["n"] == 1  # the failed grpc case is not counted
+
+
+def test_a_meshed_copy_short_of_its_rate_is_flagged_saturated() -> None:
+    ok = case("t/a", "http", (100, 150), (200, 200))
+    pairs = tuple((b, replace(m, actual_qps=60.0)) for b, m in ok.pairs)
+    short = replace(ok, pairs=pairs)
+    assert (ok.mesh_rate_share, ok.saturated) == (1.0, False)
+    assert (short.mesh_rate_share, short.saturated) == (0.6, True)
+    assert "the meshed copy reached only 60% of the 100 requests/s asked" in " ".join(
+        short.factors("latency")
+    )
+    assert set_summary([ok, short])["saturated"] == ["t/a (http)"]
+    res = SuiteResult({"name": "t"}, {"calibration": (ok,), "holdout": (short,)})
+    assert "| saturated (meshed copy below 95% of the rate) | 0 | 1 | |" in res.markdown()
 
 
 def test_case_documents_read_back_whole() -> None:

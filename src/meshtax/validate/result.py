@@ -20,6 +20,7 @@ from meshtax.model.stats import Estimate, estimate
 __all__ = [
     "FAR",
     "FORMAT",
+    "SATURATED",
     "SET_METRICS",
     "CaseResult",
     "Comparison",
@@ -216,6 +217,19 @@ class CaseResult:
         xs = [m.cpu_us_per_request * self.rate * 1e-6 for _, m in self.pairs if m.count]
         return statistics.median(xs) if xs else math.nan
 
+    @property
+    def mesh_rate_share(self) -> float:
+        """The rate the meshed copy reached over the rate asked (median over the pairs; NaN
+        in closed loop or without runs)."""
+        xs = [m.actual_qps / self.rate for _, m in self.pairs if self.rate > 0]
+        return statistics.median(xs) if xs else math.nan
+
+    @property
+    def saturated(self) -> bool:
+        """The meshed copy fell short of the rate asked (below :data:`SATURATED`): its CPUs
+        could not keep up, so the run measured another regime than the one predicted."""
+        return self.mesh_rate_share < SATURATED
+
     def factors(self, metric: str) -> list[str]:
         """What the data say about this case's ``metric`` error (``latency`` or ``cpu``), for a
         report to explain a large one: a wide measured interval, a prediction inside it, a busy
@@ -234,6 +248,12 @@ class CaseResult:
             )
         if c.within_interval:
             out.append("the prediction lies inside the measured 95 % interval")
+        if self.saturated:
+            out.append(
+                f"the meshed copy reached only {self.mesh_rate_share:.0%} of the "
+                f"{self.rate:g} requests/s asked: its shared CPU was saturated, so the case "
+                "ran at another rate than the one predicted"
+            )
         if self.pod_load >= BUSY_LOAD:
             out.append(
                 f"the pods keep their shared CPU busy ({self.pod_load:.2f} CPU-s/s): co-located "
@@ -332,6 +352,8 @@ LOAD_BANDS = (0.25, 0.5)
 WIDE_INTERVAL = 0.15
 #: CPU-s/s of the pods from which the shared CPU counts as busy (``ValidationResult.cpu_by_load``)
 BUSY_LOAD = LOAD_BANDS[-1]
+#: a meshed copy that reaches less than this share of the rate asked was saturated
+SATURATED = 0.95
 
 
 def _median_abs(xs: Sequence[float]) -> float:
@@ -377,6 +399,7 @@ def set_summary(cases: Sequence[CaseResult], far: float = FAR) -> dict[str, Any]
         "cases": len(cases),
         "measured": len(ok),
         "failed": [f"{c.name} ({c.mode})" for c in cases if c.error is not None],
+        "saturated": [f"{c.name} ({c.mode})" for c in ok if c.saturated],
     }
     for metric in SET_METRICS:
         errs = [(c, c.comparisons[metric].error) for c in ok]
