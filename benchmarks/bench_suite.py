@@ -13,8 +13,9 @@ in ``<out>/cases`` as soon as it is measured, the no-mesh traces in ``<out>/trac
 in ``<out>/summary.{json,md}``; a killed run keeps its cases and ``--resume`` continues it.
 
 Re-render a finished or interrupted run without measuring: ``--report <out>``; and with
-``--repredict --db DB --profile NAME`` predict its kept traces again with that profile and this
-checkout's model (the same measurements, another model).
+``--repredict --db DB --profile NAME [--uncalibrated]`` predict its kept traces again with that
+profile (without its co-location exponents) and this checkout's model (the same measurements,
+another model).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 
 from meshtax.app import UsageError
 from meshtax.app.measure import SuiteOptions, validate_suite
@@ -39,6 +41,12 @@ def main() -> None:
     ap.add_argument("--out", help="output directory of the run (measure mode)")
     ap.add_argument("--report", metavar="DIR", help="re-render DIR instead of measuring")
     ap.add_argument("--repredict", action="store_true", help="with --report: predict again")
+    ap.add_argument(
+        "--uncalibrated",
+        action="store_true",
+        help="with --repredict: drop the profile's co-location exponents (α = 1 in every mode), "
+        "i.e. predict as if the calibration step had not run",
+    )
     ap.add_argument("--db", default=None, help="profile database (default: the user's)")
     ap.add_argument("--suite", default=None, help="suite file (default: app/suite.yaml)")
     ap.add_argument("--name", default=None, help="name of the new profile")
@@ -57,7 +65,8 @@ def main() -> None:
         if a.repredict:
             if not a.profile:
                 ap.error("--repredict needs --profile")
-            res = repredict(out, store.get(a.profile))
+            prof = store.get(a.profile)
+            res = repredict(out, replace(prof, colocation={}) if a.uncalibrated else prof)
         else:
             res = out.result()
     elif a.out:
