@@ -1,21 +1,22 @@
-"""The validation suite with a real hold-out (issue #14): profile, calibration step, calibration
-set, hold-out set, in one sitting; prints the Markdown for BENCHMARKS.md.
+"""The validation suite with a real hold-out (issue #14): a quick profile, the calibration set,
+the hold-out set, in one sitting; prints the Markdown for BENCHMARKS.md. Nothing is fitted to
+either set (the engine prices with the profile's measured costs).
 
-Measure (root, under the measurement lock; ~45 min for the bundled suite)::
+Measure (root, under the measurement lock; ~55 min for the bundled suite)::
 
     flock /run/meshtax-measure.lock .venv/bin/python benchmarks/bench_suite.py \\
         --out artifacts/suite --db artifacts/suite/profiles.db [--suite app/suite.yaml] \\
-        [--name NAME] [--profile STORED] [--calibration chains|none] [--sets calibration,holdout] \\
-        [--rate R] [--duration S] [--quick] [--resume]
+        [--name NAME] [--profile STORED] [--accept-unclosed] [--sets calibration,holdout] \\
+        [--rate R] [--duration S] [--speed now|profile] [--quick] [--resume]
 
 This is ``meshtax validate --suite`` (``meshtax.app.measure.validate_suite``): one JSON per case
 in ``<out>/cases`` as soon as it is measured, the no-mesh traces in ``<out>/traces``, the summary
 in ``<out>/summary.{json,md}``; a killed run keeps its cases and ``--resume`` continues it.
 
 Re-render a finished or interrupted run without measuring: ``--report <out>``; and with
-``--repredict --db DB --profile NAME [--uncalibrated]`` predict its kept traces again with that
-profile (without its co-location exponents) and this checkout's model (the same measurements,
-another model).
+``--repredict --db DB --profile NAME`` predict its kept traces again with that profile and this
+checkout's model, each case at the machine speed measured for it (the same measurements,
+another profile or model: e.g. a profile taken an hour before the cases or right after them).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 
 from meshtax.app import UsageError
 from meshtax.app.measure import SuiteOptions, validate_suite
@@ -41,17 +41,12 @@ def main() -> None:
     ap.add_argument("--out", help="output directory of the run (measure mode)")
     ap.add_argument("--report", metavar="DIR", help="re-render DIR instead of measuring")
     ap.add_argument("--repredict", action="store_true", help="with --report: predict again")
-    ap.add_argument(
-        "--uncalibrated",
-        action="store_true",
-        help="with --repredict: drop the profile's co-location exponents (α = 1 in every mode), "
-        "i.e. predict as if the calibration step had not run",
-    )
     ap.add_argument("--db", default=None, help="profile database (default: the user's)")
     ap.add_argument("--suite", default=None, help="suite file (default: app/suite.yaml)")
     ap.add_argument("--name", default=None, help="name of the new profile")
     ap.add_argument("--profile", default=None, help="a stored profile instead of a new one")
-    ap.add_argument("--calibration", default="chains")
+    ap.add_argument("--accept-unclosed", action="store_true", help="go on with an unclosed profile")
+    ap.add_argument("--speed", choices=("now", "profile"), default="now")
     ap.add_argument("--sets", default="calibration,holdout")
     ap.add_argument("--rate", type=float, default=None)
     ap.add_argument("--duration", type=float, default=None)
@@ -65,8 +60,7 @@ def main() -> None:
         if a.repredict:
             if not a.profile:
                 ap.error("--repredict needs --profile")
-            prof = store.get(a.profile)
-            res = repredict(out, replace(prof, colocation={}) if a.uncalibrated else prof)
+            res = repredict(out, store.get(a.profile))
         else:
             res = out.result()
     elif a.out:
@@ -85,8 +79,9 @@ def main() -> None:
                 a.quick,
                 a.name,
                 a.profile,
-                a.calibration,
-                a.resume,
+                accept_unclosed=a.accept_unclosed,
+                speed=a.speed,
+                resume=a.resume,
                 wait_s=900.0,
             )
             res = validate_suite(opts, store, say)

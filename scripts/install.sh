@@ -58,7 +58,19 @@ if [ -f bpf/Makefile ] && [ -r /sys/kernel/btf/vmlinux ] && command -v clang >/d
   make -s -C bpf
 fi
 
-# 6. the main job, on the embedded default: predict Bookinfo with the bundled reference profile
+# 6. the machine-speed reference workload (plain C)
+if command -v cc >/dev/null; then
+  say "building speedref"
+  make -s -C speedref
+fi
+
+# 7. the reference sidecar (refsidecar/: C, libc only)
+if [ -f refsidecar/Makefile ] && command -v "${CC:-cc}" >/dev/null; then
+  say "building the reference sidecar"
+  make -s -C refsidecar
+fi
+
+# 8. the main job, on the embedded default: predict Bookinfo with the bundled reference profile
 if [ "$RUN" = 1 ]; then
   say "meshtax predict (Bookinfo, reference profile of Zhu et al. SoCC '23)"
   .venv/bin/meshtax example --dest .tools/examples >/dev/null

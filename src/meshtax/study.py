@@ -35,6 +35,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from meshtax.errors import PredictError
 from meshtax.model.components import filter_component
 from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
 from meshtax.model.profile import Profile
@@ -53,7 +54,7 @@ METRICS = ("latency_overhead_us", "latency_overhead_pct", "cpu_vcpu")
 N_QUANTILES = 1001
 
 
-class StudyError(ValueError):
+class StudyError(PredictError):
     """A study that cannot run (no input, no runnable configuration, unknown engine)."""
 
 
@@ -84,10 +85,9 @@ def unsupported(config: StudyConfig, profile: Profile) -> str | None:
     missing = [f for f in config.sidecar.filters if filter_component(f) not in mp.components]
     if missing:
         return (
-            f"profile {profile.name!r} has no {config.sidecar.mode.value}-mode model for filter(s) "
-            f"{', '.join(missing)} "
-            "(the bundled reference profile has published totals only); profile the filters or "
-            "pass a profile that has them"
+            f"profile {profile.name!r} has no {config.sidecar.mode.value}-mode model for "
+            f"filter(s) {', '.join(missing)} (the bundled reference profile has HTTP-mode filters "
+            "only); profile the filters or pass a profile that has them"
         )
     return None
 
@@ -225,6 +225,7 @@ class StudySummary:
     whatif: Mapping[str, Mapping[str, float]]
     seconds: float
     files: tuple[str, ...] = field(default=())
+    profile_quality: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -241,6 +242,7 @@ class StudySummary:
             "whatif": {k: dict(v) for k, v in self.whatif.items()},
             "seconds": self.seconds,
             "files": list(self.files),
+            "profile_quality": dict(self.profile_quality),
         }
 
 
@@ -319,6 +321,7 @@ def run_study(
         whatif=whatif,
         seconds=time.perf_counter() - t0,
         files=files,
+        profile_quality=profile.quality(),
     )
     (out / "summary.json").write_text(json.dumps(summary.to_dict(), indent=1))
     return summary

@@ -1,26 +1,23 @@
-"""meshtax.app.measure.validate_suite with fake backends: the order of the steps, the
-calibration step sees the calibration set only, resuming skips what is done, an interrupted run
-keeps its summary, bad options are refused."""
+"""meshtax.app.measure.validate_suite with fake backends: the order of the steps (profile, then
+the calibration set, then the hold-out), resuming skips what is done, an interrupted run keeps
+its summary, an unclosed profile is refused unless accepted, bad options are refused."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from meshtax.app import UsageError
 from meshtax.app.measure import (
-    CALIBRATIONS,
-    Calibrated,
-    CalibrationInput,
     Measured,
     SuiteBackends,
     SuiteOptions,
     validate_suite,
 )
 from meshtax.model.components import IPC
-from meshtax.model.profile import Colocation
 from meshtax.model.sidecar import Mode
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.result import CaseResult, Predicted, RunSample
@@ -51,13 +48,14 @@ class Fakes:
         self.store = store
         self.profiled: list[str | None] = []
         self.cases: list[str] = []
-        self.calibrated: list[CalibrationInput] = []
         self.interrupt_at = interrupt_at
+        self.status: str | None = None  # the status the fake profiler stores
 
     def backends(self) -> SuiteBackends:
         def prof(name: str | None, say: object) -> Measured:
             self.profiled.append(name)
             p = profile({Mode.HTTP: {IPC: flat(5, 5)}}, name=name or "generated")
+            p = replace(p, status=self.status)
             self.store.save(p)  # as the real profiler does
             return Measured(p, ("http closes within 9 %",))
 
@@ -72,14 +70,6 @@ class Fakes:
 
         return SuiteBackends(prof, cases)  # type: ignore[arg-type]
 
-    def calibrate(self, inp: CalibrationInput, store: ProfileStore, say: object) -> Calibrated:
-        self.calibrated.append(inp)
-        col = Colocation(0.5, 0.4, 0.6, "http", inp.rate, (), "fake")
-        p = inp.profile
-        cal = type(p)(p.name, p.platform, p.provenance, p.modes, {Mode.HTTP: col})
-        store.save(cal, replace=True)
-        return Calibrated(cal, "fake: α http 0.50", {"http": col.to_dict()})
-
 
 @pytest.fixture
 def setup(
@@ -88,45 +78,33 @@ def setup(
     (tmp_path / "suite.yaml").write_text(SUITE)
     store = ProfileStore(tmp_path / "p.db")
     fakes = Fakes(store)
-    monkeypatch.setitem(CALIBRATIONS, "fake", fakes.calibrate)
-    opts = SuiteOptions(
-        str(tmp_path / "out"), str(tmp_path / "suite.yaml"), name="p1", calibration="fake"
-    )
+    opts = SuiteOptions(str(tmp_path / "out"), str(tmp_path / "suite.yaml"), name="p1")
     return tmp_path, store, fakes, opts
 
 
-def test_profile_calibration_then_both_sets(
+def test_profile_then_both_sets(
     setup: tuple[Path, ProfileStore, Fakes, SuiteOptions],
 ) -> None:
     tmp, store, fakes, opts = setup
     said: list[str] = []
     res = validate_suite(opts, store, said.append, backends=fakes.backends())
     assert fakes.profiled == ["p1"]
-    (inp,) = fakes.calibrated
-    # the calibration step sees the calibration set and nothing of the hold-out
-    assert [c.key for c in inp.cases] == ["bookinfo/productpage/http"]
-    assert (inp.profile.name, inp.rate, inp.duration_s, inp.quick) == ("p1", 80.0, 2.0, False)
     assert fakes.cases == ["bookinfo/productpage/http", "media/poster/http", "media/poster/grpc"]
     assert [c.name for c in res.sets["holdout"]] == ["media/poster", "media/poster"]
     out = tmp / "out"
     man = json.loads((out / "manifest.json").read_text())
-    assert man["profile"]["name"] == "p1" and man["profile"]["warnings"] == [
+    assert man["profile"]["name"] == "p1" and man["profile"]["warnings"][0] == (
         "http closes within 9 %"
-    ]
-    assert man["calibration"]["summary"] == "fake: α http 0.50"
-    assert man["options"] == {
-        "duration_s": 2.0,
-        "quick": False,
-        "rates": "80",
-        "calibration": "fake",
-    }
+    )
+    assert man["profile"]["quality"]["status"] == "unchecked"
+    assert "calibration" not in man
+    assert man["options"] == {"duration_s": 2.0, "quick": False, "rates": "80", "speed": "now"}
     doc = json.loads((out / "summary.json").read_text())
     assert doc["summary"]["holdout"]["latency"]["median_abs_error"] == pytest.approx(0.10)
-    assert store.get("p1").alpha(Mode.HTTP) == 0.5  # the cases ran on the calibrated profile
     case_doc = json.loads((out / "cases/holdout/media-poster-grpc.json").read_text())
     assert case_doc["profile"] == "p1"
     md = (out / "summary.md").read_text()
-    assert "Calibration step `fake`: fake: α http 0.50." in md
+    assert "Nothing is fitted to either set" in md
     assert any(m.startswith("[3/3] holdout media/poster/grpc: latency") for m in said)
     with pytest.raises(UsageError, match="holds a suite run already: --resume"):
         validate_suite(opts, store, backends=fakes.backends())
@@ -143,15 +121,15 @@ def test_interrupted_run_keeps_its_cases_and_resumes(
     assert "Not measured (yet): 2 case(s): media/poster/http, media/poster/grpc." in md
     fakes.interrupt_at = 0
     fakes.cases.clear()
-    resume = SuiteOptions(opts.out, opts.suite, name="p1", calibration="fake", resume=True)
+    resume = SuiteOptions(opts.out, opts.suite, name="p1", resume=True)
     res = validate_suite(resume, store, backends=fakes.backends())
-    # neither the profile nor the calibration again; only the cases not measured
-    assert fakes.profiled == ["p1"] and len(fakes.calibrated) == 1
+    # not the profile again; only the cases not measured
+    assert fakes.profiled == ["p1"]
     assert fakes.cases == ["media/poster/http", "media/poster/grpc"]
     assert res.missing == () and len(res.sets["calibration"]) == 1
     with pytest.raises(UsageError, match="resume with the same options"):
         validate_suite(
-            SuiteOptions(opts.out, opts.suite, duration_s=5.0, calibration="fake", resume=True),
+            SuiteOptions(opts.out, opts.suite, duration_s=5.0, resume=True),
             store,
             backends=fakes.backends(),
         )
@@ -168,22 +146,35 @@ def test_a_stored_profile_and_one_set(
         sets=("holdout",),
         rate=50.0,
         profile="old",
-        calibration="none",
     )
     res = validate_suite(opts, store, backends=fakes.backends())
-    assert fakes.profiled == [] and fakes.calibrated == []
+    assert fakes.profiled == []
     assert fakes.cases == ["media/poster/http", "media/poster/grpc"]
     assert {c.rate for c in res.sets["holdout"]} == {50.0} and res.sets["calibration"] == ()
     assert res.profile["how"] == "stored earlier, not this sitting"
-    assert res.calibration["summary"].startswith("none: the profile as stored (α http 1.00")
+
+
+def test_an_unclosed_profile_is_refused_unless_accepted(
+    setup: tuple[Path, ProfileStore, Fakes, SuiteOptions],
+) -> None:
+    tmp, store, fakes, opts = setup
+    fakes.status = "unclosed"
+    with pytest.raises(UsageError, match="marked unclosed. Not validating with it"):
+        validate_suite(opts, store, backends=fakes.backends())
+    assert fakes.cases == []  # nothing measured with it
+    man = json.loads((tmp / "out" / "manifest.json").read_text())
+    assert man["profile"]["quality"]["status"] == "unclosed"  # but the record says why
+    again = SuiteOptions(opts.out, opts.suite, resume=True, accept_unclosed=True)
+    res = validate_suite(again, store, backends=fakes.backends())
+    assert fakes.profiled == ["p1"] and len(fakes.cases) == 3 and res.missing == ()
 
 
 def test_bad_options_and_suites(setup: tuple[Path, ProfileStore, Fakes, SuiteOptions]) -> None:
     tmp, store, fakes, opts = setup
     with pytest.raises(UsageError, match="--sets"):
         SuiteOptions("o", sets=("training",))
-    with pytest.raises(UsageError, match="--calibration"):
-        SuiteOptions("o", calibration="magic")
+    with pytest.raises(UsageError, match="--speed"):
+        SuiteOptions("o", speed="later")
     with pytest.raises(UsageError, match="not both"):
         SuiteOptions("o", name="a", profile="b")
     (tmp / "bad.yaml").write_text("calibration: []\nholdout: []\n")

@@ -102,7 +102,7 @@ def fake_backends(world: FakeWorld, callgrind: bool = True, **kw: Any) -> Backen
         echo=no_echo,
         free_ports=lambda k: [next(ports) for _ in range(k)],
         callgrind_available=lambda: callgrind,
-        **kw,
+        **{"meter": None, "speed": None, **kw},
     )
 
 

@@ -27,7 +27,7 @@ def test_default_pinning() -> None:
 
 def test_presets() -> None:
     q, f = quick_plan(pinning=PIN), full_plan(pinning=PIN)
-    assert q.sizes == QUICK_SIZES == (100, 1024, 4096) and q.preset == "quick"
+    assert q.sizes == QUICK_SIZES == (100, 4096, 65536) and q.preset == "quick"
     assert f.sizes == FULL_SIZES and 16384 in f.sizes and 65536 in f.sizes and f.preset == "full"
     assert q.modes == f.modes == (Mode.TCP, Mode.HTTP, Mode.GRPC)
     assert q.rate_fractions == (0.25, 0.5, 0.75, 1.0)
@@ -194,7 +194,7 @@ def test_quick_preset_fits_the_three_minute_aim() -> None:
     assert q.low_rates == (100.0, 1000.0) and q.low_rate_size_list() == (100,)
     assert (
         q.carried == ("grpc",)
-        and q.carried_sizes() == (100, 4096)
+        and q.carried_sizes() == (100, 65536)
         and q.carried_rate_fractions == (1.0,)
     )
     extra = sum(s.expected_s for s in q.steps() if s.kind == "lowrate" or s.protocol)
@@ -206,7 +206,7 @@ def test_with_duration_and_to_dict() -> None:
     assert (p.latency_run_s, p.probe_run_s, p.cpu_run_s, p.maxqps_run_s) == (2.0, 2.0, 2.0, 2.0)
     assert p.latency_budget_s == 12.0
     d = p.to_dict()
-    assert d["modes"] == ["tcp", "http", "grpc"] and d["sizes"] == [100, 1024, 4096]
+    assert d["modes"] == ["tcp", "http", "grpc"] and d["sizes"] == [100, 4096, 65536]
     assert d["pinning"] == {"client": [0], "sidecars": [1], "app": [1]}
     assert (d["probe_pairs"], d["probe_app"], d["nice"]) == (4, True, -20)
     assert (

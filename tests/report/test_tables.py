@@ -64,19 +64,28 @@ def test_comparison_differences_and_missing_components() -> None:
     cmp = T.compare_profiles(a, reference_profile().to_dict())
     rows = {(r.mode, r.component): r for r in cmp.rows}
     ipc = rows[("http", "ipc")]
-    assert (
-        ipc.latency_a == pytest.approx(5.2)
-        and ipc.latency_b is None
-        and ipc.latency_diff == (None, None)
-    )
+    assert ipc.latency_a == pytest.approx(5.2) and ipc.latency_b == pytest.approx(12.73)
+    d_ipc, pct_ipc = ipc.latency_diff
+    assert d_ipc == pytest.approx(12.73 - 5.2) and pct_ipc == pytest.approx(7.53 / 5.2 * 100)
+    # the golden profile has no Notification; the reference has no gRPC-mode filter
+    note = rows[("http", "notification")]
+    assert note.latency_a is None and note.latency_b == pytest.approx(1.32)
+    assert note.latency_diff == (None, None)
+    lua = rows[("grpc", "filter:lua")]
+    assert lua.latency_a == pytest.approx(18.0) and lua.latency_b is None
     total = rows[("http", "total")]
     assert total.latency_a == pytest.approx(54.8)
     assert total.latency_b == pytest.approx(165.17)  # the paper's HTTP total, Table 2
     d, pct = total.latency_diff
     assert d == pytest.approx(165.17 - 54.8) and pct == pytest.approx((165.17 - 54.8) / 54.8 * 100)
-    assert [r.component for r in cmp.rows if r.mode == "http"][
-        -1
-    ] == "filter:lua"  # filters after the total
+    http = [r.component for r in cmp.rows if r.mode == "http"]
+    assert http[http.index("total") + 1 :] == [  # filters after the total
+        "filter:fault_injection",
+        "filter:lua",
+        "filter:rate_limit",
+        "filter:tap",
+        "filter:wasm",
+    ]
 
 
 def test_doc_labels_are_unique() -> None:

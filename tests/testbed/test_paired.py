@@ -63,3 +63,25 @@ def test_policy_is_checked() -> None:
         PairPolicy(5, 4)
     with pytest.raises(ValueError):
         paired_runs([], lambda n: 0, PairPolicy())
+
+
+def test_refused_groups_run_again_then_the_loop_gives_up() -> None:
+    n = [0]
+
+    def run(name: str) -> int:
+        n[0] += 1
+        return n[0]
+
+    # every second pair is refused: it is run again, and kept rounds stay complete
+    p = paired_runs(
+        [("a", "b")],
+        run,
+        PairPolicy.fixed(3),
+        accept=lambda g: g.first("b") != 3,
+        max_rejects=5,
+    )
+    assert p.stop == "max_rounds" and p.rounds == 3 and len(p.rejected) == 1
+    assert [g.runs for g in p.rejected] == [{"b": (3,), "a": (4,)}]
+    # nothing is ever clean: it stops after max_rejects + 1 refusals with what it kept
+    q = paired_runs([("a", "b")], run, PairPolicy.fixed(3), accept=lambda g: False, max_rejects=2)
+    assert (q.stop, len(q.groups), len(q.rejected)) == ("contaminated", 0, 3)

@@ -195,7 +195,6 @@ def test_markdown_puts_both_sets_side_by_side_with_the_targets() -> None:
             "created": "2026-11-23T06:00:00",
             "closure": {"tcp": {"error": -0.04, "closes": True}},
         },
-        calibration={"step": "none", "summary": "none: the profile as stored (α tcp 1.00)"},
         machine={"host": "AMD EPYC", "cpus": 2, "kernel": "6.18", "loadavg": [1.0, 0.5, 0.25]},
         options={"duration_s": 3.0, "quick": False, "rates": "100"},
         started="2026-11-23T06:00:00Z",
@@ -238,7 +237,7 @@ def _descendants(pid: int) -> list[int]:
 
 @pytest.mark.root
 def test_reduced_real_suite_leaves_nothing_behind(tmp_path: Path) -> None:
-    """`validate --suite`, reduced: a short http-only profile, no calibration, one small case in
+    """`validate --suite`, reduced: a short http-only profile (accepted unclosed), one small case in
     each set (Hotel Reservation's user query; a topology of the test's own with 16 KB responses,
     no db stand-in, whose tcp sidecars the profile lacks), quick runs on the real
     machine. Both cases are measured and written with their traces, and nothing of the run is
@@ -302,7 +301,7 @@ def test_reduced_real_suite_leaves_nothing_behind(tmp_path: Path) -> None:
         str(tmp_path / "suite.yaml"),
         quick=True,
         name="ci-suite",
-        calibration="none",
+        accept_unclosed=True,  # a reduced profile on a shared machine need not close
     )
     be = SuiteBackends(short_profile, real_suite_backends(store, 300.0).cases)
     res = run_suite(opts, store, backends=be)
@@ -312,6 +311,12 @@ def test_reduced_real_suite_leaves_nothing_behind(tmp_path: Path) -> None:
         ("tiny/page", None),
     ]
     assert all(c.comparisons["cpu"].measured.median > 0 for c in cases)
+    # each case predicted at the machine's speed measured for it, or says why not
+    assert all(
+        c.speed is not None
+        or any("speed not measured" in w for w in (c.predicted.warnings if c.predicted else ()))
+        for c in cases
+    )
     out = tmp_path / "out"
     assert sorted(p.name for p in (out / "traces").iterdir()) == [
         "hotel-reservation-user-http.json",

@@ -10,40 +10,46 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from meshtax.app.errors import UsageError
+from meshtax import safeio
+from meshtax.errors import UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.predict.whatif import Derivation
 from meshtax.store.sqlite import ProfileStore
 
-__all__ = ["build_report", "import_profile", "import_traces", "write_document", "write_examples"]
+__all__ = [
+    "build_report",
+    "derive_speedup_file",
+    "import_profile",
+    "import_traces",
+    "write_document",
+    "write_examples",
+]
 
 
 def import_profile(file: str, store: ProfileStore, name: str | None, replace: bool) -> Profile:
     """Store a profile exported with ``meshtax profiles export``."""
-    try:
-        doc = json.loads(Path(file).read_text())
-        if name:
-            doc["name"] = name
-        p = Profile.from_dict(doc)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise UsageError(
-            f"{file}: not a meshtax profile document ({e.__class__.__name__}: {e})"
-        ) from None
+    doc = safeio.load_document(file, "a profile document", nonfinite=True)
+    if isinstance(doc, dict) and name:
+        doc["name"] = name
+    p = Profile.from_dict(doc, source=file)
     store.save(p, replace=replace)
     return p
 
 
 def write_examples(dest: str) -> list[str]:
-    """Copy the bundled example ECGs and speedup file to ``dest``; returns the file names."""
+    """Copy the bundled example ECGs to ``dest`` and the speedup file to ``dest/whatif/`` (so
+    ``predict DEST/*.yaml`` reads call graphs only); returns the paths written, relative."""
     out = Path(dest)
-    out.mkdir(parents=True, exist_ok=True)
     src = resources.files("meshtax").joinpath("data/examples")
     names = []
     for f in sorted(src.iterdir(), key=lambda t: t.name):
         if f.name.endswith(".yaml"):
+            to = out / ("whatif" if f.name.startswith("speedup") else "") / f.name
+            to.parent.mkdir(parents=True, exist_ok=True)
             with resources.as_file(f) as path:
-                shutil.copyfile(path, out / f.name)
-            names.append(f.name)
+                shutil.copyfile(path, to)
+            names.append(str(to.relative_to(out)))
     return names
 
 
@@ -124,3 +130,25 @@ def write_document(doc: Any, path: str, store: ProfileStore, profiles: Sequence[
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, default=float))
     return out
+
+
+def derive_speedup_file(
+    store: ProfileStore,
+    base: str,
+    variant: str,
+    output: str,
+    sizes: Sequence[float] = (100.0, 4096.0),
+    rate: float | None = None,
+    name: str | None = None,
+    every_mode: bool = False,
+) -> Derivation:
+    """Compare stored profiles BASE and VARIANT component by component and write the speedup
+    file ``predict --speedup`` takes; returns the comparison."""
+    import yaml
+
+    from meshtax.predict.whatif import derive_speedup
+
+    d = derive_speedup(store.get(base), store.get(variant), sizes or (100.0, 4096.0), rate)
+    doc = d.document(name=name, every_mode=every_mode)
+    Path(output).write_text(yaml.safe_dump(doc, sort_keys=False))
+    return d

@@ -1,5 +1,6 @@
-"""Entry points that measure this machine (root): profile (with extras), calibrate, validate,
-the one-hop sweeps, and the readiness checks. Options in, profiles and documents out."""
+"""Entry points that measure this machine (root): profile (with extras), validate (one
+topology or the suite), the one-hop sweeps, and the readiness checks. Options in, profiles
+and documents out."""
 
 from __future__ import annotations
 
@@ -8,27 +9,26 @@ import shutil
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Literal
 
 from meshtax.app import doctor
-from meshtax.app.errors import UsageError
+from meshtax.errors import UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import ClosureWarning
 from meshtax.profile.extras import ExtrasOptions, profile_extras
 from meshtax.profile.run import ProfileOptions, Progress, run_profile
-from meshtax.store.resolve import resolve_profile
+from meshtax.store.resolve import quality_lines, resolve_profile
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
 from meshtax.testbed.paired import PairPolicy
+from meshtax.testbed.pinning import pinning_of
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.runstate import RunBusy, owned_tempdir
 from meshtax.testbed.system import RealSystem, System
-from meshtax.validate.colocation import calibrate as calibrate_mode
 from meshtax.validate.result import CaseResult, ValidationResult
-from meshtax.validate.run import ValidateOptions, machine, pinning_of, run_case, run_validation
+from meshtax.validate.run import ValidateOptions, machine, run_case, run_validation
 from meshtax.validate.suite import SETS, Suite, SuiteCase, SuiteError, load_suite
 from meshtax.validate.suite_run import (
     CaseRunner,
@@ -41,10 +41,6 @@ from meshtax.validate.suite_run import (
 from meshtax.validate.sweep import SweepResult, run_sweep
 
 __all__ = [
-    "CALIBRATIONS",
-    "CalibrateOptions",
-    "Calibrated",
-    "CalibrationInput",
     "ExtrasOptions",
     "MeasureOptions",
     "Measured",
@@ -53,7 +49,6 @@ __all__ = [
     "SuiteOptions",
     "SweepOptions",
     "ValidateOptions",
-    "calibrate",
     "check_machine",
     "measure",
     "real_suite_backends",
@@ -120,47 +115,13 @@ def measure(
     return Measured(prof, notes)
 
 
-@dataclass(frozen=True)
-class CalibrateOptions:
-    profile: str | None = None
-    modes: tuple[Mode, ...] = ()  # empty: every mode of the profile
-    rate: float = 100.0
-    duration_s: float = 3.0
-    quick: bool = False
-    keep_dir: str | None = None
-
-
-def calibrate(
-    opts: CalibrateOptions, store: ProfileStore, say: Say | None = None
-) -> tuple[Profile, list[tuple[Mode, ValidationResult]]]:
-    """Per mode, the co-location exponent from chains of services; each stored when done."""
-    prof = resolve_profile(store, opts.profile, this_host()).profile
-    results = []
-    try:
-        for m in opts.modes or tuple(prof.modes):
-            keep = None if opts.keep_dir is None else Path(opts.keep_dir) / m.value
-            prof, res = calibrate_mode(
-                RealSystem(),
-                prof,
-                store,
-                mode=m,
-                rate=opts.rate,
-                duration_s=opts.duration_s,
-                quick=opts.quick,
-                keep_dir=keep,
-                progress=say,
-            )
-            results.append((m, res))
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    return prof, results
-
-
 def validate(
     opts: ValidateOptions, store: ProfileStore, say: Say | None = None
 ) -> ValidationResult:
     """Measured vs predicted on a multi-service app in pods (:mod:`meshtax.validate.run`)."""
-    resolved = resolve_profile(store, opts.profile_name, this_host())
+    resolved = resolve_profile(
+        store, opts.profile_name, this_host(), accept_unclosed=opts.accept_unclosed
+    )
     try:
         return run_validation(opts, RealSystem(), resolved.profile, say, warnings=resolved.warnings)
     except (ValueError, FileNotFoundError) as e:
@@ -172,8 +133,9 @@ class SuiteOptions:
     """``meshtax validate --suite``: run ``suite`` (a file; None: the bundled one) into the
     directory ``out``. ``sets``: which sets to measure. ``rate``/``duration_s``: override the
     suite's. ``name``: the new profile's name (None: generated); ``profile``: use this stored
-    profile instead of measuring one (the report says so). ``calibration``: a key of
-    :data:`CALIBRATIONS`. ``resume``: continue the run in ``out``, skipping what it measured."""
+    profile instead of measuring one (the report says so). ``accept_unclosed``: go on with a
+    profile that does not close. ``speed``: as ``validate --speed``. ``resume``: continue the
+    run in ``out``, skipping what it measured."""
 
     out: str
     suite: str | None = None
@@ -183,70 +145,22 @@ class SuiteOptions:
     quick: bool = False
     name: str | None = None
     profile: str | None = None
-    calibration: str = "chains"
+    accept_unclosed: bool = False
+    speed: str = "now"
     resume: bool = False
     wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.sets or any(s not in SETS for s in self.sets):
             raise UsageError(f"--sets: {','.join(self.sets)!r}; expected some of {','.join(SETS)}")
-        if self.calibration not in CALIBRATIONS:
-            raise UsageError(
-                f"--calibration: {self.calibration!r}; expected one of {', '.join(CALIBRATIONS)}"
-            )
         if (self.rate is not None and self.rate < 0) or (
             self.duration_s is not None and self.duration_s <= 0
         ):
             raise UsageError("--rate must be ≥ 0 (0: closed loop) and --duration positive")
         if self.name and self.profile:
             raise UsageError("--name names a new profile, --profile an existing one: not both")
-
-
-@dataclass(frozen=True)
-class CalibrationInput:
-    """What a calibration step may see: the profile and the suite's *calibration* set (never the
-    hold-out), with the run's rate, duration and quick setting."""
-
-    profile: Profile
-    cases: tuple[SuiteCase, ...]
-    rate: float
-    duration_s: float
-    quick: bool
-
-
-@dataclass(frozen=True)
-class Calibrated:
-    """A calibration step's outcome: the profile to predict with (stored), one line for the
-    report and the details for the run's record."""
-
-    profile: Profile
-    summary: str
-    detail: Mapping[str, Any] = field(default_factory=dict)
-
-
-Calibrator = Callable[[CalibrationInput, ProfileStore, Say], Calibrated]
-
-
-def _chain_calibration(inp: CalibrationInput, store: ProfileStore, say: Say) -> Calibrated:
-    """``meshtax calibrate`` on the profile: the co-location exponent per mode from chains of
-    services (not the suite's cases)."""
-    opts = CalibrateOptions(inp.profile.name, (), inp.rate, inp.duration_s, inp.quick)
-    prof, _ = calibrate(opts, store, say)
-    col = prof.colocation
-    line = "co-location exponent from chains of 1–8 services: " + ", ".join(
-        f"α {m.value} {c.alpha:.2f} [{c.lo:.2f}, {c.hi:.2f}]" for m, c in col.items()
-    )
-    return Calibrated(prof, line, {m.value: c.to_dict() for m, c in col.items()})
-
-
-def _no_calibration(inp: CalibrationInput, store: ProfileStore, say: Say) -> Calibrated:
-    p = inp.profile
-    kept = ", ".join(f"α {m.value} {p.alpha(m):.2f}" for m in p.modes)
-    return Calibrated(p, f"none: the profile as stored ({kept})")
-
-
-#: the calibration steps ``validate --suite --calibration`` offers (add a model's fit here)
-CALIBRATIONS: dict[str, Calibrator] = {"chains": _chain_calibration, "none": _no_calibration}
+        if self.speed not in ("now", "profile"):
+            raise UsageError(f"--speed: {self.speed!r}; expected now or profile")
 
 
 @dataclass(frozen=True)
@@ -288,8 +202,10 @@ def real_suite_backends(store: ProfileStore, wait_s: float) -> SuiteBackends:
                 rate=c.rate,
                 duration_s=opts.duration_s or suite.duration_s,
                 profile_name=prof.name,
+                accept_unclosed=opts.accept_unclosed,
                 quick=opts.quick,
                 traces_dir=str(out.traces),
+                speed=opts.speed,
             )
             work = owned_tempdir("suite")
             try:
@@ -310,10 +226,11 @@ def validate_suite(
     *,
     backends: SuiteBackends | None = None,
 ) -> SuiteResult:
-    """In one sitting: (a) profile this machine (quick), (b) the calibration step on that
-    profile, seeing the calibration set only, (c) every case of the calibration set, (d) every
-    case of the hold-out set; each step and case recorded in ``opts.out`` as it is done (see
-    :mod:`meshtax.validate.suite_run`), the summary written at the end, also when interrupted."""
+    """In one sitting: (a) profile this machine (quick), (b) every case of the calibration
+    set, (c) every case of the hold-out set; each step and case recorded in ``opts.out`` as it
+    is done (see :mod:`meshtax.validate.suite_run`), the summary written at the end, also when
+    interrupted. Nothing is fitted to either set: the engine prices with the profile's
+    measured costs; the sets are kept apart for whatever a model may fit one day."""
     tell = say or (lambda _m: None)
     be = backends or real_suite_backends(store, opts.wait_s)
     try:
@@ -333,7 +250,7 @@ def validate_suite(
         "duration_s": opts.duration_s or suite.duration_s,
         "quick": opts.quick,
         "rates": "/".join(f"{r:g}" for r in dict.fromkeys(c.rate for c in cases)),
-        "calibration": opts.calibration,
+        "speed": opts.speed,
     }
     if man is not None and (was := man.get("options", {})) != run_opts:
         raise UsageError(
@@ -352,7 +269,6 @@ def validate_suite(
         man = out.update_manifest(cases=[c.key for c in cases])
     try:
         prof = _suite_profile(opts, store, man, out, be, tell)
-        prof = _suite_calibration(opts, store, suite, prof, man, out, tell, run_opts)
         runner = be.cases(prof, suite, opts, out, tell)
         run_cases(cases, out, runner, tell, resume=opts.resume, record={"profile": prof.name})
     finally:
@@ -369,46 +285,35 @@ def _suite_profile(
     be: SuiteBackends,
     say: Say,
 ) -> Profile:
+    """The run's profile: the interrupted run's, a stored one, or a quick one measured now;
+    refused (after it is recorded) when it does not close, unless ``accept_unclosed``."""
     done = man.get("profile")
+    how: str | None
+    notes: tuple[str, ...] = ()
     if opts.resume and done:
         say(f"profile {done['name']!r} of the interrupted run")
-        return store.get(str(done["name"]))
-    if opts.profile:
-        prof = resolve_profile(store, opts.profile, this_host()).profile
-        out.update_manifest(profile=profile_record(prof, "stored earlier, not this sitting", ()))
-        return prof
-    say("profiling this machine (quick)")
-    measured = be.profile(opts.name, say)
-    rec = profile_record(measured.profile, "measured in this sitting, quick", measured.warnings)
-    out.update_manifest(profile=rec)
-    return measured.profile
-
-
-def _suite_calibration(
-    opts: SuiteOptions,
-    store: ProfileStore,
-    suite: Suite,
-    prof: Profile,
-    man: Mapping[str, Any],
-    out: SuiteDir,
-    say: Say,
-    run_opts: Mapping[str, Any],
-) -> Profile:
-    done = man.get("calibration")
-    if opts.resume and done:
-        say(f"calibration ({done['step']}) of the interrupted run")
-        return store.get(prof.name)
-    say(f"calibration step: {opts.calibration}")
-    cal_cases = tuple(
-        c if opts.rate is None else replace(c, rate=opts.rate) for c in suite.of("calibration")
-    )
-    rate = opts.rate if opts.rate is not None else suite.rate
-    inp = CalibrationInput(prof, cal_cases, rate, float(run_opts["duration_s"]), opts.quick)
-    cal = CALIBRATIONS[opts.calibration](inp, store, say)
-    out.update_manifest(
-        calibration={"step": opts.calibration, "summary": cal.summary, "detail": cal.detail},
-    )
-    return cal.profile
+        name, how = str(done["name"]), None
+    elif opts.profile:
+        name, how = opts.profile, "stored earlier, not this sitting"
+    else:
+        say("profiling this machine (quick)")
+        measured = be.profile(opts.name, say)
+        name, how, notes = (
+            measured.profile.name,
+            "measured in this sitting, quick",
+            measured.warnings,
+        )
+    res = resolve_profile(store, name, this_host(), accept_unclosed=True)
+    if how is not None:
+        rec = profile_record(res.profile, how, (*notes, *res.warnings))
+        out.update_manifest(profile=rec)
+    if res.profile.unclosed and not opts.accept_unclosed:
+        raise UsageError(
+            "; ".join(quality_lines(res.profile) or [f"profile {name!r} is marked unclosed"])
+            + ". Not validating with it: profile again on a quieter machine (a new output "
+            "directory), or pass --resume --accept-unclosed to go on with it anyway"
+        )
+    return res.profile
 
 
 @dataclass(frozen=True)
@@ -420,11 +325,14 @@ class SweepOptions:
     sizes: Sequence[int] = field(default=(100, 1024, 4096, 16384, 65536))
     rate: float = 200.0  # the size sweep's rate
     pairs: tuple[int, int] = (6, 8)  # paired runs per point: at least, at most
+    accept_unclosed: bool = False
 
 
 def sweep(opts: SweepOptions, store: ProfileStore, say: Say | None = None) -> SweepResult:
     """One hop, size or rate sweep, measured vs predicted."""
-    prof = resolve_profile(store, opts.profile, this_host()).profile
+    prof = resolve_profile(
+        store, opts.profile, this_host(), accept_unclosed=opts.accept_unclosed
+    ).profile
     with Testbed(RealSystem(), lock_timeout=900.0) as tb:
         return run_sweep(
             opts.kind,

@@ -3,17 +3,17 @@ profile, with what-if speedups. Options in, result documents out (no argv, no pr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from meshtax.app.errors import UsageError
-from meshtax.model.ecg import ECG, EcgBatch, Service, to_batch
+from meshtax import safeio
+from meshtax.errors import MeshtaxError, UsageError
+from meshtax.model.ecg import ECG, EcgBatch, ECGError, Service, to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.model.speed import Speed, describe_scaling
 from meshtax.predict.engine import predict_batch
 from meshtax.predict.memory import memory_by_service
 from meshtax.predict.whatif import SpeedupError, apply_speedup, speedup_from_dict
@@ -21,10 +21,14 @@ from meshtax.report.result import prediction_document
 from meshtax.store.resolve import resolve_profile
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
+from meshtax.testbed.pinning import pinning_of
+from meshtax.testbed.speed import speed_on
+from meshtax.testbed.system import RealSystem
 from meshtax.traces.ecg_file import load_ecg_file
 
 __all__ = [
     "Loaded",
+    "SPEEDS",
     "PredictOptions",
     "StudyOptions",
     "load_batch",
@@ -32,6 +36,7 @@ __all__ = [
     "load_speedup_file",
     "parse_study_config",
     "predict_files",
+    "speed_now",
     "study",
 ]
 
@@ -46,28 +51,52 @@ class PredictOptions:
     sidecar_mode: str = "http"  # with traces: every traced service's sidecar mode
     service_map: str | None = None  # with traces: trace name → Kubernetes name overrides
     pod_cpus: int | None = None  # CPUs the pods share (None: each pod has CPUs of its own)
+    accept_unclosed: bool = False  # use a profile that failed its closure check (with a warning)
+    speed: str = "profile"  # "now": measure this machine's speed and scale the profile's costs
+    allow_outside: tuple[str, ...] = ()  # directories ECG files may reference besides their own
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def load_ecgs(files: Sequence[str]) -> list[ECG]:
+SPEEDS = ("profile", "now")
+
+
+def speed_now(profile: Profile) -> tuple[Speed | None, list[str]]:
+    """This machine's speed on the profile's CPUs, for a prediction scaled to it; the profile
+    must have been measured on this machine (another machine's costs do not scale by it)."""
+    if not profile.platform.same_host(this_host()):
+        raise UsageError(
+            f"--speed now: profile {profile.name!r} was measured on "
+            f"{profile.platform.describe()}, not this machine; its costs do not scale with "
+            "this machine's speed"
+        )
+    if profile.speed is None:
+        return None, [
+            f"--speed now: profile {profile.name!r} recorded no machine speed (measured before "
+            "meshtax measured speed): its costs are used as measured"
+        ]
+    speed, why = speed_on(RealSystem(), pinning_of(profile))
+    if speed is None:
+        return None, [why or "machine speed not measured"]
+    return speed, [describe_scaling(speed, profile.speed)]
+
+
+def load_ecgs(files: Sequence[str], allow_outside: Sequence[str] = ()) -> list[ECG]:
     ecgs: list[ECG] = []
     for f in files:
-        ecgs += load_ecg_file(f)
+        ecgs += load_ecg_file(f, allow_outside=allow_outside)
     if not ecgs:
         raise UsageError("no call graphs given")
     return ecgs
 
 
-def load_speedup_file(path: str) -> dict[str, Any]:
+def load_speedup_file(path: str) -> Any:
+    """The parsed speedup document (validated by :func:`speedup_from_dict`)."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise SpeedupError(f"{path}: file not found") from None
-    except yaml.YAMLError as e:
-        raise SpeedupError(f"{path}: YAML syntax error: {e}") from None
-    return doc if isinstance(doc, dict) else {"_": doc}
+        return safeio.load_document(path, "a speedup file", nonfinite=True)
+    except MeshtaxError as e:
+        raise SpeedupError(str(e), file=path) from None
 
 
 @dataclass(frozen=True)
@@ -82,17 +111,21 @@ class Loaded:
 
 def load_batch(opts: PredictOptions) -> Loaded:
     """The graphs to predict, from ECG files or traces."""
+    if opts.rate is not None and not (math.isfinite(opts.rate) and 0 < opts.rate <= 1e9):
+        raise UsageError(f"rate {opts.rate!r}; expected requests/s > 0 and ≤ 1e9")
     if opts.trace_format is None:
-        ecgs = load_ecgs(opts.ecg_files)
+        ecgs = load_ecgs(opts.ecg_files, opts.allow_outside)
         if opts.rate is not None:
             ecgs = [
                 replace(e, invocations=tuple(replace(i, rate=opts.rate) for i in e.invocations))
                 for e in ecgs
             ]
         notes = list(dict.fromkeys(n for e in ecgs for n in e.meta.get("notes", ())))
-        return Loaded(
-            to_batch(ecgs), None, notes, {k: v for e in ecgs for k, v in e.services.items()}
-        )
+        try:
+            batch = to_batch(ecgs)
+        except ValueError as e:  # one service, two sidecars in two files
+            raise ECGError(", ".join(opts.ecg_files), [str(e)]) from None
+        return Loaded(batch, None, notes, {k: v for e in ecgs for k, v in e.services.items()})
     from meshtax.traces import (
         AlibabaOptions,
         SpanOptions,
@@ -128,14 +161,22 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
     """Predict every graph of the ECG files (or traces); returns the result document."""
     loaded = load_batch(opts)
     batch = loaded.batch
-    resolved = resolve_profile(store, opts.profile, this_host())
+    resolved = resolve_profile(
+        store, opts.profile, this_host(), accept_unclosed=opts.accept_unclosed
+    )
     profile, warnings = resolved.profile, list(resolved.warnings)
     warnings += loaded.notes
 
     def lookup(name: str | None) -> Profile:
         return profile if name is None or name == profile.name else store.get(name)
 
-    bp = predict_batch(batch, lookup, pod_cpus=opts.pod_cpus)
+    speed = None
+    if opts.speed == "now":
+        speed, notes = speed_now(profile)
+        warnings += notes
+    elif opts.speed != "profile":
+        raise UsageError(f"speed must be one of {', '.join(SPEEDS)}, got {opts.speed!r}")
+    bp = predict_batch(batch, lookup, pod_cpus=opts.pod_cpus, speed=speed)
     whatif = None
     if opts.speedup:
         sp = speedup_from_dict(load_speedup_file(opts.speedup), opts.speedup)
@@ -147,7 +188,7 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
 
         whatif = (
             sp.describe(),
-            predict_batch(batch, lookup_after, pod_cpus=opts.pod_cpus),
+            predict_batch(batch, lookup_after, pod_cpus=opts.pod_cpus, speed=speed),
             after_profile,
         )
     memory, mw = memory_by_service(loaded.services, lookup)
@@ -165,6 +206,11 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
         doc["import"] = loaded.imported
     if memory is not None:
         doc["memory"] = memory
+    if speed is not None:
+        doc["speed"] = {
+            "now": speed.to_dict(),
+            "profile": profile.speed.to_dict() if profile.speed else None,
+        }
     return doc
 
 
@@ -180,6 +226,7 @@ class StudyOptions:
     engine: str = "local"
     scheduler: str | None = None
     progress: bool = False
+    accept_unclosed: bool = False
 
 
 def parse_study_config(text: str) -> tuple[str, SidecarConfig]:
@@ -207,7 +254,9 @@ def study(opts: StudyOptions, store: ProfileStore) -> tuple[dict[str, Any], Prof
     """Run the study; returns its summary document, the profile and the warnings."""
     from meshtax.study import StudyConfig, run_study
 
-    resolved = resolve_profile(store, opts.profile, this_host())
+    resolved = resolve_profile(
+        store, opts.profile, this_host(), accept_unclosed=opts.accept_unclosed
+    )
     prof, warnings = resolved.profile, list(resolved.warnings)
     cfgs = [StudyConfig(*parse_study_config(c)) for c in opts.configs] or None
     after = None

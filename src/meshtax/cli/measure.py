@@ -1,4 +1,4 @@
-"""Commands that measure this machine (root): profile, calibrate, validate, doctor."""
+"""Commands that measure this machine (root): profile, validate, doctor."""
 
 from __future__ import annotations
 
@@ -11,11 +11,15 @@ import click
 from meshtax.app import UsageError
 from meshtax.app import data as app_data
 from meshtax.cli._common import (
+    NONNEG,
+    POSITIVE,
+    accept_unclosed_option,
     csv,
     db_option,
     main,
     parse_modes,
     report_option,
+    speed_option,
     stderr,
     user_errors,
 )
@@ -36,11 +40,11 @@ from meshtax.store.sqlite import ProfileStore
 )
 @click.option(
     "--rate",
-    type=float,
+    type=NONNEG,
     help="Requests/s of every run (0: closed loop; default 200, with --suite the suite's).",
 )
 @click.option(
-    "--duration", type=float, help="Seconds per run (default 3, with --suite the suite's)."
+    "--duration", type=POSITIVE, help="Seconds per run (default 3, with --suite the suite's)."
 )
 @click.option(
     "--profile",
@@ -58,7 +62,7 @@ from meshtax.store.sqlite import ProfileStore
     "suite",
     is_flag=False,
     flag_value="bundled",
-    help="Instead: profile, calibrate and run a validation suite (FILE, or the bundled "
+    help="Instead: a quick profile, then every case of a validation suite (FILE, or the bundled "
     "app/suite.yaml when no FILE follows) into --out, calibration and hold-out sets apart.",
 )
 @click.option(
@@ -75,18 +79,14 @@ from meshtax.store.sqlite import ProfileStore
     help="With --suite: the sets to measure.",
 )
 @click.option("--name", help="With --suite: the new profile's name (default: generated).")
-@click.option(
-    "--calibration",
-    default="chains",
-    show_default=True,
-    help="With --suite: the calibration step (chains: `meshtax calibrate`; none).",
-)
 @click.option("--quick", is_flag=True, help="Shorter runs and fewer pairs (smoke runs, CI).")
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
 )
 @report_option
 @db_option
+@accept_unclosed_option
+@speed_option("now")
 @user_errors
 def validate(
     topology: str | None,
@@ -101,40 +101,38 @@ def validate(
     resume: bool,
     sets: str,
     name: str | None,
-    calibration: str,
     quick: bool,
     fmt: str,
     report_path: str | None,
     db: str | None,
+    accept_unclosed: bool,
+    speed: str,
 ) -> None:
     """Deploy TOPOLOGY (bookinfo, online-boutique, hotel-reservation, social-network, media,
     search, order-pipeline, or a topology file) in pods without and with sidecars, measure
     end-to-end latency and CPU, predict from the app's own traces, and report measured vs
-    predicted overhead (root). With --suite: every case of a suite, after a profile and the
-    calibration step of this sitting; the hold-out set reported apart."""
+    predicted overhead (root). With --suite: a quick profile, then every case of a suite in
+    the same sitting; the calibration and hold-out sets reported apart."""
     from meshtax.app import measure as m
     from meshtax.app.measure import ValidateOptions
 
     if suite is not None:
         if topology or not out:
             raise UsageError("--suite takes no TOPOLOGY and needs --out DIR")
-        _suite(
-            m.SuiteOptions(
-                out,
-                None if suite == "bundled" else suite,
-                csv(sets, str),
-                rate,
-                duration,
-                quick,
-                name,
-                profile,
-                calibration,
-                resume,
-            ),
-            ProfileStore(db),
-            fmt,
-            report_path,
+        suite_opts = m.SuiteOptions(
+            out,
+            None if suite == "bundled" else suite,
+            csv(sets, str),
+            rate,
+            duration,
+            quick,
+            name,
+            profile,
+            accept_unclosed=accept_unclosed,
+            speed=speed,
+            resume=resume,
         )
+        _suite(suite_opts, ProfileStore(db), fmt, report_path)
         return
     if not topology:
         raise UsageError("name a TOPOLOGY (or --suite)")
@@ -144,7 +142,13 @@ def validate(
     say = stderr
     duration = 3.0 if duration is None else duration
     if sweep:
-        sopts = m.SweepOptions(sweep, mode_list[0], duration, profile)  # type: ignore[arg-type]
+        sopts = m.SweepOptions(
+            sweep,  # type: ignore[arg-type]
+            mode_list[0],
+            duration,
+            profile,
+            accept_unclosed=accept_unclosed,
+        )
         doc = m.sweep(sopts, store, say).to_document()
         click.echo(json.dumps(doc, indent=2, default=str))
     else:
@@ -157,6 +161,8 @@ def validate(
                 duration_s=duration,
                 profile_name=profile,
                 quick=quick,
+                accept_unclosed=accept_unclosed,
+                speed=speed,
             )
         except ValueError as e:
             raise UsageError(str(e)) from None
@@ -188,57 +194,6 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
         click.echo(f"wrote {out}", err=True)
 
 
-@main.command()
-@click.option(
-    "--profile",
-    "profile",
-    help="Profile to calibrate (default: this machine's newest measured profile).",
-)
-@click.option(
-    "--modes",
-    default="",
-    help="Comma-separated sidecar modes of the chains (default: every mode of the profile).",
-)
-@click.option(
-    "--rate", type=float, default=100.0, show_default=True, help="Requests/s of every run."
-)
-@click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
-@click.option("--quick", is_flag=True, help="Fewer pairs (smoke runs, CI): a wide interval.")
-@click.option(
-    "--keep",
-    "keep_dir",
-    type=click.Path(file_okay=False),
-    help="Keep the chains' validation documents and traces here (one directory per mode).",
-)
-@db_option
-@user_errors
-def calibrate(
-    profile: str | None,
-    modes: str,
-    rate: float,
-    duration: float,
-    quick: bool,
-    keep_dir: str | None,
-    db: str | None,
-) -> None:
-    """Measure how warm a sidecar is among many on shared CPUs (root): per mode, chains of 1, 2,
-    4 and 8 services without and with sidecars, then store the exponent α the engine prices
-    shared CPUs with in the profile (replacing it; each mode is stored as soon as it is done)."""
-    from meshtax.app import measure as m
-    from meshtax.report.text import colocation_lines
-
-    m.require_root("the calibration creates network namespaces and sidecars")
-    store = ProfileStore(db)
-    opts = m.CalibrateOptions(profile, parse_modes(modes), rate, duration, quick, keep_dir)
-    prof, results = m.calibrate(opts, store, stderr)
-    for mode, res in results:
-        click.echo(
-            f"The {mode.value}-mode chains, predicted before this calibration:\n" + res.table()
-        )
-    click.echo("\n".join(colocation_lines(prof.colocation)))
-    click.echo(f"stored in profile {prof.name!r} of {store.path}")
-
-
 @main.command("profile")
 @click.option(
     "--quick",
@@ -247,7 +202,7 @@ def calibrate(
 )
 @click.option("--modes", help="Comma-separated modes to profile (tcp,http,grpc).")
 @click.option("--sizes", help="Comma-separated message sizes in bytes, e.g. 100,1024,4096.")
-@click.option("--duration", type=float, help="Base seconds per load run.")
+@click.option("--duration", type=POSITIVE, help="Base seconds per load run.")
 @click.option(
     "--carried",
     help="Application protocols to measure through a tcp-mode sidecar "
@@ -283,7 +238,7 @@ def calibrate(
 @click.option(
     "--wait",
     "wait_s",
-    type=float,
+    type=NONNEG,
     default=0.0,
     show_default=True,
     help="Seconds to wait for another profiling run to finish (0: fail at once).",

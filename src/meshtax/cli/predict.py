@@ -13,12 +13,17 @@ from meshtax.app import UsageError
 from meshtax.app import data as app_data
 from meshtax.app.predict import PredictOptions, StudyOptions, predict_files
 from meshtax.cli._common import (
+    NONNEG,
+    POSITIVE,
+    Number,
+    accept_unclosed_option,
     db_option,
     emit,
     format_option,
     main,
     output_option,
     report_option,
+    speed_option,
     user_errors,
 )
 from meshtax.report.exporters import EXPORTERS
@@ -37,11 +42,12 @@ from meshtax.store.sqlite import ProfileStore
 @click.option(
     "--speedup", type=click.Path(), help="What-if speedup YAML: report before/after and the saving."
 )
-@click.option("--rate", type=float, help="Override every invocation's rate (requests/s).")
+@click.option("--rate", type=POSITIVE, help="Override every invocation's rate (requests/s).")
 @click.option(
     "--traces",
     is_flag=True,
-    help="The files are distributed traces (Jaeger, OTLP, Zipkin, Alibaba CSV), not ECG files.",
+    help="The files are distributed traces (Jaeger, OTLP, Zipkin, Alibaba CSV), not ECG files: "
+    "files, directories, globs or - (stdin), gzip or zstd.",
 )
 @click.option(
     "--trace-format",
@@ -62,8 +68,15 @@ from meshtax.store.sqlite import ProfileStore
     help="With --traces: trace → Kubernetes service names (YAML/JSON).",
 )
 @click.option(
+    "--allow-outside",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="Let ECG files read Envoy configs / manifests under this directory too (repeatable; "
+    "by default only under the ECG file's own directory).",
+)
+@click.option(
     "--pod-cpus",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=1_000_000),
     help="The pods share this many CPUs: latency overhead is at least the request's sidecar CPU work ÷ N "
     "(default: every pod has CPUs of its own, the critical path alone).",
 )
@@ -71,6 +84,8 @@ from meshtax.store.sqlite import ProfileStore
 @format_option
 @output_option
 @report_option
+@accept_unclosed_option
+@speed_option("profile")
 @user_errors
 def predict(
     ecg_files: tuple[str, ...],
@@ -81,11 +96,14 @@ def predict(
     trace_format: str | None,
     sidecar_mode: str,
     service_map: str | None,
+    allow_outside: tuple[str, ...],
     pod_cpus: int | None,
     db: str | None,
     fmt: str,
     output: str | None,
     report_path: str | None,
+    accept_unclosed: bool,
+    speed: str,
 ) -> None:
     """Predict latency and CPU overhead of sidecars on ECG_FILES (YAML/JSON call graphs).
 
@@ -100,6 +118,9 @@ def predict(
         sidecar_mode=sidecar_mode,
         service_map=service_map,
         pod_cpus=pod_cpus,
+        accept_unclosed=accept_unclosed,
+        speed=speed,
+        allow_outside=allow_outside,
     )
     store = ProfileStore(db)
     doc = predict_files(opts, store)
@@ -122,7 +143,10 @@ def profiles() -> None:
 @user_errors
 def profiles_list(db: str | None, fmt: str) -> None:
     """Every stored profile, and the bundled reference."""
-    rows = ProfileStore(db).list()
+    store = ProfileStore(db)
+    rows = store.list()
+    for bad, why in store.unusable:
+        click.echo(f"warning: stored profile {bad!r} is not usable, not listed: {why}", err=True)
     if fmt == "json":
         click.echo(
             json.dumps(
@@ -151,14 +175,14 @@ def profiles_list(db: str | None, fmt: str) -> None:
 @format_option
 @click.option(
     "--size",
-    type=float,
+    type=NONNEG,
     default=100.0,
     show_default=True,
     help="Message size (bytes) of the table.",
 )
 @click.option(
     "--rate",
-    type=float,
+    type=POSITIVE,
     default=30000.0,
     show_default=True,
     help="Rate (requests/s) for CPU in vCPU.",
@@ -208,6 +232,57 @@ def profiles_delete(name: str, db: str | None) -> None:
     click.echo(f"deleted {name!r}")
 
 
+@main.group()
+def whatif() -> None:
+    """What-if speedups measured from profiles instead of guessed."""
+
+
+@whatif.command("derive")
+@click.argument("base")
+@click.argument("variant")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--size",
+    "sizes",
+    type=NONNEG,
+    multiple=True,
+    help="Message size in bytes to compare at (repeatable; default 100 and 4096). "
+    "The file's factors are those at the first.",
+)
+@click.option("--rate", type=POSITIVE, help="Requests/s for CPU (default: each model's highest).")
+@click.option("--name", help="The speedup's name (default: VARIANT-vs-BASE).")
+@click.option(
+    "--every-mode", is_flag=True, help="Apply a one-mode comparison to every mode (under scale)."
+)
+@db_option
+@user_errors
+def whatif_derive(
+    base: str,
+    variant: str,
+    output: str,
+    sizes: tuple[float, ...],
+    rate: float | None,
+    name: str | None,
+    every_mode: bool,
+    db: str | None,
+) -> None:
+    """Compare stored profiles BASE and VARIANT component by component; write a speedup file."""
+    d = app_data.derive_speedup_file(
+        ProfileStore(db), base, variant, output, sizes, rate, name, every_mode
+    )
+    click.echo(f"{variant} / {base} ({d.platform}); 95 % intervals")
+    for r in d.ratios:
+        iv = "" if r.lo is None or r.hi is None else f" [{r.lo:.3f}, {r.hi:.3f}]"
+        ratio = "-" if r.ratio is None else f"{r.ratio:.3f}{iv}"
+        click.echo(
+            f"  {r.mode.value:4} {r.component.key:24} {r.metric:7} {r.size:>7g} B  "
+            f"{r.base:10.4g} → {r.variant:10.4g}  ×{ratio}"
+        )
+    for n in d.notes:
+        click.echo(f"  note: {n}")
+    click.echo(f"wrote {output} (factors at {d.sizes[0]:g} B)", err=True)
+
+
 @main.command()
 @click.option(
     "--dest", type=click.Path(file_okay=False), default="meshtax-examples", show_default=True
@@ -225,7 +300,7 @@ def traces() -> None:
 
 
 @traces.command("import")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option(
     "--out",
     "out_dir",
@@ -248,15 +323,15 @@ def traces() -> None:
 )
 @click.option(
     "--request-bytes",
-    type=float,
+    type=NONNEG,
     default=100.0,
     show_default=True,
     help="Size when the traces give none (the paper's 100 B).",
 )
-@click.option("--response-bytes", type=float, default=100.0, show_default=True)
+@click.option("--response-bytes", type=NONNEG, default=100.0, show_default=True)
 @click.option(
     "--rate",
-    type=float,
+    type=POSITIVE,
     help="Requests/s of every call (Alibaba default: the paper's 30 000; spans: counted).",
 )
 @click.option("--overwrite", is_flag=True)
@@ -271,7 +346,8 @@ def traces_import(
     rate: float | None,
     overwrite: bool,
 ) -> None:
-    """Stream traces into a store (bounded memory); prints what was kept and dropped, and why."""
+    """Stream traces (files, directories, globs, - for stdin; gzip or zstd) into a store
+    (bounded memory); prints what was kept and dropped, and why."""
     summary = app_data.import_traces(
         files,
         out_dir,
@@ -288,7 +364,7 @@ def traces_import(
 
 
 @traces.command("generate")
-@click.option("--graphs", type=int, required=True, help="Number of call graphs.")
+@click.option("--graphs", type=click.IntRange(min=1), required=True, help="Number of call graphs.")
 @click.option(
     "--out",
     "out_path",
@@ -306,7 +382,7 @@ def traces_import(
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option(
     "--broken-fraction",
-    type=float,
+    type=Number(0.0, hi=1.0),
     default=0.0,
     show_default=True,
     help="Share of graphs with a missing inner call (as in real traces).",
@@ -320,8 +396,6 @@ def traces_generate(
 
     from meshtax.traces import generate
 
-    if graphs <= 0:
-        raise UsageError("--graphs must be positive")
     with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
         task = bar.add_task("generating", total=graphs)
         summ = generate(
@@ -370,6 +444,7 @@ def traces_generate(
 )
 @report_option
 @db_option
+@accept_unclosed_option
 @user_errors
 def study(
     store_dir: str,
@@ -381,6 +456,7 @@ def study(
     scheduler: str | None,
     report_path: str | None,
     db: str | None,
+    accept_unclosed: bool,
 ) -> None:
     """Predict latency and CPU overhead of every call graph of an ingested STORE_DIR under
     several configurations."""
@@ -388,7 +464,15 @@ def study(
 
     store = ProfileStore(db)
     opts = StudyOptions(
-        store_dir, out_dir, profile, configs, speedup, engine, scheduler, sys.stderr.isatty()
+        store_dir,
+        out_dir,
+        profile,
+        configs,
+        speedup,
+        engine,
+        scheduler,
+        sys.stderr.isatty(),
+        accept_unclosed,
     )
     summary, prof, warns = run_study(opts, store)
     for w in warns:

@@ -13,14 +13,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from meshtax.model.sidecar import Mode
+from meshtax.model.speed import Speed
 from meshtax.testbed import procfs
 from meshtax.testbed.connect import ConnectFn, connect_loop
 from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.fortio import FortioServer, LoadResult, LoadSpec, run_spec
+from meshtax.testbed.interference import InterferenceMeter, MeterFactory
 from meshtax.testbed.perf import PerfProfile, PerfSession
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.probes import ProbeSession, RealProbe
 from meshtax.testbed.runstate import STATE_DIR, ProcOps
+from meshtax.testbed.speed import measure_speed
 from meshtax.testbed.system import Placement, System, free_ports
 from meshtax.testbed.tools import tool
 
@@ -125,6 +128,11 @@ class Backends:
     free_ports: Callable[[int], list[int]] = free_ports
     connect: ConnectFn = connect_loop
     memory: Callable[..., Any] | None = None
+    # what else ran in each probe window (None: not measured, nothing refused)
+    meter: MeterFactory | None = InterferenceMeter
+    # the machine's speed now, on the reference workload ((system, CPU a, CPU b) → Speed;
+    # None: not measured)
+    speed: Callable[[System, int | None, int | None], Speed] | None = measure_speed
     callgrind_available: Callable[[], bool] = field(
         default=lambda: shutil.which("valgrind") is not None
     )

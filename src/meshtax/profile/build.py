@@ -11,10 +11,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from meshtax._version import __version__
-from meshtax.model.components import Component
+from meshtax.model.components import IPC, NOTIFICATION, READ, WRITE, Component
 from meshtax.model.profile import ModeProfile, Profile, Provenance
 from meshtax.model.sidecar import Mode
-from meshtax.model.stats import Estimate
+from meshtax.model.speed import Speed, typical
+from meshtax.model.stats import Estimate, estimate
 from meshtax.profile.decompose import Breakdown, assemble, per_crossing
 from meshtax.profile.fit import SizePoint, fit_carried, fit_mode
 from meshtax.profile.onehop import PairedOverhead, ProbeResult
@@ -22,7 +23,16 @@ from meshtax.profile.plan import Plan
 from meshtax.testbed.envoy.config import EnvoyConfig, config_hash
 from meshtax.testbed.host import this_host
 
-__all__ = ["ClosureWarning", "CpuRun", "ProfileSink", "SizeResult", "build_profile", "family_hash"]
+__all__ = [
+    "ClosureWarning",
+    "CpuRun",
+    "ProfileSink",
+    "SizeResult",
+    "build_profile",
+    "family_hash",
+    "physical",
+    "points",
+]
 
 
 class ClosureWarning(UserWarning):
@@ -73,8 +83,15 @@ class SizeResult:
 
     def cpu_bd(self, run: CpuRun) -> Breakdown:
         """A CPU run's per-crossing breakdown: the sidecar's (perf split, schedstat total)
-        plus the app's user-space change (:attr:`app_user_us`), as the latency counts it."""
-        return replace(run.bd, user=run.bd.user + self.app_user_us)
+        plus the app's user-space change (:attr:`app_user_us`), as the latency counts it, plus
+        the client's CPU change (:meth:`ProbeResult.client_cpu_us`: read, write, user)."""
+        c = self.probed.client_cpu_us()
+        return replace(
+            run.bd,
+            read=run.bd.read + c["read"],
+            write=run.bd.write + c["write"],
+            user=run.bd.user + self.app_user_us + c["user"],
+        )
 
     def cpu_like(self, run: CpuRun) -> CpuRun | None:
         """The run of the same label, else the one nearest in rate (the TCP baseline of an
@@ -114,20 +131,54 @@ def family_hash() -> str:
 # --- the profile -----------------------------------------------------------------------------
 
 
-def _points(mode: Mode, rs: list[SizeResult], tcp: Mapping[int, SizeResult]) -> list[SizePoint]:
+#: Breakdown field each probed component comes from (Parsing and Other: sidecar work)
+_FIELD = {IPC: "ipc", READ: "read", WRITE: "write", NOTIFICATION: "notification"}
+
+
+def physical(
+    values: Mapping[Component, float], what: str, per_pair: Sequence[Breakdown] = ()
+) -> tuple[dict[Component, float], list[str]]:
+    """``values`` with every negative component set to 0 (a time or a CPU cost cannot be
+    negative: a negative difference is noise, or a term the decomposition gets wrong), and a
+    line for each one saying what was measured and, from the pairs, whether its interval
+    reaches zero (not resolved) or lies below it (a systematic error)."""
+    out = dict(values)
+    said: list[str] = []
+    for c, v in values.items():
+        if v >= 0:
+            continue
+        out[c] = 0.0
+        f = _FIELD.get(c)
+        pairs = [getattr(b, f) for b in per_pair] if f and per_pair else []
+        why = "not resolved from zero"
+        if len(pairs) >= 2:
+            e = estimate(pairs)
+            why = f"pairs [{e.lo:.1f}, {e.hi:.1f}] µs: " + (
+                "not resolved from zero" if e.hi >= 0 else "below zero beyond the pairs' spread"
+            )
+        said.append(f"{what} {c}: measured {v:.1f} µs, stored 0 ({why})")
+    return out, said
+
+
+def points(
+    mode: Mode, rs: list[SizeResult], tcp: Mapping[int, SizeResult], said: list[str]
+) -> list[SizePoint]:
     pts: list[SizePoint] = []
     for r in rs:
         base = tcp.get(r.size)
-        lat = assemble(mode, r.probed.latency, base.probed.latency if base else None)
+        lat, s1 = physical(
+            assemble(mode, r.probed.latency, base.probed.latency if base else None),
+            f"{mode.value} {r.size} B latency",
+            r.probed.per_pair,
+        )
+        said += s1
         cpu: list[tuple[float, Mapping[Component, float]]] = []
         for run in r.cpu:
             like = base.cpu_like(run) if base else None
-            cpu.append(
-                (
-                    run.rate,
-                    assemble(mode, r.cpu_bd(run), base.cpu_bd(like) if base and like else None),
-                )
-            )
+            raw = assemble(mode, r.cpu_bd(run), base.cpu_bd(like) if base and like else None)
+            vals, s2 = physical(raw, f"{mode.value} {r.size} B CPU at {run.rate:.0f}/s")
+            said += s2
+            cpu.append((run.rate, vals))
         # closure against the overhead of the same (probed) windows: like with like
         o = r.probed.overhead
         pts.append(
@@ -159,7 +210,12 @@ def build_profile(
     replace: bool,
     *,
     carried: Mapping[str, list[SizeResult]] | None = None,
+    speeds: Sequence[Speed] = (),
+    attempts: Mapping[Mode, Sequence[Mapping[str, Any]]] | None = None,
 ) -> Profile:
+    """Fit every mode, check closure, and store (when ``store`` is given). ``speeds``: the
+    reference workload's measurements during the run; ``attempts``: earlier measurements of a
+    mode that did not close (kept in the record)."""
     tcp = {r.size: r for r in results.get(Mode.TCP, [])}
     carried = {p: rs for p, rs in (carried or {}).items() if rs}
     modes: list[ModeProfile] = []
@@ -175,22 +231,24 @@ def build_profile(
         "options.probe_perturbation_us_per_request",
         "CPU components = the sidecar's CPU (perf split scaled to schedstat) + the app's "
         "user-space CPU change (meshed − direct, from the probe windows: it parses what the "
-        "sidecar adds), so Parsing counts both; the app's kernel-side change is not counted "
-        "(it depends on the placement of client and app)",
+        "sidecar adds) + the client's read, write and user CPU change (the interception runs in "
+        "its send path; it parses what the sidecar sends), so Parsing counts all three; the "
+        "app's kernel-side change is not counted (it depends on the placement of client and app)",
     ]
     if Mode.TCP not in results:
         notes.append("no TCP mode measured: Parsing is not separated from Other")
+    unresolved: list[str] = []
     for mode, rs in results.items():
         mp = fit_mode(
             mode,
-            _points(mode, rs, tcp),
+            points(mode, rs, tcp, unresolved),
             candidates=plan.split_candidates,
             tolerance=plan.closure_tolerance,
         )
         if mode is Mode.TCP and carried:
             mp = fit_carried(
                 mp,
-                {p: _points(Mode.TCP, crs, {}) for p, crs in carried.items()},
+                {p: points(Mode.TCP, crs, {}, unresolved) for p, crs in carried.items()},
                 candidates=plan.split_candidates,
                 tolerance=plan.closure_tolerance,
             )
@@ -227,6 +285,29 @@ def build_profile(
                 if un
                 else f"{mode.value}: un-probed overhead 0"
             )
+    if unresolved:
+        notes.append(
+            f"{len(unresolved)} component value(s) came out negative and are stored as 0 "
+            "(options.unresolved lists them)"
+        )
+    interference = _interference(results, carried)
+    if interference.get("rejected"):
+        notes.append(
+            f"{interference['rejected']} probe window pair(s) refused because other work ran "
+            f"on the testbed's CPUs (thresholds {plan.interference.to_dict()}); they were "
+            "measured again"
+        )
+    if interference.get("forced"):
+        notes.append(
+            f"{interference['forced']} probe window pair(s) kept although other work ran during "
+            "them (every pair of their size was disturbed; the least disturbed kept): their "
+            "components include that work's interference"
+        )
+    status = (
+        "unclosed"
+        if any(m.closure is not None and not m.closure.closes for m in modes)
+        else "closed"
+    )
     perturb = {m.value: {str(r.size): r.perturbation_us for r in rs} for m, rs in results.items()}
     options: dict[str, Any] = {
         **plan.to_dict(),
@@ -238,6 +319,9 @@ def build_profile(
         "wall_time_s": wall_s,
         "measurements": {m.value: [r.to_dict() for r in rs] for m, rs in results.items()},
         "carried_measurements": {p: [r.to_dict() for r in rs] for p, rs in carried.items()},
+        "unresolved": unresolved,
+        "speed_samples": [sp.to_dict() for sp in speeds],
+        "closure_attempts": {m.value: list(a) for m, a in (attempts or {}).items()},
     }
     profile = Profile(
         name=name,
@@ -251,7 +335,36 @@ def build_profile(
             notes=tuple(notes),
         ),
         modes={m.mode: m for m in modes},
+        speed=typical(speeds) if speeds else None,
+        interference=interference,
+        status=status,
     )
     if store is not None:
         store.save(profile, replace=replace)
     return profile
+
+
+def _interference(
+    results: Mapping[Mode, Sequence[SizeResult]], carried: Mapping[str, Sequence[SizeResult]]
+) -> dict[str, Any]:
+    """The profile's interference: the worst median share over its sizes, the windows
+    refused, and each size's summary."""
+    per: dict[str, Any] = {}
+    for label, rs in [
+        *((m.value, r) for m, r in results.items()),
+        *((f"tcp+{p}", r) for p, r in carried.items()),
+    ]:
+        for r in rs:
+            if r.probed.interference:
+                per[f"{label} {r.size}"] = r.probed.interference
+    if not per:
+        return {}
+    out: dict[str, Any] = {
+        k: sum(int(v.get(k, 0)) for v in per.values()) for k in ("rejected", "windows", "forced")
+    }
+    for k in ("others", "steal", "wait"):
+        vals = [float(v[f"{k}_median"]) for v in per.values() if f"{k}_median" in v]
+        if vals:
+            out[f"{k}_median_max"] = max(vals)
+    out["by_size"] = per
+    return out

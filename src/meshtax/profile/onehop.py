@@ -8,19 +8,34 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from meshtax.model.sidecar import Mode
 from meshtax.model.stats import Estimate, estimate, median
 from meshtax.profile.backends import CpuSampler, _real_perf, _real_probe
-from meshtax.profile.decompose import Breakdown, Window, cpu_breakdown, mesh_breakdown
+from meshtax.profile.decompose import (
+    CROSSINGS_PER_REQUEST,
+    Breakdown,
+    Window,
+    cpu_breakdown,
+    mesh_breakdown,
+)
 from meshtax.testbed import procfs
 from meshtax.testbed.bed import EchoBed
 from meshtax.testbed.fortio import LoadResult
-from meshtax.testbed.paired import Paired, PairPolicy, group_order, is_narrow, paired_runs
+from meshtax.testbed.interference import Interference, MeterFactory, Thresholds, summarize
+from meshtax.testbed.paired import (
+    GroupRun,
+    Paired,
+    PairPolicy,
+    group_order,
+    is_narrow,
+    paired_runs,
+)
 from meshtax.testbed.probes import (
+    ProbeError,
     ProbeReading,
     ProbeSession,
     SnapshotSession,
@@ -34,6 +49,9 @@ __all__ = [
     "ProbeResult",
     "measure_overhead",
     "probe_components",
+    "ProbeWindow",
+    "WindowPolicy",
+    "components_narrow",
     "sidecar_cpu",
 ]
 
@@ -121,6 +139,11 @@ class ProbeResult:
     requests: int
     dropped: int
     windows: list[dict[str, Any]]
+    interference: dict[str, Any] = field(default_factory=dict)
+
+    def client_cpu_us(self) -> dict[str, float]:
+        """:func:`client_cpu_us` of this result's windows."""
+        return client_cpu_us(self.windows)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -135,10 +158,49 @@ class ProbeResult:
             "requests": self.requests,
             "dropped_events": self.dropped,
             "windows": self.windows,
+            "interference": self.interference,
         }
 
 
 _BD_FIELDS = tuple(f.name for f in fields(Breakdown))
+
+
+@dataclass(frozen=True)
+class WindowPolicy:
+    """How probe windows are taken: ``run_s`` each, meshed and direct in pairs; at least
+    ``min_pairs``, at most ``max_pairs``, stopping earlier once every component of at least
+    ``floor_us`` per crossing has a per-pair 95 % interval within ``rel_halfwidth`` of its
+    median (never narrower than 1 µs is asked for), or before ``budget_s`` would be overrun. A
+    pair with a window others contaminated (:class:`Thresholds`) is taken again, up to
+    ``max_rejects`` times."""
+
+    run_s: float
+    min_pairs: int
+    max_pairs: int
+    budget_s: float | None = None
+    rel_halfwidth: float = 0.15
+    floor_us: float = 5.0
+    thresholds: Thresholds = Thresholds()
+    max_rejects: int = 4
+
+    @classmethod
+    def fixed(cls, run_s: float, pairs: int) -> WindowPolicy:
+        return cls(run_s, pairs, pairs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "thresholds": self.thresholds.to_dict()}
+
+
+def components_narrow(per_pair: Sequence[Breakdown], rel: float, floor_us: float) -> bool:
+    """Does every component above ``floor_us`` have a 95 % interval within ``rel`` of its
+    median over the pairs (or within 1 µs)?"""
+    for f in _BD_FIELDS:
+        e = estimate([getattr(b, f) for b in per_pair])
+        if abs(e.median) < floor_us:
+            continue
+        if e.coverage < 0.95 or (e.hi - e.lo) / 2 > max(rel * abs(e.median), 1.0):
+            return False
+    return True
 
 
 def probe_components(
@@ -147,24 +209,27 @@ def probe_components(
     size: int,
     sidecar_pid: int,
     *,
-    run_s: float,
-    pairs: int,
+    windows: WindowPolicy,
     probe_app: bool = True,
     probe: Callable[[System], ProbeSession] = _real_probe,
+    meter: MeterFactory | None = None,
     meshed: str | None = None,
     probe_client: bool = True,
     rt_priority: int | None = None,
 ) -> ProbeResult:
-    """``pairs`` × (a meshed and a direct probe window of ``run_s``, order alternating), the
-    probe on the sidecar, (``probe_app``) the app and (``probe_client``) every process of the
-    client pod → components and the probed overhead. ``rt_priority``: the windows run with
-    app and this process (so each window's load generator, its child) at ``SCHED_FIFO`` of
-    that priority and the sidecar one above (:func:`~meshtax.testbed.probes.realtime`)."""
+    """Pairs of probe windows (a meshed and a direct one, order alternating; see
+    :class:`WindowPolicy`), the probe on the sidecar, (``probe_app``) the app and
+    (``probe_client``) every process of the client pod → components and the probed overhead.
+    ``meter``: measures what else ran in each window (None: nothing is checked).
+    ``rt_priority``: the windows run with app and this process (so each window's load
+    generator, its child) at ``SCHED_FIFO`` of that priority and the sidecar one above
+    (:func:`~meshtax.testbed.probes.realtime`)."""
     pids = [sidecar_pid, bed.app_pid] if probe_app else [sidecar_pid]
     # the load generator is a new process per window: follow its namespace, not a PID
     follow = bed.client_netns_path if probe_client and probe_app else None
     app_tgid = bed.app_pid if probe_app else None
     targets = {"meshed": meshed or bed.meshed_target, "direct": bed.direct_target(mode)}
+    gauge = meter(bed.cpus, [sidecar_pid, bed.app_pid]) if meter is not None else None
     # a probe that can snapshot stays attached for all windows (each window = the difference
     # of two snapshots): no attach/detach per window (≈ 0.3 s each)
     held = probe(bed.system)
@@ -184,36 +249,76 @@ def probe_components(
     rt = False
     last: list[ProbeReading] = []
 
-    def window(name: str) -> tuple[LoadResult, ProbeReading, Window]:
+    def window(name: str) -> ProbeWindow:
+        before = gauge.snapshot() if gauge is not None else None
         if snap is not None:
-            res = bed.load(targets[name], mode, size, duration_s=run_s)
+            res = bed.load(targets[name], mode, size, duration_s=windows.run_s)
             now = snap.snapshot()
             reading = now.since(last[-1])
             last.append(now)
         else:
-            res, reading = _probed_load(bed, probe, pids, follow, targets[name], mode, size, run_s)
+            res, reading = _probed_load(
+                bed, probe, pids, follow, targets[name], mode, size, windows.run_s
+            )
         w = Window.of(reading, res.count, sidecar_tgid=sidecar_pid, app_tgid=app_tgid)
-        return res, reading, w
+        noise = (
+            None
+            if gauge is None or before is None
+            else Interference.between(before, gauge.snapshot())
+        )
+        return ProbeWindow(res, reading, w, noise)
+
+    def clean(g: GroupRun[ProbeWindow]) -> bool:
+        return not any(
+            x.noise is not None and x.noise.contaminated(windows.thresholds)
+            for xs in g.runs.values()
+            for x in xs
+        )
+
+    def narrow(p: Paired[ProbeWindow]) -> bool:
+        per = [
+            mesh_breakdown(m.window, d.window if probe_app else None)
+            for m, d in p.pairs("meshed", "direct")
+        ]
+        return components_narrow(per, windows.rel_halfwidth, windows.floor_us)
 
     try:
         with realtime(bed.system, prio) as rt:
             if snap is not None:
                 last.append(snap.snapshot())
-            paired = paired_runs([("meshed", "direct")], window, PairPolicy.fixed(pairs))
+            paired = paired_runs(
+                [("meshed", "direct")],
+                window,
+                PairPolicy(windows.min_pairs, windows.max_pairs, windows.budget_s),
+                narrow=narrow,
+                accept=clean if gauge is not None else None,
+                max_rejects=windows.max_rejects,
+            )
     finally:
         held.close()
+    forced = 0
+    if not paired.groups and paired.rejected:
+        # every pair was disturbed (a machine busy throughout): rather than nothing, the least
+        # disturbed pairs, said so in the record (``forced``) and by the profile
+        paired = least_disturbed(paired, windows.thresholds, windows.min_pairs)
+        forced = len(paired.groups)
     sched = f"fifo:{rt_priority}" if rt else "other"
     raw = [
-        _window_record(name == "meshed", *g.first(name), sched)
-        for g in paired.groups
+        _window_record(name == "meshed", x, sched, kept)
+        for kept, gs in ((True, paired.groups), (False, paired.rejected))
+        for g in gs
         for name in group_order(g.group, g.round)
+        for x in g.runs[name]
     ]
     pairs_ = paired.pairs("meshed", "direct")
-    m_windows = [m[2] for m, _ in pairs_]
-    d_windows = [d[2] for _, d in pairs_]
-    m_mean = [m[0].avg_us for m, _ in pairs_]
-    d_mean = [d[0].avg_us for _, d in pairs_]
-    dropped = sum(x[1].dropped for m, d in pairs_ for x in (m, d))
+    if not pairs_:
+        raise ProbeError(f"{mode.value} {size} B: no probe window pair completed")
+    m_windows = [m.window for m, _ in pairs_]
+    d_windows = [d.window for _, d in pairs_]
+    m_mean = [m.result.avg_us for m, _ in pairs_]
+    d_mean = [d.result.avg_us for _, d in pairs_]
+    dropped = sum(x.reading.dropped for m, d in pairs_ for x in (m, d))
+    noise = [x.noise for m, d in pairs_ for x in (m, d) if x.noise is not None]
 
     def pooled(ws: list[Window]) -> Window:
         out = ws[0]
@@ -231,22 +336,72 @@ def probe_components(
         median=Breakdown(**{f: median([getattr(b, f) for b in per_pair]) for f in _BD_FIELDS}),
         sidecar_only=mesh_breakdown(pm, None),
         per_pair=per_pair,
-        overhead=estimate(diffs),
+        overhead=estimate(diffs, stop=paired.stop),
         meshed_mean=m_mean,
         direct_mean=d_mean,
         requests=pm.requests,
         dropped=dropped,
         windows=raw,
+        interference=summarize(noise, len(paired.rejected), forced) if gauge is not None else {},
     )
 
 
-def _window_record(
-    meshed: bool, res: LoadResult, reading: ProbeReading, w: Window, sched: str
-) -> dict[str, Any]:
-    """One probe window, raw, for the profile's record."""
+def least_disturbed(
+    paired: Paired[ProbeWindow], thresholds: Thresholds, keep: int
+) -> Paired[ProbeWindow]:
+    """The ``keep`` refused pairs that ran with the least other work (in time order) as the
+    kept ones; the rest stay refused."""
+
+    def excess(g: GroupRun[ProbeWindow]) -> float:
+        return max(
+            (x.noise.excess(thresholds) for xs in g.runs.values() for x in xs if x.noise),
+            default=0.0,
+        )
+
+    best = sorted(paired.rejected, key=excess)[:keep]
+    chosen = {id(g) for g in best}
+    return Paired(
+        tuple(g for g in paired.rejected if id(g) in chosen),
+        "contaminated",
+        tuple(g for g in paired.rejected if id(g) not in chosen),
+    )
+
+
+@dataclass(frozen=True)
+class ProbeWindow:
+    """One probe window: the load's result, the probe's reading, the window it makes, and
+    what else ran meanwhile (None: not measured)."""
+
+    result: LoadResult
+    reading: ProbeReading
+    window: Window
+    noise: Interference | None
+
+
+def client_cpu_us(windows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The load generator's CPU change per crossing (meshed − direct, over the kept window
+    records): its read and write syscalls (the server pod's interception runs in its send
+    path) and its user time (parsing what the sidecar sends: more HTTP/2 frames in gRPC). In
+    an app the caller is a meshed pod whose CPU counts, so the CPU models carry it."""
+    out = {}
+    for k in ("read", "write", "user"):
+        per = {}
+        for meshed in (True, False):
+            ws = [w for w in windows if w["meshed"] is meshed and w["kept"]]
+            n = sum(int(w["requests"]) for w in ws)
+            ns = sum(int(w.get("client", {}).get(f"{k}_ns", 0)) for w in ws)
+            per[meshed] = ns * 1e-3 / (CROSSINGS_PER_REQUEST * n) if n else 0.0
+        out[k] = per[True] - per[False]
+    return out
+
+
+def _window_record(meshed: bool, x: ProbeWindow, sched: str, kept: bool) -> dict[str, Any]:
+    """One probe window, raw, for the profile's record (``kept``: used, not refused)."""
+    res, reading, w = x.result, x.reading, x.window
     threads = (("sidecar", w.sidecar), ("app", w.app), ("client", w.client))
     return {
         "meshed": meshed,
+        "kept": kept,
         "requests": res.count,
         "mean_us": res.avg_us,
         "duration_ns": reading.duration_ns,
@@ -259,6 +414,7 @@ def _window_record(
         "notify_hist": {k: [list(b) for b in t.notify_hist.bins] for k, t in threads},
         "notify_hist_shift": w.sidecar.notify_hist.shift,
         "sched": sched,
+        "interference": None if x.noise is None else x.noise.to_dict(),
     }
 
 

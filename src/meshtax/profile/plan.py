@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshtax.model.sidecar import Mode
+from meshtax.profile.onehop import WindowPolicy
+from meshtax.testbed.interference import Thresholds
 from meshtax.testbed.pinning import Pinning, default_pinning
 
 __all__ = [
@@ -23,16 +25,17 @@ __all__ = [
     "Step",
     "full_plan",
     "quick_plan",
+    "window_policy",
 ]
 
-QUICK_SIZES: tuple[int, ...] = (100, 1024, 4096)
+QUICK_SIZES: tuple[int, ...] = (100, 4096, 65536)
 FULL_SIZES: tuple[int, ...] = (100, 1024, 2048, 3072, 4096, 16384, 65536)
 ALL_MODES: tuple[Mode, ...] = (Mode.TCP, Mode.HTTP, Mode.GRPC)
 RATE_FRACTIONS: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 # absolute low rates (requests/s): per-message CPU roughly doubles between thousands/s and
 # 100/s (fixed per-wake-up and timer costs are not amortised), and applications run there
 # and 1 000/s: a multi-service app on shared CPUs at 100 requests/s loads each CPU like a
-# one-hop at several hundred to a few thousand requests/s (predict.engine.shared_cpu_rates)
+# one-hop at several hundred to a few thousand requests/s (predict.shared_cpu.shared_cpu_rates)
 LOW_RATES: tuple[float, ...] = (100.0, 300.0, 1000.0)
 #: application protocols a tcp-mode sidecar can be measured carrying (``ModeProfile.carried``)
 CARRIED_PROTOCOLS: tuple[str, ...] = ("grpc", "http")
@@ -114,7 +117,19 @@ class Plan:
     latency_rel_halfwidth: float = 0.10
     latency_budget_s: float = 8.0
     probe_run_s: float = 0.5
-    probe_pairs: int = 3
+    probe_pairs: int = 3  # at least; ``probe_max_pairs`` at most (None: exactly this many)
+    probe_max_pairs: int | None = None
+    probe_budget_s: float | None = None  # per size
+    probe_rel_halfwidth: float = 0.15  # stop once components ≥ probe_floor_us are this tight
+    probe_floor_us: float = 5.0
+    # a probe window is contaminated above these shares of its CPUs (others' CPU, steal) or
+    # of its wall time (the measured threads' run-queue wait); its pair is taken again, up to
+    # ``probe_max_rejects`` times per size, then the size keeps what it has
+    interference: Thresholds = field(default_factory=Thresholds)
+    probe_max_rejects: int = 6
+    # a mode whose components do not close is measured again this many times (the attempt
+    # closest to closing is kept); still unclosed → the profile is marked so
+    closure_retries: int = 1
     probe_app: bool = True
     # probe windows with the client and app at SCHED_FIFO of this priority, the sidecar one
     # above (None: as the rest of the run, CFS at ``nice``): see probes.realtime. Off: it
@@ -178,6 +193,8 @@ class Plan:
         )
         if min(durations) <= 0:
             raise ValueError("run durations must be positive")
+        if self.probe_max_pairs is not None and self.probe_max_pairs < self.probe_pairs:
+            raise ValueError("probe_max_pairs must be at least probe_pairs")
         if self.probe_pairs < 1:
             raise ValueError("need at least one pair of probe windows")
         if self.probe_rt_priority is not None and not 1 <= self.probe_rt_priority <= 98:
@@ -303,6 +320,13 @@ class Plan:
             "latency_budget_s": self.latency_budget_s,
             "probe_run_s": self.probe_run_s,
             "probe_pairs": self.probe_pairs,
+            "probe_max_pairs": self.probe_max_pairs,
+            "probe_budget_s": self.probe_budget_s,
+            "probe_rel_halfwidth": self.probe_rel_halfwidth,
+            "probe_floor_us": self.probe_floor_us,
+            "interference": self.interference.to_dict(),
+            "probe_max_rejects": self.probe_max_rejects,
+            "closure_retries": self.closure_retries,
             "probe_app": self.probe_app,
             "probe_rt_priority": self.probe_rt_priority,
             "maxqps_run_s": self.maxqps_run_s,
@@ -325,16 +349,19 @@ class Plan:
 
 
 def quick_plan(**changes: Any) -> Plan:
-    """``--quick``: 100 B, 1 KB, 4 KB; short runs (aim: ≤ 3 min for tcp+http+grpc; a real
-    run measured 201 s with 0.5 s latency and 1 s CPU runs; 137 s with 0.4 s, 0.6 s and
-    3 probe pairs, so a fourth pair fits). Low rates at the smallest size only; gRPC carried
-    through tcp mode at the smallest and largest size, one probe pair, CPU at the max rate and
-    the low rates (≈ 25 s of the budget). Two low rates, 100/s and 1 000/s, the ends of where
+    """``--quick``: 100 B, 4 KB, 64 KB (a prediction warns beyond the largest size measured);
+    short runs (aim: ≤ 3 min for tcp+http+grpc when nothing else runs). Probe windows: 4 pairs
+    per size, up to 8 while a component above 5 µs is not yet within ±15 %, and pairs another
+    process disturbed are taken again (10 s per size at most). Low rates at the smallest size
+    only; gRPC carried through tcp mode at the smallest and largest size, one probe pair, CPU
+    at the max rate and the low rates. Two low rates, 100/s and 1 000/s, the ends of where
     shared-CPU apps at ~100 requests/s put their sidecars (the full plan adds 300/s)."""
     base = Plan(
         latency_run_s=0.4,
         cpu_run_s=0.6,
         probe_pairs=4,
+        probe_max_pairs=8,
+        probe_budget_s=10.0,
         low_rates=(100.0, 1000.0),
         low_rate_run_s=0.8,
         low_rate_sizes=1,
@@ -357,6 +384,8 @@ def full_plan(**changes: Any) -> Plan:
         latency_budget_s=24.0,
         probe_run_s=1.5,
         probe_pairs=4,
+        probe_max_pairs=10,
+        probe_budget_s=40.0,
         maxqps_run_s=2.0,
         cpu_run_s=2.0,
         low_rate_run_s=1.0,  # longer low-rate runs do not narrow their spread (the machine's state sets it)
@@ -367,3 +396,19 @@ def full_plan(**changes: Any) -> Plan:
         preset="full",
     )
     return replace(base, **changes)
+
+
+def window_policy(plan: Plan, carried: bool = False) -> WindowPolicy:
+    """The probe windows of one size: a carried protocol's are a fixed number of pairs."""
+    if carried:
+        return WindowPolicy.fixed(plan.probe_run_s, plan.carried_probe_pairs)
+    return WindowPolicy(
+        plan.probe_run_s,
+        plan.probe_pairs,
+        plan.probe_max_pairs or plan.probe_pairs,
+        plan.probe_budget_s,
+        plan.probe_rel_halfwidth,
+        plan.probe_floor_us,
+        plan.interference,
+        plan.probe_max_rejects,
+    )

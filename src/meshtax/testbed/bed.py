@@ -108,6 +108,15 @@ class EchoBed:
         return self.testbed.registered
 
     @property
+    def cpus(self) -> tuple[int, ...]:
+        """The CPUs client, sidecars and app are pinned to (empty: unpinned, all of them)."""
+        p = self.pinning
+        sets = (p.client, p.sidecars, p.app)
+        if any(c is None for c in sets):
+            return ()
+        return tuple(sorted({c for cs in sets if cs is not None for c in cs}))
+
+    @property
     def app_pid(self) -> int:
         assert self.app.process is not None
         return self.app.process.pid

@@ -12,7 +12,10 @@ exactly.
 
 Repetition stops after ``max_rounds`` rounds; earlier when ``narrow`` (the caller's test on
 the results so far, from ``min_rounds`` on) says the intervals are tight; or before a group
-that would overrun ``budget_s`` (judged by the longest group so far). Pure: runs are injected.
+that would overrun ``budget_s`` (judged by the longest group so far). A group ``accept``
+refuses (its windows were contaminated by other work, say) is run again, up to
+``max_rejects`` times in all; after that the loop stops (``contaminated``) with what it has.
+Pure: runs are injected.
 """
 
 from __future__ import annotations
@@ -72,10 +75,12 @@ class GroupRun(Generic[T]):
 
 @dataclass(frozen=True)
 class Paired(Generic[T]):
-    """Everything a loop ran, and why it stopped (``narrow``, ``max_rounds``, ``budget``)."""
+    """Everything a loop kept, why it stopped (``narrow``, ``max_rounds``, ``budget``,
+    ``contaminated``), and the groups it ran but refused."""
 
     groups: tuple[GroupRun[T], ...]
     stop: str
+    rejected: tuple[GroupRun[T], ...] = ()
 
     @property
     def rounds(self) -> int:
@@ -118,6 +123,8 @@ def paired_runs(
     policy: PairPolicy,
     *,
     narrow: Callable[[Paired[T]], bool] | None = None,
+    accept: Callable[[GroupRun[T]], bool] | None = None,
+    max_rejects: int = 0,
     first_round: int = 0,
     clock: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
@@ -128,24 +135,36 @@ def paired_runs(
     if not groups or any(len(g) < 1 for g in groups):
         raise ValueError("need at least one non-empty group")
     done: list[GroupRun[T]] = []
+    rejected: list[GroupRun[T]] = []
     t0 = clock()
     longest = 0.0
+
+    def result(stop: str) -> Paired[T]:
+        return Paired(tuple(done), stop, tuple(rejected))
+
     for i in range(policy.max_rounds):
         r = first_round + i
         k = r % len(groups)
         for g in [*groups[k:], *groups[:k]]:
-            now = clock()
-            if policy.budget_s is not None and done and (now - t0) + longest > policy.budget_s:
-                return Paired(tuple(done), "budget")
-            ts = wall()
-            got: dict[str, list[T]] = {}
-            for name in group_order(g, r, policy.order):
-                got.setdefault(name, []).append(run(name))
-            done.append(GroupRun(r, tuple(g), {n: tuple(v) for n, v in got.items()}, ts, wall()))
-            longest = max(longest, clock() - now)
+            while True:
+                now = clock()
+                ran = bool(done or rejected)
+                if policy.budget_s is not None and ran and (now - t0) + longest > policy.budget_s:
+                    return result("budget")
+                ts = wall()
+                got: dict[str, list[T]] = {}
+                for name in group_order(g, r, policy.order):
+                    got.setdefault(name, []).append(run(name))
+                one = GroupRun(r, tuple(g), {n: tuple(v) for n, v in got.items()}, ts, wall())
+                longest = max(longest, clock() - now)
+                if accept is None or accept(one):
+                    done.append(one)
+                    break
+                rejected.append(one)
+                if len(rejected) > max_rejects:
+                    return result("contaminated")
         if progress is not None:
             progress(f"round {i + 1}/{policy.max_rounds}, {clock() - t0:.0f} s")
-        result = Paired(tuple(done), "")
-        if i + 1 >= policy.min_rounds and narrow is not None and narrow(result):
-            return Paired(tuple(done), "narrow")
-    return Paired(tuple(done), "max_rounds")
+        if i + 1 >= policy.min_rounds and narrow is not None and narrow(result("")):
+            return result("narrow")
+    return result("max_rounds")

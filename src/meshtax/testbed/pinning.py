@@ -10,9 +10,18 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from meshtax.model.profile import Profile
 from meshtax.testbed.system import Placement
 
-__all__ = ["CLIENT_APART", "ONE_CPU", "UNPINNED", "Pinning", "available_cpus", "default_pinning"]
+__all__ = [
+    "CLIENT_APART",
+    "ONE_CPU",
+    "UNPINNED",
+    "Pinning",
+    "available_cpus",
+    "default_pinning",
+    "pinning_of",
+]
 
 
 def available_cpus() -> tuple[int, ...]:
@@ -81,3 +90,9 @@ def default_pinning(cpus: Sequence[int] | None = None) -> Pinning:
     if len(cs) < 2:
         return Pinning(client=cs or None, sidecars=cs or None, app=cs or None)
     return Pinning(client=(cs[0],), sidecars=(cs[1],), app=(cs[1],))
+
+
+def pinning_of(profile: Profile) -> Pinning:
+    """The CPUs ``profile`` was measured on (this machine's default when it did not say)."""
+    d = profile.provenance.options.get("pinning")
+    return Pinning.from_dict(d) if isinstance(d, dict) else default_pinning()

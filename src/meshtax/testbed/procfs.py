@@ -4,11 +4,17 @@ resident memory. Every function takes the ``/proc`` root, so tests point it at a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "PROC",
+    "CpuTimes",
+    "cpu_times",
+    "parse_cpu_times",
+    "runqueue_wait_ns",
     "ProcError",
     "cpu_ns",
     "parse_schedstat",
@@ -96,3 +102,75 @@ def read_rss(pid: int, proc: Path = PROC) -> int:
         return parse_vmrss((proc / str(pid) / "status").read_text())
     except FileNotFoundError as e:
         raise ProcError(f"no such process {pid}") from e
+
+
+#: /proc/stat counts in clock ticks (USER_HZ); 100 on Linux everywhere that matters
+TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """One CPU's cumulative time from ``/proc/stat`` (ns): in tasks (user, nice, system), in
+    interrupts (irq, softirq: accounted to no task), stolen by the hypervisor, and idle
+    (idle, iowait)."""
+
+    task_ns: int
+    irq_ns: int
+    steal_ns: int
+    idle_ns: int
+
+    def __sub__(self, other: CpuTimes) -> CpuTimes:
+        return CpuTimes(
+            self.task_ns - other.task_ns,
+            self.irq_ns - other.irq_ns,
+            self.steal_ns - other.steal_ns,
+            self.idle_ns - other.idle_ns,
+        )
+
+    @property
+    def total_ns(self) -> int:
+        return self.task_ns + self.irq_ns + self.steal_ns + self.idle_ns
+
+
+def parse_cpu_times(text: str) -> dict[int, CpuTimes]:
+    """Per-CPU times from the text of ``/proc/stat`` (the aggregate ``cpu`` line skipped)."""
+    out: dict[int, CpuTimes] = {}
+    for line in text.splitlines():
+        if not line.startswith("cpu") or line.startswith("cpu "):
+            continue
+        name, *fields = line.split()
+        try:
+            v = [int(x) for x in fields[:8]] + [0] * (8 - len(fields[:8]))
+            cpu = int(name[3:])
+        except ValueError as e:
+            raise ProcError(f"unparseable /proc/stat line {line!r}") from e
+        user, nice, system, idle, iowait, irq, softirq, steal = v
+        out[cpu] = CpuTimes(
+            (user + nice + system) * TICK_NS,
+            (irq + softirq) * TICK_NS,
+            steal * TICK_NS,
+            (idle + iowait) * TICK_NS,
+        )
+    if not out:
+        raise ProcError("no per-CPU lines in /proc/stat")
+    return out
+
+
+def cpu_times(proc: Path = PROC) -> dict[int, CpuTimes]:
+    return parse_cpu_times((proc / "stat").read_text())
+
+
+def runqueue_wait_ns(pid: int, proc: Path = PROC) -> int:
+    """Time ``pid``'s threads spent runnable but waiting for a CPU (schedstat's second field)."""
+    total = 0
+    try:
+        tasks = list((proc / str(pid) / "task").iterdir())
+    except FileNotFoundError as e:
+        raise ProcError(f"no such process {pid}") from e
+    for t in tasks:
+        try:
+            fields = (t / "schedstat").read_text().split()
+            total += int(fields[1])
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+    return total

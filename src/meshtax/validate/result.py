@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from meshtax.model.speed import Speed
 from meshtax.model.stats import Estimate, estimate
 
 __all__ = [
@@ -199,6 +200,7 @@ class CaseResult:
     sidecar_modes: Mapping[str, str] = field(default_factory=dict)
     error: str | None = None
     wall_s: float = 0.0
+    speed: Speed | None = None  # the machine's speed measured for the prediction, if it was
 
     @property
     def name(self) -> str:
@@ -293,6 +295,8 @@ class CaseResult:
             "sidecar_modes": dict(self.sidecar_modes),
             "wall_s": self.wall_s,
         }
+        if self.speed is not None:
+            doc["speed_now"] = self.speed.to_dict()
         if self.error is not None:
             doc["error_message"] = self.error
             return doc
@@ -335,6 +339,7 @@ class CaseResult:
             dict(doc.get("sidecar_modes", {})),
             doc.get("error_message"),
             float(doc.get("wall_s", 0.0)),
+            Speed.from_dict(doc["speed_now"]) if doc.get("speed_now") else None,
         )
 
     @classmethod

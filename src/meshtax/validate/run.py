@@ -31,7 +31,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,10 @@ from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.fortio import LoadResult, run_load
 from meshtax.testbed.host import this_host
 from meshtax.testbed.paired import PairPolicy
-from meshtax.testbed.pinning import Pinning, default_pinning
+from meshtax.testbed.pinning import Pinning, pinning_of
 from meshtax.testbed.pods import Pod, Testbed
 from meshtax.testbed.runstate import owned_tempdir
+from meshtax.testbed.speed import speed_on
 from meshtax.testbed.system import System
 from meshtax.testbed.tools import tool
 from meshtax.validate import appctl
@@ -59,7 +60,6 @@ __all__ = [
     "ValidateOptions",
     "app_protocol",
     "machine",
-    "pinning_of",
     "run_case",
     "run_validation",
     "sidecar_modes",
@@ -92,6 +92,7 @@ class ValidateOptions:
     rate: float = 200.0
     duration_s: float = 3.0
     profile_name: str | None = None
+    accept_unclosed: bool = False
     quick: bool = False
     sample: int = 10
     min_pairs: int = 6
@@ -100,6 +101,7 @@ class ValidateOptions:
     lock_timeout_s: float = 900.0
     keep_workdir: bool = False
     traces_dir: str | None = None
+    speed: str = "now"  # "now": the reference workload before each prediction, costs scaled
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
@@ -294,13 +296,17 @@ def run_case(
                 env.stop()
         say(f"{topology.name}/{q.name} {mode.value}: predict")
         rate = options.rate or statistics.median(b.actual_qps for b, _ in pairs)
+        speed, speed_note = speed_on(system, pinning) if options.speed == "now" else (None, None)
         pred: Predicted = predict_traces(
             trace,
             profile,
             {s: SidecarConfig(m) for s, m in modes.items()},
             rate,
             pod_cpus=pinning.pod_cpus(),
+            speed=speed,
         )
+        if speed_note:
+            pred = replace(pred, warnings=(*pred.warnings, speed_note))
         result = CaseResult(
             topology.name,
             q.name,
@@ -310,6 +316,7 @@ def run_case(
             pred,
             result.sidecar_modes,
             wall_s=time.monotonic() - t0,
+            speed=speed,
         )
         del why
     except Exception as e:  # one failed case must not lose the others
@@ -323,11 +330,6 @@ def run_case(
             wall_s=time.monotonic() - t0,
         )
     return result
-
-
-def pinning_of(profile: Profile) -> Pinning:
-    d = profile.provenance.options.get("pinning")
-    return Pinning.from_dict(d) if isinstance(d, dict) else default_pinning()
 
 
 def run_validation(
@@ -368,7 +370,6 @@ def run_validation(
 
 
 def _notes(pinning: Pinning, profile: Profile) -> tuple[str, ...]:
-    col = profile.colocation
     return (
         f"placement {pinning.describe()}: the profile's own pinning (client apart, apps and "
         "sidecars together), so measured and modelled costs share it; "
@@ -379,11 +380,6 @@ def _notes(pinning: Pinning, profile: Profile) -> tuple[str, ...]:
         "prediction: OTLP traces of the no-mesh copy imported by meshtax.traces (sizes from span "
         "attributes, rate = the fortio rate), this machine's profile",
         "role: db services get tcp-mode sidecars (Istio does not parse their protocols)",
-        "shared CPUs: messages priced at r_own^(1−α)·r_cpu^α with "
-        + "; ".join(
-            f"α = {c.alpha:.2f} [{c.lo:.2f}, {c.hi:.2f}] in {m.value} mode (`meshtax calibrate`: {c.note})"
-            if (c := col.get(m))
-            else f"α = 1 in {m.value} mode (not calibrated: `meshtax calibrate`)"
-            for m in profile.modes
-        ),
+        "shared CPUs: every message priced at the one-hop rate that loads the CPU alike "
+        "(meshtax.predict.shared_cpu)",
     )

@@ -2,8 +2,8 @@
 
 The directory is the run's record and its resume point::
 
-    manifest.json              the suite, the options, the machine; then the profile and the
-                               calibration as each step finishes
+    manifest.json              the suite, the options, the machine; then the profile once it
+                               is measured (or chosen)
     cases/<set>/<case>.json    one per case, written as soon as the case is done
     traces/<case>.json         the no-mesh traces each case was predicted from
     summary.json, summary.md   at the end (and again after every resume)
@@ -26,6 +26,7 @@ from typing import Any
 
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.testbed.pinning import pinning_of
 from meshtax.validate.prediction import predict_traces
 from meshtax.validate.result import (
     FAR,
@@ -35,7 +36,6 @@ from meshtax.validate.result import (
     ValidationResult,
     set_summary,
 )
-from meshtax.validate.run import pinning_of
 from meshtax.validate.suite import SETS, SuiteCase
 
 __all__ = [
@@ -131,7 +131,6 @@ class SuiteDir:
             suite=man.get("suite", {}),
             sets=sets,
             profile=man.get("profile", {}),
-            calibration=man.get("calibration", {}),
             machine=man.get("machine", {}),
             options=man.get("options", {}),
             started=str(man.get("started", "")),
@@ -189,8 +188,10 @@ def run_cases(
 
 def repredict(out: SuiteDir, profile: Profile) -> SuiteResult:
     """The measured cases of ``out`` predicted again from their kept traces with ``profile``
-    and this checkout's model (nothing is measured or written): to compare models on the
-    same measurements. A case without its traces keeps an error saying so."""
+    and this checkout's model (nothing is measured or written): to compare models or profiles
+    on the same measurements. A case that recorded the machine's speed when it was measured
+    is predicted at that speed (``profile`` scaled from its own). A case without its traces
+    keeps an error saying so."""
     res = out.result()
     pod_cpus = pinning_of(profile).pod_cpus()
     sets: dict[str, tuple[CaseResult, ...]] = {}
@@ -202,7 +203,9 @@ def repredict(out: SuiteDir, profile: Profile) -> SuiteResult:
                 new.append(replace(c, predicted=None, error=c.error or f"no traces at {trace}"))
                 continue
             sidecars = {n: SidecarConfig(Mode(m)) for n, m in c.sidecar_modes.items()}
-            pred = predict_traces(trace, profile, sidecars, c.rate, pod_cpus=pod_cpus)
+            pred = predict_traces(
+                trace, profile, sidecars, c.rate, pod_cpus=pod_cpus, speed=c.speed
+            )
             new.append(replace(c, predicted=pred))
         sets[s] = tuple(new)
     how = f"predicted again with this checkout's model; measured with {res.profile.get('name')!r}"
@@ -211,11 +214,13 @@ def repredict(out: SuiteDir, profile: Profile) -> SuiteResult:
 
 def profile_record(prof: Profile, how: str, warnings: Sequence[str] = ()) -> dict[str, Any]:
     """What a suite's result says about its profile: name, how it came about, when, its closure
-    per mode, the warnings it was measured with and its provenance notes."""
+    per mode, its quality (status, interference, speed), the warnings it was measured with and
+    its provenance notes."""
     return {
         "name": prof.name,
         "how": how,
         "created": prof.provenance.created,
+        "quality": prof.quality(),
         "closure": {
             m.value: {
                 **mp.closure.to_dict(),
@@ -245,12 +250,11 @@ def _outcome(c: CaseResult) -> str:
 
 @dataclass(frozen=True)
 class SuiteResult:
-    """A suite's cases per set, with the profile, calibration and machine they came from."""
+    """A suite's cases per set, with the profile and machine they came from."""
 
     suite: Mapping[str, Any]
     sets: Mapping[str, tuple[CaseResult, ...]]
     profile: Mapping[str, Any] = field(default_factory=dict)
-    calibration: Mapping[str, Any] = field(default_factory=dict)
     machine: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     started: str = ""
@@ -288,7 +292,6 @@ class SuiteResult:
             "loadavg_end": self.loadavg_end,
             "case_loads": list(self.case_loads),
             "profile": dict(self.profile),
-            "calibration": dict(self.calibration),
             "options": dict(self.options),
             "missing": list(self.missing),
             "summary": self.summary(),
@@ -312,8 +315,7 @@ class SuiteResult:
         ]
 
     def header(self) -> list[str]:
-        """Where the numbers come from: machine, date, load, profile and its closure,
-        calibration."""
+        """Where the numbers come from: machine, date, load, profile and its closure."""
         m, p = self.machine, self.profile
         load = m.get("loadavg")
         end = self.loadavg_end
@@ -338,12 +340,19 @@ class SuiteResult:
             + ".",
         ]
         lines += [f"Profile note: {w}" for w in p.get("warnings", ())]
-        cal = self.calibration
-        lines.append(f"Calibration step `{cal.get('step', '?')}`: {cal.get('summary', 'not run')}.")
+        lines.append(
+            "Nothing is fitted to either set: every case is predicted from the profile's measured "
+            "costs; the calibration set is the applications the model was developed on."
+        )
         o = self.options
         lines.append(
             f"Runs: {o.get('duration_s', '?')} s each"
             + (" (quick)" if o.get("quick") else "")
+            + (
+                "; costs scaled to the machine's speed at each case"
+                if o.get("speed") == "now"
+                else ""
+            )
             + f"; rates {o.get('rates', '?')} requests/s; sets {', '.join(self.sets)}."
         )
         if self.missing:

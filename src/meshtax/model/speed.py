@@ -1,0 +1,120 @@
+"""Machine speed as a measured variable (pure).
+
+On a shared VM the time per instruction drifts (the host's other tenants, frequency), while
+the work a sidecar does per message does not. A profile therefore records how fast the machine
+was when it measured (:class:`Speed`, from the fixed reference workload ``speedref``: a
+cross-CPU and a same-CPU loopback ping-pong and a user-space parsing loop), and a prediction
+made at another time can scale each component by how much faster or slower the same kind of
+work runs now (:func:`speed_factor`): the kernel's message path (IPC, Read, Write) by the
+same-CPU ping-pong, wake-ups (Notification) by the cross-CPU ping-pong, user-space work
+(Parsing, Other, filters, TLS) by the user loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from meshtax.model.components import IPC, NOTIFICATION, READ, WRITE, Component
+
+__all__ = [
+    "KINDS",
+    "Speed",
+    "describe_scaling",
+    "kind_factors",
+    "kind_of",
+    "speed_factor",
+    "typical",
+]
+
+#: which reference path each kind of component runs on
+KINDS = ("local", "cross", "user")
+
+
+@dataclass(frozen=True)
+class Speed:
+    """ns per same-CPU round trip (``local``), per cross-CPU round trip (``cross``) and per
+    user-space iteration (``user``) of the reference workload, and when it was measured."""
+
+    local_ns: float
+    cross_ns: float
+    user_ns: float
+    measured: str = ""
+
+    def __post_init__(self) -> None:
+        for k in KINDS:
+            v = getattr(self, f"{k}_ns")
+            if not (isinstance(v, (int, float)) and 0 < v < 1e12):
+                raise ValueError(f"speed {k}_ns must be a positive finite number, got {v!r}")
+
+    def ns(self, kind: str) -> float:
+        return float(getattr(self, f"{kind}_ns"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "local_ns": self.local_ns,
+            "cross_ns": self.cross_ns,
+            "user_ns": self.user_ns,
+            "measured": self.measured,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Speed:
+        return cls(
+            float(d["local_ns"]),
+            float(d["cross_ns"]),
+            float(d["user_ns"]),
+            str(d.get("measured", "")),
+        )
+
+
+def kind_of(component: Component) -> str:
+    """The reference path a component's time scales with."""
+    if component in (IPC, READ, WRITE):
+        return "local"
+    if component == NOTIFICATION:
+        return "cross"
+    return "user"
+
+
+def speed_factor(component: Component, now: Speed, then: Speed) -> float:
+    """How much longer ``component`` takes now than when ``then`` was measured."""
+    k = kind_of(component)
+    return now.ns(k) / then.ns(k)
+
+
+def kind_factors(now: Speed, then: Speed) -> dict[str, float]:
+    """How much longer each kind of work takes now than when ``then`` was measured."""
+    return {k: now.ns(k) / then.ns(k) for k in KINDS}
+
+
+_KIND_NAMES = {
+    "local": "kernel message path",
+    "cross": "cross-CPU wake-up",
+    "user": "user-space work",
+}
+
+
+def describe_scaling(now: Speed, then: Speed) -> str:
+    """One line saying how a prediction's costs were scaled from ``then`` to ``now``."""
+    parts = ", ".join(f"{_KIND_NAMES[k]} ×{f:.3f}" for k, f in kind_factors(now, then).items())
+    return f"costs scaled to the machine's speed now ({parts})"
+
+
+def typical(samples: Sequence[Speed]) -> Speed:
+    """The median of each path over several measurements (the profile's speed)."""
+    if not samples:
+        raise ValueError("no speed samples")
+
+    def med(xs: list[float]) -> float:
+        s = sorted(xs)
+        n = len(s)
+        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+    return Speed(
+        med([s.local_ns for s in samples]),
+        med([s.cross_ns for s in samples]),
+        med([s.user_ns for s in samples]),
+        samples[-1].measured,
+    )

@@ -1,0 +1,160 @@
+"""What else ran during a measurement window: other processes' CPU on the CPUs the testbed
+uses, time the hypervisor stole, and how long the measured threads waited for a CPU.
+
+A window is compared with a snapshot taken before it (:meth:`InterferenceMeter.snapshot`,
+:meth:`Interference.between`). "Other" CPU is every busy tick of the testbed's CPUs (from
+``/proc/stat``) minus the CPU of the processes that make the measurement: the sidecar, the app
+and this process with its children (the load generator of each window is a child). Shares are
+of the window's wall time times the number of CPUs watched: 0.1 means a tenth of those CPUs
+went to someone else.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from meshtax.testbed import procfs
+
+__all__ = [
+    "Interference",
+    "InterferenceMeter",
+    "Meter",
+    "MeterFactory",
+    "Snapshot",
+    "Thresholds",
+    "summarize",
+]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """A window is contaminated above any of these shares (see the module docstring)."""
+
+    others: float = 0.10
+    steal: float = 0.05
+    wait: float = 0.20  # of the window, summed over the measured processes' threads
+
+    def to_dict(self) -> dict[str, float]:
+        return {"others": self.others, "steal": self.steal, "wait": self.wait}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    t_ns: int
+    cpus: Mapping[int, procfs.CpuTimes]
+    ours_ns: int  # CPU of the measured processes, this process and its waited-for children
+    wait_ns: int  # run-queue wait of the measured processes' threads
+
+
+@dataclass(frozen=True)
+class Interference:
+    """One window's interference, as shares (see the module docstring)."""
+
+    window_s: float
+    others: float
+    steal: float
+    wait: float
+
+    @classmethod
+    def between(cls, a: Snapshot, b: Snapshot) -> Interference:
+        wall = max(b.t_ns - a.t_ns, 1)
+        cpus = [c for c in b.cpus if c in a.cpus]
+        span = wall * max(len(cpus), 1)
+        busy = sum((b.cpus[c] - a.cpus[c]).task_ns for c in cpus)
+        steal = sum((b.cpus[c] - a.cpus[c]).steal_ns for c in cpus)
+        others = max(busy - (b.ours_ns - a.ours_ns), 0)
+        return cls(wall / 1e9, others / span, steal / span, (b.wait_ns - a.wait_ns) / wall)
+
+    def contaminated(self, t: Thresholds) -> bool:
+        return self.others > t.others or self.steal > t.steal or self.wait > t.wait
+
+    def excess(self, t: Thresholds) -> float:
+        """How far past its thresholds this window was (≤ 1: within them): the largest of
+        each share over its threshold."""
+        return max(self.others / t.others, self.steal / t.steal, self.wait / t.wait)
+
+    def worst(self, other: Interference) -> Interference:
+        return Interference(
+            self.window_s + other.window_s,
+            max(self.others, other.others),
+            max(self.steal, other.steal),
+            max(self.wait, other.wait),
+        )
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "window_s": self.window_s,
+            "others": self.others,
+            "steal": self.steal,
+            "wait": self.wait,
+        }
+
+
+class Meter(Protocol):
+    def snapshot(self) -> Snapshot: ...
+
+
+#: (CPUs the measurement uses, PIDs of the processes it measures) → a meter
+MeterFactory = Callable[[Sequence[int], Sequence[int]], Meter]
+
+
+def _self_cpu_ns() -> int:
+    t = os.times()
+    return round((t.user + t.system + t.children_user + t.children_system) * 1e9)
+
+
+class InterferenceMeter:
+    """Snapshots of the CPUs ``cpus`` and the processes ``pids`` (``proc``: the /proc root;
+    ``own``: this process's CPU with its children, in ns — both injectable for tests)."""
+
+    def __init__(
+        self,
+        cpus: Sequence[int],
+        pids: Sequence[int],
+        *,
+        proc: Path = procfs.PROC,
+        own: Callable[[], int] = _self_cpu_ns,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.cpus = tuple(cpus)
+        self.pids = tuple(pids)
+        self.proc = proc
+        self.own = own
+        self.clock = clock
+
+    def snapshot(self) -> Snapshot:
+        every = procfs.cpu_times(self.proc)
+        cpus = {c: every[c] for c in (self.cpus or tuple(every)) if c in every}
+        ours = self.own() + sum(procfs.cpu_ns(list(self.pids), self.proc).values())
+        wait = 0
+        for p in self.pids:
+            try:
+                wait += procfs.runqueue_wait_ns(p, self.proc)
+            except procfs.ProcError:
+                continue
+        return Snapshot(self.clock(), cpus, ours, wait)
+
+
+def summarize(windows: Sequence[Interference], rejected: int, forced: int = 0) -> dict[str, Any]:
+    """The interference of a measurement, for its record: medians and maxima of the accepted
+    windows, how many were rejected, and how many accepted pairs were beyond the thresholds
+    (``forced``: kept because every pair was)."""
+    if not windows:
+        return {"windows": 0, "rejected": rejected, "forced": forced}
+
+    def med(xs: list[float]) -> float:
+        s = sorted(xs)
+        n = len(s)
+        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+    out: dict[str, Any] = {"windows": len(windows), "rejected": rejected, "forced": forced}
+    for k in ("others", "steal", "wait"):
+        vals = [getattr(w, k) for w in windows]
+        out[f"{k}_median"] = med(vals)
+        out[f"{k}_max"] = max(vals)
+    return out

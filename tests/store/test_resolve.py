@@ -1,0 +1,81 @@
+"""The one profile resolver: defaults, the cross-platform warning, and unclosed profiles
+refused unless accepted (exact messages)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from meshtax.model.components import OTHER
+from meshtax.model.profile import Closure, Platform, Profile
+from meshtax.model.sidecar import Mode
+from meshtax.store.resolve import NoProfile, UnclosedProfile, quality_lines, resolve_profile
+from tests.helpers import PLATFORM, flat, profile
+
+HERE = PLATFORM
+ELSEWHERE = Platform("Other CPU", 64, "5.4", "envoy", "1.21", "x")
+
+
+class Store:
+    def __init__(self, *ps: Profile) -> None:
+        self.ps = {p.name: p for p in ps}
+        self.unusable: list[tuple[str, str]] = []
+
+    def get(self, name: str) -> Profile:
+        return self.ps[name]
+
+    def for_host(self, host: Platform) -> Profile | None:
+        return next((p for p in self.ps.values() if p.platform.same_host(host)), None)
+
+
+def unclosed(p: Profile) -> Profile:
+    mp = p.modes[Mode.HTTP]
+    bad = replace(mp, closure=Closure(41.0, 38.0, 44.0, 20.0, 0.15))
+    return replace(p, modes={Mode.HTTP: bad}, status="unclosed")
+
+
+def test_newest_of_this_host_by_default_and_the_named_one_otherwise() -> None:
+    p = profile({Mode.HTTP: {OTHER: flat(5, 2)}}, name="mine")
+    got = resolve_profile(Store(p), None, HERE)
+    assert got.profile is p and got.warnings == ()
+    with pytest.raises(NoProfile, match="meshtax profile --quick"):
+        resolve_profile(Store(), None, HERE)
+    far = replace(p, name="far", platform=ELSEWHERE)
+    got = resolve_profile(Store(p, far), "far", HERE)
+    assert got.profile is far and "different platform" in got.warnings[0]
+
+
+def test_an_unclosed_profile_is_refused_unless_accepted() -> None:
+    p = unclosed(profile({Mode.HTTP: {OTHER: flat(5, 2)}}, name="loud"))
+    assert p.unclosed and p.unclosed_modes == (Mode.HTTP,)
+    line = (
+        "profile 'loud', http mode: components 20.0 µs vs measured overhead 41.0 µs per "
+        "message (-51%, beyond ±15%): unclosed"
+    )
+    assert quality_lines(p) == [line]
+    for name in (None, "loud"):
+        with pytest.raises(UnclosedProfile, match="--accept-unclosed") as e:
+            resolve_profile(Store(p), name, HERE)
+        assert line in str(e.value)
+    got = resolve_profile(Store(p), None, HERE, accept_unclosed=True)
+    assert got.profile is p and got.warnings == (line,)
+
+
+def test_interference_is_said() -> None:
+    p = replace(
+        profile({Mode.HTTP: {OTHER: flat(5, 2)}}, name="busy"),
+        interference={"rejected": 3, "windows": 24, "others_median_max": 0.07},
+    )
+    (w,) = resolve_profile(Store(p), None, HERE).warnings
+    assert w == (
+        "profile 'busy': 3 probe window pair(s) were disturbed by other work and measured "
+        "again (others' CPU share up to 7%)"
+    )
+
+
+def test_no_usable_profile_names_the_ones_that_failed_validation() -> None:
+    s = Store()
+    s.unusable.append(("old", "modes.http.components.ipc.latency.intercept: nan"))
+    with pytest.raises(NoProfile, match="'old' failed validation"):
+        resolve_profile(s, None, HERE)

@@ -1,0 +1,55 @@
+"""The reference workload (speedref, built by install.sh) run for real, and what happens when
+it cannot run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshtax.testbed import speed
+from meshtax.testbed.pinning import Pinning
+from meshtax.testbed.speed import SpeedError, measure_speed, parse_speedref, speed_on
+from meshtax.testbed.system import Completed, FakeSystem, RealSystem
+from meshtax.testbed.tools import FIX, ToolMissing
+
+
+def test_real_speedref_on_two_cpus() -> None:
+    s = measure_speed(RealSystem(), 0, 1, roundtrips=500, bursts=3)
+    # a round trip is two context switches at least; a cross-CPU one adds wake-ups
+    assert 100 < s.local_ns < 1e7 and 100 < s.cross_ns < 1e7 and 0 < s.user_ns < 1e6
+    assert s.measured.endswith("+00:00")
+
+
+def test_the_cpus_are_passed_on() -> None:
+    fake = FakeSystem(
+        [lambda argv: Completed(argv, 0, '{"local_ns":1,"cross_ns":2,"user_ns":3}', "")]
+    )
+    s, why = speed_on(fake, Pinning(client=(1,), sidecars=(0,)))
+    assert why is None and s is not None and (s.local_ns, s.cross_ns, s.user_ns) == (1, 2, 3)
+    argv = fake.calls[0]
+    assert argv[argv.index("-a") + 1] == "1" and argv[argv.index("-b") + 1] == "0"
+
+
+@pytest.mark.parametrize(
+    "out",
+    ['{"local_ns": 1}', "speedref: usage", '{"local_ns":-1,"cross_ns":2,"user_ns":3}'],
+)
+def test_unparseable_output_is_a_speed_error(out: str) -> None:
+    with pytest.raises(SpeedError, match="speedref"):
+        parse_speedref(out)
+
+
+def test_a_failing_or_missing_workload_is_a_note_not_a_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fails = FakeSystem([lambda argv: Completed(argv, 1, "", "sched_setaffinity: EINVAL")])
+    s, why = speed_on(fails, Pinning(client=(0,), sidecars=(1,)))
+    assert s is None and why is not None and "costs used as measured" in why
+
+    def missing(name: str) -> Path:
+        raise ToolMissing(name, FIX["speedref"])
+
+    monkeypatch.setattr(speed, "tool", missing)
+    s, why = speed_on(FakeSystem(), Pinning(client=(0,), sidecars=(1,)))
+    assert s is None and why is not None and "speedref not found" in why and "install.sh" in why
