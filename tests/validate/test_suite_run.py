@@ -8,10 +8,13 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from meshtax.model.components import IPC
 from meshtax.model.sidecar import Mode
+from meshtax.model.speed import Speed
 from meshtax.validate.result import (
     CaseResult,
     Predicted,
@@ -21,6 +24,7 @@ from meshtax.validate.result import (
 )
 from meshtax.validate.suite import SuiteCase
 from meshtax.validate.suite_run import SuiteDir, SuiteResult, run_cases
+from tests.helpers import flat, profile
 
 
 def case(
@@ -109,10 +113,14 @@ def test_a_meshed_copy_short_of_its_rate_is_flagged_saturated() -> None:
     assert "| saturated (meshed copy below 95% of the rate) | 0 | 1 | |" in res.markdown()
 
 
+SPEED = Speed(9000.0, 21000.0, 2.5, "2026-11-23T09:00:00+00:00")
+
+
 def test_case_documents_read_back_whole() -> None:
-    for c in CASES:
+    for c in (*CASES, replace(CASES[0], speed=SPEED)):
         back = CaseResult.from_case(json.loads(json.dumps(c.to_case())))
         assert back.error == c.error and back.predicted == c.predicted
+        assert back.speed == c.speed
         assert back.comparisons.keys() == c.comparisons.keys()
         for k, v in c.comparisons.items():
             assert back.comparisons[k].error == pytest.approx(v.error)
@@ -179,6 +187,37 @@ def test_each_case_is_written_when_done_and_an_interrupted_run_resumes(tmp_path:
     j, md = out.write_summary(res)
     assert json.loads(j.read_text())["summary"]["holdout"]["cases"] == 4
     assert "## holdout set: per case" in md.read_text()
+
+
+def test_repredict_uses_the_kept_traces_and_each_cases_speed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every measured case is predicted again from its kept traces with the profile given, at
+    the speed recorded for it (None: as measured); a case without traces says so."""
+    from meshtax.validate import suite_run
+
+    scs = _suite_cases()[:3]
+    out = SuiteDir(tmp_path / "run")
+    out.update_manifest(cases=[c.key for c in scs], suite={"name": "t"}, profile={"name": "old"})
+    for sc, c, sp in zip(scs, CASES[:3], (SPEED, None, SPEED), strict=True):
+        out.write_case(sc, replace(c, speed=sp))
+    out.traces.mkdir()
+    for sc in scs[:2]:
+        (out.traces / f"{sc.stem}.json").write_text("{}")
+    seen: list[tuple[str, float, Speed | None]] = []
+
+    def fake(trace: Path, prof: object, sidecars: object, rate: float, **kw: Any) -> Predicted:
+        seen.append((Path(trace).name, rate, kw["speed"]))
+        return Predicted(1.0, 2.0, 1.5, 3.0, 1)
+
+    monkeypatch.setattr(suite_run, "predict_traces", fake)
+    new = profile({Mode.TCP: {IPC: flat(5, 5)}}, name="new")
+    res = suite_run.repredict(out, new)
+    assert seen == [("t-a-tcp.json", 100.0, SPEED), ("t-b-http.json", 100.0, None)]
+    assert [c.predicted for c in res.sets["calibration"]] == [Predicted(1.0, 2.0, 1.5, 3.0, 1)] * 2
+    (missing,) = res.sets["holdout"]
+    assert missing.predicted is None and "no traces at" in str(missing.error)
+    assert res.profile["name"] == "new" and "measured with 'old'" in res.profile["how"]
 
 
 def test_markdown_puts_both_sets_side_by_side_with_the_targets() -> None:
