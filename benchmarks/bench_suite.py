@@ -25,7 +25,7 @@ import argparse
 import sys
 import time
 
-from meshtax.app import UsageError
+from meshtax.app import USER_ERRORS
 from meshtax.app.measure import SuiteOptions, validate_suite
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.suite_run import SuiteDir, SuiteResult, repredict
@@ -85,7 +85,7 @@ def main() -> None:
                 wait_s=900.0,
             )
             res = validate_suite(opts, store, say)
-        except UsageError as e:
+        except USER_ERRORS as e:  # a bad option, an unusable profile: one line, no trace
             sys.exit(f"bench_suite: {e}")
     else:
         ap.error("give --out DIR (measure) or --report DIR (re-render)")
