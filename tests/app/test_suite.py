@@ -17,6 +17,7 @@ from meshtax.app.measure import (
     SuiteOptions,
     validate_suite,
 )
+from meshtax.errors import StoreError
 from meshtax.model.components import IPC
 from meshtax.model.sidecar import Mode
 from meshtax.store.sqlite import ProfileStore
@@ -50,13 +51,15 @@ class Fakes:
         self.cases: list[str] = []
         self.interrupt_at = interrupt_at
         self.status: str | None = None  # the status the fake profiler stores
+        self.store_it = True  # False: the profile measured is not in the store (refused)
 
     def backends(self) -> SuiteBackends:
         def prof(name: str | None, say: object) -> Measured:
             self.profiled.append(name)
             p = profile({Mode.HTTP: {IPC: flat(5, 5)}}, name=name or "generated")
             p = replace(p, status=self.status)
-            self.store.save(p)  # as the real profiler does
+            if self.store_it:
+                self.store.save(p)  # as the real profiler does
             return Measured(p, ("http closes within 9 %",))
 
         def cases(p: object, suite: object, opts: object, out: object, say: object) -> object:
@@ -167,6 +170,18 @@ def test_an_unclosed_profile_is_refused_unless_accepted(
     again = SuiteOptions(opts.out, opts.suite, resume=True, accept_unclosed=True)
     res = validate_suite(again, store, backends=fakes.backends())
     assert fakes.profiled == ["p1"] and len(fakes.cases) == 3 and res.missing == ()
+
+
+def test_a_profile_the_store_refuses_ends_the_run_with_a_record(
+    setup: tuple[Path, ProfileStore, Fakes, SuiteOptions],
+) -> None:
+    tmp, store, fakes, opts = setup
+    fakes.store_it = False
+    with pytest.raises(StoreError, match="no profile named 'p1'"):
+        validate_suite(opts, store, backends=fakes.backends())
+    assert fakes.cases == []
+    man = json.loads((tmp / "out" / "manifest.json").read_text())
+    assert man["profile"]["name"] == "p1" and "no profile named" in man["profile"]["unusable"]
 
 
 def test_bad_options_and_suites(setup: tuple[Path, ProfileStore, Fakes, SuiteOptions]) -> None:

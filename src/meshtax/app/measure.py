@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from meshtax.app import doctor
-from meshtax.errors import UsageError
+from meshtax.errors import StoreError, UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends
@@ -303,7 +303,12 @@ def _suite_profile(
             "measured in this sitting, quick",
             measured.warnings,
         )
-    res = resolve_profile(store, name, this_host(), accept_unclosed=True)
+    try:
+        res = resolve_profile(store, name, this_host(), accept_unclosed=True)
+    except StoreError as e:  # stored but refused on load (e.g. a model negative at some size)
+        if how is not None:
+            out.update_manifest(profile={"name": name, "how": how, "unusable": str(e)})
+        raise
     if how is not None:
         rec = profile_record(res.profile, how, (*notes, *res.warnings))
         out.update_manifest(profile=rec)
