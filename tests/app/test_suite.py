@@ -52,13 +52,15 @@ class Fakes:
         self.interrupt_at = interrupt_at
         self.status: str | None = None  # the status the fake profiler stores
         self.store_it = True  # False: the profile measured is not in the store (refused)
+        self.refuse_first = False  # True: only the first profile measured is not stored
 
     def backends(self) -> SuiteBackends:
         def prof(name: str | None, say: object) -> Measured:
             self.profiled.append(name)
             p = profile({Mode.HTTP: {IPC: flat(5, 5)}}, name=name or "generated")
             p = replace(p, status=self.status)
-            if self.store_it:
+            first = len(self.profiled) == 1
+            if self.store_it and not (self.refuse_first and first):
                 self.store.save(p)  # as the real profiler does
             return Measured(p, ("http closes within 9 %",))
 
@@ -162,7 +164,7 @@ def test_an_unclosed_profile_is_refused_unless_accepted(
 ) -> None:
     tmp, store, fakes, opts = setup
     fakes.status = "unclosed"
-    with pytest.raises(UsageError, match="marked unclosed. Not validating with it"):
+    with pytest.raises(UsageError, match="is unclosed. Not validating with it"):
         validate_suite(opts, store, backends=fakes.backends())
     assert fakes.cases == []  # nothing measured with it
     man = json.loads((tmp / "out" / "manifest.json").read_text())
@@ -172,16 +174,27 @@ def test_an_unclosed_profile_is_refused_unless_accepted(
     assert fakes.profiled == ["p1"] and len(fakes.cases) == 3 and res.missing == ()
 
 
-def test_a_profile_the_store_refuses_ends_the_run_with_a_record(
+def test_a_profile_the_store_refuses_is_measured_once_more(
     setup: tuple[Path, ProfileStore, Fakes, SuiteOptions],
 ) -> None:
     tmp, store, fakes, opts = setup
     fakes.store_it = False
-    with pytest.raises(StoreError, match="no profile named 'p1'"):
+    with pytest.raises(StoreError, match="two quick profiles in a row were refused"):
         validate_suite(opts, store, backends=fakes.backends())
-    assert fakes.cases == []
+    assert fakes.profiled == ["p1", "p1-again"] and fakes.cases == []
     man = json.loads((tmp / "out" / "manifest.json").read_text())
-    assert man["profile"]["name"] == "p1" and "no profile named" in man["profile"]["unusable"]
+    assert man["profile"]["name"] == "p1-again" and len(man["profile"]["unusable"]) == 2
+    # resuming does not take a refused profile: it measures again, and the second one is used
+    fakes.profiled.clear()
+    fakes.store_it, fakes.refuse_first = True, True
+    res = validate_suite(replace(opts, resume=True), store, backends=fakes.backends())
+    assert fakes.profiled == ["p1", "p1-again"] and len(fakes.cases) == 3
+    man = json.loads((tmp / "out" / "manifest.json").read_text())
+    assert (
+        man["profile"]["name"] == "p1-again"
+        and "no profile named 'p1'" in (man["profile"]["refused_before"][0])
+    )
+    assert res.profile["name"] == "p1-again"
 
 
 def test_bad_options_and_suites(setup: tuple[Path, ProfileStore, Fakes, SuiteOptions]) -> None:

@@ -19,7 +19,7 @@ from meshtax.profile.backends import Backends
 from meshtax.profile.build import ClosureWarning
 from meshtax.profile.extras import ExtrasOptions, profile_extras
 from meshtax.profile.run import ProfileOptions, Progress, run_profile
-from meshtax.store.resolve import quality_lines, resolve_profile
+from meshtax.store.resolve import Resolved, quality_lines, resolve_profile
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
 from meshtax.testbed.paired import PairPolicy
@@ -285,40 +285,49 @@ def _suite_profile(
     be: SuiteBackends,
     say: Say,
 ) -> Profile:
-    """The run's profile: the interrupted run's, a stored one, or a quick one measured now;
-    refused (after it is recorded) when it does not close, unless ``accept_unclosed``."""
+    """The run's profile: the interrupted run's, a stored one, or a quick one measured now
+    (once more, as ``<name>-again``, when the store refuses the first on load); refused (after
+    it is recorded) when it does not close, unless ``accept_unclosed``."""
     done = man.get("profile")
-    how: str | None
-    notes: tuple[str, ...] = ()
-    if opts.resume and done:
+    if opts.resume and done and "unusable" not in done:
         say(f"profile {done['name']!r} of the interrupted run")
-        name, how = str(done["name"]), None
+        res = resolve_profile(store, str(done["name"]), this_host(), accept_unclosed=True)
     elif opts.profile:
-        name, how = opts.profile, "stored earlier, not this sitting"
-    else:
-        say("profiling this machine (quick)")
-        measured = be.profile(opts.name, say)
-        name, how, notes = (
-            measured.profile.name,
-            "measured in this sitting, quick",
-            measured.warnings,
-        )
-    try:
-        res = resolve_profile(store, name, this_host(), accept_unclosed=True)
-    except StoreError as e:  # stored but refused on load (e.g. a model negative at some size)
-        if how is not None:
-            out.update_manifest(profile={"name": name, "how": how, "unusable": str(e)})
-        raise
-    if how is not None:
-        rec = profile_record(res.profile, how, (*notes, *res.warnings))
+        res = resolve_profile(store, opts.profile, this_host(), accept_unclosed=True)
+        rec = profile_record(res.profile, "stored earlier, not this sitting", res.warnings)
         out.update_manifest(profile=rec)
+    else:
+        res = _measure_suite_profile(opts, store, out, be, say)
     if res.profile.unclosed and not opts.accept_unclosed:
         raise UsageError(
-            "; ".join(quality_lines(res.profile) or [f"profile {name!r} is marked unclosed"])
+            "; ".join(quality_lines(res.profile) or [f"profile {res.profile.name!r} is unclosed"])
             + ". Not validating with it: profile again on a quieter machine (a new output "
             "directory), or pass --resume --accept-unclosed to go on with it anyway"
         )
     return res.profile
+
+
+def _measure_suite_profile(
+    opts: SuiteOptions, store: ProfileStore, out: SuiteDir, be: SuiteBackends, say: Say
+) -> Resolved:
+    how = "measured in this sitting, quick"
+    refused: list[str] = []
+    for name in (opts.name, None if opts.name is None else f"{opts.name}-again"):
+        say("profiling this machine (quick)" + (" once more" if refused else ""))
+        measured = be.profile(name, say)
+        try:
+            res = resolve_profile(store, measured.profile.name, this_host(), accept_unclosed=True)
+        except StoreError as e:  # stored, but refused on load (e.g. a total negative at 1 GiB)
+            refused.append(str(e))
+            out.update_manifest(
+                profile={"name": measured.profile.name, "how": how, "unusable": refused}
+            )
+            say(f"the store refuses the profile just measured: {e}")
+            continue
+        rec = profile_record(res.profile, how, (*measured.warnings, *res.warnings))
+        out.update_manifest(profile={**rec, **({"refused_before": refused} if refused else {})})
+        return res
+    raise StoreError(f"two quick profiles in a row were refused by the store: {refused[-1]}")
 
 
 @dataclass(frozen=True)
