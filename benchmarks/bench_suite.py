@@ -15,8 +15,9 @@ in ``<out>/summary.{json,md}``; a killed run keeps its cases and ``--resume`` co
 
 Re-render a finished or interrupted run without measuring: ``--report <out>``; and with
 ``--repredict --db DB --profile NAME`` predict its kept traces again with that profile and this
-checkout's model, each case at the machine speed measured for it (the same measurements,
-another profile or model: e.g. a profile taken an hour before the cases or right after them).
+checkout's model, each case at the machine speed measured for it (``--speed profile``: at the
+profile's own); the same measurements, another profile or model: e.g. a profile taken an hour
+before the cases or right after them.
 """
 
 from __future__ import annotations
@@ -46,7 +47,13 @@ def main() -> None:
     ap.add_argument("--name", default=None, help="name of the new profile")
     ap.add_argument("--profile", default=None, help="a stored profile instead of a new one")
     ap.add_argument("--accept-unclosed", action="store_true", help="go on with an unclosed profile")
-    ap.add_argument("--speed", choices=("now", "profile"), default="now")
+    ap.add_argument(
+        "--speed",
+        choices=("now", "profile"),
+        default="now",
+        help="now: scale the profile to the machine's speed measured at each case (with "
+        "--repredict: the speed recorded then); profile: its costs as measured",
+    )
     ap.add_argument("--sets", default="calibration,holdout")
     ap.add_argument("--rate", type=float, default=None)
     ap.add_argument("--duration", type=float, default=None)
@@ -60,7 +67,7 @@ def main() -> None:
         if a.repredict:
             if not a.profile:
                 ap.error("--repredict needs --profile")
-            res = repredict(out, store.get(a.profile))
+            res = repredict(out, store.get(a.profile), speed=a.speed == "now")
         else:
             res = out.result()
     elif a.out:

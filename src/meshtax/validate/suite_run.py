@@ -186,12 +186,12 @@ def run_cases(
     return results
 
 
-def repredict(out: SuiteDir, profile: Profile) -> SuiteResult:
+def repredict(out: SuiteDir, profile: Profile, *, speed: bool = True) -> SuiteResult:
     """The measured cases of ``out`` predicted again from their kept traces with ``profile``
     and this checkout's model (nothing is measured or written): to compare models or profiles
     on the same measurements. A case that recorded the machine's speed when it was measured
-    is predicted at that speed (``profile`` scaled from its own). A case without its traces
-    keeps an error saying so."""
+    is predicted at that speed (``profile`` scaled from its own; ``speed=False``: at the
+    profile's own). A case without its traces keeps an error saying so."""
     res = out.result()
     pod_cpus = pinning_of(profile).pod_cpus()
     sets: dict[str, tuple[CaseResult, ...]] = {}
@@ -204,11 +204,20 @@ def repredict(out: SuiteDir, profile: Profile) -> SuiteResult:
                 continue
             sidecars = {n: SidecarConfig(Mode(m)) for n, m in c.sidecar_modes.items()}
             pred = predict_traces(
-                trace, profile, sidecars, c.rate, pod_cpus=pod_cpus, speed=c.speed
+                trace,
+                profile,
+                sidecars,
+                c.rate,
+                pod_cpus=pod_cpus,
+                speed=c.speed if speed else None,
             )
             new.append(replace(c, predicted=pred))
         sets[s] = tuple(new)
-    how = f"predicted again with this checkout's model; measured with {res.profile.get('name')!r}"
+    how = (
+        "predicted again with this checkout's model, "
+        + ("at each case's machine speed" if speed else "at the profile's own speed")
+        + f"; measured with {res.profile.get('name')!r}"
+    )
     return replace(res, sets=sets, profile=profile_record(profile, how))
 
 
