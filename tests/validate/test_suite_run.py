@@ -219,8 +219,10 @@ def test_repredict_uses_the_kept_traces_and_each_cases_speed(
     assert missing.predicted is None and "no traces at" in str(missing.error)
     assert res.profile["name"] == "new" and "measured with 'old'" in res.profile["how"]
     seen.clear()
-    suite_run.repredict(out, new, speed=False)
+    at_own = suite_run.repredict(out, new, speed=False)
     assert [sp for _, _, sp in seen] == [None, None]
+    assert "at the profile's own speed" in at_own.profile["how"]
+    assert at_own.options["speed"] == "profile" and res.options["speed"] == "now"
 
 
 def test_markdown_puts_both_sets_side_by_side_with_the_targets() -> None:

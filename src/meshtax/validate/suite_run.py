@@ -218,7 +218,8 @@ def repredict(out: SuiteDir, profile: Profile, *, speed: bool = True) -> SuiteRe
         + ("at each case's machine speed" if speed else "at the profile's own speed")
         + f"; measured with {res.profile.get('name')!r}"
     )
-    return replace(res, sets=sets, profile=profile_record(profile, how))
+    opts = {**res.options, "speed": "now" if speed else "profile"}
+    return replace(res, sets=sets, profile=profile_record(profile, how), options=opts)
 
 
 def profile_record(prof: Profile, how: str, warnings: Sequence[str] = ()) -> dict[str, Any]:
