@@ -403,3 +403,56 @@ def test_profile_microarch_options_reach_the_extras(
     assert x.filters == ("lua", "tap")
     r = invoke(["profile", "--microarch", "--counters", "papi"], env)
     assert r.exit_code == 2 and "papi" in r.output
+
+
+def test_validate_suite_maps_its_options(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`validate --suite [FILE] --out DIR …` → one SuiteOptions → validate_suite; a Ctrl-C
+    says where the measured cases are and how to continue."""
+    import os
+
+    from meshtax.app import measure as m
+    from meshtax.validate.suite_run import SuiteResult
+
+    r = invoke(["validate", "--suite"], env)
+    assert r.exit_code == 2 and "needs --out DIR" in r.output
+    r = invoke(["validate", "bookinfo", "--suite", "--out", "d"], env)
+    assert r.exit_code == 2 and "takes no TOPOLOGY" in r.output
+    r = invoke(["validate"], env)
+    assert r.exit_code == 2 and "name a TOPOLOGY (or --suite)" in r.output
+    r = invoke(["validate", "--suite", "--out", "d", "--sets", "holdout,train"], env)
+    assert r.exit_code == 2 and "--sets" in r.output
+    seen: list[m.SuiteOptions] = []
+
+    def fake(opts: m.SuiteOptions, store: object, say: object) -> SuiteResult:
+        seen.append(opts)
+        if opts.resume:
+            raise KeyboardInterrupt
+        return SuiteResult({"name": "s"}, {"calibration": (), "holdout": ()})
+
+    monkeypatch.setattr(m, "validate_suite", fake)
+    monkeypatch.setattr(m, "require_root", lambda what: None)
+    out = str(tmp_path / "run")
+    r = invoke(["validate", "--suite", "--out", out, "--quick", "--rate", "50"], env)
+    assert r.exit_code == 0, r.output
+    assert "# Validation suite `s`" in r.output
+    args = ["validate", "--suite", "my.yaml", "--out", out, "--sets", "holdout"]
+    r = invoke([*args, "--resume", "--name", "p", "--accept-unclosed", "--speed", "profile"], env)
+    assert r.exit_code == 130 and "--resume continues" in r.output
+    assert seen == [
+        m.SuiteOptions(out, None, rate=50.0, quick=True),
+        m.SuiteOptions(
+            out,
+            "my.yaml",
+            ("holdout",),
+            name="p",
+            accept_unclosed=True,
+            speed="profile",
+            resume=True,
+        ),
+    ]
+    monkeypatch.undo()
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    r = invoke(["validate", "--suite", "--out", out], env)
+    assert r.exit_code == 2 and "run it as root" in r.output

@@ -31,13 +31,21 @@ def test_bundled_topologies_and_queries() -> None:
         "bookinfo",
         "chain",
         "hotel-reservation",
+        "media",
         "online-boutique",
+        "order-pipeline",
+        "search",
+        "social-network",
     )
     want = {
         "bookinfo": ["productpage"],
         "chain": ["one", "two", "four", "eight"],
         "online-boutique": ["index", "browse_product", "view_cart"],
         "hotel-reservation": ["user", "search", "reservation"],
+        "social-network": ["compose", "home_timeline"],
+        "media": ["movie_page", "poster", "compose_review"],
+        "search": ["results", "recommend"],
+        "order-pipeline": ["checkout", "receipt"],
     }
     for name, queries in want.items():
         assert list(appctl.load_topology(name).queries) == queries

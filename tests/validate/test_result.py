@@ -32,7 +32,7 @@ def rs(
         p90 if p90 is not None else p50 * 1.5,
         p50 * 1.1,
         count,
-        100.0,
+        200.0,  # the rate the cases below ask for: not saturated
         1.0,
         {"a": cpu_ns // 2, "b": cpu_ns - cpu_ns // 2},
         sidecar,

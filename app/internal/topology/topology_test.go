@@ -13,6 +13,10 @@ func TestBundledTopologiesLoad(t *testing.T) {
 		"bookinfo.yaml":          {"productpage"},
 		"online-boutique.yaml":   {"index", "browse_product", "view_cart"},
 		"hotel-reservation.yaml": {"user", "search", "reservation"},
+		"social-network.yaml":    {"compose", "home_timeline"},
+		"media.yaml":             {"movie_page", "poster", "compose_review"},
+		"search.yaml":            {"results", "recommend"},
+		"order-pipeline.yaml":    {"checkout", "receipt"},
 	}
 	for f, queries := range want {
 		topo, err := Load(filepath.Join("..", "..", "topologies", f))

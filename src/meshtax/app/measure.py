@@ -1,16 +1,18 @@
-"""Entry points that measure this machine (root): profile (with extras), validate,
-the one-hop sweeps, and the readiness checks. Options in, profiles and documents out."""
+"""Entry points that measure this machine (root): profile (with extras), validate (one
+topology or the suite), the one-hop sweeps, and the readiness checks. Options in, profiles
+and documents out."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from meshtax.app import doctor
-from meshtax.errors import UsageError
+from meshtax.errors import StoreError, UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.proxy import ProxyChoice
 from meshtax.model.sidecar import Mode
@@ -18,16 +20,25 @@ from meshtax.profile.backends import Backends
 from meshtax.profile.build import ClosureWarning
 from meshtax.profile.extras import ExtrasOptions, profile_extras
 from meshtax.profile.run import ProfileOptions, Progress, run_profile
-from meshtax.store.resolve import resolve_profile
+from meshtax.store.resolve import Resolved, quality_lines, resolve_profile
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
 from meshtax.testbed.paired import PairPolicy
 from meshtax.testbed.pinning import pinning_of
 from meshtax.testbed.pods import Testbed
-from meshtax.testbed.runstate import RunBusy
+from meshtax.testbed.runstate import RunBusy, owned_tempdir
 from meshtax.testbed.system import RealSystem, System
-from meshtax.validate.result import ValidationResult
-from meshtax.validate.run import ValidateOptions, machine, run_validation
+from meshtax.validate.result import CaseResult, ValidationResult
+from meshtax.validate.run import ValidateOptions, machine, run_case, run_validation
+from meshtax.validate.suite import SETS, Suite, SuiteCase, SuiteError, load_suite
+from meshtax.validate.suite_run import (
+    CaseRunner,
+    SuiteDir,
+    SuiteResult,
+    profile_record,
+    run_cases,
+    utc_now,
+)
 from meshtax.validate.sweep import SweepResult, run_sweep
 
 __all__ = [
@@ -36,13 +47,17 @@ __all__ = [
     "Measured",
     "ProfileOptions",
     "ProxyChoice",
+    "SuiteBackends",
+    "SuiteOptions",
     "SweepOptions",
     "ValidateOptions",
     "check_machine",
     "measure",
+    "real_suite_backends",
     "require_root",
     "sweep",
     "validate",
+    "validate_suite",
 ]
 
 Say = Callable[[str], None]
@@ -117,6 +132,208 @@ def validate(
         return run_validation(opts, RealSystem(), resolved.profile, say, warnings=resolved.warnings)
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class SuiteOptions:
+    """``meshtax validate --suite``: run ``suite`` (a file; None: the bundled one) into the
+    directory ``out``. ``sets``: which sets to measure. ``rate``/``duration_s``: override the
+    suite's. ``name``: the new profile's name (None: generated); ``profile``: use this stored
+    profile instead of measuring one (the report says so). ``accept_unclosed``: go on with a
+    profile that does not close. ``speed``: as ``validate --speed``. ``resume``: continue the
+    run in ``out``, skipping what it measured."""
+
+    out: str
+    suite: str | None = None
+    sets: tuple[str, ...] = SETS
+    rate: float | None = None
+    duration_s: float | None = None
+    quick: bool = False
+    name: str | None = None
+    profile: str | None = None
+    accept_unclosed: bool = False
+    speed: str = "now"
+    resume: bool = False
+    wait_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.sets or any(s not in SETS for s in self.sets):
+            raise UsageError(f"--sets: {','.join(self.sets)!r}; expected some of {','.join(SETS)}")
+        if (self.rate is not None and self.rate < 0) or (
+            self.duration_s is not None and self.duration_s <= 0
+        ):
+            raise UsageError("--rate must be ≥ 0 (0: closed loop) and --duration positive")
+        if self.name and self.profile:
+            raise UsageError("--name names a new profile, --profile an existing one: not both")
+        if self.speed not in ("now", "profile"):
+            raise UsageError(f"--speed: {self.speed!r}; expected now or profile")
+
+
+@dataclass(frozen=True)
+class SuiteBackends:
+    """The side effects of a suite run: measuring a profile (name, say → Measured) and making
+    the runner of one case for a profile and the run's output. Tests pass fakes."""
+
+    profile: Callable[[str | None, Say], Measured]
+    cases: Callable[[Profile, Suite, SuiteOptions, SuiteDir, Say], CaseRunner]
+
+
+def real_suite_backends(store: ProfileStore, wait_s: float) -> SuiteBackends:
+    """A quick profile of this machine stored in ``store`` (waiting up to ``wait_s`` for the
+    profiling lock), and each case deployed for real by :func:`~meshtax.validate.run.run_case`
+    (its traces kept in the output directory, its scratch directory removed)."""
+    system = RealSystem()
+
+    def profile(name: str | None, say: Say) -> Measured:
+        last: list[str] = []
+
+        def progress(p: Progress) -> None:
+            if p.description != (last or [""])[-1]:
+                last.append(p.description)
+                say(f"profile [{p.index}/{p.total}] {p.description}")
+
+        opts = MeasureOptions(ProfileOptions(name=name, quick=True), wait_s=wait_s)
+        return measure(opts, store, progress, say, system=system)
+
+    def cases(
+        prof: Profile, suite: Suite, opts: SuiteOptions, out: SuiteDir, say: Say
+    ) -> CaseRunner:
+        pinning = pinning_of(prof)
+
+        def run(c: SuiteCase) -> CaseResult:
+            vopts = ValidateOptions(
+                c.topology,
+                (c.query,),
+                (c.mode,),
+                rate=c.rate,
+                duration_s=opts.duration_s or suite.duration_s,
+                profile_name=prof.name,
+                accept_unclosed=opts.accept_unclosed,
+                quick=opts.quick,
+                traces_dir=str(out.traces),
+                speed=opts.speed,
+            )
+            work = owned_tempdir("suite")
+            try:
+                topo = suite.topologies[c.topology]
+                return run_case(topo, c.query, c.mode, prof, vopts, system, work, pinning, say)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+
+        return run
+
+    return SuiteBackends(profile, cases)
+
+
+def validate_suite(
+    opts: SuiteOptions,
+    store: ProfileStore,
+    say: Say | None = None,
+    *,
+    backends: SuiteBackends | None = None,
+) -> SuiteResult:
+    """In one sitting: (a) profile this machine (quick), (b) every case of the calibration
+    set, (c) every case of the hold-out set; each step and case recorded in ``opts.out`` as it
+    is done (see :mod:`meshtax.validate.suite_run`), the summary written at the end, also when
+    interrupted. Nothing is fitted to either set: the engine prices with the profile's
+    measured costs; the sets are kept apart for whatever a model may fit one day."""
+    tell = say or (lambda _m: None)
+    be = backends or real_suite_backends(store, opts.wait_s)
+    try:
+        suite = load_suite(opts.suite)
+    except SuiteError as e:
+        raise UsageError(str(e)) from None
+    out = SuiteDir(opts.out)
+    man = out.manifest()
+    if man is not None and not opts.resume:
+        raise UsageError(f"{out.root} holds a suite run already: --resume continues it")
+    cases = tuple(
+        c if opts.rate is None else replace(c, rate=opts.rate)
+        for s in opts.sets
+        for c in suite.of(s)
+    )
+    run_opts = {
+        "duration_s": opts.duration_s or suite.duration_s,
+        "quick": opts.quick,
+        "rates": "/".join(f"{r:g}" for r in dict.fromkeys(c.rate for c in cases)),
+        "speed": opts.speed,
+    }
+    if man is not None and (was := man.get("options", {})) != run_opts:
+        raise UsageError(
+            f"{out.root} was run with {was}, not {run_opts}: resume with the same options"
+        )
+    if man is None:
+        man = out.update_manifest(
+            suite=suite.describe(),
+            cases=[c.key for c in cases],
+            options=run_opts,
+            machine=machine(),
+            started=utc_now(),
+        )
+    else:
+        tell(f"resuming the run begun {man.get('started')} in {out.root}")
+        man = out.update_manifest(cases=[c.key for c in cases])
+    try:
+        prof = _suite_profile(opts, store, man, out, be, tell)
+        runner = be.cases(prof, suite, opts, out, tell)
+        run_cases(cases, out, runner, tell, resume=opts.resume, record={"profile": prof.name})
+    finally:
+        result = out.result()
+        out.write_summary(result)
+    return result
+
+
+def _suite_profile(
+    opts: SuiteOptions,
+    store: ProfileStore,
+    man: Mapping[str, Any],
+    out: SuiteDir,
+    be: SuiteBackends,
+    say: Say,
+) -> Profile:
+    """The run's profile: the interrupted run's, a stored one, or a quick one measured now
+    (once more, as ``<name>-again``, when the store refuses the first on load); refused (after
+    it is recorded) when it does not close, unless ``accept_unclosed``."""
+    done = man.get("profile")
+    if opts.resume and done and "unusable" not in done:
+        say(f"profile {done['name']!r} of the interrupted run")
+        res = resolve_profile(store, str(done["name"]), this_host(), accept_unclosed=True)
+    elif opts.profile:
+        res = resolve_profile(store, opts.profile, this_host(), accept_unclosed=True)
+        rec = profile_record(res.profile, "stored earlier, not this sitting", res.warnings)
+        out.update_manifest(profile=rec)
+    else:
+        res = _measure_suite_profile(opts, store, out, be, say)
+    if res.profile.unclosed and not opts.accept_unclosed:
+        raise UsageError(
+            "; ".join(quality_lines(res.profile) or [f"profile {res.profile.name!r} is unclosed"])
+            + ". Not validating with it: profile again on a quieter machine (a new output "
+            "directory), or pass --resume --accept-unclosed to go on with it anyway"
+        )
+    return res.profile
+
+
+def _measure_suite_profile(
+    opts: SuiteOptions, store: ProfileStore, out: SuiteDir, be: SuiteBackends, say: Say
+) -> Resolved:
+    how = "measured in this sitting, quick"
+    refused: list[str] = []
+    for name in (opts.name, None if opts.name is None else f"{opts.name}-again"):
+        say("profiling this machine (quick)" + (" once more" if refused else ""))
+        measured = be.profile(name, say)
+        try:
+            res = resolve_profile(store, measured.profile.name, this_host(), accept_unclosed=True)
+        except StoreError as e:  # stored, but refused on load (e.g. a total negative at 1 GiB)
+            refused.append(str(e))
+            out.update_manifest(
+                profile={"name": measured.profile.name, "how": how, "unusable": refused}
+            )
+            say(f"the store refuses the profile just measured: {e}")
+            continue
+        rec = profile_record(res.profile, how, (*measured.warnings, *res.warnings))
+        out.update_manifest(profile={**rec, **({"refused_before": refused} if refused else {})})
+        return res
+    raise StoreError(f"two quick profiles in a row were refused by the store: {refused[-1]}")
 
 
 @dataclass(frozen=True)

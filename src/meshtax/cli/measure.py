@@ -29,7 +29,7 @@ from meshtax.store.sqlite import ProfileStore
 
 
 @main.command()
-@click.argument("topology")
+@click.argument("topology", required=False)
 @click.option(
     "--query",
     "queries",
@@ -42,21 +42,44 @@ from meshtax.store.sqlite import ProfileStore
 @click.option(
     "--rate",
     type=NONNEG,
-    default=200.0,
-    show_default=True,
-    help="Requests/s of every run (0: closed loop).",
+    help="Requests/s of every run (0: closed loop; default 200, with --suite the suite's).",
 )
-@click.option("--duration", type=POSITIVE, default=3.0, show_default=True, help="Seconds per run.")
+@click.option(
+    "--duration", type=POSITIVE, help="Seconds per run (default 3, with --suite the suite's)."
+)
 @click.option(
     "--profile",
     "profile",
-    help="Profile to predict with (default: this machine's newest measured profile).",
+    help="Profile to predict with (default: this machine's newest measured profile; with "
+    "--suite: a new quick profile).",
 )
 @click.option(
     "--sweep",
     type=click.Choice(["size", "rate"]),
     help="Instead: one hop, message size 100 B → 64 KB or rate 25 → 100 %% of the no-mesh maximum.",
 )
+@click.option(
+    "--suite",
+    "suite",
+    is_flag=False,
+    flag_value="bundled",
+    help="Instead: a quick profile, then every case of a validation suite (FILE, or the bundled "
+    "app/suite.yaml when no FILE follows) into --out, calibration and hold-out sets apart.",
+)
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False),
+    help="With --suite: the output directory (one JSON per case as it is done, the summary).",
+)
+@click.option("--resume", is_flag=True, help="With --suite: continue the run in --out.")
+@click.option(
+    "--sets",
+    default="calibration,holdout",
+    show_default=True,
+    help="With --suite: the sets to measure.",
+)
+@click.option("--name", help="With --suite: the new profile's name (default: generated).")
 @click.option("--quick", is_flag=True, help="Shorter runs and fewer pairs (smoke runs, CI).")
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
@@ -67,13 +90,18 @@ from meshtax.store.sqlite import ProfileStore
 @speed_option("profile")
 @user_errors
 def validate(
-    topology: str,
+    topology: str | None,
     queries: tuple[str, ...],
     modes: str,
-    rate: float,
-    duration: float,
+    rate: float | None,
+    duration: float | None,
     profile: str | None,
     sweep: str | None,
+    suite: str | None,
+    out: str | None,
+    resume: bool,
+    sets: str,
+    name: str | None,
     quick: bool,
     fmt: str,
     report_path: str | None,
@@ -81,16 +109,39 @@ def validate(
     accept_unclosed: bool,
     speed: str,
 ) -> None:
-    """Deploy TOPOLOGY (bookinfo, online-boutique, hotel-reservation, or a topology file) in pods
-    without and with sidecars, measure end-to-end latency and CPU, predict from the app's own
-    traces, and report measured vs predicted overhead (root)."""
+    """Deploy TOPOLOGY (bookinfo, online-boutique, hotel-reservation, social-network, media,
+    search, order-pipeline, or a topology file) in pods without and with sidecars, measure
+    end-to-end latency and CPU, predict from the app's own traces, and report measured vs
+    predicted overhead (root). With --suite: a quick profile, then every case of a suite in
+    the same sitting; the calibration and hold-out sets reported apart."""
     from meshtax.app import measure as m
     from meshtax.app.measure import ValidateOptions
 
+    if suite is not None:
+        if topology or not out:
+            raise UsageError("--suite takes no TOPOLOGY and needs --out DIR")
+        suite_opts = m.SuiteOptions(
+            out,
+            None if suite == "bundled" else suite,
+            csv(sets, str),
+            rate,
+            duration,
+            quick,
+            name,
+            profile,
+            accept_unclosed=accept_unclosed,
+            speed=speed,
+            resume=resume,
+        )
+        _suite(suite_opts, ProfileStore(db), fmt, report_path)
+        return
+    if not topology:
+        raise UsageError("name a TOPOLOGY (or --suite)")
     m.require_root("validation creates network namespaces and sidecars")
     store = ProfileStore(db)
     mode_list = parse_modes(modes)
     say = stderr
+    duration = 3.0 if duration is None else duration
     if sweep:
         sopts = m.SweepOptions(
             sweep,  # type: ignore[arg-type]
@@ -107,7 +158,7 @@ def validate(
                 topology=topology,
                 queries=queries,
                 modes=mode_list,
-                rate=rate,
+                rate=200.0 if rate is None else rate,
                 duration_s=duration,
                 profile_name=profile,
                 quick=quick,
@@ -121,6 +172,27 @@ def validate(
         click.echo(json.dumps(doc, indent=2, default=str) if fmt == "json" else res.table())
     if report_path:
         click.echo(f"wrote {app_data.write_document(doc, report_path, store)}", err=True)
+
+
+def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) -> None:
+    from meshtax.app import measure as m
+
+    m.require_root("the suite profiles and creates network namespaces and sidecars")
+    try:
+        res = m.validate_suite(opts, store, stderr)
+    except KeyboardInterrupt:
+        click.echo(
+            f"interrupted: the cases measured so far are in {opts.out} (summary.md); "
+            "--resume continues",
+            err=True,
+        )
+        sys.exit(130)
+    doc = res.to_document()
+    click.echo(json.dumps(doc, indent=2, default=str) if fmt == "json" else res.markdown())
+    click.echo(f"wrote {opts.out}/summary.json and summary.md", err=True)
+    if report_path:
+        out = app_data.write_document(res.validation_documents(), report_path, store)
+        click.echo(f"wrote {out}", err=True)
 
 
 @main.command("profile")

@@ -12,21 +12,27 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from meshtax.model.speed import Speed
 from meshtax.model.stats import Estimate, estimate
 
 __all__ = [
+    "FAR",
     "FORMAT",
+    "SATURATED",
+    "SET_METRICS",
     "CaseResult",
     "Comparison",
     "Predicted",
     "RunSample",
     "ValidationResult",
     "compare",
+    "error_stats",
     "overheads",
     "rel_error",
+    "set_summary",
 ]
 
 FORMAT = "meshtax-validation/1"
@@ -128,6 +134,19 @@ class Predicted:
             "warnings": list(self.warnings),
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Predicted:
+        return cls(
+            float(d["p50_us"]),
+            float(d["p90_us"]),
+            float(d["mean_us"]),
+            float(d["cpu_us_per_request"]),
+            int(d["graphs"]),
+            float(d.get("base_p50_us", math.nan)),
+            {str(k): float(v) for k, v in d.get("by_component_cpu_us", {}).items()},
+            tuple(str(w) for w in d.get("warnings", ())),
+        )
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -181,6 +200,7 @@ class CaseResult:
     sidecar_modes: Mapping[str, str] = field(default_factory=dict)
     error: str | None = None
     wall_s: float = 0.0
+    speed: Speed | None = None  # the machine's speed measured for the prediction, if it was
 
     @property
     def name(self) -> str:
@@ -198,6 +218,19 @@ class CaseResult:
         the CPUs they share are; the CPU error follows it (:meth:`ValidationResult.summary`)."""
         xs = [m.cpu_us_per_request * self.rate * 1e-6 for _, m in self.pairs if m.count]
         return statistics.median(xs) if xs else math.nan
+
+    @property
+    def mesh_rate_share(self) -> float:
+        """The rate the meshed copy reached over the rate asked (median over the pairs; NaN
+        in closed loop or without runs)."""
+        xs = [m.actual_qps / self.rate for _, m in self.pairs if self.rate > 0]
+        return statistics.median(xs) if xs else math.nan
+
+    @property
+    def saturated(self) -> bool:
+        """The meshed copy fell short of the rate asked (below :data:`SATURATED`): its CPUs
+        could not keep up, so the run measured another regime than the one predicted."""
+        return self.mesh_rate_share < SATURATED
 
     def factors(self, metric: str) -> list[str]:
         """What the data say about this case's ``metric`` error (``latency`` or ``cpu``), for a
@@ -217,6 +250,12 @@ class CaseResult:
             )
         if c.within_interval:
             out.append("the prediction lies inside the measured 95 % interval")
+        if self.saturated:
+            out.append(
+                f"the meshed copy reached only {self.mesh_rate_share:.0%} of the "
+                f"{self.rate:g} requests/s asked: its shared CPU was saturated, so the case "
+                "ran at another rate than the one predicted"
+            )
         if self.pod_load >= BUSY_LOAD:
             out.append(
                 f"the pods keep their shared CPU busy ({self.pod_load:.2f} CPU-s/s): co-located "
@@ -256,6 +295,8 @@ class CaseResult:
             "sidecar_modes": dict(self.sidecar_modes),
             "wall_s": self.wall_s,
         }
+        if self.speed is not None:
+            doc["speed_now"] = self.speed.to_dict()
         if self.error is not None:
             doc["error_message"] = self.error
             return doc
@@ -298,7 +339,15 @@ class CaseResult:
             dict(doc.get("sidecar_modes", {})),
             doc.get("error_message"),
             float(doc.get("wall_s", 0.0)),
+            Speed.from_dict(doc["speed_now"]) if doc.get("speed_now") else None,
         )
+
+    @classmethod
+    def from_case(cls, doc: Mapping[str, Any]) -> CaseResult:
+        """A case document (:meth:`to_case`) read back whole, its prediction included."""
+        measured = cls.measured_from_case(doc)
+        pred = doc.get("prediction")
+        return replace(measured, predicted=None if pred is None else Predicted.from_dict(pred))
 
 
 #: edges (CPU-s/s of all pods with the mesh) of the load bands the CPU error is reported in
@@ -308,11 +357,76 @@ LOAD_BANDS = (0.25, 0.5)
 WIDE_INTERVAL = 0.15
 #: CPU-s/s of the pods from which the shared CPU counts as busy (``ValidationResult.cpu_by_load``)
 BUSY_LOAD = LOAD_BANDS[-1]
+#: a meshed copy that reaches less than this share of the rate asked was saturated
+SATURATED = 0.95
 
 
 def _median_abs(xs: Sequence[float]) -> float:
     ys = [abs(x) for x in xs if not math.isnan(x)]
     return statistics.median(ys) if ys else math.nan
+
+
+#: a case whose relative error is beyond this is counted as far off
+FAR = 0.30
+
+
+def error_stats(errors: Sequence[float], far: float = FAR) -> dict[str, float | int]:
+    """Relative errors (predicted − measured) / measured of several cases (NaN dropped): their
+    number ``n``, ``median_abs_error``, ``mean_error`` (signed: the bias), ``p90_abs_error``
+    (nearest rank: the ⌈0.9 n⌉-th smallest \\|e\\|), ``beyond`` (how many \\|e\\| > ``far``) and
+    ``beyond_share``. No errors: n = 0 and NaN for the rest."""
+    ys = [x for x in errors if not math.isnan(x)]
+    if not ys:
+        nan = math.nan
+        return {"n": 0, "median_abs_error": nan, "mean_error": nan, "p90_abs_error": nan}
+    a = sorted(abs(x) for x in ys)
+    beyond = sum(x > far for x in a)
+    return {
+        "n": len(ys),
+        "median_abs_error": statistics.median(a),
+        "mean_error": statistics.fmean(ys),
+        "p90_abs_error": a[math.ceil(0.9 * len(a)) - 1],
+        "beyond": beyond,
+        "beyond_share": beyond / len(ys),
+    }
+
+
+#: the metrics of a case summarized per set: latency p50, latency p90, CPU per request
+SET_METRICS = ("latency", "p90", "cpu")
+
+
+def set_summary(cases: Sequence[CaseResult], far: float = FAR) -> dict[str, Any]:
+    """One set of cases (e.g. a suite's calibration or hold-out set): per metric of
+    :data:`SET_METRICS` the :func:`error_stats` of the measured cases, the cases beyond
+    ``far`` and the worst; the same per sidecar mode; how many cases failed."""
+    ok = [c for c in cases if c.comparisons]
+    out: dict[str, Any] = {
+        "cases": len(cases),
+        "measured": len(ok),
+        "failed": [f"{c.name} ({c.mode})" for c in cases if c.error is not None],
+        "saturated": [f"{c.name} ({c.mode})" for c in ok if c.saturated],
+    }
+    for metric in SET_METRICS:
+        errs = [(c, c.comparisons[metric].error) for c in ok]
+        worst = max(
+            ((c, e) for c, e in errs if not math.isnan(e)), key=lambda x: abs(x[1]), default=None
+        )
+        out[metric] = {
+            **error_stats([e for _, e in errs], far),
+            "beyond_cases": [f"{c.name} ({c.mode})" for c, e in errs if abs(e) > far],
+            "worst": None
+            if worst is None
+            else {"case": f"{worst[0].name} ({worst[0].mode})", "error": worst[1]},
+        }
+    modes = dict.fromkeys(c.mode for c in ok)
+    out["by_mode"] = {
+        m: {
+            metric: error_stats([c.comparisons[metric].error for c in ok if c.mode == m], far)
+            for metric in SET_METRICS
+        }
+        for m in modes
+    }
+    return out
 
 
 @dataclass(frozen=True)

@@ -319,6 +319,7 @@ def run_case(
             pred,
             result.sidecar_modes,
             wall_s=time.monotonic() - t0,
+            speed=speed,
         )
         del why
     except Exception as e:  # one failed case must not lose the others

@@ -1,0 +1,103 @@
+"""The validation suite with a real hold-out (issue #14): a quick profile, the calibration set,
+the hold-out set, in one sitting; prints the Markdown for BENCHMARKS.md. Nothing is fitted to
+either set (the engine prices with the profile's measured costs).
+
+Measure (root, under the measurement lock; ~55 min for the bundled suite)::
+
+    flock /run/meshtax-measure.lock .venv/bin/python benchmarks/bench_suite.py \\
+        --out artifacts/suite --db artifacts/suite/profiles.db [--suite app/suite.yaml] \\
+        [--name NAME] [--profile STORED] [--accept-unclosed] [--sets calibration,holdout] \\
+        [--rate R] [--duration S] [--speed now|profile] [--quick] [--resume]
+
+This is ``meshtax validate --suite`` (``meshtax.app.measure.validate_suite``): one JSON per case
+in ``<out>/cases`` as soon as it is measured, the no-mesh traces in ``<out>/traces``, the summary
+in ``<out>/summary.{json,md}``; a killed run keeps its cases and ``--resume`` continues it.
+
+Re-render a finished or interrupted run without measuring: ``--report <out>``; and with
+``--repredict --db DB --profile NAME`` predict its kept traces again with that profile and this
+checkout's model, each case at the machine speed measured for it (``--speed profile``: at the
+profile's own); the same measurements, another profile or model: e.g. a profile taken an hour
+before the cases or right after them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from meshtax.app import USER_ERRORS
+from meshtax.app.measure import SuiteOptions, validate_suite
+from meshtax.store.sqlite import ProfileStore
+from meshtax.validate.suite_run import SuiteDir, SuiteResult, repredict
+
+
+def benchmarks_markdown(res: SuiteResult) -> str:
+    """What BENCHMARKS.md quotes: where from, both sets side by side, per mode."""
+    return "\n".join([*res.header(), "", *res.comparison_table(), "", *res.by_mode_table()])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--out", help="output directory of the run (measure mode)")
+    ap.add_argument("--report", metavar="DIR", help="re-render DIR instead of measuring")
+    ap.add_argument("--repredict", action="store_true", help="with --report: predict again")
+    ap.add_argument("--db", default=None, help="profile database (default: the user's)")
+    ap.add_argument("--suite", default=None, help="suite file (default: app/suite.yaml)")
+    ap.add_argument("--name", default=None, help="name of the new profile")
+    ap.add_argument("--profile", default=None, help="a stored profile instead of a new one")
+    ap.add_argument("--accept-unclosed", action="store_true", help="go on with an unclosed profile")
+    ap.add_argument(
+        "--speed",
+        choices=("now", "profile"),
+        default="now",
+        help="now: scale the profile to the machine's speed measured at each case (with "
+        "--repredict: the speed recorded then); profile: its costs as measured",
+    )
+    ap.add_argument("--sets", default="calibration,holdout")
+    ap.add_argument("--rate", type=float, default=None)
+    ap.add_argument("--duration", type=float, default=None)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--full", action="store_true", help="also print every set's case table")
+    a = ap.parse_args()
+    store = ProfileStore(a.db) if a.db else ProfileStore()
+    if a.report:
+        out = SuiteDir(a.report)
+        if a.repredict:
+            if not a.profile:
+                ap.error("--repredict needs --profile")
+            res = repredict(out, store.get(a.profile), speed=a.speed == "now")
+        else:
+            res = out.result()
+    elif a.out:
+        t0 = time.monotonic()
+
+        def say(msg: str) -> None:
+            print(f"[{time.monotonic() - t0:6.0f}s] {msg}", file=sys.stderr, flush=True)
+
+        try:
+            opts = SuiteOptions(
+                a.out,
+                a.suite,
+                tuple(s for s in a.sets.split(",") if s),
+                a.rate,
+                a.duration,
+                a.quick,
+                a.name,
+                a.profile,
+                accept_unclosed=a.accept_unclosed,
+                speed=a.speed,
+                resume=a.resume,
+                wait_s=900.0,
+            )
+            res = validate_suite(opts, store, say)
+        except USER_ERRORS as e:  # a bad option, an unusable profile: one line, no trace
+            sys.exit(f"bench_suite: {e}")
+    else:
+        ap.error("give --out DIR (measure) or --report DIR (re-render)")
+    print(res.markdown() if a.full else benchmarks_markdown(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,461 @@
+"""Running a suite's cases into an output directory, and the suite's result (both sets apart).
+
+The directory is the run's record and its resume point::
+
+    manifest.json              the suite, the options, the machine; then the profile once it
+                               is measured (or chosen)
+    cases/<set>/<case>.json    one per case, written as soon as the case is done
+    traces/<case>.json         the no-mesh traces each case was predicted from
+    summary.json, summary.md   at the end (and again after every resume)
+
+Every file is written whole (a temporary file, then renamed), so a killed run keeps exactly the
+cases it finished; resuming skips them (failed cases run again).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.testbed.pinning import pinning_of
+from meshtax.validate.prediction import predict_traces
+from meshtax.validate.result import (
+    FAR,
+    SATURATED,
+    SET_METRICS,
+    CaseResult,
+    ValidationResult,
+    set_summary,
+)
+from meshtax.validate.suite import SETS, SuiteCase
+
+__all__ = [
+    "FORMAT",
+    "TARGETS",
+    "CaseRunner",
+    "SuiteDir",
+    "SuiteResult",
+    "profile_record",
+    "repredict",
+    "run_cases",
+    "utc_now",
+]
+
+FORMAT = "meshtax-suite/1"
+#: issue #14's bar for the hold-out set: median |error| and |bias| at most, share beyond 30 %
+TARGETS = {"median_abs_error": 0.15, "bias": 0.10, "beyond_share": 0.10}
+
+#: measures one case (the real one deploys pods: :func:`meshtax.validate.run.run_case`)
+CaseRunner = Callable[[SuiteCase], CaseResult]
+Say = Callable[[str], None]
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    """Write ``doc`` whole or not at all (a killed run never leaves half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    os.replace(tmp, path)
+
+
+class SuiteDir:
+    """The output directory of one suite run (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.traces = self.root / "traces"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.json"
+
+    def manifest(self) -> dict[str, Any] | None:
+        """The manifest of a run begun here, or None."""
+        if not self.manifest_path.is_file():
+            return None
+        doc: dict[str, Any] = json.loads(self.manifest_path.read_text())
+        return doc
+
+    def update_manifest(self, **parts: Any) -> dict[str, Any]:
+        doc = {**(self.manifest() or {"format": FORMAT}), **parts}
+        _write_json(self.manifest_path, doc)
+        return doc
+
+    def case_path(self, case: SuiteCase) -> Path:
+        return self.root / "cases" / case.set / f"{case.stem}.json"
+
+    def done(self, case: SuiteCase) -> bool:
+        """Measured before, without an error (a failed case runs again on resume)."""
+        p = self.case_path(case)
+        return p.is_file() and "error_message" not in json.loads(p.read_text())["case"]
+
+    def write_case(self, case: SuiteCase, result: CaseResult, **record: Any) -> Path:
+        p = self.case_path(case)
+        _write_json(p, {"set": case.set, "key": case.key, **record, "case": result.to_case()})
+        return p
+
+    def cases(self) -> dict[str, list[tuple[dict[str, Any], CaseResult]]]:
+        """Every case document here, per set (file order within a set is by name)."""
+        out: dict[str, list[tuple[dict[str, Any], CaseResult]]] = {s: [] for s in SETS}
+        for s in SETS:
+            for p in sorted((self.root / "cases" / s).glob("*.json")):
+                doc = json.loads(p.read_text())
+                out[s].append((doc, CaseResult.from_case(doc["case"])))
+        return out
+
+    def result(self) -> SuiteResult:
+        """The suite's result from what is here: every case measured so far, in the suite's
+        order, and the cases of the suite that are not (yet) here."""
+        man = self.manifest()
+        if man is None:
+            raise FileNotFoundError(f"{self.root}: no manifest.json (not a suite run)")
+        found = {doc["key"]: (doc, c) for docs in self.cases().values() for doc, c in docs}
+        order = [str(k) for k in man.get("cases", [])]
+        keys = [k for k in order if k in found] + sorted(set(found) - set(order))
+        sets = {s: tuple(found[k][1] for k in keys if found[k][0]["set"] == s) for s in SETS}
+        loads = [found[k][0].get("loadavg_after") for k in keys]
+        return SuiteResult(
+            suite=man.get("suite", {}),
+            sets=sets,
+            profile=man.get("profile", {}),
+            machine=man.get("machine", {}),
+            options=man.get("options", {}),
+            started=str(man.get("started", "")),
+            finished=max((str(found[k][0].get("finished", "")) for k in keys), default=""),
+            missing=tuple(k for k in order if k not in found),
+            loadavg_end=next((x for x in reversed(loads) if x), None),
+            case_loads=tuple(float(x[0]) for x in loads if x),
+        )
+
+    def write_summary(self, result: SuiteResult) -> tuple[Path, Path]:
+        j, m = self.root / "summary.json", self.root / "summary.md"
+        _write_json(j, result.to_document())
+        m.write_text(result.markdown() + "\n")
+        return j, m
+
+
+def run_cases(
+    cases: Sequence[SuiteCase],
+    out: SuiteDir,
+    run: CaseRunner,
+    say: Say | None = None,
+    *,
+    resume: bool = False,
+    record: Mapping[str, Any] | None = None,
+) -> list[CaseResult]:
+    """Measure ``cases`` in order, each written to ``out`` as soon as it is done (with
+    ``record``, the load average around it and its times); with ``resume``, a case already
+    measured there is read back instead. Ctrl-C stops after the testbed of the running case
+    is gone; what was written stays."""
+    tell = say or (lambda _m: None)
+    results: list[CaseResult] = []
+    for i, c in enumerate(cases, 1):
+        head = f"[{i}/{len(cases)}] {c.set} {c.key}"
+        if resume and out.done(c):
+            doc = json.loads(out.case_path(c).read_text())
+            results.append(CaseResult.from_case(doc["case"]))
+            tell(f"{head}: measured before, kept")
+            continue
+        tell(f"{head}: {c.rate:g} requests/s")
+        started, before = utc_now(), os.getloadavg()
+        res = run(c)
+        out.write_case(
+            c,
+            res,
+            **(record or {}),
+            started=started,
+            finished=utc_now(),
+            loadavg_before=before,
+            loadavg_after=os.getloadavg(),
+        )
+        results.append(res)
+        tell(f"{head}: {_outcome(res)}")
+    return results
+
+
+def repredict(out: SuiteDir, profile: Profile, *, speed: bool = True) -> SuiteResult:
+    """The measured cases of ``out`` predicted again from their kept traces with ``profile``
+    and this checkout's model (nothing is measured or written): to compare models or profiles
+    on the same measurements. A case that recorded the machine's speed when it was measured
+    is predicted at that speed (``profile`` scaled from its own; ``speed=False``: at the
+    profile's own). A case without its traces keeps an error saying so."""
+    res = out.result()
+    pod_cpus = pinning_of(profile).pod_cpus()
+    sets: dict[str, tuple[CaseResult, ...]] = {}
+    for s, cases in res.sets.items():
+        new = []
+        for c in cases:
+            trace = out.traces / f"{c.topology}-{c.query}-{c.mode}.json"
+            if c.error is not None or not trace.is_file():
+                new.append(replace(c, predicted=None, error=c.error or f"no traces at {trace}"))
+                continue
+            sidecars = {n: SidecarConfig(Mode(m)) for n, m in c.sidecar_modes.items()}
+            pred = predict_traces(
+                trace,
+                profile,
+                sidecars,
+                c.rate,
+                pod_cpus=pod_cpus,
+                speed=c.speed if speed else None,
+            )
+            new.append(replace(c, predicted=pred))
+        sets[s] = tuple(new)
+    how = (
+        "predicted again with this checkout's model, "
+        + ("at each case's machine speed" if speed else "at the profile's own speed")
+        + f"; measured with {res.profile.get('name')!r}"
+    )
+    opts = {**res.options, "speed": "now" if speed else "profile"}
+    return replace(res, sets=sets, profile=profile_record(profile, how), options=opts)
+
+
+def profile_record(prof: Profile, how: str, warnings: Sequence[str] = ()) -> dict[str, Any]:
+    """What a suite's result says about its profile: name, how it came about, when, its closure
+    per mode, its quality (status, interference, speed), the warnings it was measured with and
+    its provenance notes."""
+    return {
+        "name": prof.name,
+        "how": how,
+        "created": prof.provenance.created,
+        "quality": prof.quality(),
+        "closure": {
+            m.value: {
+                **mp.closure.to_dict(),
+                "error": mp.closure.error,
+                "closes": mp.closure.closes,
+            }
+            for m, mp in prof.modes.items()
+            if mp.closure is not None
+        },
+        "warnings": list(warnings),
+        "notes": list(prof.provenance.notes),
+    }
+
+
+def _outcome(c: CaseResult) -> str:
+    if c.error is not None:
+        return f"FAILED ({c.error})"
+    k = c.comparisons
+    short = f"; SATURATED: the meshed copy ran at {c.mesh_rate_share:.0%} of the rate"
+    return (
+        f"latency {k['latency'].measured.median:.0f} µs measured, {k['latency'].predicted:.0f} "
+        f"predicted ({k['latency'].error:+.0%}); CPU {k['cpu'].measured.median:.0f} vs "
+        f"{k['cpu'].predicted:.0f} µs/request ({k['cpu'].error:+.0%}); {c.wall_s:.0f} s"
+        + (short if c.saturated else "")
+    )
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    """A suite's cases per set, with the profile and machine they came from."""
+
+    suite: Mapping[str, Any]
+    sets: Mapping[str, tuple[CaseResult, ...]]
+    profile: Mapping[str, Any] = field(default_factory=dict)
+    machine: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    started: str = ""
+    finished: str = ""
+    missing: tuple[str, ...] = ()
+    loadavg_end: Sequence[float] | None = None
+    case_loads: tuple[float, ...] = ()  # 1-min load average after each case
+
+    def summary(self) -> dict[str, Any]:
+        """:func:`~meshtax.validate.result.set_summary` of each set that has cases."""
+        return {s: set_summary(cs) for s, cs in self.sets.items() if cs}
+
+    def targets(self) -> dict[str, dict[str, bool]]:
+        """Per metric (latency p50, CPU): does the hold-out set meet :data:`TARGETS`?"""
+        s = self.summary().get("holdout")
+        if s is None:
+            return {}
+        return {
+            m: {
+                "median_abs_error": s[m]["median_abs_error"] <= TARGETS["median_abs_error"],
+                "bias": abs(s[m]["mean_error"]) <= TARGETS["bias"],
+                "beyond_share": s[m].get("beyond_share", math.nan) <= TARGETS["beyond_share"],
+            }
+            for m in ("latency", "cpu")
+            if s[m]["n"]
+        }
+
+    def to_document(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "suite": dict(self.suite),
+            "started": self.started,
+            "finished": self.finished,
+            "machine": dict(self.machine),
+            "loadavg_end": self.loadavg_end,
+            "case_loads": list(self.case_loads),
+            "profile": dict(self.profile),
+            "options": dict(self.options),
+            "missing": list(self.missing),
+            "summary": self.summary(),
+            "targets": self.targets(),
+            "sets": {s: [c.to_case() for c in cs] for s, cs in self.sets.items()},
+        }
+
+    def validation_documents(self) -> list[dict[str, Any]]:
+        """One ``meshtax-validation/1`` document per set (what the HTML report reads)."""
+        return [
+            ValidationResult(
+                f"{self.suite.get('name', 'suite')}: {s} set",
+                cs,
+                str(self.profile.get("name", "")),
+                self.machine,
+                self.options,
+                tuple(self.header()),
+            ).to_document()
+            for s, cs in self.sets.items()
+            if cs
+        ]
+
+    def header(self) -> list[str]:
+        """Where the numbers come from: machine, date, load, profile and its closure."""
+        m, p = self.machine, self.profile
+        load = m.get("loadavg")
+        end = self.loadavg_end
+        lines = [
+            f"Machine: {m.get('host', '?')}; {self.started} → {self.finished or 'unfinished'}; "
+            f"load average {_load(load)} at the start, {_load(end)} after the last case"
+            + (
+                f" (1-min after each case: median {statistics.median(self.case_loads):.2f}, "
+                f"{min(self.case_loads):.2f}–{max(self.case_loads):.2f})."
+                if self.case_loads
+                else "."
+            ),
+            f"Profile `{p.get('name', '?')}` ({p.get('how', '?')}, created "
+            f"{p.get('created', '?')}); closure "
+            + (
+                ", ".join(
+                    f"{mode} {c['error']:+.0%} ({'closes' if c['closes'] else 'does NOT close'})"
+                    for mode, c in (p.get("closure") or {}).items()
+                )
+                or "not recorded"
+            )
+            + ".",
+        ]
+        lines += [f"Profile note: {w}" for w in p.get("warnings", ())]
+        lines.append(
+            "Nothing is fitted to either set: every case is predicted from the profile's measured "
+            "costs; the calibration set is the applications the model was developed on."
+        )
+        o = self.options
+        lines.append(
+            f"Runs: {o.get('duration_s', '?')} s each"
+            + (" (quick)" if o.get("quick") else "")
+            + (
+                "; costs scaled to the machine's speed at each case"
+                if o.get("speed") == "now"
+                else ""
+            )
+            + f"; rates {o.get('rates', '?')} requests/s; sets {', '.join(self.sets)}."
+        )
+        if self.missing:
+            lines.append(
+                f"Not measured (yet): {len(self.missing)} case(s): {', '.join(self.missing)}."
+            )
+        return lines
+
+    def comparison_table(self) -> list[str]:
+        """Both sets side by side: per metric the median |error|, the bias, the 90th
+        percentile of |error| and the cases beyond 30 %; the hold-out's issue-#14 targets."""
+        summ = self.summary()
+        names = [s for s in SETS if s in summ]
+        heads = [f"{s} ({summ[s]['measured']} of {summ[s]['cases']} cases)" for s in names]
+        rows = [
+            "| metric | " + " | ".join(heads) + " | hold-out target |",
+            "|---|" + "---:|" * len(names) + "---|",
+        ]
+        label = {"latency": "latency p50", "p90": "latency p90", "cpu": "CPU"}
+        tg = self.targets()
+        goal = {
+            "median_abs_error": f"≤ {TARGETS['median_abs_error']:.0%}",
+            "bias": f"±{TARGETS['bias']:.0%}",
+            "beyond_share": f"≤ {TARGETS['beyond_share']:.0%} of cases",
+        }
+        for metric in SET_METRICS:
+            st = [summ[s][metric] for s in names]
+
+            def mark(k: str, metric: str = metric) -> str:
+                """The target and whether the hold-out meets it (latency p50 and CPU only)."""
+                if metric not in ("latency", "cpu"):
+                    return ""
+                met = tg.get(metric, {})
+                return goal[k] + ("" if k not in met else " met" if met[k] else " not met")
+
+            rows += [
+                f"| {label[metric]}: median abs. error | "
+                + " | ".join(_pct(x["median_abs_error"]) for x in st)
+                + f" | {mark('median_abs_error')} |",
+                f"| {label[metric]}: bias (mean signed error) | "
+                + " | ".join(_pct(x["mean_error"], sign=True) for x in st)
+                + f" | {mark('bias')} |",
+                f"| {label[metric]}: 90th pct. of abs. error | "
+                + " | ".join(_pct(x["p90_abs_error"]) for x in st)
+                + " | |",
+                f"| {label[metric]}: beyond {FAR:.0%} | "
+                + " | ".join(
+                    f"{x['beyond']} ({_pct(x['beyond_share'])})" if x["n"] else "-" for x in st
+                )
+                + f" | {mark('beyond_share')} |",
+            ]
+        rows.append("| failed | " + " | ".join(str(len(summ[s]["failed"])) for s in names) + " | |")
+        rows.append(
+            f"| saturated (meshed copy below {SATURATED:.0%} of the rate) | "
+            + " | ".join(str(len(summ[s]["saturated"])) for s in names)
+            + " | |"
+        )
+        return rows
+
+    def by_mode_table(self) -> list[str]:
+        summ = self.summary()
+        rows = [
+            "| set | mode | cases | latency p50: median abs. error (bias) | CPU |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for s in (s for s in SETS if s in summ):
+            for mode, st in summ[s]["by_mode"].items():
+                lat, cpu = st["latency"], st["cpu"]
+                rows.append(
+                    f"| {s} | {mode} | {lat['n']} | {_pct(lat['median_abs_error'])} "
+                    f"({_pct(lat['mean_error'], sign=True)}) | {_pct(cpu['median_abs_error'])} "
+                    f"({_pct(cpu['mean_error'], sign=True)}) |"
+                )
+        return rows
+
+    def markdown(self) -> str:
+        """The whole result: header, both sets side by side, per mode, then each set's cases."""
+        name = self.suite.get("name", "suite")
+        out = [f"# Validation suite `{name}`: calibration set and hold-out set", ""]
+        out += self.header() + [""] + self.comparison_table() + [""] + self.by_mode_table()
+        for s in SETS:
+            cs = self.sets.get(s, ())
+            if cs:
+                res = ValidationResult(s, cs, str(self.profile.get("name", "")))
+                out += ["", f"## {s} set: per case", "", res.table()]
+        return "\n".join(out)
+
+
+def _pct(x: float, sign: bool = False) -> str:
+    if x is None or math.isnan(x):
+        return "-"
+    return f"{x:+.1%}" if sign else f"{x:.1%}"
+
+
+def _load(x: Sequence[float] | None) -> str:
+    return "?" if not x else "/".join(f"{v:.2f}" for v in x)
