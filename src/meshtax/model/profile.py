@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from meshtax.model.capacity import Capacity, LatencySketch, sketches_from_list
 from meshtax.model.components import Component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.sidecar import Mode
@@ -29,6 +30,9 @@ from meshtax.model.speed import Speed
 #:     its probe windows: shares of other work, steal, run-queue wait; windows refused), and
 #:     ``status`` (``closed`` | ``unclosed``: a mode whose components did not add up to the
 #:     measured overhead after the profiler's retries). Format-1 documents load unchanged.
+#:     Later the same day, optional per-mode ``capacity`` and ``latency_sketches`` (issue #20:
+#:     requests/s at saturation, per-size latency quantiles with and without the sidecar;
+#:     written only when measured, absent in older documents).
 PROFILE_FORMAT = 2
 
 
@@ -213,6 +217,8 @@ class ModeProfile:
     ``per_connection``: per new downstream connection through one sidecar (latency µs and
     CPU-µs as intercepts) of components that run once per connection, not per message
     (network RBAC, ``filter:rbac_network_N``); their per-message models stay in ``components``.
+    ``capacity``/``latency_sketches``: requests/s at saturation and per-size latency quantiles
+    with and without the sidecar (:mod:`meshtax.model.capacity`; None/empty: not measured).
     """
 
     mode: Mode
@@ -225,6 +231,8 @@ class ModeProfile:
     tls_version: str | None = None
     tls_by_version: Mapping[str, TlsModels] = field(default_factory=dict)
     per_connection: Mapping[Component, ComponentModel] = field(default_factory=dict)
+    capacity: Capacity | None = None
+    latency_sketches: Mapping[int, LatencySketch] = field(default_factory=dict)
 
     def filters(self) -> tuple[str, ...]:
         return tuple(sorted(c.name for c in self.components if c.name))
@@ -254,6 +262,12 @@ class ModeProfile:
                 if self.per_connection
                 else {}
             ),
+            **({} if self.capacity is None else {"capacity": self.capacity.to_dict()}),
+            **(
+                {"latency_sketches": [s.to_dict() for _, s in sorted(self.latency_sketches.items())]}
+                if self.latency_sketches
+                else {}
+            ),
         }
 
     @classmethod
@@ -280,6 +294,8 @@ class ModeProfile:
                 Component.parse(k): ComponentModel.from_dict(v)
                 for k, v in (d.get("per_connection") or {}).items()
             },
+            capacity=None if d.get("capacity") is None else Capacity.from_dict(d["capacity"]),
+            latency_sketches=sketches_from_list(d.get("latency_sketches")),
         )
 
 

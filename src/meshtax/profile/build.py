@@ -3,6 +3,7 @@ notes and the raw record kept (:func:`build_profile`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import warnings
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from meshtax._version import __version__
+from meshtax.model.capacity import Capacity
 from meshtax.model.components import IPC, NOTIFICATION, READ, WRITE, Component
 from meshtax.model.profile import ModeProfile, Profile, Provenance
 from meshtax.model.sidecar import Mode
@@ -205,10 +207,11 @@ def build_profile(
     carried: Mapping[str, list[SizeResult]] | None = None,
     speeds: Sequence[Speed] = (),
     attempts: Mapping[Mode, Sequence[Mapping[str, Any]]] | None = None,
+    capacities: Mapping[Mode, Capacity] | None = None,
 ) -> Profile:
     """Fit every mode, check closure, and store (when ``store`` is given). ``speeds``: the
     reference workload's measurements during the run; ``attempts``: earlier measurements of a
-    mode that did not close (kept in the record)."""
+    mode that did not close (kept in the record); ``capacities``: measured per mode."""
     tcp = {r.size: r for r in results.get(Mode.TCP, [])}
     carried = {p: rs for p, rs in (carried or {}).items() if rs}
     modes: list[ModeProfile] = []
@@ -258,6 +261,13 @@ def build_profile(
                         else ")"
                     )
                 )
+        mp = dataclasses.replace(
+            mp,
+            capacity=(capacities or {}).get(mode),
+            latency_sketches={
+                r.size: r.unprobed.sketch for r in rs if r.unprobed and r.unprobed.sketch
+            },
+        )
         modes.append(mp)
         c = mp.closure
         if c is not None and not c.closes:

@@ -42,11 +42,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from meshtax.model.capacity import Capacity
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
 from meshtax.model.speed import Speed
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import CpuRun, ProfileSink, SizeResult, build_profile, points
+from meshtax.profile.capacity import measure_capacity
 from meshtax.profile.decompose import Breakdown
 from meshtax.profile.fit import fit_mode
 from meshtax.profile.onehop import measure_overhead, probe_components, sidecar_cpu
@@ -80,6 +82,7 @@ class ProfileOptions:
     plan: Plan | None = None
     carried: tuple[str, ...] | None = None
     low_rates: tuple[float, ...] | None = None
+    capacity: bool | None = None  # measure each mode's capacity (None: the preset's)
 
     def resolve_plan(self) -> Plan:
         p = self.plan or (quick_plan() if self.quick else full_plan())
@@ -92,6 +95,8 @@ class ProfileOptions:
             changes["carried"] = tuple(self.carried)
         if self.low_rates is not None:
             changes["low_rates"] = tuple(self.low_rates)
+        if self.capacity is not None:
+            changes["capacity"] = self.capacity
         if changes:
             p = Plan(**{**_plan_fields(p), **changes})
         if self.duration_s is not None:
@@ -234,6 +239,7 @@ def run_profile(
                 results[mode] = kept
             if open_modes:
                 _speed(be, tb, plan, speeds)
+        capacities = {m: _capacity(m, plan, bed, be, ticker) for m in plan.modes if plan.capacity}
     wall_s = be.clock() - t_start
     return build_profile(
         name,
@@ -247,7 +253,26 @@ def run_profile(
         carried=carried,
         speeds=speeds,
         attempts=attempts,
+        capacities=capacities,
     )
+
+
+def _capacity(mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked) -> Capacity:
+    """The mode's capacity through a sidecar of its own (:mod:`meshtax.profile.capacity`)."""
+    ticker.next("capacity", mode, plan.capacity_policy.size)
+    envoy = bed.start_sidecar(mode)
+    try:
+        return measure_capacity(
+            bed,
+            mode,
+            envoy.pid,
+            plan.capacity_policy,
+            workers=envoy.concurrency,
+            cpus=plan.pinning.pod_cpus(),
+            cpu_ns=lambda pids: {p: sum(be.schedstat(p).values()) for p in pids},
+        )
+    finally:
+        envoy.stop()
 
 
 def _speed(be: Backends, tb: Testbed, plan: Plan, into: list[Speed]) -> None:
