@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from meshtax.app.errors import UsageError
+from meshtax.app.tail import TailRequest, tail_parts
 from meshtax.model.ecg import ECG, EcgBatch, Service, to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
@@ -54,6 +55,7 @@ class PredictOptions:
     pod_cpus: int | None = None  # CPUs the pods share (None: each pod has CPUs of its own)
     accept_unclosed: bool = False  # use a profile that failed its closure check (with a warning)
     speed: str = "profile"  # "now": measure this machine's speed and scale the profile's costs
+    tail: TailRequest | None = None  # percentiles under load and saturation (app.tail)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,6 +206,12 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
         doc["import"] = loaded.imported
     if memory is not None:
         doc["memory"] = memory
+    if opts.tail is not None:
+        # traces: every graph is a sample of one traffic mix, each call at its pair's rate
+        load: Literal["graphs", "pairs"] = "graphs" if opts.trace_format is None else "pairs"
+        doc.update(
+            tail_parts(batch, lookup, opts.tail, pod_cpus=opts.pod_cpus, speed=speed, load=load)
+        )
     if speed is not None:
         doc["speed"] = {
             "now": speed.to_dict(),

@@ -23,7 +23,9 @@ from meshtax.cli._common import (
     speed_option,
     user_errors,
 )
+from meshtax.cli._tail import export, tail_options, tail_request
 from meshtax.report.exporters import EXPORTERS
+from meshtax.report.tail import tail_text
 from meshtax.report.text import prediction_text, profile_text, profiles_text
 from meshtax.store.sqlite import ProfileStore
 
@@ -75,6 +77,7 @@ from meshtax.store.sqlite import ProfileStore
 @report_option
 @accept_unclosed_option
 @speed_option("profile")
+@tail_options
 @user_errors
 def predict(
     ecg_files: tuple[str, ...],
@@ -108,10 +111,11 @@ def predict(
         pod_cpus=pod_cpus,
         accept_unclosed=accept_unclosed,
         speed=speed,
+        tail=tail_request(click.get_current_context()),
     )
     store = ProfileStore(db)
     doc = predict_files(opts, store)
-    emit(prediction_text(doc) if fmt == "table" else EXPORTERS[fmt].export(doc), output)
+    emit(prediction_text(doc) + tail_text(doc) if fmt == "table" else export(fmt, doc), output)
     if report_path:
         out = app_data.build_report((), [doc["profile"]["name"]], store, report_path, docs=[doc])
         click.echo(f"wrote {out}", err=True)

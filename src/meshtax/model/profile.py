@@ -264,7 +264,11 @@ class ModeProfile:
             ),
             **({} if self.capacity is None else {"capacity": self.capacity.to_dict()}),
             **(
-                {"latency_sketches": [s.to_dict() for _, s in sorted(self.latency_sketches.items())]}
+                {
+                    "latency_sketches": [
+                        s.to_dict() for _, s in sorted(self.latency_sketches.items())
+                    ]
+                }
                 if self.latency_sketches
                 else {}
             ),

@@ -123,8 +123,8 @@ class StationLoad:
     """One queue: a sidecar's workers (``name`` = the service) or the pods' shared CPUs
     (``name`` = ``"shared CPUs"``). ``jobs_per_s`` crossings (and application visits) per
     second, ``mean_service_us`` each, ``utilisation`` ρ per server, ``busy_vcpu`` = ρ ×
-    servers; ``saturation_factor``: the factor on every call's rate at which ρ reaches the
-    threshold (inf: never); ``needed_vcpu``: CPUs to stay under the threshold at these rates;
+    servers; ``saturation_factor``/``full_factor``: the factor on every call's rate at which ρ
+    reaches the threshold / 1 (inf: never); ``needed_vcpu``: CPUs to stay under the threshold at these rates;
     waits (µs) of a job: mean and p99 (inf when saturated)."""
 
     name: str
@@ -134,6 +134,7 @@ class StationLoad:
     mean_service_us: float
     utilisation: float
     saturation_factor: float
+    full_factor: float
     needed_vcpu: float
     mean_wait_us: float
     p99_wait_us: float
@@ -214,17 +215,24 @@ class _Crossings:
     warnings: tuple[str, ...]
 
 
-def _crossings(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> _Crossings:
+def _crossings(
+    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, split: bool = True
+) -> _Crossings:
+    """Costs per row and side at the rates the engine prices them at; ``split``: the request
+    and the response crossing apart (else each half of the side's total, enough for loads)."""
     b = batch
     rates = None
     if opts.pod_cpus is not None:
         alpha = side_alphas(b, profiles) if opts.alpha is None else opts.alpha
         rates = priced_rates(b, opts.pod_cpus, alpha)
     full = hop_costs(b, profiles, rates=rates, speed=opts.speed)
-    req = hop_costs(replace(b, response_bytes=b.request_bytes), profiles, rates=rates)
-    resp = hop_costs(replace(b, request_bytes=b.response_bytes), profiles, rates=rates)
-    if opts.speed is not None:  # the halves only split the full costs: keep their ratio
-        req, resp = _rescale(req, resp, full)
+    if split:
+        req = hop_costs(replace(b, response_bytes=b.request_bytes), profiles, rates=rates)
+        resp = hop_costs(replace(b, request_bytes=b.response_bytes), profiles, rates=rates)
+        if opts.speed is not None:  # the halves only split the full costs: keep their ratio
+            req, resp = _rescale(req, resp, full)
+    else:
+        req = resp = full
 
     def sides(c: Costs, what: str) -> FloatArray:
         a = c.latency_caller if what == "lat" else c.cpu_caller
@@ -514,8 +522,14 @@ def _simulate(
                 cols = np.flatnonzero(visits >= v)
                 uu = u[:, cols] if v == 1.0 else rng.random((m, cols.size))
                 extra[:, cols] += _pick(w_mesh, uu) - _pick(base_waits, uu)
-    prop = propagate(tile, extra.ravel())
+    # a call through a saturated station never ends, nor does any graph that waits for it
+    stuck = ~np.isfinite(extra)
+    prop = propagate(tile, np.where(stuck, 0.0, extra).ravel())
     new = prop.new_us.reshape(m, -1)
+    if stuck.any():
+        g = batch.graph_of()
+        hit = np.stack([np.bincount(g, weights=row, minlength=batch.n_graphs) for row in stuck])
+        new = np.where(hit > 0, np.inf, new)
     if opts.pod_cpus is not None:
         # the request's sidecar CPU work cannot finish faster than on all shared CPUs at once
         work = (cx.cpu_req + cx.cpu_resp).sum(axis=1) * scale
@@ -586,9 +600,13 @@ def _lat_shapes(
     return out, tuple(shapes)
 
 
+#: stands for an infinite latency inside percentile interpolation (inf − inf is NaN)
+_HUGE = 1e300
+
+
 def _quantiles(x: FloatArray, ps: Sequence[float], axis: int = 0) -> FloatArray:
-    with np.errstate(invalid="ignore"):
-        return np.asarray(np.percentile(x, ps, axis=axis), dtype=np.float64)
+    q = np.percentile(np.where(np.isinf(x), _HUGE, x), ps, axis=axis)
+    return np.asarray(np.where(q >= _HUGE / 10, np.inf, q), dtype=np.float64)
 
 
 def _mc_error(new: FloatArray, ps: Sequence[float]) -> FloatArray:
@@ -598,7 +616,8 @@ def _mc_error(new: FloatArray, ps: Sequence[float]) -> FloatArray:
     parts = np.array_split(new, b, axis=0)
     q = np.stack([_quantiles(p, ps) for p in parts])  # batches × P × G
     with np.errstate(invalid="ignore"):
-        return np.asarray(q.std(axis=0, ddof=1) / math.sqrt(b), dtype=np.float64)
+        se = q.std(axis=0, ddof=1) / math.sqrt(b)
+    return np.asarray(np.nan_to_num(se, nan=0.0, posinf=0.0), dtype=np.float64)
 
 
 def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> TailPrediction:
@@ -628,7 +647,7 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
     pb = _quantiles(base, ps)
     pe = _mc_error(mid.new.reshape(-1, 1), ps)[:, 0]
     rate = request_rate(batch, opts.load)
-    loads = _loads(batch, profiles, opts, sts, mid, rate)
+    loads = _loads(batch, profiles, opts, sts, mid)
     for st in loads:
         if st.saturated:
             warnings.append(
@@ -664,12 +683,12 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
 
 
 #: rate factors the utilisation is evaluated at to find where it crosses the threshold
-FACTORS = np.logspace(-3, 3, 61)
+FACTORS = np.logspace(-3, 3, 25)
 
 
 def _rho_at(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, f: float) -> FloatArray:
     scaled = replace(batch, rate=batch.rate * f)
-    cx = _crossings(scaled, profiles, opts)
+    cx = _crossings(scaled, profiles, opts, split=False)
     sts = _stations(scaled, profiles, cx, opts)
     out = np.zeros(len(sts.names))
     for k in range(len(sts.names)):
@@ -679,32 +698,30 @@ def _rho_at(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, f: floa
     return out
 
 
+def _crossing(grid: FloatArray, level: float) -> float:
+    """The rate factor at which a utilisation curve on :data:`FACTORS` reaches ``level``
+    (log–log interpolation between the grid points around it; inf: never)."""
+    above = np.flatnonzero(grid >= level)
+    if grid.max() <= 0 or above.size == 0:
+        return math.inf
+    j = int(above[0])
+    if j == 0:
+        return float(FACTORS[0] * level / grid[0])
+    x0, x1 = math.log(FACTORS[j - 1]), math.log(FACTORS[j])
+    y0, y1 = math.log(max(grid[j - 1], 1e-300)), math.log(grid[j])
+    t = (math.log(level) - y0) / (y1 - y0) if y1 != y0 else 1.0
+    return float(math.exp(x0 + t * (x1 - x0)))
+
+
 def _loads(
-    batch: EcgBatch,
-    profiles: ProfileLookup,
-    opts: TailOptions,
-    sts: _Stations,
-    run: _Run,
-    rate: float,
+    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, sts: _Stations, run: _Run
 ) -> tuple[StationLoad, ...]:
-    """Each station's load, and the rate factor at which it reaches the threshold (the
-    utilisation on a log grid of factors, interpolated in log–log between the two grid
-    points around the threshold: ρ is a rate times a cost that varies with log rate)."""
+    """Each station's load, and the rate factors at which it reaches the threshold and
+    saturates (the utilisation on a log grid of factors, interpolated in log–log: ρ is a rate
+    times a cost that varies with log rate)."""
     grid = np.stack([_rho_at(batch, profiles, opts, float(f)) for f in FACTORS])  # F × S
     out = []
     for k, name in enumerate(sts.names):
-        r = grid[:, k]
-        above = np.flatnonzero(r >= opts.threshold)
-        if r.max() <= 0 or above.size == 0:
-            f = math.inf
-        elif above[0] == 0:
-            f = float(FACTORS[0] * opts.threshold / r[0])
-        else:
-            j = int(above[0])
-            x0, x1 = math.log(FACTORS[j - 1]), math.log(FACTORS[j])
-            y0, y1 = math.log(max(r[j - 1], 1e-300)), math.log(r[j])
-            t = (math.log(opts.threshold) - y0) / (y1 - y0) if y1 != y0 else 1.0
-            f = float(math.exp(x0 + t * (x1 - x0)))
         rho = float(run.rho[k])
         out.append(
             StationLoad(
@@ -715,13 +732,13 @@ def _loads(
                 + (sts.app_rate if k == sts.app_station else 0.0),
                 _mean_service(sts, k),
                 rho,
-                f,
+                _crossing(grid[:, k], opts.threshold),
+                _crossing(grid[:, k], 1.0),
                 rho * sts.servers[k] / opts.threshold,
                 float(run.mean_wait[k]),
                 float(run.p99_wait[k]),
             )
         )
-    del rate
     return tuple(out)
 
 
