@@ -10,28 +10,32 @@ the profile's cost models at the message's size and rate) — but as a random va
   shape*, the profile's per-request overhead quantiles at the nearest message size
   (:class:`~meshtax.model.capacity.LatencySketch`: meshed − direct quantiles of one request
   in flight, normalised to mean 1; without a sketch, the mean);
-* **waiting for a worker**: each crossing is a job at a *station* — the sidecar's worker
-  threads (``servers`` = its workers; each pod on CPUs of its own) or, when the pods share
-  ``pod_cpus`` CPUs, those CPUs, which every sidecar's crossings and the applications' own
-  work (``app_cpu_us`` per request, the no-mesh CPU) queue on. A job's service time is its
-  CPU cost × a draw of the *service shape*; arrivals are every crossing of that station at
-  the calls' rates (``load="graphs"``: each graph is an API and the rates of all graphs add
-  up; ``"pairs"``: graphs are samples of one traffic mix, as traces are, and a caller→callee
-  pair's rate counts once). The waiting time distribution of each station comes from
-  :func:`~meshtax.predict.queueing.waiting_times` (G/G/c by direct simulation: see there why
-  not a closed form);
-* on shared CPUs the applications' own work waits longer too: each application visit (the
-  callee serving a call, the caller taking its answer) on the critical path adds the
-  difference between its wait with and without the sidecars' load, at the same rank of the
-  two waiting-time distributions (the same request, on a busier CPU).
+* **waiting for a worker** (pods on CPUs of their own): each crossing is a job at its
+  sidecar's *station*, the worker threads (``servers``: the profile's measured sidecar's, 1
+  without, or ``workers``). A job's service time is its CPU cost × a draw of the *service
+  shape*; arrivals are every crossing of that sidecar at the calls' rates (``load="graphs"``:
+  each graph is an API and the rates of all graphs add up; ``"pairs"``: graphs are samples of
+  one traffic mix, as traces are, and a caller→callee pair's rate counts once). Each
+  station's waiting-time distribution comes from :func:`~meshtax.predict.queueing.waiting_times`
+  (G/G/c by direct simulation: see there why not a closed form); waits of different crossings
+  are drawn independently (Jackson's approximation: the queues of a network as if fed by
+  independent streams);
+* **waiting for shared CPUs** (``pod_cpus``): every sidecar and application of the pods runs
+  on the same CPUs, so the CPUs are the queue and the workers never wait on their own. A
+  request's work there — all its crossings' CPU and the applications' own (``app_cpu_us``,
+  their CPU per request without the mesh) — is one job: its visits follow one another
+  through the call graph, each woken by the previous, so a request waits for the work ahead
+  of it once rather than once per visit (both give the same mean for a single CPU; the
+  once-per-request wait has the heavier tail). The request adds the difference between its
+  wait with the sidecars' work and without it (the applications alone), at the same rank of
+  the two waiting-time distributions (the same request on a busier CPU); it also takes at
+  least its sidecar CPU work ÷ ``pod_cpus`` (the engine's placement bound).
 
-Waits of different crossings are drawn independently (Jackson's approximation: queues of a
-network treated as fed by Poisson-like streams). Then for each of ``samples`` draws per graph
-the crossings are added to the invocations and the end-to-end latency is recomputed with the
-engine's critical-path kernel (:func:`~meshtax.predict.critical_path.propagate`, one call over
-all draws); on shared CPUs a request's latency is also at least its sampled CPU work ÷
-``pod_cpus`` (the engine's placement bound). The no-mesh latency of a graph is its recorded
-end-to-end latency; several graphs of one API give its distribution.
+For each of ``samples`` draws per graph the crossings are added to the invocations and the
+end-to-end latency is recomputed with the engine's critical-path kernel
+(:func:`~meshtax.predict.critical_path.propagate`, one call over all draws). The no-mesh
+latency of a graph is its recorded end-to-end latency (its own waits included); several
+graphs of one API give its distribution.
 
 Overhead at percentile p = p-th percentile with the mesh − p-th percentile without (what a
 client-side percentile difference measures). Intervals: the cost models' 95 % bounds moved
@@ -56,7 +60,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meshtax.model.capacity import LatencySketch
-from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, EcgBatch, SidecarSpec
+from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, EcgBatch
 from meshtax.model.profile import Profile
 from meshtax.model.speed import Speed
 from meshtax.predict.critical_path import Structure, propagate, structure
@@ -121,11 +125,12 @@ class TailOptions:
 @dataclass(frozen=True)
 class StationLoad:
     """One queue: a sidecar's workers (``name`` = the service) or the pods' shared CPUs
-    (``name`` = ``"shared CPUs"``). ``jobs_per_s`` crossings (and application visits) per
+    (``name`` = ``"shared CPUs"``). ``jobs_per_s`` crossings (on shared CPUs: requests) per
     second, ``mean_service_us`` each, ``utilisation`` ρ per server, ``busy_vcpu`` = ρ ×
     servers; ``saturation_factor``/``full_factor``: the factor on every call's rate at which ρ
-    reaches the threshold / 1 (inf: never); ``needed_vcpu``: CPUs to stay under the threshold at these rates;
-    waits (µs) of a job: mean and p99 (inf when saturated)."""
+    reaches the threshold / 1 (inf: never); ``needed_vcpu``: CPUs to stay under the threshold
+    at these rates; waits (µs) of a job: mean and p99 (inf when saturated; 0 for a sidecar's
+    workers on shared CPUs, which wait for the CPUs instead)."""
 
     name: str
     mode: str
@@ -288,10 +293,12 @@ SHARED = "shared CPUs"
 
 @dataclass(frozen=True)
 class _Stations:
-    """The queues of a batch: ``names``/``modes``/``servers`` per station (sidecars by
-    service index order, then the shared CPUs if any); ``of_side``: rows × 2 → station
-    (-1: none); jobs as (station, rate, mean CPU-µs, shape index); ``shapes`` by mode;
-    application jobs (shared CPUs only): their station, rate and mean CPU-µs."""
+    """The queues of a batch: ``names``/``modes``/``servers`` per station — each sidecar's
+    workers (by service index), then the shared CPUs if the pods share some (``shared``, its
+    index; -1: none). ``of_side``: rows × 2 → the sidecar's station (-1: no sidecar). Jobs as
+    (station, rate, mean CPU-µs, shape index): a sidecar's crossings; on the shared CPUs, one
+    job per request of each graph (all its sidecar work and ``app_mean_us`` of its own).
+    ``base_*``: the shared CPUs without the mesh (the applications' work alone)."""
 
     names: tuple[str, ...]
     modes: tuple[str, ...]
@@ -302,9 +309,9 @@ class _Stations:
     job_mean: FloatArray
     job_shape: IntArray
     shapes: tuple[Shape, ...]
-    app_station: int  # -1: no application jobs
-    app_rate: float
+    shared: int
     app_mean_us: float
+    base_rate: float
 
 
 def _spec_of_service(batch: EcgBatch) -> dict[int, int]:
@@ -318,15 +325,16 @@ def _spec_of_service(batch: EcgBatch) -> dict[int, int]:
 
 def request_rate(batch: EcgBatch, load: str) -> float:
     """Requests/s entering the graphs: their root calls' rates (``pairs``: once per pair)."""
-    w = _row_weights(batch, load)
+    return float(_graph_rates(batch, load).sum())
+
+
+def _graph_rates(batch: EcgBatch, load: str) -> FloatArray:
+    """Requests/s of each graph (its root calls): under ``pairs`` the graphs are samples of
+    one mix and share its request rate equally."""
     roots = batch.parent < 0
-    return float((w * batch.rate)[roots].sum())
-
-
-def _app_visits(batch: EcgBatch) -> FloatArray:
-    """Application visits per call on shared CPUs: the callee serving it, and the caller (a
-    service) taking its answer."""
-    return np.asarray(1.0 + (batch.caller >= 0), dtype=np.float64)
+    w = (_row_weights(batch, load) * batch.rate)[roots]
+    g = batch.graph_of()[roots]
+    return np.asarray(np.bincount(g, weights=w, minlength=batch.n_graphs), dtype=np.float64)
 
 
 def _stations(
@@ -334,26 +342,19 @@ def _stations(
 ) -> _Stations:
     spec_of = _spec_of_service(batch)
     svcs = sorted(spec_of)
-    index = {s: k for k, s in enumerate(svcs)}
     mode_names = sorted({batch.specs[k].config.mode.value for k in spec_of.values()})
     shape_ix = {m: i for i, m in enumerate(mode_names)}
-    shapes = tuple(_service_shape(batch, profiles, m, opts) for m in mode_names) or (
-        Shape.constant(),
-    )
-    servers = []
-    for s in svcs:
-        spec = batch.specs[spec_of[s]]
-        servers.append(opts.workers or _profile_workers(profiles(spec.platform), spec))
+    shapes = tuple(_service_shape(batch, profiles, m, opts) for m in mode_names)
+    shapes = (*shapes, Shape.constant())  # the last: a request's work on shared CPUs
     names = [batch.services[s] for s in svcs]
     modes = [batch.specs[spec_of[s]].config.mode.value for s in svcs]
-    shared = opts.pod_cpus is not None
-    if shared:
-        names.append(SHARED)
-        modes.append("")
-        servers.append(int(opts.pod_cpus or 1))
+    servers = [
+        opts.workers
+        or _profile_workers(profiles(batch.specs[spec_of[s]].platform), spec_of[s], batch)
+        for s in svcs
+    ]
     lut = np.full(len(batch.services) + 1, -1, dtype=np.int64)
-    for s, k in index.items():
-        lut[s] = len(svcs) if shared else k
+    lut[svcs] = np.arange(len(svcs))
     of_side = np.where(cx.station >= 0, lut[np.maximum(cx.station, 0)], -1)
     w = _row_weights(batch, opts.load) * batch.rate
     st, rate, mean, shp = [], [], [], []
@@ -369,11 +370,24 @@ def _stations(
             rate.append(w[rows])
             mean.append(cpu[rows, side])
             shp.append(mode_ix)
-    app_rate = app_mean = 0.0
-    if shared and opts.app_cpu_us > 0 and batch.n_invocations:
-        visits = float((w * _app_visits(batch)).sum())
-        app_rate = visits
-        app_mean = opts.app_cpu_us * request_rate(batch, opts.load) / visits if visits else 0.0
+    shared = -1
+    base_rate = 0.0
+    if opts.pod_cpus is not None:
+        shared = len(names)
+        names.append(SHARED)
+        modes.append("")
+        servers.append(opts.pod_cpus)
+        work = np.bincount(
+            batch.graph_of(),
+            weights=(cx.cpu_req + cx.cpu_resp).sum(axis=1),
+            minlength=batch.n_graphs,
+        )
+        gr = _graph_rates(batch, opts.load)
+        st.append(np.full(batch.n_graphs, shared))
+        rate.append(gr)
+        mean.append(work + opts.app_cpu_us)
+        shp.append(np.full(batch.n_graphs, len(shapes) - 1))
+        base_rate = float(gr.sum())
     cat = np.concatenate
     return _Stations(
         tuple(names),
@@ -385,14 +399,14 @@ def _stations(
         cat(mean) if mean else np.zeros(0),
         cat(shp).astype(np.int64) if shp else np.zeros(0, dtype=np.int64),
         shapes,
-        len(svcs) if shared and app_rate > 0 else -1,
-        app_rate,
-        app_mean,
+        shared,
+        opts.app_cpu_us,
+        base_rate,
     )
 
 
-def _profile_workers(profile: Profile, spec: SidecarSpec) -> int:
-    mp = profile.modes.get(spec.config.mode)
+def _profile_workers(profile: Profile, spec: int, batch: EcgBatch) -> int:
+    mp = profile.modes.get(batch.specs[spec].config.mode)
     return mp.capacity.workers if mp is not None and mp.capacity is not None else 1
 
 
@@ -406,24 +420,22 @@ def _service_shape(batch: EcgBatch, profiles: ProfileLookup, mode: str, opts: Ta
 
 
 def _station_mix(sts: _Stations, k: int, scale: float) -> tuple[float, ServiceMix] | None:
-    """Arrival rate and service mix of station ``k`` (CPU means × ``scale``; None: idle)."""
+    """Arrival rate and service mix of station ``k`` (sidecar CPU × ``scale``; None: idle)."""
     sel = (sts.job_station == k) & (sts.job_rate > 0)
-    means = sts.job_mean[sel] * scale
+    means = sts.job_mean[sel]
+    if k == sts.shared:  # a request's sidecar work scales, its application work does not
+        means = (means - sts.app_mean_us) * scale + sts.app_mean_us
+    else:
+        means = means * scale
     rates = sts.job_rate[sel]
-    shapes = sts.job_shape[sel]
-    if k == sts.app_station:
-        means = np.append(means, sts.app_mean_us)
-        rates = np.append(rates, sts.app_rate)
-        shapes = np.append(shapes, -1)
-    if rates.sum() <= 0:
+    if rates.sum() <= 0 or not (means > 0).any():
         return None
     # identical classes (same mean and shape) merge: traces repeat the same calls many times
-    key = np.stack([np.round(means, 6), shapes.astype(np.float64)], axis=1)
+    key = np.stack([np.round(means, 6), sts.job_shape[sel].astype(np.float64)], axis=1)
     uniq, inv = np.unique(key, axis=0, return_inverse=True)
     w = np.bincount(inv.ravel(), weights=rates, minlength=len(uniq))
-    all_shapes = (*sts.shapes, Shape.constant())  # index -1: application work
-    of = tuple(int(x) if x >= 0 else len(all_shapes) - 1 for x in uniq[:, 1])
-    mix = ServiceMix(tuple(uniq[:, 0].tolist()), tuple(w.tolist()), all_shapes, of)
+    of = tuple(int(x) for x in uniq[:, 1])
+    mix = ServiceMix(tuple(uniq[:, 0].tolist()), tuple(w.tolist()), sts.shapes, of)
     return float(rates.sum()), mix
 
 
@@ -482,24 +494,21 @@ def _simulate(
     scale = max(1.0 + sign * Z95 * _rel_se(cx), 0.0)
     S = len(sts.names)
     waits: list[FloatArray | None] = []
-    base_waits: FloatArray | None = None
     rho = np.zeros(S)
     for k in range(S):
         got = _station_mix(sts, k, scale)
         if got is None:
             waits.append(np.zeros(1))
             continue
-        lam, mix = got
-        st = Station(lam, sts.servers[k], mix, opts.arrivals)
+        st = Station(got[0], sts.servers[k], got[1], opts.arrivals)
         rho[k] = st.utilisation
+        if sts.shared >= 0 and k != sts.shared:
+            waits.append(np.zeros(1))  # on shared CPUs a worker waits for the CPUs
+            continue
         try:
             waits.append(waiting_times(st, opts.queue_jobs, seed=opts.seed + 7 * k + 1))
         except SaturatedError:
             waits.append(None)
-        if k == sts.app_station:
-            app_only = ServiceMix((sts.app_mean_us,), (1.0,))
-            base = Station(sts.app_rate, sts.servers[k], app_only, opts.arrivals)
-            base_waits = waiting_times(base, opts.queue_jobs, seed=opts.seed + 7 * k + 1)
     extra = np.zeros((m, n))
     side_of, shapes = lat_shapes
     for side in (0, 1):
@@ -509,19 +518,9 @@ def _simulate(
             cols = np.flatnonzero(side_of[:, side] == j)
             x[:, cols] = sh.quantile(u[:, cols])
         extra += lat[:, side][None, :] * x
-        for _ in range(2):  # request and response crossing: a job each
-            extra += _draw_waits(sts.of_side[:, side], waits, rng, m)
-    if sts.app_station >= 0 and base_waits is not None:
-        w_mesh = waits[sts.app_station]
-        u = rng.random((m, n))
-        visits = _app_visits(batch)
-        if w_mesh is None:
-            extra += np.inf
-        else:
-            for v in (1.0, 2.0):
-                cols = np.flatnonzero(visits >= v)
-                uu = u[:, cols] if v == 1.0 else rng.random((m, cols.size))
-                extra[:, cols] += _pick(w_mesh, uu) - _pick(base_waits, uu)
+        if sts.shared < 0:
+            for _ in range(2):  # request and response crossing: a job each
+                extra += _draw_waits(sts.of_side[:, side], waits, rng, m)
     # a call through a saturated station never ends, nor does any graph that waits for it
     stuck = ~np.isfinite(extra)
     prop = propagate(tile, np.where(stuck, 0.0, extra).ravel())
@@ -530,14 +529,40 @@ def _simulate(
         g = batch.graph_of()
         hit = np.stack([np.bincount(g, weights=row, minlength=batch.n_graphs) for row in stuck])
         new = np.where(hit > 0, np.inf, new)
-    if opts.pod_cpus is not None:
+    if sts.shared >= 0:
         # the request's sidecar CPU work cannot finish faster than on all shared CPUs at once
         work = (cx.cpu_req + cx.cpu_resp).sum(axis=1) * scale
         per_graph = np.bincount(batch.graph_of(), weights=work, minlength=batch.n_graphs)
-        new = np.maximum(new, shape_base(shape)[None, :] + per_graph[None, :] / opts.pod_cpus)
+        cpus = sts.servers[sts.shared]
+        new = np.maximum(new, shape_base(shape)[None, :] + per_graph[None, :] / cpus)
+        new = new + _shared_wait(sts, waits[sts.shared], cpus, opts, rng, new.shape)
     mean_w = np.array([np.inf if w is None else float(w.mean()) for w in waits])
     p99_w = np.array([np.inf if w is None else float(np.quantile(w, 0.99)) for w in waits])
     return _Run(new, rho, mean_w, p99_w)
+
+
+def _shared_wait(
+    sts: _Stations,
+    mesh: FloatArray | None,
+    cpus: int,
+    opts: TailOptions,
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+) -> FloatArray:
+    """What a request waits on the shared CPUs more than it would without the sidecars: the
+    two waiting times at one rank (the same request on a busier CPU)."""
+    if mesh is None:
+        return np.full(shape, np.inf)
+    u = rng.random(shape)
+    out = _pick(mesh, u)
+    if sts.app_mean_us > 0 and sts.base_rate > 0:
+        app = ServiceMix((sts.app_mean_us,), (1.0,))
+        alone = Station(sts.base_rate, cpus, app, opts.arrivals)
+        try:
+            out = out - _pick(waiting_times(alone, opts.queue_jobs, seed=opts.seed + 3), u)
+        except SaturatedError:
+            pass  # the application alone saturates its CPUs: so does it with the mesh
+    return np.maximum(out, 0.0)
 
 
 def shape_base(s: Structure) -> FloatArray:
@@ -728,8 +753,7 @@ def _loads(
                 name,
                 sts.modes[k],
                 sts.servers[k],
-                float(sts.job_rate[sts.job_station == k].sum())
-                + (sts.app_rate if k == sts.app_station else 0.0),
+                float(sts.job_rate[sts.job_station == k].sum()),
                 _mean_service(sts, k),
                 rho,
                 _crossing(grid[:, k], opts.threshold),
