@@ -1,5 +1,6 @@
 """Tail latency under load for ``meshtax predict --percentiles … [--sweep-rate LO:HI:N]``:
-options in, the ``tail``/``tail_sweep`` parts of the prediction document out."""
+options in, the ``tail``/``tail_sweep`` parts of the prediction document out (its validation:
+:mod:`meshtax.app.tail_validate`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from meshtax.predict.engine import ProfileLookup
 from meshtax.predict.tail import TailOptions, TailPrediction, predict_tail, request_rate
 from meshtax.report.tail import sweep_block, tail_block
 
-__all__ = ["DEFAULT_PERCENTILES", "TailRequest", "parse_percentiles", "parse_sweep", "tail_parts"]
+__all__ = [
+    "DEFAULT_PERCENTILES",
+    "TailRequest",
+    "parse_percentiles",
+    "parse_sweep",
+    "tail_parts",
+]
 
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 #: points of an automatic sweep, and its top as a share of the first saturation rate (ρ = 1)

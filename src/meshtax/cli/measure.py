@@ -54,6 +54,18 @@ from meshtax.store.sqlite import ProfileStore
     type=click.Choice(["size", "rate"]),
     help="Instead: one hop, message size 100 B → 64 KB or rate 25 → 100 %% of the no-mesh maximum.",
 )
+@click.option(
+    "--levels",
+    help="Tail latency under load: load levels as %% of the no-mesh maximum (e.g. 25,50,75,90; "
+    "the default of --sweep rate); with a topology, its first --query at each level.",
+)
+@click.option(
+    "--connections",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="With --levels or --sweep rate: concurrent clients.",
+)
 @click.option("--quick", is_flag=True, help="Shorter runs and fewer pairs (smoke runs, CI).")
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
@@ -71,6 +83,8 @@ def validate(
     duration: float,
     profile: str | None,
     sweep: str | None,
+    levels: str | None,
+    connections: int,
     quick: bool,
     fmt: str,
     report_path: str | None,
@@ -88,7 +102,27 @@ def validate(
     store = ProfileStore(db)
     mode_list = parse_modes(modes)
     say = stderr
-    if sweep:
+    if sweep == "rate" or levels:
+        from meshtax.app.tail_validate import FRACTIONS, TailValidateOptions, validate_tail
+
+        tv = validate_tail(
+            TailValidateOptions(
+                None if sweep == "rate" else topology,
+                queries[0] if queries else None,
+                mode_list[0],
+                csv(levels, lambda x: float(x) / 100) if levels else FRACTIONS,
+                connections,
+                min(duration, 1.0) if quick else duration,
+                2 if quick else 3,
+                profile,
+                accept_unclosed,
+            ),
+            store,
+            say,
+        )
+        doc = tv.to_document()
+        click.echo(json.dumps(doc, indent=2, default=str) if fmt == "json" else tv.table())
+    elif sweep:
         sopts = m.SweepOptions(
             sweep,  # type: ignore[arg-type]
             mode_list[0],
