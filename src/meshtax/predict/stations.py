@@ -380,10 +380,13 @@ def _rho_at(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, f: floa
 
 def _crossing(grid: FloatArray, level: float) -> float:
     """The rate factor at which a utilisation curve on :data:`FACTORS` reaches ``level``
-    (log–log interpolation between the grid points around it; inf: never)."""
-    above = np.flatnonzero(grid >= level)
-    if grid.max() <= 0 or above.size == 0:
+    (log–log interpolation between the grid points around it; beyond the grid, in proportion
+    to the rate, as costs are flat outside the profiled rates; inf: no load at all)."""
+    if grid.max() <= 0:
         return math.inf
+    above = np.flatnonzero(grid >= level)
+    if above.size == 0:
+        return float(FACTORS[-1] * level / grid[-1])
     j = int(above[0])
     if j == 0:
         return float(FACTORS[0] * level / grid[0])

@@ -362,7 +362,7 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
     q_lo = np.minimum(_quantiles(lo.new, ps).T, q) - Z95 * err
     q_hi = np.maximum(_quantiles(hi.new, ps).T, q) + Z95 * err
     pooled = [_quantiles(r.new.ravel(), ps) for r in runs]
-    pb = _quantiles(base, ps)
+    pb = _quantiles(np.tile(base, m), ps)  # weighted as the draws are: m per graph
     pe = _mc_error(mid.new.reshape(-1, 1), ps)[:, 0]
     rate = request_rate(batch, opts.load)
     found = loads(batch, profiles, opts, sts, (mid.rho, mid.mean_wait, mid.p99_wait))

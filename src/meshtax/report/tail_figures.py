@@ -74,15 +74,17 @@ def tail_validation_chart(doc: Mapping[str, Any]) -> Chart | None:
     t = doc.get("tail")
     if not t or not t.get("points"):
         return None
-    pts = t["points"]
+    pts = [q for q in t["points"] if q.get("predicted") and q.get("measured")]
+    if not pts:
+        return None
     ps = list(t["percentiles"])
-    x = np.array([p["rate"] for p in pts], dtype=float)
+    x = np.array([q["rate"] for q in pts], dtype=float)
     name = str(doc.get("name", "tail"))
     with matplotlib.rc_context(RC):
         fig, axs = new_figure(3.0 * len(ps) + 0.6, 3.3, 1, len(ps))
         for ax, p in zip(axs, ps):
             m = [q["measured"][p] for q in pts]
-            pr = [q["predicted"][p] for q in pts]
+            pr = [q["predicted"]["overhead_us"][p] for q in pts]
             med = _finite([v["median"] for v in m])
             ax.errorbar(
                 x,
