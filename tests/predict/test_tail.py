@@ -187,4 +187,4 @@ def test_tiled_structure_propagates_each_copy_like_the_original() -> None:
 def test_options_are_checked() -> None:
     for bad in ({"percentiles": (100.0,)}, {"threshold": 1.0}, {"samples": 5}, {"pod_cpus": 0}):
         with pytest.raises(ValueError):
-            TailOptions(**bad)  # type: ignore[arg-type]
+            TailOptions(**bad)

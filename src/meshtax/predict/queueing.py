@@ -78,7 +78,7 @@ class Shape:
         return cls((0.0, 1.0), (1.0, 1.0))
 
     @classmethod
-    def from_quantiles(cls, probs: Sequence[float], values: Sequence[float]) -> Shape:
+    def from_quantiles(cls, probs: npt.ArrayLike, values: npt.ArrayLike) -> Shape:
         """Normalised to mean 1 from quantiles of any scale; values are made non-decreasing
         (a running maximum: differences of two measured quantile curves need not be) and
         non-negative. A sketch without mass (all zero) is a constant."""
