@@ -1,5 +1,5 @@
-"""The capacity loop and latency sketches against a scripted echo bed (exact expectations), and
-the plan/profile plumbing around them."""
+"""The capacity loop and latency sketches against a scripted echo bed (exact expectations), the
+plan/profile plumbing around them, and one short real capacity run as root."""
 
 from __future__ import annotations
 
@@ -14,8 +14,13 @@ from meshtax.model.sidecar import Mode
 from meshtax.profile.capacity import CapacityPolicy, latency_sketch, measure_capacity
 from meshtax.profile.plan import quick_plan
 from meshtax.profile.run import ProfileOptions
+from meshtax.testbed.bed import echo_testbed
 from meshtax.testbed.fortio import LoadResult, LoadSpec
-from tests.helpers import PLATFORM
+from meshtax.testbed.pinning import default_pinning
+from meshtax.testbed.pods import Testbed
+from meshtax.testbed.runstate import STATE_DIR
+from meshtax.testbed.system import RealSystem
+from tests.helpers import PLATFORM, missing_for_real_profile
 from tests.profile.fakes import fake_load_result
 
 APP, SIDECAR = 100, 200
@@ -135,3 +140,26 @@ def test_profile_keeps_capacity_and_sketches_and_older_documents_load() -> None:
     assert plain.capacity is None and plain.latency_sketches == {}
     # a profile without them writes neither key (documents keep their exact shape)
     assert "capacity" not in ModeProfile(Mode.HTTP, {}).to_dict()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(missing_for_real_profile() is not None, reason=str(missing_for_real_profile()))
+def test_real_capacity_of_a_tcp_sidecar() -> None:
+    """A real Envoy on the echo bed: the closed-loop maxima and one ramp level, short runs."""
+    pin = default_pinning()
+    pol = CapacityPolicy(connections=8, run_s=0.5, ramp=(0.5,), warmup_n=100)
+    with (
+        Testbed(RealSystem(), state_dir=STATE_DIR, lock_timeout=180.0) as tb,
+        echo_testbed(tb, pin) as bed,
+    ):
+        envoy = bed.start_sidecar(Mode.TCP)
+        try:
+            cap = measure_capacity(bed, Mode.TCP, envoy.pid, pol, cpus=pin.pod_cpus())
+        finally:
+            envoy.stop()
+    assert len(cap.points) == 3 and cap.connections == 8 and cap.workers == 1
+    assert cap.requests_per_s > 100 and cap.direct_requests_per_s > 100
+    assert 0 < cap.sidecar_cpu_us < 1e4 and cap.limited_by in ("sidecar", "shared-cpu", "client")
+    half = cap.points[2]
+    assert half.target == pytest.approx(0.5 * cap.points[1].achieved)
+    assert half.achieved == pytest.approx(half.target, rel=0.25) and half.sidecar_cpu > 0

@@ -56,7 +56,7 @@ from meshtax.store.sqlite import ProfileStore
 )
 @click.option(
     "--levels",
-    help="Tail latency under load: load levels as %% of the no-mesh maximum (e.g. 25,50,75,90; "
+    help="Tail latency under load: load levels as % of the no-mesh maximum (e.g. 25,50,75,90; "
     "the default of --sweep rate); with a topology, its first --query at each level.",
 )
 @click.option(
@@ -228,6 +228,12 @@ def calibrate(
     "low_rates",
     help="Absolute low rates (requests/s) of extra CPU runs, e.g. 100,300 ('none': off; default: the preset's).",
 )
+@click.option(
+    "--capacity",
+    is_flag=True,
+    help="Also each mode's capacity: requests/s at saturation through the sidecar (many "
+    "clients, closed loop and a ramp of fixed rates; ≈6 s per mode).",
+)
 @click.option("--name", help="Profile name (default: <hostname>-<UTC time>).")
 @click.option("--replace", is_flag=True, help="Replace a stored profile of the same name.")
 @click.option(
@@ -267,6 +273,7 @@ def profile_cmd(
     duration: float | None,
     carried: str | None,
     low_rates: str | None,
+    capacity: bool,
     name: str | None,
     replace: bool,
     filters: str | None,
@@ -306,6 +313,7 @@ def profile_cmd(
             replace=replace,
             carried=None if carried is None else csv(carried, str),
             low_rates=None if low_rates is None else csv(low_rates, float),
+            capacity=True if capacity else None,
         )
         popts.resolve_plan()
     except ValueError as e:
