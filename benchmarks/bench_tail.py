@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import os
 import statistics
@@ -33,6 +34,7 @@ from meshtax.app.data import write_document
 from meshtax.app.tail_validate import TailValidateOptions, validate_tail
 from meshtax.model.sidecar import Mode
 from meshtax.profile.run import ProfileOptions, run_profile
+from meshtax.report.exporters import EXPORTERS
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.system import RealSystem
 from meshtax.validate.tail import TailValidation
@@ -42,8 +44,8 @@ def summary(results: list[TailValidation], profile: Any) -> dict[str, Any]:
     """Errors over every compared level of every result, per percentile, and saturation."""
     out: dict[str, Any] = {"profile": profile.name, "results": {}}
     for r in results:
-        s = r.summary()
-        out["results"][f"{r.name} ({r.mode})"] = s
+        rel = r.options.get("relative_to", "no_mesh")
+        out["results"][f"{r.name} ({r.mode}) of the {rel} maximum"] = r.summary()
     for key in ("p50", "p90", "p99"):
         errs = [e for r in results for e in r.errors(key)]
         out[key] = {
@@ -68,6 +70,12 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--duration", type=float, default=2.0)
     ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument(
+        "--relative",
+        default="no_mesh,mesh",
+        help="Levels as shares of whose closed-loop maximum: no_mesh (the issue's), mesh (every "
+        "level below the mesh's saturation), or both.",
+    )
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +97,7 @@ def main() -> None:
     levels = tuple(float(x) / 100 for x in a.levels.split(","))
     results: list[TailValidation] = []
     for mode in (Mode(m) for m in a.modes.split(",")):
-        for topology in (None, a.topology):
+        for topology, rel in itertools.product((None, a.topology), a.relative.split(",")):
             o = TailValidateOptions(
                 topology,
                 a.query,
@@ -100,14 +108,15 @@ def main() -> None:
                 a.pairs,
                 prof.name,
                 accept_unclosed=True,
+                relative_to=rel,  # type: ignore[arg-type]
             )
             r = validate_tail(o, store, say)
             results.append(r)
-            stem = f"{'onehop' if topology is None else topology}-{mode.value}"
+            stem = f"{'onehop' if topology is None else topology}-{mode.value}-of-{rel}"
             doc = r.to_document()
-            (out / f"{stem}.json").write_text(json.dumps(doc, indent=2, default=str))
+            (out / f"{stem}.json").write_text(EXPORTERS["json"].export(doc))
             write_document(doc, str(out / f"{stem}.html"), store)
-            print(f"\n{r.name} ({mode.value}), {a.connections} connections:\n{r.table()}\n")
+            print(f"\n{stem}, {a.connections} connections:\n{r.table()}\n")
             loads[stem] = os.getloadavg()
     s = summary(results, prof)
     s["loadavg"] = loads

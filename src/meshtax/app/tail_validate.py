@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from meshtax.app.errors import UsageError
 from meshtax.model.sidecar import Mode
@@ -29,7 +30,8 @@ __all__ = ["FRACTIONS", "TailValidateOptions", "validate_tail"]
 @dataclass(frozen=True)
 class TailValidateOptions:
     """``meshtax validate --sweep rate`` (``topology`` None: one hop) or ``meshtax validate
-    TOPOLOGY --levels …``: load levels as shares of the no-mesh maximum."""
+    TOPOLOGY --levels …``: load levels as shares of the no-mesh maximum (``relative_to``:
+    or of the mesh's, to compare every level below saturation)."""
 
     topology: str | None = None
     query: str | None = None
@@ -41,6 +43,7 @@ class TailValidateOptions:
     profile: str | None = None
     accept_unclosed: bool = False
     keep_dir: str | None = None
+    relative_to: Literal["no_mesh", "mesh"] = "no_mesh"
 
     def plan(self) -> LoadPlan:
         if not self.levels or not all(0 < f <= 1.5 for f in self.levels):
@@ -52,6 +55,7 @@ class TailValidateOptions:
             connections=self.connections,
             duration_s=self.duration_s,
             policy=PairPolicy.fixed(self.pairs),
+            relative_to=self.relative_to,
         )
 
 

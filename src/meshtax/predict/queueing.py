@@ -30,7 +30,6 @@ saturated. Times are µs, rates per second.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numba

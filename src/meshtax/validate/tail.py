@@ -143,7 +143,8 @@ class Predicted:
 
 @dataclass(frozen=True)
 class TailPoint:
-    """One load level: ``fraction`` of the no-mesh maximum, ``rate`` asked of both sides."""
+    """One load level: ``fraction`` of the closed-loop maximum (the validation's options say
+    whose), ``rate`` asked of both sides."""
 
     fraction: float
     rate: float

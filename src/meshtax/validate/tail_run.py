@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
@@ -69,9 +69,10 @@ DRAWS = 40_000
 
 @dataclass(frozen=True)
 class LoadPlan:
-    """The load levels (``fractions`` of the no-mesh maximum), ``connections`` clients, runs
-    of ``duration_s``, pairs per level (``policy``), the validated ``percentiles``, how the
-    prediction takes arrivals (``arrivals``: SCV, 0 = evenly spaced as fortio -uniform)."""
+    """The load levels (``fractions`` of the closed-loop maximum without the mesh, or with it:
+    ``relative_to``), ``connections`` clients, runs of ``duration_s``, pairs per level
+    (``policy``), the validated ``percentiles``, how the prediction takes arrivals
+    (``arrivals``: SCV, 0 = evenly spaced as fortio -uniform)."""
 
     fractions: tuple[float, ...] = FRACTIONS
     connections: int = 32
@@ -80,6 +81,7 @@ class LoadPlan:
     percentiles: tuple[float, ...] = PERCENTILES
     arrivals: float = 0.0
     max_runs: int = 3
+    relative_to: Literal["no_mesh", "mesh"] = "no_mesh"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +92,7 @@ class LoadPlan:
             "percentiles": list(self.percentiles),
             "arrivals_scv": self.arrivals,
             "max_runs": self.max_runs,
+            "relative_to": self.relative_to,
         }
 
 
@@ -127,9 +130,10 @@ def _measure(
     top, top_mesh = (statistics.median(tops[s]) for s in ("no_mesh", "mesh"))
     say(f"closed-loop maximum of {plan.connections} clients: {top:.0f}/s, mesh {top_mesh:.0f}/s")
     points = []
+    ref = top if plan.relative_to == "no_mesh" else top_mesh
     for f in plan.fractions:
-        rate = f * top
-        say(f"{f:.0%} of the no-mesh maximum: {rate:.0f}/s")
+        rate = f * ref
+        say(f"{f:.0%} of the {plan.relative_to.replace('_', '-')} maximum: {rate:.0f}/s")
         p = paired_runs(
             [("no_mesh", "mesh")],
             partial(_run, qps=rate, plan=plan, load=load, cpu=cpu),
