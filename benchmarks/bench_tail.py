@@ -108,7 +108,7 @@ def main() -> None:
                 a.pairs,
                 prof.name,
                 accept_unclosed=True,
-                relative_to=rel,  # type: ignore[arg-type]
+                relative_to=rel,
             )
             r = validate_tail(o, store, say)
             results.append(r)
