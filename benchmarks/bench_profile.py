@@ -1,6 +1,8 @@
 """Closure and run-to-run agreement of two consecutive ``meshtax profile --quick`` runs.
 
-Run as root: ``.venv/bin/python benchmarks/bench_profile.py [--out result.json] [--runs 2]``.
+Run as root: ``.venv/bin/python benchmarks/bench_profile.py [--out result.json] [--runs 2]
+[--gap-min 60]`` (minutes between runs: machine-speed drift), or compare two stored profiles:
+``benchmarks/bench_profile.py --db profiles.db --compare A B``.
 
 Runs ``meshtax profile --quick`` (the CLI, into a scratch profile database) ``--runs`` times
 back to back, then prints one JSON object with, per run: wall time, load average before and
@@ -30,16 +32,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from meshtax.model.components import Component
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
+from meshtax.model.speed import speed_factor
 from meshtax.profile.decompose import Breakdown, assemble
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.runstate import STATE_DIR, RunLock
 
 AGREE = 0.15
+DRIFT = 0.10  # issue #14: profiles an hour apart agree within 10 % after speed normalisation
 SIGNIFICANT_US = 5.0
 
 
@@ -103,13 +109,19 @@ def components(prof: Profile) -> dict[str, dict[int, dict[str, Any]]]:
     return out
 
 
-def model_components(prof: Profile) -> dict[str, dict[int, dict[str, float]]]:
-    """mode → size → {component: fitted latency model at that size} (µs per crossing)."""
+def model_components(
+    prof: Profile, scale: Callable[[Component], float] = lambda c: 1.0
+) -> dict[str, dict[int, dict[str, float]]]:
+    """mode → size → {component: fitted latency model at that size × ``scale``} (µs per
+    crossing)."""
     out: dict[str, dict[int, dict[str, float]]] = {}
     for mode, mp in prof.modes.items():
         sizes = [r["size"] for r in prof.provenance.options["measurements"][mode.value]]
         out[mode.value] = {
-            size: {c.key: float(m.latency.predict([size])[0]) for c, m in mp.components.items()}
+            size: {
+                c.key: float(m.latency.predict([size])[0]) * scale(c)
+                for c, m in mp.components.items()
+            }
             for size in sizes
         }
     return out
@@ -243,6 +255,38 @@ def model_agreement(a: Profile, b: Profile) -> dict[str, float]:
     return _rel_diffs(model_components(a), model_components(b))
 
 
+def normalized_agreement(a: Profile, b: Profile) -> dict[str, float] | None:
+    """The same once ``b``'s components are scaled to ``a``'s machine speed (each by the
+    reference path of its kind, :func:`meshtax.model.speed.speed_factor`): what ``--speed
+    now`` does. None when either profile recorded no speed."""
+    if a.speed is None or b.speed is None:
+        return None
+    sa, sb = a.speed, b.speed
+    return _rel_diffs(model_components(a), model_components(b, lambda c: speed_factor(c, sa, sb)))
+
+
+def _compare(report: dict[str, Any], a: Profile, b: Profile) -> None:
+    agree = agreement(a, b)
+    report["agreement_rel_diff"] = agree
+    report["worst_disagreement"] = max(agree.values(), default=0.0)
+    report["agree_within_15pct"] = report["worst_disagreement"] <= AGREE
+    report["agreeing"] = f"{sum(v <= AGREE for v in agree.values())} of {len(agree)}"
+    magree = model_agreement(a, b)
+    report["model_agreement_rel_diff"] = magree
+    report["model_worst_disagreement"] = max(magree.values(), default=0.0)
+    report["model_agreeing"] = f"{sum(v <= AGREE for v in magree.values())} of {len(magree)}"
+    report["model_within_10pct"] = f"{sum(v <= DRIFT for v in magree.values())} of {len(magree)}"
+    norm = normalized_agreement(a, b)
+    if norm is not None:
+        assert a.speed is not None and b.speed is not None
+        report["speed"] = {"a": a.speed.to_dict(), "b": b.speed.to_dict()}
+        report["normalized_agreement_rel_diff"] = norm
+        report["normalized_worst_disagreement"] = max(norm.values(), default=0.0)
+        report["normalized_within_10pct"] = (
+            f"{sum(v <= DRIFT for v in norm.values())} of {len(norm)}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=None)
@@ -253,27 +297,42 @@ def main() -> None:
         default=None,
         help="keep the profiles in this database (default: a scratch one, deleted)",
     )
+    ap.add_argument(
+        "--gap-min", type=float, default=0.0, help="minutes to wait between runs (drift)"
+    )
+    ap.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        help="compare two profiles stored in --db instead of running any",
+    )
     args = ap.parse_args()
+    if args.compare:
+        if args.db is None:
+            raise SystemExit("--compare needs --db")
+        store = ProfileStore(args.db)
+        a, b = (store.get(n) for n in args.compare)
+        report: dict[str, Any] = {"command": f"compare {a.name} {b.name} ({args.db})"}
+        _compare(report, a, b)
+        print(json.dumps(report, indent=1))
+        return
     scratch = Path(tempfile.mkdtemp(prefix="meshtax-bench-"))
     try:
         db = args.db or scratch / "profiles.db"
-        runs = [one_run(f"bench-{i}", db) for i in range(1, args.runs + 1)]
+        runs = []
+        for i in range(1, args.runs + 1):
+            if i > 1 and args.gap_min > 0:
+                time.sleep(args.gap_min * 60)
+            runs.append(one_run(f"bench-{i}", db))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    report: dict[str, Any] = {
+    report = {
         "command": "meshtax profile --quick --name bench-N (MESHTAX_DB=scratch)",
+        "gap_min": args.gap_min,
         "runs": [summary(*r) for r in runs],
     }
     if len(runs) >= 2:
-        agree = agreement(runs[0][0], runs[1][0])
-        report["agreement_rel_diff"] = agree
-        report["worst_disagreement"] = max(agree.values(), default=0.0)
-        report["agree_within_15pct"] = report["worst_disagreement"] <= AGREE
-        report["agreeing"] = f"{sum(v <= AGREE for v in agree.values())} of {len(agree)}"
-        magree = model_agreement(runs[0][0], runs[1][0])
-        report["model_agreement_rel_diff"] = magree
-        report["model_worst_disagreement"] = max(magree.values(), default=0.0)
-        report["model_agreeing"] = f"{sum(v <= AGREE for v in magree.values())} of {len(magree)}"
+        _compare(report, runs[0][0], runs[-1][0])
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:

@@ -8,7 +8,7 @@ costs at a low request rate paid per crossing at each sidecar's own rate (as a o
 profile measures it), per request, or per crossing at the rate the shared CPU sees? Every pod
 on one CPU (the profile's placement), http mode, fortio at each rate; prints, per chain and
 rate, measured CPU-µs per request and per crossing with the prediction of the engine (which
-prices at the shared CPU's rate, ``predict.engine.shared_cpu_rates``). Nothing is asserted.
+prices at the shared CPU's rate, ``predict.shared_cpu.shared_cpu_rates``). Nothing is asserted.
 """
 
 from __future__ import annotations

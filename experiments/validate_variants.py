@@ -7,10 +7,8 @@ engine's model does (issue 6). Analysis only: it measures nothing.
 Variants (the same traces and profile each time):
 
 - ``engine``: what ``predict`` does with the validation's placement (``pod_cpus=1``: the
-  shared-CPU latency bound, messages priced at ``r_own^(1−α)·r_cpu^α`` with the profile's
-  calibrated ``α``, 1 when it has none);
-- ``cpu-rate``: the bound, every message at the shared CPU's rate (``α`` = 1);
-- ``own-rate``: the bound, each sidecar at its own rate (``α`` = 0);
+  shared-CPU latency bound, every message priced at the shared CPU's rate);
+- ``own-rate``: the bound, each sidecar at its own rate;
 - ``highest-rate``: the bound, every message at the profile's highest rate (no rate effect);
 - ``critical-path``: no placement at all (critical path only, each invocation at its own rate).
 """
@@ -20,21 +18,21 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
 import meshtax.predict.engine as engine
-from meshtax.model.profile import Colocation, Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.prediction import predict_traces
 from meshtax.validate.result import CaseResult, ValidationResult
 
-VARIANTS = ("engine", "cpu-rate", "own-rate", "highest-rate", "critical-path")
+VARIANTS = ("engine", "own-rate", "highest-rate", "critical-path")
 
 
 @contextmanager
@@ -42,8 +40,8 @@ def highest_rate(on: bool) -> Iterator[None]:
     """Price every message at the profile's highest rate (the models clamp an infinite rate)."""
     orig = engine.hop_costs
 
-    def hop(batch: Any, profiles: Any, *, rates: Any = None) -> engine.Costs:
-        return orig(batch, profiles, rates=np.full(batch.n_invocations, np.inf))
+    def hop(batch: Any, profiles: Any, *, rates: Any = None, speed: Any = None) -> engine.Costs:
+        return orig(batch, profiles, rates=np.full(batch.n_invocations, np.inf), speed=speed)
 
     if on:
         engine.hop_costs = hop
@@ -53,17 +51,11 @@ def highest_rate(on: bool) -> Iterator[None]:
         engine.hop_costs = orig
 
 
-def variant_profile(profile: Profile, variant: str) -> Profile:
-    """The profile with the variant's co-location exponent (the engine's own for ``engine``)."""
-    alpha = {"cpu-rate": 1.0, "own-rate": 0.0}.get(variant)
-    if alpha is None:
-        return profile
-    return replace(
-        profile,
-        colocation={
-            m: Colocation(alpha, alpha, alpha, m.value, 100.0, note=variant) for m in profile.modes
-        },
-    )
+def own_rate(on: bool) -> AbstractContextManager[Any]:
+    """Price each sidecar at its own request rate instead of the shared CPU's."""
+    if not on:
+        return nullcontext()
+    return mock.patch.object(engine, "shared_cpu_rates", lambda batch, pod_cpus: batch.rate)
 
 
 def main() -> None:
@@ -78,8 +70,7 @@ def main() -> None:
     print("|---|---:|---:|")
     for v in VARIANTS:
         cases = []
-        prof = variant_profile(profile, v)
-        with highest_rate(v == "highest-rate"):
+        with highest_rate(v == "highest-rate"), own_rate(v == "own-rate"):
             for doc, traces in docs:
                 for c in doc["cases"]:
                     m = CaseResult.measured_from_case(c)
@@ -88,7 +79,7 @@ def main() -> None:
                         continue
                     sidecars = {s: SidecarConfig(Mode(x)) for s, x in m.sidecar_modes.items()}
                     pred = predict_traces(
-                        tr, prof, sidecars, m.rate, pod_cpus=None if v == "critical-path" else 1
+                        tr, profile, sidecars, m.rate, pod_cpus=None if v == "critical-path" else 1
                     )
                     cases.append(replace(m, predicted=pred))
         s = ValidationResult(v, tuple(cases), profile.name, {}, {}, ()).summary()

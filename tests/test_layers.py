@@ -62,7 +62,17 @@ def _imports(path: Path, module: str) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     got: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    typing_only = {
+        id(n)
+        for stmt in ast.walk(tree)
+        if isinstance(stmt, ast.If)
+        and ast.unparse(stmt.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for body in stmt.body
+        for n in ast.walk(body)
+    }  # imports for annotations only: no runtime edge
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             got.update(a.name for a in node.names if a.name.startswith("meshtax"))
         elif isinstance(node, ast.ImportFrom):
@@ -71,8 +81,9 @@ def _imports(path: Path, module: str) -> set[str]:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
                 base = f"{base}.{node.module}" if node.module else base
             if base.startswith("meshtax"):
-                got.add(base)
-                got.update(f"{base}.{a.name}" for a in node.names)
+                subs = {f"{base}.{a.name}" for a in node.names}
+                # `from meshtax import safeio` imports the module, not the package's __init__
+                got.update(subs if subs <= set(MODULES) else {base, *subs})
     return got
 
 

@@ -3,6 +3,7 @@ writes CDFs and what-if data, and gives identical results on a Dask LocalCluster
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +103,10 @@ def test_study_matches_predict_batch(store: Store, tmp_path: Path) -> None:
     )
     cdf = (tmp_path / "cdf.csv").read_text().splitlines()
     assert cdf[0] == "config,metric,quantile,value" and len(cdf) == 1 + 5 * 3 * 1001
-    assert (tmp_path / "summary.json").exists()
+    # the summary says how far to trust the profile it priced with
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["profile_quality"] == prof.quality()
+    assert written["profile_quality"]["status"] == "unchecked"  # no closure recorded
 
 
 def test_reference_profile_skips_filter_configs(store: Store, tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from meshtax.errors import PredictError
 from meshtax.model.components import filter_component
 from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
 from meshtax.model.profile import Profile
@@ -53,7 +54,7 @@ METRICS = ("latency_overhead_us", "latency_overhead_pct", "cpu_vcpu")
 N_QUANTILES = 1001
 
 
-class StudyError(ValueError):
+class StudyError(PredictError):
     """A study that cannot run (no input, no runnable configuration, unknown engine)."""
 
 
@@ -224,6 +225,7 @@ class StudySummary:
     whatif: Mapping[str, Mapping[str, float]]
     seconds: float
     files: tuple[str, ...] = field(default=())
+    profile_quality: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -240,6 +242,7 @@ class StudySummary:
             "whatif": {k: dict(v) for k, v in self.whatif.items()},
             "seconds": self.seconds,
             "files": list(self.files),
+            "profile_quality": dict(self.profile_quality),
         }
 
 
@@ -318,6 +321,7 @@ def run_study(
         whatif=whatif,
         seconds=time.perf_counter() - t0,
         files=files,
+        profile_quality=profile.quality(),
     )
     (out / "summary.json").write_text(json.dumps(summary.to_dict(), indent=1))
     return summary

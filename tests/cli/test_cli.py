@@ -28,7 +28,9 @@ def invoke(args: list[str], env: dict[str, str]):  # type: ignore[no-untyped-def
 
 
 def test_example_writes_every_bundled_file(examples: Path) -> None:
-    assert sorted(p.name for p in examples.iterdir()) == sorted(
+    # the speedup file goes to whatif/, where `predict ex/*.yaml` does not pick it up
+    assert [p.name for p in (examples / "whatif").iterdir()] == ["speedup-paper.yaml"]
+    assert sorted(p.name for p in examples.glob("*.yaml")) == sorted(
         [
             "bookinfo.yaml",
             "online-boutique-index.yaml",
@@ -37,7 +39,6 @@ def test_example_writes_every_bundled_file(examples: Path) -> None:
             "hotel-reservation-user.yaml",
             "hotel-reservation-search.yaml",
             "hotel-reservation-reservation.yaml",
-            "speedup-paper.yaml",
         ]
     )
 
@@ -73,7 +74,7 @@ def test_predict_table_says_platform_differs(examples: Path, env: dict[str, str]
 
 
 def test_predict_csv_and_distribution(examples: Path, env: dict[str, str]) -> None:
-    files = [str(p) for p in sorted(examples.glob("*.yaml")) if "speedup" not in p.name]
+    files = [str(p) for p in sorted(examples.glob("*.yaml"))]
     r = invoke(["predict", *files, "--profile", "reference", "--format", "csv"], env)
     assert r.exit_code == 0, r.output
     lines = r.output.strip().splitlines()
@@ -106,7 +107,7 @@ def test_predict_speedup(examples: Path, env: dict[str, str]) -> None:
 def test_readme_whatif_example_saves_on_the_reference(examples: Path, env: dict[str, str]) -> None:
     # the README's example: ipc -30 %, write -50 %, parsing -20 % on Table 2's HTTP column
     args = ["predict", str(examples / "bookinfo.yaml"), "--profile", "reference"]
-    args += ["--speedup", str(examples / "speedup-paper.yaml")]
+    args += ["--speedup", str(examples / "whatif" / "speedup-paper.yaml")]
     r = invoke([*args, "--format", "json"], env)
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
@@ -207,7 +208,7 @@ def test_profiles_export_import_show(tmp_path: Path, env: dict[str, str]) -> Non
     bad = tmp_path / "bad.json"
     bad.write_text('{"name": 1}')
     r = invoke(["profiles", "import", str(bad)], env)
-    assert r.exit_code == 2 and "not a meshtax profile document" in r.output
+    assert r.exit_code == 2 and "not a usable profile" in r.output
 
 
 def test_real_entry_point_runs(tmp_path: Path) -> None:
@@ -306,23 +307,6 @@ def test_validate_refuses_without_root_and_bad_modes(
         assert r.exit_code == 2 and "--modes" in r.output
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     r = invoke(["validate", "bookinfo"], env)
-    assert r.exit_code == 2 and "run it as root" in r.output
-
-
-def test_calibrate_refuses_without_root_and_names_a_missing_profile(
-    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import os
-
-    if os.geteuid() == 0:  # the profile is looked up before anything is deployed
-        r = invoke(["calibrate", "--profile", "nope"], env)
-        assert (
-            r.exit_code == 2
-            and "no profile named 'nope'" in r.output
-            and "Traceback" not in r.output
-        )
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    r = invoke(["calibrate"], env)
     assert r.exit_code == 2 and "run it as root" in r.output
 
 

@@ -164,9 +164,45 @@ invocations:
   - {{id: b, parent: a, callee: cart, start_us: 20, duration_us: 100}}
 """)
     r = invoke(["predict", str(ecg), "--profile", "reference", "--format", "json"], env)
+    # the manifests are outside the ECG's directory: refused unless allowed
+    assert r.exit_code == 2 and "--allow-outside" in r.output
+    r = invoke(
+        ["predict", str(ecg), "--profile", "reference", "--format", "json"]
+        + ["--allow-outside", str(FIX)],
+        env,
+    )
     # the reference profile has no filter models: the imported chains must reach the engine
     assert (
         r.exit_code == 2
         and "no http-mode model for filter" in r.output
         and "rate_limit" in r.output
     )
+
+
+def test_predict_traces_from_directory_glob_stdin_compressed(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    import gzip
+
+    import zstandard
+
+    raw = (FIX / "trace.otlp.json").read_bytes()
+    d = tmp_path / "traces"
+    d.mkdir()
+    (d / "a.json.gz").write_bytes(gzip.compress(raw))
+    (d / "b.json.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
+    base = ["--profile", "reference", "--format", "json"]
+    values = []
+    for args, stdin in (
+        ([str(d)], None),
+        ([str(d / "*.zst")], None),
+        (["-"], gzip.compress(raw)),
+    ):
+        r = CliRunner().invoke(main, ["predict", "--traces", *args, *base], env=env, input=stdin)
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.output)
+        assert doc["import"]["graphs_kept"] == 1
+        values.append(doc["graphs"][0]["latency_overhead_us"]["value"])
+    assert values[0] == values[1] == values[2]
+    r = invoke(["traces", "import", str(d), "--out", str(tmp_path / "store")], env)
+    assert r.exit_code == 0 and "1 kept" in r.output, r.output

@@ -126,3 +126,15 @@ def test_fit_rejects_bad_rates() -> None:
         CostModel.fit([100, 1000], [1, 2], rates=[0.0, 10.0])
     with pytest.raises(ValueError, match="one rate per sample"):
         CostModel.fit([100, 1000], [1, 2], rates=[10.0])
+
+
+def test_rate_term_is_kept_when_the_samples_just_identify_it() -> None:
+    # a quick profile's tcp sidecar carrying gRPC: 100 B at the max rate and at 100/s, 4 KB at
+    # its max rate only — three samples, three terms: the rate term must not be dropped
+    m = CostModel.fit([100, 100, 4096], [87.0, 323.0, 128.0], rates=[1094.0, 100.0, 623.0])
+    assert (m.rate_lo, m.rate_hi) == (100.0, 1094.0)
+    got = m.predict([100, 100, 4096], [1094.0, 100.0, 623.0])
+    assert got.tolist() == pytest.approx([87.0, 323.0, 128.0])
+    # one size at two rates: the cost between them follows ln(rate)
+    two = CostModel.fit([100, 100], [40.0, 20.0], rates=[100.0, 1000.0])
+    assert two.predict([100], [np.sqrt(100 * 1000)])[0] == pytest.approx(30.0)

@@ -52,32 +52,28 @@ def test_reference_profile_is_labelled_as_published() -> None:
             assert m.latency.slope == 0 and "slope not published" in m.latency.note
 
 
-def test_colocation_round_trips_and_is_optional() -> None:
+def test_speed_and_quality_round_trip() -> None:
     from dataclasses import replace
 
-    from meshtax.model.profile import Colocation, ColocationPoint
+    from meshtax.model.speed import Speed
 
-    p = profile({Mode.HTTP: {OTHER: flat(5, 2)}, Mode.TCP: {OTHER: flat(1, 1)}})
-    assert (
-        "colocation" not in p.to_dict() and p.alpha(Mode.HTTP) == 1.0
-    )  # older documents: the CPU's rate alone
-    col = Colocation(
-        0.8,
-        0.7,
-        0.9,
-        "http",
-        100.0,
-        (
-            ColocationPoint(1, 300.0, 280.0, 330.0, 290.0),
-            ColocationPoint(8, 5000.0, 4600.0, 5400.0, 5100.0),
-        ),
-        "n",
+    p = profile({Mode.HTTP: {OTHER: flat(5, 2)}})
+    assert "speed" not in p.to_dict() and p.quality()["speed"] is None
+    closure = Closure(100.0, 95.0, 105.0, 130.0, 0.15)
+    q = replace(
+        p,
+        modes={Mode.HTTP: replace(p.modes[Mode.HTTP], closure=closure)},
+        speed=Speed(1000.0, 20000.0, 5.0, "t"),
+        interference={"rejected": 2, "by_size": {"x": 1}},
     )
-    q = replace(p, colocation={Mode.HTTP: col})
-    assert Profile.from_dict(q.to_dict()) == q and q.to_dict()["colocation"]["http"]["alpha"] == 0.8
-    assert (q.alpha(Mode.HTTP), q.alpha(Mode.TCP)) == (
-        0.8,
-        1.0,
-    )  # per mode; an uncalibrated mode keeps 1
-    with pytest.raises(ValueError, match=r"within \[0, 1\]"):
-        Colocation(1.2, 1.0, 1.3, "http", 100.0)
+    assert Profile.from_dict(q.to_dict()) == q
+    got = q.quality()
+    assert got["status"] == "unclosed" and got["closure"]["http"]["error"] == pytest.approx(0.3)
+    assert got["interference"] == {"rejected": 2}
+    assert got["speed"]["cross_ns"] == 20000.0
+
+
+def test_an_older_document_with_a_calibrated_exponent_still_loads() -> None:
+    d = profile({Mode.HTTP: {OTHER: flat(5, 2)}}).to_dict()
+    d["colocation"] = {"http": {"alpha": 0.8, "lo": 0.7, "hi": 0.9, "mode": "http", "rate": 100.0}}
+    assert Profile.from_dict(d).to_dict().get("colocation") is None

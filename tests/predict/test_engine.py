@@ -25,10 +25,6 @@ from meshtax.predict.engine import (
     BatchPrediction,
     PredictionError,
     predict_batch,
-    priced_rates,
-    shared_cpu_rates,
-    side_alphas,
-    sidecar_rates,
     single_profile,
 )
 from meshtax.predict.whatif import apply_speedup, speedup_from_dict
@@ -297,7 +293,7 @@ def test_speedup_replaces_a_component_by_another_profiles_model() -> None:
         ({"scale": {"ipc": "-150%"}}, "≥ -100%"),
         ({"replace": {"ipc": "x"}}, "expected {profile"),
         ({}, "nothing to change"),
-        ({"scale": {"ipc": "-5%"}, "extra": 1}, "unknown key"),
+        ({"scale": {"ipc": "-5%"}, "extra": 1}, "unknown field"),
     ],
 )
 def test_bad_speedups_are_clear_errors(doc: dict, message: str) -> None:  # type: ignore[type-arg]
@@ -492,86 +488,6 @@ def test_sidecar_tls_version_is_checked_and_round_trips() -> None:
         SidecarConfig(Mode.TCP, mtls=True, tls_version="1.1")
     with pytest.raises(ValueError, match="without mtls"):
         SidecarConfig(Mode.TCP, tls_version="1.3")
-
-
-def test_shared_cpus_price_messages_at_the_rate_that_loads_the_cpu_alike() -> None:
-    # OTHER CPU: 2 CPU-µs at 1000/s, +3 per e-fold below, profiled from 10/s; no latency-path effect
-    rated = ComponentModel(
-        CostModel(0.1), CostModel(2.0, rate_coef=3.0, rate_lo=10.0, rate_hi=1000.0)
-    )
-    prof = profile({Mode.HTTP: {OTHER: rated}})
-    calls = [
-        inv("r", EXTERNAL, "A", 0, 100, rate=100),
-        inv("b", "A", "B", 10, 30, "r", rate=100),
-        inv("c", "A", "C", 50, 30, "r", rate=100),
-    ]
-    b = to_batch([ecg({"A": HTTP, "B": HTTP, "C": HTTP}, calls)])
-    # 10 crossings per request at 100/s = 1000 crossings/s on one CPU: a one-hop at 500/s loads it alike
-    assert shared_cpu_rates(b, 1).tolist() == [500.0] * 3
-    assert shared_cpu_rates(b, 2).tolist() == [250.0] * 3
-    per_crossing = 2.0 + 3.0 * np.log(1000 / 500)
-    one = predict_batch(b, single_profile(prof), pod_cpus=1)
-    assert one.cpu_vcpu[0] == pytest.approx(10 * per_crossing * 100 * 1e-6)
-    # on CPUs of their own, every sidecar is priced at its own rate (100/s)
-    own = predict_batch(b, single_profile(prof))
-    assert own.cpu_vcpu[0] == pytest.approx(10 * (2.0 + 3.0 * np.log(10)) * 100 * 1e-6)
-
-
-def test_colocation_exponent_prices_between_each_sidecars_own_rate_and_the_cpus() -> None:
-    rated = ComponentModel(
-        CostModel(0.1), CostModel(2.0, rate_coef=3.0, rate_lo=10.0, rate_hi=1000.0)
-    )
-    prof = profile({Mode.HTTP: {OTHER: rated}})
-    calls = [
-        inv("r", EXTERNAL, "A", 0, 100, rate=100),
-        inv("b", "A", "B", 10, 30, "r", rate=100),
-        inv("c", "A", "C", 50, 30, "r", rate=100),
-    ]
-    b = to_batch([ecg({"A": HTTP, "B": HTTP, "C": HTTP}, calls)])
-    # A's sidecar carries all three calls (600 crossings/s: a one-hop at 300/s), B's and C's one each;
-    # the external client has none (its side keeps the row's rate, nothing is priced there)
-    caller, callee = sidecar_rates(b)
-    assert (caller.tolist(), callee.tolist()) == ([100.0, 300.0, 300.0], [300.0, 100.0, 100.0])
-    assert [x.tolist() for x in priced_rates(b, 1, 0.0)] == [caller.tolist(), callee.tolist()]
-    assert [x.tolist() for x in priced_rates(b, 1, 1.0)] == [
-        [500.0] * 3
-    ] * 2  # the CPU's rate alone
-    with pytest.raises(ValueError, match="alpha"):
-        priced_rates(b, 1, 1.5)
-    # the profile's measured exponent is what predict uses unless told otherwise
-    from meshtax.model.profile import Colocation
-
-    calibrated = replace(prof, colocation={Mode.HTTP: Colocation(0.5, 0.4, 0.6, "http", 100.0)})
-
-    def cost(r: float) -> float:
-        return float(2.0 + 3.0 * np.log(1000 / r))
-
-    # A: 6 crossings at √(300·500); B and C: 2 each at √(100·500)
-    want = (6 * cost(np.sqrt(300 * 500)) + 4 * cost(np.sqrt(100 * 500))) * 100 * 1e-6
-    assert predict_batch(b, single_profile(calibrated), pod_cpus=1).cpu_vcpu[0] == pytest.approx(
-        want
-    )
-    assert predict_batch(b, single_profile(calibrated), pod_cpus=1, alpha=1.0).cpu_vcpu[
-        0
-    ] == pytest.approx(predict_batch(b, single_profile(prof), pod_cpus=1).cpu_vcpu[0])
-    # CPUs of their own: no exponent applies
-    assert predict_batch(b, single_profile(calibrated)).cpu_vcpu[0] == pytest.approx(
-        predict_batch(b, single_profile(prof)).cpu_vcpu[0]
-    )
-    # per mode: a tcp-mode sidecar keeps α = 1 when only http was calibrated
-    both = replace(
-        calibrated,
-        modes={**calibrated.modes, Mode.TCP: replace(calibrated.modes[Mode.HTTP], mode=Mode.TCP)},
-    )
-    mixed = to_batch([ecg({"A": HTTP, "B": SidecarConfig(Mode.TCP), "C": HTTP}, calls)])
-    a_caller, a_callee = side_alphas(mixed, single_profile(both))
-    assert (a_caller.tolist(), a_callee.tolist()) == (
-        [1.0, 0.5, 0.5],
-        [0.5, 1.0, 0.5],
-    )  # external caller: no sidecar
-    want_b = 2 * cost(500.0)  # B's two crossings at the CPU's rate
-    want = (6 * cost(np.sqrt(300 * 500)) + want_b + 2 * cost(np.sqrt(100 * 500))) * 100 * 1e-6
-    assert predict_batch(mixed, single_profile(both), pod_cpus=1).cpu_vcpu[0] == pytest.approx(want)
 
 
 def test_costs_scale_with_the_machine_speed_now() -> None:

@@ -182,6 +182,11 @@ def test_tiled_structure_propagates_each_copy_like_the_original() -> None:
     got = propagate(tiled(s, 2), extra.ravel()).new_us.reshape(2, -1)
     for c in range(2):
         assert np.array_equal(got[c], propagate(s, extra[c]).new_us)
+    # the copies are laid out as the structure of the batch that repeats the graphs
+    one, three = structure(to_batch([g])), structure(to_batch([g, g, g]))
+    t = tiled(one, 3)
+    for f in ("child_ptr", "child_idx", "graph_ptr", "start", "end", "end_idx", "pos"):
+        assert np.array_equal(getattr(t, f), getattr(three, f)), f
 
 
 def test_options_are_checked() -> None:

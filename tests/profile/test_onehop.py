@@ -128,3 +128,39 @@ def test_windows_stop_once_the_components_are_tight() -> None:
     r = probe(bed, None, min_pairs=3, max_pairs=10)
     assert len(bed.loads) == 12 and r.overhead.stop == "narrow"
     assert not r.interference  # nothing measured, nothing claimed
+
+
+def test_client_cpu_change_per_crossing_from_kept_windows() -> None:
+    from meshtax.profile.onehop import client_cpu_us
+
+    def w(meshed: bool, kept: bool, requests: int, read: int, write: int, user: int) -> Any:
+        client = {"read_ns": read, "write_ns": write, "user_ns": user}
+        return {"meshed": meshed, "kept": kept, "requests": requests, "client": client}
+
+    windows = [
+        # 1000 requests each way: 2000 crossings; meshed costs the client 6/2/20 ms more
+        w(True, True, 1000, 10_000_000, 6_000_000, 40_000_000),
+        w(False, True, 1000, 4_000_000, 4_000_000, 20_000_000),
+        w(True, False, 1000, 10**12, 10**12, 10**12),  # refused: not counted
+    ]
+    got = client_cpu_us(windows)
+    assert got == pytest.approx({"read": 3.0, "write": 1.0, "user": 10.0})
+    assert client_cpu_us([w(True, True, 0, 0, 0, 0)]) == {"read": 0.0, "write": 0.0, "user": 0.0}
+
+
+def test_cpu_models_carry_the_clients_cpu_change() -> None:
+    from dataclasses import replace
+
+    from meshtax.profile.build import CpuRun, SizeResult
+    from meshtax.profile.decompose import Breakdown
+
+    r = probe(Bed(), None, min_pairs=1, max_pairs=1)
+    client = {"meshed": {"read_ns": 3_000_000, "write_ns": 5_000_000, "user_ns": 9_000_000}}
+    windows = [
+        {**w, "client": client["meshed"] if w["meshed"] else {}} for w in r.windows
+    ]  # the meshed window: 1000 requests, 2000 crossings → +1.5 / +2.5 / +4.5 µs
+    sr = SizeResult(100, None, replace(r, windows=windows))
+    run = CpuRun("max", 1000.0, Breakdown(read=1.0, write=2.0, user=3.0), 1.0)
+    got = sr.cpu_bd(run)
+    assert (got.read, got.write) == pytest.approx((2.5, 4.5))
+    assert got.user == pytest.approx(3.0 + sr.app_user_us + 4.5)

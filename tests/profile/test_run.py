@@ -567,7 +567,10 @@ def test_real_short_profile_one_mode_one_size() -> None:
     tcp = prof.modes[Mode.TCP]
     assert set(tcp.components) == set(BASE_COMPONENTS)
     lat = {c: m.latency.intercept for c, m in tcp.components.items()}
-    assert lat[READ] > 0 and lat[WRITE] >= 0 and lat[NOTIFICATION] > 0 and lat[OTHER] > 0
+    # one probe pair on a shared machine: a difference (meshed − direct) may fit to zero, never
+    # below; read and the residual are large enough to stay positive
+    assert all(v >= 0 for v in lat.values()), lat
+    assert lat[READ] > 0 and lat[OTHER] > 0 and lat[WRITE] + lat[NOTIFICATION] > 0
     assert lat[PARSING] == 0.0
     assert tcp.closure is not None and tcp.closure.components_us > 0
     m = prof.provenance.options["measurements"]["tcp"][0]

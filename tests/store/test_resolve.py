@@ -20,6 +20,7 @@ ELSEWHERE = Platform("Other CPU", 64, "5.4", "envoy", "1.21", "x")
 class Store:
     def __init__(self, *ps: Profile) -> None:
         self.ps = {p.name: p for p in ps}
+        self.unusable: list[tuple[str, str]] = []
 
     def get(self, name: str) -> Profile:
         return self.ps[name]
@@ -71,3 +72,10 @@ def test_interference_is_said() -> None:
         "profile 'busy': 3 probe window pair(s) were disturbed by other work and measured "
         "again (others' CPU share up to 7%)"
     )
+
+
+def test_no_usable_profile_names_the_ones_that_failed_validation() -> None:
+    s = Store()
+    s.unusable.append(("old", "modes.http.components.ipc.latency.intercept: nan"))
+    with pytest.raises(NoProfile, match="'old' failed validation"):
+        resolve_profile(s, None, HERE)

@@ -4,10 +4,12 @@ import json
 import sqlite3
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from meshtax.model.components import OTHER
+import tests.helpers as hp
+from meshtax.model.components import IPC, OTHER
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.profile import Platform
 from meshtax.model.sidecar import Mode
@@ -85,3 +87,43 @@ def test_not_a_database(tmp_path: Path) -> None:
     path.write_text("this is not sqlite" * 100)
     with pytest.raises(StoreError, match="not a usable profile database"):
         ProfileStore(path)
+
+
+def _open_at(path: str, barrier: Any) -> None:
+    barrier.wait()
+    ProfileStore(path)
+
+
+def test_fresh_database_created_by_many_processes_at_once(tmp_path: Path) -> None:
+    # schema and version stamp are one BEGIN IMMEDIATE transaction: no "table already exists"
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    for i in range(15):
+        path = str(tmp_path / f"p{i}.db")
+        barrier = ctx.Barrier(4)
+        procs = [ctx.Process(target=_open_at, args=(path, barrier)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_a_stored_profile_that_fails_validation_is_reported_not_used(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path / "p.db")
+    good = hp.profile({Mode.HTTP: {IPC: hp.flat(5.0, 2.0)}}, name="good")
+    store.save(good)
+    store.save(hp.profile({Mode.HTTP: {IPC: hp.flat(float("nan"), 2.0)}}, name="nan"))
+    store.save(hp.profile({Mode.HTTP: {IPC: hp.flat(-5.0, 2.0)}}, name="negative"))
+    assert [s.name for s in store.list() if not s.bundled] == ["good"]
+    assert {n for n, _ in store.unusable} == {"nan", "negative"}
+    with pytest.raises(
+        StoreError, match="(?s)'nan'.*not usable.*intercept: nan is not a finite number"
+    ):
+        store.get("nan")
+    with pytest.raises(StoreError, match="total latency is -5"):
+        store.get("negative")
+    assert store.get("good") == good

@@ -85,18 +85,18 @@ BAD = [
     (
         "wrong type",
         GOOD.replace("rate: 50", "rate: fast"),
-        "rate: 'fast' is a str; expected number",
+        "rate: 'fast' is text; expected a finite number",
     ),
     (
         "unknown field",
         GOOD.replace("rate: 50", "rate: 50\nspeed: 3"),
-        "Additional properties are not allowed ('speed' was unexpected)",
+        "(top level): unknown field(s) 'speed'; expected defaults,",
     ),
     ("bad mode", GOOD.replace("mode: grpc", "mode: quic"), "defaults.sidecar"),
     (
         "missing callee",
         GOOD.replace("{id: r, callee: a,", "{id: r,"),
-        "'callee' is a required property",
+        "invocations[0]: missing 'callee'",
     ),
     ("duplicate id", GOOD.replace("{id: x,", "{id: r,"), "duplicate id"),
     ("yaml syntax", "services: [a\n", "YAML syntax error"),
@@ -204,7 +204,7 @@ def test_tls_version_of_a_sidecar(tmp_path: Path) -> None:
     )
     with pytest.raises(ECGError) as e:
         load_ecg_file(p)
-    assert "services.b.sidecar.tls_version: '1.1' is not one of ['1.2', '1.3']" in str(e.value)
+    assert "services.b.sidecar.tls_version: '1.1'; expected one of 1.2, 1.3" in str(e.value)
     p.write_text(
         "services: {a: {sidecar: {mode: tcp, tls_version: '1.3'}}}\ninvocations:\n  - {id: r, callee: a}\n"
     )

@@ -493,7 +493,9 @@ def test_ecg_references_resolve(tmp_path: Path) -> None:
         },
         "invocations": [{"id": "r", "callee": "frontend", "duration_us": 100}],
     }
-    out, messages = resolve_sidecar_refs_with_report(doc, tmp_path)
+    with pytest.raises(ConfigImportError, match="outside the ECG file's directory"):
+        resolve_sidecar_refs_with_report(doc, tmp_path)
+    out, messages = resolve_sidecar_refs_with_report(doc, tmp_path, [FIX])
     assert "sidecars_from_k8s" not in out and "sidecars_from_k8s" in doc  # input untouched
     (ecg,) = ecgs_from_dict(out, "refs.yaml")
     got = {n: s.sidecar for n, s in ecg.services.items()}
@@ -510,7 +512,7 @@ def test_ecg_references_resolve(tmp_path: Path) -> None:
     }
     assert any("no Service 'unknown' in the manifests" in m for m in messages)
     assert any("no profile for filter envoy.filters.http.jwt_authn" in m for m in messages)
-    assert resolve_sidecar_refs(doc, tmp_path) == out
+    assert resolve_sidecar_refs(doc, tmp_path, [FIX]) == out
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshtax.model.ecg import EXTERNAL
+from meshtax.model.ecg import ECG, EXTERNAL
 from meshtax.traces.alibaba import TraceFormatError
 from meshtax.traces.api import detect_format, load_traces
 from meshtax.traces.report import ImportReport
@@ -27,7 +28,7 @@ EXPECTED = {
 }
 
 
-def _calls(ecg):  # type: ignore[no-untyped-def]
+def _calls(ecg: ECG) -> set[tuple[Any, ...]]:
     by = {i.id: i for i in ecg.invocations}
     return {
         (

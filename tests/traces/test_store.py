@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshtax.model.ecg import BatchBuilder
+from meshtax.model.ecg import BatchBuilder, EcgBatch
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.traces.store import StoreError, concat_batches, open_store, write_store
 
 
-def _batch():  # type: ignore[no-untyped-def]
+def _batch() -> EcgBatch:
     b = BatchBuilder()
     a = b.service("a", SidecarConfig(Mode.HTTP))
     c = b.service("c", SidecarConfig(Mode.GRPC, ("lua",)))

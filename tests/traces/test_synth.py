@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from meshtax.model.ecg import EcgBatch
 from meshtax.traces.api import load_traces
 from meshtax.traces.synth import generate
 
@@ -64,7 +65,7 @@ def test_calibration(v2021) -> None:  # type: ignore[no-untyped-def]
     assert text["rpc"] + text["mc"] > 0.6
 
 
-def load_types(b):  # type: ignore[no-untyped-def]
+def load_types(b: EcgBatch) -> dict[str, float]:
     names = [b.services[i] for i in b.callee]
     mc = sum(n.startswith("MC_") for n in names) / len(names)
     db = sum(n.startswith("DB_") for n in names) / len(names)

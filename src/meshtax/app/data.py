@@ -10,7 +10,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from meshtax.app.errors import UsageError
+from meshtax import safeio
+from meshtax.errors import UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.whatif import Derivation
@@ -28,30 +29,27 @@ __all__ = [
 
 def import_profile(file: str, store: ProfileStore, name: str | None, replace: bool) -> Profile:
     """Store a profile exported with ``meshtax profiles export``."""
-    try:
-        doc = json.loads(Path(file).read_text())
-        if name:
-            doc["name"] = name
-        p = Profile.from_dict(doc)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise UsageError(
-            f"{file}: not a meshtax profile document ({e.__class__.__name__}: {e})"
-        ) from None
+    doc = safeio.load_document(file, "a profile document", nonfinite=True)
+    if isinstance(doc, dict) and name:
+        doc["name"] = name
+    p = Profile.from_dict(doc, source=file)
     store.save(p, replace=replace)
     return p
 
 
 def write_examples(dest: str) -> list[str]:
-    """Copy the bundled example ECGs and speedup file to ``dest``; returns the file names."""
+    """Copy the bundled example ECGs to ``dest`` and the speedup file to ``dest/whatif/`` (so
+    ``predict DEST/*.yaml`` reads call graphs only); returns the paths written, relative."""
     out = Path(dest)
-    out.mkdir(parents=True, exist_ok=True)
     src = resources.files("meshtax").joinpath("data/examples")
     names = []
     for f in sorted(src.iterdir(), key=lambda t: t.name):
         if f.name.endswith(".yaml"):
+            to = out / ("whatif" if f.name.startswith("speedup") else "") / f.name
+            to.parent.mkdir(parents=True, exist_ok=True)
             with resources.as_file(f) as path:
-                shutil.copyfile(path, out / f.name)
-            names.append(f.name)
+                shutil.copyfile(path, to)
+            names.append(str(to.relative_to(out)))
     return names
 
 

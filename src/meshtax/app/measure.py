@@ -1,4 +1,4 @@
-"""Entry points that measure this machine (root): profile (with extras), calibrate, validate,
+"""Entry points that measure this machine (root): profile (with extras), validate,
 the one-hop sweeps, and the readiness checks. Options in, profiles and documents out."""
 
 from __future__ import annotations
@@ -7,11 +7,10 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from meshtax.app import doctor
-from meshtax.app.errors import UsageError
+from meshtax.errors import UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends
@@ -26,20 +25,17 @@ from meshtax.testbed.pinning import pinning_of
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.runstate import RunBusy
 from meshtax.testbed.system import RealSystem, System
-from meshtax.validate.colocation import calibrate as calibrate_mode
 from meshtax.validate.result import ValidationResult
 from meshtax.validate.run import ValidateOptions, machine, run_validation
 from meshtax.validate.sweep import SweepResult, run_sweep
 
 __all__ = [
-    "CalibrateOptions",
     "ExtrasOptions",
     "MeasureOptions",
     "Measured",
     "ProfileOptions",
     "SweepOptions",
     "ValidateOptions",
-    "calibrate",
     "check_machine",
     "measure",
     "require_root",
@@ -102,45 +98,6 @@ def measure(
             raise UsageError(str(e)) from None
     notes = tuple(str(w.message) for w in caught if issubclass(w.category, ClosureWarning))
     return Measured(prof, notes)
-
-
-@dataclass(frozen=True)
-class CalibrateOptions:
-    profile: str | None = None
-    modes: tuple[Mode, ...] = ()  # empty: every mode of the profile
-    rate: float = 100.0
-    duration_s: float = 3.0
-    quick: bool = False
-    keep_dir: str | None = None
-    accept_unclosed: bool = False
-
-
-def calibrate(
-    opts: CalibrateOptions, store: ProfileStore, say: Say | None = None
-) -> tuple[Profile, list[tuple[Mode, ValidationResult]]]:
-    """Per mode, the co-location exponent from chains of services; each stored when done."""
-    prof = resolve_profile(
-        store, opts.profile, this_host(), accept_unclosed=opts.accept_unclosed
-    ).profile
-    results = []
-    try:
-        for m in opts.modes or tuple(prof.modes):
-            keep = None if opts.keep_dir is None else Path(opts.keep_dir) / m.value
-            prof, res = calibrate_mode(
-                RealSystem(),
-                prof,
-                store,
-                mode=m,
-                rate=opts.rate,
-                duration_s=opts.duration_s,
-                quick=opts.quick,
-                keep_dir=keep,
-                progress=say,
-            )
-            results.append((m, res))
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    return prof, results
 
 
 def validate(

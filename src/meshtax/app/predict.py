@@ -3,16 +3,15 @@ profile, with what-if speedups. Options in, result documents out (no argv, no pr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-from meshtax.app.errors import UsageError
+from meshtax import safeio
 from meshtax.app.tail import TailRequest, tail_parts
-from meshtax.model.ecg import ECG, EcgBatch, Service, to_batch
+from meshtax.errors import MeshtaxError, UsageError
+from meshtax.model.ecg import ECG, EcgBatch, ECGError, Service, to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.model.speed import Speed, describe_scaling
@@ -55,6 +54,7 @@ class PredictOptions:
     pod_cpus: int | None = None  # CPUs the pods share (None: each pod has CPUs of its own)
     accept_unclosed: bool = False  # use a profile that failed its closure check (with a warning)
     speed: str = "profile"  # "now": measure this machine's speed and scale the profile's costs
+    allow_outside: tuple[str, ...] = ()  # directories ECG files may reference besides their own
     tail: TailRequest | None = None  # percentiles under load and saturation (app.tail)
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,23 +84,21 @@ def speed_now(profile: Profile) -> tuple[Speed | None, list[str]]:
     return speed, [describe_scaling(speed, profile.speed)]
 
 
-def load_ecgs(files: Sequence[str]) -> list[ECG]:
+def load_ecgs(files: Sequence[str], allow_outside: Sequence[str] = ()) -> list[ECG]:
     ecgs: list[ECG] = []
     for f in files:
-        ecgs += load_ecg_file(f)
+        ecgs += load_ecg_file(f, allow_outside=allow_outside)
     if not ecgs:
         raise UsageError("no call graphs given")
     return ecgs
 
 
-def load_speedup_file(path: str) -> dict[str, Any]:
+def load_speedup_file(path: str) -> Any:
+    """The parsed speedup document (validated by :func:`speedup_from_dict`)."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise SpeedupError(f"{path}: file not found") from None
-    except yaml.YAMLError as e:
-        raise SpeedupError(f"{path}: YAML syntax error: {e}") from None
-    return doc if isinstance(doc, dict) else {"_": doc}
+        return safeio.load_document(path, "a speedup file", nonfinite=True)
+    except MeshtaxError as e:
+        raise SpeedupError(str(e), file=path) from None
 
 
 @dataclass(frozen=True)
@@ -115,17 +113,21 @@ class Loaded:
 
 def load_batch(opts: PredictOptions) -> Loaded:
     """The graphs to predict, from ECG files or traces."""
+    if opts.rate is not None and not (math.isfinite(opts.rate) and 0 < opts.rate <= 1e9):
+        raise UsageError(f"rate {opts.rate!r}; expected requests/s > 0 and ≤ 1e9")
     if opts.trace_format is None:
-        ecgs = load_ecgs(opts.ecg_files)
+        ecgs = load_ecgs(opts.ecg_files, opts.allow_outside)
         if opts.rate is not None:
             ecgs = [
                 replace(e, invocations=tuple(replace(i, rate=opts.rate) for i in e.invocations))
                 for e in ecgs
             ]
         notes = list(dict.fromkeys(n for e in ecgs for n in e.meta.get("notes", ())))
-        return Loaded(
-            to_batch(ecgs), None, notes, {k: v for e in ecgs for k, v in e.services.items()}
-        )
+        try:
+            batch = to_batch(ecgs)
+        except ValueError as e:  # one service, two sidecars in two files
+            raise ECGError(", ".join(opts.ecg_files), [str(e)]) from None
+        return Loaded(batch, None, notes, {k: v for e in ecgs for k, v in e.services.items()})
     from meshtax.traces import (
         AlibabaOptions,
         SpanOptions,

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from meshtax.app.errors import UsageError
+from meshtax.errors import UsageError
 from meshtax.model.ecg import EcgBatch
 from meshtax.model.speed import Speed
 from meshtax.predict.engine import ProfileLookup

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from meshtax.app.errors import UsageError
+from meshtax.errors import UsageError
 from meshtax.model.sidecar import Mode
 from meshtax.store.resolve import resolve_profile
 from meshtax.store.sqlite import ProfileStore

@@ -1,8 +1,15 @@
-"""What every command shares: the group, common options, error mapping, small parsers."""
+"""What every command shares: the group, common options, error mapping, small parsers.
+
+User errors (:class:`~meshtax.errors.MeshtaxError`, a missing tool, a busy testbed) print one
+clear message and exit 2; anything else is a bug and prints one line and exits 70
+(``--debug`` or ``$MESHTAX_DEBUG=1`` shows the traceback instead).
+"""
 
 from __future__ import annotations
 
 import functools
+import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -10,29 +17,91 @@ from typing import Any, TypeVar
 
 import click
 
+from meshtax import safeio
 from meshtax._version import __version__
-from meshtax.app import UsageError
-from meshtax.model.ecg import ECGError
+from meshtax.app import USER_ERRORS
+from meshtax.errors import EXIT_INTERNAL, EXIT_USER, UsageError
 from meshtax.model.sidecar import Mode
-from meshtax.predict.engine import PredictionError
-from meshtax.predict.whatif import SpeedupError
-from meshtax.store.sqlite import StoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
 V = TypeVar("V")
-USER_ERRORS = (UsageError, ECGError, StoreError, PredictionError, SpeedupError)
+_DEBUG = [os.environ.get("MESHTAX_DEBUG", "") not in ("", "0")]
 
 
 def user_errors(fn: F) -> F:
+    """User errors → one line on stderr, exit 2; anything else → the last-resort line, exit 70."""
+
     @functools.wraps(fn)
     def wrapper(*a: Any, **kw: Any) -> Any:
         try:
             return fn(*a, **kw)
         except USER_ERRORS as e:
             click.echo(f"meshtax: error: {e}", err=True)
-            sys.exit(2)
+            sys.exit(EXIT_USER)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except BrokenPipeError:
+            sys.exit(1)  # the reader went away (e.g. `| head`): nothing to say
+        except OSError as e:
+            if e.filename is None or _DEBUG[0]:
+                raise
+            click.echo(f"meshtax: error: {e.filename}: {e.strerror or e}", err=True)
+            sys.exit(EXIT_USER)
 
     return wrapper  # type: ignore[return-value]
+
+
+class _Main(click.Group):
+    """The command group with the last-resort handler: an unexpected exception is a bug;
+    say so in one line and exit 70, unless --debug asks for the traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as e:
+            if _DEBUG[0]:
+                raise
+            click.echo(
+                f"meshtax: internal error: {e.__class__.__name__}: {str(e)[:200]}\n"
+                "run with --debug for the traceback (and please report it)",
+                err=True,
+            )
+            sys.exit(EXIT_INTERNAL)
+
+
+class Number(click.ParamType):  # type: ignore[type-arg]
+    """A finite float within bounds (NaN, infinities and out-of-range values are refused)."""
+
+    name = "number"
+
+    def __init__(self, lo: float | None = None, *, open_lo: bool = False, hi: float | None = None):
+        self.lo, self.open_lo, self.hi = lo, open_lo, hi
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        want = (
+            "a finite number"
+            + ("" if self.lo is None else f" {'>' if self.open_lo else '≥'} {self.lo:g}")
+            + ("" if self.hi is None else f" and ≤ {self.hi:g}")
+        )
+        bad = not math.isfinite(v) or (
+            self.lo is not None and (v <= self.lo if self.open_lo else v < self.lo)
+        )
+        if bad or (self.hi is not None and v > self.hi):
+            self.fail(f"{value!r}; expected {want}", param, ctx)
+        return v
+
+
+# upper bounds far beyond real values, so no product of them overflows a float
+POSITIVE = Number(0.0, open_lo=True, hi=1e9)  # rates, seconds, MB
+NONNEG = Number(0.0, hi=1e12)  # sizes in bytes, seconds to wait
 
 
 def emit(text: str, output: str | None) -> None:
@@ -87,10 +156,25 @@ output_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="meshtax")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of an unexpected error.")
+@click.option(
+    "--max-input-mb",
+    type=POSITIVE,
+    help="Largest input file read whole (ECG, profile, speedup, config; default 128, or "
+    "$MESHTAX_MAX_INPUT_MB); compressed traces may expand to 100× their size or this.",
+)
+def main(debug: bool, max_input_mb: float | None) -> None:
     """What does a service mesh cost me? Profile sidecars; predict their overhead on call graphs."""
+    _DEBUG[0] = _DEBUG[0] or debug
+    if max_input_mb is not None:
+        limit = int(max_input_mb * (1 << 20))
+        safeio.set_limits(
+            safeio.Limits(
+                max_bytes=limit, min_decompressed=max(safeio.Limits().min_decompressed, limit)
+            )
+        )
 
 
 def stderr(msg: str) -> None:

@@ -1,4 +1,4 @@
-"""Commands that measure this machine (root): profile, calibrate, validate, doctor."""
+"""Commands that measure this machine (root): profile, validate, doctor."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import click
 from meshtax.app import UsageError
 from meshtax.app import data as app_data
 from meshtax.cli._common import (
+    NONNEG,
+    POSITIVE,
     accept_unclosed_option,
     csv,
     db_option,
@@ -38,12 +40,12 @@ from meshtax.store.sqlite import ProfileStore
 )
 @click.option(
     "--rate",
-    type=float,
+    type=NONNEG,
     default=200.0,
     show_default=True,
     help="Requests/s of every run (0: closed loop).",
 )
-@click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
+@click.option("--duration", type=POSITIVE, default=3.0, show_default=True, help="Seconds per run.")
 @click.option(
     "--profile",
     "profile",
@@ -154,61 +156,6 @@ def validate(
         click.echo(f"wrote {app_data.write_document(doc, report_path, store)}", err=True)
 
 
-@main.command()
-@click.option(
-    "--profile",
-    "profile",
-    help="Profile to calibrate (default: this machine's newest measured profile).",
-)
-@click.option(
-    "--modes",
-    default="",
-    help="Comma-separated sidecar modes of the chains (default: every mode of the profile).",
-)
-@click.option(
-    "--rate", type=float, default=100.0, show_default=True, help="Requests/s of every run."
-)
-@click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds per run.")
-@click.option("--quick", is_flag=True, help="Fewer pairs (smoke runs, CI): a wide interval.")
-@click.option(
-    "--keep",
-    "keep_dir",
-    type=click.Path(file_okay=False),
-    help="Keep the chains' validation documents and traces here (one directory per mode).",
-)
-@db_option
-@accept_unclosed_option
-@user_errors
-def calibrate(
-    profile: str | None,
-    modes: str,
-    rate: float,
-    duration: float,
-    quick: bool,
-    keep_dir: str | None,
-    db: str | None,
-    accept_unclosed: bool,
-) -> None:
-    """Measure how warm a sidecar is among many on shared CPUs (root): per mode, chains of 1, 2,
-    4 and 8 services without and with sidecars, then store the exponent α the engine prices
-    shared CPUs with in the profile (replacing it; each mode is stored as soon as it is done)."""
-    from meshtax.app import measure as m
-    from meshtax.report.text import colocation_lines
-
-    m.require_root("the calibration creates network namespaces and sidecars")
-    store = ProfileStore(db)
-    opts = m.CalibrateOptions(
-        profile, parse_modes(modes), rate, duration, quick, keep_dir, accept_unclosed
-    )
-    prof, results = m.calibrate(opts, store, stderr)
-    for mode, res in results:
-        click.echo(
-            f"The {mode.value}-mode chains, predicted before this calibration:\n" + res.table()
-        )
-    click.echo("\n".join(colocation_lines(prof.colocation)))
-    click.echo(f"stored in profile {prof.name!r} of {store.path}")
-
-
 @main.command("profile")
 @click.option(
     "--quick",
@@ -217,7 +164,7 @@ def calibrate(
 )
 @click.option("--modes", help="Comma-separated modes to profile (tcp,http,grpc).")
 @click.option("--sizes", help="Comma-separated message sizes in bytes, e.g. 100,1024,4096.")
-@click.option("--duration", type=float, help="Base seconds per load run.")
+@click.option("--duration", type=POSITIVE, help="Base seconds per load run.")
 @click.option(
     "--carried",
     help="Application protocols to measure through a tcp-mode sidecar "
@@ -259,7 +206,7 @@ def calibrate(
 @click.option(
     "--wait",
     "wait_s",
-    type=float,
+    type=NONNEG,
     default=0.0,
     show_default=True,
     help="Seconds to wait for another profiling run to finish (0: fail at once).",

@@ -13,6 +13,9 @@ from meshtax.app import UsageError
 from meshtax.app import data as app_data
 from meshtax.app.predict import PredictOptions, StudyOptions, predict_files
 from meshtax.cli._common import (
+    NONNEG,
+    POSITIVE,
+    Number,
     accept_unclosed_option,
     db_option,
     emit,
@@ -41,11 +44,12 @@ from meshtax.store.sqlite import ProfileStore
 @click.option(
     "--speedup", type=click.Path(), help="What-if speedup YAML: report before/after and the saving."
 )
-@click.option("--rate", type=float, help="Override every invocation's rate (requests/s).")
+@click.option("--rate", type=POSITIVE, help="Override every invocation's rate (requests/s).")
 @click.option(
     "--traces",
     is_flag=True,
-    help="The files are distributed traces (Jaeger, OTLP, Zipkin, Alibaba CSV), not ECG files.",
+    help="The files are distributed traces (Jaeger, OTLP, Zipkin, Alibaba CSV), not ECG files: "
+    "files, directories, globs or - (stdin), gzip or zstd.",
 )
 @click.option(
     "--trace-format",
@@ -66,8 +70,15 @@ from meshtax.store.sqlite import ProfileStore
     help="With --traces: trace → Kubernetes service names (YAML/JSON).",
 )
 @click.option(
+    "--allow-outside",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="Let ECG files read Envoy configs / manifests under this directory too (repeatable; "
+    "by default only under the ECG file's own directory).",
+)
+@click.option(
     "--pod-cpus",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=1_000_000),
     help="The pods share this many CPUs: latency overhead is at least the request's sidecar CPU work ÷ N "
     "(default: every pod has CPUs of its own, the critical path alone).",
 )
@@ -88,6 +99,7 @@ def predict(
     trace_format: str | None,
     sidecar_mode: str,
     service_map: str | None,
+    allow_outside: tuple[str, ...],
     pod_cpus: int | None,
     db: str | None,
     fmt: str,
@@ -111,6 +123,7 @@ def predict(
         pod_cpus=pod_cpus,
         accept_unclosed=accept_unclosed,
         speed=speed,
+        allow_outside=allow_outside,
         tail=tail_request(click.get_current_context()),
     )
     store = ProfileStore(db)
@@ -134,7 +147,10 @@ def profiles() -> None:
 @user_errors
 def profiles_list(db: str | None, fmt: str) -> None:
     """Every stored profile, and the bundled reference."""
-    rows = ProfileStore(db).list()
+    store = ProfileStore(db)
+    rows = store.list()
+    for bad, why in store.unusable:
+        click.echo(f"warning: stored profile {bad!r} is not usable, not listed: {why}", err=True)
     if fmt == "json":
         click.echo(
             json.dumps(
@@ -163,14 +179,14 @@ def profiles_list(db: str | None, fmt: str) -> None:
 @format_option
 @click.option(
     "--size",
-    type=float,
+    type=NONNEG,
     default=100.0,
     show_default=True,
     help="Message size (bytes) of the table.",
 )
 @click.option(
     "--rate",
-    type=float,
+    type=POSITIVE,
     default=30000.0,
     show_default=True,
     help="Rate (requests/s) for CPU in vCPU.",
@@ -232,12 +248,12 @@ def whatif() -> None:
 @click.option(
     "--size",
     "sizes",
-    type=float,
+    type=NONNEG,
     multiple=True,
     help="Message size in bytes to compare at (repeatable; default 100 and 4096). "
     "The file's factors are those at the first.",
 )
-@click.option("--rate", type=float, help="Requests/s for CPU (default: each model's highest).")
+@click.option("--rate", type=POSITIVE, help="Requests/s for CPU (default: each model's highest).")
 @click.option("--name", help="The speedup's name (default: VARIANT-vs-BASE).")
 @click.option(
     "--every-mode", is_flag=True, help="Apply a one-mode comparison to every mode (under scale)."
@@ -288,7 +304,7 @@ def traces() -> None:
 
 
 @traces.command("import")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option(
     "--out",
     "out_dir",
@@ -311,15 +327,15 @@ def traces() -> None:
 )
 @click.option(
     "--request-bytes",
-    type=float,
+    type=NONNEG,
     default=100.0,
     show_default=True,
     help="Size when the traces give none (the paper's 100 B).",
 )
-@click.option("--response-bytes", type=float, default=100.0, show_default=True)
+@click.option("--response-bytes", type=NONNEG, default=100.0, show_default=True)
 @click.option(
     "--rate",
-    type=float,
+    type=POSITIVE,
     help="Requests/s of every call (Alibaba default: the paper's 30 000; spans: counted).",
 )
 @click.option("--overwrite", is_flag=True)
@@ -334,7 +350,8 @@ def traces_import(
     rate: float | None,
     overwrite: bool,
 ) -> None:
-    """Stream traces into a store (bounded memory); prints what was kept and dropped, and why."""
+    """Stream traces (files, directories, globs, - for stdin; gzip or zstd) into a store
+    (bounded memory); prints what was kept and dropped, and why."""
     summary = app_data.import_traces(
         files,
         out_dir,
@@ -351,7 +368,7 @@ def traces_import(
 
 
 @traces.command("generate")
-@click.option("--graphs", type=int, required=True, help="Number of call graphs.")
+@click.option("--graphs", type=click.IntRange(min=1), required=True, help="Number of call graphs.")
 @click.option(
     "--out",
     "out_path",
@@ -369,7 +386,7 @@ def traces_import(
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option(
     "--broken-fraction",
-    type=float,
+    type=Number(0.0, hi=1.0),
     default=0.0,
     show_default=True,
     help="Share of graphs with a missing inner call (as in real traces).",
@@ -383,8 +400,6 @@ def traces_generate(
 
     from meshtax.traces import generate
 
-    if graphs <= 0:
-        raise UsageError("--graphs must be positive")
     with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
         task = bar.add_task("generating", total=graphs)
         summ = generate(

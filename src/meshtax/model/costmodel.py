@@ -151,12 +151,11 @@ class CostModel:
         r_lo = r_hi = None
         if r is not None and np.unique(r).size >= 2:
             xr = np.log(r.max() / r)
-            # only where the samples identify it: independent of the size terms, and a
-            # residual degree of freedom left (two samples at two rates are no rate model)
-            if (
-                s.size > len(cols) + 1
-                and np.linalg.matrix_rank(np.column_stack([*cols, xr])) == len(cols) + 1
-            ):
+            # wherever the samples identify it (independent of the size terms), even with no
+            # residual left: a profile's two rates at one size say how much more a message
+            # costs at the lower one, and dropping that priced a tcp sidecar carrying gRPC at
+            # the mean of 87 and 323 CPU-µs at every rate (BENCHMARKS.md, issue #14)
+            if np.linalg.matrix_rank(np.column_stack([*cols, xr])) == len(cols) + 1:
                 r_lo, r_hi = float(r.min()), float(r.max())
                 cols.append(xr)
                 names.append("d")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from meshtax.errors import ModelError
 from meshtax.model.sidecar import SidecarConfig
 
 #: Published defaults (Zhu et al.): 100 B messages.
@@ -68,14 +69,14 @@ class ECG:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
 
-class ECGError(ValueError):
+class ECGError(ModelError):
     """A call graph that cannot be used; lists every problem found, each with where it is."""
 
     def __init__(self, source: str, problems: Sequence[str]) -> None:
         self.source = source
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{source}: {len(self.problems)} problem(s):\n{lines}")
+        super().__init__(f"{source}: {len(self.problems)} problem(s):\n{lines}", file=source)
 
 
 def validate(
@@ -146,8 +147,11 @@ def validate(
     order: list[int] = []
     if not problems:
         order, cyc = _topological(invocations, by_id)
-        for c in cyc:
-            problems.append(f"invocations: cycle through parent links: {' → '.join(c)}")
+        for c in cyc[:20]:
+            shown = c if len(c) <= 12 else [*c[:10], f"… {len(c) - 11} more …", c[-1]]
+            problems.append(f"invocations: cycle through parent links: {' → '.join(shown)}")
+        if len(cyc) > 20:
+            problems.append(f"invocations: … and {len(cyc) - 20} more cycles")
     if problems:
         raise ECGError(source, problems)
     return ECG(name, dict(services), tuple(invocations[i] for i in order))
@@ -177,12 +181,13 @@ def _topological(
     for i in rest:
         if i in done:
             continue
-        path, j = [], i
+        path: dict[int, int] = {}  # row → position on the walk (a set and an order in one)
+        j = i
         while j not in done and j not in path:
-            path.append(j)
+            path[j] = len(path)
             j = by_id[invs[j].parent]  # type: ignore[index]
         if j in path:
-            loop = path[path.index(j) :]
+            loop = list(path)[path[j] :]
             cycles.append([invs[k].id for k in loop] + [invs[j].id])
         done.update(path)
     return order, cycles

@@ -30,9 +30,11 @@ from meshtax.model.speed import Speed
 #:     its probe windows: shares of other work, steal, run-queue wait; windows refused), and
 #:     ``status`` (``closed`` | ``unclosed``: a mode whose components did not add up to the
 #:     measured overhead after the profiler's retries). Format-1 documents load unchanged.
-#:     Later the same day, optional per-mode ``capacity`` and ``latency_sketches`` (issue #20:
-#:     requests/s at saturation, per-size latency quantiles with and without the sidecar;
-#:     written only when measured, absent in older documents).
+#:     ``colocation`` (the exponent ``meshtax calibrate`` fitted on chains) is no longer used
+#:     or written: shared CPUs are priced from the profile's own rate models (issue #14);
+#:     documents that carry it still load. Optional per-mode ``capacity`` and
+#:     ``latency_sketches`` (issue #20: requests/s at saturation, per-size latency quantiles
+#:     with and without the sidecar; written only when measured, absent in older documents).
 PROFILE_FORMAT = 2
 
 
@@ -304,86 +306,6 @@ class ModeProfile:
 
 
 @dataclass(frozen=True)
-class ColocationPoint:
-    """One chain of the co-location calibration: ``services`` sidecars on the shared CPU(s),
-    measured CPU overhead per request (median of paired runs, 95 % interval) and the
-    prediction at the fitted ``alpha``."""
-
-    services: int
-    measured_us: float
-    measured_lo_us: float
-    measured_hi_us: float
-    predicted_us: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "services": self.services,
-            "measured_us": self.measured_us,
-            "measured_lo_us": self.measured_lo_us,
-            "measured_hi_us": self.measured_hi_us,
-            "predicted_us": self.predicted_us,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ColocationPoint:
-        return cls(
-            int(d["services"]),
-            float(d["measured_us"]),
-            float(d["measured_lo_us"]),
-            float(d["measured_hi_us"]),
-            float(d["predicted_us"]),
-        )
-
-
-@dataclass(frozen=True)
-class Colocation:
-    """How warm a sidecar of one mode is when its pod shares CPUs with many others (measured
-    by ``meshtax calibrate``, :mod:`meshtax.validate.colocation`).
-
-    A message through a sidecar that sees ``r_own`` messages/s on CPUs that see ``r_cpu``
-    (in one-hop terms, :func:`meshtax.predict.engine.shared_cpu_rates`) is priced at
-    ``r_own^(1−alpha) · r_cpu^alpha``: ``alpha`` = 1 when the CPU's busy-ness is all that warms
-    it, 0 when only its own traffic does (caches and predictors evicted by its neighbours).
-    ``lo``/``hi``: 95 % bootstrap interval over the calibration's paired runs.
-    """
-
-    alpha: float
-    lo: float
-    hi: float
-    mode: str
-    rate: float
-    points: tuple[ColocationPoint, ...] = ()
-    note: str = ""
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"colocation alpha must be within [0, 1], got {self.alpha}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "alpha": self.alpha,
-            "lo": self.lo,
-            "hi": self.hi,
-            "mode": self.mode,
-            "rate": self.rate,
-            "points": [p.to_dict() for p in self.points],
-            "note": self.note,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Colocation:
-        return cls(
-            float(d["alpha"]),
-            float(d["lo"]),
-            float(d["hi"]),
-            str(d["mode"]),
-            float(d["rate"]),
-            tuple(ColocationPoint.from_dict(p) for p in d.get("points", ())),
-            str(d.get("note", "")),
-        )
-
-
-@dataclass(frozen=True)
 class Profile:
     """A platform's sidecar cost models, per protocol mode, with provenance.
 
@@ -395,7 +317,6 @@ class Profile:
     platform: Platform
     provenance: Provenance
     modes: Mapping[Mode, ModeProfile]
-    colocation: Mapping[Mode, Colocation] = field(default_factory=dict)
     speed: Speed | None = None
     interference: Mapping[str, Any] = field(default_factory=dict)
     status: str | None = None  # closed | unclosed (None: not recorded; see unclosed_modes)
@@ -412,11 +333,25 @@ class Profile:
         """The profile failed its closure check (recorded by the profiler, or seen now)."""
         return self.status == "unclosed" or bool(self.unclosed_modes)
 
-    def alpha(self, mode: Mode) -> float:
-        """The co-location exponent the engine prices shared CPUs with in ``mode`` (1 when that
-        mode was not calibrated)."""
-        col = self.colocation.get(mode)
-        return 1.0 if col is None else col.alpha
+    def quality(self) -> dict[str, Any]:
+        """How far to trust the profile, for every output made with it: closure per mode,
+        what else ran while it measured, the machine's speed then."""
+        closures = {m.value: mp.closure for m, mp in self.modes.items() if mp.closure}
+        return {
+            "status": self.status
+            or ("unclosed" if self.unclosed else "closed" if closures else "unchecked"),
+            "closure": {
+                m: {
+                    "components_us": c.components_us,
+                    "measured_us": c.measured_us,
+                    "error": c.error,
+                    "tolerance": c.tolerance,
+                }
+                for m, c in closures.items()
+            },
+            "interference": {k: v for k, v in self.interference.items() if k != "by_size"},
+            "speed": None if self.speed is None else self.speed.to_dict(),
+        }
 
     def mode(self, mode: Mode) -> ModeProfile:
         try:
@@ -437,31 +372,36 @@ class Profile:
             "platform": self.platform.to_dict(),
             "provenance": self.provenance.to_dict(),
             "modes": {m.value: mp.to_dict() for m, mp in self.modes.items()},
-            **(
-                {"colocation": {m.value: c.to_dict() for m, c in self.colocation.items()}}
-                if self.colocation
-                else {}
-            ),
             **({"speed": self.speed.to_dict()} if self.speed is not None else {}),
             **({"interference": dict(self.interference)} if self.interference else {}),
             **({"status": self.status} if self.status is not None else {}),
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Profile:
-        fmt = d.get("format", PROFILE_FORMAT)
-        if fmt > PROFILE_FORMAT:
-            raise ValueError(
-                f"profile format {fmt} is newer than this meshtax understands ({PROFILE_FORMAT})"
-            )
+    def from_dict(cls, d: Any, source: str = "<profile>") -> Profile:
+        """A validated profile: the document's types against :data:`PROFILE_SCHEMA`, then
+        :func:`profile_problems`; every problem is raised together as a :class:`ProfileError`."""
+        from meshtax.model.profile_check import ProfileError, doc_problems, profile_problems
+
+        bad = doc_problems(d, PROFILE_FORMAT)
+        if bad:
+            raise ProfileError(source, bad)
+        try:
+            p = cls._build(d)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ProfileError(source, [str(e).strip("'\"")]) from None
+        bad = profile_problems(p)
+        if bad:
+            raise ProfileError(source, bad)
+        return p
+
+    @classmethod
+    def _build(cls, d: Mapping[str, Any]) -> Profile:
         return cls(
             name=str(d["name"]),
             platform=Platform.from_dict(d["platform"]),
             provenance=Provenance.from_dict(d["provenance"]),
             modes={Mode(k): ModeProfile.from_dict(v) for k, v in d["modes"].items()},
-            colocation={
-                Mode(k): Colocation.from_dict(v) for k, v in (d.get("colocation") or {}).items()
-            },
             speed=Speed.from_dict(d["speed"]) if d.get("speed") else None,
             interference=dict(d.get("interference") or {}),
             status=None if d.get("status") is None else str(d["status"]),

@@ -17,8 +17,11 @@ the children of a virtual client.
 
 The recurrence is a sequential dynamic program over each sibling group (a weighted chain of
 intervals), which NumPy cannot express without a pass per chain link; it runs as one numba
-kernel over the columnar batch, graphs and rows in one loop (O(Σ k²) over sibling groups of
-size k, linear for the fan-outs seen in traces).
+kernel over the columnar batch, graphs and rows in one loop. Within a group, the
+predecessors of the siblings taken in start order only grow (every sibling that ended by one's
+start also ended by the next one's), so one pointer over the group in end order adds each
+sibling once and keeps the running maximum: O(k) per group after the O(n log n) sorts
+(10^5 siblings under one parent: milliseconds, where the pairwise scan took 44 s).
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ class Structure:
     every overhead vector (point estimate, bounds, what-if)."""
 
     child_ptr: IntArray  # group g (row index, or n + graph for the virtual root) → child_idx range
-    child_idx: IntArray
+    child_idx: IntArray  # members of each group by (start, end, row)
     graph_ptr: IntArray
     start: FloatArray
     end: FloatArray
+    end_idx: IntArray  # members of each group by (end, position in child_idx)
+    pos: IntArray  # row → its position in child_idx
 
 
 def structure(batch: EcgBatch) -> Structure:
@@ -53,11 +58,14 @@ def structure(batch: EcgBatch) -> Structure:
     g = batch.graph_of()
     key = np.where(batch.parent >= 0, batch.parent, n + g)
     end = batch.start_us + batch.duration_us
-    order = np.lexsort((np.arange(n), end, batch.start_us, key))
+    order = np.lexsort((np.arange(n), end, batch.start_us, key)).astype(np.int64)
     counts = np.bincount(key, minlength=n + batch.n_graphs)
     ptr = np.zeros(n + batch.n_graphs + 1, dtype=np.int64)
     np.cumsum(counts, out=ptr[1:])
-    return Structure(ptr, order.astype(np.int64), batch.graph_ptr, batch.start_us, end)
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n, dtype=np.int64)
+    by_end = np.lexsort((pos, end, key)).astype(np.int64)
+    return Structure(ptr, order, batch.graph_ptr, batch.start_us, end, by_end, pos)
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,8 @@ class Propagation:
 def _group(
     ptr: IntArray,
     idx: IntArray,
+    by_end: IntArray,
+    pos: IntArray,
     grp: int,
     start: FloatArray,
     end: FloatArray,
@@ -85,25 +95,34 @@ def _group(
     pred: IntArray,
 ) -> float:
     """Resolve one sibling group: fills W and pred of its members; returns the delay of the
-    group's last end (max of end+W minus max of end, 0 for an empty group)."""
+    group's last end (max of end+W minus max of end, 0 for an empty group).
+
+    The predecessors of the k-th sibling (by start) are the earlier siblings that ended by its
+    start; taken in end order they are a prefix that only grows with k. A sibling that ended
+    by c's start but is not earlier than c is a zero-length call at c's very start placed
+    after it, and so is every sibling after it in end order that also ended by then."""
     lo = ptr[grp]
     hi = ptr[grp + 1]
     new_last = -np.inf
     old_last = -np.inf
+    e = lo
+    new_pred = -np.inf
+    old_pred = -np.inf
+    p = -1
     for k in range(lo, hi):
         c = idx[k]
-        new_pred = -np.inf
-        old_pred = -np.inf
-        p = -1
-        for j in range(lo, k):
-            a = idx[j]
-            if end[a] <= start[c]:
-                old_pred = max(old_pred, end[a])
-                v = end[a] + W[a]
-                # ties go to the later-ending predecessor: the conventional critical path
-                if p < 0 or v > new_pred or (v == new_pred and end[a] >= end[p]):
-                    new_pred = v
-                    p = a
+        while e < hi:
+            a = by_end[e]
+            if end[a] > start[c] or pos[a] >= k:
+                break
+            old_pred = end[a]  # in end order: the latest end so far
+            v = end[a] + W[a]
+            # ties go to the later-ending predecessor (then the later one in start order):
+            # the conventional critical path
+            if p < 0 or v > new_pred or (v == new_pred and end[a] >= end[p]):
+                new_pred = v
+                p = a
+            e += 1
         pred[c] = p
         W[c] = (new_pred - old_pred if p >= 0 else 0.0) + inc[c]
         new_last = max(new_last, end[c] + W[c])
@@ -130,6 +149,8 @@ def _last(ptr: IntArray, idx: IntArray, grp: int, end: FloatArray, W: FloatArray
 def _propagate(
     ptr: IntArray,
     idx: IntArray,
+    by_end: IntArray,
+    pos: IntArray,
     graph_ptr: IntArray,
     start: FloatArray,
     end: FloatArray,
@@ -151,9 +172,9 @@ def _propagate(
             continue
         # children follow parents, so a reverse sweep sees every subtree finished
         for i in range(hi - 1, lo - 1, -1):
-            inc[i] = extra[i] + _group(ptr, idx, i, start, end, inc, W, pred)
+            inc[i] = extra[i] + _group(ptr, idx, by_end, pos, i, start, end, inc, W, pred)
         vroot = n + g
-        _group(ptr, idx, vroot, start, end, inc, W, pred)
+        _group(ptr, idx, by_end, pos, vroot, start, end, inc, W, pred)
         t0 = np.inf
         e0 = -np.inf
         e1 = -np.inf
@@ -187,5 +208,7 @@ def propagate(s: Structure, extra_us: FloatArray) -> Propagation:
     extra = np.ascontiguousarray(extra_us, dtype=np.float64)
     if extra.shape != s.start.shape:
         raise ValueError(f"overhead vector has {extra.shape[0]} rows, batch has {s.start.shape[0]}")
-    base, new, crit = _propagate(s.child_ptr, s.child_idx, s.graph_ptr, s.start, s.end, extra)
+    base, new, crit = _propagate(
+        s.child_ptr, s.child_idx, s.end_idx, s.pos, s.graph_ptr, s.start, s.end, extra
+    )
     return Propagation(base, new, crit)

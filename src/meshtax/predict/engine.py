@@ -19,18 +19,8 @@ work a sidecar does after forwarding queue behind each other. With one request i
 one shared CPU this bound is exact (measured here: latency overhead ÷ CPU overhead = 1.00 in
 the http/grpc validation cases); with ``k`` CPUs the overhead is ``max(critical path, W / k)``.
 
-Shared CPUs also change which rate prices a message. Per-message CPU depends on how busy the
-CPU is (an idle CPU wakes cold for every message), and the profile measured it with one
-sidecar whose CPU sees ``2·r`` crossings per second at request rate ``r``. On ``k`` shared
-CPUs, every crossing of the graph lands on them, so each message is priced at the one-hop
-rate that loads a CPU alike: ``r_eff = Σ crossings/s of the graph / (2·k)``. It is a proxy
-for how warm the CPU is, and only that: a sidecar among many on a busy CPU is colder than one
-alone at ``r_eff`` (its caches and predictors are evicted by its neighbours). So a message is
-priced at ``r_own^(1−α) · r_eff^α``, where ``r_own`` is the one-hop rate of that sidecar's own
-traffic (its crossings/s ÷ 2, all its calls in and out) and the exponent ``α`` is what the
-profile measured for that sidecar's mode (:class:`~meshtax.model.profile.Colocation`,
-``meshtax calibrate``: chains of 1–8 services on the shared CPUs; here http 0.3–0.45, gRPC
-0.73), 1 (the CPU's rate alone) for a mode without it.
+Shared CPUs also change what a message costs: how warm the CPU is depends on all the traffic
+on it, not the sidecar's own alone; :mod:`meshtax.predict.shared_cpu` says at which rate.
 """
 
 from __future__ import annotations
@@ -41,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from meshtax.errors import PredictError
 from meshtax.model.components import BASE_COMPONENTS, TLS, UNATTRIBUTED, Component, filter_component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
@@ -48,12 +39,13 @@ from meshtax.model.profile import ModeProfile, Profile, TlsModels
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.model.speed import Speed, speed_factor
 from meshtax.predict.critical_path import Propagation, Structure, propagate, structure
+from meshtax.predict.shared_cpu import shared_cpu_rates
 
 FloatArray = npt.NDArray[np.float64]
 Z95 = 1.959963984540054
 
 
-class PredictionError(ValueError):
+class PredictionError(PredictError):
     """The profile cannot price a sidecar configuration of the graph (e.g. an unprofiled filter)."""
 
 
@@ -409,25 +401,18 @@ def predict_batch(
     costs: Costs | None = None,
     shape: Structure | None = None,
     pod_cpus: int | None = None,
-    alpha: float | None = None,
     speed: Speed | None = None,
 ) -> BatchPrediction:
     """Predict every graph of ``batch``; ``profiles(name)`` resolves a service's platform
     (``None`` → the profile chosen for this prediction). ``pod_cpus``: the number of CPUs the
-    graph's pods share (None: every pod has its own; see the module docstring). ``alpha``: the
-    co-location exponent of shared CPUs for every sidecar (None: each sidecar's profile's for
-    its mode, :meth:`Profile.alpha`). ``speed``: the machine's speed now; each profile's costs
-    are scaled from the speed it recorded (None: as measured)."""
+    graph's pods share (None: every pod has its own; see the module docstring; their messages
+    are priced at :func:`~meshtax.predict.shared_cpu.shared_cpu_rates`). ``speed``: the
+    machine's speed now; each profile's costs are scaled from the speed it recorded (None: as
+    measured)."""
     if pod_cpus is not None and pod_cpus < 1:
         raise ValueError(f"pod_cpus must be at least 1, got {pod_cpus}")
     if costs is None:
-        rates = (
-            None
-            if pod_cpus is None
-            else priced_rates(
-                batch, pod_cpus, side_alphas(batch, profiles) if alpha is None else alpha
-            )
-        )
+        rates = None if pod_cpus is None else shared_cpu_rates(batch, pod_cpus)
         costs = hop_costs(batch, profiles, rates=rates, speed=speed)
     shape = shape or structure(batch)
     lat = costs.latency
@@ -489,71 +474,6 @@ def predict_batch(
         pod_cpus=pod_cpus,
         cpu_bound=bound_mask,
     )
-
-
-def shared_cpu_rates(batch: EcgBatch, pod_cpus: int) -> FloatArray:
-    """Per row, the one-hop request rate that loads a CPU as the row's graph loads its
-    ``pod_cpus`` shared CPUs: Σ over the graph of crossings × rate, ÷ (2 · pod_cpus)."""
-    sides = (batch.caller_spec >= 0).astype(np.float64) + (batch.callee_spec >= 0)
-    g = batch.graph_of()
-    per_s = np.bincount(
-        g, weights=2.0 * sides * batch.rate, minlength=batch.n_graphs
-    )  # crossings/s
-    r = per_s[g] / (2.0 * pod_cpus)
-    # a row of a graph without any sidecar has no crossing to price: keep its own rate
-    return np.asarray(np.where(r > 0, r, batch.rate), dtype=np.float64)
-
-
-def sidecar_rates(batch: EcgBatch) -> tuple[FloatArray, FloatArray]:
-    """Per row, the one-hop request rate of the caller's and of the callee's sidecar: all the
-    crossings/s through that service's sidecar in the row's graph (every call in and out), ÷ 2.
-    A side without a sidecar keeps the row's rate (nothing is priced there)."""
-    g = batch.graph_of()
-    S = max(len(batch.services), 1)
-    out = []
-    for svc, spec in ((batch.caller, batch.caller_spec), (batch.callee, batch.callee_spec)):
-        meshed = (spec >= 0) & (svc >= 0)
-        key = np.where(meshed, g * S + svc, -1)
-        out.append((key, meshed))
-    total = np.zeros(batch.n_graphs * S)
-    for key, meshed in out:  # 2 crossings per call at each meshed side
-        np.add.at(total, key[meshed], 2.0 * batch.rate[meshed])
-    caller, callee = (
-        np.where(meshed, total[np.maximum(key, 0)] / 2.0, batch.rate) for key, meshed in out
-    )
-    return np.asarray(caller, dtype=np.float64), np.asarray(callee, dtype=np.float64)
-
-
-def side_alphas(batch: EcgBatch, profiles: ProfileLookup) -> tuple[FloatArray, FloatArray]:
-    """Per row, the co-location exponent of the caller's and of the callee's sidecar (its
-    profile's, for its mode; 1 where there is no sidecar)."""
-    per_spec = np.array(
-        [profiles(spec.platform).alpha(spec.config.mode) for spec in batch.specs] + [1.0]
-    )
-    # index -1 (no sidecar) picks the appended 1.0
-    return per_spec[batch.caller_spec], per_spec[batch.callee_spec]
-
-
-def priced_rates(
-    batch: EcgBatch, pod_cpus: int, alpha: float | tuple[FloatArray, FloatArray] = 1.0
-) -> tuple[FloatArray, FloatArray]:
-    """Per row, the rate the caller's and the callee's sidecar price its messages at on
-    ``pod_cpus`` shared CPUs: ``r_own^(1−alpha) · r_eff^alpha`` (:func:`sidecar_rates`,
-    :func:`shared_cpu_rates`); ``alpha`` for every sidecar, or per row for each side."""
-    a_caller, a_callee = (
-        (np.full(batch.n_invocations, float(alpha)), np.full(batch.n_invocations, float(alpha)))
-        if not isinstance(alpha, tuple)
-        else alpha
-    )
-    if ((a_caller < 0) | (a_caller > 1) | (a_callee < 0) | (a_callee > 1)).any():
-        raise ValueError(f"alpha must be within [0, 1], got {alpha}")
-    eff = shared_cpu_rates(batch, pod_cpus)
-    if (a_caller == 1.0).all() and (a_callee == 1.0).all():
-        return eff, eff
-    own_caller, own_callee = sidecar_rates(batch)
-    return own_caller ** (1.0 - a_caller) * eff**a_caller, own_callee ** (
-        1.0 - a_callee
-    ) * eff**a_callee
 
 
 def single_profile(profile: Profile, others: Mapping[str, Profile] | None = None) -> ProfileLookup:

@@ -22,8 +22,9 @@ from meshtax.model.capacity import LatencySketch
 from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, EcgBatch
 from meshtax.model.profile import Profile
 from meshtax.model.speed import Speed
-from meshtax.predict.engine import Costs, ProfileLookup, hop_costs, priced_rates, side_alphas
+from meshtax.predict.engine import Costs, ProfileLookup, hop_costs
 from meshtax.predict.queueing import ServiceMix, Shape
+from meshtax.predict.shared_cpu import shared_cpu_rates
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -69,7 +70,6 @@ class TailOptions:
     load: Literal["graphs", "pairs"] = "graphs"
     queue_jobs: int = 200_000
     max_rows: int = 2_000_000
-    alpha: float | None = None
     speed: Speed | None = None
 
     def __post_init__(self) -> None:
@@ -146,10 +146,7 @@ def crossings(
     """Costs per row and side at the rates the engine prices them at; ``split``: the request
     and the response crossing apart (else each half of the side's total, enough for loads)."""
     b = batch
-    rates = None
-    if opts.pod_cpus is not None:
-        alpha = side_alphas(b, profiles) if opts.alpha is None else opts.alpha
-        rates = priced_rates(b, opts.pod_cpus, alpha)
+    rates = None if opts.pod_cpus is None else shared_cpu_rates(b, opts.pod_cpus)
     full = hop_costs(b, profiles, rates=rates, speed=opts.speed)
     if split:
         req = hop_costs(replace(b, response_bytes=b.request_bytes), profiles, rates=rates)

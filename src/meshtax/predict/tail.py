@@ -146,16 +146,26 @@ def tiled(s: Structure, copies: int) -> Structure:
         np.concatenate([np.tile(counts[:n], copies), np.tile(counts[n:], copies)]), out=ptr[1:]
     )
     off = (np.arange(copies, dtype=np.int64) * n)[:, None]
-    rows_part = s.child_idx[: s.child_ptr[n]]
-    root_part = s.child_idx[s.child_ptr[n] :]
-    idx = np.concatenate([(rows_part[None, :] + off).ravel(), (root_part[None, :] + off).ravel()])
+    cut = int(s.child_ptr[n])  # members of the rows' groups, then of the graphs' roots
     gptr = np.concatenate([(s.graph_ptr[:-1][None, :] + off).ravel(), [copies * n]])
+
+    def members(ix: IntArray) -> IntArray:
+        rows_part = (ix[:cut][None, :] + off).ravel()
+        root_part = (ix[cut:][None, :] + off).ravel()
+        return np.concatenate([rows_part, root_part]).astype(np.int64)
+
+    # a row's position in the tiled child_idx: its copy's block of the rows' part or the roots'
+    c = np.arange(copies, dtype=np.int64)[:, None]
+    p = s.pos[None, :]
+    pos = np.where(p < cut, c * cut + p, copies * cut + c * (n - cut) + (p - cut))
     return Structure(
         ptr,
-        idx.astype(np.int64),
+        members(s.child_idx),
         gptr.astype(np.int64),
         np.tile(s.start, copies),
         np.tile(s.end, copies),
+        members(s.end_idx),
+        pos.ravel().astype(np.int64),
     )
 
 

@@ -34,16 +34,69 @@ from typing import Any
 
 import numpy as np
 
+from meshtax.errors import PredictError, clip
 from meshtax.model.components import Component, Kind
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.profile import ModeProfile, Profile
+from meshtax.model.schema import problems
 from meshtax.model.sidecar import Mode
 
 _PCT = re.compile(r"^\s*([+-]?\d+(?:\.\d+)?)\s*%\s*$")
+_MODES = [m.value for m in Mode]
+_PERCENT: dict[str, Any] = {
+    "anyOf": [{"type": "number"}, {"type": "string", "pattern": _PCT.pattern}],
+    "x-expected": "a percent change like -30% or +10%",
+}
+_ENTRIES: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {
+        "anyOf": [
+            _PERCENT,
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "minProperties": 1,
+                "properties": {"latency": _PERCENT, "cpu": _PERCENT},
+            },
+        ],
+        "x-expected": "a percent change like -30% or {latency: -40%, cpu: -20%}",
+    },
+}
+#: JSON Schema of a speedup file; numbers are finite (model/schema.py); a percentage is a
+#: number or text like ``-30%``, checked for range by :func:`parse_factor`.
+SPEEDUP_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "description": {"type": "string"},
+        "scale": _ENTRIES,
+        "modes": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {m: {"anyOf": [{"type": "null"}, _ENTRIES]} for m in _MODES},
+            "x-expected": "per mode (tcp, http, grpc) entries like scale's",
+        },
+        "replace": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "x-expected": "{profile: NAME, mode: tcp|http|grpc}",
+                "additionalProperties": False,
+                "required": ["profile"],
+                "properties": {
+                    "profile": {"type": "string", "minLength": 1},
+                    "mode": {"anyOf": [{"type": "null"}, {"enum": _MODES}]},
+                },
+            },
+        },
+        "derived": {"type": "object"},
+    },
+}
 
 
-class SpeedupError(ValueError):
-    pass
+class SpeedupError(PredictError):
+    """A speedup file that cannot be used (names the file, the entry and what was expected)."""
 
 
 @dataclass(frozen=True)
@@ -106,8 +159,12 @@ def parse_factor(value: Any, where: str) -> float:
     else:
         m = _PCT.match(str(value))
         if not m:
-            raise SpeedupError(f"{where}: {value!r}; expected a percent change like -30% or +10%")
+            raise SpeedupError(
+                f"{where}: {clip(value)}; expected a percent change like -30% or +10%"
+            )
         pct = float(m.group(1))
+    if not math.isfinite(pct) or pct > 1e6:
+        raise SpeedupError(f"{where}: {clip(value)}; expected a finite percent change")
     if pct < -100:
         raise SpeedupError(f"{where}: {pct:g}% would make a cost negative; expected ≥ -100%")
     return 1.0 + pct / 100.0
@@ -142,17 +199,14 @@ def _scale(entries: Any, where: str) -> dict[str, Factor]:
     return factors
 
 
-_KEYS = ("name", "description", "scale", "modes", "replace", "derived")
-
-
-def speedup_from_dict(d: Mapping[str, Any], source: str = "<speedup>") -> Speedup:
+def speedup_from_dict(d: Any, source: str = "<speedup>") -> Speedup:
+    """A validated speedup (:data:`SPEEDUP_SCHEMA`, then each entry); every problem of the
+    schema is raised together."""
     if not isinstance(d, Mapping):
         raise SpeedupError(f"{source}: expected a mapping with 'scale' and/or 'replace'")
-    unknown = set(d) - set(_KEYS)
-    if unknown:
-        raise SpeedupError(
-            f"{source}: unknown key(s) {', '.join(sorted(unknown))}; expected {', '.join(_KEYS)}"
-        )
+    bad = problems(SPEEDUP_SCHEMA, d, limit=10)
+    if bad:
+        raise SpeedupError(f"{source}: " + "; ".join(bad), file=source)
     factors = _scale(d.get("scale") or {}, f"{source}: scale")
     by_mode: dict[Mode, dict[str, Factor]] = {}
     for m, entries in (d.get("modes") or {}).items():

@@ -85,8 +85,15 @@ class SizeResult:
 
     def cpu_bd(self, run: CpuRun) -> Breakdown:
         """A CPU run's per-crossing breakdown: the sidecar's (perf split, schedstat total)
-        plus the app's user-space change (:attr:`app_user_us`), as the latency counts it."""
-        return replace(run.bd, user=run.bd.user + self.app_user_us)
+        plus the app's user-space change (:attr:`app_user_us`), as the latency counts it, plus
+        the client's CPU change (:meth:`ProbeResult.client_cpu_us`: read, write, user)."""
+        c = self.probed.client_cpu_us()
+        return replace(
+            run.bd,
+            read=run.bd.read + c["read"],
+            write=run.bd.write + c["write"],
+            user=run.bd.user + self.app_user_us + c["user"],
+        )
 
     def cpu_like(self, run: CpuRun) -> CpuRun | None:
         """The run of the same label, else the one nearest in rate (the TCP baseline of an
@@ -227,8 +234,9 @@ def build_profile(
         "options.probe_perturbation_us_per_request",
         "CPU components = the sidecar's CPU (perf split scaled to schedstat) + the app's "
         "user-space CPU change (meshed − direct, from the probe windows: it parses what the "
-        "sidecar adds), so Parsing counts both; the app's kernel-side change is not counted "
-        "(it depends on the placement of client and app)",
+        "sidecar adds) + the client's read, write and user CPU change (the interception runs in "
+        "its send path; it parses what the sidecar sends), so Parsing counts all three; the "
+        "app's kernel-side change is not counted (it depends on the placement of client and app)",
     ]
     if Mode.TCP not in results:
         notes.append("no TCP mode measured: Parsing is not separated from Other")

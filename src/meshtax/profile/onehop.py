@@ -17,7 +17,13 @@ from meshtax.model.sidecar import Mode
 from meshtax.model.stats import Estimate, estimate, median
 from meshtax.profile.backends import CpuSampler, _real_perf, _real_probe
 from meshtax.profile.capacity import latency_sketch
-from meshtax.profile.decompose import Breakdown, Window, cpu_breakdown, mesh_breakdown
+from meshtax.profile.decompose import (
+    CROSSINGS_PER_REQUEST,
+    Breakdown,
+    Window,
+    cpu_breakdown,
+    mesh_breakdown,
+)
 from meshtax.testbed import procfs
 from meshtax.testbed.bed import EchoBed
 from meshtax.testbed.fortio import LoadResult
@@ -139,6 +145,10 @@ class ProbeResult:
     dropped: int
     windows: list[dict[str, Any]]
     interference: dict[str, Any] = field(default_factory=dict)
+
+    def client_cpu_us(self) -> dict[str, float]:
+        """:func:`client_cpu_us` of this result's windows."""
+        return client_cpu_us(self.windows)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -371,6 +381,23 @@ class ProbeWindow:
     reading: ProbeReading
     window: Window
     noise: Interference | None
+
+
+def client_cpu_us(windows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The load generator's CPU change per crossing (meshed − direct, over the kept window
+    records): its read and write syscalls (the server pod's interception runs in its send
+    path) and its user time (parsing what the sidecar sends: more HTTP/2 frames in gRPC). In
+    an app the caller is a meshed pod whose CPU counts, so the CPU models carry it."""
+    out = {}
+    for k in ("read", "write", "user"):
+        per = {}
+        for meshed in (True, False):
+            ws = [w for w in windows if w["meshed"] is meshed and w["kept"]]
+            n = sum(int(w["requests"]) for w in ws)
+            ns = sum(int(w.get("client", {}).get(f"{k}_ns", 0)) for w in ws)
+            per[meshed] = ns * 1e-3 / (CROSSINGS_PER_REQUEST * n) if n else 0.0
+        out[k] = per[True] - per[False]
+    return out
 
 
 def _window_record(meshed: bool, x: ProbeWindow, sched: str, kept: bool) -> dict[str, Any]:

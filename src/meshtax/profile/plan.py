@@ -36,7 +36,7 @@ RATE_FRACTIONS: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 # absolute low rates (requests/s): per-message CPU roughly doubles between thousands/s and
 # 100/s (fixed per-wake-up and timer costs are not amortised), and applications run there
 # and 1 000/s: a multi-service app on shared CPUs at 100 requests/s loads each CPU like a
-# one-hop at several hundred to a few thousand requests/s (predict.engine.shared_cpu_rates)
+# one-hop at several hundred to a few thousand requests/s (predict.shared_cpu.shared_cpu_rates)
 LOW_RATES: tuple[float, ...] = (100.0, 300.0, 1000.0)
 #: application protocols a tcp-mode sidecar can be measured carrying (``ModeProfile.carried``)
 CARRIED_PROTOCOLS: tuple[str, ...] = ("grpc", "http")

@@ -68,9 +68,9 @@ __all__ = ["ProfileOptions", "Progress", "run_profile"]
 class ProfileOptions:
     """What ``meshtax profile`` asks for (the CLI maps argv onto this, nothing else).
 
-    ``modes``/``sizes``/``duration_s``/``carried``/``low_rates`` override the preset (``quick``
-    or full; ``()`` turns carried protocols or low-rate runs off); ``plan``, if given, replaces
-    the preset entirely. ``name`` defaults to ``<hostname>-<UTC time>``.
+    ``modes``/``sizes``/``duration_s``/``carried``/``low_rates`` override the preset
+    (``quick`` or full; ``()`` turns carried protocols or low-rate runs off);
+    ``plan``, if given, replaces the preset entirely. ``name`` defaults to ``<hostname>-<UTC time>``.
     """
 
     name: str | None = None

@@ -41,7 +41,9 @@ def _label(batch: EcgBatch, r: int) -> str:
     return f"{caller}→{callee}"
 
 
-def _graph(batch: EcgBatch, bp: BatchPrediction, g: int, detailed: bool) -> dict[str, Any]:
+def _graph(
+    batch: EcgBatch, bp: BatchPrediction, g: int, detailed: bool, pct: np.ndarray[Any, Any]
+) -> dict[str, Any]:
     comps = [c.key for c in bp.components]
     out: dict[str, Any] = {
         "name": batch.graph_names[g],
@@ -49,7 +51,7 @@ def _graph(batch: EcgBatch, bp: BatchPrediction, g: int, detailed: bool) -> dict
         "latency_overhead_us": _est(
             bp.latency_overhead_us[g], bp.latency_lo_us[g], bp.latency_hi_us[g]
         ),
-        "latency_overhead_pct": float(bp.latency_overhead_pct[g]),
+        "latency_overhead_pct": float(pct[g]),
         "cpu_vcpu": _est(bp.cpu_vcpu[g], bp.cpu_lo_vcpu[g], bp.cpu_hi_vcpu[g]),
         "latency_by_component_us": dict(zip(comps, map(float, bp.latency_by_component[g]))),
         "absorbed_us": float(bp.absorbed_us[g]),
@@ -118,28 +120,7 @@ def profile_block(profile: Profile, host: Platform | None) -> dict[str, Any]:
         "platform": profile.platform.to_dict(),
         "platform_is_this_host": bool(host is not None and profile.platform.same_host(host)),
         "notes": list(profile.provenance.notes),
-        "quality": quality_block(profile),
-    }
-
-
-def quality_block(profile: Profile) -> dict[str, Any]:
-    """How far to trust the profile: closure per mode, what else ran while it measured, the
-    machine's speed then."""
-    closures = {m.value: mp.closure for m, mp in profile.modes.items() if mp.closure is not None}
-    return {
-        "status": profile.status
-        or ("unclosed" if profile.unclosed else "closed" if closures else "unchecked"),
-        "closure": {
-            m: {
-                "components_us": c.components_us,
-                "measured_us": c.measured_us,
-                "error": c.error,
-                "tolerance": c.tolerance,
-            }
-            for m, c in closures.items()
-        },
-        "interference": {k: v for k, v in profile.interference.items() if k != "by_size"},
-        "speed": None if profile.speed is None else profile.speed.to_dict(),
+        "quality": profile.quality(),
     }
 
 
@@ -174,6 +155,7 @@ def prediction_document(
 ) -> dict[str, Any]:
     """Build the result document. ``whatif``: (speedup description, prediction after, profile after)."""
     detailed = batch.n_graphs <= MAX_DETAILED_GRAPHS
+    pct = bp.latency_overhead_pct  # a property computed per access: once, not once per graph
     doc: dict[str, Any] = {
         "format": FORMAT,
         "tool": {"name": "meshtax", "version": __version__},
@@ -182,7 +164,7 @@ def prediction_document(
         "options": dict(options),
         "warnings": list(dict.fromkeys([*warnings, *bp.warnings])),
         "components": [c.key for c in bp.components],
-        "graphs": [_graph(batch, bp, g, detailed) for g in range(batch.n_graphs)],
+        "graphs": [_graph(batch, bp, g, detailed, pct) for g in range(batch.n_graphs)],
         "summary": summary(bp),
     }
     if bp.pod_cpus is not None and bp.cpu_bound is not None:

@@ -11,8 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshtax.model.components import BASE_COMPONENTS, Component
-from meshtax.model.profile import Colocation, Platform, Profile
-from meshtax.model.sidecar import Mode
+from meshtax.model.profile import Platform, Profile
 
 #: Conditions of the paper's Table 2: one request (request + response) through one sidecar.
 TABLE_BYTES = 100.0
@@ -301,27 +300,4 @@ def profile_text(profile: Profile, size: float = TABLE_BYTES, rate: float = TABL
         for name, mp in cols
         if mp.closure is not None
     ]
-    return _render(*head, "", t, *closure, *colocation_lines(profile.colocation), width=160)
-
-
-def colocation_lines(cols: Mapping[Mode, Colocation]) -> list[str]:
-    """The co-location calibration per mode: its exponent and every chain, measured vs predicted."""
-    if not cols:
-        return [
-            "shared CPUs: not calibrated (α = 1: messages priced at the CPU's rate; `meshtax "
-            "calibrate` measures α per mode)"
-        ]
-    lines = []
-    for mode, col in cols.items():
-        lines.append(
-            f"shared CPUs, {mode.value}: α = {col.alpha:.2f} [{col.lo:.2f}, {col.hi:.2f}] (messages "
-            f"priced at r_own^(1−α)·r_cpu^α; {col.note})"
-        )
-        for p in col.points:
-            err = p.predicted_us / p.measured_us - 1 if p.measured_us > 0 else float("nan")
-            lines.append(
-                f"  chain of {p.services}: CPU {p.measured_us:.0f} µs/request "
-                f"[{p.measured_lo_us:.0f}, {p.measured_hi_us:.0f}], "
-                f"predicted at α {p.predicted_us:.0f} ({100 * err:+.0f}%)"
-            )
-    return lines
+    return _render(*head, "", t, *closure, width=160)

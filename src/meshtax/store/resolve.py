@@ -1,9 +1,10 @@
 """The one profile resolver: which stored profile a command uses, and what it must say about
-it. ``predict``, ``study``, ``validate``, ``calibrate`` and ``report`` all go through
+it. ``predict``, ``study``, ``validate`` and ``report`` all go through
 :func:`resolve_profile`, so they share defaults and warnings."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,6 +27,11 @@ class ProfileSource(Protocol):
     def get(self, name: str) -> Profile: ...
 
     def for_host(self, host: Platform) -> Profile | None: ...
+
+    @property
+    def unusable(self) -> Sequence[tuple[str, str]]:
+        """Stored profiles that failed validation on load, with why."""
+        ...
 
 
 class NoProfile(StoreError):
@@ -78,6 +84,12 @@ def resolve_profile(
     about the profile's quality; refuses an unclosed profile unless ``accept_unclosed``."""
     if name is None:
         p = store.for_host(host)
+        if p is None and store.unusable:
+            names = ", ".join(repr(n) for n, _ in store.unusable)
+            raise NoProfile(
+                f"no usable profile of this machine: {names} failed validation "
+                f"({store.unusable[0][1]}); measure again, or name one with --profile"
+            )
         if p is None:
             raise NoProfile(
                 "no profile of this machine yet. Measure one with `meshtax profile --quick` "

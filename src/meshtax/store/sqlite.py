@@ -20,14 +20,13 @@ from typing import Any
 
 import platformdirs
 
+from meshtax import safeio
+from meshtax.errors import MeshtaxError
+from meshtax.errors import StoreError as StoreError
 from meshtax.model.profile import Platform, Profile
 from meshtax.store.reference import REFERENCE_NAME, reference_profile
 
 SCHEMA_VERSION = 2
-
-
-class StoreError(RuntimeError):
-    pass
 
 
 def default_path() -> Path:
@@ -91,18 +90,57 @@ MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2)
 
 
 def migrate(db: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
-    """Bring ``db`` to ``target``, one transaction per step; returns the version reached."""
+    """Bring ``db`` to ``target`` in one ``BEGIN IMMEDIATE`` transaction: the version is read
+    under the write lock, so two processes creating or upgrading one database never both run
+    a step (the second waits, then finds the work done). Returns the version reached."""
     version = int(db.execute("PRAGMA user_version").fetchone()[0])
     if version > SCHEMA_VERSION:
         raise StoreError(
-            f"profile database schema {version} is newer than this meshtax ({SCHEMA_VERSION}); upgrade meshtax"
+            f"profile database schema {version} is newer than this meshtax ({SCHEMA_VERSION}); "
+            "upgrade meshtax"
         )
-    while version < target:
-        with db:
-            MIGRATIONS[version](db)
+    if version >= target:
+        return version
+    db.isolation_level = None  # transactions by hand: executescript must not commit midway
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        version = int(db.execute("PRAGMA user_version").fetchone()[0])  # under the lock
+        while version < target:
+            _run_step(db, MIGRATIONS[version])
             version += 1
             db.execute(f"PRAGMA user_version = {version}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
     return version
+
+
+def _run_step(db: sqlite3.Connection, step: Callable[[sqlite3.Connection], None]) -> None:
+    """A migration step inside the caller's transaction (``executescript`` would commit it)."""
+
+    class _InTx:
+        def __init__(self, inner: sqlite3.Connection) -> None:
+            self._db = inner
+
+        def executescript(self, script: str) -> None:
+            for stmt in _statements(script):
+                self._db.execute(stmt)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._db, name)
+
+    step(_InTx(db))  # type: ignore[arg-type]
+
+
+def _statements(script: str) -> list[str]:
+    out, cur = [], ""
+    for line in script.splitlines(keepends=True):
+        cur += line
+        if sqlite3.complete_statement(cur):
+            out.append(cur.strip())
+            cur = ""
+    return [s for s in out if s]
 
 
 @dataclass(frozen=True)
@@ -121,17 +159,34 @@ class ProfileStore:
 
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        #: stored profiles that failed validation when read: (name, why); never used
+        self.unusable: builtins.list[tuple[str, str]] = []
+        if self.path.exists() and not self.path.is_file():
+            raise StoreError(f"{self.path}: not a regular file; expected a profile database")
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             with closing(self._connect()) as db:
                 migrate(db)
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{self.path}: not a usable profile database ({e})") from None
+        except OSError as e:
+            raise StoreError(f"{self.path}: cannot open the profile database ({e})") from None
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path)
+        db = sqlite3.connect(self.path, timeout=30.0)
         db.execute("PRAGMA foreign_keys = ON")
         return db
+
+    def _load(self, name: str, document: str) -> Profile | str:
+        """A stored document as a validated profile, or why not (also noted in ``unusable``)."""
+        try:
+            doc = safeio.parse_json(document, name, nonfinite=True)
+            return Profile.from_dict(doc, source=name)
+        except MeshtaxError as e:
+            why = str(e).removeprefix(f"{name}: ")
+            if (name, why) not in self.unusable:
+                self.unusable.append((name, why))
+            return why
 
     def save(self, profile: Profile, *, replace: bool = False) -> None:
         if profile.name == REFERENCE_NAME:
@@ -171,7 +226,13 @@ class ProfileStore:
         if row is None:
             have = ", ".join(s.name for s in self.list())
             raise StoreError(f"no profile named {name!r} in {self.path} (have: {have})")
-        return Profile.from_dict(json.loads(row[0]))
+        p = self._load(name, row[0])
+        if isinstance(p, str):
+            raise StoreError(
+                f"stored profile {name!r} in {self.path} is not usable: {p}"
+                " (delete it with `meshtax profiles delete`, or re-import a good export)"
+            )
+        return p
 
     def delete(self, name: str) -> None:
         with closing(self._connect()) as db, db:
@@ -182,19 +243,22 @@ class ProfileStore:
         ref = reference_profile()
         out = [_summary(ref, bundled=True)]
         with closing(self._connect()) as db:
-            for (doc,) in db.execute("SELECT document FROM profiles ORDER BY created, name"):
-                out.append(_summary(Profile.from_dict(json.loads(doc))))
+            rows = db.execute("SELECT name, document FROM profiles ORDER BY created, name")
+            for name, doc in rows.fetchall():
+                p = self._load(name, doc)
+                if not isinstance(p, str):
+                    out.append(_summary(p))
         return out
 
     def for_host(self, host: Platform) -> Profile | None:
         """The newest measured profile of this host (same CPU model, cores, kernel)."""
         best: Profile | None = None
         with closing(self._connect()) as db:
-            for (doc,) in db.execute(
-                "SELECT document FROM profiles WHERE source = 'measured' ORDER BY created"
-            ):
-                p = Profile.from_dict(json.loads(doc))
-                if p.platform.same_host(host):
+            for name, doc in db.execute(
+                "SELECT name, document FROM profiles WHERE source = 'measured' ORDER BY created"
+            ).fetchall():
+                p = self._load(name, doc)
+                if not isinstance(p, str) and p.platform.same_host(host):
                     best = p
         return best
 

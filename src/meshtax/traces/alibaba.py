@@ -5,7 +5,8 @@ The call tree comes from ``rpcid`` (the parent of ``0.1.2`` is ``0.1``). The tra
 noisy, so every row and graph that cannot be used is counted with a reason
 (:class:`~meshtax.traces.report.ImportReport`) and nothing is dropped silently:
 
-- rows without a trace id, with a malformed rpcid, or with a non-numeric timestamp or rt
+- rows without a trace id, with a malformed rpcid, with a non-numeric timestamp or rt, or
+  with one out of range (a timestamp beyond ±10^13 ms, an rt beyond ±10^9 ms, i.e. 11 days)
   are dropped (counted);
 - rpc/http calls are logged twice (caller side, rt ≥ 0, and callee side, rt ≤ 0 in v2021;
   a caller row and an ``UNKNOWN`` caller row in v2022) and v2022 repeats exact rows: the log
@@ -22,14 +23,17 @@ Times are milliseconds in the traces (values below 1 ms are recorded as 0); size
 are not in the traces and take the options' defaults (the paper's 100 B and 30K requests/s).
 
 Large inputs are hash-partitioned by trace id into temporary Arrow files in a first pass,
-then each bucket is turned into graphs: memory is bounded by the bucket size.
+then each bucket is turned into graphs: memory is bounded by the bucket size. Files are read
+through :mod:`meshtax.safeio` (regular files only; gzip recognised by its magic bytes, with a
+decompression limit); a corrupt or truncated file is a :class:`TraceFormatError`.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
+import contextlib
 import os
+import re
+import sys
 import tempfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -43,6 +47,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
+from meshtax import safeio
+from meshtax.errors import InputError, TraceError
 from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, DEFAULT_RATE_RPS, EcgBatch, SidecarSpec
 from meshtax.model.sidecar import SidecarConfig
 from meshtax.traces.report import ImportReport
@@ -89,9 +95,12 @@ _MISSING_NAMES = ("", "(?)", "?", "NAN", "NaN", "nan", "UNKNOWN", "UNAVAILABLE",
 _EXTERNAL_NAMES = ("USER",)
 UNKNOWN_SERVICE = "(unknown)"
 _NUM = r"^\s*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*$"
+#: beyond these a timestamp or rt (ms) is not a time: the row is dropped (counted)
+MAX_TIMESTAMP_MS = 1e13
+MAX_RT_MS = 1e9
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(TraceError):
     """An input that cannot be read at all (wrong columns, not CSV, truncated compression)."""
 
 
@@ -136,14 +145,12 @@ def sniff_version(path: str | os.PathLike[str]) -> Version:
 
 def _header(path: Path) -> list[str]:
     try:
-        raw: io.BufferedIOBase
-        with open(path, "rb") as f:
-            magic = f.read(2)
-        raw = gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")  # noqa: SIM115
-        with raw:
+        with safeio.open_stream(path, "an Alibaba trace CSV") as raw:
             line = raw.readline(1 << 16)
-    except (OSError, EOFError) as e:
-        raise TraceFormatError(f"{path}: cannot read ({e})") from None
+    except InputError as e:
+        raise TraceFormatError(str(e), file=str(path)) from None
+    except OSError as e:
+        raise TraceFormatError(f"{path}: cannot read ({e.strerror or e})") from None
     if not line.strip():
         raise TraceFormatError(f"{path}: empty file (expected a CSV header line)")
     try:
@@ -171,8 +178,14 @@ def _stream_tables(path: Path, version: Version, opts: AlibabaOptions) -> Iterat
     m = _MAP[version]
     need = list(m.values())
     try:
+        stream = safeio.open_stream(path, "an Alibaba trace CSV")
+    except InputError as e:
+        raise TraceFormatError(str(e), file=str(path)) from None
+    try:
+        quiet = _quiet_bad_rows()
+        quiet.__enter__()
         reader = pcsv.open_csv(
-            path,
+            stream,
             read_options=pcsv.ReadOptions(
                 column_names=names, skip_rows=1, block_size=opts.block_bytes
             ),
@@ -186,10 +199,49 @@ def _stream_tables(path: Path, version: Version, opts: AlibabaOptions) -> Iterat
         for rb in reader:
             t = pa.Table.from_batches([rb])
             yield pa.table({k: t.column(v) for k, v in m.items()})
-    except (pa.ArrowInvalid, OSError, EOFError) as e:
+    except InputError as e:  # raised by the stream under pyarrow: decompression
+        raise TraceFormatError(str(e), file=str(path)) from None
+    except (pa.ArrowException, OSError, EOFError, ValueError) as e:
+        why = _arrow_reason(e)
         raise TraceFormatError(
-            f"{path}: unreadable ({e}); is the file truncated or not {version} CSV?"
+            f"{path}: unreadable ({why}); is the file truncated or not {version} CSV?",
+            file=str(path),
         ) from None
+    finally:
+        quiet.__exit__(None, None, None)
+        stream.close()
+
+
+@contextlib.contextmanager
+def _quiet_bad_rows() -> Iterator[None]:
+    """pyarrow decodes a malformed row as UTF-8 to hand it to the invalid-row handler; when
+    the row is not UTF-8 that fails inside pyarrow, which prints a traceback ("Exception
+    ignored") and then fails the read, which we report cleanly. Keep the traceback quiet."""
+    old = sys.unraisablehook
+
+    def hook(u: Any) -> None:
+        if isinstance(u.exc_value, UnicodeDecodeError) and u.object is _count_invalid:
+            return
+        old(u)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = old
+
+
+def _arrow_reason(e: BaseException) -> str:
+    """pyarrow's message without the Python traceback it appends for errors raised in a
+    Python file object, and without quoting the data."""
+    text = str(e).split("\n", 1)[0]
+    if "InputError" in text or "zlib" in text or "decompress" in text.lower():
+        return "corrupt or truncated compressed data"
+    # "Expected 11 columns, got 10: <the row>": the row is the file's content, not quoted
+    m = re.match(r"(.*?(?:columns?|fields?), got \d+)", text)
+    if m:
+        return m.group(1)
+    return text.split(": ", 2)[0][:160] if len(text) > 160 else text
 
 
 _INVALID_ROWS = [0]
@@ -250,11 +302,16 @@ def graphs_from_table(
     ts = _to_float(table.column("ts"))
     rt = _to_float(table.column("rt"))
     ok = np.ones(n, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        ts_range = np.abs(ts) <= MAX_TIMESTAMP_MS
+        rt_range = np.abs(rt) <= MAX_RT_MS
     for reason, bad in (
         ("missing trace id", ~trace_ok),
         ("malformed rpcid", ~rpc_ok),
         ("non-numeric timestamp", ~np.isfinite(ts)),
         ("non-numeric rt", ~np.isfinite(rt)),
+        (f"timestamp beyond ±{MAX_TIMESTAMP_MS:g} ms", np.isfinite(ts) & ~ts_range),
+        (f"rt beyond ±{MAX_RT_MS:g} ms", np.isfinite(rt) & ~rt_range),
     ):
         hit = ok & bad
         if hit.any():
@@ -528,9 +585,7 @@ class _Progress:
 
 def _uncompressed_estimate(path: Path) -> int:
     size = path.stat().st_size
-    with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
-    return size * 6 if gz else size  # gzip of these CSVs is ~5-7×
+    return size * 6 if safeio.is_gzip(path) else size  # gzip of these CSVs is ~5-7×
 
 
 def iter_alibaba(
@@ -547,8 +602,10 @@ def iter_alibaba(
     if not files:
         raise TraceFormatError("no input files")
     for f in files:
-        if not f.exists():
-            raise TraceFormatError(f"{f}: no such file")
+        try:
+            safeio.check_regular(f, "an Alibaba trace CSV")
+        except InputError as e:
+            raise TraceFormatError(str(e), file=str(f)) from None
     ver: Version = version or sniff_version(files[0])
     rep = report if report is not None else ImportReport(", ".join(map(str, files)), ver)
     prog = _Progress(progress)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from meshtax.model.ecg import ECG, EcgBatch, to_batch
+from meshtax.model.ecg import ECG, EcgBatch
 from meshtax.traces.alibaba import AlibabaOptions, TraceFormatError, iter_alibaba, sniff_version
+from meshtax.traces.inputs import expand
+from meshtax.traces.inputs import head as read_head
 from meshtax.traces.report import ImportReport
 from meshtax.traces.store import Store, StoreWriter, concat_batches
 
@@ -25,39 +26,63 @@ FORMATS: tuple[str, ...] = (
 PathIn = str | os.PathLike[str]
 
 
-@dataclass(frozen=True)
 class ImportResult:
-    """Imported graphs: ``batch`` always; ``ecgs`` for span formats (validated ECG objects;
-    empty for Alibaba, whose graphs go straight to the columnar form)."""
+    """Imported graphs: ``batch`` always; ``ecgs``, for span formats, the validated ECG
+    objects (built from the batch on first use; empty for Alibaba, whose graphs go straight
+    to the columnar form)."""
 
-    batch: EcgBatch
-    ecgs: tuple[ECG, ...]
-    report: ImportReport
+    def __init__(
+        self,
+        batch: EcgBatch,
+        ecgs: Sequence[ECG] | Callable[[], Sequence[ECG]],
+        report: ImportReport,
+    ) -> None:
+        self.batch = batch
+        self.report = report
+        self._ecgs = ecgs
+
+    @property
+    def ecgs(self) -> tuple[ECG, ...]:
+        if callable(self._ecgs):
+            self._ecgs = tuple(self._ecgs())
+        return tuple(self._ecgs)
 
 
 def detect_format(path: PathIn) -> str:
-    """Guess the format from the file's beginning (CSV header or JSON keys)."""
-    p = Path(path)
-    if p.suffix in (".pb", ".binpb", ".proto", ".protobuf"):
+    """Guess the format from the input's beginning (CSV header or JSON keys; gzip and zstd
+    are looked into). A directory or glob: its first file; ``-``: stdin."""
+    src = expand(path)[0]
+    head = read_head(src)
+    first = head.split(b"\n")[0]
+    if not src.is_stdin and (b"rpcid" in first or b"rpc_id" in first):
+        return sniff_version(src.name)
+    if Path(src.name).suffix in (".pb", ".binpb", ".proto", ".protobuf"):
         return "otlp-proto"
-    with open(p, "rb") as f:
-        head = f.read(4096)
-    if (
-        head[:2] == b"\x1f\x8b"
-        or b"rpcid" in head.split(b"\n")[0]
-        or b"rpc_id" in head.split(b"\n")[0]
-    ):
-        return sniff_version(p)
     text = head.lstrip()
     if not text:
-        raise TraceFormatError(f"{p}: empty file")
-    if text[:1] == b"[":
-        return "zipkin"
+        raise TraceFormatError(f"{src.name}: empty file")
     if b'"resourceSpans"' in head or b'"resource_spans"' in head:
         return "otlp"
+    if text[:1] == b"[":
+        rest = text[1:].lstrip()
+        if rest[:1] == b"{" and (b'"spans"' in head or b'"processes"' in head):
+            return "jaeger"  # a list of Jaeger traces
+        return "zipkin"
     if b'"data"' in head or b'"traceID"' in head:
         return "jaeger"
-    raise TraceFormatError(f"{p}: cannot tell the trace format; pass one of {', '.join(FORMATS)}")
+    if text[:1] not in (b"{", b"["):
+        return "otlp-proto" if _looks_binary(head) else _unknown(src.name)
+    return _unknown(src.name)
+
+
+def _looks_binary(head: bytes) -> bool:
+    return b"\x00" in head or any(b > 0x7F for b in head[:64])
+
+
+def _unknown(name: str) -> str:
+    raise TraceFormatError(
+        f"{name}: cannot tell the trace format; pass one of {', '.join(FORMATS)}"
+    )
 
 
 def load_traces(
@@ -65,10 +90,11 @@ def load_traces(
 ) -> ImportResult:
     """Import traces into memory.
 
+    ``path``: files, directories, globs or ``-`` (stdin); gzip and zstd are read.
     ``format``: one of :data:`FORMATS` (None: detected from the first file).
     ``options``: :class:`~meshtax.traces.alibaba.AlibabaOptions` for Alibaba,
     :class:`~meshtax.traces.spans.SpanOptions` for Jaeger/OTLP/Zipkin (None: defaults).
-    For large Alibaba inputs use :func:`ingest`, which streams into a store.
+    For large inputs use :func:`ingest` (a store) or :func:`~meshtax.traces.stream.iter_batches`.
     """
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     if not paths:
@@ -77,15 +103,17 @@ def load_traces(
     if fmt not in FORMATS:
         raise TraceFormatError(f"format {fmt!r}: expected one of {', '.join(FORMATS)}")
     if fmt.startswith("alibaba"):
+        files = [s.name for s in expand(paths)]
         rep = ImportReport(", ".join(map(str, paths)), fmt)
         opts = options if isinstance(options, AlibabaOptions) else AlibabaOptions()
-        batches = list(iter_alibaba(paths, fmt, opts, rep))  # type: ignore[arg-type]
+        batches = list(iter_alibaba(files, fmt, opts, rep))  # type: ignore[arg-type]
         return ImportResult(concat_batches(batches) if len(batches) != 1 else batches[0], (), rep)
-    from meshtax.traces.spans import SpanOptions, load_spans
+    from meshtax.traces.spans import SpanOptions, to_ecgs
+    from meshtax.traces.stream import load_paired
 
     sopts = options if isinstance(options, SpanOptions) else SpanOptions()
-    ecgs, rep = load_spans(paths, fmt, sopts)
-    return ImportResult(to_batch(ecgs), tuple(ecgs), rep)
+    paired, rep = load_paired(paths, fmt, sopts)
+    return ImportResult(paired.batch, lambda: to_ecgs(paired, sopts), rep)
 
 
 def ingest(
@@ -97,8 +125,10 @@ def ingest(
     overwrite: bool = False,
     progress: bool = True,
 ) -> tuple[Store, ImportReport]:
-    """Import traces into a partitioned Parquet store at ``out_dir`` (streaming for Alibaba:
-    memory is bounded by ``AlibabaOptions.bucket_bytes``/``partition_graphs``). The report is
+    """Import traces into a partitioned Parquet store at ``out_dir``, streaming: for Alibaba,
+    memory is bounded by ``AlibabaOptions.bucket_bytes``/``partition_graphs``; for spans by
+    ``SpanOptions.batch_spans`` when ``SpanOptions.rate`` is given (counted rates need every
+    graph before the first is written: the columns of all of them are held). The report is
     also saved in the store's manifest."""
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     fmt = format or detect_format(paths[0])
@@ -107,12 +137,21 @@ def ingest(
     if fmt.startswith("alibaba"):
         opts = options if isinstance(options, AlibabaOptions) else AlibabaOptions()
         with _bar(progress, f"ingest {fmt}") as cb:
-            for b in iter_alibaba(paths, fmt, opts, rep, progress=cb):  # type: ignore[arg-type]
+            files = [s.name for s in expand(paths)]
+            for b in iter_alibaba(files, fmt, opts, rep, progress=cb):  # type: ignore[arg-type]
                 w.append(b)
     else:
-        res = load_traces(paths, fmt, options)
-        rep = res.report
-        w.append(res.batch)
+        from meshtax.traces.spans import SpanOptions
+        from meshtax.traces.stream import iter_batches
+
+        sopts = options if isinstance(options, SpanOptions) else SpanOptions()
+        if sopts.rate is None:  # counted rates need every graph first
+            res = load_traces(paths, fmt, sopts)
+            rep = res.report
+            w.append(res.batch)
+        else:
+            for p in iter_batches(paths, fmt, sopts, rep):
+                w.append(p.batch)
     return w.close(rep.to_dict()), rep
 
 

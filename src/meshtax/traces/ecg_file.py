@@ -7,7 +7,8 @@ file are reported together; nothing raises anything but :class:`ECGError`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import cache
 from importlib import resources
@@ -15,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
+from meshtax import safeio
+from meshtax.errors import MeshtaxError, clip
 from meshtax.model.ecg import (
     DEFAULT_MESSAGE_BYTES,
     DEFAULT_RATE_RPS,
@@ -27,6 +29,7 @@ from meshtax.model.ecg import (
     Service,
     validate,
 )
+from meshtax.model.schema import describe, path_text, validator
 from meshtax.model.sidecar import NO_SIDECAR, Mode, SidecarConfig
 
 
@@ -37,27 +40,15 @@ def ecg_schema() -> dict[str, Any]:
     )
 
 
-def _path(parts: Any) -> str:
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(top level)"
-
-
-def _describe(err: jsonschema.ValidationError) -> str:
-    return _describe_at(_path(err.absolute_path), err)
-
-
-def _describe_at(where: str, err: jsonschema.ValidationError) -> str:
+def _describe(err: jsonschema.ValidationError, prefix: str = "") -> str:
+    where = path_text(err.absolute_path)
+    if prefix:
+        where = (
+            prefix
+            if where == "(top level)"
+            else prefix + (where if where.startswith("[") else "." + where)
+        )
     v, inst = err.validator, err.instance
-    if v == "minimum":
-        return f"{where}: {inst!r}; expected a number ≥ {err.validator_value}"
-    if v == "type":
-        return f"{where}: {inst!r} is a {type(inst).__name__}; expected {err.validator_value}"
-    if v == "required":
-        return f"{where}: {err.message}"
-    if v == "additionalProperties":
-        return f"{where}: {err.message} (see docs/ecg-format.md for the fields)"
     if v == "oneOf" and where == "(top level)":
         return f"{where}: expected exactly one of 'invocations' or 'graphs'"
     if v == "oneOf" and isinstance(inst, Mapping) and err.context:
@@ -65,13 +56,109 @@ def _describe_at(where: str, err: jsonschema.ValidationError) -> str:
         inner = [c for c in err.context if c.path]
         if inner:
             sub = max(inner, key=lambda c: len(c.path))
-            return _describe_at(f"{where}.{_path(sub.path)}", sub)
+            return describe(sub, f"{where}.{path_text(sub.path)}")
     if v == "oneOf":
         return (
-            f"{where}: {inst!r}; expected 'none', a mode (tcp, http, grpc) or "
+            f"{where}: {clip(inst)}; expected 'none', a mode (tcp, http, grpc) or "
             "{mode, filters, mtls, tls_version, architecture}"
         )
-    return f"{where}: {err.message}"
+    return describe(err, where)
+
+
+# ---- fast path for invocations --------------------------------------------------------------
+# Large graphs have 10^5-10^6 invocations; jsonschema takes ~100 µs each. A check compiled
+# from the same schema passes the clean ones (it is never looser than the schema); only the
+# others go through jsonschema, for its exact messages.
+
+
+def _value_check(prop: Mapping[str, Any], defs: Mapping[str, Any]) -> Callable[[Any], bool]:
+    if "$ref" in prop and len(prop) <= 2:
+        prop = {
+            **defs[prop["$ref"].rsplit("/", 1)[-1]],
+            **{k: v for k, v in prop.items() if k != "$ref"},
+        }
+    known = {"type", "minimum", "maximum", "minLength", "enum", "description"}
+    if set(prop) - known:
+        return lambda v: False
+    if "enum" in prop:
+        allowed = frozenset(x for x in prop["enum"] if isinstance(x, str))
+        return lambda v: type(v) is str and v in allowed
+    t = prop.get("type")
+    if t == "string":
+        n = int(prop.get("minLength", 0))
+        return lambda v: type(v) is str and len(v) >= n
+    if t == "number":
+        lo = float(prop.get("minimum", -math.inf))
+        hi = float(prop.get("maximum", math.inf))
+
+        def num(v: Any) -> bool:
+            tv = type(v)
+            if tv is float:
+                return math.isfinite(v) and lo <= v <= hi
+            return tv is int and -(2**53) < v < 2**53 and lo <= v <= hi
+
+        return num
+    return lambda v: False
+
+
+@cache
+def _invocation_checks() -> tuple[Callable[[Any], bool], Any]:
+    schema = ecg_schema()
+    item = schema["$defs"]["invocations"]["items"]
+    props = item["properties"]
+    checks = {k: _value_check(v, schema["$defs"]) for k, v in props.items()}
+    required = tuple(item.get("required", ()))
+
+    def ok(x: Any) -> bool:
+        if type(x) is not dict:
+            return False
+        for k in required:
+            if k not in x:
+                return False
+        for k, v in x.items():
+            c = checks.get(k)
+            if c is None or not c(v):
+                return False
+        return True
+
+    return ok, validator({"$defs": schema["$defs"], **item})
+
+
+def _skeleton_schema() -> dict[str, Any]:
+    """The ECG schema with invocation lists checked as lists only (items: the fast path)."""
+    schema: dict[str, Any] = json.loads(json.dumps(ecg_schema()))
+    schema["$defs"]["invocations"] = {"type": "array", "minItems": 1}
+    return schema
+
+
+_SKELETON = cache(_skeleton_schema)
+
+
+def _schema_problems(doc: Mapping[str, Any], limit: int = 50) -> list[str]:
+    errors = sorted(
+        validator(_SKELETON()).iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path]
+    )
+    out = [_describe(e) for e in errors]
+    ok, item_validator = _invocation_checks()
+    lists: list[tuple[str, Any]] = [("invocations", doc.get("invocations"))]
+    graphs = doc.get("graphs")
+    if isinstance(graphs, list):
+        lists += [
+            (f"graphs[{i}].invocations", g.get("invocations"))
+            for i, g in enumerate(graphs)
+            if isinstance(g, Mapping)
+        ]
+    for where, invs in lists:
+        if not isinstance(invs, list):
+            continue
+        for i, x in enumerate(invs):
+            if len(out) > limit:
+                break
+            if not ok(x):
+                out += [_describe(e, f"{where}[{i}]") for e in item_validator.iter_errors(x)]
+    if len(out) > limit:
+        out = out[:limit] + ["… and more (the first 50 problems are shown)"]
+    return out
 
 
 def parse_sidecar(value: Any, default: SidecarConfig) -> SidecarConfig:
@@ -96,12 +183,9 @@ def ecgs_from_dict(doc: Any, source: str) -> list[ECG]:
                 f"(top level): a {type(doc).__name__}; expected a mapping with 'services' and 'invocations'"
             ],
         )
-    errors = sorted(
-        jsonschema.Draft202012Validator(ecg_schema()).iter_errors(doc),
-        key=lambda e: list(map(str, e.absolute_path)),
-    )
-    if errors:
-        raise ECGError(source, [_describe(e) for e in errors])
+    schema_bad = _schema_problems(doc)
+    if schema_bad:
+        raise ECGError(source, schema_bad)
     defaults = doc.get("defaults", {})
     try:
         default_sidecar = parse_sidecar(defaults.get("sidecar"), SidecarConfig())
@@ -169,30 +253,18 @@ def ecgs_from_dict(doc: Any, source: str) -> list[ECG]:
     return out
 
 
-def load_ecg_file(path: str | Path) -> list[ECG]:
-    """All call graphs of one ECG file (YAML or JSON)."""
+def load_ecg_file(path: str | Path, allow_outside: Sequence[str | Path] = ()) -> list[ECG]:
+    """All call graphs of one ECG file (YAML or JSON), read with :mod:`meshtax.safeio`.
+
+    ``from_envoy``/``sidecars_from_k8s`` references must resolve inside the file's own
+    directory or one of ``allow_outside``.
+    """
     p = Path(path)
     src = str(p)
     try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ECGError(src, ["file not found"]) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise ECGError(src, [f"cannot read: {e.__class__.__name__}: {e}"]) from None
-    if not text.strip():
-        raise ECGError(
-            src, ["the file is empty; expected an ECG with 'services' and 'invocations'"]
-        )
-    try:
-        doc = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as e:
-        raise ECGError(
-            src, [f"line {e.lineno} column {e.colno}: JSON syntax error: {e.msg}"]
-        ) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
-        raise ECGError(src, [f"{where}YAML syntax error: {getattr(e, 'problem', e)}"]) from None
+        doc = safeio.load_document(p, "an ECG file (YAML or JSON)", nonfinite=True)
+    except MeshtaxError as e:
+        raise ECGError(src, [_without(str(e), src)]) from None
     notes: list[str] = []
     if isinstance(doc, dict) and _has_sidecar_refs(doc):
         # sidecars described as users write them: an Envoy config or Kubernetes/Istio manifests
@@ -200,11 +272,16 @@ def load_ecg_file(path: str | Path) -> list[ECG]:
         from meshtax.traces.k8s import resolve_sidecar_refs_with_report
 
         try:
-            doc, notes = resolve_sidecar_refs_with_report(doc, p.parent)
+            doc, notes = resolve_sidecar_refs_with_report(doc, p.parent, allow_outside)
         except ConfigImportError as e:
             raise ECGError(src, [str(e)]) from None
     ecgs = ecgs_from_dict(doc, src)
     return [replace(e, meta={**e.meta, "notes": tuple(notes)}) for e in ecgs] if notes else ecgs
+
+
+def _without(message: str, src: str) -> str:
+    """A message without its leading ``FILE:`` (ECGError puts the file first itself)."""
+    return message[len(src) + 2 :] if message.startswith(src + ": ") else message
 
 
 def _has_sidecar_refs(doc: Mapping[str, Any]) -> bool:

@@ -13,14 +13,14 @@ Nothing raises anything but :class:`ConfigImportError`.
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from meshtax import safeio
+from meshtax.errors import InputError, TraceError
 from meshtax.model.components import sized
 from meshtax.model.sidecar import Mode, SidecarConfig
 
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-class ConfigImportError(ValueError):
+class ConfigImportError(TraceError):
     """A configuration file that cannot be imported: names the file, the document and what was expected."""
 
     def __init__(self, source: str, message: str, doc_index: int | None = None) -> None:
@@ -45,7 +45,7 @@ class ConfigImportError(ValueError):
         self.doc_index = doc_index
         self.detail = message
         where = source if doc_index is None else f"{source} (document {doc_index + 1})"
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{where}: {message}", file=source)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,37 +236,23 @@ def classify_filter(f: Mapping[str, Any]) -> FilterClass:
 
 
 def load_documents(path: str | Path) -> list[Any]:
-    """Parse a YAML (possibly multi-document) or JSON file; empty documents are dropped."""
+    """Parse a YAML (possibly multi-document) or JSON file with :mod:`meshtax.safeio`
+    (regular files only, size limit, alias budget); messages never quote the file."""
     p = Path(path)
     src = str(p)
     try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ConfigImportError(src, "file not found") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise ConfigImportError(src, f"cannot read: {e.__class__.__name__}: {e}") from None
-    if not text.strip():
-        raise ConfigImportError(src, "the file is empty")
-    if p.suffix.lower() == ".json":
-        try:
-            return [json.loads(text)]
-        except json.JSONDecodeError as e:
-            raise ConfigImportError(
-                src, f"line {e.lineno} column {e.colno}: JSON syntax error: {e.msg}"
-            ) from None
-    docs: list[Any] = []
-    try:
-        for d in yaml.safe_load_all(text):
-            docs.append(d)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
-        raise ConfigImportError(
-            src,
-            f"{where}YAML syntax error: {getattr(e, 'problem', None) or e}",
-            len(docs) if len(docs) else None,
-        ) from None
-    return docs
+        text = safeio.read_text(p, "a configuration file (YAML or JSON)")
+        if not text.strip():
+            raise ConfigImportError(src, "the file is empty")
+        if p.suffix.lower() == ".json":
+            return [safeio.parse_json(text, src)]
+        return safeio.parse_yaml_all(text, src)
+    except InputError as e:
+        m = re.match(rf"{re.escape(src)}(?: \(document (\d+)\))?: (.*)", str(e), re.S)
+        if m is None:
+            raise ConfigImportError(src, str(e)) from None
+        doc = int(m.group(1)) - 1 if m.group(1) else None
+        raise ConfigImportError(src, m.group(2), doc) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,8 +405,8 @@ def _collect(doc: Any, ctx: _Ctx) -> list[Mapping[str, Any]]:
         return ls
     if "listeners" in doc and isinstance(doc["listeners"], list):
         return _collect_bootstrap({"static_resources": doc}, ctx, required=True)
-    keys = ", ".join(map(str, list(doc)[:6]))
-    raise ctx.err(f"not an Envoy configuration (top-level keys: {keys}); {_EXPECTED}")
+    # the keys are not quoted: the file may be any file (meshtax often runs as root)
+    raise ctx.err(f"not an Envoy configuration ({len(doc)} top-level key(s)); {_EXPECTED}")
 
 
 def _collect_bootstrap(b: Mapping[str, Any], ctx: _Ctx, required: bool) -> list[Mapping[str, Any]]:
@@ -464,7 +450,7 @@ def _port(lst: Mapping[str, Any]) -> int | None:
     if isinstance(sa, Mapping) and sa.get("port_value") is not None:
         try:
             return int(sa["port_value"])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # .inf, .nan, text
             return None
     return None
 
@@ -496,7 +482,7 @@ def _chain_match_port(ch: Mapping[str, Any]) -> int | None:
     if isinstance(m, Mapping) and m.get("destination_port") is not None:
         try:
             return int(m["destination_port"])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # .inf, .nan, text
             return None
     return None
 
@@ -810,8 +796,10 @@ def envoy_from_dict(
     try:
         li, why = _choose_listener(listeners, listener)
     except KeyError:
-        names = ", ".join(repr(str(x.get("name", ""))) for x in listeners)
-        raise ctx.err(f"no listener named {listener!r}; the file has {names}") from None
+        raise ctx.err(
+            f"no listener named {listener!r} among its {len(listeners)} listener(s); "
+            "`meshtax config from-envoy FILE` lists them"
+        ) from None
     if why:
         notes.append(why)
     infos: list[ListenerInfo] = []

@@ -20,7 +20,7 @@ Every guess is listed in ``assumptions``; nothing raises anything but :class:`Co
 
 from __future__ import annotations
 
-import copy
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -386,12 +386,27 @@ def _add_typed(
         m.skipped[kind] = m.skipped.get(kind, 0) + 1
 
 
+#: manifests read from one directory tree at most (a larger tree is refused, not truncated)
+MAX_FILES = 10_000
+
+
 def _files(root: Path) -> list[Path]:
+    """Manifest files under ``root`` (regular files only; symbolic links to directories are
+    not followed, so a link loop cannot trap the walk)."""
     if root.is_file():
         return [root]
-    return sorted(
-        p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in (".yaml", ".yml", ".json")
-    )
+    out: list[Path] = []
+    for d, dirs, names in os.walk(root, followlinks=False, onerror=None):
+        dirs.sort()
+        for n in names:
+            p = Path(d) / n
+            if p.suffix.lower() in (".yaml", ".yml", ".json") and p.is_file():
+                out.append(p)
+        if len(out) > MAX_FILES:
+            raise ConfigImportError(
+                str(root), f"more than {MAX_FILES} manifest files; expected a smaller directory"
+            )
+    return sorted(out)
 
 
 def _read(root: Path) -> _Manifests:
@@ -624,7 +639,13 @@ def _apply_envoy_filters(
 def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPACE) -> K8sImport:
     """Map each Service in the manifests under ``directory`` to the sidecar configuration meshtax models."""
     root = Path(directory)
-    if not root.exists():
+    try:
+        exists = root.exists()
+    except (OSError, ValueError) as e:
+        raise ConfigImportError(
+            str(root)[:200], f"not a usable path ({e.__class__.__name__})"
+        ) from None
+    if not exists:
         raise ConfigImportError(
             str(root), "not found; expected a directory (or file) of Kubernetes/Istio manifests"
         )
@@ -744,8 +765,29 @@ def sidecars_from_k8s(directory: str | Path, root_namespace: str = ROOT_NAMESPAC
 # ---------------------------------------------------------------------------------------------
 
 
+def _inside(
+    base_dir: Path, ref: str, field: str, allow_outside: Sequence[str | os.PathLike[str]]
+) -> Path:
+    """``base_dir / ref`` if it resolves (links followed) inside ``base_dir`` or one of
+    ``allow_outside``; an ECG from elsewhere must not make meshtax read any file it names."""
+    try:
+        target = (base_dir / ref).resolve()
+        roots = [base_dir.resolve(), *(Path(a).resolve() for a in allow_outside)]
+    except (OSError, RuntimeError, ValueError) as e:  # name too long, link loop, NUL byte
+        raise ConfigImportError(field, f"not a usable path ({e.__class__.__name__})") from None
+    if not any(target == r or target.is_relative_to(r) for r in roots):
+        raise ConfigImportError(
+            field,
+            f"{ref!r} is outside the ECG file's directory ({base_dir}); move it there, or allow "
+            "its directory with --allow-outside DIR",
+        )
+    return target
+
+
 def resolve_sidecar_refs_with_report(
-    doc: dict[str, Any], base_dir: Path
+    doc: dict[str, Any],
+    base_dir: Path,
+    allow_outside: Sequence[str | os.PathLike[str]] = (),
 ) -> tuple[dict[str, Any], list[str]]:
     """Replace sidecar references in a parsed ECG document; also return what the imports reported.
 
@@ -753,12 +795,18 @@ def resolve_sidecar_refs_with_report(
     * top-level ``sidecars_from_k8s: DIR`` → every service without its own ``sidecar`` takes the
       sidecar of the Service of the same name (or ``NAME.NAMESPACE``); the key is removed.
 
-    Paths are relative to ``base_dir`` (the ECG file's directory). Unknown filters and
-    assumptions come back as messages, so a caller can print them.
+    Paths are relative to ``base_dir`` (the ECG file's directory) and must stay inside it
+    or one of ``allow_outside``. Unknown filters and assumptions come back as messages, so a
+    caller can print them.
     """
     if not isinstance(doc, dict):
         return doc, []
-    out = copy.deepcopy(doc)
+    # copies of what is rewritten (the services), not of the invocations (10^5 of them)
+    out = dict(doc)
+    if isinstance(out.get("services"), dict):
+        out["services"] = {
+            k: dict(v) if isinstance(v, dict) else v for k, v in out["services"].items()
+        }
     messages: list[str] = []
     services = out.get("services")
     k8s_ref = out.pop("sidecars_from_k8s", None)
@@ -767,7 +815,7 @@ def resolve_sidecar_refs_with_report(
             raise ConfigImportError(
                 "sidecars_from_k8s", f"a {type(k8s_ref).__name__}; expected a directory path"
             )
-        imp = sidecars_from_k8s(base_dir / k8s_ref)
+        imp = sidecars_from_k8s(_inside(base_dir, k8s_ref, "sidecars_from_k8s", allow_outside))
         messages += [f"{k8s_ref}: assumed: {a}" for a in imp.assumptions]
         messages += [f"{k8s_ref}: problem: {p}" for p in imp.problems]
         messages += [f"{k8s_ref}: no profile for filter {u}" for u in imp.unknown_filters]
@@ -812,15 +860,20 @@ def resolve_sidecar_refs_with_report(
                     raise ConfigImportError(
                         f"services.{name}.sidecar.port", f"{port!r}; expected a port number"
                     )
-                env = sidecar_from_envoy(base_dir / ref, listener=listener, port=port)
+                where = f"services.{name}.sidecar.from_envoy"
+                env = sidecar_from_envoy(
+                    _inside(base_dir, ref, where, allow_outside), listener=listener, port=port
+                )
                 messages += [f"{ref}: no profile for filter {u}" for u in env.unknown_filters]
                 s["sidecar"] = _ecg_sidecar(env.config)
     return out, messages
 
 
-def resolve_sidecar_refs(doc: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+def resolve_sidecar_refs(
+    doc: dict[str, Any], base_dir: Path, allow_outside: Sequence[str | os.PathLike[str]] = ()
+) -> dict[str, Any]:
     """:func:`resolve_sidecar_refs_with_report` without the messages."""
-    return resolve_sidecar_refs_with_report(doc, base_dir)[0]
+    return resolve_sidecar_refs_with_report(doc, base_dir, allow_outside)[0]
 
 
 def _ecg_sidecar(cfg: SidecarConfig) -> dict[str, Any]:

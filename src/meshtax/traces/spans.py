@@ -1,73 +1,54 @@
-"""Distributed-trace importers (Jaeger JSON, OTLP JSON and protobuf, Zipkin v2 JSON) to ECGs.
+"""Span importers' options and readable forms: :class:`SpanOptions`, service naming, the
+span-rows → call-graph step of one batch, counted rates, and ECG objects from a paired batch.
 
-Every format is first read into :class:`Span` records, then one rule turns spans into calls:
+The import itself (inputs, batches, workers) is :mod:`meshtax.traces.stream`; documents are
+decoded by :mod:`meshtax.traces.decode` (Jaeger), :mod:`~meshtax.traces.otlp` and
+:mod:`~meshtax.traces.zipkin`; :mod:`meshtax.traces.pairing` states the pairing rule.
 
-- one RPC is one invocation: a server (or consumer) span whose parent is a client (or
-  producer) span pairs with it; the call's start and duration are the client's (what the
-  caller waits for). A client span with no server child is a call to an uninstrumented
-  service named by ``peer.service``/``server.address``/``net.peer.name`` (else dropped,
-  counted). A server span without a client parent is an entry call from outside the graph;
-- internal spans are never hops: they are walked through to find the calling service's
-  enclosing call;
-- sizes from standard attributes (``http.request_content_length``,
-  ``http.request.body.size``, ``rpc.message.uncompressed_size``, ``messaging.message.body.size``
-  and the response counterparts), else the options' defaults;
-- rates: ``SpanOptions.rate`` if given, else the number of calls of each caller→callee pair
-  divided by the traces' time window (``window_s`` or last end − first start);
-- service names: :func:`k8s_name` rule (lower case, cut at the first ``.`` — Istio reports
-  ``<service>.<namespace>`` —, ``_`` → ``-``), then an override map (file: :func:`load_service_map`).
-
-A child outside its parent's time interval (clock skew between hosts) is clamped into it and
-counted; a trace that still fails :func:`~meshtax.model.ecg.validate` is dropped and counted.
+Sizes come from span attributes (current and older semantic-convention names), else from
+message events (``rpc.message.uncompressed_size`` of SENT/RECEIVED events), else the
+options' defaults (counted). Rates: ``SpanOptions.rate``, else the calls of each
+caller→callee pair over the traces' time window (``window_s`` or first start to last end).
+Service names: :func:`k8s_name` (lower case, cut at the first ``.`` — Istio reports
+``<service>.<namespace>`` —, ``_`` → ``-``), then the override map (:func:`load_service_map`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from meshtax.model.ecg import (
     DEFAULT_MESSAGE_BYTES,
     ECG,
     EXTERNAL,
+    PROTOCOLS,
     ECGError,
     Invocation,
     Service,
     validate,
 )
 from meshtax.model.sidecar import SidecarConfig
+from meshtax.traces import decode, inputs
 from meshtax.traces.alibaba import TraceFormatError
+from meshtax.traces.pairing import Naming, Paired, pair, pair_resolved
 from meshtax.traces.report import ImportReport
 
-CLIENT_KINDS = ("client", "producer")
-SERVER_KINDS = ("server", "consumer")
-REQ_SIZE_KEYS = (
-    "http.request_content_length",
-    "http.request.body.size",
-    "http.request.header.content-length",
-    "rpc.request.size",
-    "rpc.message.uncompressed_size",
-    "messaging.message.body.size",
-)
-RESP_SIZE_KEYS = (
-    "http.response_content_length",
-    "http.response.body.size",
-    "http.response.header.content-length",
-    "rpc.response.size",
-)
-PEER_KEYS = ("peer.service", "server.address", "net.peer.name", "rpc.service", "db.system")
+FORMATS = ("jaeger", "otlp", "otlp-proto", "zipkin")
 
 
 @dataclass(frozen=True)
 class Span:
-    """One span, format-independent. Times in µs since the epoch."""
+    """One span, format-independent, as objects (for inspection and tests; the importers
+    use columnar rows). Times in µs since the epoch."""
 
     trace_id: str
     span_id: str
@@ -84,10 +65,15 @@ class Span:
 class SpanOptions:
     """Options of the span importers.
 
-    ``request_bytes``/``response_bytes``: sizes when no attribute gives them. ``rate``: requests/s
-    of every call (None: counted over the window). ``window_s``: the window for counted rates
-    (None: the traces' own span). ``service_map``: trace name → Kubernetes name overrides.
-    ``sidecars``: configuration per (mapped) service; others get ``default_sidecar``.
+    ``request_bytes``/``response_bytes``: sizes when no attribute or event gives them.
+    ``rate``: requests/s of every call (None: counted over the window). ``window_s``: the
+    window for counted rates (None: the traces' own span). ``service_map``: trace name →
+    Kubernetes name overrides. ``sidecars``: configuration per (mapped) service; others get
+    ``default_sidecar``. ``max_skew_us``: a call sticking out of its parent's interval by at
+    most this much is clamped into it (clock skew), by more its trace is dropped.
+    ``batch_spans``: spans decoded and paired at once (memory: about 2 kB per span of a
+    batch, a few batches at a time).
+    ``workers``: processes decoding and pairing (None: up to 2, as the CPUs allow).
     """
 
     request_bytes: float = DEFAULT_MESSAGE_BYTES
@@ -97,6 +83,10 @@ class SpanOptions:
     service_map: Mapping[str, str] = field(default_factory=dict)
     sidecars: Mapping[str, SidecarConfig] = field(default_factory=dict)
     default_sidecar: SidecarConfig = SidecarConfig()
+    max_skew_us: float = 10_000.0
+    batch_spans: int = 20_000
+    workers: int | None = None
+    max_document_bytes: int = inputs.MAX_DOCUMENT_BYTES
 
 
 def k8s_name(name: str) -> str:
@@ -109,7 +99,7 @@ def load_service_map(path: str | os.PathLike[str]) -> dict[str, str]:
     """Overrides ``{trace service name: kubernetes service name}`` from a YAML or JSON mapping."""
     try:
         doc = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise TraceFormatError(f"{path}: cannot read the service map ({e})") from None
     if not isinstance(doc, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in doc.items()
@@ -120,452 +110,181 @@ def load_service_map(path: str | os.PathLike[str]) -> dict[str, str]:
     return dict(doc)
 
 
-# ---- readers ------------------------------------------------------------------------------
+def naming(options: SpanOptions) -> Naming:
+    """The options' service naming: :func:`k8s_name`, then the override map; sidecars."""
+    smap = dict(options.service_map)
+    sidecars = dict(options.sidecars)
+    default = options.default_sidecar
+
+    @lru_cache(maxsize=4096)
+    def rename(raw: str) -> str:
+        return smap.get(raw) or k8s_name(raw)
+
+    def sidecar(name: str) -> SidecarConfig:
+        return sidecars.get(name, default)
+
+    return Naming(rename, sidecar)
 
 
-def _load_json(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TraceFormatError(f"{path}: cannot read ({e})") from None
-    if not text.strip():
-        raise TraceFormatError(f"{path}: empty file")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TraceFormatError(
-            f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg} (truncated file?)"
-        ) from None
+def pair_rows(
+    rows: Sequence[decode.Row] | decode.Resolved, rep: ImportReport, options: SpanOptions
+) -> Paired:
+    """The call graphs of the span rows of whole traces (see :mod:`meshtax.traces.pairing`)."""
+    args = (
+        rep,
+        naming(options),
+        options.rate,
+        options.max_skew_us,
+        options.request_bytes,
+        options.response_bytes,
+    )
+    if isinstance(rows, decode.Resolved):
+        return pair_resolved(rows, *args)
+    return pair(rows, *args)
 
 
-def _num(v: Any, where: str) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise TraceFormatError(f"{where}: {v!r} is not a number") from None
-
-
-def _int(v: Any, where: str) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        raise TraceFormatError(f"{where}: {v!r} is not an integer") from None
-
-
-def read_jaeger(path: Path) -> list[Span]:
-    """Jaeger query-API JSON: ``{"data": [{"traceID", "spans": [...], "processes": {...}}]}``."""
-    doc = _load_json(path)
-    traces = doc.get("data") if isinstance(doc, dict) else None
-    if not isinstance(traces, list):
-        raise TraceFormatError(
-            f"{path}: not Jaeger JSON (expected an object with a 'data' list of traces)"
+def fill_rates(batches: Sequence[Paired], window_s: float | None, report: ImportReport) -> None:
+    """Counted rates: calls of each caller→callee pair over the window (``window_s``, else
+    the first graph's start to the last graph's end), written into every batch in place."""
+    todo = [p for p in batches if p.batch.n_invocations and np.isnan(p.batch.rate).any()]
+    if not todo:
+        return
+    counts: dict[tuple[str, str], int] = {}
+    lo, hi = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    for p in todo:
+        b = p.batch
+        names = (*b.services, "")
+        keys, cnt = np.unique(np.stack([b.caller, b.callee]), axis=1, return_counts=True)
+        for (a, c), k in zip(keys.T.tolist(), cnt.tolist(), strict=True):
+            counts[(names[a], names[c])] = counts.get((names[a], names[c]), 0) + k
+        lo, hi = min(lo, int(p.origin_ns.min())), max(hi, int(p.end_ns.max()))
+    window = window_s if window_s else max((hi - lo) * 1e-9, 1e-6)
+    report.notes[f"rates counted over a {window:g} s window"] += 1
+    for p in todo:
+        b = p.batch
+        names = (*b.services, "")
+        per = np.array(
+            [
+                counts.get((names[a], names[c]), 0) / window
+                for a, c in zip(b.caller.tolist(), b.callee.tolist(), strict=True)
+            ]
         )
-    out: list[Span] = []
-    for ti, t in enumerate(traces):
-        if not isinstance(t, dict) or not isinstance(t.get("spans"), list):
-            raise TraceFormatError(f"{path}: data[{ti}]: expected a trace with a 'spans' list")
-        procs = t.get("processes") or {}
-        for si, s in enumerate(t["spans"]):
-            where = f"{path}: data[{ti}].spans[{si}]"
-            if not isinstance(s, dict):
-                raise TraceFormatError(f"{where}: expected an object")
-            tags = {
-                str(x.get("key")): x.get("value")
-                for x in s.get("tags") or []
-                if isinstance(x, dict)
-            }
-            parent = None
-            for r in s.get("references") or []:
-                if isinstance(r, dict) and r.get("refType", "CHILD_OF") in (
-                    "CHILD_OF",
-                    "FOLLOWS_FROM",
-                ):
-                    parent = str(r.get("spanID"))
-                    break
-            proc = procs.get(s.get("processID")) or s.get("process") or {}
-            try:
-                tid, sid = str(s.get("traceID") or t.get("traceID")), str(s["spanID"])
-            except KeyError:
-                raise TraceFormatError(f"{where}: missing spanID") from None
-            out.append(
-                Span(
-                    tid,
-                    sid,
-                    parent,
-                    str(proc.get("serviceName", "")),
-                    str(tags.get("span.kind", "internal")).lower(),
-                    str(s.get("operationName", "")),
-                    _num(s.get("startTime"), f"{where}.startTime"),
-                    _num(s.get("duration"), f"{where}.duration"),
-                    tags,
-                )
+        b.rate[:] = per
+
+
+# ---- ECG objects (readable form) ----------------------------------------------------------
+
+
+def to_ecgs(p: Paired, options: SpanOptions) -> list[ECG]:
+    """The validated :class:`~meshtax.model.ecg.ECG` of every graph of a paired batch;
+    asynchronous calls are listed in each graph's ``meta["asynchronous"]``."""
+    b = p.batch
+    sidecar = naming(options).sidecar
+    names = (*b.services, EXTERNAL)
+    protos = b.protocol if b.protocol is not None else np.zeros(b.n_invocations, dtype=np.int64)
+    ids = b.row_ids
+    out: list[ECG] = []
+    for g, gname in enumerate(b.graph_names):
+        lo, hi = int(b.graph_ptr[g]), int(b.graph_ptr[g + 1])
+        invs = [
+            Invocation(
+                id=ids[r],
+                caller=names[b.caller[r]],
+                callee=names[b.callee[r]],
+                request_bytes=float(b.request_bytes[r]),
+                response_bytes=float(b.response_bytes[r]),
+                rate=float(b.rate[r]),
+                start_us=float(b.start_us[r]),
+                duration_us=float(b.duration_us[r]),
+                parent=None if b.parent[r] < 0 else ids[int(b.parent[r])],
+                protocol=PROTOCOLS[int(protos[r])],
             )
+            for r in range(lo, hi)
+        ]
+        used = sorted({i.callee for i in invs} | {i.caller for i in invs} - {EXTERNAL})
+        services = {s: Service(s, sidecar(s)) for s in used}
+        e = validate(gname, services, invs, source=f"trace {gname}")
+        asyn = [ids[r] for r in range(lo, hi) if p.asynchronous[r]]
+        out.append(ECG(e.name, e.services, e.invocations, {"asynchronous": asyn} if asyn else {}))
     return out
 
 
-_OTLP_KINDS = {0: "internal", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
+def spans_to_ecgs(spans: Iterable[Span], options: SpanOptions, report: ImportReport) -> list[ECG]:
+    """Pair span objects into calls and build one validated ECG per trace (the rule of
+    :mod:`meshtax.traces.pairing`); counts go to ``report``."""
+    kinds = decode.KIND_CODES
+    rows: list[decode.Row] = []
+    for s in spans:
+        a = decode._Attrs()
+        for k, v in s.attrs.items():
+            a.add(k, v)
+        req, resp = a.sizes()
+        start = round(s.start_us * 1000)
+        rows.append(
+            (
+                s.trace_id,
+                s.span_id,
+                s.parent_id or "",
+                s.service,
+                kinds.get(s.kind, decode.INTERNAL),
+                start,
+                max(0, round((s.start_us + s.duration_us) * 1000) - start),
+                req,
+                resp,
+                a.peer,
+                a.proto,
+            )
+        )
+    rows.sort(key=lambda r: r[0])
+    p = pair_rows(rows, report, options)
+    if options.rate is None:
+        fill_rates([p], options.window_s, report)
+    try:
+        return to_ecgs(p, options)
+    except ECGError as e:  # pragma: no cover - the pairing keeps graphs valid
+        raise TraceFormatError(str(e)) from None
 
 
-def _otlp_value(v: Mapping[str, Any]) -> Any:
+def read_otlp_json(path: str | os.PathLike[str]) -> list[Span]:
+    """The spans of an OTLP/JSON file (one document or JSON Lines) as :class:`Span` objects
+    with every attribute (for inspection and tests; importing uses the columnar path)."""
+    kinds = {0: "internal", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
+    out: list[Span] = []
+    for _, doc in inputs.documents(inputs.Source(os.fspath(path))):
+        d = json.loads(doc)
+        for rs in d.get("resourceSpans", []):
+            attrs = {
+                a["key"]: _json_value(a.get("value", {}))
+                for a in (rs.get("resource") or {}).get("attributes", [])
+            }
+            svc = str(attrs.get("service.name", ""))
+            for sc in rs.get("scopeSpans", []):
+                for s in sc.get("spans", []):
+                    t0, t1 = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
+                    k = s.get("kind", 0)
+                    out.append(
+                        Span(
+                            s["traceId"],
+                            s["spanId"],
+                            s.get("parentSpanId") or None,
+                            svc,
+                            kinds.get(k, "internal")
+                            if isinstance(k, int)
+                            else str(k).lower().removeprefix("span_kind_"),
+                            s.get("name", ""),
+                            t0 / 1000,
+                            (t1 - t0) / 1000,
+                            {
+                                a["key"]: _json_value(a.get("value", {}))
+                                for a in s.get("attributes", [])
+                            },
+                        )
+                    )
+    return out
+
+
+def _json_value(v: Mapping[str, Any]) -> Any:
     for k in ("stringValue", "intValue", "doubleValue", "boolValue"):
         if k in v:
             return v[k]
     return None
-
-
-def _otlp_kind(k: Any) -> str:
-    if isinstance(k, int):
-        return _OTLP_KINDS.get(k, "internal")
-    s = str(k).lower().replace("span_kind_", "")
-    return s if s in ("server", "client", "producer", "consumer") else "internal"
-
-
-def read_otlp_json(path: Path) -> list[Span]:
-    """OTLP/JSON (``TracesData``/``ExportTraceServiceRequest``): ``{"resourceSpans": [...]}``."""
-    doc = _load_json(path)
-    rss = doc.get("resourceSpans", doc.get("resource_spans")) if isinstance(doc, dict) else None
-    if not isinstance(rss, list):
-        raise TraceFormatError(
-            f"{path}: not OTLP JSON (expected an object with a 'resourceSpans' list)"
-        )
-    out: list[Span] = []
-    for ri, rs in enumerate(rss):
-        attrs = {
-            a["key"]: _otlp_value(a.get("value", {}))
-            for a in (rs.get("resource") or {}).get("attributes", [])
-            if isinstance(a, dict) and "key" in a
-        }
-        svc = str(attrs.get("service.name", ""))
-        for sc in rs.get("scopeSpans", rs.get("instrumentationLibrarySpans", [])) or []:
-            for si, s in enumerate(sc.get("spans") or []):
-                where = f"{path}: resourceSpans[{ri}].spans[{si}]"
-                try:
-                    # integer nanoseconds: epoch ns exceed float64's exact range
-                    s_ns = _int(s["startTimeUnixNano"], where)
-                    e_ns = _int(s["endTimeUnixNano"], where)
-                    tid, sid = str(s["traceId"]), str(s["spanId"])
-                except KeyError as e:
-                    raise TraceFormatError(f"{where}: missing {e.args[0]}") from None
-                sattrs = {
-                    a["key"]: _otlp_value(a.get("value", {}))
-                    for a in s.get("attributes") or []
-                    if isinstance(a, dict) and "key" in a
-                }
-                out.append(
-                    Span(
-                        tid,
-                        sid,
-                        s.get("parentSpanId") or None,
-                        svc,
-                        _otlp_kind(s.get("kind", 0)),
-                        str(s.get("name", "")),
-                        s_ns / 1000.0,
-                        (e_ns - s_ns) / 1000.0,
-                        sattrs,
-                    )
-                )
-    return out
-
-
-def read_otlp_proto(path: Path) -> list[Span]:
-    """OTLP protobuf (``TracesData`` or ``ExportTraceServiceRequest``, same wire layout)."""
-    try:
-        from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
-    except ImportError:
-        raise TraceFormatError(
-            "reading OTLP protobuf needs the opentelemetry-proto package: pip install opentelemetry-proto"
-        ) from None
-    from google.protobuf.message import DecodeError
-
-    data = TracesData()
-    raw = path.read_bytes()
-    if not raw:
-        raise TraceFormatError(f"{path}: empty file")
-    try:
-        data.ParseFromString(raw)
-    except DecodeError as e:
-        raise TraceFormatError(f"{path}: not OTLP protobuf ({e}; truncated file?)") from None
-    out: list[Span] = []
-    for rs in data.resource_spans:
-        svc = ""
-        for a in rs.resource.attributes:
-            if a.key == "service.name":
-                svc = a.value.string_value
-        for sc in rs.scope_spans:
-            for s in sc.spans:
-                attrs: dict[str, Any] = {}
-                for a in s.attributes:
-                    which = a.value.WhichOneof("value")
-                    attrs[a.key] = getattr(a.value, which) if which else None
-                out.append(
-                    Span(
-                        s.trace_id.hex(),
-                        s.span_id.hex(),
-                        s.parent_span_id.hex() or None,
-                        svc,
-                        _OTLP_KINDS.get(int(s.kind), "internal"),
-                        s.name,
-                        s.start_time_unix_nano / 1000.0,
-                        (s.end_time_unix_nano - s.start_time_unix_nano) / 1000.0,
-                        attrs,
-                    )
-                )
-    return out
-
-
-def read_zipkin(path: Path) -> list[Span]:
-    """Zipkin v2 JSON: a list of spans (or a list of traces, each a list of spans)."""
-    doc = _load_json(path)
-    if not isinstance(doc, list):
-        raise TraceFormatError(f"{path}: not Zipkin v2 JSON (expected a list of spans)")
-    flat = [s for t in doc for s in t] if doc and all(isinstance(t, list) for t in doc) else doc
-    out: list[Span] = []
-    for si, s in enumerate(flat):
-        where = f"{path}: span [{si}]"
-        if not isinstance(s, dict):
-            raise TraceFormatError(f"{where}: expected an object")
-        try:
-            tid, sid = str(s["traceId"]), str(s["id"])
-        except KeyError as e:
-            raise TraceFormatError(f"{where}: missing {e.args[0]}") from None
-        kind = str(s.get("kind", "internal")).lower()
-        parent = s.get("parentId")
-        if kind == "server" and s.get("shared"):
-            # a shared span id: the server half of the client span with the same id
-            parent, sid = sid, sid + ":server"
-        tags = dict(s.get("tags") or {})
-        remote = (s.get("remoteEndpoint") or {}).get("serviceName")
-        if remote and "peer.service" not in tags:
-            tags["peer.service"] = remote
-        out.append(
-            Span(
-                tid,
-                sid,
-                parent,
-                str((s.get("localEndpoint") or {}).get("serviceName", "")),
-                kind,
-                str(s.get("name", "")),
-                _num(s.get("timestamp"), f"{where}.timestamp"),
-                _num(s.get("duration", 0), f"{where}.duration"),
-                tags,
-            )
-        )
-    return out
-
-
-READERS = {
-    "jaeger": read_jaeger,
-    "otlp": read_otlp_json,
-    "otlp-proto": read_otlp_proto,
-    "zipkin": read_zipkin,
-}
-
-
-# ---- spans → calls -----------------------------------------------------------------------
-
-
-def _size(attrs: Mapping[str, Any], keys: Sequence[str], default: float) -> float:
-    for k in keys:
-        if k in attrs:
-            try:
-                v = float(attrs[k])
-            except (TypeError, ValueError):
-                continue
-            if v >= 0:
-                return v
-    return default
-
-
-def _protocol(attrs: Mapping[str, Any]) -> str:
-    """The application protocol by OpenTelemetry semantic conventions: ``rpc.system: grpc``,
-    else any ``http.*`` attribute; "" when the span does not say."""
-    if str(attrs.get("rpc.system", "")).lower() == "grpc":
-        return "grpc"
-    if any(k.startswith("http.") for k in attrs):
-        return "http"
-    return ""
-
-
-@dataclass
-class _Call:
-    id: str
-    caller: str
-    callee: str
-    start: float
-    dur: float
-    req: float
-    resp: float
-    parent: str | None
-    protocol: str
-    owner: (
-        str  # span id whose descendants are inside this call (the server span, or the client span)
-    )
-
-
-def spans_to_ecgs(spans: Iterable[Span], options: SpanOptions, report: ImportReport) -> list[ECG]:
-    """Pair spans into calls and build one validated ECG per trace; counts go to ``report``."""
-    by_trace: dict[str, list[Span]] = {}
-    for s in spans:
-        by_trace.setdefault(s.trace_id, []).append(s)
-    report.rows_read += sum(len(v) for v in by_trace.values())
-    report.graphs_seen += len(by_trace)
-
-    def name(raw: str) -> str:
-        return options.service_map.get(raw) or k8s_name(raw) if raw else ""
-
-    built: list[tuple[str, list[_Call]]] = []
-    pair_counts: Counter[tuple[str, str]] = Counter()
-    t_lo, t_hi = float("inf"), float("-inf")
-    for tid, ss in by_trace.items():
-        byid = {s.span_id: s for s in ss}
-        if len(byid) != len(ss):
-            report.notes["duplicate span id (kept the last)"] += len(ss) - len(byid)
-        children: dict[str, list[Span]] = {}
-        for s in byid.values():
-            if s.parent_id is not None and s.parent_id not in byid:
-                report.notes["parent span missing: taken as a root"] += 1
-            children.setdefault(s.parent_id if s.parent_id in byid else "", []).append(s)
-        calls: list[_Call] = []
-        call_of_span: dict[str, str] = {}  # span id → id of the call it is inside
-        # walk from roots; a span's enclosing call is inherited unless the span starts a call
-        stack: list[tuple[Span, str | None]] = [(s, None) for s in children.get("", [])]
-        seen: set[str] = set()
-        while stack:
-            s, enclosing = stack.pop()
-            if s.span_id in seen:
-                report.notes["span cycle broken"] += 1
-                continue
-            seen.add(s.span_id)
-            here = enclosing
-            if s.kind in CLIENT_KINDS:
-                server = next(
-                    (c for c in children.get(s.span_id, []) if c.kind in SERVER_KINDS), None
-                )
-                callee_raw = (
-                    server.service
-                    if server
-                    else next((str(s.attrs[k]) for k in PEER_KEYS if s.attrs.get(k)), "")
-                )
-                if not callee_raw:
-                    report.dropped_rows["client span without a server span or peer name"] += 1
-                else:
-                    merged = {**s.attrs, **(server.attrs if server else {})}
-                    c = _Call(
-                        s.span_id,
-                        name(s.service),
-                        name(callee_raw),
-                        s.start_us,
-                        s.duration_us,
-                        _size(merged, REQ_SIZE_KEYS, options.request_bytes),
-                        _size(merged, RESP_SIZE_KEYS, options.response_bytes),
-                        enclosing,
-                        _protocol(merged),
-                        s.span_id,
-                    )
-                    calls.append(c)
-                    here = c.id
-                    if server is not None:
-                        report.rows_merged += 1
-                        seen.add(server.span_id)
-                        call_of_span[server.span_id] = here
-                        stack.extend((k, here) for k in children.get(server.span_id, []))
-            elif s.kind in SERVER_KINDS:
-                c = _Call(
-                    s.span_id,
-                    EXTERNAL,
-                    name(s.service),
-                    s.start_us,
-                    s.duration_us,
-                    _size(s.attrs, REQ_SIZE_KEYS, options.request_bytes),
-                    _size(s.attrs, RESP_SIZE_KEYS, options.response_bytes),
-                    enclosing,
-                    _protocol(s.attrs),
-                    s.span_id,
-                )
-                if enclosing is not None:
-                    # a server span under a non-client span: called by the enclosing call's callee
-                    report.notes[
-                        "server span without a client span: caller taken from the enclosing call"
-                    ] += 1
-                calls.append(c)
-                here = c.id
-            call_of_span[s.span_id] = here if here is not None else ""
-            stack.extend(
-                (k, here) for k in children.get(s.span_id, []) if k.span_id not in call_of_span
-            )
-        if not calls:
-            report.dropped_graphs["no client/server span pairs (only internal spans?)"] += 1
-            continue
-        byc = {c.id: c for c in calls}
-        for c in calls:
-            if c.parent is not None:
-                p = byc[c.parent]
-                if c.caller == EXTERNAL or c.caller != p.callee:
-                    if c.caller != EXTERNAL:
-                        report.notes[
-                            "caller differs from the enclosing call's callee: used the callee"
-                        ] += 1
-                    c.caller = p.callee
-                # clock skew: clamp into the parent's interval
-                lo, hi = p.start, p.start + p.dur
-                if c.start < lo or c.start + c.dur > hi:
-                    report.notes["call outside its parent's interval (clock skew?): clamped"] += 1
-                    c.start = min(max(c.start, lo), hi)
-                    c.dur = max(0.0, min(c.start + c.dur, hi) - c.start)
-            pair_counts[(c.caller, c.callee)] += 1
-            t_lo, t_hi = min(t_lo, c.start), max(t_hi, c.start + c.dur)
-        built.append((tid, calls))
-    window = options.window_s if options.window_s else max((t_hi - t_lo) * 1e-6, 1e-6)
-    if options.rate is None and built:
-        report.notes[f"rates counted over a {window:g} s window"] += 1
-    ecgs: list[ECG] = []
-    for tid, calls in built:
-        t0 = min(c.start for c in calls)
-        invs = [
-            Invocation(
-                id=c.id,
-                caller=c.caller,
-                callee=c.callee,
-                request_bytes=c.req,
-                response_bytes=c.resp,
-                rate=options.rate
-                if options.rate is not None
-                else pair_counts[(c.caller, c.callee)] / window,
-                start_us=c.start - t0,
-                duration_us=c.dur,
-                parent=c.parent,
-                protocol=c.protocol,
-            )
-            for c in calls
-        ]
-        names = sorted({i.callee for i in invs} | {i.caller for i in invs if i.caller != EXTERNAL})
-        services = {n: Service(n, options.sidecars.get(n, options.default_sidecar)) for n in names}
-        try:
-            e = validate(tid, services, invs, source=f"trace {tid}")
-        except ECGError as err:
-            report.dropped_graphs[
-                f"invalid call graph: {err.problems[0].split(':', 1)[-1].strip()[:80]}"
-            ] += 1
-            continue
-        ecgs.append(e)
-        report.graphs_kept += 1
-        report.rows_used += len(invs)
-    return ecgs
-
-
-def load_spans(
-    paths: Sequence[str | os.PathLike[str]], format: str, options: SpanOptions
-) -> tuple[list[ECG], ImportReport]:
-    """Read span files of one format and build their ECGs (one per trace)."""
-    try:
-        reader = READERS[format]
-    except KeyError:
-        raise TraceFormatError(f"format {format!r}: expected one of {', '.join(READERS)}") from None
-    rep = ImportReport(", ".join(map(str, paths)), format)
-    spans: list[Span] = []
-    for p in paths:
-        path = Path(p)
-        if not path.exists():
-            raise TraceFormatError(f"{path}: no such file")
-        spans.extend(reader(path))
-    return spans_to_ecgs(spans, options, rep), rep

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +27,10 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from meshtax import safeio
+from meshtax.errors import InputError, TraceError
 from meshtax.model.ecg import EcgBatch, SidecarSpec
+from meshtax.model.schema import problems
 from meshtax.model.sidecar import SidecarConfig
 
 #: Version of the store layout. 1 — 2026-11-22: first layout.
@@ -48,8 +52,11 @@ _ROW_COLS = (
 )
 
 
-class StoreError(ValueError):
-    """A store directory that is missing, incomplete or of an unknown format."""
+class TraceStoreError(TraceError):
+    """A store directory that is missing, incomplete, damaged or of an unknown format."""
+
+
+StoreError = TraceStoreError  # its name before the error types had layers
 
 
 def slice_graphs(batch: EcgBatch, g0: int, g1: int) -> EcgBatch:
@@ -245,26 +252,57 @@ class Store:
             yield self.read(i)
 
 
+def _table(path: Path, columns: list[str] | None = None) -> pa.Table:
+    try:
+        safeio.check_regular(path, "a store partition file")
+        return pq.read_table(path, columns=columns)
+    except InputError as e:
+        raise TraceStoreError(str(e), file=str(path)) from None
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise TraceStoreError(
+            f"{path}: not a readable partition ({str(e).splitlines()[0][:160]}); "
+            "the store is damaged: ingest it again",
+            file=str(path),
+        ) from None
+
+
 def read_partition(
     directory: Path, stem: str, specs: tuple[SidecarSpec, ...], *, with_names: bool = True
 ) -> EcgBatch:
-    """One partition as a batch; ``with_names=False`` leaves ``graph_names`` empty (faster
-    when the caller reads the names column itself)."""
-    rows = pq.read_table(directory / f"{stem}.rows.parquet")
-    graphs = pq.read_table(
+    """One partition as a batch, checked (columns, index ranges, finite non-negative sizes,
+    rates and durations); ``with_names=False`` leaves ``graph_names`` empty (faster when the
+    caller reads the names column itself)."""
+    rows = _table(directory / f"{stem}.rows.parquet")
+    graphs = _table(
         directory / f"{stem}.graphs.parquet",
         columns=["name", "n_rows"] if with_names else ["n_rows"],
     )
-    services = pq.read_table(directory / f"{stem}.services.parquet")
+    services = _table(directory / f"{stem}.services.parquet")
+    where = str(directory / stem)
 
     def col(name: str, dtype: type) -> np.ndarray[Any, Any]:
-        out: np.ndarray[Any, Any] = rows.column(name).to_numpy().astype(dtype, copy=False)
+        try:
+            c = rows.column(name)
+            out: np.ndarray[Any, Any] = np.asarray(c.to_numpy(zero_copy_only=False), dtype=dtype)
+        except (KeyError, pa.ArrowException, TypeError, ValueError):
+            raise TraceStoreError(
+                f"{where}.rows.parquet: column {name!r} missing or not numeric; the store is "
+                "damaged: ingest it again",
+                file=where,
+            ) from None
         return out
 
-    n_rows = graphs.column("n_rows").to_numpy()
+    try:
+        n_rows = np.asarray(graphs.column("n_rows").to_numpy(zero_copy_only=False), np.int64)
+        names = graphs.column("name").to_pylist() if with_names else []
+        service_names = services.column("name").to_pylist()
+    except (KeyError, pa.ArrowException, TypeError, ValueError):
+        raise TraceStoreError(
+            f"{where}: graph or service index damaged; ingest the store again", file=where
+        ) from None
     ptr = np.zeros(n_rows.size + 1, dtype=np.int64)
     np.cumsum(n_rows, out=ptr[1:])
-    return EcgBatch(
+    batch = EcgBatch(
         graph_ptr=ptr,
         parent=col("parent", np.int64),
         caller=col("caller", np.int64),
@@ -276,10 +314,88 @@ def read_partition(
         rate=col("rate", np.float64),
         start_us=col("start_us", np.float64),
         duration_us=col("duration_us", np.float64),
-        services=tuple(services.column("name").to_pylist()),
+        services=tuple(str(s) for s in service_names),
         specs=specs,
-        graph_names=tuple(graphs.column("name").to_pylist()) if with_names else (),
+        graph_names=tuple(str(g) for g in names),
     )
+    bad = batch_problems(batch)
+    if bad:
+        raise TraceStoreError(f"{where}: {bad}; the store is damaged: ingest it again", file=where)
+    return batch
+
+
+def batch_problems(b: EcgBatch) -> str:
+    """What makes a columnar batch unusable (empty string: nothing): lengths, the row index
+    of graphs and parents, service and sidecar indices, non-finite or negative values."""
+    n = b.n_invocations
+    cols: list[np.ndarray[Any, Any]] = [b.caller, b.callee, b.caller_spec, b.callee_spec]
+    cols += [b.request_bytes, b.response_bytes, b.rate, b.start_us, b.duration_us]
+    if any(c.shape != (n,) for c in cols):
+        return "columns of different lengths"
+    if (np.diff(b.graph_ptr) < 0).any() or b.graph_ptr[0] != 0 or b.graph_ptr[-1] != n:
+        return f"graph row counts do not add up to the {n} rows"
+    rows = np.arange(n)
+    g0 = np.repeat(b.graph_ptr[:-1], np.diff(b.graph_ptr))
+    if ((b.parent >= rows) | ((b.parent >= 0) & (b.parent < g0)) | (b.parent < -1)).any():
+        return "a parent that does not precede its child in the same graph"
+    ns, nspec = len(b.services), len(b.specs)
+    for name, c, hi in (
+        ("caller", b.caller, ns),
+        ("callee", b.callee, ns),
+        ("caller_spec", b.caller_spec, nspec),
+        ("callee_spec", b.callee_spec, nspec),
+    ):
+        if ((c < -1) | (c >= hi)).any():
+            return f"{name} index out of range"
+    for name, f in (
+        ("request_bytes", b.request_bytes),
+        ("response_bytes", b.response_bytes),
+        ("rate", b.rate),
+        ("duration_us", b.duration_us),
+    ):
+        if not np.isfinite(f).all() or (f < 0).any():
+            return f"{name}: not finite or negative"
+    if not np.isfinite(b.start_us).all():
+        return "start_us: not finite"
+    return ""
+
+
+_STEM = re.compile(r"^part-[0-9]{5,}$")
+_COUNT: dict[str, Any] = {"type": "integer", "minimum": 0}
+#: JSON Schema of the manifest (unknown fields allowed; numbers finite: model/schema.py)
+MANIFEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["kind", "format", "specs", "partitions"],
+    "properties": {
+        "kind": {"const": "meshtax-ecg-store"},
+        "format": {"type": "integer", "minimum": 1},
+        "source": {"type": "string"},
+        "specs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["config"],
+                "properties": {
+                    "config": {"type": "object"},
+                    "platform": {"anyOf": [{"type": "null"}, {"type": "string"}]},
+                },
+            },
+        },
+        "partitions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["stem", "graphs", "rows"],
+                "properties": {
+                    "stem": {"type": "string", "pattern": _STEM.pattern},
+                    "graphs": _COUNT,
+                    "rows": _COUNT,
+                },
+            },
+        },
+        "report": {"type": "object"},
+    },
+}
 
 
 def open_store(directory: str | os.PathLike[str]) -> Store:
@@ -290,18 +406,26 @@ def open_store(directory: str | os.PathLike[str]) -> Store:
             f"{d}: no {MANIFEST}; not an ingested trace store (or its ingestion did not finish)"
         )
     try:
-        doc = json.loads(m.read_text())
-    except json.JSONDecodeError as e:
-        raise StoreError(f"{m}: not valid JSON ({e})") from None
-    if doc.get("kind") != "meshtax-ecg-store":
-        raise StoreError(f"{m}: not a meshtax trace store manifest")
-    if int(doc.get("format", 0)) > STORE_FORMAT:
+        doc = safeio.parse_json(safeio.read_text(m, "a store manifest"), str(m))
+    except InputError as e:
+        raise StoreError(str(e), file=str(m)) from None
+    if isinstance(doc, dict) and doc.get("kind") != "meshtax-ecg-store":
+        raise StoreError(f"{m}: not a meshtax trace store manifest", file=str(m))
+    fmt = doc.get("format") if isinstance(doc, dict) else None
+    if isinstance(fmt, int) and fmt > STORE_FORMAT:
         raise StoreError(
-            f"{m}: store format {doc['format']} is newer than this meshtax understands ({STORE_FORMAT})"
+            f"{m}: store format {fmt} is newer than this meshtax understands ({STORE_FORMAT})"
         )
+    bad = problems(MANIFEST_SCHEMA, doc, limit=5)
+    if bad:
+        raise StoreError(f"{m}: not a usable manifest: " + "; ".join(bad), file=str(m))
+    try:
+        specs = tuple(_spec_from_dict(s) for s in doc["specs"])
+    except (ValueError, TypeError) as e:
+        raise StoreError(f"{m}: specs: {e}", file=str(m)) from None
     return Store(
         dir=d,
-        specs=tuple(_spec_from_dict(s) for s in doc["specs"]),
+        specs=specs,
         partitions=tuple(
             PartitionInfo(p["stem"], int(p["graphs"]), int(p["rows"])) for p in doc["partitions"]
         ),

@@ -369,7 +369,6 @@ def run_validation(
 
 
 def _notes(pinning: Pinning, profile: Profile) -> tuple[str, ...]:
-    col = profile.colocation
     return (
         f"placement {pinning.describe()}: the profile's own pinning (client apart, apps and "
         "sidecars together), so measured and modelled costs share it; "
@@ -380,11 +379,6 @@ def _notes(pinning: Pinning, profile: Profile) -> tuple[str, ...]:
         "prediction: OTLP traces of the no-mesh copy imported by meshtax.traces (sizes from span "
         "attributes, rate = the fortio rate), this machine's profile",
         "role: db services get tcp-mode sidecars (Istio does not parse their protocols)",
-        "shared CPUs: messages priced at r_own^(1−α)·r_cpu^α with "
-        + "; ".join(
-            f"α = {c.alpha:.2f} [{c.lo:.2f}, {c.hi:.2f}] in {m.value} mode (`meshtax calibrate`: {c.note})"
-            if (c := col.get(m))
-            else f"α = 1 in {m.value} mode (not calibrated: `meshtax calibrate`)"
-            for m in profile.modes
-        ),
+        "shared CPUs: every message priced at the one-hop rate that loads the CPU alike "
+        "(meshtax.predict.shared_cpu)",
     )

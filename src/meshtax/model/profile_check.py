@@ -1,0 +1,337 @@
+"""Profile validation (pure): a document's types against :data:`PROFILE_SCHEMA` (finite,
+bounded numbers), then :func:`profile_problems` on the built profile (ordered intervals,
+consistent samples, no negative total cost where it was measured). Used by
+:meth:`meshtax.model.profile.Profile.from_dict`; every problem is raised together."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from meshtax.errors import ModelError
+from meshtax.model.components import Component
+from meshtax.model.costmodel import ComponentModel, CostModel
+from meshtax.model.sidecar import Mode
+
+if TYPE_CHECKING:
+    from meshtax.model.profile import ModeProfile, Profile
+
+__all__ = ["CHECK_SIZES", "PROFILE_SCHEMA", "ProfileError", "doc_problems", "profile_problems"]
+
+
+class ProfileError(ModelError):
+    """A profile document or profile whose values cannot be used; lists every problem."""
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(
+            f"{source}: not a usable profile, {len(self.problems)} problem(s):\n{lines}",
+            file=source,
+        )
+
+
+# bounds far beyond any real value, so no product of a few of them overflows a float
+_BIG = 1e12
+_NUM: dict[str, Any] = {"type": "number", "minimum": -_BIG, "maximum": _BIG}
+_NONNEG: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": _BIG}
+_POS: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9}  # rates
+_OPT_POS: dict[str, Any] = {"anyOf": [{"type": "null"}, _POS]}
+_MODES = [m.value for m in Mode]
+
+#: JSON Schema of a profile document (format 1); unknown fields are allowed (newer writers
+#: add optional ones), every known one is checked. Numbers are finite (model/schema.py).
+PROFILE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["name", "platform", "provenance", "modes"],
+    "properties": {
+        "format": {"type": "integer", "minimum": 1},
+        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "platform": {
+            "type": "object",
+            "required": ["cpu_model", "cores", "kernel"],
+            "properties": {
+                "cpu_model": {"type": "string"},
+                "cores": {"type": "integer", "minimum": 0},
+                "kernel": {"type": "string"},
+                "proxy": {"type": "string"},
+                "proxy_version": {"type": "string"},
+                "config_hash": {"type": "string"},
+            },
+        },
+        "provenance": {
+            "type": "object",
+            "required": ["source", "by", "created"],
+            "properties": {
+                "source": {"type": "string"},
+                "by": {"type": "string"},
+                "created": {"type": "string"},
+                "tool_version": {"type": "string"},
+                "options": {"type": "object"},
+                "notes": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "modes": {
+            "type": "object",
+            "minProperties": 1,
+            "propertyNames": {"enum": _MODES},
+            "additionalProperties": {"$ref": "#/$defs/mode"},
+        },
+        "colocation": {"type": "object"},  # written by older versions; not used
+    },
+    "$defs": {
+        "cost": {
+            "type": "object",
+            "properties": {
+                "intercept": _NUM,
+                "slope": _NUM,
+                "split_bytes": {"anyOf": [{"type": "null"}, {"type": "integer", "minimum": 1}]},
+                "per_unit": _NUM,
+                "rate_coef": _NUM,
+                "rate_lo": _OPT_POS,
+                "rate_hi": _OPT_POS,
+                "note": {"type": "string"},
+                "stats": {
+                    "anyOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "required": ["n"],
+                            "properties": {
+                                "n": {"type": "integer", "minimum": 0},
+                                "r2": {"anyOf": [{"type": "null"}, _NUM]},
+                                "residuals": {"type": "array", "items": _NUM},
+                                "stderr": {
+                                    "type": "array",
+                                    "maxItems": 4,
+                                    "items": {"anyOf": [{"type": "null"}, _NONNEG]},
+                                },
+                                "cov": {
+                                    "anyOf": [
+                                        {"type": "null"},
+                                        {
+                                            "type": "array",
+                                            "maxItems": 4,
+                                            "items": {
+                                                "type": "array",
+                                                "maxItems": 4,
+                                                "items": _NUM,
+                                            },
+                                        },
+                                    ]
+                                },
+                            },
+                        },
+                    ]
+                },
+                "samples": {
+                    "anyOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "required": ["sizes", "values"],
+                            "properties": {
+                                "sizes": {"type": "array", "items": _NONNEG},
+                                "values": {"type": "array", "items": _NUM},
+                                "rates": {
+                                    "anyOf": [{"type": "null"}, {"type": "array", "items": _POS}]
+                                },
+                            },
+                        },
+                    ]
+                },
+            },
+        },
+        "opt_cost": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/cost"}]},
+        "component": {
+            "type": "object",
+            "required": ["latency", "cpu"],
+            "properties": {"latency": {"$ref": "#/$defs/cost"}, "cpu": {"$ref": "#/$defs/cost"}},
+        },
+        "opt_component": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/component"}]},
+        "components": {
+            "type": "object",
+            "propertyNames": {"minLength": 1, "maxLength": 200},
+            "additionalProperties": {"$ref": "#/$defs/component"},
+        },
+        "mode": {
+            "type": "object",
+            "required": ["mode", "components"],
+            "properties": {
+                "mode": {"enum": _MODES},
+                "components": {"$ref": "#/$defs/components"},
+                "closure": {
+                    "anyOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "required": [
+                                "measured_us",
+                                "measured_lo_us",
+                                "measured_hi_us",
+                                "components_us",
+                                "tolerance",
+                            ],
+                            "properties": {
+                                "measured_us": _NUM,
+                                "measured_lo_us": _NUM,
+                                "measured_hi_us": _NUM,
+                                "components_us": _NUM,
+                                "tolerance": _NONNEG,
+                            },
+                        },
+                    ]
+                },
+                "memory": {"$ref": "#/$defs/opt_cost"},
+                "memory_mtls": {"$ref": "#/$defs/opt_cost"},
+                "tls_handshake": {"$ref": "#/$defs/opt_component"},
+                "carried": {
+                    "anyOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "propertyNames": {"enum": ["http", "grpc"]},
+                            "additionalProperties": {"$ref": "#/$defs/mode"},
+                        },
+                    ]
+                },
+                "tls_version": {"anyOf": [{"type": "null"}, {"type": "string"}]},
+                "tls_by_version": {
+                    "anyOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "additionalProperties": {
+                                "type": "object",
+                                "required": ["version"],
+                                "properties": {
+                                    "version": {"type": "string"},
+                                    "per_message": {"$ref": "#/$defs/opt_component"},
+                                    "handshake": {"$ref": "#/$defs/opt_component"},
+                                },
+                            },
+                        },
+                    ]
+                },
+                "per_connection": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/components"}]},
+            },
+        },
+    },
+}
+
+
+def _cost_problems(where: str, m: CostModel) -> list[str]:
+    out = []
+    if m.rate_lo is not None and m.rate_hi is not None and m.rate_lo > m.rate_hi:
+        out.append(f"{where}: rate_lo {m.rate_lo:g} > rate_hi {m.rate_hi:g}; expected lo ≤ hi")
+    if (m.rate_lo is None) != (m.rate_hi is None):
+        out.append(f"{where}: rate_lo and rate_hi: one is missing; expected both or neither")
+    if m.rate_coef and m.rate_lo is None:
+        out.append(f"{where}: rate_coef without rate_lo/rate_hi; expected the profiled range")
+    s = m.samples
+    if s is not None and (
+        len(s.sizes) != len(s.values) or (s.rates is not None and len(s.rates) != len(s.sizes))
+    ):
+        out.append(f"{where}.samples: sizes, values and rates differ in length")
+    if m.stats is not None and m.stats.cov is not None:
+        c = m.stats.cov
+        if any(len(r) != len(c) for r in c) or len(c) not in (3, 4):
+            out.append(f"{where}.stats.cov: not a 3×3 or 4×4 matrix")
+        elif any(c[i][i] < 0 for i in range(len(c))):
+            out.append(f"{where}.stats.cov: a negative variance on the diagonal")
+    return out
+
+
+#: sizes (bytes) a mode's total cost is checked at besides its samples' sizes: the engine
+#: extrapolates linearly, so a total that turns negative anywhere up to 1 GiB is refused
+CHECK_SIZES = (0.0, 100.0, float(1 << 20), float(1 << 30))
+
+
+def _grid(models: Iterable[CostModel]) -> tuple[list[float], list[float | None]]:
+    """Sizes and rates to check a set of models at: :data:`CHECK_SIZES` and their samples'
+    sizes, and the ends of their rate ranges (None: the highest profiled rate)."""
+    ms = list(models)
+    sizes = sorted({float(x) for m in ms if m.samples for x in m.samples.sizes} | set(CHECK_SIZES))
+    ends = {r for m in ms for r in (m.rate_lo, m.rate_hi) if r is not None}
+    return sizes, [None, *sorted(ends)]
+
+
+def _total_problems(where: str, mp: ModeProfile) -> list[str]:
+    """The mode's total cost must not be negative at any size the engine may price (see
+    :data:`CHECK_SIZES`): base components alone, with mTLS, and with each filter. Single
+    components may be (they are differences of measurements: profile/decompose.py)."""
+    base = {c: m for c, m in mp.components.items() if c.name == "" and c.key != "tls"}
+    extras: list[tuple[str, dict[Component, ComponentModel]]] = [("", {})]
+    extras += [(f" with {c.key}", {c: m}) for c, m in mp.components.items() if c not in base]
+    out = []
+    for label, extra in extras:
+        parts = {**base, **extra}
+        for metric in ("latency", "cpu"):
+            models = [getattr(m, metric) for m in parts.values()]
+            if not models:
+                continue
+            sizes, rates = _grid(models)
+            for r in rates:
+                total = np.sum([m.predict(sizes, r) for m in models], axis=0)
+                worst = float(total.min())
+                if worst < -1e-9 * max(1.0, float(np.abs(total).max())):
+                    out.append(
+                        f"{where}: total {metric}{label} is {worst:.4g} at some size up to "
+                        "1 GiB; expected ≥ 0 (a sidecar cannot save time or CPU)"
+                    )
+                    break
+    return out
+
+
+def _mode_problems(where: str, mp: ModeProfile) -> list[str]:
+    out: list[str] = []
+    named: list[tuple[str, CostModel]] = []
+    for c, cm in mp.components.items():
+        named += [(f"{where}.components.{c.key}.latency", cm.latency)]
+        named += [(f"{where}.components.{c.key}.cpu", cm.cpu)]
+    for c, cm in mp.per_connection.items():
+        named += [
+            (f"{where}.per_connection.{c.key}.{k}", getattr(cm, k)) for k in ("latency", "cpu")
+        ]
+    for key in ("memory", "memory_mtls"):
+        m = getattr(mp, key)
+        if m is not None:
+            named.append((f"{where}.{key}", m))
+            if m.intercept < 0:
+                out.append(f"{where}.{key}.intercept: {m.intercept:g} bytes; expected ≥ 0")
+    if mp.tls_handshake is not None:
+        named += [(f"{where}.tls_handshake.latency", mp.tls_handshake.latency)]
+        named += [(f"{where}.tls_handshake.cpu", mp.tls_handshake.cpu)]
+    for w, m in named:
+        out += _cost_problems(w, m)
+    if mp.closure is not None and mp.closure.measured_lo_us > mp.closure.measured_hi_us:
+        out.append(f"{where}.closure: measured_lo_us > measured_hi_us; expected lo ≤ hi")
+    out += _total_problems(where, mp)
+    for proto, sub in mp.carried.items():
+        out += _mode_problems(f"{where}.carried.{proto}", sub)
+    return out
+
+
+def profile_problems(p: Profile) -> list[str]:
+    """What makes a profile unusable beyond its document's types: unordered intervals,
+    inconsistent samples, a negative total cost where it was measured."""
+    out: list[str] = []
+    for mode, mp in p.modes.items():
+        out += _mode_problems(f"modes.{mode.value}", mp)
+    return out
+
+
+def doc_problems(d: Any, current_format: int) -> list[str]:
+    """Problems of a profile document's types (``current_format``: the newest this reads)."""
+    from meshtax.model.schema import problems
+
+    if not isinstance(d, Mapping):
+        return [f"(top level): a {type(d).__name__}; expected a profile document (a mapping)"]
+    fmt = d.get("format", current_format)
+    if isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > current_format:
+        return [f"format: {fmt} is newer than this meshtax understands ({current_format})"]
+    return problems(PROFILE_SCHEMA, d)

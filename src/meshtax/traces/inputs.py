@@ -1,0 +1,265 @@
+"""Trace inputs as users have them: files, directories, globs, ``-`` (stdin), gzip or zstd.
+
+:func:`expand` turns what the user named into a sorted list of sources; :func:`documents`
+reads one source into JSON documents: the whole file, or one document per line when the file
+is JSON Lines (as the OpenTelemetry Collector's and SDKs' file exporters write). Every read
+is bounded: a document (decompressed) larger than ``max_bytes`` is refused, never loaded.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import os
+import sys
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from meshtax import safeio
+from meshtax.traces.alibaba import TraceFormatError
+
+PathIn = str | os.PathLike[str]
+STDIN = "-"
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: The largest document (one file, or one line of JSON Lines) read into memory, decompressed:
+#: a decoded document takes a few times its size, so larger inputs must come as JSON Lines,
+#: several files, or (Jaeger) traces that are cut out of the document one batch at a time.
+MAX_DOCUMENT_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input: a file path, or ``-`` for standard input."""
+
+    name: str
+
+    @property
+    def is_stdin(self) -> bool:
+        return self.name == STDIN
+
+
+def expand(paths: PathIn | Sequence[PathIn]) -> list[Source]:
+    """Files named, files under directories (recursively, sorted, hidden ones skipped), glob
+    matches (``*``, ``?``, ``[``; ``**`` recursive), and ``-`` for stdin, in the order given."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not items:
+        raise TraceFormatError("no input files")
+    out: list[Source] = []
+    for item in items:
+        s = os.fspath(item)
+        p = Path(s)
+        if s == STDIN:
+            out.append(Source(STDIN))
+        elif p.is_dir():
+            found: list[str] = []
+            for top, dirs, files in os.walk(s):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                found.extend(
+                    os.path.join(top, f)
+                    for f in files
+                    if not f.startswith(".") and os.path.isfile(os.path.join(top, f))
+                )
+            if not found:
+                raise TraceFormatError(f"{p}: directory holds no files")
+            out.extend(Source(f) for f in sorted(found))
+        elif p.exists():
+            safeio.check_regular(s, "a trace file")  # a FIFO or device would block or never end
+            out.append(Source(s))
+        elif any(c in s for c in "*?["):
+            hits = sorted(h for h in glob.glob(s, recursive=True) if Path(h).is_file())
+            if not hits:
+                raise TraceFormatError(f"{s}: no file matches")
+            out.extend(Source(h) for h in hits)
+        else:
+            raise TraceFormatError(f"{s}: no such file")
+    return out
+
+
+class _Limited:
+    """A binary stream that refuses to give more than ``limit`` bytes in one document."""
+
+    def __init__(self, raw: IO[bytes], name: str) -> None:
+        self.raw = raw
+        self.name = name
+
+    def _guard(self, fn: object, *a: int) -> bytes:
+        try:
+            return fn(*a)  # type: ignore[operator,no-any-return]
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise TraceFormatError(
+                f"{self.name}: cannot read: corrupt or truncated gzip ({e})"
+            ) from None
+        except OSError as e:
+            raise TraceFormatError(f"{self.name}: cannot read ({e}; truncated file?)") from None
+        except Exception as e:  # zstandard.ZstdError has no common base to name
+            if type(e).__name__ == "ZstdError":
+                raise TraceFormatError(f"{self.name}: cannot read zstd ({e})") from None
+            raise
+
+    def read(self, n: int) -> bytes:
+        return self._guard(self.raw.read, n)
+
+    def readline(self, n: int) -> bytes:
+        return self._guard(self.raw.readline, n)
+
+
+def _open(src: Source) -> IO[bytes]:
+    if src.is_stdin:
+        f: IO[bytes] = sys.stdin.buffer
+    else:
+        try:
+            f = open(src.name, "rb")  # noqa: SIM115 - closed by the caller
+        except OSError as e:
+            raise TraceFormatError(f"{src.name}: cannot open ({e.strerror})") from None
+    if not isinstance(f, io.BufferedReader):
+        f = io.BufferedReader(f)  # type: ignore[type-var]
+    head = f.peek(4)[:4]
+    if head[:2] == GZIP_MAGIC:
+        if src.is_stdin:
+            return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+        f.close()  # reopened by gzip, which then owns (and closes) the file
+        return gzip.open(src.name, "rb")  # type: ignore[return-value]
+    if head == ZSTD_MAGIC:
+        try:
+            import zstandard
+        except ImportError:
+            raise TraceFormatError(
+                f"{src.name}: zstd-compressed; reading it needs the zstandard package"
+            ) from None
+        reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+        return io.BufferedReader(reader)
+    return f
+
+
+def head(src: Source, n: int = 4096) -> bytes:
+    """The first ``n`` decompressed bytes (for format detection). Stdin is not consumed: its
+    bytes are kept for :func:`documents` (see :func:`_stdin_buffer`)."""
+    if src.is_stdin:
+        return _stdin_buffer()[:n]
+    f = _open(src)
+    try:
+        return _Limited(f, src.name).read(n)
+    finally:
+        f.close()
+
+
+_STDIN_DATA: list[bytes] = []
+
+
+def _stdin_buffer(limit: int = MAX_DOCUMENT_BYTES, keep: bool = True) -> bytes:
+    """Stdin read once (bounded; decompressed) and kept until it is read for its documents
+    (``keep=False``), so it can be sniffed first."""
+    if not _STDIN_DATA:
+        f = _open(Source(STDIN))
+        data = _Limited(f, "<stdin>").read(limit + 1)
+        if len(data) > limit:
+            raise TraceFormatError(f"<stdin>: more than {limit} bytes; pass a file instead")
+        _STDIN_DATA.append(data)
+    return _STDIN_DATA[0] if keep else _STDIN_DATA.pop()
+
+
+def read_all(src: Source, limit: int = MAX_DOCUMENT_BYTES) -> bytes:
+    """The whole (decompressed) source, refused beyond ``limit`` bytes."""
+    if src.is_stdin:
+        return _stdin_buffer(limit, keep=False)
+    f = _open(src)
+    try:
+        data = _Limited(f, src.name).read(limit + 1)
+    finally:
+        f.close()
+    if len(data) > limit:
+        raise TraceFormatError(
+            f"{src.name}: one document of more than {limit} bytes (decompressed); split it, "
+            "or write JSON Lines (one document per line)"
+        )
+    return data
+
+
+def _split(data: bytes, name: str) -> Iterator[tuple[int, bytes]]:
+    """The documents of a file read whole: itself, or its lines when it is JSON Lines."""
+    s = data.strip()
+    if not s:
+        raise TraceFormatError(f"{name}: empty file")
+    nl = s.find(b"\n")
+    first = s if nl < 0 else s[:nl].strip()
+    one_line = first[:1] in (b"{", b"[") and first[-1:] in (b"}", b"]") and len(first) > 1
+    if nl < 0 or not one_line:
+        yield 0, data
+        return
+    for i, line in enumerate(data.split(b"\n"), 1):
+        if line.strip():
+            yield i, line
+
+
+def _plain(src: Source, limit: int) -> bytes | None:
+    """The bytes of an uncompressed file of at most ``limit`` bytes, in one read (the common
+    case, kept short: 50 000 small files are read per import); None for anything else."""
+    try:
+        with open(src.name, "rb") as f:
+            magic = f.read(4)
+            if magic[:2] == GZIP_MAGIC or magic == ZSTD_MAGIC:
+                return None
+            if os.fstat(f.fileno()).st_size > limit:
+                return None
+            f.seek(0)
+            return f.read()  # sized by fstat: no buffer of ``limit`` bytes
+    except OSError as e:
+        raise TraceFormatError(f"{src.name}: cannot read ({e.strerror})") from None
+
+
+def documents(src: Source, limit: int = MAX_DOCUMENT_BYTES) -> Iterator[tuple[int, bytes]]:
+    """``(line number, bytes)`` of each JSON document of a source: ``(0, whole file)`` for a
+    multi-line document, else one per non-empty line (JSON Lines; a one-line file is one).
+    A document larger than ``limit`` bytes is refused."""
+    name = "<stdin>" if src.is_stdin else src.name
+    if not src.is_stdin:
+        data = _plain(src, limit)
+        if data is not None:  # a plain file that fits: cut into lines only if JSON Lines
+            yield from _split(data, name)
+            return
+    f: IO[bytes] = io.BytesIO(_stdin_buffer(limit, keep=False)) if src.is_stdin else _open(src)
+    try:
+        r = _Limited(f, name)
+        first = r.readline(limit + 1)
+        while first and not first.strip():
+            first = r.readline(limit + 1)
+        if not first:
+            raise TraceFormatError(f"{name}: empty file")
+        if len(first) > limit:
+            raise TraceFormatError(
+                f"{name}: a line of more than {limit} bytes (decompressed); split the file"
+            )
+        s = first.strip()
+        one_line = s[:1] in (b"{", b"[") and s[-1:] in (b"}", b"]") and len(s) > 1
+        if not one_line:
+            try:  # read it whole in one buffer (no copy of first + rest)
+                f.seek(0)
+                doc = r.read(limit + 1)
+            except (OSError, ValueError):
+                doc = first + r.read(limit + 1 - len(first))
+            if len(doc) > limit:
+                raise TraceFormatError(
+                    f"{name}: one document of more than {limit} bytes (decompressed); split "
+                    "it, or write JSON Lines (one document per line)"
+                )
+            yield 0, doc
+            return
+        yield 1, first
+        lineno = 1
+        while True:
+            line = r.readline(limit + 1)
+            if not line:
+                return
+            lineno += 1
+            if len(line) > limit:
+                raise TraceFormatError(f"{name}: line {lineno}: more than {limit} bytes")
+            if line.strip():
+                yield lineno, line
+    finally:
+        if not src.is_stdin:
+            f.close()

@@ -1,0 +1,399 @@
+"""Span files → paired call-graph batches, in bounded memory, on worker processes.
+
+Inputs (:mod:`meshtax.traces.inputs`): files, directories, globs, ``-`` for stdin, gzip or
+zstd. Documents are decoded into span rows; rows of whole traces are paired into calls
+(:func:`meshtax.traces.spans.pair_rows`) and come out as :class:`~meshtax.model.ecg.EcgBatch`
+columns batch by batch (:func:`iter_batches`): memory holds a few batches, not the input.
+Jaeger's ``data`` entries and Zipkin's lists of traces are whole traces and stream; OTLP
+exporters write parts of traces in each batch, so OTLP rows are held (compact) until the
+input ends, then paired batch by batch. Tasks of about ``SpanOptions.batch_spans`` spans run
+on ``SpanOptions.workers`` processes.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from meshtax.model.ecg import EcgBatch
+from meshtax.traces import decode, inputs, otlp, zipkin
+from meshtax.traces.alibaba import TraceFormatError
+from meshtax.traces.pairing import Paired
+from meshtax.traces.report import ImportReport
+from meshtax.traces.spans import FORMATS, SpanOptions, fill_rates, pair_rows
+
+#: format → reader of one document into rows (Jaeger has its own path: traces are cut out)
+READERS = {
+    "otlp": otlp.read_otlp_json,
+    "otlp-proto": otlp.read_otlp_proto,
+    "zipkin": zipkin.read_zipkin,
+}
+
+
+def _read_source(
+    src: inputs.Source, fmt: str, limit: int, out: decode.SpanRows, split: list[Any] | None
+) -> None:
+    """Decode every document of ``src`` into ``out``; with ``split``, a Jaeger document's raw
+    traces are put there instead (to be decoded in batches)."""
+    if fmt == "otlp-proto":
+        otlp.read_otlp_proto(inputs.read_all(src, limit), src.name, out)
+        return
+    for line, doc in inputs.documents(src, limit):
+        where = src.name if line == 0 else f"{src.name}: line {line}"
+        if fmt == "jaeger" and b'"resourceSpans"' in doc[:4096]:
+            otlp.read_otlp_json(doc, where, out)  # Jaeger's API v3 answers OTLP
+        elif fmt == "jaeger" and split is None:
+            if not decode.read_jaeger_doc(doc, where, out):
+                raise TraceFormatError(
+                    f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
+                )
+        elif fmt == "jaeger":
+            raws = decode.jaeger_traces(doc, where)
+            if raws is None:
+                raise TraceFormatError(
+                    f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
+                )
+            assert split is not None
+            split.extend(raws)
+        else:
+            READERS[fmt](doc, where, out)
+
+
+@dataclass
+class _Task:
+    """One unit of parallel work: files, or raw Jaeger traces cut out of one document."""
+
+    sources: list[inputs.Source] = field(default_factory=list)
+    raws: list[bytes] = field(default_factory=list)
+    where: str = ""
+    size: int = 0
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """Cyclic garbage collection paused: decoding makes millions of small acyclic objects,
+    and the collector's passes over them cost more than the decoding (measured ×2.5)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _run_task(
+    task: _Task, fmt: str, options: SpanOptions
+) -> tuple[Paired, ImportReport, _HeldPart | None]:
+    """Decode and pair one task (in a worker). Rows of partial traces are handed back,
+    compacted."""
+    with _no_gc():
+        paired, rep, held = _decode_and_pair(task, fmt, options)
+        return paired, rep, _HeldPart.of(held) if held else None
+
+
+def _decode_and_pair(
+    task: _Task, fmt: str, options: SpanOptions
+) -> tuple[Paired, ImportReport, list[decode.Row]]:
+    rep = ImportReport("", fmt)
+    whole = decode.SpanRows()
+    held: list[decode.Row] = []
+    for src in task.sources:
+        rows = decode.SpanRows()
+        rows.resolved = whole.resolved  # one table of joined traces for the task
+        _read_source(src, fmt, options.max_document_bytes, rows, None)
+        (whole.rows if rows.complete else held).extend(rows.rows)
+    for i, raw in enumerate(task.raws):
+        decode.read_jaeger_trace(raw, f"{task.where}: trace {i}", whole)
+    parts = [pair_rows(whole.rows, rep, options)] if whole.rows else []
+    if whole.resolved.rows:
+        parts.append(pair_rows(whole.resolved, rep, options))
+    return (concat(parts) if parts else pair_rows([], rep, options)), rep, held
+
+
+#: Beyond this many inputs, files are not looked at one by one (a stat of every one of 50 000
+#: files cost seconds): tasks take a fixed number of files, guessed at ~20 spans each.
+_MANY_FILES = 64
+
+
+def _tasks(sources: list[inputs.Source], fmt: str, options: SpanOptions) -> Iterator[_Task]:
+    """Cut the input into tasks of about ``batch_spans`` spans (guessed from file sizes,
+    ~500 B of JSON per span, or from the file count); a large Jaeger document is cut into
+    its traces."""
+    budget = options.batch_spans * 500
+    if len(sources) > _MANY_FILES:
+        per = max(1, options.batch_spans // 20)
+        for i in range(0, len(sources), per):
+            yield _Task(sources=sources[i : i + per])
+        return
+    task = _Task()
+    for src in sources:
+        size = _size_of(src)
+        big = src.is_stdin or size > budget
+        if fmt == "jaeger" and big and b'"resourceSpans"' not in inputs.head(src):
+            if task.sources:
+                yield task
+                task = _Task()
+            raws: list[Any] = []
+            _read_source(src, fmt, options.max_document_bytes, decode.SpanRows(), raws)
+            part = _Task(where=src.name)
+            for i, raw in enumerate(raws):
+                part.raws.append(bytes(raw))  # copied one part at a time
+                raws[i] = None
+                part.size += len(part.raws[-1])
+                if part.size >= budget:
+                    yield part
+                    part = _Task(where=src.name)
+            if part.raws:
+                yield part
+            continue
+        task.sources.append(src)
+        task.size += size
+        if task.size >= budget:
+            yield task
+            task = _Task()
+    if task.sources:
+        yield task
+
+
+def _size_of(src: inputs.Source) -> int:
+    try:
+        return 0 if src.is_stdin else os.stat(src.name).st_size
+    except OSError as e:
+        raise TraceFormatError(f"{src.name}: cannot read ({e.strerror})") from None
+
+
+@dataclass
+class _HeldPart:
+    """Span rows of partial traces, compact: ids as bytes arrays, names as codes into
+    ``names`` (about 120 B a span instead of ~400 B as Python tuples)."""
+
+    cols: dict[str, Any]
+    names: list[str]
+
+    @staticmethod
+    def of(rows: Sequence[decode.Row]) -> _HeldPart:
+        t, sp, par, svc, kind, start, dur, req, resp, peer, proto = zip(*rows, strict=True)
+        nmap: dict[str, int] = {}
+        code = nmap.setdefault
+
+        def ids(col: Sequence[str]) -> Any:
+            return np.array([x.encode() for x in col], dtype=bytes)
+
+        return _HeldPart(
+            {
+                "trace": ids(t),
+                "span": ids(sp),
+                "parent": ids(par),
+                "svc": np.fromiter((code(x, len(nmap)) for x in svc), np.int32, len(rows)),
+                "peer": np.fromiter((code(x, len(nmap)) for x in peer), np.int32, len(rows)),
+                "kind": np.array(kind, dtype=np.int8),
+                "start": np.array(start, dtype=np.int64),
+                "dur": np.array(dur, dtype=np.int64),
+                "req": np.array(req, dtype=np.float64),
+                "resp": np.array(resp, dtype=np.float64),
+                "proto": np.array(proto, dtype=np.int8),
+            },
+            list(nmap),
+        )
+
+
+class _Held:
+    """Partial traces' rows until the input ends, then whole traces batch by batch."""
+
+    def __init__(self) -> None:
+        self.parts: list[dict[str, Any]] = []
+        self.names: dict[str, int] = {}
+
+    def add(self, part: _HeldPart) -> None:
+        remap = np.array([self.names.setdefault(n, len(self.names)) for n in part.names])
+        cols = dict(part.cols)
+        cols["svc"] = remap[cols["svc"]]
+        cols["peer"] = remap[cols["peer"]]
+        self.parts.append(cols)
+
+    def batches(self, size: int) -> Iterator[list[decode.Row]]:
+        if not self.parts:
+            return
+        cols = {k: np.concatenate([p[k] for p in self.parts]) for k in self.parts[0]}
+        self.parts = []
+        order = np.argsort(cols["trace"], kind="stable")
+        cols = {k: v[order] for k, v in cols.items()}
+        names = list(self.names)
+        trace = cols["trace"]
+        n, start = trace.size, 0
+        while start < n:
+            end = min(start + max(size, 1), n)
+            while end < n and trace[end] == trace[end - 1]:
+                end += 1
+            sl = slice(start, end)
+
+            def text(k: str, sl: slice = sl) -> list[str]:
+                return [x.decode() for x in cols[k][sl].tolist()]
+
+            yield list(
+                zip(
+                    text("trace"),
+                    text("span"),
+                    text("parent"),
+                    [names[i] for i in cols["svc"][sl].tolist()],
+                    cols["kind"][sl].tolist(),
+                    cols["start"][sl].tolist(),
+                    cols["dur"][sl].tolist(),
+                    cols["req"][sl].tolist(),
+                    cols["resp"][sl].tolist(),
+                    [names[i] for i in cols["peer"][sl].tolist()],
+                    cols["proto"][sl].tolist(),
+                    strict=True,
+                )
+            )
+            start = end
+
+
+def _several_tasks(sources: list[inputs.Source], options: SpanOptions) -> bool:
+    """Whether the input makes more than one task (decided before reading, so the workers
+    are forked while this process is still small)."""
+    if len(sources) > _MANY_FILES:
+        return len(sources) > max(1, options.batch_spans // 20)
+    budget = options.batch_spans * 500
+    return any(s.is_stdin for s in sources) or sum(map(_size_of, sources)) > budget
+
+
+def _workers(options: SpanOptions) -> int:
+    if options.workers is not None:
+        return max(1, options.workers)
+    return max(1, min(2, len(os.sched_getaffinity(0))))
+
+
+def iter_batches(
+    paths: inputs.PathIn | Sequence[inputs.PathIn],
+    format: str,
+    options: SpanOptions,
+    report: ImportReport,
+) -> Iterator[Paired]:
+    """Paired call-graph batches of span files, in bounded memory (see the module doc).
+    Counts go to ``report``. With ``options.rate`` None, ``batch.rate`` is NaN until
+    :func:`~meshtax.traces.spans.fill_rates` has seen every batch."""
+    if format not in FORMATS:
+        raise TraceFormatError(f"format {format!r}: expected one of {', '.join(FORMATS)}")
+    sources = inputs.expand(paths)
+    held = _Held()
+    seen: set[int] = set()
+    split = 0
+
+    def take(p: Paired, rep: ImportReport, part: _HeldPart | None) -> Paired:
+        nonlocal split
+        report.add(rep)
+        if part is not None:
+            held.add(part)
+        names = [hash(g) for g in p.batch.graph_names]
+        split += sum(1 for h in names if h in seen)
+        seen.update(names)
+        return p
+
+    tasks = _tasks(sources, format, options)
+    n = _workers(options) if _several_tasks(sources, options) else 1  # a pool pays from two on
+    if n == 1:
+        for t in tasks:
+            yield take(*_run_task(t, format, options))
+    else:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
+            queue: list[Future[tuple[Paired, ImportReport, _HeldPart | None]]] = []
+            for t in tasks:
+                queue.append(pool.submit(_run_task, t, format, options))
+                if len(queue) > n:
+                    yield take(*queue.pop(0).result())
+            while queue:
+                yield take(*queue.pop(0).result())
+    # partial traces (OTLP batches, flat Zipkin lists): whole once every file is read
+    for rows in held.batches(options.batch_spans):
+        rep = ImportReport("", format)
+        with _no_gc():
+            part = pair_rows(rows, rep, options)
+        yield take(part, rep, None)
+    if split:
+        report.notes["trace ids met again in a later batch: separate graphs"] += split
+
+
+def concat(parts: Sequence[Paired]) -> Paired:
+    """One batch of all graphs of ``parts`` (services and sidecars merged by name)."""
+    if len(parts) == 1:
+        return parts[0]
+    services: dict[str, int] = {}
+    specs: dict[Any, int] = {}
+    cols: dict[str, list[Any]] = {k: [] for k in ("parent", "caller", "callee", "cs", "es")}
+    ptr = [np.zeros(1, dtype=np.int64)]
+    base = 0
+    for p in parts:
+        b = p.batch
+        smap = np.array([services.setdefault(s, len(services)) for s in b.services] + [-1])
+        pmap = np.array([specs.setdefault(s, len(specs)) for s in b.specs] + [-1])
+        cols["parent"].append(np.where(b.parent >= 0, b.parent + base, -1))
+        cols["caller"].append(smap[b.caller])
+        cols["callee"].append(smap[b.callee])
+        cols["cs"].append(pmap[b.caller_spec])
+        cols["es"].append(pmap[b.callee_spec])
+        ptr.append(b.graph_ptr[1:] + base)
+        base += b.n_invocations
+
+    def cat(name: str, dtype: Any) -> Any:
+        return np.concatenate([getattr(p.batch, name) for p in parts]).astype(dtype)
+
+    def i64(k: str) -> Any:
+        return np.concatenate(cols[k]).astype(np.int64)
+
+    protos = [
+        p.batch.protocol
+        if p.batch.protocol is not None
+        else np.zeros(p.batch.n_invocations, dtype=np.int64)
+        for p in parts
+    ]
+    proto = np.concatenate(protos).astype(np.int64)
+    batch = EcgBatch(
+        graph_ptr=np.concatenate(ptr).astype(np.int64),
+        parent=i64("parent"),
+        caller=i64("caller"),
+        callee=i64("callee"),
+        caller_spec=i64("cs"),
+        callee_spec=i64("es"),
+        request_bytes=cat("request_bytes", np.float64),
+        response_bytes=cat("response_bytes", np.float64),
+        rate=cat("rate", np.float64),
+        start_us=cat("start_us", np.float64),
+        duration_us=cat("duration_us", np.float64),
+        services=tuple(services),
+        specs=tuple(specs),
+        graph_names=tuple(n for p in parts for n in p.batch.graph_names),
+        row_ids=tuple(i for p in parts for i in p.batch.row_ids),
+        protocol=proto if proto.any() else None,
+    )
+    return Paired(
+        batch,
+        np.concatenate([p.origin_ns for p in parts]).astype(np.int64),
+        np.concatenate([p.end_ns for p in parts]).astype(np.int64),
+        np.concatenate([p.asynchronous for p in parts]).astype(bool),
+    )
+
+
+def load_paired(
+    paths: inputs.PathIn | Sequence[inputs.PathIn], format: str, options: SpanOptions
+) -> tuple[Paired, ImportReport]:
+    """Every graph of the span files in one columnar batch, rates filled in."""
+    rep = ImportReport(", ".join(os.fspath(p) for p in _as_list(paths)), format)
+    parts = list(iter_batches(paths, format, options, rep))
+    if options.rate is None:
+        fill_rates(parts, options.window_s, rep)
+    return (concat(parts) if parts else pair_rows([], rep, options)), rep
+
+
+def _as_list(paths: inputs.PathIn | Sequence[inputs.PathIn]) -> list[inputs.PathIn]:
+    return [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
