@@ -10,6 +10,7 @@ import pytest
 
 from meshtax.model.capacity import Capacity, LatencySketch
 from meshtax.model.components import OTHER
+from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
@@ -166,6 +167,28 @@ def test_shared_cpus_queue_every_sidecar_and_the_applications() -> None:
     (cpu2,) = [s for s in withapp.stations if s.name == "shared CPUs"]
     assert cpu2.utilisation == pytest.approx(0.06 + 0.3, rel=1e-3)
     assert (withapp.overhead_us >= alone.overhead_us - 1e-9).all()
+
+
+def test_shared_cpus_price_messages_at_the_engines_shared_cpu_rate() -> None:
+    # CPU per message falls with rate (warm CPU): 30 + 4·ln(10 000 / r) CPU-µs. On one shared
+    # CPU every message is priced at the shared CPU's rate (Σ crossings/s ÷ 2), as the engine
+    # prices it; at 1 000/s a chain A → B has 6 crossings per request: r_eff = 3 000/s
+    cpu = CostModel(30.0, rate_coef=4.0, rate_lo=100.0, rate_hi=10_000.0)
+    p = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
+    g = ecg(
+        {"A": HTTP, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000)],
+    )
+    b = to_batch([g])
+    tp = predict_tail(b, single_profile(p), TailOptions(samples=200, pod_cpus=1))
+    (shared,) = [s for s in tp.stations if s.name == "shared CPUs"]
+    per_msg = 30.0 + 4.0 * math.log(10_000 / 3000)
+    assert shared.utilisation == pytest.approx(1000 * 6 * per_msg * 1e-6, rel=1e-6)
+    engine = predict_batch(b, single_profile(p), pod_cpus=1)
+    assert shared.utilisation == pytest.approx(engine.cpu_vcpu[0], rel=1e-6)
+    # pods with CPUs of their own: each message at its call's own rate (1 000/s)
+    own = predict_tail(b, single_profile(p), TailOptions(samples=200))
+    assert all(s.mean_service_us == pytest.approx(30.0 + 4.0 * math.log(10)) for s in own.stations)
 
 
 def test_tiled_structure_propagates_each_copy_like_the_original() -> None:
