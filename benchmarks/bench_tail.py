@@ -5,13 +5,13 @@ sidecar saturates.
 Run as root under the machine's measurement lock::
 
     flock /run/meshtax-measure.lock .venv/bin/python benchmarks/bench_tail.py \\
-        --db DB --out DIR [--profile NAME] [--modes http] [--topology bookinfo] \\
+        --db DB --out DIR [--profile NAME] [--modes http] [--topologies onehop,bookinfo] \\
         [--levels 25,50,75,90] [--connections 32] [--duration 2] [--pairs 3]
 
 Without ``--profile`` it first takes a quick profile with capacities (``meshtax profile --quick
 --capacity`` for tcp and http, into ``DB``; named ``tail-<time>``), so profile and validation
-share one sitting. Then, per mode: the one-hop validation (``meshtax validate --sweep rate``)
-and the topology's (``meshtax validate TOPOLOGY --levels …``), each document written to
+share one sitting. Then, per mode: the one-hop validation (``meshtax validate --sweep rate``; ``onehop``)
+and each topology's (``meshtax validate TOPOLOGY --levels …``), each document written to
 ``DIR`` (JSON and an HTML report); finally ``DIR/summary.json`` and a table: per percentile
 the median absolute error and the signed bias over every compared level, and the saturation
 rate predicted vs measured (the mesh side's closed-loop maximum with the same clients) and
@@ -64,7 +64,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--profile", default=None)
     ap.add_argument("--modes", default="http")
-    ap.add_argument("--topology", default="bookinfo")
+    ap.add_argument(
+        "--topologies", default="onehop,bookinfo", help="onehop and/or topologies in pods"
+    )
     ap.add_argument("--query", default=None)
     ap.add_argument("--levels", default="25,50,75,90")
     ap.add_argument("--connections", type=int, default=32)
@@ -97,7 +99,8 @@ def main() -> None:
     levels = tuple(float(x) / 100 for x in a.levels.split(","))
     results: list[TailValidation] = []
     for mode in (Mode(m) for m in a.modes.split(",")):
-        for topology, rel in itertools.product((None, a.topology), a.relative.split(",")):
+        where = [None if t == "onehop" else t for t in a.topologies.split(",")]
+        for topology, rel in itertools.product(where, a.relative.split(",")):
             o = TailValidateOptions(
                 topology,
                 a.query,
