@@ -117,7 +117,13 @@ def test_sweep_rate_auto_json_and_report(
         (["--percentiles", "50,abc"], "expected numbers"),
         (["--percentiles", "100"], "within (0, 100)"),
         (["--sweep-rate", "9:1:3"], "0 < LO < HI"),
+        (["--sweep-rate", "1:inf:3"], "0 < LO < HI"),
+        (["--sweep-rate", "1:9:100000"], "N ≤ 200"),
         (["--threshold", "0.5"], "needs --percentiles or --sweep-rate"),
+        (["--percentiles", "99", "--threshold", "nan"], "finite number"),
+        (["--percentiles", "99", "--threshold", "1"], "0 < threshold < 1"),
+        (["--percentiles", "99", "--app-cpu-us", "inf"], "finite number"),
+        (["--percentiles", "99", "--workers", "100000"], "--workers"),
     ],
 )
 def test_bad_tail_options_are_refused(

@@ -19,6 +19,7 @@ from meshtax.report.tail import sweep_block, tail_block
 
 __all__ = [
     "DEFAULT_PERCENTILES",
+    "MAX_SAMPLES",
     "TailRequest",
     "parse_percentiles",
     "parse_sweep",
@@ -29,6 +30,10 @@ DEFAULT_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 #: points of an automatic sweep, and its top as a share of the first saturation rate (ρ = 1)
 AUTO_POINTS = 12
 AUTO_TOP = 0.98
+#: bounds of what a request may ask: draws per graph, sweep points, requests/s
+MAX_SAMPLES = 1_000_000
+MAX_POINTS = 200
+MAX_RATE = 1e9
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,10 @@ def parse_sweep(text: str) -> tuple[float, float, int]:
             raise ValueError
     except (ValueError, IndexError):
         raise UsageError(f"--sweep-rate {text!r}: expected LO:HI:N, e.g. 1000:20000:10") from None
-    if not (0 < lo < hi and n >= 2):
-        raise UsageError(f"--sweep-rate {text!r}: need 0 < LO < HI and N ≥ 2")
+    if not (0 < lo < hi <= MAX_RATE and 2 <= n <= MAX_POINTS):
+        raise UsageError(
+            f"--sweep-rate {text!r}: need 0 < LO < HI ≤ {MAX_RATE:g} and 2 ≤ N ≤ {MAX_POINTS}"
+        )
     return (lo, hi, n)
 
 

@@ -9,7 +9,14 @@ from typing import Any, TypeVar
 
 import click
 
-from meshtax.app.tail import DEFAULT_PERCENTILES, TailRequest, parse_percentiles, parse_sweep
+from meshtax.app.tail import (
+    DEFAULT_PERCENTILES,
+    MAX_SAMPLES,
+    TailRequest,
+    parse_percentiles,
+    parse_sweep,
+)
+from meshtax.cli._common import Number
 from meshtax.report.exporters import EXPORTERS
 from meshtax.report.tail import tail_csv
 
@@ -45,8 +52,8 @@ OPTIONS = (
     ),
     _option(
         "--threshold",
-        type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
-        help="Utilisation at which a sidecar counts as saturating (default 0.8).",
+        type=Number(0.0, open_lo=True, hi=1.0),
+        help="Utilisation below 1 at which a sidecar counts as saturating (default 0.8).",
     ),
     _option(
         "--arrivals",
@@ -56,16 +63,20 @@ OPTIONS = (
     ),
     _option(
         "--workers",
-        type=click.IntRange(min=1),
+        type=click.IntRange(1, 4096),
         help="Worker threads per sidecar (default: the profile's measured sidecar's, else 1).",
     ),
     _option(
         "--app-cpu-us",
-        type=click.FloatRange(min=0.0),
+        type=Number(0.0, hi=1e9),
         help="With --pod-cpus: the applications' CPU-µs per request without the mesh, so their "
         "own waits on the busier CPUs count too.",
     ),
-    _option("--samples", type=click.IntRange(min=20), help="Monte Carlo draws per graph (4000)."),
+    _option(
+        "--samples",
+        type=click.IntRange(20, MAX_SAMPLES),
+        help="Monte Carlo draws per graph (4000).",
+    ),
 )
 
 
