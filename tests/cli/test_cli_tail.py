@@ -131,3 +131,19 @@ def test_bad_tail_options_are_refused(
 ) -> None:
     r = run([bookinfo, *args], env)
     assert r.exit_code == 2 and message in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sweep", "rate", "--levels", "abc"], "expected percentages"),
+        (["--sweep", "rate", "--levels", "0,50"], "in (0, 1.5]"),
+        (["bookinfo", "--levels", "25,200"], "in (0, 1.5]"),
+        (["--levels", "50"], "give a TOPOLOGY"),
+    ],
+)
+def test_bad_validation_levels_are_refused_before_anything_runs(
+    env: dict[str, str], args: list[str], message: str
+) -> None:
+    r = CliRunner().invoke(main, ["validate", *args], env=env)
+    assert r.exit_code == 2 and message in r.output, r.output

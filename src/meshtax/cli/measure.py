@@ -28,7 +28,7 @@ from meshtax.store.sqlite import ProfileStore
 
 
 @main.command()
-@click.argument("topology")
+@click.argument("topology", required=False)
 @click.option(
     "--query",
     "queries",
@@ -63,7 +63,7 @@ from meshtax.store.sqlite import ProfileStore
 )
 @click.option(
     "--connections",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 4096),
     default=32,
     show_default=True,
     help="With --levels or --sweep rate: concurrent clients.",
@@ -78,7 +78,7 @@ from meshtax.store.sqlite import ProfileStore
 @speed_option("now")
 @user_errors
 def validate(
-    topology: str,
+    topology: str | None,
     queries: tuple[str, ...],
     modes: str,
     rate: float,
@@ -99,29 +99,36 @@ def validate(
     traces, and report measured vs predicted overhead (root)."""
     from meshtax.app import measure as m
     from meshtax.app.measure import ValidateOptions
+    from meshtax.app.tail_validate import FRACTIONS, TailValidateOptions, validate_tail
 
+    if topology is None and not sweep:
+        raise UsageError("validate: give a TOPOLOGY (e.g. bookinfo), or --sweep size|rate")
+    mode_list = parse_modes(modes)
+    tail_opts = None
+    if sweep == "rate" or levels:
+        try:
+            fractions = csv(levels, lambda x: float(x) / 100) if levels else FRACTIONS
+        except ValueError:
+            raise UsageError(
+                f"--levels {levels!r}: expected percentages like 25,50,75,90"
+            ) from None
+        tail_opts = TailValidateOptions(
+            None if sweep == "rate" else topology,
+            queries[0] if queries else None,
+            mode_list[0],
+            fractions,
+            connections,
+            min(duration, 1.0) if quick else duration,
+            2 if quick else 3,
+            profile,
+            accept_unclosed,
+        )
+        tail_opts.plan()  # bad levels are refused before anything runs
     m.require_root("validation creates network namespaces and sidecars")
     store = ProfileStore(db)
-    mode_list = parse_modes(modes)
     say = stderr
-    if sweep == "rate" or levels:
-        from meshtax.app.tail_validate import FRACTIONS, TailValidateOptions, validate_tail
-
-        tv = validate_tail(
-            TailValidateOptions(
-                None if sweep == "rate" else topology,
-                queries[0] if queries else None,
-                mode_list[0],
-                csv(levels, lambda x: float(x) / 100) if levels else FRACTIONS,
-                connections,
-                min(duration, 1.0) if quick else duration,
-                2 if quick else 3,
-                profile,
-                accept_unclosed,
-            ),
-            store,
-            say,
-        )
+    if tail_opts is not None:
+        tv = validate_tail(tail_opts, store, say)
         doc = tv.to_document()
         click.echo(json.dumps(doc, indent=2, default=str) if fmt == "json" else tv.table())
     elif sweep:
@@ -135,6 +142,7 @@ def validate(
         doc = m.sweep(sopts, store, say).to_document()
         click.echo(json.dumps(doc, indent=2, default=str))
     else:
+        assert topology is not None  # checked above
         try:
             opts = ValidateOptions(
                 topology=topology,
