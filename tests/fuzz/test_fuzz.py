@@ -4,10 +4,6 @@ or a valid result, within 20 s and 1 GiB of RSS; never a traceback.
 The default run takes a few hundred cases; ``-m slow`` runs 10 000 (set
 ``MESHTAX_FUZZ_CASES`` for another count, ``MESHTAX_FUZZ_SEED`` for another corpus, and
 ``MESHTAX_FUZZ_REPORT=FILE`` to keep every outcome as JSON).
-
-The span readers (Jaeger, OTLP, Zipkin: ``traces/spans.py``) are being rewritten under issue
-#16; their failures are reported by ``test_span_readers`` as an expected failure until then,
-never mixed with the others.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ from tests.fuzz.corpus import cases
 from tests.fuzz.worker import Outcome, Runner
 
 BAD = ("traceback", "hang", "rss", "crash")
-SPANS = ("traces/spans.py", "traces/api.py")
 
 
 def _run(tmp: Path, n: int) -> list[Outcome]:
@@ -50,15 +45,19 @@ def _summary(out: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def _span_failure(o: Outcome) -> bool:
-    return o.target == "traces" and any(s in o.detail for s in SPANS)
-
-
 def _check(out: list[Outcome]) -> None:
-    bad = [o for o in out if o.kind in BAD and not _span_failure(o)]
+    bad = [o for o in out if o.kind in BAD]
     assert not bad, f"{len(bad)} bad outcomes of {len(out)}:\n{_summary(out)}"
     # every input path was exercised, and most cases reached the code behind the parser
-    assert {o.target for o in out} >= {"ecg", "speedup", "profile", "envoy", "k8s", "alibaba"}
+    assert {o.target for o in out} >= {
+        "ecg",
+        "speedup",
+        "profile",
+        "envoy",
+        "k8s",
+        "alibaba",
+        "traces",
+    }
     assert sum(o.kind == "ok" for o in out) > len(out) // 20
 
 
@@ -71,15 +70,6 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
 def test_every_input_path_fails_cleanly(default_run: list[Outcome]) -> None:
     print(_summary(default_run))
     _check(default_run)
-
-
-def test_span_readers(default_run: list[Outcome]) -> None:
-    spans = [o for o in default_run if _span_failure(o)]
-    if spans:
-        pytest.xfail(
-            f"{len(spans)} span-reader failures (traces/spans.py, issue #16): "
-            + "; ".join(sorted({o.detail.split(": ", 1)[0] for o in spans}))
-        )
 
 
 @pytest.mark.slow
