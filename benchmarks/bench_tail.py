@@ -33,6 +33,7 @@ from typing import Any
 from meshtax.app.data import write_document
 from meshtax.app.tail_validate import TailValidateOptions, validate_tail
 from meshtax.model.sidecar import Mode
+from meshtax.profile.backends import Backends
 from meshtax.profile.run import ProfileOptions, run_profile
 from meshtax.report.exporters import EXPORTERS
 from meshtax.store.sqlite import ProfileStore
@@ -91,7 +92,9 @@ def main() -> None:
     if a.profile is None:
         name = f"tail-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
         opts = ProfileOptions(name=name, quick=True, capacity=True, modes=("tcp", "http"))
-        prof = run_profile(opts, RealSystem(), store, lambda p: say(p.description))
+        # waits for another testbed run (a root test) as the validations do
+        be = Backends(lock_timeout=900.0)
+        prof = run_profile(opts, RealSystem(), store, lambda p: say(p.description), backends=be)
         say(f"profile {name} stored in {a.db}")
     else:
         prof = store.get(a.profile)
