@@ -10,6 +10,7 @@ import pytest
 
 from meshtax.model.capacity import Capacity, LatencySketch
 from meshtax.model.profile import ModeProfile, Profile, Provenance
+from meshtax.model.profile_check import ProfileError
 from meshtax.model.sidecar import Mode
 from meshtax.profile.capacity import CapacityPolicy, latency_sketch, measure_capacity
 from meshtax.profile.plan import quick_plan
@@ -140,6 +141,34 @@ def test_profile_keeps_capacity_and_sketches_and_older_documents_load() -> None:
     assert plain.capacity is None and plain.latency_sketches == {}
     # a profile without them writes neither key (documents keep their exact shape)
     assert "capacity" not in ModeProfile(Mode.HTTP, {}).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        (("capacity", "workers"), 0, "workers"),
+        (("capacity", "workers"), 10**9, "workers"),
+        (("capacity", "requests_per_s"), -1.0, "requests_per_s"),
+        (("capacity", "limited_by"), "moon", "limited_by"),
+        (("latency_sketches", 0, "meshed_us"), [1.0], "meshed_us"),
+        (("latency_sketches", 0, "probs"), [0.0, 2.0], "probs"),
+        (("latency_sketches", 0, "probs"), [1.0, 0.0], "ascending"),
+        (("latency_sketches", 0, "direct_us"), [1.0, 2.0, 3.0], "one meshed and one direct"),
+    ],
+)
+def test_unusable_capacity_or_sketch_is_a_profile_error(
+    where: tuple[str | int, ...], value: object, message: str
+) -> None:
+    cap = Capacity(4000.0, 100, 16, 1, 240.0, "sidecar", 9000.0, 1)
+    sk = LatencySketch(100, (0.0, 1.0), (100.0, 140.0), (60.0, 80.0), 100)
+    mp = ModeProfile(Mode.HTTP, {}, capacity=cap, latency_sketches={100: sk})
+    d = Profile("p", PLATFORM, Provenance("measured", "t", "2026-11-23"), {Mode.HTTP: mp}).to_dict()
+    node = d["modes"]["http"]
+    for k in where[:-1]:
+        node = node[k]
+    node[where[-1]] = value
+    with pytest.raises(ProfileError, match=message):
+        Profile.from_dict(d)
 
 
 @pytest.mark.root
