@@ -9,13 +9,13 @@ Run as root under the machine's measurement lock::
         [--levels 25,50,75,90] [--connections 32] [--duration 2] [--pairs 3]
 
 Without ``--profile`` it first takes a quick profile with capacities (``meshtax profile --quick
---capacity`` for tcp and http, into ``DB``; named ``tail-<time>``), so profile and validation
-share one sitting. Then, per mode: the one-hop validation (``meshtax validate --sweep rate``; ``onehop``)
-and each topology's (``meshtax validate TOPOLOGY --levels …``), each document written to
-``DIR`` (JSON and an HTML report); finally ``DIR/summary.json`` and a table: per percentile
-the median absolute error and the signed bias over every compared level, and the saturation
-rate predicted vs measured (the mesh side's closed-loop maximum with the same clients) and
-the profile's own capacity measurement. Nothing is asserted.
+--capacity`` for ``--profile-modes``, default tcp,http, into ``DB``; named ``tail-<time>``), so
+profile and validation share one sitting. Then, per mode: the one-hop validation (``meshtax
+validate --sweep rate``; ``onehop``) and each topology's (``meshtax validate TOPOLOGY --levels
+…``), each document written to ``DIR`` (JSON and an HTML report); finally ``DIR/summary.json``
+and a table: per percentile the median absolute error and the signed bias over every compared
+level, and the saturation rate predicted vs measured (the mesh side's closed-loop maximum with
+the same clients) and the profile's own capacity measurement. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--profile", default=None)
     ap.add_argument("--modes", default="http")
+    ap.add_argument("--profile-modes", default="tcp,http", help="modes the quick profile measures")
     ap.add_argument(
         "--topologies", default="onehop,bookinfo", help="onehop and/or topologies in pods"
     )
@@ -91,7 +92,8 @@ def main() -> None:
     loads = {"start": os.getloadavg()}
     if a.profile is None:
         name = f"tail-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
-        opts = ProfileOptions(name=name, quick=True, capacity=True, modes=("tcp", "http"))
+        pm = tuple(a.profile_modes.split(","))
+        opts = ProfileOptions(name=name, quick=True, capacity=True, modes=pm)
         # waits for another testbed run (a root test) as the validations do
         be = Backends(lock_timeout=900.0)
         prof = run_profile(opts, RealSystem(), store, lambda p: say(p.description), backends=be)
