@@ -10,7 +10,13 @@
  * Optionally also for every task of one more network namespace (the client pod), found on
  * its first syscall and marked "followed".
  * and, for loopback in the target's network namespace (not per thread):
- *   IPC             net_dev_queue(lo) -> netif_receive_skb(lo) of the same skb.
+ *   IPC             net_dev_queue(lo) -> netif_receive_skb(lo) of the same skb;
+ * and, per thread, for deliveries with no device on the way (a Unix socket, or TCP redirected
+ * by sockmap/sk_msg: the sender queues the data on the peer and wakes it inside its own send):
+ *   socket IPC      sk_data_ready of an AF_UNIX socket, or of an AF_INET one in a send that
+ *                   queued nothing on a device, inside a write-family call -> sock_send_length
+ *                   of that send; recvmsg(MSG_ERRQUEUE) (zero-copy completions) is counted
+ *                   apart from Read.
  * Everything is summed in maps; nothing is streamed, so nothing can be lost in a buffer.
  */
 #include "vmlinux.h"
@@ -38,6 +44,9 @@
 #define NR_epoll_pwait2	441
 
 #define LOOPBACK_IFINDEX 1
+#define AF_UNIX		1
+#define AF_INET		2
+#define MSG_ERRQUEUE	0x2000
 
 const volatile __u32 targ_tgid[MAX_TGIDS] = {};
 const volatile __u32 n_tgids = 0;
@@ -190,6 +199,14 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	st->sys_start = now;
 	st->sys_nr = id;
 	st->wake_ts = 0;
+	st->sock_ready_ts = 0;
+	st->errq = 0;
+	st->dev_tx = 0;
+	if (id == NR_recvmsg) {
+		struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+
+		st->errq = (BPF_CORE_READ(regs, dx) & MSG_ERRQUEUE) != 0;
+	}
 	return 0;
 }
 
@@ -220,7 +237,7 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	st->sys_ns += dur;
 	switch (classify(id)) {
 	case SC_READ:
-		add_op(&st->read, dur, ret);
+		add_op(st->errq ? &st->errqueue : &st->read, dur, ret);
 		break;
 	case SC_WRITE:
 		add_op(&st->write, dur, ret);
@@ -242,6 +259,8 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 out:
 	st->sys_start = 0;
 	st->wake_ts = 0;
+	st->sock_ready_ts = 0;
+	st->errq = 0;
 	return 0;
 }
 
@@ -292,6 +311,48 @@ int sched_wakeup(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
+static __always_inline __u16 sk_family(const struct sock *sk)
+{
+	return BPF_CORE_READ(sk, __sk_common.skc_family);
+}
+
+/* The peer socket was given data and woken inside a tracked thread's send, with no device on
+ * the way: a Unix socket, or (no skb queued on a device in this send) TCP redirected by
+ * sk_msg. On loopback TCP the peer's wake-up also runs inside the send, after lo: timed there.
+ * Raw tracepoints, looked up by tid only: no entry is made from whatever context this runs in. */
+SEC("raw_tracepoint/sk_data_ready")
+int sk_data_ready(struct bpf_raw_tracepoint_args *ctx)
+{
+	const struct sock *sk = (const struct sock *)ctx->args[0];
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct thread_stat *st = bpf_map_lookup_elem(&threads, &tid);
+
+	if (!st || st->mode != MODE_SYS || !st->sys_start || classify(st->sys_nr) != SC_WRITE)
+		return 0;
+	/* the first delivery of the send: a message split over several skbs counts from there */
+	if (!st->sock_ready_ts && (sk_family(sk) == AF_UNIX ||
+				   (sk_family(sk) == AF_INET && !st->dev_tx)))
+		st->sock_ready_ts = bpf_ktime_get_ns();
+	return 0;
+}
+
+SEC("raw_tracepoint/sock_send_length")
+int sock_send_length(struct bpf_raw_tracepoint_args *ctx)
+{
+	__s64 ret = (int)ctx->args[1];
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct thread_stat *st = bpf_map_lookup_elem(&threads, &tid);
+	__u64 now;
+
+	if (!st || !st->sock_ready_ts)
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (now >= st->sock_ready_ts)
+		add_op(&st->sock_ipc, now - st->sock_ready_ts, ret);
+	st->sock_ready_ts = 0;
+	return 0;
+}
+
 static __always_inline bool is_target_lo(struct sk_buff *skb)
 {
 	struct net_device *dev = BPF_CORE_READ(skb, dev);
@@ -307,6 +368,14 @@ int net_dev_queue(struct trace_event_raw_net_dev_template *ctx)
 	__u64 skb = (__u64)ctx->skbaddr;
 	__u64 now;
 
+	{
+		/* a send that goes through a device is not a socket-to-socket delivery */
+		__u32 tid = (__u32)bpf_get_current_pid_tgid();
+		struct thread_stat *st = bpf_map_lookup_elem(&threads, &tid);
+
+		if (st && st->mode == MODE_SYS)
+			st->dev_tx = 1;
+	}
 	if (!is_target_lo((struct sk_buff *)skb))
 		return 0;
 	now = bpf_ktime_get_ns();

@@ -30,7 +30,12 @@
 #include "sidecar.h"
 #include "sidecar.skel.h"
 
-#define FORMAT_VERSION 1	/* "notify_hist" was added to threads: optional for readers */
+/* "notify_hist", "sock_ipc", "errqueue" (threads) and "sock_method" (ipc) were added:
+ * optional for readers */
+#define FORMAT_VERSION 1
+/* the socket IPC programs (no-device delivery: Unix sockets, sockmap-redirected TCP): kernels
+ * without these tracepoints (before 6.6) go on without them ("sock_method": "unavailable") */
+#define SOCK_METHOD "sk_data_ready->sock_send_length (AF_UNIX, or AF_INET with no device)"
 
 static struct env {
 	__u32 pids[MAX_TGIDS];
@@ -42,6 +47,7 @@ static struct env {
 	bool verbose;
 } env;
 
+static bool sock_ipc;	/* both socket IPC programs attached */
 static volatile sig_atomic_t exiting;
 static volatile sig_atomic_t dump;
 
@@ -254,6 +260,10 @@ static void print_stat_body(const struct thread_stat *st)
 	print_op("epoll", &st->epoll);
 	putchar(',');
 	print_op("notify", &st->notify);
+	putchar(',');
+	print_op("sock_ipc", &st->sock_ipc);
+	putchar(',');
+	print_op("errqueue", &st->errqueue);
 	printf(",\"syscalls\":%llu,\"sys_ns\":%llu,\"oncpu_ns\":%llu,\"user_ns\":%llu,"
 	       "\"sys_cpu_ns\":%llu,\"unknown_cpu_ns\":%llu,\"switches_in\":%llu",
 	       (unsigned long long)st->syscalls, (unsigned long long)st->sys_ns,
@@ -307,6 +317,8 @@ static int print_threads(int fd, struct thread_stat *total)
 		add_op(&total->write, &st.write);
 		add_op(&total->epoll, &st.epoll);
 		add_op(&total->notify, &st.notify);
+		add_op(&total->sock_ipc, &st.sock_ipc);
+		add_op(&total->errqueue, &st.errqueue);
 		total->syscalls += st.syscalls;
 		total->sys_ns += st.sys_ns;
 		total->user_ns += st.user_ns;
@@ -333,9 +345,11 @@ static int print_ipc(int fd, int ncpus)
 			sum.max_ns = vals[i].max_ns;
 	}
 	printf("\"ipc\":{\"method\":\"net_dev_queue(lo)->netif_receive_skb(lo)\","
-	       "\"count\":%llu,\"ns\":%llu,\"bytes\":%llu,\"max_ns\":%llu}",
+	       "\"count\":%llu,\"ns\":%llu,\"bytes\":%llu,\"max_ns\":%llu,"
+	       "\"sock_method\":\"%s\"}",
 	       (unsigned long long)sum.count, (unsigned long long)sum.ns,
-	       (unsigned long long)sum.bytes, (unsigned long long)sum.max_ns);
+	       (unsigned long long)sum.bytes, (unsigned long long)sum.max_ns,
+	       sock_ipc ? SOCK_METHOD : "unavailable");
 	return 0;
 }
 
@@ -418,7 +432,7 @@ int main(int argc, char **argv)
 	struct sidecar_bpf *obj = NULL;
 	struct bpf_program *prog;
 	struct bpf_link *links[16] = {};
-	int n_links = 0, stats_fd = -1, ncpus, err;
+	int n_links = 0, stats_fd = -1, ncpus, err, sock_links = 0;
 	__u64 netns = 0, follow_ino = 0, t_start, deadline;
 	struct rlimit rl = { RLIM_INFINITY, RLIM_INFINITY };
 	struct sigaction sa = { .sa_handler = sig_handler };
@@ -493,7 +507,14 @@ int main(int argc, char **argv)
 
 	bpf_object__for_each_program(prog, obj->obj) {
 		struct bpf_link *link = bpf_program__attach(prog);
+		bool optional = prog == obj->progs.sk_data_ready ||
+				prog == obj->progs.sock_send_length;
 
+		if (!link && optional) {
+			fprintf(stderr, "sidecar: warning: cannot attach %s (%s): socket IPC "
+				"(Unix sockets, sockmap) stays inside Write\n", bpf_program__name(prog), strerror(errno));
+			continue;
+		}
 		if (!link) {
 			err = -errno;
 			fprintf(stderr, "sidecar: failed to attach %s (%s): %s\n",
@@ -502,7 +523,9 @@ int main(int argc, char **argv)
 			goto cleanup;
 		}
 		links[n_links++] = link;
+		sock_links += optional;
 	}
+	sock_ipc = sock_links == 2;
 	t_start = now_ns();
 	deadline = env.duration > 0 ? t_start + (__u64)(env.duration * 1e9) : 0;
 	fprintf(stderr, "sidecar: ready (%d programs, %d pids, netns %llu)\n", n_links,

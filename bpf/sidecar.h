@@ -53,6 +53,11 @@ struct thread_stat {
 	struct op_stat write;
 	struct op_stat epoll;	/* every epoll_wait/epoll_pwait/epoll_pwait2 call */
 	struct op_stat notify;	/* sched_wakeup -> epoll_* return, only calls that slept */
+	/* socket-to-socket delivery inside a write-family call with no device on the way (a Unix
+	 * socket, or TCP redirected by sockmap/sk_msg): sk_data_ready of the peer -> the end of
+	 * that send (sock_send_length); loopback TCP is timed on lo instead */
+	struct op_stat sock_ipc;
+	struct op_stat errqueue;	/* recvmsg(MSG_ERRQUEUE): zero-copy completions, not in read */
 	__u64 syscalls;		/* all syscalls that exited */
 	__u64 sys_ns;		/* wall time in all syscalls */
 	__u64 user_ns;		/* on-CPU outside syscalls */
@@ -65,9 +70,12 @@ struct thread_stat {
 	__u64 seg_start;	/* start of the current on-CPU segment, 0 = off CPU */
 	__u64 sys_start;
 	__u64 wake_ts;
+	__u64 sock_ready_ts;	/* first device-less sk_data_ready of the current send, 0 = none */
 	__s64 sys_nr;
 	__u32 mode;
 	__u32 followed;		/* tracked because of its netns (-f), not its PID */
+	__u32 errq;		/* the current call is recvmsg with MSG_ERRQUEUE */
+	__u32 dev_tx;		/* the current call queued an skb on a device */
 };
 
 struct ipc_stat {

@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #define FORMAT_VERSION 1
+#define VERSION "0.1.0"	/* what `--version` prints; profiles record it */
 #define CHUNK_SIZE (64 * 1024)
 #define QUEUE_LIMIT (4 * CHUNK_SIZE)	/* per direction: stop reading above this */
 #define MAX_WORKERS 64
@@ -154,6 +155,7 @@ static const char usage[] =
 "      --zerocopy-min BYTES sends smaller than this are copied (default 10240)\n"
 "  -w, --workers N          worker threads, each with its own epoll (default 1)\n"
 "  -h, --help               this text\n"
+"      --version            print the version and exit\n"
 "ADDR is IPV4:PORT, or a socket path where --ipc uds makes it one.\n"
 "Prints 'refsidecar: ready' to stderr when listening. SIGINT/SIGTERM: counters as one JSON\n"
 "line on stdout, then exit; SIGUSR1: counters, keep running.\n";
@@ -203,6 +205,7 @@ static int parse_args(int argc, char **argv)
 		{ "zerocopy-min", required_argument, NULL, 'Z' },
 		{ "workers", required_argument, NULL, 'w' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{},
 	};
 	char *end;
@@ -238,6 +241,7 @@ static int parse_args(int argc, char **argv)
 				return fprintf(stderr, "--workers: 1..%d\n", MAX_WORKERS), -1;
 			break;
 		case 'h': fputs(usage, stdout); exit(0);
+		case 'V': printf("refsidecar %s\n", VERSION); exit(0);
 		default: fputs(usage, stderr); return -1;
 		}
 	}

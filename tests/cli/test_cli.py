@@ -352,3 +352,24 @@ def test_predict_pod_cpus_bounds_latency_by_cpu_work(examples: Path, env: dict[s
         and "placement" not in own
     )
     assert invoke(["predict", f, "--profile", "reference", "--pod-cpus", "0"], env).exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--proxy", "refsidecar", "--modes", "tcp,http"], "runs tcp mode only, not http"),
+        (["--write", "zerocopy"], "envoy has no zerocopy writes"),
+        (["--proxy", "refsidecar", "--ipc", "sockmap", "--write", "zerocopy"], "do not compose"),
+        (["--proxy", "haproxy"], "'haproxy' is not one of"),
+        (["--proxy", "refsidecar", "--zerocopy-min", "-1"], "--zerocopy-min"),
+    ],
+)
+def test_profile_refuses_what_the_proxy_cannot_do_before_anything_runs(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, args: list[str], said: str
+) -> None:
+    import os
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # refused before any root-only step
+    r = invoke(["profile", "--quick", *args], env)
+    assert r.exit_code == 2 and said in r.output, r.output
+    assert "Traceback" not in r.output

@@ -1,8 +1,8 @@
 """The README's short tour runs as written: every command that needs no root, in order, in
 one directory, through a shell (globs like ``ex/*.yaml`` included).
 
-Stand-ins, each for a file the tour assumes the reader has: ``trace.json`` (a Jaeger file of
-the test fixtures), ``manifests/`` (the fixtures' Kubernetes manifests); the million
+Stand-ins, each for a file the tour assumes the reader has: ``traces/`` (a Jaeger file of the
+test fixtures), ``manifests/`` (the fixtures' Kubernetes manifests); the million
 generated graphs become 300. Commands run with ``sudo`` and the ones that compare profiles
 only ``sudo meshtax profile`` makes (``my-profile``, ``whatif derive``/``study`` of measured
 variants; tests/cli covers them on stored test profiles) are left out.
@@ -37,7 +37,8 @@ def tour() -> list[str]:
 def test_readme_tour_runs_as_written(tmp_path: Path) -> None:
     cmds = tour()
     assert cmds[0].startswith("meshtax example --dest ex")
-    shutil.copy(FIX / "trace.jaeger.json", tmp_path / "trace.json")
+    (tmp_path / "traces").mkdir()
+    shutil.copy(FIX / "trace.jaeger.json", tmp_path / "traces" / "trace.json")
     shutil.copytree(FIX / "k8s" / "shop", tmp_path / "manifests")
     env = {
         **os.environ,

@@ -211,6 +211,34 @@ def test_mesh_breakdown_adds_the_change_of_the_apps_path() -> None:
         mesh_breakdown(Window(0), None)
 
 
+def test_unix_socket_delivery_is_ipc_and_zero_copy_completions_are_write() -> None:
+    # Unix-socket legs: no lo traffic; the sidecar's sends spent 1200 ns delivering to the app
+    # (sk_data_ready → end of send), the meshed app's (another process, tgid 300) 800 ns; the
+    # sidecar reaped zero-copy completions for 600 ns (recvmsg(MSG_ERRQUEUE), not in read)
+    side = replace(
+        WORKER,
+        sock_ipc=OpStat(2, 1200, 200, 0),
+        errqueue=OpStat(1, 600, 0, 0),
+        sys_ns=WORKER.sys_ns + 600,
+    )
+    app_m = replace(APP_IO_M, tgid=300, sock_ipc=OpStat(2, 800, 200, 0))
+    meshed = Window.of(make_reading([side, app_m], ipc_ns=0), 1, sidecar_tgid=100, app_tgid=300)
+    direct = Window.of(
+        make_reading([APP_IO_D], ipc_ns=0, ipc_count=0), 2, sidecar_tgid=100, app_tgid=200
+    )
+    bd = mesh_breakdown(meshed, direct)
+    # IPC = (1200 + 800) / 2e3 = 1.0; Write = (10000 + 600) / 2e3 + (4000/2e3 − 9000/4e3) − 1.0
+    assert bd.ipc == pytest.approx(1.0)
+    assert bd.write == pytest.approx(5.3 - 0.25 - 1.0)
+    assert bd.read == pytest.approx(2.625)  # the error queue is not Read
+    assert bd.kernel_other == pytest.approx(1.0)  # nor other kernel work
+    # the sidecar alone: its own Unix delivery and completions
+    alone = mesh_breakdown(meshed, None)
+    assert (alone.ipc, alone.write) == pytest.approx((0.6, 5.3 - 0.6))
+    lone = latency_breakdown(make_reading([side], ipc_ns=0), requests=1)
+    assert (lone.ipc, lone.write, lone.read) == pytest.approx((0.6, 4.7, 2.0))
+
+
 # ---- the client (followed threads of the load generator's pod) -------------------------------
 
 

@@ -28,6 +28,7 @@ class Bed:
     system: FakeSystem = field(default_factory=FakeSystem)
     cpus: tuple[int, ...] = (0, 1)
     app_pid: int = APP
+    meshed_app_pid: int = APP
     meshed_target: str = "server:8080"
     client_netns_path: str = "/run/netns/client"
 

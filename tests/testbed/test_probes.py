@@ -421,6 +421,29 @@ def test_real_probe_counts_a_known_syscall_load(load: Load) -> None:
 
 
 @pytest.mark.root
+def test_real_probe_times_unix_socket_delivery_and_zero_copy_completions(load: Load) -> None:
+    binary = _build_probe()
+    n_unix, n_zc = 300, 100
+    probe = RealProbe(RealSystem(), binary=binary)
+    probe.start([load.p.pid])
+    try:
+        load.ask(f"unix {n_unix}")
+        reaped = int(load.ask(f"zerocopy {n_zc}").split()[1])
+        reading: ProbeReading = probe.stop()
+    finally:
+        probe.close()
+    t = reading.process(load.p.pid)
+    assert reading.ipc.sock_method.startswith("sk_data_ready->sock_send_length")
+    # every Unix send woke the reader from epoll and is timed once, with its bytes; the TCP
+    # sends of the zero-copy part are not Unix deliveries
+    assert t.sock_ipc.count == n_unix and t.sock_ipc.bytes == n_unix * 100
+    assert 0 < t.sock_ipc.ns < t.write.ns
+    # every completion reaped from the error queue, apart from Read; none of it lost
+    assert reaped > 0 and t.errqueue.count == n_zc and t.errqueue.errors == n_zc - reaped
+    assert t.read.bytes >= n_unix * 100 + n_zc * 4096 and t.errqueue.bytes == 0
+
+
+@pytest.mark.root
 def test_real_probe_fails_clearly_for_missing_pid() -> None:
     binary = _build_probe()
     probe = RealProbe(RealSystem(), binary=binary)

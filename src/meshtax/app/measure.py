@@ -12,6 +12,7 @@ from typing import Literal
 from meshtax.app import doctor
 from meshtax.errors import UsageError
 from meshtax.model.profile import Profile
+from meshtax.model.proxy import ProxyChoice
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import ClosureWarning
@@ -34,6 +35,7 @@ __all__ = [
     "MeasureOptions",
     "Measured",
     "ProfileOptions",
+    "ProxyChoice",
     "SweepOptions",
     "ValidateOptions",
     "check_machine",
@@ -83,6 +85,10 @@ def measure(
     system = system or RealSystem()
     be = backends or Backends(lock_timeout=opts.wait_s)
     opts.profile.resolve_plan()  # refuse a bad combination before anything starts
+    if opts.extras is not None and opts.profile.proxy.kind != "envoy":
+        raise UsageError(
+            "--filters/--mtls/--memory/--large measure Envoy; profile them without --proxy"
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ClosureWarning)
         try:

@@ -2,12 +2,13 @@
 
 Nothing below this package parses argv or prints. User errors print one clear message and
 exit 2; they never show a traceback. Commands are grouped by what they do:
-:mod:`~meshtax.cli.predict` (predict and data) and :mod:`~meshtax.cli.measure` (root).
+:mod:`~meshtax.cli.predict` (predict and data), :mod:`~meshtax.cli.whatif` (what-if studies of
+measured optimizations) and :mod:`~meshtax.cli.measure` (root).
 """
 
 from __future__ import annotations
 
-from meshtax.cli import measure, predict  # noqa: F401 - registers the commands
+from meshtax.cli import measure, predict, whatif  # noqa: F401 - registers the commands
 from meshtax.cli._common import main
 
 __all__ = ["main"]

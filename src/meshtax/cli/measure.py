@@ -23,6 +23,7 @@ from meshtax.cli._common import (
     stderr,
     user_errors,
 )
+from meshtax.model.proxy import IPCS, TRAITS, WRITES
 from meshtax.report.text import profile_text
 from meshtax.store.sqlite import ProfileStore
 
@@ -219,6 +220,37 @@ def validate(
     show_default=True,
     help="Seconds to wait for another profiling run to finish (0: fail at once).",
 )
+@click.option(
+    "--proxy",
+    type=click.Choice(list(TRAITS)),
+    default="envoy",
+    show_default=True,
+    help="The sidecar to profile: "
+    + "; ".join(f"{k}: {t.what} ({', '.join(m.value for m in t.modes)})" for k, t in TRAITS.items())
+    + ".",
+)
+@click.option(
+    "--ipc",
+    type=click.Choice(IPCS),
+    default="tcp",
+    show_default=True,
+    help="The app↔sidecar legs: loopback TCP, Unix domain sockets, or loopback TCP redirected "
+    "socket to socket by sockmap/sk_msg (bpf/sockredir).",
+)
+@click.option(
+    "--write",
+    type=click.Choice(WRITES),
+    default="copy",
+    show_default=True,
+    help="The sidecar's sends: copied, or MSG_ZEROCOPY (refsidecar only).",
+)
+@click.option(
+    "--zerocopy-min",
+    type=click.IntRange(0, 1 << 30),
+    default=0,
+    show_default=True,
+    help="With --write zerocopy: smaller sends are copied (0: every send is zero-copy).",
+)
 @db_option
 @user_errors
 def profile_cmd(
@@ -237,9 +269,13 @@ def profile_cmd(
     large: bool,
     base: str | None,
     wait_s: float,
+    proxy: str,
+    ipc: str,
+    write: str,
+    zerocopy_min: int,
     db: str | None,
 ) -> None:
-    """Measure a real Envoy sidecar on this machine (root) and store its profile.
+    """Measure a real sidecar (Envoy by default) on this machine (root) and store its profile.
 
     Pods in network namespaces with Istio-style interception, fortio load, eBPF probes and
     perf; everything is removed on exit, on Ctrl-C, and on the next start after a crash.
@@ -255,9 +291,14 @@ def profile_cmd(
     )
 
     from meshtax.app import measure as m
-    from meshtax.app.measure import ExtrasOptions, ProfileOptions
+    from meshtax.app.measure import ExtrasOptions, ProfileOptions, ProxyChoice
 
     m.require_root("profiling creates network namespaces and attaches eBPF probes")
+    try:
+        choice = ProxyChoice(proxy, ipc, write, zerocopy_min)
+        choice.check_modes(parse_modes(modes) if modes else ())
+    except ValueError as e:
+        raise UsageError(f"--proxy/--ipc/--write/--modes: {e}") from None
     try:
         popts = ProfileOptions(
             name=name,
@@ -269,6 +310,7 @@ def profile_cmd(
             carried=None if carried is None else csv(carried, str),
             low_rates=None if low_rates is None else csv(low_rates, float),
             capacity=True if capacity else None,
+            proxy=choice,
         )
         popts.resolve_plan()
     except ValueError as e:
@@ -304,9 +346,15 @@ def profile_cmd(
     click.echo(profile_text(done.profile), nl=False)
     for w in done.warnings:
         click.echo(f"WARNING: {w}", err=True)
+    pl = done.profile.platform
+    plain = pl.proxy == "envoy" and not pl.variant
     click.echo(
         f"stored profile {done.profile.name!r} in {store.path}; "
-        "`meshtax predict` uses it by default on this machine"
+        + (
+            "`meshtax predict` uses it by default on this machine"
+            if plain
+            else "a proxy variant: name it (`--profile`, `meshtax whatif derive`) to use it"
+        )
     )
 
 

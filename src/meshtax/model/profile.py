@@ -32,9 +32,11 @@ from meshtax.model.speed import Speed
 #:     measured overhead after the profiler's retries). Format-1 documents load unchanged.
 #:     ``colocation`` (the exponent ``meshtax calibrate`` fitted on chains) is no longer used
 #:     or written: shared CPUs are priced from the profile's own rate models (issue #14);
-#:     documents that carry it still load. Optional per-mode ``capacity`` and
-#:     ``latency_sketches`` (issue #20: requests/s at saturation, per-size latency quantiles
-#:     with and without the sidecar; written only when measured, absent in older documents).
+#:     documents that carry it still load. Optional platform ``variant`` (issue #17: the
+#:     sidecar's IPC/write variant, e.g. ``ipc=uds``; written only when set, so older
+#:     platforms keep their keys). Optional per-mode ``capacity`` and ``latency_sketches``
+#:     (issue #20: requests/s at saturation, per-size latency quantiles with and without the
+#:     sidecar; written only when measured, absent in older documents).
 PROFILE_FORMAT = 2
 
 
@@ -48,6 +50,7 @@ class Platform:
     proxy: str = "envoy"
     proxy_version: str = ""
     config_hash: str = ""
+    variant: str = ""  # how the sidecar's app-facing legs differ from loopback TCP, copying
 
     @property
     def key(self) -> str:
@@ -65,10 +68,11 @@ class Platform:
 
     def describe(self) -> str:
         proxy = f"{self.proxy} {self.proxy_version}".strip()
-        return f"{self.cpu_model}, {self.cores} cores, Linux {self.kernel}, {proxy}"
+        variant = f" ({self.variant})" if self.variant else ""
+        return f"{self.cpu_model}, {self.cores} cores, Linux {self.kernel}, {proxy}{variant}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "cpu_model": self.cpu_model,
             "cores": self.cores,
             "kernel": self.kernel,
@@ -76,6 +80,9 @@ class Platform:
             "proxy_version": self.proxy_version,
             "config_hash": self.config_hash,
         }
+        if self.variant:
+            d["variant"] = self.variant
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Platform:
@@ -86,6 +93,7 @@ class Platform:
             proxy=str(d.get("proxy", "envoy")),
             proxy_version=str(d.get("proxy_version", "")),
             config_hash=str(d.get("config_hash", "")),
+            variant=str(d.get("variant", "")),
         )
 
 

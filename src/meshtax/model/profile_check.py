@@ -65,6 +65,7 @@ PROFILE_SCHEMA: dict[str, Any] = {
                 "proxy": {"type": "string"},
                 "proxy_version": {"type": "string"},
                 "config_hash": {"type": "string"},
+                "variant": {"type": "string", "maxLength": 200},
             },
         },
         "provenance": {

@@ -141,6 +141,7 @@ class Backends:
     procs: ProcOps | None = None
     envoy_binary: Path | None = None
     fortio_binary: Path | None = None
+    proxy_binary: Path | None = None  # the profiled proxy's, when it is not Envoy
     clock: Callable[[], float] = time.monotonic
     niceness: Callable[[int | None], AbstractContextManager[None]] = niceness
     now: Callable[[], _dt.datetime] = field(default=lambda: _dt.datetime.now(_dt.UTC))

@@ -14,7 +14,8 @@ from typing import Any, Protocol
 from meshtax._version import __version__
 from meshtax.model.capacity import Capacity
 from meshtax.model.components import IPC, NOTIFICATION, READ, WRITE, Component
-from meshtax.model.profile import ModeProfile, Profile, Provenance
+from meshtax.model.profile import ModeProfile, Platform, Profile, Provenance
+from meshtax.model.proxy import ProxyChoice
 from meshtax.model.sidecar import Mode
 from meshtax.model.speed import Speed, typical
 from meshtax.model.stats import Estimate, estimate
@@ -22,8 +23,9 @@ from meshtax.profile.decompose import Breakdown, assemble, per_crossing
 from meshtax.profile.fit import SizePoint, fit_carried, fit_mode
 from meshtax.profile.onehop import PairedOverhead, ProbeResult
 from meshtax.profile.plan import Plan
-from meshtax.testbed.envoy.config import EnvoyConfig, config_hash
+from meshtax.testbed.envoy.config import config_hash
 from meshtax.testbed.host import this_host
+from meshtax.testbed.proxy import family_keys
 
 __all__ = [
     "ClosureWarning",
@@ -124,10 +126,15 @@ class SizeResult:
         }
 
 
-def family_hash() -> str:
-    """One hash for the sidecar configs of all modes (a profile's platform key must not
-    depend on which modes a run chose)."""
-    return config_hash({m.value: EnvoyConfig(mode=m).key() for m in Mode})
+def family_hash(proxy: ProxyChoice = ProxyChoice()) -> str:
+    """One hash for the sidecar configs of all modes the proxy has (a profile's platform key
+    must not depend on which modes a run chose); the IPC/write variant changes it."""
+    return config_hash(family_keys(proxy))
+
+
+def _platform(proxy: ProxyChoice, version: str) -> Platform:
+    """This machine with the measured proxy, its version, config key and variant."""
+    return replace(this_host(proxy.kind, version, family_hash(proxy)), variant=proxy.variant)
 
 
 # --- the profile -----------------------------------------------------------------------------
@@ -215,10 +222,12 @@ def build_profile(
     speeds: Sequence[Speed] = (),
     attempts: Mapping[Mode, Sequence[Mapping[str, Any]]] | None = None,
     capacities: Mapping[Mode, Capacity] | None = None,
+    proxy: ProxyChoice = ProxyChoice(),
 ) -> Profile:
     """Fit every mode, check closure, and store (when ``store`` is given). ``speeds``: the
     reference workload's measurements during the run; ``attempts``: earlier measurements of a
-    mode that did not close (kept in the record); ``capacities``: measured per mode."""
+    mode that did not close (kept in the record); ``capacities``: measured per mode;
+    ``proxy``: the sidecar measured (its version is ``versions[proxy.kind]``)."""
     tcp = {r.size: r for r in results.get(Mode.TCP, [])}
     carried = {p: rs for p, rs in (carried or {}).items() if rs}
     modes: list[ModeProfile] = []
@@ -238,6 +247,7 @@ def build_profile(
         "its send path; it parses what the sidecar sends), so Parsing counts all three; the "
         "app's kernel-side change is not counted (it depends on the placement of client and app)",
     ]
+    notes += _proxy_notes(proxy, results)
     if Mode.TCP not in results:
         notes.append("no TCP mode measured: Parsing is not separated from Other")
     unresolved: list[str] = []
@@ -322,9 +332,10 @@ def build_profile(
     options: dict[str, Any] = {
         **plan.to_dict(),
         "pinning_described": plan.pinning.describe(),
-        "envoy_version": versions["envoy"],
+        **({"envoy_version": versions["envoy"]} if "envoy" in versions else {}),
+        "proxy": {**proxy.to_dict(), "version": versions[proxy.kind]},
         "fortio_version": versions["fortio"],
-        "config_hash": family_hash(),
+        "config_hash": family_hash(proxy),
         "probe_perturbation_us_per_request": perturb,
         "wall_time_s": wall_s,
         "measurements": {m.value: [r.to_dict() for r in rs] for m, rs in results.items()},
@@ -335,7 +346,7 @@ def build_profile(
     }
     profile = Profile(
         name=name,
-        platform=this_host("envoy", versions["envoy"], family_hash()),
+        platform=_platform(proxy, versions[proxy.kind]),
         provenance=Provenance(
             source="measured",
             by="meshtax profile",
@@ -352,6 +363,26 @@ def build_profile(
     if store is not None:
         store.save(profile, replace=replace)
     return profile
+
+
+def _proxy_notes(proxy: ProxyChoice, results: Mapping[Mode, Sequence[SizeResult]]) -> list[str]:
+    """What the profile must say about its proxy: which one, and whether socket-to-socket
+    delivery (Unix sockets, sockmap) could be told apart from Write on this kernel."""
+    out = [f"sidecar: {proxy.describe()}"] if proxy != ProxyChoice() else []
+    methods = {
+        str(w.get("sock_method", ""))
+        for rs in results.values()
+        for r in rs
+        for w in r.probed.windows
+        if w.get("meshed")
+    }
+    if proxy.ipc != "tcp" and "unavailable" in methods:
+        out.append(
+            "this kernel has no sk_data_ready/sock_send_length tracepoints: socket-to-socket "
+            f"delivery ({proxy.ipc}) stays inside Write (IPC holds only what crosses lo); "
+            "compare IPC + Write with a loopback-TCP profile"
+        )
+    return out
 
 
 def _interference(

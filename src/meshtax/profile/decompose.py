@@ -36,6 +36,19 @@ and :func:`mesh_breakdown` computes, per crossing:
   interception is for — without a sidecar there is no redirect. It is not Write (the
   sidecar's own syscalls) and not subtracted from Write (it is not inside the sidecar's or the
   app's writes).
+* **IPC socket to socket** (the app↔sidecar legs on Unix sockets, ``--ipc uds``, or on
+  loopback TCP redirected by sockmap/sk_msg, ``--ipc sockmap``): no device, so nothing on
+  ``lo``; the probe times, per thread, the delivery inside each send — ``sk_data_ready`` of
+  the peer (data queued, peer woken) to the end of that send (``sock_send_length``) — for
+  the sidecar's and the app's sends (meshed − direct app), added to IPC and subtracted from
+  Write as loopback delivery is. The two IPC definitions time different stretches of the
+  send (loopback: device queue → receive, the TCP receive and wake-up staying in Write;
+  socket to socket: the wake-up to the end of the send), so IPC alone is not comparable
+  across the two; IPC + Write is (each is the whole send). On a kernel without those
+  tracepoints (before 6.6) that delivery stays in Write
+  (:attr:`~meshtax.testbed.probe_reading.IpcStat.sock_method` says ``unavailable``).
+* **Zero-copy completions** (``recvmsg(MSG_ERRQUEUE)``, ``--write zerocopy``) are not Read:
+  they are the zero-copy send's cost, counted in **Write**.
 * **Notification** = sidecar wake-up→epoll-return + Δapp notification + Δclient
   notification (the client's wake-up from its longer wait takes longer — on this VM
   ≈ 3–5 µs per crossing in tcp mode: its CPU idles deeper; on the path, so counted). This includes the
@@ -237,9 +250,10 @@ class Window:
 
 
 def _other_syscalls_ns(t: ThreadReading) -> int:
-    # syscalls outside the three families (timers, setsockopt …): sidecar work too; clamp
-    # the small negative a window edge can give (a call entered before attach)
-    return max(0, t.sys_ns - t.read.ns - t.write.ns - t.epoll.ns)
+    # syscalls outside the three families and the error queue (timers, setsockopt …):
+    # sidecar work too; clamp the small negative a window edge can give (a call entered
+    # before attach)
+    return max(0, t.sys_ns - t.read.ns - t.write.ns - t.epoll.ns - t.errqueue.ns)
 
 
 def notify_ns(t: ThreadReading, trim: float = 0.0) -> float:
@@ -269,9 +283,11 @@ def mesh_breakdown(meshed: Window, direct: Window | None, *, notify_trim: float 
     def us(ns: float) -> float:
         return ns * 1e-3 / n
 
-    read, write = us(s.read.ns), us(s.write.ns)
+    read, write = us(s.read.ns), us(s.write.ns + s.errqueue.ns)
     notify, user = us(notify_ns(s, notify_trim)), us(s.user_ns)
-    lo = us(meshed.ipc_ns)  # inside the writes of sidecar and app
+    # inside the writes of sidecar and app: loopback delivery, and socket-to-socket delivery
+    # of the sidecar's sends (the app's below, as a change)
+    lo = us(meshed.ipc_ns + s.sock_ipc.ns)
     intercept = 0.0  # inside the client's writes, not theirs
     if direct is not None:
         nd = _crossings(direct.requests)
@@ -281,7 +297,8 @@ def mesh_breakdown(meshed: Window, direct: Window | None, *, notify_trim: float 
 
         a, d = meshed.app, direct.app
         read += delta(a.read.ns, d.read.ns)
-        write += delta(a.write.ns, d.write.ns)
+        write += delta(a.write.ns + a.errqueue.ns, d.write.ns + d.errqueue.ns)
+        lo += delta(a.sock_ipc.ns, d.sock_ipc.ns)
         notify += delta(notify_ns(a, notify_trim), notify_ns(d, notify_trim))
         user += delta(a.user_ns, d.user_ns)
         lo -= direct.ipc_ns * 1e-3 / nd
@@ -310,11 +327,11 @@ def latency_breakdown(reading: ProbeReading, requests: int) -> Breakdown:
     n = _crossings(requests)
     t = traffic_threads(reading)
     us = 1e-3 / n  # ns total → µs per crossing
-    ipc = reading.ipc.ns * us
+    ipc = (reading.ipc.ns + t.sock_ipc.ns) * us
     rest = _other_syscalls_ns(t)
     return Breakdown(
         read=t.read.ns * us,
-        write=max(0.0, t.write.ns * us - ipc),
+        write=max(0.0, (t.write.ns + t.errqueue.ns) * us - ipc),
         ipc=ipc,
         notification=t.notify.ns * us,
         user=t.user_ns * us,

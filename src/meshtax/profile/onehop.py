@@ -229,12 +229,14 @@ def probe_components(
     ``rt_priority``: the windows run with app and this process (so each window's load
     generator, its child) at ``SCHED_FIFO`` of that priority and the sidecar one above
     (:func:`~meshtax.testbed.probes.realtime`)."""
-    pids = [sidecar_pid, bed.app_pid] if probe_app else [sidecar_pid]
+    # the app each path reaches (two processes when the sidecar talks to it over Unix sockets)
+    apps = {"meshed": bed.meshed_app_pid, "direct": bed.app_pid}
+    app_pids = list(dict.fromkeys(apps.values()))
+    pids = [sidecar_pid, *app_pids] if probe_app else [sidecar_pid]
     # the load generator is a new process per window: follow its namespace, not a PID
     follow = bed.client_netns_path if probe_client and probe_app else None
-    app_tgid = bed.app_pid if probe_app else None
     targets = {"meshed": meshed or bed.meshed_target, "direct": bed.direct_target(mode)}
-    gauge = meter(bed.cpus, [sidecar_pid, bed.app_pid]) if meter is not None else None
+    gauge = meter(bed.cpus, [sidecar_pid, *app_pids]) if meter is not None else None
     # a probe that can snapshot stays attached for all windows (each window = the difference
     # of two snapshots): no attach/detach per window (≈ 0.3 s each)
     held = probe(bed.system)
@@ -265,6 +267,7 @@ def probe_components(
             res, reading = _probed_load(
                 bed, probe, pids, follow, targets[name], mode, size, windows.run_s
             )
+        app_tgid = apps[name] if probe_app else None
         w = Window.of(reading, res.count, sidecar_tgid=sidecar_pid, app_tgid=app_tgid)
         noise = (
             None
@@ -413,6 +416,7 @@ def _window_record(meshed: bool, x: ProbeWindow, sched: str, kept: bool) -> dict
         "ipc_packets": w.ipc_packets,
         "ipc_ns": w.ipc_ns,
         "ipc_bytes": w.ipc_bytes,
+        "sock_method": reading.ipc.sock_method,
         "probe_bpf_ns": reading.probe_ns,
         **{k: _thread_dict(t) for k, t in threads},
         # per-event notification latencies, [bin, count, ns] in 2^shift ns bins
@@ -461,6 +465,10 @@ def _thread_dict(t: ThreadReading) -> dict[str, int]:
         "epoll_n": t.epoll.count,
         "notify_ns": t.notify.ns,
         "notify_n": t.notify.count,
+        "sock_ipc_ns": t.sock_ipc.ns,
+        "sock_ipc_n": t.sock_ipc.count,
+        "errqueue_ns": t.errqueue.ns,
+        "errqueue_n": t.errqueue.count,
         "syscalls": t.syscalls,
         "sys_ns": t.sys_ns,
         "oncpu_ns": t.oncpu_ns,

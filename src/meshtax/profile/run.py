@@ -44,6 +44,7 @@ from typing import Any
 
 from meshtax.model.capacity import Capacity
 from meshtax.model.profile import Profile
+from meshtax.model.proxy import ProxyChoice
 from meshtax.model.sidecar import Mode
 from meshtax.model.speed import Speed
 from meshtax.profile.backends import Backends
@@ -53,11 +54,10 @@ from meshtax.profile.decompose import Breakdown
 from meshtax.profile.fit import fit_mode
 from meshtax.profile.onehop import measure_overhead, probe_components, sidecar_cpu
 from meshtax.profile.plan import Plan, Step, full_plan, quick_plan, window_policy
-from meshtax.testbed.bed import APP_PORTS, EchoBed, echo_testbed
-from meshtax.testbed.envoy.config import EnvoyConfig
-from meshtax.testbed.envoy.process import EnvoyProcess, envoy_version
+from meshtax.testbed.bed import EchoBed, echo_testbed
 from meshtax.testbed.fortio import fortio_version
 from meshtax.testbed.pods import Testbed
+from meshtax.testbed.proxy import PROXIES, Proxy
 from meshtax.testbed.system import System
 from meshtax.testbed.tools import tool
 
@@ -71,6 +71,8 @@ class ProfileOptions:
     ``modes``/``sizes``/``duration_s``/``carried``/``low_rates`` override the preset
     (``quick`` or full; ``()`` turns carried protocols or low-rate runs off);
     ``plan``, if given, replaces the preset entirely. ``name`` defaults to ``<hostname>-<UTC time>``.
+    ``proxy``: the sidecar measured (Envoy; or the reference sidecar, tcp mode only) and its
+    IPC/write variant.
     """
 
     name: str | None = None
@@ -83,6 +85,7 @@ class ProfileOptions:
     carried: tuple[str, ...] | None = None
     low_rates: tuple[float, ...] | None = None
     capacity: bool | None = None  # measure each mode's capacity (None: the preset's)
+    proxy: ProxyChoice = ProxyChoice()
 
     def resolve_plan(self) -> Plan:
         p = self.plan or (quick_plan() if self.quick else full_plan())
@@ -101,6 +104,7 @@ class ProfileOptions:
             p = Plan(**{**_plan_fields(p), **changes})
         if self.duration_s is not None:
             p = p.with_duration(self.duration_s)
+        self.proxy.check_modes(p.modes)
         return p
 
     def resolve_name(self, now: _dt.datetime) -> str:
@@ -193,13 +197,16 @@ def run_profile(
     plan = options.resolve_plan()
     created = be.now()
     name = options.resolve_name(created)
-    envoy_bin = be.envoy_binary or tool("envoy")
+    px = options.proxy
+    envoy_bin = be.envoy_binary or (tool("envoy") if px.kind == "envoy" else None)
+    kind = PROXIES[px.kind]
+    proxy_bin = envoy_bin if px.kind == "envoy" else be.proxy_binary or tool(kind.tool)
     fortio_bin = be.fortio_binary or tool("fortio")
     versions = {
-        "envoy": envoy_version(system, envoy_bin),
+        px.kind: kind.version(system, proxy_bin),
         "fortio": fortio_version(system, fortio_bin),
     }
-    be = replace(be, envoy_binary=envoy_bin, fortio_binary=fortio_bin)
+    be = replace(be, envoy_binary=envoy_bin, fortio_binary=fortio_bin, proxy_binary=proxy_bin)
     ticker = _Clocked(plan.steps(), progress, be.clock)
     t_start = be.clock()
     results: dict[Mode, list[SizeResult]] = {}
@@ -209,7 +216,14 @@ def run_profile(
     with (
         be.niceness(plan.nice),
         be.testbed(system) as tb,
-        echo_testbed(tb, plan.pinning, envoy_bin=envoy_bin, fortio_bin=fortio_bin) as bed,
+        echo_testbed(
+            tb,
+            plan.pinning,
+            envoy_bin=envoy_bin,
+            fortio_bin=fortio_bin,
+            proxy=px,
+            proxy_bin=proxy_bin,
+        ) as bed,
     ):
         _speed(be, tb, plan, speeds)
         for mode in plan.modes:
@@ -254,25 +268,28 @@ def run_profile(
         speeds=speeds,
         attempts=attempts,
         capacities=capacities,
+        proxy=px,
     )
 
 
 def _capacity(mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked) -> Capacity:
-    """The mode's capacity through a sidecar of its own (:mod:`meshtax.profile.capacity`)."""
+    """The mode's capacity through a sidecar of its own, the bed's proxy
+    (:mod:`meshtax.profile.capacity`)."""
     ticker.next("capacity", mode, plan.capacity_policy.size)
-    envoy = bed.start_sidecar(mode)
+    proxy = bed.start_sidecar(mode)
     try:
         return measure_capacity(
             bed,
             mode,
-            envoy.pid,
+            proxy.pid,
             plan.capacity_policy,
-            workers=envoy.concurrency,
+            # Envoy says how many workers it runs; the other proxies here run one
+            workers=int(getattr(proxy, "concurrency", 1)),
             cpus=plan.pinning.pod_cpus(),
             cpu_ns=lambda pids: {p: sum(be.schedstat(p).values()) for p in pids},
         )
     finally:
-        envoy.stop()
+        proxy.stop()
 
 
 def _speed(be: Backends, tb: Testbed, plan: Plan, into: list[Speed]) -> None:
@@ -359,9 +376,8 @@ def _measure_carried(
     closure compares with the overhead of the same probed windows, as for the modes)."""
     load_mode = Mode(proto)
     ticker.next("setup", Mode.TCP, protocol=proto)
-    cfg = EnvoyConfig(mode=Mode.TCP, inbound_upstream=("127.0.0.1", APP_PORTS[load_mode]))
     return _measure_sizes(
-        bed.start_sidecar(Mode.TCP, cfg, name=f"tcp-{proto}"),
+        bed.start_sidecar(Mode.TCP, name=f"tcp-{proto}", app=load_mode),
         Mode.TCP,
         load_mode,
         plan.carried_sizes(),
@@ -380,7 +396,7 @@ def _measure_mode(
 
 
 def _measure_sizes(
-    envoy: EnvoyProcess,
+    envoy: Proxy,
     mode: Mode,
     load_mode: Mode,
     sizes: Sequence[int],

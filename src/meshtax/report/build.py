@@ -24,6 +24,7 @@ from meshtax.report import graph_figures as G
 from meshtax.report import html as H
 from meshtax.report import tables as T
 from meshtax.report import tail_figures as TF
+from meshtax.report import whatif as W
 from meshtax.report.markdown import interval
 
 #: Per-graph call-graph figures drawn per prediction (the rest are in the exports).
@@ -36,12 +37,14 @@ class ReportInputs:
 
     ``validations``: validation documents (``cases`` of predicted vs measured, see docs/report.md);
     ``studies``: study summaries (``configurations`` of per-graph values);
+    ``whatif_studies``: what-if studies of measured optimizations (:mod:`meshtax.report.whatif`);
     ``compare``: two profile documents shown side by side (A, B);
     ``title``/``created``: page title and a fixed timestamp (tests, reproducible reports).
     """
 
     validations: Sequence[Mapping[str, Any]] = ()
     studies: Sequence[Mapping[str, Any]] = ()
+    whatif_studies: Sequence[Mapping[str, Any]] = ()
     compare: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None
     title: str = "meshtax report"
     created: str | None = None
@@ -366,6 +369,8 @@ def render_report(
             notes.append(f"{name}: no cases")
             sec.blocks.append(H.missing("This validation document has no cases."))
         sections.append(sec)
+    for i, w in enumerate(extra.whatif_studies):
+        sections.append(W.whatif_study_section(w, charts, notes, f"whatif-study-{i + 1}"))
     for i, p in enumerate(profile_docs):
         sections.append(_profile_section(p, charts, notes, f"profile-{i + 1}"))
     if extra.compare is not None:
@@ -376,6 +381,8 @@ def render_report(
         parts.append(f"{len(extra.validations)} validation(s)")
     if extra.studies:
         parts.append(f"{len(extra.studies)} study result(s)")
+    if extra.whatif_studies:
+        parts.append(f"{len(extra.whatif_studies)} what-if stud(ies)")
     if extra.compare:
         parts.append("a profile comparison")
     if not sections:
@@ -422,6 +429,7 @@ class ResultFiles:
     profiles: list[dict[str, Any]] = field(default_factory=list)
     validations: list[dict[str, Any]] = field(default_factory=list)
     studies: list[dict[str, Any]] = field(default_factory=list)
+    whatif_studies: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _study_from_parquet(path: Path) -> dict[str, Any]:
@@ -444,7 +452,8 @@ def _study_from_parquet(path: Path) -> dict[str, Any]:
 
 
 def load_result_file(path: str | Path) -> tuple[str, dict[str, Any]]:
-    """(kind, document) of one result file; kind is prediction | profile | validation | study."""
+    """(kind, document) of one result file; kind is prediction | profile | validation | study
+    | whatif."""
     p = Path(path)
     if p.suffix == ".parquet":
         return "study", _study_from_parquet(p)
@@ -467,8 +476,10 @@ def load_result_file(path: str | Path) -> tuple[str, dict[str, Any]]:
 
 
 def result_kind(doc: Mapping[str, Any]) -> str | None:
-    """prediction | profile | validation | study, or None."""
+    """prediction | profile | validation | study | whatif, or None."""
     fmt = str(doc.get("format", ""))
+    if fmt == W.FORMAT:
+        return "whatif"
     if fmt.startswith("meshtax-prediction/") or "graphs" in doc:
         return "prediction"
     if fmt.startswith("meshtax-validation/") or "cases" in doc:
@@ -497,6 +508,7 @@ def load_result_files(
             "profile": r.profiles,
             "validation": r.validations,
             "study": r.studies,
+            "whatif": r.whatif_studies,
         }[kind].append(doc)
     return r
 
@@ -514,7 +526,11 @@ def report_from_files(
     (and ``docs`` in memory), plus profile documents from the store; writes ``out_path``."""
     r = load_result_files(paths, docs)
     extra = ReportInputs(
-        validations=r.validations, studies=r.studies, compare=compare, created=created
+        validations=r.validations,
+        studies=r.studies,
+        whatif_studies=r.whatif_studies,
+        compare=compare,
+        created=created,
     )
     return build_report(r.predictions, [*r.profiles, *profile_docs], extra=extra, out_path=out_path)
 

@@ -251,8 +251,11 @@ class ProfileStore:
         return out
 
     def for_host(self, host: Platform) -> Profile | None:
-        """The newest measured profile of this host (same CPU model, cores, kernel)."""
+        """The newest measured profile of this host (same CPU model, cores, kernel); one of
+        the host's proxy without a variant when there is one (profiles of the reference
+        sidecar or of a Unix-socket variant are for what-if comparisons, not the default)."""
         best: Profile | None = None
+        plain: Profile | None = None
         with closing(self._connect()) as db:
             for name, doc in db.execute(
                 "SELECT name, document FROM profiles WHERE source = 'measured' ORDER BY created"
@@ -260,7 +263,9 @@ class ProfileStore:
                 p = self._load(name, doc)
                 if not isinstance(p, str) and p.platform.same_host(host):
                     best = p
-        return best
+                    if p.platform.proxy == host.proxy and not p.platform.variant:
+                        plain = p
+        return plain or best
 
     def samples(self, name: str) -> builtins.list[tuple[str, str, str, float, float | None, float]]:
         """Raw samples of a stored profile: (mode, component, metric, size, rate, value)."""

@@ -13,24 +13,39 @@ So "with sidecar" targets ``server:8080`` and "without" targets the app port dir
 same echo process, in the same run. Multi-service apps (``meshtax validate``) use
 :func:`mesh_pod` for each pod of their meshed copy.
 
+The sidecar is the bed's :class:`~meshtax.model.proxy.ProxyChoice` (Envoy by default, or the
+reference sidecar). With another IPC a second echo process in the server pod serves the same
+three protocols for the meshed path, and the sidecar forwards to it::
+
+    ipc uds:     sidecar :15006 ─► <sockets>/<mode>.sock ─► echo on Unix sockets
+    ipc sockmap: sidecar :15006 ─► 127.0.0.1:<SOCKMAP_PORTS> ─► echo; both in one cgroup whose
+                 sockets bpf/sockredir redirects socket to socket (sockmap/sk_msg)
+
+while the direct path stays the TCP echo above (a client in another pod cannot reach a Unix
+socket; redirection would change the direct path too); :attr:`EchoBed.meshed_app_pid` is the
+app the meshed path reaches.
+
 Every process is started through :attr:`Testbed.registered`: recorded, stopped on close,
 reaped after a crash.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from meshtax.model.proxy import ProxyChoice, ProxyError
 from meshtax.model.sidecar import Mode
 from meshtax.testbed.envoy.config import EnvoyConfig
 from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.fortio import FortioServer, LoadResult, LoadSpec, run_spec
 from meshtax.testbed.pinning import Pinning
 from meshtax.testbed.pods import Pod, Testbed
-from meshtax.testbed.system import System
+from meshtax.testbed.proxy import PROXIES, Proxy, SidecarRequest, Upstream
+from meshtax.testbed.system import Placement, System
 from meshtax.testbed.tools import tool
 
 __all__ = [
@@ -47,6 +62,8 @@ __all__ = [
 SERVICE_PORT = 8080
 #: where the echo app listens (excluded from interception, so it is also the direct path)
 APP_PORTS: Mapping[Mode, int] = {Mode.TCP: 9078, Mode.GRPC: 9079, Mode.HTTP: 9080}
+#: where the meshed path's echo listens (on loopback) when sockmap redirects its sockets
+SOCKMAP_PORTS: Mapping[Mode, int] = {Mode.TCP: 9178, Mode.GRPC: 9179, Mode.HTTP: 9180}
 #: the sidecar's uid, exempt from interception (Istio's 1337)
 PROXY_UID = 1337
 
@@ -98,9 +115,14 @@ class EchoBed:
     server: Pod
     app: FortioServer
     pinning: Pinning
-    envoy_bin: Path
+    envoy_bin: Path | None  # None: the default Envoy (a bed of another proxy may have none)
     fortio_bin: Path
     workdir: Path
+    proxy: ProxyChoice = ProxyChoice()
+    proxy_bin: Path | None = None  # the chosen proxy's binary (None: its tool's default)
+    meshed_app: FortioServer | None = None  # the meshed path's own echo (ipc uds, sockmap)
+    sockets: Path | None = None  # where the Unix sockets live (ipc uds)
+    cgroup: str | None = None  # the cgroup of sidecar and meshed echo (ipc sockmap)
 
     @property
     def system(self) -> System:
@@ -118,8 +140,24 @@ class EchoBed:
 
     @property
     def app_pid(self) -> int:
+        """The TCP echo: what the direct path reaches (and the meshed one with ipc tcp)."""
         assert self.app.process is not None
         return self.app.process.pid
+
+    @property
+    def meshed_app_pid(self) -> int:
+        """The echo process the sidecar forwards to."""
+        if self.meshed_app is None:
+            return self.app_pid
+        assert self.meshed_app.process is not None
+        return self.meshed_app.process.pid
+
+    def app_address(self, mode: Mode) -> Upstream:
+        """Where the sidecar sends ``mode``'s traffic: the app's port on loopback, or its
+        Unix socket."""
+        if self.sockets is not None:
+            return str(self.sockets / f"{mode.value}.sock")
+        return ("127.0.0.1", (SOCKMAP_PORTS if self.cgroup else APP_PORTS)[mode])
 
     @property
     def meshed_target(self) -> str:
@@ -165,20 +203,46 @@ class EchoBed:
         )
 
     def start_sidecar(
-        self, mode: Mode, cfg: EnvoyConfig | None = None, *, name: str | None = None
-    ) -> EnvoyProcess:
-        """Start the server pod's sidecar; stop it when done. ``cfg`` defaults to the plain
-        config of ``mode`` forwarding to the app's port; one sidecar at a time can own the
-        intercepted ports."""
-        cfg = cfg or EnvoyConfig(mode=mode, inbound_upstream=("127.0.0.1", APP_PORTS[mode]))
-        return start_sidecar(
-            self.testbed,
-            self.server,
-            cfg,
-            self.workdir / (name or mode.value),
-            cpus=self.pinning.sidecars,
-            binary=self.envoy_bin,
+        self,
+        mode: Mode,
+        cfg: EnvoyConfig | None = None,
+        *,
+        name: str | None = None,
+        app: Mode | None = None,
+    ) -> Proxy:
+        """Start the server pod's sidecar (the bed's proxy); stop it when done. It runs in
+        ``mode`` and forwards to the app's server of ``app`` (default: ``mode``; a tcp-mode
+        sidecar can carry another protocol). ``cfg``: an Envoy config of the caller's
+        (filters, TLS) instead of the plain one — Envoy only. One sidecar at a time can own
+        the intercepted ports."""
+        workdir = self.workdir / (name or mode.value)
+        if cfg is not None:
+            if self.proxy.kind != "envoy":
+                raise ProxyError(f"an Envoy config given to a {self.proxy.kind} bed")
+            return start_sidecar(
+                self.testbed,
+                self.server,
+                cfg,
+                workdir,
+                cpus=self.pinning.sidecars,
+                binary=self.envoy_bin,
+            )
+        self.proxy.check_modes([mode])
+        binary = self.envoy_bin if self.proxy.kind == "envoy" else self.proxy_bin
+        req = SidecarRequest(
+            mode,
+            self.app_address(app or mode),
+            self.proxy,
+            workdir,
+            replace(
+                self.server.place(cpus=self.pinning.sidecars, uid=PROXY_UID), cgroup=self.cgroup
+            ),
+            binary,
+            outbound=None if self.sockets is None else str(self.sockets / "outbound.sock"),
         )
+        px = PROXIES[self.proxy.kind].build(self.testbed.registered, req)
+        px.start()
+        return px
 
 
 @contextmanager
@@ -188,11 +252,17 @@ def echo_testbed(
     *,
     envoy_bin: Path | None = None,
     fortio_bin: Path | None = None,
+    proxy: ProxyChoice = ProxyChoice(),
+    proxy_bin: Path | None = None,
 ) -> Iterator[EchoBed]:
-    """Build the :class:`EchoBed` in the open testbed ``tb`` and yield it; the echo app is
-    stopped on the way out (the testbed removes the rest when it closes)."""
-    envoy_bin = envoy_bin or tool("envoy")
+    """Build the :class:`EchoBed` in the open testbed ``tb`` and yield it; the echo apps are
+    stopped on the way out (the testbed removes the rest when it closes). ``proxy``: the
+    sidecar :meth:`EchoBed.start_sidecar` runs (``proxy_bin``: its binary, if not Envoy)."""
+    if proxy.kind == "envoy":
+        envoy_bin = envoy_bin or tool("envoy")
     fortio_bin = fortio_bin or tool("fortio")
+    if proxy.kind != "envoy":
+        proxy_bin = proxy_bin or tool(PROXIES[proxy.kind].tool)
     work = tb.scratch_dir("meshtax-profile-")
     client = tb.add_pod("client")
     server = tb.add_pod("server")
@@ -208,7 +278,93 @@ def echo_testbed(
         binary=fortio_bin,
     )
     app.start()
-    try:
-        yield EchoBed(tb, client, server, app, pinning, envoy_bin, fortio_bin, work)
-    finally:
-        app.stop()
+    with ExitStack() as stack:
+        stack.callback(app.stop)
+        sockets = cgroup = None
+        meshed = server.place(cpus=pinning.app)
+        if proxy.ipc == "uds":
+            sockets = _uds_dir(tb)
+        elif proxy.ipc == "sockmap":
+            cgroup = _sockmap(tb, stack, work)
+            meshed = replace(meshed, cgroup=cgroup)
+        meshed_app = None
+        if proxy.ipc != "tcp":
+            meshed_app = _meshed_echo(tb, work / "app-meshed", meshed, fortio_bin, sockets)
+            stack.callback(meshed_app.stop)
+        yield EchoBed(
+            tb,
+            client,
+            server,
+            app,
+            pinning,
+            envoy_bin,
+            fortio_bin,
+            work,
+            proxy,
+            proxy_bin,
+            meshed_app,
+            sockets,
+            cgroup,
+        )
+
+
+def _uds_dir(tb: Testbed) -> Path:
+    """A directory the proxy's uid may create its own socket in (and traverse)."""
+    sockets = tb.scratch_dir("meshtax-uds-")
+    tb.system.run(["chown", f"{PROXY_UID}:{PROXY_UID}", str(sockets)])
+    tb.system.run(["chmod", "0755", str(sockets)])
+    return sockets
+
+
+def _meshed_echo(
+    tb: Testbed, logdir: Path, place: Placement, fortio_bin: Path, sockets: Path | None
+) -> FortioServer:
+    """The meshed path's echo: on Unix sockets in ``sockets`` (which the proxy's uid may
+    connect to: connect needs write access, Go creates them 0777 & ~umask), else on
+    127.0.0.1:SOCKMAP_PORTS."""
+    ports: dict[Mode, int | str] = (
+        dict(SOCKMAP_PORTS)
+        if sockets is None
+        else {m: str(sockets / f"{m.value}.sock") for m in Mode}
+    )
+    app = FortioServer(
+        tb.registered,
+        logdir,
+        http_port=ports[Mode.HTTP],
+        grpc_port=ports[Mode.GRPC],
+        tcp_port=ports[Mode.TCP],
+        place=place,
+        binary=fortio_bin,
+    )
+    app.start()
+    if sockets is not None:
+        tb.system.run(["chmod", "0666", *(str(p) for p in ports.values())])
+    return app
+
+
+def _sockmap(tb: Testbed, stack: ExitStack, work: Path, mounts: str = "/proc/mounts") -> str:
+    """A cgroup whose TCP sockets ``bpf/sockredir`` redirects socket to socket (removed on the
+    way out, after its processes: the sidecar's caller stops it first)."""
+    root = next(
+        (
+            ln.split()[1]
+            for ln in Path(mounts).read_text().splitlines()
+            if ln.split()[2] == "cgroup2"
+        ),
+        None,
+    )
+    if root is None:
+        raise ProxyError("ipc sockmap needs a cgroup-v2 mount (none in /proc/mounts)")
+    cgroup = f"{root}/meshtax-{tb.run_id}-sockmap"
+    tb.system.run(["mkdir", cgroup])
+    stack.callback(tb.system.run, ["rmdir", cgroup], check=False)
+    log = work / "sockredir.log"
+    with open(log, "wb") as err, open(work / "sockredir.json", "wb") as out:
+        redir = tb.registered.spawn([str(tool("sockredir")), "-c", cgroup], stdout=out, stderr=err)
+    stack.callback(redir.stop)
+    deadline = time.monotonic() + 10.0
+    while "sockredir: ready" not in log.read_text(errors="replace"):
+        if redir.poll() is not None or time.monotonic() > deadline:
+            raise ProxyError(f"sockredir did not attach: {log.read_text(errors='replace')[-300:]}")
+        time.sleep(0.02)
+    return cgroup

@@ -352,13 +352,18 @@ def measure_max_qps(
 def server_argv(
     binary: Path,
     host: str = "127.0.0.1",
-    http_port: int | None = None,
-    grpc_port: int | None = None,
-    tcp_port: int | None = None,
+    http_port: int | str | None = None,
+    grpc_port: int | str | None = None,
+    tcp_port: int | str | None = None,
 ) -> list[str]:
-    """``fortio server`` with only the requested echo servers (others ``disabled``)."""
+    """``fortio server`` with only the requested echo servers (others ``disabled``); a ``str``
+    port is a Unix socket path (fortio listens on a Unix socket for any address with a /)."""
 
-    def port(p: int | None) -> str:
+    def port(p: int | str | None) -> str:
+        if isinstance(p, str):
+            if "/" not in p:
+                raise ValueError(f"fortio listens on a Unix socket only at a path with '/': {p!r}")
+            return p
         return "disabled" if p is None else f"{host}:{p}"
 
     return [
@@ -388,7 +393,7 @@ class FortioServer:
     """A running ``fortio server`` (echo servers), placed; use as a context manager.
 
     Ready when each enabled server has logged ``listening on``; fortio prints those lines
-    even at log level warning.
+    even at log level warning. A ``str`` port is a Unix socket path.
     """
 
     def __init__(
@@ -397,9 +402,9 @@ class FortioServer:
         workdir: Path,
         *,
         host: str = "127.0.0.1",
-        http_port: int | None = None,
-        grpc_port: int | None = None,
-        tcp_port: int | None = None,
+        http_port: int | str | None = None,
+        grpc_port: int | str | None = None,
+        tcp_port: int | str | None = None,
         place: Placement = Placement(),
         binary: Path | None = None,
     ) -> None:

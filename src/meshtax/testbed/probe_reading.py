@@ -1,6 +1,7 @@
 """What the eBPF probe (``bpf/sidecar``) reports, parsed: per-thread syscall, wake-up and CPU
-aggregates, loopback IPC timings and the probe's own counters (:func:`parse_reading`). Pure:
-readings add and subtract, so a window is the difference of two snapshots."""
+aggregates, loopback IPC timings, per-thread socket-to-socket IPC and the probe's own counters
+(:func:`parse_reading`). Pure: readings add and subtract, so a window is the difference of two
+snapshots."""
 
 from __future__ import annotations
 
@@ -169,6 +170,12 @@ class ThreadReading:
     switches_in: int
     followed: bool = False  # tracked because of its netns, not its PID
     notify_hist: Histogram = EMPTY_HIST  # per-event notification latencies (sums to ``notify``)
+    # socket-to-socket delivery inside this thread's sends, with no device on the way (Unix
+    # sockets, sockmap; sk_data_ready → end of the send; part of ``write``'s time) and
+    # recvmsg(MSG_ERRQUEUE) calls (zero-copy completions; not in ``read``). Empty from a
+    # loader or kernel without them.
+    sock_ipc: OpStat = OpStat()
+    errqueue: OpStat = OpStat()
 
     def _fieldwise(self, other: ThreadReading, op: Callable[[Any, Any], Any]) -> dict[str, Any]:
         """``op`` of every counter of the two readings (one list, so a new counter cannot be
@@ -204,6 +211,8 @@ _COUNTERS = (
     "unknown_cpu_ns",
     "switches_in",
     "notify_hist",
+    "sock_ipc",
+    "errqueue",
 )
 
 EMPTY_THREAD = ThreadReading(0, 0, "", OpStat(), OpStat(), OpStat(), OpStat(), 0, 0, 0, 0, 0, 0, 0)
@@ -211,13 +220,16 @@ EMPTY_THREAD = ThreadReading(0, 0, "", OpStat(), OpStat(), OpStat(), OpStat(), 0
 
 @dataclass(frozen=True)
 class IpcStat:
-    """Loopback skbs timed from queue to receive (``method`` says which tracepoints)."""
+    """Loopback skbs timed from queue to receive (``method`` says which tracepoints);
+    ``sock_method``: how socket-to-socket delivery was timed per thread (``unavailable``: the
+    kernel lacks the tracepoints and it stays inside Write; empty: an older loader)."""
 
     method: str
     count: int
     ns: int
     bytes: int
     max_ns: int
+    sock_method: str = ""
 
     @property
     def mean_ns(self) -> float:
@@ -295,6 +307,7 @@ class ProbeReading:
                 self.ipc.ns - earlier.ipc.ns,
                 self.ipc.bytes - earlier.ipc.bytes,
                 self.ipc.max_ns,
+                self.ipc.sock_method,
             ),
             counters={k: v - earlier.counters.get(k, 0) for k, v in self.counters.items()},
             programs=programs,
@@ -328,6 +341,11 @@ def _op(d: Mapping[str, Any]) -> OpStat:
     return OpStat(int(d["count"]), int(d["ns"]), int(d["bytes"]), int(d["errors"]))
 
 
+def _op_opt(d: Mapping[str, Any], key: str) -> OpStat:
+    """An op stat a loader may predate (empty then)."""
+    return _op(d[key]) if key in d else OpStat()
+
+
 def _thread(d: Mapping[str, Any], tid: int = 0, tgid: int = 0, comm: str = "") -> ThreadReading:
     return ThreadReading(
         tid=int(d.get("tid", tid)),
@@ -349,6 +367,8 @@ def _thread(d: Mapping[str, Any], tid: int = 0, tgid: int = 0, comm: str = "") -
             tuple((int(b), int(n), int(t)) for b, n, t in d.get("notify_hist", ())),
             int(d.get("notify_hist_shift", 10)),
         ),
+        sock_ipc=_op_opt(d, "sock_ipc"),
+        errqueue=_op_opt(d, "errqueue"),
     )
 
 
@@ -374,6 +394,7 @@ def parse_reading(text: str) -> ProbeReading:
                 int(ipc["ns"]),
                 int(ipc["bytes"]),
                 int(ipc["max_ns"]),
+                str(ipc.get("sock_method", "")),
             ),
             counters={str(k): int(v) for k, v in d["counters"].items()},
             programs=tuple(

@@ -39,16 +39,21 @@ class Completed:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a process runs: network namespace, CPUs it is pinned to, user it runs as."""
+    """Where a process runs: network namespace, CPUs it is pinned to, user it runs as, and
+    the cgroup-v2 directory it starts in (its sockets belong to that cgroup from the first)."""
 
     netns: str | None = None
     cpus: tuple[int, ...] | None = None
     uid: int | None = None
     gid: int | None = None
+    cgroup: str | None = None
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
-        """The argv that places ``argv`` (ip netns exec → taskset → setpriv)."""
+        """The argv that places ``argv`` (cgroup → ip netns exec → taskset → setpriv; every
+        step execs the next, so the PID is the program's)."""
         out: list[str] = []
+        if self.cgroup:
+            out += ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', self.cgroup]
         if self.netns:
             out += ["ip", "netns", "exec", self.netns]
         if self.cpus is not None:

