@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument(
         "--speed",
         choices=("now", "profile"),
-        default="now",
+        default="profile",
         help="now: scale the profile to the machine's speed measured at each case (with "
         "--repredict: the speed recorded then); profile: its costs as measured",
     )

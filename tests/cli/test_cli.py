@@ -420,7 +420,10 @@ def test_validate_suite_maps_its_options(
     r = invoke(["validate", "bookinfo", "--suite", "--out", "d"], env)
     assert r.exit_code == 2 and "takes no TOPOLOGY" in r.output
     r = invoke(["validate"], env)
-    assert r.exit_code == 2 and "name a TOPOLOGY (or --suite)" in r.output
+    assert (
+        r.exit_code == 2
+        and "give a TOPOLOGY (e.g. bookinfo), --sweep size|rate or --suite" in r.output
+    )
     r = invoke(["validate", "--suite", "--out", "d", "--sets", "holdout,train"], env)
     assert r.exit_code == 2 and "--sets" in r.output
     seen: list[m.SuiteOptions] = []

@@ -152,7 +152,7 @@ class SuiteOptions:
     name: str | None = None
     profile: str | None = None
     accept_unclosed: bool = False
-    speed: str = "now"
+    speed: str = "profile"  # as validate: see ValidateOptions.speed
     resume: bool = False
     wait_s: float = 0.0
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from meshtax import safeio
+from meshtax.app.tail import TailRequest, tail_parts
 from meshtax.errors import MeshtaxError, UsageError
 from meshtax.model.ecg import ECG, EcgBatch, ECGError, Service, to_batch
 from meshtax.model.profile import Profile
@@ -58,6 +59,7 @@ class PredictOptions:
     # mesh architectures to compare (the first prices the main prediction); (): sidecar only
     architectures: tuple[str, ...] = ()
     pods_per_node: int = 1  # services without a node: this many to a node, by name
+    tail: TailRequest | None = None  # percentiles under load and saturation (app.tail)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -227,6 +229,12 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
             mem[a.value] = m
             doc["warnings"] = list(dict.fromkeys([*doc["warnings"], *aw]))
         doc["architectures"] = architecture_section(batch, results, mem, opts.pods_per_node)
+    if opts.tail is not None:
+        # traces: every graph is a sample of one traffic mix, each call at its pair's rate
+        load: Literal["graphs", "pairs"] = "graphs" if opts.trace_format is None else "pairs"
+        doc.update(
+            tail_parts(batch, lookup, opts.tail, pod_cpus=opts.pod_cpus, speed=speed, load=load)
+        )
     if speed is not None:
         doc["speed"] = {
             "now": speed.to_dict(),

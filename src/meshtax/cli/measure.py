@@ -80,6 +80,18 @@ from meshtax.store.sqlite import ProfileStore
     help="With --suite: the sets to measure.",
 )
 @click.option("--name", help="With --suite: the new profile's name (default: generated).")
+@click.option(
+    "--levels",
+    help="Tail latency under load: load levels as % of the no-mesh maximum (e.g. 25,50,75,90; "
+    "the default of --sweep rate); with a topology, its first --query at each level.",
+)
+@click.option(
+    "--connections",
+    type=click.IntRange(1, 4096),
+    default=32,
+    show_default=True,
+    help="With --levels or --sweep rate: concurrent clients.",
+)
 @click.option("--quick", is_flag=True, help="Shorter runs and fewer pairs (smoke runs, CI).")
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
@@ -102,6 +114,8 @@ def validate(
     resume: bool,
     sets: str,
     name: str | None,
+    levels: str | None,
+    connections: int,
     quick: bool,
     fmt: str,
     report_path: str | None,
@@ -116,6 +130,7 @@ def validate(
     the same sitting; the calibration and hold-out sets reported apart."""
     from meshtax.app import measure as m
     from meshtax.app.measure import ValidateOptions
+    from meshtax.app.tail_validate import FRACTIONS, TailValidateOptions, validate_tail
 
     if suite is not None:
         if topology or not out:
@@ -135,14 +150,38 @@ def validate(
         )
         _suite(suite_opts, ProfileStore(db), fmt, report_path)
         return
-    if not topology:
-        raise UsageError("name a TOPOLOGY (or --suite)")
+    duration = 3.0 if duration is None else duration
+    if topology is None and not sweep:
+        raise UsageError("validate: give a TOPOLOGY (e.g. bookinfo), --sweep size|rate or --suite")
+    mode_list = parse_modes(modes)
+    tail_opts = None
+    if sweep == "rate" or levels:
+        try:
+            fractions = csv(levels, lambda x: float(x) / 100) if levels else FRACTIONS
+        except ValueError:
+            raise UsageError(
+                f"--levels {levels!r}: expected percentages like 25,50,75,90"
+            ) from None
+        tail_opts = TailValidateOptions(
+            None if sweep == "rate" else topology,
+            queries[0] if queries else None,
+            mode_list[0],
+            fractions,
+            connections,
+            min(duration, 1.0) if quick else duration,
+            2 if quick else 3,
+            profile,
+            accept_unclosed,
+        )
+        tail_opts.plan()  # bad levels are refused before anything runs
     m.require_root("validation creates network namespaces and sidecars")
     store = ProfileStore(db)
-    mode_list = parse_modes(modes)
     say = stderr
-    duration = 3.0 if duration is None else duration
-    if sweep:
+    if tail_opts is not None:
+        tv = validate_tail(tail_opts, store, say)
+        doc = tv.to_document()
+        click.echo(json.dumps(doc, indent=2, default=str) if fmt == "json" else tv.table())
+    elif sweep:
         sopts = m.SweepOptions(
             sweep,  # type: ignore[arg-type]
             mode_list[0],
@@ -153,6 +192,7 @@ def validate(
         doc = m.sweep(sopts, store, say).to_document()
         click.echo(json.dumps(doc, indent=2, default=str))
     else:
+        assert topology is not None  # checked above
         try:
             opts = ValidateOptions(
                 topology=topology,
@@ -213,6 +253,12 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
     "--low-rates",
     "low_rates",
     help="Absolute low rates (requests/s) of extra CPU runs, e.g. 100,300 ('none': off; default: the preset's).",
+)
+@click.option(
+    "--capacity",
+    is_flag=True,
+    help="Also each mode's capacity: requests/s at saturation through the sidecar (many "
+    "clients, closed loop and a ramp of fixed rates; ≈6 s per mode).",
 )
 @click.option(
     "--name",
@@ -308,6 +354,7 @@ def profile_cmd(
     duration: float | None,
     carried: str | None,
     low_rates: str | None,
+    capacity: bool,
     name: str | None,
     replace: bool,
     filters: str | None,
@@ -359,6 +406,7 @@ def profile_cmd(
             replace=replace,
             carried=None if carried is None else csv(carried, str),
             low_rates=None if low_rates is None else csv(low_rates, float),
+            capacity=True if capacity else None,
             proxy=choice,
         )
         popts.resolve_plan()

@@ -27,8 +27,9 @@ from meshtax.cli._common import (
     speed_option,
     user_errors,
 )
+from meshtax.cli._tail import export, tail_options, tail_request
 from meshtax.report.architectures import architectures_csv, architectures_text
-from meshtax.report.exporters import EXPORTERS
+from meshtax.report.tail import tail_text
 from meshtax.report.text import prediction_text
 from meshtax.store.sqlite import ProfileStore
 
@@ -89,6 +90,7 @@ from meshtax.store.sqlite import ProfileStore
 @report_option
 @accept_unclosed_option
 @speed_option("profile")
+@tail_options
 @user_errors
 def predict(
     ecg_files: tuple[str, ...],
@@ -128,6 +130,7 @@ def predict(
         allow_outside=allow_outside,
         architectures=() if architecture == "sidecar" else tuple(architecture.split(",")),
         pods_per_node=pods_per_node,
+        tail=tail_request(click.get_current_context()),
     )
     store = ProfileStore(db)
     doc = predict_files(opts, store)
@@ -137,7 +140,7 @@ def predict(
         text = prediction_text(doc) + "\n" + architectures_text(arch)
         emit(text if fmt == "table" else architectures_csv(arch), output)
     else:
-        emit(prediction_text(doc) if fmt == "table" else EXPORTERS[fmt].export(doc), output)
+        emit(prediction_text(doc) + tail_text(doc) if fmt == "table" else export(fmt, doc), output)
     if report_path:
         out = app_data.build_report((), [doc["profile"]["name"]], store, report_path, docs=[doc])
         click.echo(f"wrote {out}", err=True)

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from meshtax.model.capacity import Capacity, LatencySketch, sketches_from_list
 from meshtax.model.components import Component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.microarch import Microarch
@@ -34,7 +35,9 @@ from meshtax.model.speed import Speed
 #:     or written: shared CPUs are priced from the profile's own rate models (issue #14);
 #:     documents that carry it still load. Optional platform ``variant`` (issue #17: the
 #:     sidecar's IPC/write variant, e.g. ``ipc=uds``; written only when set, so older
-#:     platforms keep their keys).
+#:     platforms keep their keys). Optional per-mode ``capacity`` and ``latency_sketches``
+#:     (issue #20: requests/s at saturation, per-size latency quantiles with and without the
+#:     sidecar; written only when measured, absent in older documents).
 #:     Later the same day, optional top-level ``microarch`` (issue #19: instructions, simulated
 #:     cache misses and branches per request; its own ``format``, see
 #:     :mod:`meshtax.model.microarch`; absent in older documents).
@@ -228,6 +231,8 @@ class ModeProfile:
     ``per_connection``: per new downstream connection through one sidecar (latency µs and
     CPU-µs as intercepts) of components that run once per connection, not per message
     (network RBAC, ``filter:rbac_network_N``); their per-message models stay in ``components``.
+    ``capacity``/``latency_sketches``: requests/s at saturation and per-size latency quantiles
+    with and without the sidecar (:mod:`meshtax.model.capacity`; None/empty: not measured).
     """
 
     mode: Mode
@@ -240,6 +245,8 @@ class ModeProfile:
     tls_version: str | None = None
     tls_by_version: Mapping[str, TlsModels] = field(default_factory=dict)
     per_connection: Mapping[Component, ComponentModel] = field(default_factory=dict)
+    capacity: Capacity | None = None
+    latency_sketches: Mapping[int, LatencySketch] = field(default_factory=dict)
 
     def filters(self) -> tuple[str, ...]:
         return tuple(sorted(c.name for c in self.components if c.name))
@@ -269,6 +276,16 @@ class ModeProfile:
                 if self.per_connection
                 else {}
             ),
+            **({} if self.capacity is None else {"capacity": self.capacity.to_dict()}),
+            **(
+                {
+                    "latency_sketches": [
+                        s.to_dict() for _, s in sorted(self.latency_sketches.items())
+                    ]
+                }
+                if self.latency_sketches
+                else {}
+            ),
         }
 
     @classmethod
@@ -295,6 +312,8 @@ class ModeProfile:
                 Component.parse(k): ComponentModel.from_dict(v)
                 for k, v in (d.get("per_connection") or {}).items()
             },
+            capacity=None if d.get("capacity") is None else Capacity.from_dict(d["capacity"]),
+            latency_sketches=sketches_from_list(d.get("latency_sketches")),
         )
 
 

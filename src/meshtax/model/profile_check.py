@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from meshtax.errors import ModelError
+from meshtax.model.capacity import LIMITS
 from meshtax.model.components import Component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.sidecar import Mode
@@ -41,6 +42,9 @@ _NONNEG: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": _BIG}
 _POS: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9}  # rates
 _OPT_POS: dict[str, Any] = {"anyOf": [{"type": "null"}, _POS]}
 _MODES = [m.value for m in Mode]
+_NONNEG_RATE: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": 1e9}
+_COUNT: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": 1 << 40}
+_QUANTILES: dict[str, Any] = {"type": "array", "minItems": 2, "maxItems": 1000, "items": _NONNEG}
 
 #: JSON Schema of a profile document (format 1); unknown fields are allowed (newer writers
 #: add optional ones), every known one is checked. Numbers are finite (model/schema.py).
@@ -257,6 +261,56 @@ PROFILE_SCHEMA: dict[str, Any] = {
                     ]
                 },
                 "per_connection": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/components"}]},
+                "capacity": {"$ref": "#/$defs/capacity"},  # absent when not measured
+                "latency_sketches": {
+                    "type": "array",
+                    "maxItems": 100,
+                    "items": {"$ref": "#/$defs/sketch"},
+                },
+            },
+        },
+        # issue #20 (model/capacity.py): a sidecar under load, and latency quantiles per size
+        "capacity": {
+            "type": "object",
+            "required": [
+                "requests_per_s",
+                "size_bytes",
+                "connections",
+                "workers",
+                "sidecar_cpu_us",
+                "limited_by",
+            ],
+            "properties": {
+                "requests_per_s": _NONNEG_RATE,
+                "size_bytes": _COUNT,
+                "connections": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+                "workers": {"type": "integer", "minimum": 1, "maximum": 4096},
+                "sidecar_cpu_us": _NONNEG,
+                "limited_by": {"enum": list(LIMITS)},
+                "direct_requests_per_s": _NONNEG_RATE,
+                "cpus": {"type": "integer", "minimum": 1, "maximum": 4096},
+                "points": {
+                    "type": "array",
+                    "maxItems": 1000,
+                    "items": {
+                        "type": "object",
+                        "required": ["target", "achieved", "sidecar_cpu", "shared_cpu"],
+                        "properties": {
+                            k: _NONNEG for k in ("target", "achieved", "sidecar_cpu", "shared_cpu")
+                        },
+                    },
+                },
+            },
+        },
+        "sketch": {
+            "type": "object",
+            "required": ["size", "probs", "meshed_us", "direct_us"],
+            "properties": {
+                "size": _COUNT,
+                "probs": _QUANTILES | {"items": {"type": "number", "minimum": 0, "maximum": 1}},
+                "meshed_us": _QUANTILES,
+                "direct_us": _QUANTILES,
+                "requests": _COUNT,
             },
         },
     },
@@ -350,6 +404,9 @@ def _mode_problems(where: str, mp: ModeProfile) -> list[str]:
     if mp.closure is not None and mp.closure.measured_lo_us > mp.closure.measured_hi_us:
         out.append(f"{where}.closure: measured_lo_us > measured_hi_us; expected lo ≤ hi")
     out += _total_problems(where, mp)
+    for size, sk in mp.latency_sketches.items():
+        if any(b < a for a, b in zip(sk.probs, sk.probs[1:])):
+            out.append(f"{where}.latency_sketches[{size}].probs: not in ascending order")
     for proto, sub in mp.carried.items():
         out += _mode_problems(f"{where}.carried.{proto}", sub)
     return out

@@ -3,6 +3,7 @@ notes and the raw record kept (:func:`build_profile`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import warnings
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from meshtax._version import __version__
+from meshtax.model.capacity import Capacity
 from meshtax.model.components import IPC, NOTIFICATION, READ, WRITE, Component
 from meshtax.model.profile import ModeProfile, Platform, Profile, Provenance
 from meshtax.model.proxy import ProxyChoice
@@ -219,12 +221,13 @@ def build_profile(
     carried: Mapping[str, list[SizeResult]] | None = None,
     speeds: Sequence[Speed] = (),
     attempts: Mapping[Mode, Sequence[Mapping[str, Any]]] | None = None,
+    capacities: Mapping[Mode, Capacity] | None = None,
     proxy: ProxyChoice = ProxyChoice(),
 ) -> Profile:
     """Fit every mode, check closure, and store (when ``store`` is given). ``speeds``: the
     reference workload's measurements during the run; ``attempts``: earlier measurements of a
-    mode that did not close (kept in the record); ``proxy``: the sidecar measured (its version
-    is ``versions[proxy.kind]``)."""
+    mode that did not close (kept in the record); ``capacities``: measured per mode;
+    ``proxy``: the sidecar measured (its version is ``versions[proxy.kind]``)."""
     tcp = {r.size: r for r in results.get(Mode.TCP, [])}
     carried = {p: rs for p, rs in (carried or {}).items() if rs}
     modes: list[ModeProfile] = []
@@ -276,6 +279,13 @@ def build_profile(
                         else ")"
                     )
                 )
+        mp = dataclasses.replace(
+            mp,
+            capacity=(capacities or {}).get(mode),
+            latency_sketches={
+                r.size: r.unprobed.sketch for r in rs if r.unprobed and r.unprobed.sketch
+            },
+        )
         modes.append(mp)
         c = mp.closure
         if c is not None and not c.closes:

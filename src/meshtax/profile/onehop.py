@@ -12,9 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from meshtax.model.capacity import LatencySketch
 from meshtax.model.sidecar import Mode
 from meshtax.model.stats import Estimate, estimate, median
 from meshtax.profile.backends import CpuSampler, _real_perf, _real_probe
+from meshtax.profile.capacity import latency_sketch
 from meshtax.profile.decompose import (
     CROSSINGS_PER_REQUEST,
     Breakdown,
@@ -65,6 +67,7 @@ class PairedOverhead:
     direct_mean: list[float] = field(default_factory=list)
     meshed_p50: list[float] = field(default_factory=list)
     direct_p50: list[float] = field(default_factory=list)
+    sketch: LatencySketch | None = None  # latency quantiles of the pooled runs, each side
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +76,7 @@ class PairedOverhead:
             "direct_mean_us": self.direct_mean,
             "meshed_p50_us": self.meshed_p50,
             "direct_p50_us": self.direct_p50,
+            **({} if self.sketch is None else {"latency_sketch": self.sketch.to_dict()}),
         }
 
 
@@ -111,6 +115,7 @@ def measure_overhead(
         direct_mean=[d.avg_us for d, _ in pairs],
         meshed_p50=[m.p50_us for _, m in pairs],
         direct_p50=[d.p50_us for d, _ in pairs],
+        sketch=latency_sketch(size, [m for _, m in pairs], [d for d, _ in pairs]),
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshtax.model.sidecar import Mode
+from meshtax.profile.capacity import CapacityPolicy
 from meshtax.profile.onehop import WindowPolicy
 from meshtax.testbed.interference import Thresholds
 from meshtax.testbed.pinning import Pinning, default_pinning
@@ -79,6 +80,7 @@ class Step:
             "maxqps": "max rate",
             "cpu": f"CPU at {self.rate_fraction:.0%} of max",
             "lowrate": f"CPU at {self.rate:g}/s",
+            "capacity": "capacity (requests/s at saturation)",
         }[self.kind]
         return f"{who} {self.size} B: {what}"
 
@@ -157,6 +159,9 @@ class Plan:
     # in the measurement; on an idle machine it changes nothing. None: leave as is.
     nice: int | None = -20
     preset: str = "quick"
+    # per mode after the rest: requests/s at saturation (profile.capacity; --capacity)
+    capacity: bool = False
+    capacity_policy: CapacityPolicy = field(default_factory=CapacityPolicy)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
@@ -245,6 +250,12 @@ class Plan:
                 out += self._cpu_steps(m, s, self.cpu_fractions())
             if m is Mode.TCP:
                 out += self.carried_steps()
+        if self.capacity:
+            cp = self.capacity_policy
+            out += [
+                Step("capacity", m, cp.size, expected_s=o["setup"] + cp.expected_s())
+                for m in self.modes
+            ]
         return out
 
     def _cpu_steps(
@@ -345,6 +356,7 @@ class Plan:
             "closure_tolerance": self.closure_tolerance,
             "pinning": self.pinning.to_dict(),
             "nice": self.nice,
+            **({"capacity": self.capacity_policy.to_dict()} if self.capacity else {}),
         }
 
 

@@ -42,12 +42,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from meshtax.model.capacity import Capacity
 from meshtax.model.profile import Profile
 from meshtax.model.proxy import ProxyChoice
 from meshtax.model.sidecar import Mode
 from meshtax.model.speed import Speed
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import CpuRun, ProfileSink, SizeResult, build_profile, points
+from meshtax.profile.capacity import measure_capacity
 from meshtax.profile.decompose import Breakdown
 from meshtax.profile.fit import fit_mode
 from meshtax.profile.onehop import measure_overhead, probe_components, sidecar_cpu
@@ -82,6 +84,7 @@ class ProfileOptions:
     plan: Plan | None = None
     carried: tuple[str, ...] | None = None
     low_rates: tuple[float, ...] | None = None
+    capacity: bool | None = None  # measure each mode's capacity (None: the preset's)
     proxy: ProxyChoice = ProxyChoice()
 
     def resolve_plan(self) -> Plan:
@@ -95,6 +98,8 @@ class ProfileOptions:
             changes["carried"] = tuple(self.carried)
         if self.low_rates is not None:
             changes["low_rates"] = tuple(self.low_rates)
+        if self.capacity is not None:
+            changes["capacity"] = self.capacity
         if changes:
             p = Plan(**{**_plan_fields(p), **changes})
         if self.duration_s is not None:
@@ -248,6 +253,7 @@ def run_profile(
                 results[mode] = kept
             if open_modes:
                 _speed(be, tb, plan, speeds)
+        capacities = {m: _capacity(m, plan, bed, be, ticker) for m in plan.modes if plan.capacity}
     wall_s = be.clock() - t_start
     return build_profile(
         name,
@@ -261,8 +267,29 @@ def run_profile(
         carried=carried,
         speeds=speeds,
         attempts=attempts,
+        capacities=capacities,
         proxy=px,
     )
+
+
+def _capacity(mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked) -> Capacity:
+    """The mode's capacity through a sidecar of its own, the bed's proxy
+    (:mod:`meshtax.profile.capacity`)."""
+    ticker.next("capacity", mode, plan.capacity_policy.size)
+    proxy = bed.start_sidecar(mode)
+    try:
+        return measure_capacity(
+            bed,
+            mode,
+            proxy.pid,
+            plan.capacity_policy,
+            # Envoy says how many workers it runs; the other proxies here run one
+            workers=int(getattr(proxy, "concurrency", 1)),
+            cpus=plan.pinning.pod_cpus(),
+            cpu_ns=lambda pids: {p: sum(be.schedstat(p).values()) for p in pids},
+        )
+    finally:
+        proxy.stop()
 
 
 def _speed(be: Backends, tb: Testbed, plan: Plan, into: list[Speed]) -> None:

@@ -25,6 +25,7 @@ from meshtax.report import figures as F
 from meshtax.report import graph_figures as G
 from meshtax.report import html as H
 from meshtax.report import tables as T
+from meshtax.report import tail_figures as TF
 from meshtax.report import whatif as W
 from meshtax.report.markdown import interval
 from meshtax.report.microarch import microarch_html
@@ -146,6 +147,9 @@ def _prediction_section(
     if doc.get("architectures"):
         sec.blocks.append("<h3>Architectures</h3>")
         add(A.architecture_chart(label, doc), f"{label}: no architecture comparison")
+    if doc.get("tail_sweep"):
+        sec.blocks.append("<h3>Latency against load</h3>")
+        add(TF.load_chart(label, doc), f"{label}: no load sweep")
     return sec
 
 
@@ -365,10 +369,10 @@ def render_report(
                 for c in cases
             ]
             sec.blocks.append(H.table(["case", "metric", "measured", "predicted", "error"], rows))
-            c = G.validation_chart(cases, name)
-            if c is not None:
-                charts.append(c)
-                sec.blocks.append(H.figure(c.id, c.kind, c.title, c.caption, c.svg))
+            for c in (G.validation_chart(cases, name), TF.tail_validation_chart(v)):
+                if c is not None:
+                    charts.append(c)
+                    sec.blocks.append(H.figure(c.id, c.kind, c.title, c.caption, c.svg))
         else:
             notes.append(f"{name}: no cases")
             sec.blocks.append(H.missing("This validation document has no cases."))

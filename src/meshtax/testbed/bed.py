@@ -41,7 +41,7 @@ from meshtax.model.proxy import ProxyChoice, ProxyError
 from meshtax.model.sidecar import Mode
 from meshtax.testbed.envoy.config import EnvoyConfig
 from meshtax.testbed.envoy.process import EnvoyProcess
-from meshtax.testbed.fortio import FortioServer, LoadResult, run_load
+from meshtax.testbed.fortio import FortioServer, LoadResult, LoadSpec, run_spec
 from meshtax.testbed.pinning import Pinning
 from meshtax.testbed.pods import Pod, Testbed
 from meshtax.testbed.proxy import PROXIES, Proxy, SidecarRequest, Upstream
@@ -181,9 +181,11 @@ class EchoBed:
         duration_s: float | None = None,
         n: int | None = None,
         connections: int = 1,
+        extra_args: tuple[str, ...] = (),
     ) -> LoadResult:
-        """One fortio run from the client pod (pinned): closed loop when ``qps`` is 0."""
-        return run_load(
+        """One fortio run from the client pod (pinned): closed loop when ``qps`` is 0;
+        ``extra_args`` for fortio (``-uniform`` spreads fixed-rate calls over connections)."""
+        spec = LoadSpec(
             target,
             mode,
             size,
@@ -191,9 +193,13 @@ class EchoBed:
             connections=connections,
             duration_s=duration_s,
             n=n,
-            system=self.testbed.system,
-            place=self.client.place(cpus=self.pinning.client),
-            binary=self.fortio_bin,
+            extra_args=extra_args,
+        )
+        return run_spec(
+            spec,
+            self.testbed.system,
+            self.client.place(cpus=self.pinning.client),
+            self.fortio_bin,
         )
 
     def start_sidecar(

@@ -14,11 +14,13 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+import numpy as np
 
 from meshtax.model.sidecar import Mode
 from meshtax.testbed.system import Placement, Process, RealSystem, System
@@ -33,6 +35,7 @@ __all__ = [
     "check_result",
     "fortio_binary",
     "fortio_version",
+    "histogram_quantiles",
     "load_argv",
     "measure_max_qps",
     "parse_result",
@@ -231,6 +234,28 @@ def parse_result(doc: Mapping[str, Any], spec: LoadSpec) -> LoadResult:
         version=str(doc.get("Version", "")),
         raw=dict(doc),
     )
+
+
+def histogram_quantiles(results: Sequence[LoadResult], probs: Sequence[float]) -> list[float]:
+    """Quantiles (µs) at ``probs`` of the latency histograms of ``results`` pooled (fortio's
+    buckets, uniform within each as fortio interpolates; the first and last bucket run from
+    the run's min and to its max). Pure."""
+    edges: list[float] = []
+    buckets: list[tuple[float, float, float]] = []
+    for r in results:
+        for b in r.raw.get("DurationHistogram", {}).get("Data") or []:
+            lo, hi, n = float(b["Start"]) * 1e6, float(b["End"]) * 1e6, float(b["Count"])
+            buckets.append((lo, max(hi, lo), n))
+            edges += [lo, hi]
+    if not buckets:
+        raise FortioError("no latency histogram in the results")
+    x = np.unique(np.asarray(edges))
+    cdf = np.zeros_like(x)
+    for lo, hi, n in buckets:  # the pooled CDF is linear between consecutive edges
+        cdf += n * (np.clip((x - lo) / (hi - lo), 0.0, 1.0) if hi > lo else (x >= lo))
+    cdf /= cdf[-1]
+    keep = np.concatenate(([True], np.diff(cdf) > 0))  # flat stretches: their first point
+    return [float(v) for v in np.interp(np.asarray(probs, dtype=np.float64), cdf[keep], x[keep])]
 
 
 def check_result(result: LoadResult) -> LoadResult:

@@ -1,0 +1,150 @@
+"""Tail latency under load, predicted vs measured (issue #20): p50/p90/p99 overhead at load
+levels of the no-mesh maximum on one hop and on a multi-service topology, and where the
+sidecar saturates.
+
+Run as root under the machine's measurement lock::
+
+    flock /run/meshtax-measure.lock .venv/bin/python benchmarks/bench_tail.py \\
+        --db DB --out DIR [--profile NAME] [--modes http] [--topologies onehop,bookinfo] \\
+        [--levels 25,50,75,90] [--connections 32] [--duration 2] [--pairs 3]
+
+Without ``--profile`` it first takes a quick profile with capacities (``meshtax profile --quick
+--capacity`` for ``--profile-modes``, default tcp,http, into ``DB``; named ``tail-<time>``), so
+profile and validation share one sitting. Then, per mode: the one-hop validation (``meshtax
+validate --sweep rate``; ``onehop``) and each topology's (``meshtax validate TOPOLOGY --levels
+…``), each document written to ``DIR`` (JSON and an HTML report); finally ``DIR/summary.json``
+and a table: per percentile the median absolute error and the signed bias over every compared
+level, and the saturation rate predicted vs measured (the mesh side's closed-loop maximum with
+the same clients) and the profile's own capacity measurement. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from meshtax.app.data import write_document
+from meshtax.app.tail_validate import TailValidateOptions, validate_tail
+from meshtax.model.sidecar import Mode
+from meshtax.profile.backends import Backends
+from meshtax.profile.run import ProfileOptions, run_profile
+from meshtax.report.exporters import EXPORTERS
+from meshtax.store.sqlite import ProfileStore
+from meshtax.testbed.system import RealSystem
+from meshtax.validate.tail import TailValidation
+
+
+def summary(results: list[TailValidation], profile: Any) -> dict[str, Any]:
+    """Errors over every compared level of every result, per percentile, and saturation."""
+    out: dict[str, Any] = {"profile": profile.name, "results": {}}
+    for r in results:
+        rel = r.options.get("relative_to", "no_mesh")
+        out["results"][f"{r.name} ({r.mode}) of the {rel} maximum"] = r.summary()
+    for key in ("p50", "p90", "p99"):
+        errs = [e for r in results for e in r.errors(key)]
+        out[key] = {
+            "levels": len(errs),
+            "median_abs_error": statistics.median(abs(e) for e in errs) if errs else None,
+            "bias": statistics.fmean(errs) if errs else None,
+        }
+    caps = {m.value: mp.capacity.to_dict() for m, mp in profile.modes.items() if mp.capacity}
+    out["profile_capacity"] = caps
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--modes", default="http")
+    ap.add_argument("--profile-modes", default="tcp,http", help="modes the quick profile measures")
+    ap.add_argument(
+        "--topologies", default="onehop,bookinfo", help="onehop and/or topologies in pods"
+    )
+    ap.add_argument("--query", default=None)
+    ap.add_argument("--levels", default="25,50,75,90")
+    ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--duration", type=float, default=2.0)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument(
+        "--relative",
+        default="no_mesh,mesh",
+        help="Levels as shares of whose closed-loop maximum: no_mesh (the issue's), mesh (every "
+        "level below the mesh's saturation), or both.",
+    )
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = ProfileStore(a.db)
+    t0 = time.monotonic()
+
+    def say(m: str) -> None:
+        print(f"[{time.monotonic() - t0:5.0f}s] {m}", flush=True)
+
+    loads = {"start": os.getloadavg()}
+    if a.profile is None:
+        name = f"tail-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
+        pm = tuple(a.profile_modes.split(","))
+        opts = ProfileOptions(name=name, quick=True, capacity=True, modes=pm)
+        # waits for another testbed run (a root test) as the validations do
+        be = Backends(lock_timeout=900.0)
+        prof = run_profile(opts, RealSystem(), store, lambda p: say(p.description), backends=be)
+        say(f"profile {name} stored in {a.db}")
+    else:
+        prof = store.get(a.profile)
+    loads["profiled"] = os.getloadavg()
+    levels = tuple(float(x) / 100 for x in a.levels.split(","))
+    results: list[TailValidation] = []
+    for mode in (Mode(m) for m in a.modes.split(",")):
+        where = [None if t == "onehop" else t for t in a.topologies.split(",")]
+        for topology, rel in itertools.product(where, a.relative.split(",")):
+            o = TailValidateOptions(
+                topology,
+                a.query,
+                mode,
+                levels,
+                a.connections,
+                a.duration,
+                a.pairs,
+                prof.name,
+                accept_unclosed=True,
+                relative_to=rel,
+            )
+            r = validate_tail(o, store, say)
+            results.append(r)
+            stem = f"{'onehop' if topology is None else topology}-{mode.value}-of-{rel}"
+            doc = r.to_document()
+            (out / f"{stem}.json").write_text(EXPORTERS["json"].export(doc))
+            write_document(doc, str(out / f"{stem}.html"), store)
+            print(f"\n{stem}, {a.connections} connections:\n{r.table()}\n")
+            loads[stem] = os.getloadavg()
+    s = summary(results, prof)
+    s["loadavg"] = loads
+    s["wall_s"] = time.monotonic() - t0
+    (out / "summary.json").write_text(json.dumps(s, indent=2, default=str))
+    for key in ("p50", "p90", "p99"):
+        v = s[key]
+        if v["levels"]:
+            print(
+                f"{key}: median |error| {v['median_abs_error']:.1%}, bias {v['bias']:+.1%} "
+                f"over {v['levels']} levels"
+            )
+    for r in results:
+        sat = r.summary()["saturation"]
+        print(
+            f"saturation {r.name} ({r.mode}): predicted {sat['predicted']:.0f}/s, measured "
+            f"{sat['measured']:.0f}/s ({sat['error']:+.1%})"
+        )
+    print(f"load average {loads}; wall {s['wall_s']:.0f} s; documents in {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,430 @@
+"""The load side of the tail model (:mod:`meshtax.predict.tail`): what each crossing costs at
+the rates the engine prices it at, the queues (*stations*) those costs load — each sidecar's
+workers, and the pods' shared CPUs when they share some — and where each queue saturates.
+
+Saturation: each station's utilisation ρ at the given rates; the rate factor at which it
+reaches ``threshold`` (and 1), solved with the cost models re-priced at the scaled rates on a
+log grid and interpolated in log–log (ρ is a rate times a cost that varies with log rate); the
+vCPU each needs at the given rates to stay under the threshold. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from meshtax.model.capacity import LatencySketch
+from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, EcgBatch
+from meshtax.model.profile import Profile
+from meshtax.model.speed import Speed
+from meshtax.predict.engine import Costs, ProfileLookup, hop_costs
+from meshtax.predict.queueing import ServiceMix, Shape
+from meshtax.predict.shared_cpu import shared_cpu_rates
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+__all__ = [
+    "SHARED",
+    "Crossings",
+    "StationLoad",
+    "Stations",
+    "TailOptions",
+    "crossings",
+    "latency_shape",
+    "loads",
+    "request_rate",
+    "station_mix",
+    "stations",
+]
+
+
+@dataclass(frozen=True)
+class TailOptions:
+    """What a tail prediction assumes; see the module docstring.
+
+    ``samples``: draws per graph (fewer for large batches: at most ``max_rows`` rows are
+    propagated per run); ``arrivals``: squared coefficient of variation of each station's
+    interarrival times (1: Poisson, independent clients; 0: evenly spaced);
+    ``service``: the shape of a job's service time — ``latency`` (the latency shape's, so its
+    variability includes wake-up stalls), or ``constant`` (its mean: per-message CPU work that
+    does not vary); ``workers``: worker threads per sidecar (None: the profile's measured
+    capacity's, else 1, the profiler's Envoy); ``app_cpu_us``: on shared CPUs, the
+    applications' CPU-µs per request without the mesh (0: their own waits are not counted).
+    """
+
+    percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
+    samples: int = 4000
+    seed: int = 0
+    threshold: float = 0.8
+    arrivals: float = 1.0
+    service: Literal["latency", "constant"] = "constant"
+    workers: int | None = None
+    pod_cpus: int | None = None
+    app_cpu_us: float = 0.0
+    load: Literal["graphs", "pairs"] = "graphs"
+    queue_jobs: int = 200_000
+    max_rows: int = 2_000_000
+    speed: Speed | None = None
+
+    def __post_init__(self) -> None:
+        if not all(0 < p < 100 for p in self.percentiles) or not self.percentiles:
+            raise ValueError(f"percentiles must be within (0, 100), got {self.percentiles}")
+        if self.samples < 20 or not 0 < self.threshold < 1 or self.arrivals < 0:
+            raise ValueError("need samples ≥ 20, 0 < threshold < 1 and arrivals (SCV) ≥ 0")
+        if (self.workers is not None and self.workers < 1) or self.app_cpu_us < 0:
+            raise ValueError("workers must be ≥ 1 and app_cpu_us ≥ 0")
+        if self.pod_cpus is not None and self.pod_cpus < 1:
+            raise ValueError(f"pod_cpus must be at least 1, got {self.pod_cpus}")
+
+
+@dataclass(frozen=True)
+class StationLoad:
+    """One queue: a sidecar's workers (``name`` = the service) or the pods' shared CPUs
+    (``name`` = ``"shared CPUs"``). ``jobs_per_s`` crossings (on shared CPUs: requests) per
+    second, ``mean_service_us`` each, ``utilisation`` ρ per server, ``busy_vcpu`` = ρ ×
+    servers; ``saturation_factor``/``full_factor``: the factor on every call's rate at which ρ
+    reaches the threshold / 1 (inf: never); ``needed_vcpu``: CPUs to stay under the threshold
+    at these rates; waits (µs) of a job: mean and p99 (inf when saturated; 0 for a sidecar's
+    workers on shared CPUs, which wait for the CPUs instead)."""
+
+    name: str
+    mode: str
+    servers: int
+    jobs_per_s: float
+    mean_service_us: float
+    utilisation: float
+    saturation_factor: float
+    full_factor: float
+    needed_vcpu: float
+    mean_wait_us: float
+    p99_wait_us: float
+
+    @property
+    def busy_vcpu(self) -> float:
+        return self.utilisation * self.servers
+
+    @property
+    def saturated(self) -> bool:
+        return self.utilisation >= 1.0
+
+
+# ---- shapes and costs per crossing ----------------------------------------------------------
+
+
+def latency_shape(sketches: Mapping[int, LatencySketch], size: float) -> Shape | None:
+    """The overhead shape of the sketch nearest to ``size`` in log size (None: no sketch)."""
+    if not sketches:
+        return None
+    k = min(sketches, key=lambda s: abs(math.log(max(s, 1) / max(size, 1.0))))
+    sk = sketches[k]
+    return Shape.from_quantiles(sk.probs, sk.overhead_us())
+
+
+@dataclass(frozen=True)
+class Crossings:
+    """Per row and side (0 caller, 1 callee): latency of the side's two crossings (µs), its
+    standard error, the CPU of the request and the response crossing (CPU-µs), the station."""
+
+    lat: FloatArray  # rows × 2
+    lse: FloatArray  # rows × 2
+    cpu_req: FloatArray  # rows × 2
+    cpu_resp: FloatArray  # rows × 2
+    cse: FloatArray  # rows × 2 (both crossings)
+    station: IntArray  # rows × 2, -1: no sidecar
+    warnings: tuple[str, ...]
+
+
+def crossings(
+    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, split: bool = True
+) -> Crossings:
+    """Costs per row and side at the rates the engine prices them at; ``split``: the request
+    and the response crossing apart (else each half of the side's total, enough for loads)."""
+    b = batch
+    rates = None if opts.pod_cpus is None else shared_cpu_rates(b, opts.pod_cpus)
+    full = hop_costs(b, profiles, rates=rates, speed=opts.speed)
+    if split:
+        req = hop_costs(replace(b, response_bytes=b.request_bytes), profiles, rates=rates)
+        resp = hop_costs(replace(b, request_bytes=b.response_bytes), profiles, rates=rates)
+        if opts.speed is not None:  # the halves only split the full costs: keep their ratio
+            req, resp = _rescale(req, resp, full)
+    else:
+        req = resp = full
+
+    def sides(c: Costs, what: str) -> FloatArray:
+        a = c.latency_caller if what == "lat" else c.cpu_caller
+        d = c.latency_callee if what == "lat" else c.cpu_callee
+        return np.stack([a.sum(axis=1), d.sum(axis=1)], axis=1)
+
+    n = batch.n_invocations
+    station = np.stack([batch.caller, batch.callee], axis=1)
+    meshed = np.stack([batch.caller_spec >= 0, batch.callee_spec >= 0], axis=1)
+    station = np.where(meshed & (station >= 0), station, -1)
+    se = np.repeat(full.latency_se[:, None] / 2, 2, axis=1) if n else np.zeros((0, 2))
+    cse = np.repeat(full.cpu_se[:, None] / 2, 2, axis=1) if n else np.zeros((0, 2))
+    return Crossings(
+        sides(full, "lat"),
+        np.where(station >= 0, se, 0.0),
+        sides(req, "cpu") / 2,
+        sides(resp, "cpu") / 2,
+        np.where(station >= 0, cse, 0.0),
+        station.astype(np.int64),
+        full.warnings,
+    )
+
+
+def _rescale(req: Costs, resp: Costs, full: Costs) -> tuple[Costs, Costs]:
+    """Request and response halves scaled so they add up to ``full`` (its speed scaling)."""
+    out = []
+    tot_c = req.cpu_caller + resp.cpu_caller
+    tot_d = req.cpu_callee + resp.cpu_callee
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fc = np.where(tot_c > 0, 2 * full.cpu_caller / tot_c, 1.0)
+        fd = np.where(tot_d > 0, 2 * full.cpu_callee / tot_d, 1.0)
+    for c in (req, resp):
+        out.append(replace(c, cpu_caller=c.cpu_caller * fc, cpu_callee=c.cpu_callee * fd))
+    return out[0], out[1]
+
+
+def row_weights(batch: EcgBatch, load: str) -> FloatArray:
+    """How much of its rate each row adds to the load: 1 (``graphs``), or 1 / the number of
+    rows of its caller→callee pair (``pairs``: the rate is the pair's, counted once)."""
+    n = batch.n_invocations
+    if load == "graphs" or n == 0:
+        return np.ones(n)
+    key = (batch.caller + 1) * (len(batch.services) + 1) + batch.callee
+    _, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
+    return np.asarray(1.0 / counts[inv], dtype=np.float64)
+
+
+# ---- stations ---------------------------------------------------------------------------
+
+
+SHARED = "shared CPUs"
+
+
+@dataclass(frozen=True)
+class Stations:
+    """The queues of a batch: ``names``/``modes``/``servers`` per station — each sidecar's
+    workers (by service index), then the shared CPUs if the pods share some (``shared``, its
+    index; -1: none). ``of_side``: rows × 2 → the sidecar's station (-1: no sidecar). Jobs as
+    (station, rate, mean CPU-µs, shape index): a sidecar's crossings; on the shared CPUs, one
+    job per request of each graph (all its sidecar work and ``app_mean_us`` of its own).
+    ``base_*``: the shared CPUs without the mesh (the applications' work alone)."""
+
+    names: tuple[str, ...]
+    modes: tuple[str, ...]
+    servers: tuple[int, ...]
+    of_side: IntArray
+    job_station: IntArray
+    job_rate: FloatArray
+    job_mean: FloatArray
+    job_shape: IntArray
+    shapes: tuple[Shape, ...]
+    shared: int
+    app_mean_us: float
+    base_rate: float
+
+
+def _spec_of_service(batch: EcgBatch) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for svc, spec in ((batch.caller, batch.caller_spec), (batch.callee, batch.callee_spec)):
+        for s, k in zip(svc.tolist(), spec.tolist()):
+            if s >= 0 and k >= 0:
+                out[s] = k
+    return out
+
+
+def request_rate(batch: EcgBatch, load: str) -> float:
+    """Requests/s entering the graphs: their root calls' rates (``pairs``: once per pair)."""
+    return float(graph_rates(batch, load).sum())
+
+
+def graph_rates(batch: EcgBatch, load: str) -> FloatArray:
+    """Requests/s of each graph (its root calls): under ``pairs`` the graphs are samples of
+    one mix and share its request rate equally."""
+    roots = batch.parent < 0
+    w = (row_weights(batch, load) * batch.rate)[roots]
+    g = batch.graph_of()[roots]
+    return np.asarray(np.bincount(g, weights=w, minlength=batch.n_graphs), dtype=np.float64)
+
+
+def stations(
+    batch: EcgBatch, profiles: ProfileLookup, cx: Crossings, opts: TailOptions
+) -> Stations:
+    spec_of = _spec_of_service(batch)
+    svcs = sorted(spec_of)
+    mode_names = sorted({batch.specs[k].config.mode.value for k in spec_of.values()})
+    shape_ix = {m: i for i, m in enumerate(mode_names)}
+    shapes = tuple(_service_shape(batch, profiles, m, opts) for m in mode_names)
+    shapes = (*shapes, Shape.constant())  # the last: a request's work on shared CPUs
+    names = [batch.services[s] for s in svcs]
+    modes = [batch.specs[spec_of[s]].config.mode.value for s in svcs]
+    servers = [
+        opts.workers
+        or _profile_workers(profiles(batch.specs[spec_of[s]].platform), spec_of[s], batch)
+        for s in svcs
+    ]
+    lut = np.full(len(batch.services) + 1, -1, dtype=np.int64)
+    lut[svcs] = np.arange(len(svcs))
+    of_side = np.where(cx.station >= 0, lut[np.maximum(cx.station, 0)], -1)
+    w = row_weights(batch, opts.load) * batch.rate
+    st, rate, mean, shp = [], [], [], []
+    for side in (0, 1):
+        rows = np.flatnonzero(of_side[:, side] >= 0)
+        row_specs = (batch.caller_spec if side == 0 else batch.callee_spec)[rows]
+        mode_ix = np.array(
+            [shape_ix[batch.specs[k].config.mode.value] for k in row_specs.tolist()],
+            dtype=np.int64,
+        )
+        for cpu in (cx.cpu_req, cx.cpu_resp):
+            st.append(of_side[rows, side])
+            rate.append(w[rows])
+            mean.append(cpu[rows, side])
+            shp.append(mode_ix)
+    shared = -1
+    base_rate = 0.0
+    if opts.pod_cpus is not None:
+        shared = len(names)
+        names.append(SHARED)
+        modes.append("")
+        servers.append(opts.pod_cpus)
+        work = np.bincount(
+            batch.graph_of(),
+            weights=(cx.cpu_req + cx.cpu_resp).sum(axis=1),
+            minlength=batch.n_graphs,
+        )
+        gr = graph_rates(batch, opts.load)
+        st.append(np.full(batch.n_graphs, shared))
+        rate.append(gr)
+        mean.append(work + opts.app_cpu_us)
+        shp.append(np.full(batch.n_graphs, len(shapes) - 1))
+        base_rate = float(gr.sum())
+    cat = np.concatenate
+    return Stations(
+        tuple(names),
+        tuple(modes),
+        tuple(servers),
+        of_side.astype(np.int64),
+        cat(st).astype(np.int64) if st else np.zeros(0, dtype=np.int64),
+        cat(rate) if rate else np.zeros(0),
+        cat(mean) if mean else np.zeros(0),
+        cat(shp).astype(np.int64) if shp else np.zeros(0, dtype=np.int64),
+        shapes,
+        shared,
+        opts.app_cpu_us,
+        base_rate,
+    )
+
+
+def _profile_workers(profile: Profile, spec: int, batch: EcgBatch) -> int:
+    mp = profile.modes.get(batch.specs[spec].config.mode)
+    return mp.capacity.workers if mp is not None and mp.capacity is not None else 1
+
+
+def _service_shape(batch: EcgBatch, profiles: ProfileLookup, mode: str, opts: TailOptions) -> Shape:
+    if opts.service == "constant":
+        return Shape.constant()
+    spec = next(s for s in batch.specs if s.config.mode.value == mode)
+    mp = profiles(spec.platform).modes.get(spec.config.mode)
+    shape = None if mp is None else latency_shape(mp.latency_sketches, DEFAULT_MESSAGE_BYTES)
+    return shape or Shape.constant()
+
+
+def station_mix(sts: Stations, k: int, scale: float) -> tuple[float, ServiceMix] | None:
+    """Arrival rate and service mix of station ``k`` (sidecar CPU × ``scale``; None: idle)."""
+    sel = (sts.job_station == k) & (sts.job_rate > 0)
+    means = sts.job_mean[sel]
+    if k == sts.shared:  # a request's sidecar work scales, its application work does not
+        means = (means - sts.app_mean_us) * scale + sts.app_mean_us
+    else:
+        means = means * scale
+    rates = sts.job_rate[sel]
+    if rates.sum() <= 0 or not (means > 0).any():
+        return None
+    # identical classes (same mean and shape) merge: traces repeat the same calls many times
+    key = np.stack([np.round(means, 6), sts.job_shape[sel].astype(np.float64)], axis=1)
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    w = np.bincount(inv.ravel(), weights=rates, minlength=len(uniq))
+    of = tuple(int(x) for x in uniq[:, 1])
+    mix = ServiceMix(tuple(uniq[:, 0].tolist()), tuple(w.tolist()), sts.shapes, of)
+    return float(rates.sum()), mix
+
+
+# ---- saturation -------------------------------------------------------------------------
+
+
+#: rate factors the utilisation is evaluated at to find where it crosses the threshold
+FACTORS = np.logspace(-3, 3, 25)
+
+
+def _rho_at(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, f: float) -> FloatArray:
+    scaled = replace(batch, rate=batch.rate * f)
+    cx = crossings(scaled, profiles, opts, split=False)
+    sts = stations(scaled, profiles, cx, opts)
+    out = np.zeros(len(sts.names))
+    for k in range(len(sts.names)):
+        got = station_mix(sts, k, 1.0)
+        if got is not None:
+            out[k] = got[0] * got[1].mean() * 1e-6 / sts.servers[k]
+    return out
+
+
+def _crossing(grid: FloatArray, level: float) -> float:
+    """The rate factor at which a utilisation curve on :data:`FACTORS` reaches ``level``
+    (log–log interpolation between the grid points around it; beyond the grid, in proportion
+    to the rate, as costs are flat outside the profiled rates; inf: no load at all)."""
+    if grid.max() <= 0:
+        return math.inf
+    above = np.flatnonzero(grid >= level)
+    if above.size == 0:
+        return float(FACTORS[-1] * level / grid[-1])
+    j = int(above[0])
+    if j == 0:
+        return float(FACTORS[0] * level / grid[0])
+    x0, x1 = math.log(FACTORS[j - 1]), math.log(FACTORS[j])
+    y0, y1 = math.log(max(grid[j - 1], 1e-300)), math.log(grid[j])
+    t = (math.log(level) - y0) / (y1 - y0) if y1 != y0 else 1.0
+    return float(math.exp(x0 + t * (x1 - x0)))
+
+
+def loads(
+    batch: EcgBatch,
+    profiles: ProfileLookup,
+    opts: TailOptions,
+    sts: Stations,
+    waits: tuple[FloatArray, FloatArray, FloatArray],
+) -> tuple[StationLoad, ...]:
+    """Each station's load, and the rate factors at which it reaches the threshold and
+    saturates (see the module docstring); ``waits``: per station its utilisation, mean and
+    p99 wait (µs) as simulated."""
+    grid = np.stack([_rho_at(batch, profiles, opts, float(f)) for f in FACTORS])  # F × S
+    out = []
+    for k, name in enumerate(sts.names):
+        rho = float(waits[0][k])
+        out.append(
+            StationLoad(
+                name,
+                sts.modes[k],
+                sts.servers[k],
+                float(sts.job_rate[sts.job_station == k].sum()),
+                _mean_service(sts, k),
+                rho,
+                _crossing(grid[:, k], opts.threshold),
+                _crossing(grid[:, k], 1.0),
+                rho * sts.servers[k] / opts.threshold,
+                float(waits[1][k]),
+                float(waits[2][k]),
+            )
+        )
+    return tuple(out)
+
+
+def _mean_service(sts: Stations, k: int) -> float:
+    got = station_mix(sts, k, 1.0)
+    return 0.0 if got is None else got[1].mean()

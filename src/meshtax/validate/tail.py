@@ -1,0 +1,408 @@
+"""Tail latency under load, measured vs predicted: results, predictions and documents (pure
+but for reading trace files; the measurements are :mod:`meshtax.validate.tail_run`).
+
+A *point* is one load level: paired runs (no mesh, mesh) at one fixed rate, many connections,
+calls spread evenly over them, client-side percentiles from fortio. Its measured overhead at
+percentile p is the median over pairs of (mesh p − no mesh p) with the median's 95 %
+interval; its prediction comes from :func:`meshtax.predict.tail.predict_tail` with the no-mesh
+side as the mesh-free latency — the pooled no-mesh latency distribution of the point (one
+hop: each quantile a graph) or the no-mesh traces of the point (a topology) — on the pods'
+shared CPUs, with the applications' own CPU per request measured without the mesh.
+
+The document is ``meshtax-validation/1`` (its ``cases`` are the finite percentile comparisons,
+which the report's validation table and figure read) with a ``tail`` key: every point's
+measured and predicted percentiles, the measured maxima and the predicted saturation.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from meshtax.model.ecg import EXTERNAL, Invocation, Service, to_batch, validate
+from meshtax.model.profile import Profile
+from meshtax.model.sidecar import SidecarConfig
+from meshtax.model.stats import Estimate, estimate
+from meshtax.predict.engine import single_profile
+from meshtax.predict.tail import TailOptions, TailPrediction, predict_tail, request_rate
+from meshtax.traces import SpanOptions, load_traces
+
+__all__ = [
+    "BASE_PROBS",
+    "PERCENTILES",
+    "TailPoint",
+    "TailRun",
+    "TailValidation",
+    "predict_one_hop",
+    "predict_traces_tail",
+    "traces_within",
+]
+
+FORMAT = "meshtax-validation/1"
+PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0)
+#: the no-mesh latency distribution kept per run: its quantiles at these probabilities
+BASE_PROBS: tuple[float, ...] = tuple(float(p) for p in (np.arange(400) + 0.5) / 400)
+
+
+def _key(p: float) -> str:
+    return f"p{p:g}"
+
+
+@dataclass(frozen=True)
+class TailRun:
+    """One fixed-rate run against one side: asked and achieved rate, client-side latency
+    percentiles (µs) and quantiles at :data:`BASE_PROBS`, the on-CPU ns of the pods'
+    processes (``app``: applications, ``sidecar``: sidecars), wall-clock start and end."""
+
+    target_qps: float
+    achieved_qps: float
+    count: int
+    duration_s: float
+    percentiles_us: Mapping[str, float]
+    quantiles_us: tuple[float, ...]
+    cpu_ns: Mapping[str, int] = field(default_factory=dict)
+    t_start: float = 0.0
+    t_end: float = 0.0
+
+    def cpu_us_per_request(self, what: str = "app") -> float:
+        return self.cpu_ns.get(what, 0) * 1e-3 / self.count if self.count else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target_qps": self.target_qps,
+            "achieved_qps": self.achieved_qps,
+            "count": self.count,
+            "duration_s": self.duration_s,
+            "percentiles_us": dict(self.percentiles_us),
+            "quantiles_us": list(self.quantiles_us),
+            "cpu_ns": dict(self.cpu_ns),
+            "t_start": self.t_start,
+            "t_end": self.t_end,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TailRun:
+        return cls(
+            float(d["target_qps"]),
+            float(d["achieved_qps"]),
+            int(d["count"]),
+            float(d["duration_s"]),
+            {str(k): float(v) for k, v in d["percentiles_us"].items()},
+            tuple(float(x) for x in d.get("quantiles_us", ())),
+            {str(k): int(v) for k, v in d.get("cpu_ns", {}).items()},
+            float(d.get("t_start", 0.0)),
+            float(d.get("t_end", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """A point's prediction: overhead per percentile key (value, lo, hi; inf: saturated), the
+    highest station utilisation and the rate at which the first station saturates (ρ = 1)."""
+
+    overhead: Mapping[str, tuple[float, float, float]]
+    utilisation: float
+    saturation_rate: float
+    first: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, tp: TailPrediction) -> Predicted:
+        first = tp.first_to_saturate
+        return cls(
+            {
+                _key(p): (
+                    float(tp.pooled_overhead_us[i]),
+                    float(tp.pooled_lo_us[i]),
+                    float(tp.pooled_hi_us[i]),
+                )
+                for i, p in enumerate(tp.percentiles)
+            },
+            max((s.utilisation for s in tp.stations), default=0.0),
+            first.full_factor * tp.request_rate if first is not None else math.inf,
+            None if first is None else first.name,
+            tp.warnings,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "overhead_us": {
+                k: {"value": v, "lo": lo, "hi": hi} for k, (v, lo, hi) in self.overhead.items()
+            },
+            "utilisation": self.utilisation,
+            "saturation_rate": self.saturation_rate,
+            "first": self.first,
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass(frozen=True)
+class TailPoint:
+    """One load level: ``fraction`` of the closed-loop maximum (the validation's options say
+    whose), ``rate`` asked of both sides."""
+
+    fraction: float
+    rate: float
+    pairs: tuple[tuple[TailRun, TailRun], ...]
+    predicted: Predicted | None = None
+    error: str | None = None
+
+    def measured(self, key: str) -> Estimate:
+        return estimate([m.percentiles_us[key] - b.percentiles_us[key] for b, m in self.pairs])
+
+    def achieved(self, side: int) -> float:
+        return statistics.median(p[side].achieved_qps for p in self.pairs)
+
+    @property
+    def sustained(self) -> bool:
+        """Did the mesh side achieve (nearly) the asked rate? If not, it was saturated."""
+        return self.achieved(1) >= SUSTAINED * self.rate
+
+    def comparison(self, key: str) -> tuple[float, Estimate] | None:
+        """(predicted, measured) at a percentile when both are finite and the mesh side kept
+        up (a saturated side's latency is set by the client's connections, not the queue)."""
+        if self.predicted is None or not self.pairs or not self.sustained:
+            return None
+        v = self.predicted.overhead[key][0]
+        return (v, self.measured(key)) if math.isfinite(v) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        keys = (
+            sorted(self.pairs[0][0].percentiles_us, key=lambda k: float(k[1:]))
+            if self.pairs
+            else []
+        )
+        return {
+            "fraction": self.fraction,
+            "rate": self.rate,
+            "achieved": {"no_mesh": self.achieved(0), "mesh": self.achieved(1)}
+            if self.pairs
+            else {},
+            "sustained": self.sustained if self.pairs else False,
+            "measured": {k: self.measured(k).to_dict() for k in keys},
+            "predicted": None if self.predicted is None else self.predicted.to_dict(),
+            "app_cpu_us_per_request": _median(b.cpu_us_per_request("app") for b, _ in self.pairs),
+            "sidecar_cpu_us_per_request": _median(
+                m.cpu_us_per_request("sidecar") for _, m in self.pairs
+            ),
+            "runs": [{"no_mesh": b.to_dict(), "mesh": m.to_dict()} for b, m in self.pairs],
+            **({"error_message": self.error} if self.error else {}),
+        }
+
+
+#: the mesh side kept up when it achieved this share of the asked rate
+SUSTAINED = 0.97
+
+
+def _median(xs: Any) -> float:
+    v = [x for x in xs if not math.isnan(x)]
+    return statistics.median(v) if v else math.nan
+
+
+@dataclass(frozen=True)
+class TailValidation:
+    """A tail validation: ``name`` (``one-hop`` or a topology/query), ``mode``, its points,
+    the measured closed-loop maxima with ``connections`` clients (no mesh, mesh: the measured
+    saturation), the options and the machine."""
+
+    name: str
+    mode: str
+    points: tuple[TailPoint, ...]
+    connections: int
+    max_no_mesh: float
+    max_mesh: float
+    profile: str
+    percentiles: tuple[float, ...] = PERCENTILES
+    machine: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def predicted_saturation(self) -> float:
+        """The rate at which the first station saturates, as the points predict it (median)."""
+        xs = [p.predicted.saturation_rate for p in self.points if p.predicted is not None]
+        xs = [x for x in xs if math.isfinite(x)]
+        return statistics.median(xs) if xs else math.inf
+
+    def errors(self, key: str) -> list[float]:
+        out = []
+        for p in self.points:
+            c = p.comparison(key)
+            if c is not None and c[1].median != 0:
+                out.append((c[0] - c[1].median) / c[1].median)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for p in self.percentiles:
+            e = self.errors(_key(p))
+            out[_key(p)] = {
+                "points": len(e),
+                "median_abs_error": statistics.median(abs(x) for x in e) if e else math.nan,
+                "bias": statistics.fmean(e) if e else math.nan,
+                "errors": e,
+            }
+        sat = self.predicted_saturation
+        out["saturation"] = {
+            "predicted": sat,
+            "measured": self.max_mesh,
+            "error": (sat - self.max_mesh) / self.max_mesh if self.max_mesh else math.nan,
+        }
+        out["not_sustained"] = [p.fraction for p in self.points if p.pairs and not p.sustained]
+        return out
+
+    def cases(self) -> list[dict[str, Any]]:
+        out = []
+        for pt in self.points:
+            for p in self.percentiles:
+                c = pt.comparison(_key(p))
+                if c is None:
+                    continue
+                v, m = c
+                out.append(
+                    {
+                        "name": f"{pt.fraction:.0%} ({pt.rate:.0f}/s) {_key(p)}",
+                        "metric": "latency",
+                        "predicted": v,
+                        "measured": m.median,
+                        "measured_lo": m.lo,
+                        "measured_hi": m.hi,
+                    }
+                )
+        return out
+
+    def to_document(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "name": f"tail {self.name} ({self.mode})",
+            "profile": self.profile,
+            "machine": dict(self.machine),
+            "options": dict(self.options),
+            "notes": list(self.notes),
+            "cases": self.cases(),
+            "tail": {
+                "topology": self.name,
+                "mode": self.mode,
+                "percentiles": [_key(p) for p in self.percentiles],
+                "connections": self.connections,
+                "max_no_mesh": self.max_no_mesh,
+                "max_mesh": self.max_mesh,
+                "summary": self.summary(),
+                "points": [p.to_dict() for p in self.points],
+            },
+        }
+
+    def table(self) -> str:
+        """Markdown: one row per point, measured [interval] → predicted per percentile."""
+        keys = [_key(p) for p in self.percentiles]
+        head = "| load | rate asked | achieved (no mesh / mesh) | max ρ | " + " | ".join(
+            f"{k} measured [95 %] | {k} predicted" for k in keys
+        )
+        rows = [head + " |", "|" + "---|" * (4 + 2 * len(keys))]
+        for pt in self.points:
+            if not pt.pairs:
+                rows.append(f"| {pt.fraction:.0%} | {pt.rate:.0f} | failed: {pt.error} |")
+                continue
+            cells = []
+            for k in keys:
+                m = pt.measured(k)
+                v = pt.predicted.overhead[k][0] if pt.predicted else math.nan
+                cells += [f"{m.median:.0f} [{m.lo:.0f}, {m.hi:.0f}]", _num(v)]
+            rho = pt.predicted.utilisation if pt.predicted else math.nan
+            got = f"{pt.achieved(0):.0f} / {pt.achieved(1):.0f}"
+            rows.append(
+                f"| {pt.fraction:.0%} | {pt.rate:.0f} | {got} | {rho:.2f} | "
+                + " | ".join(cells)
+                + " |"
+            )
+        s = self.summary()
+        rows.append("")
+        rows.append(
+            "Median |error| (bias): "
+            + "; ".join(
+                f"{k} {s[k]['median_abs_error']:.1%} ({s[k]['bias']:+.1%}, {s[k]['points']} points)"
+                for k in keys
+            )
+            + f". Saturation (ρ = 1) predicted {_num(s['saturation']['predicted'])}/s, measured "
+            f"{self.max_mesh:.0f}/s ({s['saturation']['error']:+.1%})."
+        )
+        return "\n".join(rows)
+
+
+def _num(v: float) -> str:
+    return "saturated" if not math.isfinite(v) else f"{v:.0f}"
+
+
+# ---- predictions ---------------------------------------------------------------------------
+
+
+def predict_one_hop(
+    profile: Profile,
+    sidecar: SidecarConfig,
+    size_bytes: int,
+    rate: float,
+    base_us: Sequence[float],
+    options: TailOptions,
+) -> Predicted:
+    """One hop (a client outside the mesh → a service with ``sidecar``, ``size_bytes`` each
+    way) at ``rate``: one graph per value of ``base_us``, the mesh-free latency distribution;
+    the graphs are samples of one call (``load="pairs"``)."""
+    svc = {"echo": Service("echo", sidecar)}
+    ecgs = [
+        validate(
+            f"q{i}",
+            svc,
+            [Invocation("0", EXTERNAL, "echo", float(size_bytes), float(size_bytes), rate, 0.0, d)],
+        )
+        for i, d in enumerate(base_us)
+    ]
+    tp = predict_tail(to_batch(ecgs), single_profile(profile), replace(options, load="pairs"))
+    return Predicted.of(tp)
+
+
+def predict_traces_tail(
+    trace_file: str,
+    profile: Profile,
+    sidecars: Mapping[str, SidecarConfig],
+    rate: float,
+    options: TailOptions,
+) -> Predicted:
+    """A topology's no-mesh traces (OTLP/JSON) predicted under load, requests entering at
+    ``rate`` (each call at its share of the traced calls: a call made twice per request
+    counts twice)."""
+    res = load_traces(trace_file, "otlp", SpanOptions(sidecars=dict(sidecars)))
+    b = res.batch
+    if b.n_graphs == 0:
+        raise ValueError(f"{trace_file}: no usable call graph:\n{res.report.summary()}")
+    # rates counted from sampled traces are proportional: scale so requests enter at ``rate``
+    opts = replace(options, load="pairs")
+    b = replace(b, rate=b.rate * (rate / request_rate(b, "pairs")))
+    return Predicted.of(predict_tail(b, single_profile(profile), opts))
+
+
+def traces_within(doc: Mapping[str, Any], windows: Sequence[tuple[float, float]]) -> dict[str, Any]:
+    """The traces of an OTLP/JSON document whose first span started within one of
+    ``windows`` (Unix seconds): one load level's requests out of a run's traces."""
+    first: dict[str, int] = {}
+    for rs in doc.get("resourceSpans") or []:
+        for ss in rs.get("scopeSpans") or []:
+            for sp in ss.get("spans") or []:
+                t = int(sp.get("startTimeUnixNano", 0))
+                tid = str(sp.get("traceId"))
+                first[tid] = min(first.get(tid, t), t)
+    keep = {tid for tid, t in first.items() if any(lo * 1e9 <= t <= hi * 1e9 for lo, hi in windows)}
+    out = []
+    for rs in doc.get("resourceSpans") or []:
+        scopes = []
+        for ss in rs.get("scopeSpans") or []:
+            spans = [sp for sp in ss.get("spans") or [] if str(sp.get("traceId")) in keep]
+            if spans:
+                scopes.append({**ss, "spans": spans})
+        if scopes:
+            out.append({**rs, "scopeSpans": scopes})
+    return {"resourceSpans": out}

@@ -1,0 +1,365 @@
+"""The measurements of a tail validation (:mod:`meshtax.validate.tail`): load levels on one hop
+(the echo bed) and on a multi-service topology in pods, each predicted from its own no-mesh
+side.
+
+Per deployment (no mesh and mesh side by side, the profile's pinning: client on one CPU, apps
+and sidecars on the other):
+
+1. warm-up, then the closed-loop maximum of ``connections`` clients on each side (three runs
+   each, alternating; the median) — the mesh side's is the measured saturation;
+2. per load level, ``fraction`` × the no-mesh maximum asked of both sides: paired fixed-rate
+   runs through the one paired-run loop, calls spread evenly over the connections (fortio
+   ``-uniform``), client-side percentiles and latency quantiles, the CPU of every pod process;
+3. per level, the prediction (:mod:`meshtax.predict.tail`): the level's no-mesh latencies (one
+   hop) or no-mesh traces (topology) as the mesh-free latency, the pods' shared CPUs, the
+   applications' CPU per request measured without the mesh, arrivals evenly spaced as fortio
+   sends them.
+
+Every process lives in the testbed and is removed when it closes (also on errors).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.predict.tail import TailOptions
+from meshtax.testbed import procfs
+from meshtax.testbed.bed import echo_testbed, mesh_pod
+from meshtax.testbed.envoy.config import EnvoyConfig
+from meshtax.testbed.envoy.process import EnvoyProcess
+from meshtax.testbed.fortio import LoadResult, LoadSpec, histogram_quantiles, run_spec
+from meshtax.testbed.paired import PairPolicy, paired_runs
+from meshtax.testbed.pinning import Pinning
+from meshtax.testbed.pods import Testbed
+from meshtax.testbed.system import System
+from meshtax.testbed.tools import tool
+from meshtax.validate import appctl
+from meshtax.validate.run import APP_PORT, app_protocol, sidecar_modes
+from meshtax.validate.tail import (
+    BASE_PROBS,
+    PERCENTILES,
+    Predicted,
+    TailPoint,
+    TailRun,
+    TailValidation,
+    predict_one_hop,
+    predict_traces_tail,
+    traces_within,
+)
+
+__all__ = ["FRACTIONS", "LoadPlan", "run_onehop_tail", "run_topology_tail"]
+
+Progress = Callable[[str], None]
+#: load levels: shares of the no-mesh closed-loop maximum
+FRACTIONS: tuple[float, ...] = (0.25, 0.5, 0.75, 0.9)
+#: fortio's percentiles of every run (the validated ones and p99.9, kept in the record)
+RUN_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+#: Monte Carlo draws of a prediction, in all (spread over the graphs)
+DRAWS = 40_000
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """The load levels (``fractions`` of the closed-loop maximum without the mesh, or with it:
+    ``relative_to``), ``connections`` clients, runs of ``duration_s``, pairs per level
+    (``policy``), the validated ``percentiles``, how the prediction takes arrivals
+    (``arrivals``: SCV, 0 = evenly spaced as fortio -uniform)."""
+
+    fractions: tuple[float, ...] = FRACTIONS
+    connections: int = 32
+    duration_s: float = 2.0
+    policy: PairPolicy = PairPolicy.fixed(3)
+    percentiles: tuple[float, ...] = PERCENTILES
+    arrivals: float = 0.0
+    max_runs: int = 3
+    relative_to: Literal["no_mesh", "mesh"] = "no_mesh"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fractions": list(self.fractions),
+            "connections": self.connections,
+            "duration_s": self.duration_s,
+            "pairs": [self.policy.min_rounds, self.policy.max_rounds],
+            "percentiles": list(self.percentiles),
+            "arrivals_scv": self.arrivals,
+            "max_runs": self.max_runs,
+            "relative_to": self.relative_to,
+        }
+
+
+Load = Callable[[str, float, float, tuple[str, ...]], LoadResult]  # side, qps, s, extra
+Cpu = Callable[[str], dict[str, int]]  # side → on-CPU ns by group
+
+
+def _run(side: str, qps: float, plan: LoadPlan, load: Load, cpu: Cpu) -> TailRun:
+    before = cpu(side)
+    t0 = time.time()
+    r = load(side, qps, plan.duration_s, ("-uniform",))
+    t1 = time.time()
+    after = cpu(side)
+    return TailRun(
+        qps,
+        r.actual_qps,
+        r.count,
+        r.duration_s,
+        {f"p{p:g}": r.percentiles_us[p] for p in RUN_PERCENTILES if p in r.percentiles_us},
+        tuple(histogram_quantiles([r], BASE_PROBS)),
+        {k: after.get(k, 0) - before.get(k, 0) for k in after},
+        t0,
+        t1,
+    )
+
+
+def _measure(
+    plan: LoadPlan, load: Load, cpu: Cpu, say: Progress
+) -> tuple[float, float, list[TailPoint]]:
+    """Maxima (no mesh, mesh) and the paired runs of every level (predictions left out)."""
+    tops: dict[str, list[float]] = {"no_mesh": [], "mesh": []}
+    for i in range(plan.max_runs):
+        for side in ("no_mesh", "mesh") if i % 2 == 0 else ("mesh", "no_mesh"):
+            tops[side].append(load(side, 0.0, plan.duration_s, ()).actual_qps)
+    top, top_mesh = (statistics.median(tops[s]) for s in ("no_mesh", "mesh"))
+    say(f"closed-loop maximum of {plan.connections} clients: {top:.0f}/s, mesh {top_mesh:.0f}/s")
+    points = []
+    ref = top if plan.relative_to == "no_mesh" else top_mesh
+    for f in plan.fractions:
+        rate = f * ref
+        say(f"{f:.0%} of the {plan.relative_to.replace('_', '-')} maximum: {rate:.0f}/s")
+        p = paired_runs(
+            [("no_mesh", "mesh")],
+            partial(_run, qps=rate, plan=plan, load=load, cpu=cpu),
+            plan.policy,
+        )
+        points.append(TailPoint(f, rate, tuple(p.pairs("no_mesh", "mesh"))))
+    return top, top_mesh, points
+
+
+def _options(plan: LoadPlan, pinning: Pinning, app_cpu_us: float, graphs: int) -> TailOptions:
+    return TailOptions(
+        percentiles=plan.percentiles,
+        samples=max(20, DRAWS // max(graphs, 1)),
+        arrivals=plan.arrivals,
+        pod_cpus=pinning.pod_cpus(),
+        app_cpu_us=app_cpu_us,
+    )
+
+
+def _app_cpu(pt: TailPoint) -> float:
+    """The applications' CPU-µs per request without the mesh (median over the pairs)."""
+    return statistics.median(b.cpu_us_per_request("app") for b, _ in pt.pairs)
+
+
+def run_onehop_tail(
+    tb: Testbed,
+    profile: Profile,
+    pinning: Pinning,
+    machine: Mapping[str, Any],
+    *,
+    mode: Mode = Mode.HTTP,
+    size_bytes: int = 100,
+    plan: LoadPlan = LoadPlan(),
+    progress: Progress | None = None,
+) -> TailValidation:
+    """One hop in the open testbed ``tb``: fortio → the echo app, directly and through a
+    ``mode`` sidecar, at each load level (see the module docstring)."""
+    say = progress or (lambda _m: None)
+    with echo_testbed(tb, pinning) as bed:
+        envoy = bed.start_sidecar(mode)
+        targets = {"no_mesh": bed.direct_target(mode), "mesh": bed.meshed_target}
+        groups = {
+            "no_mesh": {"app": [bed.app_pid]},
+            "mesh": {"app": [bed.app_pid], "sidecar": [envoy.pid]},
+        }
+
+        def load(side: str, qps: float, secs: float, extra: tuple[str, ...]) -> LoadResult:
+            return bed.load(
+                targets[side],
+                mode,
+                size_bytes,
+                qps,
+                duration_s=secs,
+                connections=plan.connections,
+                extra_args=extra,
+            )
+
+        for side in targets:
+            bed.load(targets[side], mode, size_bytes, n=500, connections=plan.connections)
+        top, top_mesh, points = _measure(plan, load, _cpu(groups), say)
+        envoy.stop()
+    out = []
+    for pt in points:
+        base = [q for b, _ in pt.pairs for q in b.quantiles_us]
+        opts = _options(plan, pinning, _app_cpu(pt), len(base))
+        pred = predict_one_hop(profile, SidecarConfig(mode), size_bytes, pt.rate, base, opts)
+        out.append(TailPoint(pt.fraction, pt.rate, pt.pairs, pred))
+    return TailValidation(
+        "one-hop",
+        mode.value,
+        tuple(out),
+        plan.connections,
+        top,
+        top_mesh,
+        profile.name,
+        plan.percentiles,
+        dict(machine),
+        {**plan.to_dict(), "size_bytes": size_bytes, "pinning": pinning.describe()},
+        _notes("the echo app's latency distribution at the level, without the mesh"),
+    )
+
+
+def _cpu(groups: Mapping[str, Mapping[str, Sequence[int]]]) -> Cpu:
+    def read(side: str) -> dict[str, int]:
+        ns = procfs.cpu_ns([p for ps in groups[side].values() for p in ps])
+        return {k: sum(ns.get(p, 0) for p in ps) for k, ps in groups[side].items()}
+
+    return read
+
+
+def _notes(base: str) -> tuple[str, ...]:
+    return (
+        "measured: fortio's client-side percentiles at fixed rates, calls spread evenly over the "
+        "connections (-uniform), mesh − no mesh per pair, the median over pairs with its 95 % "
+        "interval; a level the mesh side did not sustain is not compared (its latency is set by "
+        "the client's connections)",
+        f"predicted: meshtax.predict.tail with {base} as the mesh-free latency, the pods' shared "
+        "CPUs, the applications' CPU per request measured without the mesh, arrivals evenly "
+        "spaced; saturation: the rate at which the first queue reaches utilisation 1",
+    )
+
+
+def run_topology_tail(
+    topology: appctl.Topology,
+    query: str,
+    mode: Mode,
+    profile: Profile,
+    system: System,
+    pinning: Pinning,
+    machine: Mapping[str, Any],
+    workdir: Path,
+    *,
+    plan: LoadPlan = LoadPlan(),
+    sample: int = 10,
+    lock_timeout_s: float = 900.0,
+    progress: Progress | None = None,
+) -> TailValidation:
+    """A topology's query in pods, without and with sidecars, at each load level (see the
+    module docstring); each level predicted from the no-mesh traces of its own runs."""
+    say = progress or (lambda _m: None)
+    q = topology.query(query)
+    names = topology.reachable(q)
+    modes = sidecar_modes(topology, names, mode)
+    proto = app_protocol(mode)
+    work = workdir / f"{topology.name}-{q.name}-{mode.value}-tail"
+    with Testbed(system, lock_timeout=lock_timeout_s) as tb:
+        client = tb.add_pod("client")
+        deps: dict[str, appctl.Deployment] = {}
+        pods: dict[str, dict[str, Any]] = {}
+        for tag, side in (("b", "no_mesh"), ("m", "mesh")):
+            pods[side] = {s: tb.add_pod(f"{tag}{i}") for i, s in enumerate(names)}
+            deps[side] = appctl.plan(
+                topology,
+                q.name,
+                workdir=work / side,
+                hosts={s: p.ip for s, p in pods[side].items()},
+                ports=APP_PORT,
+                binary=appctl.ensure_built(system),
+                sample=sample,
+                entry_protocol=proto,
+                backend_protocol=proto,
+            )
+        envoys: dict[str, EnvoyProcess] = {}
+        for s, pod in pods["mesh"].items():
+            cfg = EnvoyConfig(
+                mode=modes[s],
+                inbound_upstream=("127.0.0.1", APP_PORT),
+                circuit_breaker_max=2**32 - 1,
+            )
+            envoys[s] = mesh_pod(
+                tb,
+                pod,
+                cfg,
+                work / "mesh" / f"envoy-{s}",
+                cpus=pinning.sidecars,
+                binary=tool("envoy"),
+            )
+        apps = {}
+        for side, d in deps.items():
+            (work / side).mkdir(parents=True, exist_ok=True)
+            apps[side] = appctl.start(d, appctl.testbed_spawner(tb, pods[side], cpus=pinning.app))
+        sidecars = {e.pid for e in envoys.values()}
+        every = {
+            side: [p for pod in pods[side].values() for p in tb.pod_pids(pod)] for side in deps
+        }
+        groups = {
+            side: {
+                "app": [p for p in ps if p not in sidecars],
+                "sidecar": [p for p in ps if p in sidecars],
+            }
+            for side, ps in every.items()
+        }
+        fmode = Mode(deps["no_mesh"].entry_mode)
+        place = client.place(cpus=pinning.client)
+        fortio = tool("fortio")
+
+        def load(side: str, qps: float, secs: float, extra: tuple[str, ...]) -> LoadResult:
+            spec = LoadSpec(
+                deps[side].entry_target,
+                fmode,
+                0,
+                qps,
+                connections=plan.connections,
+                duration_s=secs,
+                extra_args=extra,
+                percentiles=RUN_PERCENTILES,
+            )
+            return run_spec(spec, system, place, fortio)
+
+        for d in deps.values():
+            spec = LoadSpec(d.entry_target, fmode, 0, 0.0, connections=plan.connections, n=500)
+            run_spec(spec, system, place, fortio)
+        top, top_mesh, points = _measure(plan, load, _cpu(groups), say)
+        for a in apps.values():
+            a.stop()  # SIGTERM: the spans are flushed
+        traces = appctl.merge_traces(deps["no_mesh"].trace_files)
+        for e in envoys.values():
+            e.stop()
+    out = []
+    configs = {s: SidecarConfig(m) for s, m in modes.items()}
+    for pt in points:
+        path = work / f"no_mesh-traces-{pt.fraction:g}.json"
+        windows = [(b.t_start, b.t_end) for b, _ in pt.pairs]
+        path.write_text(json.dumps(traces_within(traces, windows)))
+        try:
+            opts = _options(plan, pinning, _app_cpu(pt), 1)
+            pred: Predicted | None = predict_traces_tail(str(path), profile, configs, pt.rate, opts)
+            err = None
+        except ValueError as e:
+            pred, err = None, str(e)
+        out.append(TailPoint(pt.fraction, pt.rate, pt.pairs, pred, err))
+    return TailValidation(
+        f"{topology.name}/{q.name}",
+        mode.value,
+        tuple(out),
+        plan.connections,
+        top,
+        top_mesh,
+        profile.name,
+        plan.percentiles,
+        dict(machine),
+        {
+            **plan.to_dict(),
+            "sample": sample,
+            "pinning": pinning.describe(),
+            "sidecar_modes": {s: m.value for s, m in modes.items()},
+        },
+        _notes("the level's no-mesh traces (one graph per traced request)"),
+    )

@@ -1,0 +1,218 @@
+"""Tail latency under load: the Monte Carlo against closed forms, saturation, load rules."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from meshtax.model.capacity import Capacity, LatencySketch
+from meshtax.model.components import OTHER
+from meshtax.model.costmodel import ComponentModel, CostModel
+from meshtax.model.ecg import to_batch
+from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.predict.critical_path import propagate, structure
+from meshtax.predict.engine import predict_batch, single_profile
+from meshtax.predict.tail import TailOptions, predict_tail, tiled
+from tests.helpers import EXTERNAL, ecg, flat, inv, profile
+
+HTTP = SidecarConfig(Mode.HTTP)
+GRPC = SidecarConfig(Mode.GRPC)
+PROBS = np.concatenate([np.linspace(0.0, 0.999, 4000), 1.0 - np.logspace(-3.1, -9, 80), [1.0]])
+EXP = -np.log1p(-np.minimum(PROBS, 1.0 - 1e-12))  # Exp(1) quantiles
+
+
+def with_exponential_sketch(p: Profile, mode: Mode = Mode.HTTP) -> Profile:
+    """``p`` whose ``mode`` adds an Exp-shaped latency per request (sketch at 100 B)."""
+    direct = np.full_like(PROBS, 100.0)
+    sk = LatencySketch(100, tuple(PROBS), tuple(direct + EXP), tuple(direct), 10_000)
+    mp = replace(p.modes[mode], latency_sketches={100: sk})
+    return replace(p, modes={**p.modes, mode: mp})
+
+
+def erlang_quantile(k: int, q: float) -> float:
+    """Quantile of the sum of ``k`` Exp(1) (bisection on the Erlang CDF)."""
+    lo, hi = 0.0, 100.0
+    for _ in range(200):
+        x = (lo + hi) / 2
+        cdf = 1 - math.exp(-x) * sum(x**i / math.factorial(i) for i in range(k))
+        lo, hi = (x, hi) if cdf < q else (lo, x)
+    return (lo + hi) / 2
+
+
+def test_chain_at_no_load_is_a_sum_of_independent_crossings() -> None:
+    # client → A → B: three sidecar sides on the path (A in, A out, B in), each 2 × 10 µs
+    # on average and exponential: the overhead is Erlang(3) with scale 20 µs
+    p = with_exponential_sketch(profile({Mode.HTTP: {OTHER: flat(10, 0.001)}}))
+    g = ecg(
+        {"A": HTTP, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=1), inv("b", "A", "B", 10, 30, "r", rate=1)],
+    )
+    tp = predict_tail(to_batch([g]), single_profile(p), TailOptions(samples=40_000))
+    assert tp.base_us[0] == 100
+    for i, q in enumerate(tp.percentiles):
+        assert tp.overhead_us[0, i] == pytest.approx(20 * erlang_quantile(3, q / 100), rel=0.04)
+        assert tp.overhead_lo_us[0, i] <= tp.overhead_us[0, i] <= tp.overhead_hi_us[0, i]
+
+
+def test_one_hop_waits_are_two_mm1_waits() -> None:
+    # no latency of its own; 25 CPU-µs per crossing, exponential; 10 000 requests/s → 20 000
+    # jobs/s, ρ = 0.5. Overhead = W1 + W2, two independent M/M/1 waits (atom 1 − ρ at 0,
+    # else Exp(θ), θ = μ − λ): P(sum > t) = e^{−θt}·(2ρ(1 − ρ) + ρ²(1 + θt))
+    p = with_exponential_sketch(profile({Mode.HTTP: {OTHER: flat(0, 25)}}))
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=10_000)])
+    opts = TailOptions(percentiles=(60.0, 90.0, 99.0), samples=40_000, service="latency")
+    tp = predict_tail(to_batch([g]), single_profile(p), opts)
+    rho, theta = 0.5, 1 / 25 - 0.02
+
+    def tail(t: float) -> float:
+        return math.exp(-theta * t) * (2 * rho * (1 - rho) + rho**2 * (1 + theta * t))
+
+    for i, q in enumerate(opts.percentiles):
+        lo, hi = 0.0, 2000.0
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if tail(mid) > 1 - q / 100 else (lo, mid)
+        assert tp.overhead_us[0, i] == pytest.approx(lo, rel=0.05), q
+    (st,) = tp.stations
+    assert st.jobs_per_s == 20_000 and st.utilisation == pytest.approx(0.5)
+    assert st.mean_wait_us == pytest.approx(rho / theta, rel=0.05)
+
+
+def test_no_load_and_constant_costs_give_the_engine_overhead_at_every_percentile() -> None:
+    p = profile({Mode.HTTP: {OTHER: flat(5, 0.01)}})
+    g = ecg(
+        {"A": HTTP, "B": HTTP, "C": HTTP},
+        [
+            inv("r", EXTERNAL, "A", 0, 100, rate=1),
+            inv("b", "A", "B", 10, 30, "r", rate=1),
+            inv("c", "A", "C", 20, 50, "r", rate=1),
+        ],
+    )
+    b = to_batch([g])
+    tp = predict_tail(b, single_profile(p), TailOptions(samples=200))
+    mean = predict_batch(b, single_profile(p)).latency_overhead_us[0]
+    assert np.allclose(tp.overhead_us[0], mean, atol=0.01)
+    assert any("no latency distribution" in w for w in tp.warnings)
+
+
+def test_saturation_order_rates_and_needed_cpu() -> None:
+    # A (http, 10 CPU-µs per crossing) calls B (grpc, 40): per request A sees 4 crossings
+    # (40 µs of work), B 2 (80 µs); at 1 000/s ρ_A = 0.04, ρ_B = 0.08
+    p = profile({Mode.HTTP: {OTHER: flat(1, 10)}, Mode.GRPC: {OTHER: flat(1, 40)}})
+    g = ecg(
+        {"A": HTTP, "B": GRPC},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000)],
+    )
+    tp = predict_tail(to_batch([g]), single_profile(p), TailOptions(samples=200))
+    by = {s.name: s for s in tp.stations}
+    assert by["A"].utilisation == pytest.approx(0.04) and by["B"].utilisation == pytest.approx(0.08)
+    assert tp.first_to_saturate is by["B"]
+    assert tp.saturation_rate == pytest.approx(1000 * 0.8 / 0.08, rel=1e-6)
+    assert by["A"].saturation_factor == pytest.approx(20.0, rel=1e-6)
+    assert by["B"].full_factor == pytest.approx(12.5, rel=1e-6)
+    assert by["B"].needed_vcpu == pytest.approx(0.08 / 0.8)
+
+
+def test_saturated_sidecar_gives_infinite_latency_and_says_so() -> None:
+    p = profile({Mode.HTTP: {OTHER: flat(1, 100)}})
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=6000)])  # ρ = 1.2
+    tp = predict_tail(to_batch([g]), single_profile(p), TailOptions(samples=100))
+    assert np.isinf(tp.overhead_us).all() and tp.stations[0].saturated
+    assert any("grows without bound" in w for w in tp.warnings)
+
+
+def test_workers_come_from_the_profiles_capacity_and_share_the_load() -> None:
+    cap = Capacity(9000.0, 100, 32, 2, 200.0, "sidecar")
+    base = profile({Mode.HTTP: {OTHER: flat(1, 100)}})
+    p = replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=3000)])
+    (st,) = predict_tail(to_batch([g]), single_profile(p), TailOptions(samples=100)).stations
+    assert st.servers == 2 and st.utilisation == pytest.approx(0.3)
+
+
+def test_graphs_add_their_rates_pairs_count_a_pair_once() -> None:
+    p = profile({Mode.HTTP: {OTHER: flat(1, 10)}})
+    gs = [
+        ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, d, rate=1000)], name=f"g{d}")
+        for d in (100, 200)
+    ]
+    b = to_batch(gs)
+    graphs = predict_tail(b, single_profile(p), TailOptions(samples=100))
+    pairs = predict_tail(b, single_profile(p), TailOptions(samples=100, load="pairs"))
+    assert graphs.stations[0].jobs_per_s == 4000 and pairs.stations[0].jobs_per_s == 2000
+    assert graphs.request_rate == 2000 and pairs.request_rate == 1000
+    # pooled over the two graphs: the no-mesh percentiles are those of {100, 200}
+    assert pairs.pooled_base_us[0] == pytest.approx(150.0)
+
+
+def test_shared_cpus_queue_every_sidecar_and_the_applications() -> None:
+    p = profile({Mode.HTTP: {OTHER: flat(1, 10)}})
+    g = ecg(
+        {"A": HTTP, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000)],
+    )
+    b = to_batch([g])
+    alone = predict_tail(b, single_profile(p), TailOptions(samples=200, pod_cpus=1))
+    (cpu,) = [s for s in alone.stations if s.name == "shared CPUs"]
+    # 6 sidecar crossings of 10 µs per request at 1 000/s; no application work given
+    assert cpu.utilisation == pytest.approx(0.06, rel=1e-3) and cpu.servers == 1
+    assert any("not given" in w for w in alone.warnings)
+    withapp = predict_tail(
+        b, single_profile(p), TailOptions(samples=200, pod_cpus=1, app_cpu_us=300.0)
+    )
+    (cpu2,) = [s for s in withapp.stations if s.name == "shared CPUs"]
+    assert cpu2.utilisation == pytest.approx(0.06 + 0.3, rel=1e-3)
+    assert (withapp.overhead_us >= alone.overhead_us - 1e-9).all()
+
+
+def test_shared_cpus_price_messages_at_the_engines_shared_cpu_rate() -> None:
+    # CPU per message falls with rate (warm CPU): 30 + 4·ln(10 000 / r) CPU-µs. On one shared
+    # CPU every message is priced at the shared CPU's rate (Σ crossings/s ÷ 2), as the engine
+    # prices it; at 1 000/s a chain A → B has 6 crossings per request: r_eff = 3 000/s
+    cpu = CostModel(30.0, rate_coef=4.0, rate_lo=100.0, rate_hi=10_000.0)
+    p = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
+    g = ecg(
+        {"A": HTTP, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000)],
+    )
+    b = to_batch([g])
+    tp = predict_tail(b, single_profile(p), TailOptions(samples=200, pod_cpus=1))
+    (shared,) = [s for s in tp.stations if s.name == "shared CPUs"]
+    per_msg = 30.0 + 4.0 * math.log(10_000 / 3000)
+    assert shared.utilisation == pytest.approx(1000 * 6 * per_msg * 1e-6, rel=1e-6)
+    engine = predict_batch(b, single_profile(p), pod_cpus=1)
+    assert shared.utilisation == pytest.approx(engine.cpu_vcpu[0], rel=1e-6)
+    # pods with CPUs of their own: each message at its call's own rate (1 000/s)
+    own = predict_tail(b, single_profile(p), TailOptions(samples=200))
+    assert all(s.mean_service_us == pytest.approx(30.0 + 4.0 * math.log(10)) for s in own.stations)
+
+
+def test_tiled_structure_propagates_each_copy_like_the_original() -> None:
+    g = ecg(
+        {"A": HTTP, "B": HTTP, "C": HTTP},
+        [
+            inv("r", EXTERNAL, "A", 0, 100),
+            inv("b", "A", "B", 10, 30, "r"),
+            inv("c", "A", "C", 50, 30, "r"),
+        ],
+    )
+    s = structure(to_batch([g, g]))
+    extra = np.array([[1.0, 2.0, 3.0, 0.0, 5.0, 0.0], [0.0, 7.0, 0.0, 4.0, 0.0, 9.0]])
+    got = propagate(tiled(s, 2), extra.ravel()).new_us.reshape(2, -1)
+    for c in range(2):
+        assert np.array_equal(got[c], propagate(s, extra[c]).new_us)
+    # the copies are laid out as the structure of the batch that repeats the graphs
+    one, three = structure(to_batch([g])), structure(to_batch([g, g, g]))
+    t = tiled(one, 3)
+    for f in ("child_ptr", "child_idx", "graph_ptr", "start", "end", "end_idx", "pos"):
+        assert np.array_equal(getattr(t, f), getattr(three, f)), f
+
+
+def test_options_are_checked() -> None:
+    for bad in ({"percentiles": (100.0,)}, {"threshold": 1.0}, {"samples": 5}, {"pod_cpus": 0}):
+        with pytest.raises(ValueError):
+            TailOptions(**bad)

@@ -1,0 +1,194 @@
+"""The capacity loop and latency sketches against a scripted echo bed (exact expectations), the
+plan/profile plumbing around them, and one short real capacity run as root."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from meshtax.model.capacity import Capacity, LatencySketch
+from meshtax.model.profile import ModeProfile, Profile, Provenance
+from meshtax.model.profile_check import ProfileError
+from meshtax.model.sidecar import Mode
+from meshtax.profile.capacity import CapacityPolicy, latency_sketch, measure_capacity
+from meshtax.profile.plan import quick_plan
+from meshtax.profile.run import ProfileOptions
+from meshtax.testbed.bed import echo_testbed
+from meshtax.testbed.fortio import LoadResult, LoadSpec
+from meshtax.testbed.pinning import default_pinning
+from meshtax.testbed.pods import Testbed
+from meshtax.testbed.runstate import STATE_DIR
+from meshtax.testbed.system import RealSystem
+from tests.helpers import PLATFORM, missing_for_real_profile
+from tests.profile.fakes import fake_load_result
+
+APP, SIDECAR = 100, 200
+MESHED, DIRECT = "10.0.0.2:8080", "10.0.0.2:9080"
+
+
+@dataclass
+class QueueBed:
+    """A sidecar that serves at most ``top`` requests/s through it (``direct`` without), each
+    costing it ``sidecar_us`` and the app ``app_us`` of CPU; every run lasts one second."""
+
+    top: float
+    direct: float
+    sidecar_us: float
+    app_us: float
+    cpu: dict[int, int] = field(default_factory=lambda: {APP: 0, SIDECAR: 0})
+    runs: list[tuple[str, float, int, tuple[str, ...]]] = field(default_factory=list)
+
+    meshed_target = MESHED
+    app_pid = APP
+
+    def direct_target(self, mode: Mode) -> str:
+        return DIRECT
+
+    def load(
+        self,
+        target: str,
+        mode: Mode,
+        size: int,
+        qps: float = 0.0,
+        *,
+        duration_s: float | None = None,
+        n: int | None = None,
+        connections: int = 1,
+        extra_args: tuple[str, ...] = (),
+    ) -> LoadResult:
+        top = self.top if target == MESHED else self.direct
+        got = top if qps == 0 else min(qps, top)
+        count = n if n is not None else int(got)
+        self.cpu[APP] += round(count * self.app_us * 1e3)
+        if target == MESHED:
+            self.cpu[SIDECAR] += round(count * self.sidecar_us * 1e3)
+        if n is None:
+            self.runs.append((target, qps, connections, extra_args))
+        spec = LoadSpec(target, mode, size, qps, connections=connections, n=count)
+        r = fake_load_result(spec, count, 100.0)
+        return LoadResult(**{**r.__dict__, "actual_qps": float(got), "duration_s": 1.0})
+
+    def cpu_ns(self, pids: Sequence[int]) -> Mapping[int, int]:
+        return {p: self.cpu[p] for p in pids}
+
+
+def test_capacity_of_a_sidecar_bound_by_its_worker() -> None:
+    # 4 000/s through a sidecar that spends 240 µs of CPU per request: 0.96 of its one worker
+    bed = QueueBed(top=4000, direct=9000, sidecar_us=240.0, app_us=10.0)
+    pol = CapacityPolicy(connections=16, ramp=(0.5, 0.9))
+    cap = measure_capacity(bed, Mode.HTTP, SIDECAR, pol, cpu_ns=bed.cpu_ns)
+    assert cap.requests_per_s == 4000 and cap.direct_requests_per_s == 9000
+    assert cap.sidecar_cpu_us == pytest.approx(240.0) and cap.limited_by == "sidecar"
+    assert cap.worker_requests_per_s == pytest.approx(1e6 / 240)
+    # direct max, meshed max, then the ramp at fractions of the meshed max, spread evenly
+    assert bed.runs == [
+        (DIRECT, 0.0, 16, ()),
+        (MESHED, 0.0, 16, ()),
+        (MESHED, 2000.0, 16, ("-uniform",)),
+        (MESHED, 3600.0, 16, ("-uniform",)),
+    ]
+    assert [p.achieved for p in cap.points] == [9000, 4000, 2000, 3600]
+    assert cap.points[1].sidecar_cpu == pytest.approx(0.96)
+    assert cap.points[1].shared_cpu == pytest.approx(1.0)
+
+
+def test_capacity_limited_by_the_shared_cpu_or_by_the_client() -> None:
+    shared = QueueBed(top=5000, direct=9000, sidecar_us=150.0, app_us=50.0)  # 0.75 + 0.25
+    cap = measure_capacity(shared, Mode.TCP, SIDECAR, cpu_ns=shared.cpu_ns)
+    assert cap.limited_by == "shared-cpu" and cap.cpus == 1
+    idle = QueueBed(top=2000, direct=2100, sidecar_us=100.0, app_us=50.0)  # 0.3 of the CPU
+    cap = measure_capacity(idle, Mode.TCP, SIDECAR, cpu_ns=idle.cpu_ns, cpus=1)
+    assert cap.limited_by == "client" and cap.requests_per_s == 2000
+
+
+def test_latency_sketch_from_paired_histograms() -> None:
+    def run(lo_us: float, width_us: float) -> LoadResult:
+        spec = LoadSpec("x", Mode.HTTP, 100, n=100)
+        r = fake_load_result(spec, 100, lo_us + width_us / 2)
+        h = {"Data": [{"Start": lo_us * 1e-6, "End": (lo_us + width_us) * 1e-6, "Count": 100}]}
+        return LoadResult(**{**r.__dict__, "raw": {"DurationHistogram": h}})
+
+    # uniform 100–140 µs with the sidecar, 60–80 µs without: overhead quantiles 40 + 20 p
+    sk = latency_sketch(100, [run(100, 40)], [run(60, 20)], probs=(0.0, 0.5, 1.0))
+    assert sk is not None and sk.size == 100 and sk.requests == 100
+    assert sk.meshed_us == pytest.approx((100, 120, 140))
+    assert sk.overhead_us() == pytest.approx((40, 50, 60))
+    assert latency_sketch(100, [], [run(60, 20)]) is None
+    assert latency_sketch(100, [fake_load_result(LoadSpec("x", n=1), 1, 1.0)], [run(1, 1)]) is None
+
+
+def test_capacity_is_a_plan_step_and_an_option() -> None:
+    plan = ProfileOptions(quick=True, capacity=True).resolve_plan()
+    caps = [s for s in plan.steps() if s.kind == "capacity"]
+    assert [s.mode for s in caps] == list(plan.modes) and all(s.expected_s > 0 for s in caps)
+    assert "capacity" in plan.to_dict() and "capacity" not in quick_plan().to_dict()
+    assert caps[0].describe().endswith("capacity (requests/s at saturation)")
+
+
+def test_profile_keeps_capacity_and_sketches_and_older_documents_load() -> None:
+    cap = Capacity(4000.0, 100, 16, 1, 240.0, "sidecar", 9000.0, 1)
+    sk = LatencySketch(100, (0.0, 1.0), (100.0, 140.0), (60.0, 80.0), 100)
+    mp = ModeProfile(Mode.HTTP, {}, capacity=cap, latency_sketches={100: sk})
+    p = Profile("p", PLATFORM, Provenance("measured", "t", "2026-11-23"), {Mode.HTTP: mp})
+    back = Profile.from_dict(p.to_dict())
+    assert back.modes[Mode.HTTP].capacity == cap
+    assert back.modes[Mode.HTTP].latency_sketches == {100: sk}
+    old = p.to_dict()
+    del old["modes"]["http"]["capacity"], old["modes"]["http"]["latency_sketches"]
+    plain = Profile.from_dict(old).modes[Mode.HTTP]
+    assert plain.capacity is None and plain.latency_sketches == {}
+    # a profile without them writes neither key (documents keep their exact shape)
+    assert "capacity" not in ModeProfile(Mode.HTTP, {}).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        (("capacity", "workers"), 0, "workers"),
+        (("capacity", "workers"), 10**9, "workers"),
+        (("capacity", "requests_per_s"), -1.0, "requests_per_s"),
+        (("capacity", "limited_by"), "moon", "limited_by"),
+        (("latency_sketches", 0, "meshed_us"), [1.0], "meshed_us"),
+        (("latency_sketches", 0, "probs"), [0.0, 2.0], "probs"),
+        (("latency_sketches", 0, "probs"), [1.0, 0.0], "ascending"),
+        (("latency_sketches", 0, "direct_us"), [1.0, 2.0, 3.0], "one meshed and one direct"),
+    ],
+)
+def test_unusable_capacity_or_sketch_is_a_profile_error(
+    where: tuple[str | int, ...], value: object, message: str
+) -> None:
+    cap = Capacity(4000.0, 100, 16, 1, 240.0, "sidecar", 9000.0, 1)
+    sk = LatencySketch(100, (0.0, 1.0), (100.0, 140.0), (60.0, 80.0), 100)
+    mp = ModeProfile(Mode.HTTP, {}, capacity=cap, latency_sketches={100: sk})
+    d = Profile("p", PLATFORM, Provenance("measured", "t", "2026-11-23"), {Mode.HTTP: mp}).to_dict()
+    node = d["modes"]["http"]
+    for k in where[:-1]:
+        node = node[k]
+    node[where[-1]] = value
+    with pytest.raises(ProfileError, match=message):
+        Profile.from_dict(d)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(missing_for_real_profile() is not None, reason=str(missing_for_real_profile()))
+def test_real_capacity_of_a_tcp_sidecar() -> None:
+    """A real Envoy on the echo bed: the closed-loop maxima and one ramp level, short runs."""
+    pin = default_pinning()
+    pol = CapacityPolicy(connections=8, run_s=0.5, ramp=(0.5,), warmup_n=100)
+    with (
+        Testbed(RealSystem(), state_dir=STATE_DIR, lock_timeout=180.0) as tb,
+        echo_testbed(tb, pin) as bed,
+    ):
+        envoy = bed.start_sidecar(Mode.TCP)
+        try:
+            cap = measure_capacity(bed, Mode.TCP, envoy.pid, pol, cpus=pin.pod_cpus())
+        finally:
+            envoy.stop()
+    assert len(cap.points) == 3 and cap.connections == 8 and cap.workers == 1
+    assert cap.requests_per_s > 100 and cap.direct_requests_per_s > 100
+    assert 0 < cap.sidecar_cpu_us < 1e4 and cap.limited_by in ("sidecar", "shared-cpu", "client")
+    half = cap.points[2]
+    assert half.target == pytest.approx(0.5 * cap.points[1].achieved)
+    assert half.achieved == pytest.approx(half.target, rel=0.25) and half.sidecar_cpu > 0

@@ -1,0 +1,113 @@
+"""Tail validation results (pure): measured percentiles per pair, comparisons, errors and bias,
+saturation, the document the report reads, traces cut to a level's windows, and the one-hop
+prediction at no load."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshtax.model.components import OTHER
+from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.predict.tail import TailOptions
+from meshtax.report.build import ReportInputs, render_report
+from meshtax.validate.tail import (
+    Predicted,
+    TailPoint,
+    TailRun,
+    TailValidation,
+    predict_one_hop,
+    traces_within,
+)
+from tests.helpers import flat, profile
+
+
+def run(rate: float, achieved: float, p50: float, p90: float, p99: float) -> TailRun:
+    return TailRun(
+        rate, achieved, 1000, 1.0, {"p50": p50, "p90": p90, "p99": p99}, (), {"app": 30_000_000}
+    )
+
+
+def pred(p50: float, p90: float, p99: float, sat: float = 8000.0) -> Predicted:
+    ov = {k: (v, v * 0.9, v * 1.1) for k, v in (("p50", p50), ("p90", p90), ("p99", p99))}
+    return Predicted(ov, 0.5, sat, "echo")
+
+
+def validation() -> TailValidation:
+    base = [run(1000, 1000, 100, 150, 300), run(1000, 1000, 110, 160, 320)]
+    mesh = [run(1000, 1000, 200, 300, 600), run(1000, 1000, 220, 300, 640)]
+    low = TailPoint(0.25, 1000, tuple(zip(base, mesh)), pred(110, 160, 330))
+    # the mesh side fell short at the top level: not compared
+    hot = TailPoint(
+        0.9, 3600, ((run(3600, 3600, 1, 1, 1), run(3600, 3000, 9, 9, 9)),), pred(1e9, 1e9, 1e9)
+    )
+    sat = TailPoint(0.5, 2000, ((run(2000, 2000, 1, 1, 1), run(2000, 2000, 5, 5, 5)),), None)
+    return TailValidation("one-hop", "http", (low, sat, hot), 32, 4000, 3200, "p", notes=("n",))
+
+
+def test_measured_overhead_is_the_median_of_paired_differences() -> None:
+    low = validation().points[0]
+    m = low.measured("p50")
+    assert m.median == pytest.approx(105.0) and m.n == 2  # (100 + 110) / 2
+    assert low.measured("p99").median == pytest.approx(310.0)
+    assert low.sustained and not validation().points[2].sustained
+
+
+def test_errors_bias_and_saturation() -> None:
+    v = validation()
+    s = v.summary()
+    # only the sustained, predicted level counts: p50 110 vs 105, p90 160 vs 145, p99 330 vs 310
+    assert s["p50"]["points"] == 1 and s["p50"]["bias"] == pytest.approx(110 / 105 - 1)
+    assert s["p90"]["median_abs_error"] == pytest.approx(160 / 145 - 1)
+    assert s["p99"]["errors"] == [pytest.approx(330 / 310 - 1)]
+    assert s["saturation"]["predicted"] == 8000 and s["saturation"]["measured"] == 3200
+    assert s["saturation"]["error"] == pytest.approx(8000 / 3200 - 1)
+    assert s["not_sustained"] == [0.9]
+
+
+def test_document_cases_are_what_the_report_reads() -> None:
+    doc = validation().to_document()
+    assert doc["format"] == "meshtax-validation/1"
+    names = [c["name"] for c in doc["cases"]]
+    assert names == ["25% (1000/s) p50", "25% (1000/s) p90", "25% (1000/s) p99"]
+    assert doc["tail"]["points"][0]["predicted"]["overhead_us"]["p99"]["value"] == 330
+    assert doc["tail"]["points"][0]["app_cpu_us_per_request"] == pytest.approx(30.0)
+    rep = render_report((), (), ReportInputs(validations=[doc]))
+    kinds = [c.kind for c in rep.charts]
+    assert "validation" in kinds and "load" in kinds
+    table = validation().table()
+    assert "| 25% | 1000 | 1000 / 1000 | 0.50 | 105 [100, 110] | 110 |" in table
+    assert "Saturation (ρ = 1) predicted 8000/s, measured 3200/s (+150.0%)" in table
+
+
+def test_traces_within_keeps_whole_traces_that_started_in_a_window() -> None:
+    def span(trace: str, t_s: float) -> dict[str, object]:
+        return {
+            "traceId": trace,
+            "spanId": trace + str(t_s),
+            "startTimeUnixNano": str(int(t_s * 1e9)),
+        }
+
+    doc = {
+        "resourceSpans": [
+            {"resource": {"a": 1}, "scopeSpans": [{"spans": [span("a", 10.0), span("b", 20.0)]}]},
+            {"resource": {"a": 2}, "scopeSpans": [{"spans": [span("a", 10.5), span("c", 30.0)]}]},
+        ]
+    }
+    got = traces_within(doc, [(9.0, 11.0), (29.0, 29.5)])
+    spans = [
+        s["traceId"] for rs in got["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]
+    ]
+    assert spans == ["a", "a"]
+    assert [rs["resource"] for rs in got["resourceSpans"]] == [{"a": 1}, {"a": 2}]
+
+
+def test_one_hop_prediction_at_no_load_is_the_profile_overhead() -> None:
+    p = profile({Mode.HTTP: {OTHER: flat(25, 0.01)}})
+    opts = TailOptions(percentiles=(50.0, 99.0), samples=20, pod_cpus=1, app_cpu_us=10.0)
+    got = predict_one_hop(p, SidecarConfig(Mode.HTTP), 100, 1.0, [100.0, 200.0, 300.0], opts)
+    # two crossings of 25 µs on every graph: every percentile moves by 50 µs
+    assert got.overhead["p50"][0] == pytest.approx(50.0, abs=0.5)
+    assert got.overhead["p99"][0] == pytest.approx(50.0, abs=0.5)
+    # the echo app and its sidecar share one CPU: it saturates first, at 1e6 / (10 + 0.02) per s
+    assert got.first == "shared CPUs"
+    assert got.saturation_rate == pytest.approx(1e6 / 10.02, rel=1e-3)
