@@ -121,6 +121,8 @@ def test_a_stored_profile_that_fails_validation_is_reported_not_used(
     negative = hp.profile({Mode.HTTP: {IPC: hp.flat(-5.0, 2.0)}}, name="negative")
     with pytest.raises(StoreError, match="'negative' fails its checks: .*total latency is -5"):
         store.save(negative)  # what it would refuse to load, the store does not write
+    kept = json.loads((tmp_path / "p.negative.refused.json").read_text())  # nor does it lose
+    assert kept["name"] == "negative"
     with monkeypatch.context() as m:  # as an older meshtax or another tool wrote them
         m.setattr("meshtax.store.sqlite.profile_problems", lambda p: [])
         store.save(hp.profile({Mode.HTTP: {IPC: hp.flat(float("nan"), 2.0)}}, name="nan"))

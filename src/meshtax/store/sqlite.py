@@ -194,10 +194,16 @@ class ProfileStore:
             raise StoreError(
                 f"{REFERENCE_NAME!r} is the bundled reference profile's name; choose another"
             )
-        bad = profile_problems(profile)
-        if bad:  # what the store would refuse to load, it does not store
-            raise StoreError(f"profile {profile.name!r} fails its checks: " + "; ".join(bad[:5]))
         doc = profile.to_dict()
+        bad = profile_problems(profile)
+        if bad:  # what the store would refuse to load, it does not store; the measurement is kept
+            kept = Path(self.path).with_name(f"{Path(self.path).stem}.{profile.name}.refused.json")
+            kept.write_text(json.dumps(doc, indent=1))
+            raise StoreError(
+                f"profile {profile.name!r} fails its checks: "
+                + "; ".join(bad[:5])
+                + f" (not stored; its document is kept in {kept})"
+            )
         with closing(self._connect()) as db, db:
             row = db.execute("SELECT id FROM profiles WHERE name = ?", (profile.name,)).fetchone()
             if row and not replace:
