@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Protocol
 
+from meshtax.testbed.lifecycle import Started
 from meshtax.testbed.procfs import PROC, listening_ports
 from meshtax.testbed.system import Placement, Process, System
 
@@ -48,7 +48,7 @@ class FileConfig(Protocol):
         ...
 
 
-class FileProxy:
+class FileProxy(Started):
     """One running file-configured proxy, placed by a :class:`Placement`; use as a context
     manager. The work directory is handed to the placement's uid (the proxy writes its pid
     file, temp files and logs there); stderr goes to ``<name>.stderr``."""
@@ -133,15 +133,3 @@ class FileProxy:
         code = self.process.stop(5.0) if self.process is not None else None
         self._close_files()
         return code
-
-    def __enter__(self) -> FileProxy:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

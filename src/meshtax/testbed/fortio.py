@@ -17,12 +17,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 import numpy as np
 
 from meshtax.model.sidecar import Mode
+from meshtax.testbed.lifecycle import Started
 from meshtax.testbed.system import Placement, Process, RealSystem, System
 
 __all__ = [
@@ -389,7 +389,7 @@ def server_argv(
     ]
 
 
-class FortioServer:
+class FortioServer(Started):
     """A running ``fortio server`` (echo servers), placed; use as a context manager.
 
     Ready when each enabled server has logged ``listening on``; fortio prints those lines
@@ -452,15 +452,3 @@ class FortioServer:
             self._log.close()
             self._log = None
         return code
-
-    def __enter__(self) -> FortioServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

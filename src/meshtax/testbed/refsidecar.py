@@ -15,10 +15,10 @@ import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 from meshtax.testbed.envoy.config import config_hash
+from meshtax.testbed.lifecycle import Started
 from meshtax.testbed.system import Placement, Process, System
 from meshtax.testbed.tools import tool
 
@@ -110,7 +110,7 @@ class RefsidecarConfig:
         return config_hash({"refsidecar": neutral.argv(Path("refsidecar"))[1:]})
 
 
-class RefsidecarProcess:
+class RefsidecarProcess(Started):
     """One running refsidecar, placed by a :class:`Placement`; use as a context manager.
 
     Ready once it prints :data:`READY` on stderr (logged to ``refsidecar.log``); on stop it
@@ -194,15 +194,3 @@ class RefsidecarProcess:
             except (ValueError, TypeError):
                 self.counters = {}
         return code
-
-    def __enter__(self) -> RefsidecarProcess:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -14,11 +14,11 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 from meshtax.testbed.callgrind import CallgrindDump, CallgrindSpec, parse_dump
 from meshtax.testbed.envoy.config import EnvoyConfig, bootstrap
+from meshtax.testbed.lifecycle import Started
 from meshtax.testbed.system import CommandError, Placement, Process, System
 from meshtax.testbed.tools import tool
 
@@ -111,7 +111,7 @@ def _admin(boot: Mapping[str, Any]) -> tuple[str, int]:
     return str(sa["address"]), int(sa["port_value"])
 
 
-class EnvoyProcess:
+class EnvoyProcess(Started):
     """One running Envoy, placed by a :class:`Placement`; use as a context manager.
 
     ``config`` is a sidecar's :class:`EnvoyConfig` or a whole bootstrap (e.g. many variants,
@@ -328,15 +328,3 @@ class EnvoyProcess:
             shutil.rmtree(self._bigconfig_dir, ignore_errors=True)
             self._bigconfig_dir = None
         return code
-
-    def __enter__(self) -> EnvoyProcess:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
