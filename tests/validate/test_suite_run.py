@@ -346,6 +346,7 @@ def test_reduced_real_suite_leaves_nothing_behind(tmp_path: Path) -> None:
         quick=True,
         name="ci-suite",
         accept_unclosed=True,  # a reduced profile on a shared machine need not close
+        speed="now",  # the real reference workload before each prediction
     )
     be = SuiteBackends(short_profile, real_suite_backends(store, 300.0).cases)
     res = run_suite(opts, store, backends=be)
