@@ -261,6 +261,18 @@ def test_markdown_puts_both_sets_side_by_side_with_the_targets() -> None:
     assert [d["name"] for d in docs] == ["t: calibration set", "t: holdout set"]
 
 
+def _describe(pid: int) -> str:
+    """A process as ``pid state cmdline``, for a failing assertion to name what was left."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmd = (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return f"{pid} (gone)"
+    return f"{pid} {state} {cmd.strip()}"
+
+
 def _descendants(pid: int) -> list[int]:
     """Every live process below ``pid``."""
     parent: dict[int, int] = {}
@@ -340,6 +352,7 @@ def test_reduced_real_suite_leaves_nothing_behind(tmp_path: Path) -> None:
         return Measured(p, ())
 
     netns, scratch = _ours(), set(Path(tempfile.gettempdir()).glob("meshtax-*"))
+    kids = set(_descendants(os.getpid()))  # an earlier test's processes are not this run's
     opts = SuiteOptions(
         str(tmp_path / "out"),
         str(tmp_path / "suite.yaml"),
@@ -369,7 +382,7 @@ def test_reduced_real_suite_leaves_nothing_behind(tmp_path: Path) -> None:
     ]
     assert (out / "summary.md").is_file() and not list(out.rglob(".*.tmp"))
     assert set(_ours()) <= set(netns)  # a dead run's leftovers may have been reaped meanwhile
-    assert _descendants(os.getpid()) == []
+    assert [_describe(p) for p in set(_descendants(os.getpid())) - kids] == []
     mine = f".{os.getpid()}."
     left = set(Path(tempfile.gettempdir()).glob("meshtax-*")) - scratch
     assert not [p for p in left if mine in p.name], left
