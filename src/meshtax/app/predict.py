@@ -4,29 +4,31 @@ profile, with what-if speedups. Options in, result documents out (no argv, no pr
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from meshtax import safeio
 from meshtax.app.tail import TailRequest, tail_parts
 from meshtax.errors import MeshtaxError, UsageError
 from meshtax.model.ecg import ECG, EcgBatch, ECGError, Service, to_batch
 from meshtax.model.profile import Profile
-from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
 from meshtax.model.speed import Speed, describe_scaling
 from meshtax.predict.architecture import parse_architectures, predict_architecture
 from meshtax.predict.memory import memory_by_architecture, memory_by_service
 from meshtax.predict.whatif import SpeedupError, apply_speedup, speedup_from_dict
 from meshtax.report.architectures import architecture_section
-from meshtax.report.result import prediction_document
+from meshtax.report.result import PredictionBuilder, prediction_document
 from meshtax.store.resolve import resolve_profile
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
 from meshtax.testbed.pinning import pinning_of
 from meshtax.testbed.speed import speed_on
 from meshtax.testbed.system import RealSystem
+from meshtax.traces.alibaba import TraceFormatError
 from meshtax.traces.ecg_file import load_ecg_file
+from meshtax.traces.report import ImportReport
 
 __all__ = [
     "Loaded",
@@ -115,10 +117,14 @@ class Loaded:
     services: dict[str, Service]  # ECG services (connection counts for memory); empty for traces
 
 
-def load_batch(opts: PredictOptions) -> Loaded:
-    """The graphs to predict, from ECG files or traces."""
+def _check_rate(opts: PredictOptions) -> None:
     if opts.rate is not None and not (math.isfinite(opts.rate) and 0 < opts.rate <= 1e9):
         raise UsageError(f"rate {opts.rate!r}; expected requests/s > 0 and ≤ 1e9")
+
+
+def load_batch(opts: PredictOptions) -> Loaded:
+    """The graphs to predict, from ECG files or traces, in one batch."""
+    _check_rate(opts)
     if opts.trace_format is None:
         ecgs = load_ecgs(opts.ecg_files, opts.allow_outside)
         if opts.rate is not None:
@@ -132,46 +138,71 @@ def load_batch(opts: PredictOptions) -> Loaded:
         except ValueError as e:  # one service, two sidecars in two files
             raise ECGError(", ".join(opts.ecg_files), [str(e)]) from None
         return Loaded(batch, None, notes, {k: v for e in ecgs for k, v in e.services.items()})
-    from meshtax.traces import (
-        AlibabaOptions,
-        SpanOptions,
-        TraceFormatError,
-        detect_format,
-        load_service_map,
-        load_traces,
-    )
+    from meshtax.traces import load_traces
+
+    fmt, options = _trace_options(opts)
+    try:
+        res = load_traces(list(opts.ecg_files), fmt, options)
+    except (TraceFormatError, OSError) as e:
+        raise UsageError(f"traces: {e}") from None
+    if res.batch.n_graphs == 0:
+        _nothing_usable(opts, res.report)
+    return Loaded(res.batch, res.report.to_dict(), [], {})
+
+
+def _trace_options(opts: PredictOptions, batch_spans: int | None = None) -> tuple[str, Any]:
+    """The traces' format and importer options."""
+    from meshtax.traces import AlibabaOptions, SpanOptions, detect_format, load_service_map
 
     sidecar = SidecarConfig(Mode(opts.sidecar_mode))
     try:
         fmt = None if opts.trace_format == "auto" else opts.trace_format
         fmt = fmt or detect_format(opts.ecg_files[0])
-        options: Any
         if fmt.startswith("alibaba"):
-            options = AlibabaOptions(
-                sidecar=sidecar, **({"rate": opts.rate} if opts.rate is not None else {})
-            )
-        else:
-            smap = load_service_map(opts.service_map) if opts.service_map else {}
-            options = SpanOptions(rate=opts.rate, service_map=smap, default_sidecar=sidecar)
-        res = load_traces(list(opts.ecg_files), fmt, options)
+            rate = {"rate": opts.rate} if opts.rate is not None else {}
+            return fmt, AlibabaOptions(sidecar=sidecar, **rate)
+        smap = load_service_map(opts.service_map) if opts.service_map else {}
+        more = {"batch_spans": batch_spans} if batch_spans else {}
+        return fmt, SpanOptions(rate=opts.rate, service_map=smap, default_sidecar=sidecar, **more)
     except (TraceFormatError, OSError) as e:
         raise UsageError(f"traces: {e}") from None
-    if res.batch.n_graphs == 0:
-        raise UsageError(
-            f"traces: no usable call graph in {', '.join(opts.ecg_files)}:\n{res.report.summary()}"
-        )
-    return Loaded(res.batch, res.report.to_dict(), [], {})
 
 
-def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
-    """Predict every graph of the ECG files (or traces); returns the result document."""
-    loaded = load_batch(opts)
-    batch = loaded.batch
+def _nothing_usable(opts: PredictOptions, report: ImportReport) -> NoReturn:
+    raise UsageError(
+        f"traces: no usable call graph in {', '.join(opts.ecg_files)}:\n{report.summary()}"
+    )
+
+
+#: called after each batch predicted with the number of graphs predicted so far
+Progress = Callable[[int], None]
+
+
+def predict_files(
+    opts: PredictOptions,
+    store: ProfileStore,
+    *,
+    progress: Progress | None = None,
+    batch_spans: int | None = None,
+) -> dict[str, Any]:
+    """Predict every graph of the ECG files (or traces); returns the result document.
+
+    Traces are read and predicted batch by batch (:func:`meshtax.traces.iter_graph_batches`;
+    ``batch_spans``: spans a batch, None for the importer's default), the document keeping
+    each graph's numbers as columns: memory is flat in the number of graphs. ECG files, and
+    ``--architecture``/``--tail``, take every graph in one batch (see :func:`_whole`).
+    """
+    # one batch: ECG files are few graphs; architectures place unplaced services on nodes
+    # by name over every service, and --tail loads each caller→callee pair with its rate
+    # over every graph: both need every graph at once
+    whole = opts.trace_format is None or bool(opts.architectures) or opts.tail is not None
+    loaded = load_batch(opts) if whole else None
+    fmt, options = (None, None) if whole else _trace_options(opts, batch_spans)
     resolved = resolve_profile(
         store, opts.profile, this_host(), accept_unclosed=opts.accept_unclosed
     )
     profile, warnings = resolved.profile, list(resolved.warnings)
-    warnings += loaded.notes
+    warnings += loaded.notes if loaded else []
 
     def lookup(name: str | None) -> Profile:
         return profile if name is None or name == profile.name else store.get(name)
@@ -186,9 +217,6 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
     if opts.pods_per_node < 1:
         raise UsageError(f"pods per node {opts.pods_per_node}; expected at least 1")
     kw: dict[str, Any] = {"pods_per_node": opts.pods_per_node, "pod_cpus": opts.pod_cpus}
-    results = [predict_architecture(batch, lookup, a, speed=speed, **kw) for a in archs]
-    bp = results[0][1]
-    warnings += [w for _, other in results[1:] for w in other.warnings]
     whatif = None
     if opts.speedup:
         sp = speedup_from_dict(load_speedup_file(opts.speedup), opts.speedup)
@@ -198,11 +226,59 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
         def lookup_after(name: str | None) -> Profile:
             return after_profile if name is None or name == profile.name else store.get(name)
 
-        whatif = (
-            sp.describe(),
-            predict_architecture(batch, lookup_after, archs[0], speed=speed, **kw)[1],
-            after_profile,
-        )
+        whatif = (sp.describe(), lookup_after, after_profile)
+    if loaded is not None:
+        return _whole(opts, loaded, profile, lookup, warnings, whatif, speed, archs, kw)
+    from meshtax.traces import iter_graph_batches
+
+    assert fmt is not None
+    report = ImportReport(", ".join(opts.ecg_files), fmt)
+    build = PredictionBuilder()
+    try:
+        for batch in iter_graph_batches(list(opts.ecg_files), fmt, options, report):
+            if batch.n_graphs == 0:
+                continue
+            bp = predict_architecture(batch, lookup, archs[0], speed=speed, **kw)[1]
+            after = None
+            if whatif is not None:
+                after = predict_architecture(batch, whatif[1], archs[0], speed=speed, **kw)[1]
+            build.add(batch, bp, after)
+            if progress is not None:
+                progress(len(build.columns))
+    except (TraceFormatError, OSError) as e:
+        raise UsageError(f"traces: {e}") from None
+    if len(build.columns) == 0:
+        _nothing_usable(opts, report)
+    doc = build.document(
+        profile,
+        host=this_host(),
+        options=opts.to_dict(),
+        warnings=warnings,
+        whatif=(whatif[0], whatif[2]) if whatif else None,
+    )
+    doc["import"] = report.to_dict()
+    return _with_speed(doc, speed, profile)
+
+
+def _whole(
+    opts: PredictOptions,
+    loaded: Loaded,
+    profile: Profile,
+    lookup: Callable[[str | None], Profile],
+    warnings: list[str],
+    whatif: tuple[str, Callable[[str | None], Profile], Profile] | None,
+    speed: Speed | None,
+    archs: Sequence[Architecture],
+    kw: dict[str, Any],
+) -> dict[str, Any]:
+    """Every graph in one batch: predicted, priced per architecture, under load (--tail)."""
+    batch = loaded.batch
+    results = [predict_architecture(batch, lookup, a, speed=speed, **kw) for a in archs]
+    bp = results[0][1]
+    warnings += [w for _, other in results[1:] for w in other.warnings]
+    after = None
+    if whatif is not None:
+        after = predict_architecture(batch, whatif[1], archs[0], speed=speed, **kw)[1]
     memory, mw = memory_by_service(loaded.services, lookup)
     warnings += mw
     doc = prediction_document(
@@ -212,7 +288,7 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
         host=this_host(),
         options=opts.to_dict(),
         warnings=warnings,
-        whatif=whatif,
+        whatif=(whatif[0], after, whatif[2]) if whatif and after else None,
     )
     if loaded.imported is not None:
         doc["import"] = loaded.imported
@@ -235,6 +311,10 @@ def predict_files(opts: PredictOptions, store: ProfileStore) -> dict[str, Any]:
         doc.update(
             tail_parts(batch, lookup, opts.tail, pod_cpus=opts.pod_cpus, speed=speed, load=load)
         )
+    return _with_speed(doc, speed, profile)
+
+
+def _with_speed(doc: dict[str, Any], speed: Speed | None, profile: Profile) -> dict[str, Any]:
     if speed is not None:
         doc["speed"] = {
             "now": speed.to_dict(),

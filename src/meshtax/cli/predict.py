@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -133,7 +135,7 @@ def predict(
         tail=tail_request(click.get_current_context()),
     )
     store = ProfileStore(db)
-    doc = predict_files(opts, store)
+    doc = predict_files(opts, store, progress=_progress())
     arch = doc.get("architectures")
     if arch is not None and fmt in ("table", "csv"):
         # the comparison: side by side (table) or one row per architecture and graph (csv)
@@ -144,6 +146,21 @@ def predict(
     if report_path:
         out = app_data.build_report((), [doc["profile"]["name"]], store, report_path, docs=[doc])
         click.echo(f"wrote {out}", err=True)
+
+
+def _progress(every_s: float = 2.0) -> Callable[[int], None]:
+    """Graphs predicted so far, on stderr, every ``every_s`` once a prediction runs that long."""
+    t0 = time.monotonic()
+    last = t0
+
+    def say(graphs: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= every_s:
+            last = now
+            click.echo(f"predicted {graphs} graphs so far ({now - t0:.0f} s)", err=True)
+
+    return say
 
 
 @main.group()

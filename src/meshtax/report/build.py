@@ -29,6 +29,7 @@ from meshtax.report import tail_figures as TF
 from meshtax.report import whatif as W
 from meshtax.report.markdown import interval
 from meshtax.report.microarch import microarch_html
+from meshtax.report.result import MAX_DETAILED_GRAPHS
 
 #: Per-graph call-graph figures drawn per prediction (the rest are in the exports).
 MAX_CALLGRAPHS = 8
@@ -89,7 +90,7 @@ def _prediction_section(
             (f"−{100 * w['saving']['cpu_saving_fraction']:.0f} % CPU", f"what-if: {w['speedup']}")
         )
     sec.blocks.append(H.cards(items))
-    gs = list(doc["graphs"])
+    gs = doc["graphs"]  # a list, or a GraphList read graph by graph
     rows = [
         [
             g["name"],
@@ -124,7 +125,8 @@ def _prediction_section(
         sec.blocks.append(H.figure(c.id, c.kind, c.title, c.caption, c.svg))
 
     add(G.overview_chart(label, doc), f"{label}: no graphs to draw")
-    detailed = [g for g in gs if g.get("invocations")]
+    # only documents of at most MAX_DETAILED_GRAPHS graphs carry invocations
+    detailed = [g for g in gs[:MAX_DETAILED_GRAPHS] if g.get("invocations")]
     if detailed:
         sec.blocks.append("<h3>Call graphs and critical paths</h3>")
         for g in detailed[:MAX_CALLGRAPHS]:

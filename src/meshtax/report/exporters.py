@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from meshtax.report.markdown import MarkdownExporter
+from meshtax.report.result import GraphList
 
 
 class Exporter(Protocol):
@@ -37,7 +38,17 @@ class JsonExporter:
     suffix = ".json"
 
     def export(self, doc: Mapping[str, Any]) -> str:
-        return json.dumps(_clean(doc), indent=2, sort_keys=False) + "\n"
+        graphs = doc.get("graphs")
+        if not isinstance(graphs, GraphList):
+            return json.dumps(_clean(doc), indent=2, sort_keys=False) + "\n"
+        # graph by graph: the text of every graph, not a dict per graph as well
+        head = json.dumps(_clean({**doc, "graphs": [0]}), indent=2, sort_keys=False)
+        where = '"graphs": [\n    0\n  ]'
+        assert head.count(where) == 1
+        parts = [json.dumps(_clean(g), indent=2).replace("\n", "\n    ") for g in graphs]
+        body = '"graphs": [\n    ' + ",\n    ".join(parts) + "\n  ]"
+        before, after = head.split(where)
+        return before + body + after + "\n"
 
 
 def _fmt(v: Any) -> Any:

@@ -25,7 +25,7 @@ from meshtax.report.figures import (
 
 def overview_chart(label: str, doc: Mapping[str, Any], max_graphs: int = 40) -> Chart | None:
     """Per graph: latency overhead on the critical path and CPU, stacked by component, with intervals."""
-    gs = list(doc["graphs"])[:max_graphs]
+    gs = doc["graphs"][:max_graphs]
     if not gs:
         return None
     comps = sorted(doc["components"], key=T.component_sort_key)

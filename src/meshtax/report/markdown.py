@@ -54,7 +54,7 @@ def profile_line(p: Mapping[str, Any]) -> str:
 def prediction_markdown(doc: Mapping[str, Any], max_graphs: int = 50) -> str:
     out = ["# meshtax prediction", "", profile_line(doc["profile"]), ""]
     comps = sorted(doc["components"], key=T.component_sort_key)
-    gs = list(doc["graphs"])
+    gs = doc["graphs"]  # a list, or a GraphList read graph by graph
     rows = [
         [
             g["name"],

@@ -9,12 +9,14 @@ this document, never internal objects.
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from meshtax._version import __version__
+from meshtax.model.components import Component
 from meshtax.model.ecg import EcgBatch
 from meshtax.model.profile import Platform, Profile
 from meshtax.predict.engine import BatchPrediction
@@ -41,22 +43,50 @@ def _label(batch: EcgBatch, r: int) -> str:
     return f"{caller}→{callee}"
 
 
+#: per-graph numbers of a :class:`BatchPrediction`, one value per graph
+_PER_GRAPH = (
+    "base_latency_us",
+    "latency_overhead_us",
+    "latency_lo_us",
+    "latency_hi_us",
+    "cpu_vcpu",
+    "cpu_lo_vcpu",
+    "cpu_hi_vcpu",
+    "absorbed_us",
+)
+_BY_COMPONENT = ("latency_by_component", "cpu_by_component")  # graphs × components
+
+
+def _numbers(
+    name: str, comps: Sequence[str], c: Mapping[str, Any], pct: np.ndarray[Any, Any], g: int
+) -> dict[str, Any]:
+    """One graph's numbers (``c``: the per-graph columns, by :class:`BatchPrediction` name)."""
+    return {
+        "name": name,
+        "base_latency_us": float(c["base_latency_us"][g]),
+        "latency_overhead_us": _est(
+            c["latency_overhead_us"][g], c["latency_lo_us"][g], c["latency_hi_us"][g]
+        ),
+        "latency_overhead_pct": float(pct[g]),
+        "cpu_vcpu": _est(c["cpu_vcpu"][g], c["cpu_lo_vcpu"][g], c["cpu_hi_vcpu"][g]),
+        "latency_by_component_us": dict(zip(comps, map(float, c["latency_by_component"][g]))),
+        "absorbed_us": float(c["absorbed_us"][g]),
+        "cpu_by_component_vcpu": dict(zip(comps, map(float, c["cpu_by_component"][g]))),
+    }
+
+
+_ALL = (*_PER_GRAPH, *_BY_COMPONENT)
+
+
+def _columns(bp: BatchPrediction) -> dict[str, np.ndarray[Any, Any]]:
+    return {k: getattr(bp, k) for k in _ALL}
+
+
 def _graph(
     batch: EcgBatch, bp: BatchPrediction, g: int, detailed: bool, pct: np.ndarray[Any, Any]
 ) -> dict[str, Any]:
     comps = [c.key for c in bp.components]
-    out: dict[str, Any] = {
-        "name": batch.graph_names[g],
-        "base_latency_us": float(bp.base_latency_us[g]),
-        "latency_overhead_us": _est(
-            bp.latency_overhead_us[g], bp.latency_lo_us[g], bp.latency_hi_us[g]
-        ),
-        "latency_overhead_pct": float(pct[g]),
-        "cpu_vcpu": _est(bp.cpu_vcpu[g], bp.cpu_lo_vcpu[g], bp.cpu_hi_vcpu[g]),
-        "latency_by_component_us": dict(zip(comps, map(float, bp.latency_by_component[g]))),
-        "absorbed_us": float(bp.absorbed_us[g]),
-        "cpu_by_component_vcpu": dict(zip(comps, map(float, bp.cpu_by_component[g]))),
-    }
+    out = _numbers(batch.graph_names[g], comps, _columns(bp), pct, g)
     if not detailed:
         return out
     lo, hi = int(batch.graph_ptr[g]), int(batch.graph_ptr[g + 1])
@@ -124,22 +154,242 @@ def profile_block(profile: Profile, host: Platform | None) -> dict[str, Any]:
     }
 
 
+def _pct(base: np.ndarray[Any, Any], overhead: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Latency overhead in % of the mesh-free latency (as ``BatchPrediction``'s)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(base > 0, 100.0 * overhead / base, np.nan)
+
+
+class GraphColumns:
+    """Every graph's numbers of a prediction made batch by batch, as NumPy columns (about
+    20 numbers and a name a graph, instead of a dict of ~4 kB): added per batch, joined
+    when read. Components missing from a batch count 0 in its graphs."""
+
+    def __init__(self) -> None:
+        self._names: list[tuple[str, ...]] = []
+        self._comps: list[tuple[Component, ...]] = []
+        self._blocks: list[dict[str, np.ndarray[Any, Any]]] = []
+        self._pct: np.ndarray[Any, Any] | None = None
+
+    def add(self, names: Sequence[str], bp: BatchPrediction) -> None:
+        # copies: a view would keep the batch's row-level arrays alive
+        self._blocks.append({k: np.array(v) for k, v in _columns(bp).items()})
+        self._names.append(tuple(names))
+        self._comps.append(bp.components)
+        self._pct = None
+
+    def __len__(self) -> int:
+        return sum(map(len, self._names))
+
+    @property
+    def components(self) -> tuple[Component, ...]:
+        return tuple(sorted({c for cs in self._comps for c in cs}))
+
+    def joined(self) -> dict[str, np.ndarray[Any, Any]]:
+        """The columns of every graph (joined once; later batches join again)."""
+        if not self._blocks:
+            return {k: np.zeros((0, 0) if k in _BY_COMPONENT else 0) for k in _ALL}
+        if len(self._blocks) != 1 or self._comps[0] != self.components:
+            comps = self.components
+            ix = {c: k for k, c in enumerate(comps)}
+            out = {k: np.concatenate([b[k] for b in self._blocks]) for k in _PER_GRAPH}
+            for k in _BY_COMPONENT:
+                m = np.zeros((len(self), len(comps)))
+                at = 0
+                for b, cs in zip(self._blocks, self._comps, strict=True):
+                    n = b[k].shape[0]
+                    m[at : at + n, [ix[c] for c in cs]] = b[k]
+                    at += n
+                out[k] = m
+            self._blocks = [out]
+            self._names = [tuple(n for ns in self._names for n in ns)]
+            self._comps = [comps]
+        return self._blocks[0]
+
+    def pct(self) -> np.ndarray[Any, Any]:
+        if self._pct is None:
+            c = self.joined()
+            self._pct = _pct(c["base_latency_us"], c["latency_overhead_us"])
+        return self._pct
+
+    def graph(self, g: int) -> dict[str, Any]:
+        """Graph ``g``'s numbers, as the document's per-graph entry without detail."""
+        c = self.joined()
+        comps = [k.key for k in self._comps[0]]
+        return _numbers(self._names[0][g], comps, c, self.pct(), g)
+
+    def summary(self) -> dict[str, Any]:
+        """Totals and distributions over all graphs."""
+        c = self.joined()
+        comps = [k.key for k in self.components]
+        return {
+            "graphs": len(self),
+            "latency_overhead_us": _dist(c["latency_overhead_us"]),
+            "latency_overhead_pct": _dist(self.pct()),
+            "cpu_vcpu": _dist(c["cpu_vcpu"]),
+            "cpu_vcpu_total": float(c["cpu_vcpu"].sum()),
+            "latency_by_component_us_mean": dict(
+                zip(comps, map(float, c["latency_by_component"].mean(axis=0)))
+            ),
+            "cpu_by_component_vcpu_mean": dict(
+                zip(comps, map(float, c["cpu_by_component"].mean(axis=0)))
+            ),
+        }
+
+
+class GraphList(Sequence[dict[str, Any]]):
+    """The document's ``graphs`` beyond ``MAX_DETAILED_GRAPHS`` graphs: each graph's entry
+    rendered from :class:`GraphColumns` when read, so the document holds columns, not a dict
+    per graph. Exporters read it as a list."""
+
+    def __init__(self, columns: GraphColumns) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(i)
+        return self.columns.graph(i % n)
+
+
 def summary(bp: BatchPrediction) -> dict[str, Any]:
     """Totals and distributions over all graphs of a prediction."""
-    comps = [c.key for c in bp.components]
-    return {
-        "graphs": int(bp.base_latency_us.size),
-        "latency_overhead_us": _dist(bp.latency_overhead_us),
-        "latency_overhead_pct": _dist(bp.latency_overhead_pct),
-        "cpu_vcpu": _dist(bp.cpu_vcpu),
-        "cpu_vcpu_total": float(bp.cpu_vcpu.sum()),
-        "latency_by_component_us_mean": dict(
-            zip(comps, map(float, bp.latency_by_component.mean(axis=0)))
-        ),
-        "cpu_by_component_vcpu_mean": dict(
-            zip(comps, map(float, bp.cpu_by_component.mean(axis=0)))
-        ),
-    }
+    cols = GraphColumns()
+    cols.add(("",) * bp.base_latency_us.size, bp)
+    return cols.summary()
+
+
+#: a warning a batch says with its own largest message: said once, with the largest
+_LARGEST = re.compile(r"^messages up to (\d+) B (.*)$", re.S)
+
+
+def _merge_warnings(warnings: Sequence[str]) -> list[str]:
+    out: dict[str, str] = {}
+    for w in warnings:
+        m = _LARGEST.match(w)
+        key = f"\0{m.group(2)}" if m else w
+        if m and key in out:
+            have = _LARGEST.match(out[key])
+            assert have is not None
+            if int(m.group(1)) <= int(have.group(1)):
+                continue
+        out[key] = w if m else out.get(key, w)
+    return list(out.values())
+
+
+class PredictionBuilder:
+    """The result document of a prediction made batch by batch: :meth:`add` each batch's
+    prediction (and the what-if's), then :meth:`document`. Holds every graph's numbers as
+    columns, and the detail (services, paths, invocations) of every graph while there are
+    at most ``MAX_DETAILED_GRAPHS``; beyond, the document's ``graphs`` is a
+    :class:`GraphList` without detail."""
+
+    def __init__(self) -> None:
+        self.columns = GraphColumns()
+        self.after: GraphColumns | None = None
+        self.first: list[dict[str, Any]] = []
+        self.first_after: list[dict[str, Any]] = []
+        self.warnings: list[str] = []
+        self.pod_cpus: int | None = None
+        self.bound: int | None = None
+        self.batches = 0
+
+    def add(self, batch: EcgBatch, bp: BatchPrediction, after: BatchPrediction | None) -> None:
+        done = len(self.columns)
+        if done < MAX_DETAILED_GRAPHS:
+            pct = bp.latency_overhead_pct  # a property computed per access: once a batch
+            for g in range(min(batch.n_graphs, MAX_DETAILED_GRAPHS - done)):
+                self.first.append(_graph(batch, bp, g, True, pct))
+                if after is not None:
+                    self.first_after.append(
+                        {
+                            "name": batch.graph_names[g],
+                            "latency_overhead_us": float(after.latency_overhead_us[g]),
+                            "cpu_vcpu": float(after.cpu_vcpu[g]),
+                        }
+                    )
+        self.columns.add(batch.graph_names, bp)
+        if len(self.columns) > MAX_DETAILED_GRAPHS:  # detail only when every graph has it
+            self.first, self.first_after = [], []
+        if after is not None:
+            self.after = self.after or GraphColumns()
+            self.after.add(batch.graph_names, after)
+        self.warnings = _merge_warnings([*self.warnings, *bp.warnings])
+        if bp.pod_cpus is not None and bp.cpu_bound is not None:
+            self.pod_cpus = bp.pod_cpus
+            self.bound = (self.bound or 0) + int(bp.cpu_bound.sum())
+        self.batches += 1
+
+    def document(
+        self,
+        profile: Profile,
+        *,
+        host: Platform | None,
+        options: Mapping[str, Any],
+        warnings: Sequence[str] = (),
+        whatif: tuple[str, Profile] | None = None,
+        created: str | None = None,
+    ) -> dict[str, Any]:
+        """``whatif``: (speedup description, profile after), when every batch had an after."""
+        n = len(self.columns)
+        detailed = n <= MAX_DETAILED_GRAPHS
+        graphs = self.first if detailed else GraphList(self.columns)
+        doc: dict[str, Any] = {
+            "format": FORMAT,
+            "tool": {"name": "meshtax", "version": __version__},
+            "created": created or _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "profile": profile_block(profile, host),
+            "options": dict(options),
+            "warnings": list(dict.fromkeys([*warnings, *self.warnings])),
+            "components": [c.key for c in self.columns.components],
+            "graphs": graphs,
+            "summary": self.columns.summary(),
+        }
+        if self.pod_cpus is not None and self.bound is not None:
+            doc["placement"] = {
+                "pod_cpus": self.pod_cpus,
+                "graphs_bound_by_cpu": self.bound,
+                "rule": "latency overhead = max(critical path, the request's sidecar CPU work "
+                "÷ pod_cpus)",
+            }
+        if not detailed:
+            doc["warnings"].append(
+                f"{n} graphs: per-graph paths, services and invocations are left out "
+                f"beyond {MAX_DETAILED_GRAPHS}"
+            )
+        if whatif is not None and self.after is not None:
+            desc, prof_after = whatif
+            before_s, after_s = self.columns.summary(), self.after.summary()
+            doc["whatif"] = {
+                "speedup": desc,
+                "profile_after": prof_after.name,
+                "before": before_s,
+                "after": after_s,
+                "saving": {
+                    "latency_overhead_us_mean": before_s["latency_overhead_us"]["mean"]
+                    - after_s["latency_overhead_us"]["mean"],
+                    "latency_overhead_pct_points_mean": before_s["latency_overhead_pct"]["mean"]
+                    - after_s["latency_overhead_pct"]["mean"],
+                    "cpu_vcpu_total": before_s["cpu_vcpu_total"] - after_s["cpu_vcpu_total"],
+                    "cpu_saving_fraction": (
+                        (before_s["cpu_vcpu_total"] - after_s["cpu_vcpu_total"])
+                        / before_s["cpu_vcpu_total"]
+                        if before_s["cpu_vcpu_total"]
+                        else 0.0
+                    ),
+                },
+                "per_graph_after": self.first_after if detailed else [],
+            }
+        return doc
 
 
 def prediction_document(
@@ -153,61 +403,15 @@ def prediction_document(
     whatif: tuple[str, BatchPrediction, Profile] | None = None,
     created: str | None = None,
 ) -> dict[str, Any]:
-    """Build the result document. ``whatif``: (speedup description, prediction after, profile after)."""
-    detailed = batch.n_graphs <= MAX_DETAILED_GRAPHS
-    pct = bp.latency_overhead_pct  # a property computed per access: once, not once per graph
-    doc: dict[str, Any] = {
-        "format": FORMAT,
-        "tool": {"name": "meshtax", "version": __version__},
-        "created": created or _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "profile": profile_block(profile, host),
-        "options": dict(options),
-        "warnings": list(dict.fromkeys([*warnings, *bp.warnings])),
-        "components": [c.key for c in bp.components],
-        "graphs": [_graph(batch, bp, g, detailed, pct) for g in range(batch.n_graphs)],
-        "summary": summary(bp),
-    }
-    if bp.pod_cpus is not None and bp.cpu_bound is not None:
-        doc["placement"] = {
-            "pod_cpus": bp.pod_cpus,
-            "graphs_bound_by_cpu": int(bp.cpu_bound.sum()),
-            "rule": "latency overhead = max(critical path, the request's sidecar CPU work ÷ pod_cpus)",
-        }
-    if not detailed:
-        doc["warnings"].append(
-            f"{batch.n_graphs} graphs: per-graph paths, services and invocations are left out "
-            f"beyond {MAX_DETAILED_GRAPHS}"
-        )
-    if whatif is not None:
-        desc, after, prof_after = whatif
-        before_s, after_s = summary(bp), summary(after)
-        doc["whatif"] = {
-            "speedup": desc,
-            "profile_after": prof_after.name,
-            "before": before_s,
-            "after": after_s,
-            "saving": {
-                "latency_overhead_us_mean": before_s["latency_overhead_us"]["mean"]
-                - after_s["latency_overhead_us"]["mean"],
-                "latency_overhead_pct_points_mean": before_s["latency_overhead_pct"]["mean"]
-                - after_s["latency_overhead_pct"]["mean"],
-                "cpu_vcpu_total": before_s["cpu_vcpu_total"] - after_s["cpu_vcpu_total"],
-                "cpu_saving_fraction": (
-                    (before_s["cpu_vcpu_total"] - after_s["cpu_vcpu_total"])
-                    / before_s["cpu_vcpu_total"]
-                    if before_s["cpu_vcpu_total"]
-                    else 0.0
-                ),
-            },
-            "per_graph_after": [
-                {
-                    "name": batch.graph_names[g],
-                    "latency_overhead_us": float(after.latency_overhead_us[g]),
-                    "cpu_vcpu": float(after.cpu_vcpu[g]),
-                }
-                for g in range(batch.n_graphs)
-            ]
-            if detailed
-            else [],
-        }
-    return doc
+    """Build the result document of one batch. ``whatif``: (speedup description, prediction
+    after, profile after)."""
+    b = PredictionBuilder()
+    b.add(batch, bp, whatif[1] if whatif else None)
+    return b.document(
+        profile,
+        host=host,
+        options=options,
+        warnings=warnings,
+        whatif=(whatif[0], whatif[2]) if whatif else None,
+        created=created,
+    )

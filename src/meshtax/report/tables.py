@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from meshtax.model.components import Component, Kind
 from meshtax.model.costmodel import CostModel
+from meshtax.report.result import GraphList
 
 #: Conditions of the paper's Table 2: one request (request + response) through one sidecar.
 TABLE_BYTES = 100.0
@@ -273,7 +274,9 @@ class Distribution:
     cpu_vcpu: FloatArray
 
 
-def _finite(x: Sequence[Any]) -> FloatArray:
+def _finite(x: Sequence[Any] | FloatArray) -> FloatArray:
+    if isinstance(x, np.ndarray):
+        return x[np.isfinite(x)]
     a = np.asarray([np.nan if v is None else v for v in x], dtype=np.float64)
     return a[np.isfinite(a)]
 
@@ -281,13 +284,17 @@ def _finite(x: Sequence[Any]) -> FloatArray:
 def prediction_distributions(label_: str, doc: Mapping[str, Any]) -> list[Distribution]:
     """The configuration of a prediction, and its what-if "after" when the document has one."""
     gs = doc["graphs"]
-    out = [
-        Distribution(
+    if isinstance(gs, GraphList):  # its columns, not a dict per graph
+        dist = Distribution(
+            label_, _finite(gs.columns.pct()), _finite(gs.columns.joined()["cpu_vcpu"])
+        )
+    else:
+        dist = Distribution(
             label_,
             _finite([g["latency_overhead_pct"] for g in gs]),
             _finite([g["cpu_vcpu"]["value"] for g in gs]),
         )
-    ]
+    out = [dist]
     w = doc.get("whatif")
     if w and len(w.get("per_graph_after") or []) == len(gs):
         base = {g["name"]: g["base_latency_us"] for g in gs}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -114,6 +114,46 @@ def load_traces(
     sopts = options if isinstance(options, SpanOptions) else SpanOptions()
     paired, rep = load_paired(paths, fmt, sopts)
     return ImportResult(paired.batch, lambda: to_ecgs(paired, sopts), rep)
+
+
+def iter_graph_batches(
+    path: PathIn | Sequence[PathIn],
+    format: str,
+    options: Any,
+    report: ImportReport,
+) -> Iterator[EcgBatch]:
+    """The graphs of the traces batch by batch, for a consumer that needs each graph once
+    (``meshtax predict --traces``): Alibaba batches of ``AlibabaOptions.partition_graphs``,
+    span batches of :func:`~meshtax.traces.stream.iter_batches`, each with its services'
+    nodes. Counts go to ``report``. Memory is a few batches, except for span formats with
+    counted rates (``SpanOptions.rate`` None): a pair's rate counts its calls in every graph,
+    so every batch's columns are held until the input ends (as :func:`load_traces` does)."""
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if not paths:
+        raise TraceFormatError("no input files")
+    if format not in FORMATS:
+        raise TraceFormatError(f"format {format!r}: expected one of {', '.join(FORMATS)}")
+    if format.startswith("alibaba"):
+        files = [s.name for s in expand(paths)]
+        opts = options if isinstance(options, AlibabaOptions) else AlibabaOptions()
+        yield from iter_alibaba(files, format, opts, report)  # type: ignore[arg-type]
+        return
+    from dataclasses import replace
+
+    from meshtax.traces.spans import SpanOptions, fill_rates
+    from meshtax.traces.stream import iter_batches, with_nodes
+
+    sopts = options if isinstance(options, SpanOptions) else SpanOptions()
+    parts = iter_batches(paths, format, sopts, report)
+    if sopts.rate is None:
+        held = list(parts)
+        fill_rates(held, sopts.window_s, report)
+        parts = iter(held)
+    nodes: dict[str, str] = {}
+    for p in parts:
+        for k, v in p.nodes.items():  # OTLP rows paired at the end: their nodes came earlier
+            nodes.setdefault(k, v)
+        yield with_nodes(replace(p, nodes=nodes), sopts)
 
 
 def ingest(

@@ -402,10 +402,10 @@ def load_paired(
     if options.rate is None:
         fill_rates(parts, options.window_s, rep)
     paired = concat(parts) if parts else pair_rows([], rep, options)
-    return replace(paired, batch=_with_nodes(paired, options)), rep
+    return replace(paired, batch=with_nodes(paired, options)), rep
 
 
-def _with_nodes(paired: Paired, options: SpanOptions) -> EcgBatch:
+def with_nodes(paired: Paired, options: SpanOptions) -> EcgBatch:
     """The batch with each service's node (``k8s.node.name``/``host.name`` of its resource,
     under the service's mapped name)."""
     rename = naming(options).rename
