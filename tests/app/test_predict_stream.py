@@ -24,51 +24,54 @@ from meshtax.testbed.host import this_host
 CALLS = {"frontend": ["auth", "catalog", "cart"], "catalog": ["db"], "cart": ["redis"]}
 
 
+def _trace(rng: random.Random, t: int) -> dict[str, Any]:
+    """Trace ``t``: frontend calls its callees one after another or in parallel, each call
+    present with probability 0.8, sizes and times at random."""
+    tid = f"{t + 1:032x}"
+    spans: list[dict[str, Any]] = []
+
+    def span(svc: str, kind: str, parent: str | None, start: int, dur: int) -> str:
+        sid = f"{len(spans) + 1:08x}{t:08x}"
+        size = rng.choice([100, 700, 3000])
+        spans.append(
+            {
+                "traceID": tid,
+                "spanID": sid,
+                "operationName": f"{svc} {kind}",
+                "references": []
+                if parent is None
+                else [{"refType": "CHILD_OF", "traceID": tid, "spanID": parent}],
+                "startTime": start,
+                "duration": dur,
+                "tags": [
+                    {"key": "span.kind", "type": "string", "value": kind},
+                    {"key": "http.request.body.size", "type": "int64", "value": size},
+                ],
+                "processID": svc,
+            }
+        )
+        return sid
+
+    def serve(svc: str, parent: str | None, start: int, dur: int) -> None:
+        sid = span(svc, "server", parent, start, dur)
+        callees = [c for c in CALLS.get(svc, []) if rng.random() < 0.8]
+        parallel = rng.random() < 0.5
+        at, slot = start + 5, (dur - 10) // max(1, len(callees))
+        for c in callees:
+            d = rng.randint(slot // 3, max(slot // 3, slot - 4))
+            cid = span(svc, "client", sid, at + 1, d)
+            serve(c, cid, at + 2, d - 2)
+            at += 0 if parallel else slot
+
+    serve("frontend", None, 1_700_000_000_000_000 + t * 3000, rng.randint(2000, 9000))
+    procs = {s["processID"]: {"serviceName": s["processID"], "tags": []} for s in spans}
+    return {"traceID": tid, "spans": spans, "processes": procs}
+
+
 def _jaeger(path: Path, n: int, seed: int = 3) -> Path:
-    """``n`` Jaeger traces in one file: frontend calls its callees one after another or in
-    parallel, each call present with probability 0.8, sizes and times at random."""
+    """``n`` Jaeger traces in one file."""
     rng = random.Random(seed)
-    traces = []
-    for t in range(n):
-        tid = f"{t + 1:032x}"
-        spans: list[dict[str, Any]] = []
-
-        def span(svc: str, kind: str, parent: str | None, start: int, dur: int) -> str:
-            sid = f"{len(spans) + 1:08x}{t:08x}"
-            tags = [{"key": "span.kind", "type": "string", "value": kind}]
-            size = rng.choice([100, 700, 3000])
-            tags.append({"key": "http.request.body.size", "type": "int64", "value": size})
-            spans.append(
-                {
-                    "traceID": tid,
-                    "spanID": sid,
-                    "operationName": f"{svc} {kind}",
-                    "references": []
-                    if parent is None
-                    else [{"refType": "CHILD_OF", "traceID": tid, "spanID": parent}],
-                    "startTime": start,
-                    "duration": dur,
-                    "tags": tags,
-                    "processID": svc,
-                }
-            )
-            return sid
-
-        def serve(svc: str, parent: str | None, start: int, dur: int) -> None:
-            sid = span(svc, "server", parent, start, dur)
-            callees = [c for c in CALLS.get(svc, []) if rng.random() < 0.8]
-            parallel = rng.random() < 0.5
-            at, slot = start + 5, (dur - 10) // max(1, len(callees))
-            for c in callees:
-                d = rng.randint(slot // 3, max(slot // 3, slot - 4))
-                cid = span(svc, "client", sid, at + 1, d)
-                serve(c, cid, at + 2, d - 2)
-                at += 0 if parallel else slot
-
-        serve("frontend", None, 1_700_000_000_000_000 + t * 3000, rng.randint(2000, 9000))
-        procs = {s["processID"]: {"serviceName": s["processID"], "tags": []} for s in spans}
-        traces.append({"traceID": tid, "spans": spans, "processes": procs})
-    path.write_text(json.dumps({"data": traces}))
+    path.write_text(json.dumps({"data": [_trace(rng, t) for t in range(n)]}))
     return path
 
 
