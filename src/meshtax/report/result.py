@@ -301,7 +301,6 @@ class PredictionBuilder:
         self.warnings: list[str] = []
         self.pod_cpus: int | None = None
         self.bound: int | None = None
-        self.batches = 0
 
     def add(self, batch: EcgBatch, bp: BatchPrediction, after: BatchPrediction | None) -> None:
         done = len(self.columns)
@@ -327,7 +326,6 @@ class PredictionBuilder:
         if bp.pod_cpus is not None and bp.cpu_bound is not None:
             self.pod_cpus = bp.pod_cpus
             self.bound = (self.bound or 0) + int(bp.cpu_bound.sum())
-        self.batches += 1
 
     def document(
         self,
