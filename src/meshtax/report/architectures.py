@@ -6,15 +6,16 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
 import numpy as np
 
 from meshtax.model.ecg import EcgBatch
 from meshtax.predict.architecture import Arranged
 from meshtax.predict.engine import BatchPrediction
-from meshtax.report.figures import RC, SERIES, Chart, make_chart, new_figure, slug
+
+if TYPE_CHECKING:
+    from meshtax.report.figures import Chart
 
 __all__ = [
     "architecture_chart",
@@ -133,6 +134,10 @@ def architectures_csv(section: Mapping[str, Any]) -> str:
 def architecture_chart(label: str, doc: Mapping[str, Any]) -> Chart | None:
     """One comparison figure: per architecture, the mean latency overhead over the graphs
     (with the graphs' range), the CPU over all graphs, and the proxies' memory when known."""
+    import matplotlib  # here: `predict` imports this module, and matplotlib costs ~1 s
+
+    from meshtax.report.figures import RC, SERIES, make_chart, new_figure, slug
+
     sec = doc.get("architectures")
     if not sec:
         return None

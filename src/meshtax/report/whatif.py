@@ -8,13 +8,14 @@ Reads a ``meshtax-whatif-study/1`` document (:mod:`meshtax.app.whatif` writes it
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
 import numpy as np
 
 from meshtax.report import html as H
-from meshtax.report.figures import RC, SERIES, Chart, make_chart, new_figure, slug
+
+if TYPE_CHECKING:
+    from meshtax.report.figures import Chart
 
 __all__ = ["FORMAT", "whatif_cdf_chart", "whatif_rows", "whatif_study_section"]
 
@@ -36,6 +37,10 @@ def whatif_cdf_chart(name: str, at: Mapping[str, Any]) -> Chart | None:
     lines += [(str(v["label"]), v) for v in at.get("variants") or []]
     if not any(len(d.get(k, {}).get("quantiles") or []) >= 2 for _, d in lines for k, _ in _PANELS):
         return None
+    import matplotlib  # here: the CLI imports this module, and matplotlib costs ~1 s
+
+    from meshtax.report.figures import RC, SERIES, make_chart, new_figure, slug
+
     with matplotlib.rc_context(RC):
         fig, axes = new_figure(8.5, 3.2, 1, 2, sharey=True)
         for j, (label, d) in enumerate(lines):
