@@ -205,3 +205,27 @@ def test_architectures_and_tail_take_every_graph_at_once(
     a = np.array([g["latency_overhead_us"]["value"] for g in doc["graphs"]])
     b = np.array([g["latency_overhead_us"]["value"] for g in streamed["graphs"]])
     assert np.array_equal(a, b)
+
+
+def test_cli_streams_many_graphs_and_says_progress(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from click.testing import CliRunner
+
+    from meshtax.cli import main
+    from meshtax.cli.predict import _progress
+
+    n = MAX_DETAILED_GRAPHS + 30
+    f = _jaeger(tmp_path / "t.json", n)
+    env = {"MESHTAX_DB": str(tmp_path / "p.db")}
+    args = ["predict", "--traces", str(f), "--rate", "10", "--profile", "reference"]
+    r = CliRunner().invoke(main, [*args, "--format", "json"], env=env)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert len(doc["graphs"]) == doc["summary"]["graphs"] == n
+    assert "invocations" not in doc["graphs"][0]
+    r = CliRunner().invoke(main, args, env=env)
+    assert r.exit_code == 0 and f"{n - 20} more graphs" in r.output, r.output
+    say = _progress(every_s=0.0)
+    say(1234)
+    assert "predicted 1234 graphs so far" in capsys.readouterr().err
