@@ -148,7 +148,8 @@ def iter_graph_batches(
     if sopts.rate is None:
         held = list(parts)
         fill_rates(held, sopts.window_s, report)
-        parts = iter(held)
+        held.reverse()
+        parts = (held.pop() for _ in range(len(held)))  # each let go once predicted
     nodes: dict[str, str] = {}
     for p in parts:
         for k, v in p.nodes.items():  # OTLP rows paired at the end: their nodes came earlier
