@@ -329,3 +329,19 @@ def test_mesh_breakdown_trimmed_notification() -> None:
     assert half.notification == pytest.approx(1.0 + 0.0 + 1.0)
     # only Notification changes
     assert replace(half, notification=plain.notification) == plain
+
+
+def test_steady_breakdown_cancels_what_each_run_costs_once() -> None:
+    from meshtax.profile.decompose import Breakdown, steady_breakdown
+
+    # every crossing costs 50 µs of user CPU; each run costs 8 ms once (its connection)
+    def run(requests: int) -> Breakdown:
+        crossings = 2 * requests
+        return Breakdown(user=(50.0 * crossings + 8000.0) / crossings, read=3.0)
+
+    short, long = run(80), run(160)
+    assert short.user == pytest.approx(100.0)  # what one run alone says: twice the cost
+    steady = steady_breakdown(short, 80, long, 160)
+    assert steady.user == pytest.approx(50.0) and steady.read == pytest.approx(3.0)
+    with pytest.raises(ValueError):
+        steady_breakdown(long, 160, short, 80)

@@ -152,9 +152,9 @@ def test_low_rate_and_carried_steps() -> None:
         ("setup", "http", 0, 0.0, "")
     ] + own("http")
     by = {k: s for k, s in zip(kinds, steps)}
-    # low rate: 2 s + 0.8 s perf; carried probe: warm-up 0.3 + 1 pair × 2 × (2 + 0.30) = 4.9;
+    # low rate: runs of 2 s and 4 s, each + 0.8 s perf; carried probe: warm-up 0.3 + 1 pair × 2 × (2 + 0.30) = 4.9;
     # carried max rate: 1 + 0.2 + 0.8 (perf) = 2.0
-    assert by[("lowrate", "tcp", 100, 100.0, "")].expected_s == pytest.approx(2.8)
+    assert by[("lowrate", "tcp", 100, 100.0, "")].expected_s == pytest.approx(7.6)
     assert by[("probe", "tcp", 100, 0.0, "grpc")].expected_s == pytest.approx(4.9)
     assert by[("maxqps", "tcp", 4096, 0.0, "grpc")].expected_s == pytest.approx(2.0)
     assert by[("setup", "tcp", 0, 0.0, "grpc")].expected_s == pytest.approx(2.0)
@@ -186,10 +186,11 @@ def test_low_rate_and_carried_steps() -> None:
 
 
 def test_quick_preset_fits_the_three_minute_aim() -> None:
-    # the estimate is an upper bound: 199.8 s estimated, 174 s measured (issue #6, load ≈ 2)
+    # the estimate is an upper bound: 199.8 s estimated, 174 s measured (issue #6, load ≈ 2);
+    # +15 s since low-rate CPU is two runs differenced (issue #14)
     q = quick_plan(pinning=PIN)
-    assert q.expected_s() <= 200.0
-    assert full_plan(pinning=PIN).expected_s() <= 20 * 60.0
+    assert q.expected_s() <= 220.0
+    assert full_plan(pinning=PIN).expected_s() <= 22 * 60.0
     # quick: low rates at the smallest size, gRPC carried at the smallest and largest size
     assert q.low_rates == (100.0, 1000.0) and q.low_rate_size_list() == (100,)
     assert (
@@ -198,7 +199,7 @@ def test_quick_preset_fits_the_three_minute_aim() -> None:
         and q.carried_rate_fractions == (1.0,)
     )
     extra = sum(s.expected_s for s in q.steps() if s.kind == "lowrate" or s.protocol)
-    assert extra <= 25.0
+    assert extra <= 45.0
 
 
 def test_with_duration_and_to_dict() -> None:

@@ -348,6 +348,25 @@ def cpu_breakdown(buckets_ns: Mapping[str, int], requests: int) -> Breakdown:
     return Breakdown(**{f.name: float(buckets_ns.get(f.name, 0)) * us for f in fields(Breakdown)})
 
 
+def steady_breakdown(
+    short: Breakdown, short_requests: int, long: Breakdown, long_requests: int
+) -> Breakdown:
+    """Per-crossing CPU-µs of the requests a longer run adds over a shorter one at the same
+    rate: ``(long·n_long − short·n_short) / (n_long − n_short)``, so what every run costs once
+    (the client's new connection and its set-up in the sidecar, the sampler's start) cancels.
+    At 100 requests/s a 0.8 s run has 80 requests to share that cost; a quick profile's gRPC
+    run there came out at 4× its cost at 300/s (BENCHMARKS.md, issue #14)."""
+    if long_requests <= short_requests:
+        raise ValueError(f"the longer run must add requests: {short_requests} → {long_requests}")
+    nl, ns = _crossings(long_requests), _crossings(short_requests)
+    return Breakdown(
+        **{
+            f.name: (getattr(long, f.name) * nl - getattr(short, f.name) * ns) / (nl - ns)
+            for f in fields(Breakdown)
+        }
+    )
+
+
 def assemble(mode: Mode, bd: Breakdown, tcp_baseline: Breakdown | None) -> dict[Component, float]:
     """Components of one mode at one size.
 

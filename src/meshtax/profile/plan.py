@@ -99,8 +99,9 @@ class Plan:
     run them at ``SCHED_FIFO``, off by default). CPU: the max-rate run
     (``maxqps_run_s``) and fixed-rate runs of ``cpu_run_s`` at the ``rate_fractions`` below 1
     of that maximum, all under ``perf record`` (fraction 1 is the max-rate run itself). Low
-    rates: runs of ``low_rate_run_s`` at each absolute rate of ``low_rates`` (requests/s,
-    below the max), at the smallest ``low_rate_sizes`` sizes (None: every size).
+    rates: runs of ``low_rate_run_s`` and twice that at each absolute rate of ``low_rates``
+    (requests/s, below the max), differenced so each run's one-off costs cancel, at the
+    smallest ``low_rate_sizes`` sizes (None: every size).
 
     Carried (tcp mode only): for each protocol of ``carried``, a tcp-mode sidecar forwarding
     to the app's server of that protocol, driven by that protocol's client, at the smallest
@@ -272,7 +273,7 @@ class Plan:
                     "lowrate",
                     m,
                     s,
-                    expected_s=self.low_rate_run_s + o["cpu"],
+                    expected_s=3 * self.low_rate_run_s + 2 * o["cpu"],  # runs of 1× and 2×
                     rate=r,
                     protocol=protocol,
                 )

@@ -50,12 +50,12 @@ from meshtax.model.speed import Speed
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import CpuRun, ProfileSink, SizeResult, build_profile, points
 from meshtax.profile.capacity import measure_capacity
-from meshtax.profile.decompose import Breakdown
+from meshtax.profile.decompose import Breakdown, steady_breakdown
 from meshtax.profile.fit import fit_mode
 from meshtax.profile.onehop import measure_overhead, probe_components, sidecar_cpu
 from meshtax.profile.plan import Plan, Step, full_plan, quick_plan, window_policy
 from meshtax.testbed.bed import EchoBed, echo_testbed
-from meshtax.testbed.fortio import fortio_version
+from meshtax.testbed.fortio import LoadResult, fortio_version
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.proxy import PROXIES, Proxy
 from meshtax.testbed.system import System
@@ -334,10 +334,13 @@ def _cpu_runs(
     (progress steps)."""
     runs: list[CpuRun] = []
 
-    def cpu(qps: float, run_s: float) -> tuple[float, Breakdown, float]:
-        res, bd, ratio = sidecar_cpu(
+    def measure(qps: float, run_s: float) -> tuple[LoadResult, Breakdown, float]:
+        return sidecar_cpu(
             bed, load_mode, size, qps, pid, run_s=run_s, perf=be.perf, schedstat_of=be.schedstat
         )
+
+    def cpu(qps: float, run_s: float) -> tuple[float, Breakdown, float]:
+        res, bd, ratio = measure(qps, run_s)
         return res.actual_qps, bd, ratio
 
     ticker.next("maxqps", step_mode, size, protocol=protocol)
@@ -360,8 +363,26 @@ def _cpu_runs(
             if rate >= LOW_RATE_MAX_SHARE * max_qps:
                 continue
             ticker.next("lowrate", step_mode, size, rate=rate, protocol=protocol)
-            runs.append(CpuRun(f"r{rate:g}", *cpu(rate, plan.low_rate_run_s)))
+            runs.append(_steady_run(f"r{rate:g}", rate, plan.low_rate_run_s, measure))
     return max_qps, runs
+
+
+def _steady_run(
+    label: str,
+    qps: float,
+    run_s: float,
+    measure: Callable[[float, float], tuple[LoadResult, Breakdown, float]],
+) -> CpuRun:
+    """CPU at a low fixed rate: runs of ``run_s`` and ``2·run_s``, differenced
+    (:func:`~meshtax.profile.decompose.steady_breakdown`), at the rate the longer run added
+    its requests. Where it added too few (the rate was not held), the longer run alone."""
+    short, s_bd, s_ratio = measure(qps, run_s)
+    long, l_bd, l_ratio = measure(qps, 2 * run_s)
+    added, dt = long.count - short.count, long.duration_s - short.duration_s
+    if added < max(2.0, 0.5 * qps * run_s) or dt <= 0:
+        return CpuRun(label, long.actual_qps, l_bd, l_ratio)
+    bd = steady_breakdown(s_bd, short.count, l_bd, long.count)
+    return CpuRun(label, added / dt, bd, (s_ratio + l_ratio) / 2)
 
 
 #: low-rate runs are skipped at sizes where they would exceed this share of the max rate
