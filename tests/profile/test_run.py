@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -644,3 +644,29 @@ def test_negative_components_are_stored_as_zero_and_said() -> None:
     ]
     _, said = physical({IPC: -2.0}, "x", [Breakdown(ipc=v) for v in (-3.0, -2.0, -1.0)])
     assert said[0].endswith("(pairs [-3.0, -1.0] µs: below zero beyond the pairs' spread)")
+
+
+def test_low_rate_cpu_is_two_runs_differenced() -> None:
+    """A low-rate run's one-off cost (here 8 ms of user CPU per run) cancels; a rate the longer
+    run did not hold falls back to that run alone."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from meshtax.profile.decompose import Breakdown
+    from meshtax.profile.run import _steady_run
+    from meshtax.testbed.fortio import LoadResult
+
+    def measure(held: bool) -> Callable[[float, float], tuple[LoadResult, Breakdown, float]]:
+        def run(qps: float, run_s: float) -> tuple[LoadResult, Breakdown, float]:
+            n = int(qps * run_s) if held or run_s < 1.0 else 5
+            res = SimpleNamespace(count=n, duration_s=run_s, actual_qps=n / run_s)
+            user = (50.0 * 2 * n + 8000.0) / (2 * n)  # 50 µs a crossing + 8 ms once
+            return cast(LoadResult, res), Breakdown(user=user), 1.0
+
+        return run
+
+    run = _steady_run("r100", 100.0, 0.8, measure(True))
+    assert run.label == "r100" and run.rate == pytest.approx(100.0)
+    assert run.bd.user == pytest.approx(50.0)
+    alone = _steady_run("r100", 100.0, 0.8, measure(False))
+    assert alone.rate == pytest.approx(5 / 1.6) and alone.bd.user == pytest.approx(850.0)
