@@ -26,8 +26,8 @@ from meshtax.testbed.host import this_host
 from meshtax.testbed.pinning import pinning_of
 from meshtax.testbed.speed import speed_on
 from meshtax.testbed.system import RealSystem
-from meshtax.traces.alibaba import TraceFormatError
 from meshtax.traces.ecg_file import load_ecg_file
+from meshtax.traces.errors import TraceFormatError
 from meshtax.traces.report import ImportReport
 
 __all__ = [

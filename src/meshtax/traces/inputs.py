@@ -12,6 +12,8 @@ import glob
 import gzip
 import io
 import os
+import re
+import stat
 import sys
 import zlib
 from collections.abc import Iterator, Sequence
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from meshtax import safeio
-from meshtax.traces.alibaba import TraceFormatError
+from meshtax.traces.errors import TraceFormatError
 
 PathIn = str | os.PathLike[str]
 STDIN = "-"
@@ -180,15 +182,23 @@ def read_all(src: Source, limit: int = MAX_DOCUMENT_BYTES) -> bytes:
     return data
 
 
+_BLANK = re.compile(rb"\s*")
+_TEXT = re.compile(rb"\S")
+
+
 def _split(data: bytes, name: str) -> Iterator[tuple[int, bytes]]:
-    """The documents of a file read whole: itself, or its lines when it is JSON Lines."""
-    s = data.strip()
-    if not s:
+    """The documents of a file read whole: itself, or its lines when it is JSON Lines (looked
+    at without copying the document: most files are one small document)."""
+    start = _BLANK.match(data).end()  # type: ignore[union-attr]  # matches the empty string
+    if start == len(data):
         raise TraceFormatError(f"{name}: empty file")
-    nl = s.find(b"\n")
-    first = s if nl < 0 else s[:nl].strip()
+    nl = data.find(b"\n", start)
+    if nl < 0 or _TEXT.search(data, nl) is None:  # one line, maybe blank lines after it
+        yield 0, data
+        return
+    first = data[start:nl].strip()
     one_line = first[:1] in (b"{", b"[") and first[-1:] in (b"}", b"]") and len(first) > 1
-    if nl < 0 or not one_line:
+    if not one_line:
         yield 0, data
         return
     for i, line in enumerate(data.split(b"\n"), 1):
@@ -197,19 +207,25 @@ def _split(data: bytes, name: str) -> Iterator[tuple[int, bytes]]:
 
 
 def _plain(src: Source, limit: int) -> bytes | None:
-    """The bytes of an uncompressed file of at most ``limit`` bytes, in one read (the common
-    case, kept short: 50 000 small files are read per import); None for anything else."""
+    """The bytes of an uncompressed regular file of at most ``limit`` bytes, in one read (the
+    common case, kept short: 50 000 small files are read per import); None for anything
+    else."""
     try:
-        with open(src.name, "rb") as f:
-            magic = f.read(4)
-            if magic[:2] == GZIP_MAGIC or magic == ZSTD_MAGIC:
-                return None
-            if os.fstat(f.fileno()).st_size > limit:
-                return None
-            f.seek(0)
-            return f.read()  # sized by fstat: no buffer of ``limit`` bytes
+        fd = os.open(src.name, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
         raise TraceFormatError(f"{src.name}: cannot read ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_size > limit or not stat.S_ISREG(st.st_mode):
+            return None
+        data = os.read(fd, st.st_size + 1)  # one more: a file that grew is read the long way
+        if len(data) != st.st_size or data[:2] == GZIP_MAGIC or data[:4] == ZSTD_MAGIC:
+            return None
+        return data
+    except OSError as e:
+        raise TraceFormatError(f"{src.name}: cannot read ({e.strerror})") from None
+    finally:
+        os.close(fd)
 
 
 def documents(src: Source, limit: int = MAX_DOCUMENT_BYTES) -> Iterator[tuple[int, bytes]]:

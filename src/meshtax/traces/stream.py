@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from meshtax.model.ecg import EcgBatch
-from meshtax.traces import decode, inputs, otlp, zipkin
-from meshtax.traces.alibaba import TraceFormatError
+from meshtax.traces import decode, inputs, jaeger, otlp, zipkin
+from meshtax.traces.errors import TraceFormatError
 from meshtax.traces.pairing import Paired
 from meshtax.traces.report import ImportReport
 from meshtax.traces.spans import FORMATS, SpanOptions, fill_rates, naming, pair_rows
@@ -47,15 +47,15 @@ def _read_source(
         return
     for line, doc in inputs.documents(src, limit):
         where = src.name if line == 0 else f"{src.name}: line {line}"
-        if fmt == "jaeger" and b'"resourceSpans"' in doc[:4096]:
+        if fmt == "jaeger" and doc.find(b'"resourceSpans"', 0, 4096) >= 0:
             otlp.read_otlp_json(doc, where, out)  # Jaeger's API v3 answers OTLP
         elif fmt == "jaeger" and split is None:
-            if not decode.read_jaeger_doc(doc, where, out):
+            if not jaeger.read_jaeger_doc(doc, where, out):
                 raise TraceFormatError(
                     f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
                 )
         elif fmt == "jaeger":
-            raws = decode.jaeger_traces(doc, where)
+            raws = jaeger.jaeger_traces(doc, where)
             if raws is None:
                 raise TraceFormatError(
                     f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
@@ -107,16 +107,15 @@ def _decode_and_pair(
     held: list[decode.Row] = []
     for src in task.sources:
         rows = decode.SpanRows()
-        rows.resolved = whole.resolved  # one table of joined traces for the task
+        rows.jaeger, rows.nodes = whole.jaeger, whole.nodes  # one table of the task's traces
         _read_source(src, fmt, options.max_document_bytes, rows, None)
+        whole.jaeger = rows.jaeger
         (whole.rows if rows.complete else held).extend(rows.rows)
-        for k, v in rows.nodes.items():
-            whole.nodes.setdefault(k, v)
     for i, raw in enumerate(task.raws):
-        decode.read_jaeger_trace(raw, f"{task.where}: trace {i}", whole)
+        jaeger.read_jaeger_trace(raw, f"{task.where}: trace {i}", whole)
     parts = [pair_rows(whole.rows, rep, options)] if whole.rows else []
-    if whole.resolved.rows:
-        parts.append(pair_rows(whole.resolved, rep, options))
+    if whole.jaeger is not None:
+        parts.append(pair_rows(whole.jaeger, rep, options))
     paired = concat(parts) if parts else pair_rows([], rep, options)
     # nodes of every source read, also of rows held back for later pairing
     return replace(paired, nodes={**whole.nodes, **paired.nodes}), rep, held
