@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from meshtax.model.ecg import ECG, EcgBatch
 from meshtax.traces.alibaba import AlibabaOptions, TraceFormatError, iter_alibaba, sniff_version
-from meshtax.traces.inputs import expand
+from meshtax.traces.inputs import expand, iter_sources
 from meshtax.traces.inputs import head as read_head
 from meshtax.traces.report import ImportReport
 from meshtax.traces.store import Store, StoreWriter, concat_batches
@@ -51,7 +51,7 @@ class ImportResult:
 def detect_format(path: PathIn) -> str:
     """Guess the format from the input's beginning (CSV header or JSON keys; gzip and zstd
     are looked into). A directory or glob: its first file; ``-``: stdin."""
-    src = expand(path)[0]
+    src = next(iter_sources(path))
     head = read_head(src)
     first = head.split(b"\n")[0]
     if not src.is_stdin and (b"rpcid" in first or b"rpc_id" in first):

@@ -48,38 +48,62 @@ class Source:
 def expand(paths: PathIn | Sequence[PathIn]) -> list[Source]:
     """Files named, files under directories (recursively, sorted, hidden ones skipped), glob
     matches (``*``, ``?``, ``[``; ``**`` recursive), and ``-`` for stdin, in the order given."""
+    return list(iter_sources(paths))
+
+
+def iter_sources(paths: PathIn | Sequence[PathIn]) -> Iterator[Source]:
+    """:func:`expand`, one source at a time (a directory of 200 000 files is not held as
+    200 000 paths: only its sorted names while it is walked)."""
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not items:
         raise TraceFormatError("no input files")
-    out: list[Source] = []
     for item in items:
         s = os.fspath(item)
         p = Path(s)
         if s == STDIN:
-            out.append(Source(STDIN))
+            yield Source(STDIN)
         elif p.is_dir():
-            found: list[str] = []
-            for top, dirs, files in os.walk(s):
-                dirs[:] = [d for d in dirs if not d.startswith(".")]
-                found.extend(
-                    os.path.join(top, f)
-                    for f in files
-                    if not f.startswith(".") and os.path.isfile(os.path.join(top, f))
-                )
+            found = False
+            for f in _walk(s):
+                found = True
+                yield Source(f)
             if not found:
                 raise TraceFormatError(f"{p}: directory holds no files")
-            out.extend(Source(f) for f in sorted(found))
         elif p.exists():
             safeio.check_regular(s, "a trace file")  # a FIFO or device would block or never end
-            out.append(Source(s))
+            yield Source(s)
         elif any(c in s for c in "*?["):
             hits = sorted(h for h in glob.glob(s, recursive=True) if Path(h).is_file())
             if not hits:
                 raise TraceFormatError(f"{s}: no file matches")
-            out.extend(Source(h) for h in hits)
+            yield from (Source(h) for h in hits)
         else:
             raise TraceFormatError(f"{s}: no such file")
-    return out
+
+
+def _walk(top: str) -> Iterator[str]:
+    """Regular files below ``top`` (symbolic links to files followed, to directories not, as
+    ``os.walk``), in the order of their sorted paths: a directory ``d`` sorts as ``d/``."""
+    entries: list[tuple[str, str, bool]] = []
+    try:
+        with os.scandir(top) as it:
+            for e in it:
+                if e.name.startswith("."):
+                    continue
+                if e.is_dir():
+                    if not e.is_symlink():
+                        entries.append((e.name + "/", e.name, True))
+                elif e.is_file():  # d_type: no stat, except for symbolic links
+                    entries.append((e.name, e.name, False))
+    except OSError:
+        return  # as os.walk: a directory that cannot be listed holds nothing
+    entries.sort()
+    for _, name, is_dir in entries:
+        path = os.path.join(top, name)
+        if is_dir:
+            yield from _walk(path)
+        else:
+            yield path
 
 
 class _Limited:

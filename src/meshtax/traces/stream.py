@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from itertools import chain, islice
 from typing import Any
 
 import numpy as np
@@ -68,9 +69,10 @@ def _read_source(
 
 @dataclass
 class _Task:
-    """One unit of parallel work: files, or raw Jaeger traces cut out of one document."""
+    """One unit of parallel work: files (names; ``-`` for stdin), or raw Jaeger traces cut
+    out of one document."""
 
-    sources: list[inputs.Source] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
     raws: list[bytes] = field(default_factory=list)
     where: str = ""
     size: int = 0
@@ -105,7 +107,8 @@ def _decode_and_pair(
     rep = ImportReport("", fmt)
     whole = decode.SpanRows()
     held: list[decode.Row] = []
-    for src in task.sources:
+    for name in task.files:
+        src = inputs.Source(name)
         rows = decode.SpanRows()
         rows.jaeger, rows.nodes = whole.jaeger, whole.nodes  # one table of the task's traces
         _read_source(src, fmt, options.max_document_bytes, rows, None)
@@ -126,22 +129,24 @@ def _decode_and_pair(
 _MANY_FILES = 64
 
 
-def _tasks(sources: list[inputs.Source], fmt: str, options: SpanOptions) -> Iterator[_Task]:
-    """Cut the input into tasks of about ``batch_spans`` spans (guessed from file sizes,
-    ~500 B of JSON per span, or from the file count); a large Jaeger document is cut into
-    its traces."""
+def _tasks(
+    head: list[inputs.Source], rest: Iterator[inputs.Source], fmt: str, options: SpanOptions
+) -> Iterator[_Task]:
+    """Cut the input (the sources ``head``, then ``rest``) into tasks of about
+    ``batch_spans`` spans (guessed from file sizes, ~500 B of JSON per span, or from the file
+    count); a large Jaeger document is cut into its traces."""
     budget = options.batch_spans * 500
-    if len(sources) > _MANY_FILES:
-        per = max(1, options.batch_spans // 20)
-        for i in range(0, len(sources), per):
-            yield _Task(sources=sources[i : i + per])
+    if len(head) > _MANY_FILES:
+        names = (s.name for s in chain(head, rest))
+        while chunk := list(islice(names, _per_task(options))):
+            yield _Task(files=chunk)
         return
     task = _Task()
-    for src in sources:
+    for src in chain(head, rest):
         size = _size_of(src)
         big = src.is_stdin or size > budget
         if fmt == "jaeger" and big and b'"resourceSpans"' not in inputs.head(src):
-            if task.sources:
+            if task.files:
                 yield task
                 task = _Task()
             raws: list[Any] = []
@@ -157,13 +162,17 @@ def _tasks(sources: list[inputs.Source], fmt: str, options: SpanOptions) -> Iter
             if part.raws:
                 yield part
             continue
-        task.sources.append(src)
+        task.files.append(src.name)
         task.size += size
         if task.size >= budget:
             yield task
             task = _Task()
-    if task.sources:
+    if task.files:
         yield task
+
+
+def _per_task(options: SpanOptions) -> int:
+    return max(1, options.batch_spans // 20)
 
 
 def _size_of(src: inputs.Source) -> int:
@@ -260,13 +269,36 @@ class _Held:
             start = end
 
 
-def _several_tasks(sources: list[inputs.Source], options: SpanOptions) -> bool:
+class _Seen:
+    """The graph names of earlier batches, as their hashes, sorted (8 B a graph: a set of
+    them took ~60 B)."""
+
+    def __init__(self) -> None:
+        self.hashes = np.zeros(0, dtype=np.int64)
+
+    def add(self, names: Sequence[str]) -> int:
+        """How many of ``names`` earlier batches had; then they are had too."""
+        h = np.sort(np.fromiter(map(hash, names), dtype=np.int64, count=len(names)))
+        at = np.searchsorted(self.hashes, h)
+        met = 0
+        if self.hashes.size:
+            met = int((self.hashes[np.minimum(at, self.hashes.size - 1)] == h).sum())
+        self.hashes = np.insert(self.hashes, at, h)
+        return met
+
+
+def _several_tasks(head: list[inputs.Source], options: SpanOptions) -> bool:
     """Whether the input makes more than one task (decided before reading, so the workers
-    are forked while this process is still small)."""
-    if len(sources) > _MANY_FILES:
-        return len(sources) > max(1, options.batch_spans // 20)
+    are forked while this process is still small): ``head`` is the input's first
+    :func:`_head_size` sources (all of them when fewer)."""
+    if len(head) > _MANY_FILES:
+        return len(head) > _per_task(options)
     budget = options.batch_spans * 500
-    return any(s.is_stdin for s in sources) or sum(map(_size_of, sources)) > budget
+    return any(s.is_stdin for s in head) or sum(map(_size_of, head)) > budget
+
+
+def _head_size(options: SpanOptions) -> int:
+    return max(_MANY_FILES, _per_task(options)) + 1
 
 
 def _workers(options: SpanOptions) -> int:
@@ -286,9 +318,10 @@ def iter_batches(
     :func:`~meshtax.traces.spans.fill_rates` has seen every batch."""
     if format not in FORMATS:
         raise TraceFormatError(f"format {format!r}: expected one of {', '.join(FORMATS)}")
-    sources = inputs.expand(paths)
+    sources = inputs.iter_sources(paths)
+    head = list(islice(sources, _head_size(options)))
     held = _Held()
-    seen: set[int] = set()
+    seen = _Seen()
     split = 0
 
     def take(p: Paired, rep: ImportReport, part: _HeldPart | None) -> Paired:
@@ -296,13 +329,11 @@ def iter_batches(
         report.add(rep)
         if part is not None:
             held.add(part)
-        names = [hash(g) for g in p.batch.graph_names]
-        split += sum(1 for h in names if h in seen)
-        seen.update(names)
+        split += seen.add(p.batch.graph_names)
         return p
 
-    tasks = _tasks(sources, format, options)
-    n = _workers(options) if _several_tasks(sources, options) else 1  # a pool pays from two on
+    tasks = _tasks(head, sources, format, options)
+    n = _workers(options) if _several_tasks(head, options) else 1  # a pool pays from two on
     if n == 1:
         for t in tasks:
             yield take(*_run_task(t, format, options))
