@@ -235,17 +235,14 @@ class JaegerRows:
             np.array(c, dtype=np.int64) for c in zip(*self.rows, strict=True)
         )
         trace = np.repeat(np.arange(n_traces), np.diff(np.append(self.trace_base, n)))
-        tags = self.tags
-        tag_rows, codes = (
-            (np.array(c, dtype=np.int64) for c in list(zip(*tags, strict=True))[:2])
-            if tags
-            else (np.zeros(0, dtype=np.int64),) * 2
-        )
-        values = np.fromiter((t[2] for t in tags), dtype=object, count=len(tags))
+        tag_rows, codes, tag_values = zip(*self.tags, strict=True) if self.tags else ((), (), ())
+        tag_rows = np.array(tag_rows, dtype=np.int64)
+        codes = np.array(codes, dtype=np.int64)
         http = np.zeros(n, dtype=bool)
         http[tag_rows[(codes & 1) == 1]] = True
-        ours = codes > 1
-        rows, slot, values = tag_rows[ours], codes[ours] >> 1, values[ours]
+        ours = np.flatnonzero(codes > 1)
+        rows, slot = tag_rows[ours], codes[ours] >> 1
+        values = np.fromiter([tag_values[i] for i in ours.tolist()], dtype=object, count=ours.size)
         what, rank = slot >> 4, slot & 15
         kind = self._kinds(n, rows, what, values, trace)
         req, has_req = _sizes(n, rows, what == _REQ, rank, values)
@@ -292,7 +289,9 @@ class JaegerRows:
         last = np.ones(m.size, dtype=bool)
         last[:-1] = rows[m][1:] != rows[m][:-1]
         m = m[last]
-        got = np.fromiter(map(KIND_CODES.get, values[m], repeat(-1)), dtype=np.int8, count=m.size)
+        got = np.fromiter(
+            map(KIND_CODES.get, values[m].tolist(), repeat(-1)), dtype=np.int8, count=m.size
+        )
         for j in np.flatnonzero(got < 0).tolist():  # not a lower-case name: the long way
             v, r = values[m[j]], int(rows[m[j]])
             if v is None:
@@ -317,16 +316,18 @@ class JaegerRows:
         """Each span's peer name code: its most specific non-blank peer attribute's."""
         m = np.flatnonzero(mask)
         # per distinct value (values are JSON scalars: hashable; 1 and True meet, neither a name)
-        named = {v: v.__class__ is str and bool(v.strip()) for v in dict.fromkeys(values[m])}
-        m = m[np.fromiter(map(named.__getitem__, values[m]), dtype=bool, count=m.size)]
+        vals = values[m].tolist()
+        named = {v: v.__class__ is str and bool(v.strip()) for v in dict.fromkeys(vals)}
+        m = m[np.fromiter(map(named.__getitem__, vals), dtype=bool, count=m.size)]
         m = m[_first_by_rank(rows[m], rank[m])]
         peer = np.full(n, -1, dtype=np.int64)
         if m.size:
-            firsts = dict(zip(values[m][::-1].tolist(), rows[m][::-1].tolist(), strict=True))
+            vals, at = values[m].tolist(), rows[m].tolist()
+            firsts = dict(zip(reversed(vals), reversed(at), strict=True))  # value → first row
             code = {
                 v: self._name(v, (int(trace[r]), 1, 2 * r + 1)) for v, r in reversed(firsts.items())
             }
-            peer[rows[m]] = np.fromiter(map(code.__getitem__, values[m]), np.int64, m.size)
+            peer[rows[m]] = np.fromiter(map(code.__getitem__, vals), np.int64, m.size)
         return peer
 
     def _name_order(self) -> I64 | None:

@@ -450,7 +450,7 @@ def pair_columns(
         services=services,
         specs=tuple(specs),
         graph_names=tuple(trace_names[g] for g in G_kept.tolist()),
-        row_ids=tuple(np.asarray(span_ids, dtype=object)[hrow[order]].tolist()),
+        row_ids=tuple([span_ids[i] for i in hrow[order].tolist()]),
         protocol=h_proto[order].astype(np.int64) if h_proto[order].any() else None,
     )
     return Paired(batch, origin[G_kept], last[G_kept], asyn[order])
