@@ -83,8 +83,10 @@ def iter_sources(paths: PathIn | Sequence[PathIn]) -> Iterator[Source]:
 
 def _walk(top: str) -> Iterator[str]:
     """Regular files below ``top`` (symbolic links to files followed, to directories not, as
-    ``os.walk``), in the order of their sorted paths: a directory ``d`` sorts as ``d/``."""
-    entries: list[tuple[str, str, bool]] = []
+    ``os.walk``), in the order of their sorted paths: a directory ``d`` sorts as ``d/``.
+    A directory's sorted names are kept as one string while it is walked (~40 B a file, not
+    a list of ~160 B a file)."""
+    names: list[str] = []
     try:
         with os.scandir(top) as it:
             for e in it:
@@ -92,18 +94,24 @@ def _walk(top: str) -> Iterator[str]:
                     continue
                 if e.is_dir():
                     if not e.is_symlink():
-                        entries.append((e.name + "/", e.name, True))
+                        names.append(e.name + "/")
                 elif e.is_file():  # d_type: no stat, except for symbolic links
-                    entries.append((e.name, e.name, False))
+                    names.append(e.name)
     except OSError:
         return  # as os.walk: a directory that cannot be listed holds nothing
-    entries.sort()
-    for _, name, is_dir in entries:
-        path = os.path.join(top, name)
-        if is_dir:
-            yield from _walk(path)
+    names.sort()
+    packed = "\0".join(names)  # a name never holds NUL
+    del names
+    at = 0
+    while at < len(packed):
+        end = packed.find("\0", at)
+        end = len(packed) if end < 0 else end
+        name = packed[at:end]
+        at = end + 1
+        if name.endswith("/"):
+            yield from _walk(os.path.join(top, name[:-1]))
         else:
-            yield path
+            yield os.path.join(top, name)
 
 
 class _Limited:
