@@ -13,7 +13,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, overload
 
@@ -176,7 +176,7 @@ class _Block:
     comps: tuple[Component, ...]
     names: tuple[str, ...] | None = None
     cols: dict[str, np.ndarray[Any, Any]] | None = None
-    at: int = -1
+    at: dict[str, int] | None = None  # where each column (and "names") starts in the file
 
 
 class GraphColumns:
@@ -215,41 +215,48 @@ class GraphColumns:
         if self._file is None:
             self._file = tempfile.TemporaryFile(prefix="meshtax-graphs-")
         f = self._file
+        f.seek(0, os.SEEK_END)
         for b in self._blocks:
             if b.cols is None:
                 continue
-            f.seek(0, os.SEEK_END)
-            b.at = f.tell()
+            b.at = {}
             for k in _ALL:
+                b.at[k] = f.tell()
                 np.lib.format.write_array(f, b.cols[k], allow_pickle=False)
+            b.at["names"] = f.tell()
             f.write(json.dumps(b.names).encode() + b"\n")  # ASCII: any name survives
             b.cols, b.names = None, None
 
-    def _load(self, i: int) -> _Block:
-        """Block ``i`` with its columns and names (read back when spilled)."""
+    def _load(self, i: int, keys: Sequence[str] = _ALL, names: bool = True) -> _Block:
+        """Block ``i`` with its columns ``keys`` (and names), read back when spilled."""
         b = self._blocks[i]
         if b.cols is not None:
             return b
         if self._read is not None and self._read[0] == i:
             return self._read[1]
-        assert self._file is not None
+        assert self._file is not None and b.at is not None
         f = self._file
-        f.seek(b.at)
-        cols = {k: np.lib.format.read_array(f, allow_pickle=False) for k in _ALL}
-        loaded = _Block(b.n, b.comps, tuple(json.loads(f.readline())), cols)
-        self._read = (i, loaded)
+        cols = {}
+        for k in keys:
+            f.seek(b.at[k])
+            cols[k] = np.lib.format.read_array(f, allow_pickle=False)
+        f.seek(b.at["names"])
+        loaded = _Block(b.n, b.comps, tuple(json.loads(f.readline())) if names else None, cols)
+        if names and len(keys) == len(_ALL):
+            self._read = (i, loaded)
         return loaded
 
-    def joined(self) -> dict[str, np.ndarray[Any, Any]]:
-        """The columns of every graph (in memory: joined once, later batches join again;
-        spilled: read back for the caller, not kept)."""
+    def joined(self, keys: Sequence[str] = _ALL) -> dict[str, np.ndarray[Any, Any]]:
+        """The columns ``keys`` of every graph (in memory: joined once, later batches join
+        again; spilled: read back batch by batch for the caller, not kept)."""
         if not self._blocks:
             return {k: np.zeros((0, 0) if k in _BY_COMPONENT else 0) for k in _ALL}
         if self._file is not None:
-            return _join([self._load(i) for i in range(len(self._blocks))], self.components)
+            load = (self._load(i, keys, names=False) for i in range(len(self._blocks)))
+            return _join(load, self.components, self._n, keys)
         if len(self._blocks) != 1 or self._blocks[0].comps != self.components:
             comps = self.components
-            cols = _join(self._blocks, comps)
+            cols = _join(self._blocks, comps, self._n)
             names = tuple(n for b in self._blocks for n in b.names or ())
             self._blocks = [_Block(self._n, comps, names, cols)]
         cols = self._blocks[0].cols
@@ -259,7 +266,7 @@ class GraphColumns:
     def pct(self) -> np.ndarray[Any, Any]:
         if self._pct is not None:
             return self._pct
-        c = self.joined()
+        c = self.joined(("base_latency_us", "latency_overhead_us"))
         pct = _pct(c["base_latency_us"], c["latency_overhead_us"])
         if self._file is None:
             self._pct = pct
@@ -278,14 +285,14 @@ class GraphColumns:
         b = self._load(i)
         assert b.names is not None
         at = g - (int(ends[i - 1]) if i else 0)
-        c = {k: v[at : at + 1] for k, v in _join([b], self.components).items()}
+        c = {k: v[at : at + 1] for k, v in _join([b], self.components, b.n).items()}
         return _numbers(
             b.names[at], keys, c, _pct(c["base_latency_us"], c["latency_overhead_us"]), 0
         )
 
     def summary(self) -> dict[str, Any]:
         """Totals and distributions over all graphs."""
-        c = self.joined()
+        c = self.joined(_SUMMARY)
         comps = [k.key for k in self.components]
         return {
             "graphs": len(self),
@@ -302,23 +309,39 @@ class GraphColumns:
         }
 
 
+#: the columns a summary reads
+_SUMMARY = (
+    "base_latency_us",
+    "latency_overhead_us",
+    "cpu_vcpu",
+    "latency_by_component",
+    "cpu_by_component",
+)
+
+
 def _join(
-    blocks: Sequence[_Block], comps: tuple[Component, ...]
+    blocks: Iterable[_Block],
+    comps: tuple[Component, ...],
+    n: int,
+    keys: Sequence[str] = _ALL,
 ) -> dict[str, np.ndarray[Any, Any]]:
-    """The columns of ``blocks`` one after another, by-component ones over ``comps``."""
-    out: dict[str, np.ndarray[Any, Any]] = {}
-    for k in _PER_GRAPH:
-        out[k] = np.concatenate([b.cols[k] for b in blocks if b.cols is not None])
+    """The columns ``keys`` of ``blocks`` (``n`` graphs) one after another, by-component
+    ones over ``comps``, filled block by block."""
     ix = {c: k for k, c in enumerate(comps)}
-    n = sum(b.n for b in blocks)
-    for k in _BY_COMPONENT:
-        m = np.zeros((n, len(comps)))
-        at = 0
-        for b in blocks:
-            assert b.cols is not None
-            m[at : at + b.n, [ix[c] for c in b.comps]] = b.cols[k]
-            at += b.n
-        out[k] = m
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    at = 0
+    for b in blocks:
+        assert b.cols is not None
+        for k in keys:
+            v = b.cols[k]
+            if k not in out:
+                shape = (n, len(comps)) if k in _BY_COMPONENT else (n,)
+                out[k] = np.zeros(shape, dtype=v.dtype)
+            if k in _BY_COMPONENT:
+                out[k][at : at + b.n, [ix[c] for c in b.comps]] = v
+            else:
+                out[k][at : at + b.n] = v
+        at += b.n
     return out
 
 
