@@ -13,6 +13,7 @@ import json
 import os
 import re
 import tempfile
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, overload
@@ -187,10 +188,10 @@ class GraphColumns:
     flat in the number of graphs: a graph is read back with its batch, the summary from
     all of them."""
 
-    def __init__(self, spill_after: int = SPILL_GRAPHS) -> None:
+    def __init__(self, spill_after: int | None = None) -> None:
         self._blocks: list[_Block] = []
         self._n = 0
-        self._spill_after = spill_after
+        self._spill_after = SPILL_GRAPHS if spill_after is None else spill_after
         self._file: IO[bytes] | None = None
         self._read: tuple[int, _Block] | None = None  # the spilled block read last
         self._pct: np.ndarray[Any, Any] | None = None
@@ -214,6 +215,7 @@ class GraphColumns:
     def _spill(self) -> None:
         if self._file is None:
             self._file = tempfile.TemporaryFile(prefix="meshtax-graphs-")
+            weakref.finalize(self, self._file.close)  # closed (and gone) with the columns
         f = self._file
         f.seek(0, os.SEEK_END)
         for b in self._blocks:
