@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from meshtax.traces import decode
+from meshtax.traces import decode, jaeger
 from meshtax.traces.api import load_traces
 from meshtax.traces.report import ImportReport
 from meshtax.traces.spans import SpanOptions, k8s_name, pair_rows, to_ecgs
@@ -151,7 +151,10 @@ def _rows(traces: list[dict[str, Any]]) -> tuple[list[decode.Row], list[str]]:
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_columns_agree_with_a_span_by_span_reading(tmp_path: Path, seed: int) -> None:
+def test_columns_agree_with_a_span_by_span_reading(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jaeger, "CHUNK_SPANS", [7, 50, 10**6][seed % 3])  # chunks of traces
     rng = random.Random(seed)
     traces = [_trace(rng, t) for t in range(40)]
     f = tmp_path / "t.json"

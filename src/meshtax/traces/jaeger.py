@@ -14,6 +14,7 @@ Parents are joined per trace object (span ids are unique within a trace, not acr
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import repeat
 from typing import Any
@@ -127,12 +128,18 @@ def _code(key: str) -> int:
     return code
 
 
+#: spans taken to columns at a time: while their rows are still in the cache (a task's
+#: worth at the end cost twice as much, its rows spread over memory)
+CHUNK_SPANS = 1024
+
+
 class JaegerRows:
     """Spans of whole Jaeger traces (a task's worth), parents joined per trace. Per span
     :attr:`rows` holds (start µs, duration µs, parent row — -1 for a parent not in the trace,
     -2 for none —, service code); per tag that fills a slot or says HTTP, :attr:`tags` holds
-    (row, key code, value). Names (services, peers) are codes into :attr:`names` (``""`` is
-    -1); :meth:`columns` puts them in the order a span-by-span reader meets them."""
+    (row, key code, value). Every :data:`CHUNK_SPANS` spans they are taken to columns.
+    Names (services, peers) are codes into :attr:`names` (``""`` is -1); :meth:`columns`
+    puts them in the order a span-by-span reader meets them."""
 
     def __init__(self) -> None:
         self.trace_names: list[str] = []
@@ -141,17 +148,19 @@ class JaegerRows:
         self.names: dict[str, int] = {"": -1}
         self._name_at: list[tuple[int, int, int]] = []  # (trace, phase, row): first met
         self.span_ids: list[str] = []
-        self.rows: list[tuple[int, int, int, int]] = []
+        self.rows: list[tuple[int, int, int, int]] = []  # rows from ``first`` on
         self.tags: list[tuple[int, int, Any]] = []
-        self.duplicate: list[int] = []  # rows whose span id came again later in the trace
         self.events: dict[int, tuple[float, float]] = {}  # row → (SENT, RECEIVED) bytes
+        self.first = 0  # the first row not yet in columns
+        self.duplicate: list[int] = []  # rows whose span id came again later in the trace
+        self._done: list[dict[str, Any]] = []  # columns of earlier chunks
 
     def __len__(self) -> int:
         return len(self.span_ids)
 
     def _name(self, name: str, at: tuple[int, int, int]) -> int:
         """The code of ``name``, met at ``at`` (trace, phase, row); the first meeting is kept
-        (peers are read after every trace of the task: one may come before a service)."""
+        (a chunk's peers are read after its traces: one may come before a service)."""
         code = self.names.get(name)
         if code is None:
             code = self.names[name] = len(self.names) - 1
@@ -203,6 +212,8 @@ class JaegerRows:
             ]
         if any([s.logs or s.process for s in spans]):
             self._rare(spans, base, ti, nodes)
+        if len(self.span_ids) - self.first >= CHUNK_SPANS:
+            self._take()
 
     def _processes(self, t: _JTrace, ti: int, nodes: SpanRows) -> dict[str, int]:
         """Process id → service code; nodes noted from the processes' tags."""
@@ -222,21 +233,22 @@ class JaegerRows:
                 self.events[r] = _message_events(s.logs)
             if s.process is not None:
                 name = s.process.serviceName
-                row = self.rows[r]
-                self.rows[r] = (row[0], row[1], row[2], self._name(name, (ti, 1, 2 * r)))
+                row = self.rows[r - self.first]
+                code = self._name(name, (ti, 1, 2 * r))
+                self.rows[r - self.first] = (row[0], row[1], row[2], code)
                 nodes.note_node(name, ((g.key, g.value) for g in s.process.tags))
 
-    def columns(self) -> dict[str, Any]:
-        """The task's spans as NumPy columns (the fields of
-        :class:`~meshtax.traces.pairing.SpanColumns`)."""
-        n = len(self.span_ids)
-        n_traces = len(self.trace_names)
+    def _take(self) -> None:
+        """The rows and tags since :attr:`first` to columns (kind, sizes, peer, protocol)."""
+        n = len(self.span_ids) - self.first
+        if n == 0:
+            return
+        first = self.first
         start, dur, parent, svc = (
             np.array(c, dtype=np.int64) for c in zip(*self.rows, strict=True)
         )
-        trace = np.repeat(np.arange(n_traces), np.diff(np.append(self.trace_base, n)))
         tag_rows, codes, tag_values = zip(*self.tags, strict=True) if self.tags else ((), (), ())
-        tag_rows = np.array(tag_rows, dtype=np.int64)
+        tag_rows = np.array(tag_rows, dtype=np.int64) - first
         codes = np.array(codes, dtype=np.int64)
         http = np.zeros(n, dtype=bool)
         http[tag_rows[(codes & 1) == 1]] = True
@@ -244,45 +256,65 @@ class JaegerRows:
         rows, slot = tag_rows[ours], codes[ours] >> 1
         values = np.fromiter([tag_values[i] for i in ours.tolist()], dtype=object, count=ours.size)
         what, rank = slot >> 4, slot & 15
-        kind = self._kinds(n, rows, what, values, trace)
+        kind = self._kinds(n, rows, what, values)
         req, has_req = _sizes(n, rows, what == _REQ, rank, values)
         resp, has_resp = _sizes(n, rows, what == _RESP, rank, values)
         if self.events:
-            ev = np.array(list(self.events), dtype=np.int64)
+            ev = np.array(list(self.events), dtype=np.int64) - first
             sent, received = np.array(list(self.events.values()), dtype=np.float64).T
             sends = (kind[ev] == CLIENT) | (kind[ev] == PRODUCER)  # a client sends the request
             req[ev] = np.where(has_req[ev], req[ev], np.where(sends, sent, received))
             resp[ev] = np.where(has_resp[ev], resp[ev], np.where(sends, received, sent))
-        peer = self._peers(n, rows, what == _PEER, rank, values, trace)
+        peer = self._peers(n, rows, what == _PEER, rank, values)
         m = what == _RPCSYS
         is_grpc = [v.__class__ is str and v.lower() == "grpc" for v in values[m]]
         grpc = np.zeros(n, dtype=bool)
         grpc[rows[m][np.array(is_grpc, dtype=bool)]] = True
-        proto = np.where(grpc, GRPC, np.where(http, HTTP, 0)).astype(np.int8)
+        self._done.append(
+            {
+                "parent": parent,
+                "service": svc,
+                "peer": peer,
+                "kind": kind,
+                "start": start * 1000,
+                "dur": dur * 1000,
+                "req": req,
+                "resp": resp,
+                "proto": np.where(grpc, GRPC, np.where(http, HTTP, 0)).astype(np.int8),
+            }
+        )
+        self.rows, self.tags, self.events = [], [], {}
+        self.first += n
+
+    def _trace_of(self, row: int) -> int:
+        return bisect_right(self.trace_base, row) - 1
+
+    def columns(self) -> dict[str, Any]:
+        """The task's spans as NumPy columns (the fields of
+        :class:`~meshtax.traces.pairing.SpanColumns`)."""
+        self._take()
+        n = len(self.span_ids)
+        done = self._done
+        cols = {k: np.concatenate([c[k] for c in done]) for k in done[0]} if done else {}
         order = self._name_order()
+        if order is not None:
+            cols["service"], cols["peer"] = order[cols["service"]], order[cols["peer"]]
         dup = None
         if self.duplicate:
             dup = np.zeros(n, dtype=bool)
             dup[self.duplicate] = True
+        bases = np.append(self.trace_base, n)
         return {
-            "trace": trace,
+            **cols,
+            "trace": np.repeat(np.arange(len(self.trace_names)), np.diff(bases)),
             "trace_names": self.trace_names,
             "span_ids": self.span_ids,
-            "parent": parent,
-            "service": svc if order is None else order[svc],
-            "peer": peer if order is None else order[peer],
             "names": list(self.names)[1:] if order is None else self._ordered_names(order),
-            "kind": kind,
-            "start": start * 1000,
-            "dur": dur * 1000,
-            "req": req,
-            "resp": resp,
-            "proto": proto,
             "duplicate": dup,
         }
 
     def _kinds(
-        self, n: int, rows: I64, what: I64, values: npt.NDArray[np.object_], trace: I64
+        self, n: int, rows: I64, what: I64, values: npt.NDArray[np.object_]
     ) -> npt.NDArray[np.int8]:
         """Each span's kind: its last ``span.kind`` tag's (none, or null: internal)."""
         m = np.flatnonzero(what == _KIND)
@@ -293,11 +325,11 @@ class JaegerRows:
             map(KIND_CODES.get, values[m].tolist(), repeat(-1)), dtype=np.int8, count=m.size
         )
         for j in np.flatnonzero(got < 0).tolist():  # not a lower-case name: the long way
-            v, r = values[m[j]], int(rows[m[j]])
+            v, r = values[m[j]], int(rows[m[j]]) + self.first
             if v is None:
                 got[j] = INTERNAL
             else:
-                ti = int(trace[r])
+                ti = self._trace_of(r)
                 si = r - self.trace_base[ti]
                 got[j] = _kind_code(str(v), f"{self.trace_where[ti]}.spans[{si}].tags.span.kind")
         kind = np.full(n, INTERNAL, dtype=np.int8)
@@ -311,7 +343,6 @@ class JaegerRows:
         mask: npt.NDArray[np.bool_],
         rank: I64,
         values: npt.NDArray[np.object_],
-        trace: I64,
     ) -> I64:
         """Each span's peer name code: its most specific non-blank peer attribute's."""
         m = np.flatnonzero(mask)
@@ -322,10 +353,11 @@ class JaegerRows:
         m = m[_first_by_rank(rows[m], rank[m])]
         peer = np.full(n, -1, dtype=np.int64)
         if m.size:
-            vals, at = values[m].tolist(), rows[m].tolist()
+            vals, at = values[m].tolist(), (rows[m] + self.first).tolist()
             firsts = dict(zip(reversed(vals), reversed(at), strict=True))  # value → first row
             code = {
-                v: self._name(v, (int(trace[r]), 1, 2 * r + 1)) for v, r in reversed(firsts.items())
+                v: self._name(v, (self._trace_of(r), 1, 2 * r + 1))
+                for v, r in reversed(firsts.items())
             }
             peer[rows[m]] = np.fromiter(map(code.__getitem__, vals), np.int64, m.size)
         return peer
