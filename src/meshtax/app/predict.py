@@ -152,13 +152,15 @@ def load_batch(opts: PredictOptions) -> Loaded:
 
 def _trace_options(opts: PredictOptions, batch_spans: int | None = None) -> tuple[str, Any]:
     """The traces' format and importer options."""
-    from meshtax.traces import AlibabaOptions, SpanOptions, detect_format, load_service_map
+    from meshtax.traces import SpanOptions, detect_format, load_service_map
 
     sidecar = SidecarConfig(Mode(opts.sidecar_mode))
     try:
         fmt = None if opts.trace_format == "auto" else opts.trace_format
         fmt = fmt or detect_format(opts.ecg_files[0])
         if fmt.startswith("alibaba"):
+            from meshtax.traces import AlibabaOptions  # pyarrow: only for Alibaba
+
             rate = {"rate": opts.rate} if opts.rate is not None else {}
             return fmt, AlibabaOptions(sidecar=sidecar, **rate)
         smap = load_service_map(opts.service_map) if opts.service_map else {}
