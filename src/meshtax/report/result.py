@@ -258,9 +258,9 @@ class GraphColumns:
             return _join(load, self.components, self._n, keys)
         if len(self._blocks) != 1 or self._blocks[0].comps != self.components:
             comps = self.components
-            cols = _join(self._blocks, comps, self._n)
+            joined = _join(self._blocks, comps, self._n)
             names = tuple(n for b in self._blocks for n in b.names or ())
-            self._blocks = [_Block(self._n, comps, names, cols)]
+            self._blocks = [_Block(self._n, comps, names, joined)]
         cols = self._blocks[0].cols
         assert cols is not None
         return cols

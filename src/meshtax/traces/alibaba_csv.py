@@ -20,7 +20,7 @@ from meshtax import safeio
 from meshtax.errors import InputError
 from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, DEFAULT_RATE_RPS
 from meshtax.model.sidecar import SidecarConfig
-from meshtax.traces.errors import TraceFormatError
+from meshtax.traces.errors import TraceFormatError as TraceFormatError  # re-exported
 from meshtax.traces.report import ImportReport
 
 Version = Literal["alibaba-v2021", "alibaba-v2022"]

@@ -219,9 +219,8 @@ class JaegerRows:
         """Process id → service code; nodes noted from the processes' tags."""
         procs = t.processes
         services = [p.serviceName for p in procs.values()]
-        codes = list(map(self.names.get, services))
-        if None in codes:
-            codes = [self._name(s, (ti, 0, 0)) for s in services]
+        got = list(map(self.names.get, services))
+        codes = [self._name(s, (ti, 0, 0)) if c is None else c for s, c in zip(services, got)]
         for q in [p for p in procs.values() for g in p.tags if g.key in _NODE_KEYS]:
             nodes.note_node(q.serviceName, ((g.key, g.value) for g in q.tags))
         return dict(zip(procs, codes, strict=True))
@@ -247,9 +246,9 @@ class JaegerRows:
         start, dur, parent, svc = (
             np.array(c, dtype=np.int64) for c in zip(*self.rows, strict=True)
         )
-        tag_rows, codes, tag_values = zip(*self.tags, strict=True) if self.tags else ((), (), ())
-        tag_rows = np.array(tag_rows, dtype=np.int64) - first
-        codes = np.array(codes, dtype=np.int64)
+        tag_row, tag_code, tag_values = zip(*self.tags, strict=True) if self.tags else ((), (), ())
+        tag_rows = np.array(tag_row, dtype=np.int64) - first
+        codes = np.array(tag_code, dtype=np.int64)
         http = np.zeros(n, dtype=bool)
         http[tag_rows[(codes & 1) == 1]] = True
         ours = np.flatnonzero(codes > 1)
