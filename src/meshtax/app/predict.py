@@ -191,7 +191,8 @@ def predict_files(
 
     Traces are read and predicted batch by batch (:func:`meshtax.traces.iter_graph_batches`;
     ``batch_spans``: spans a batch, None for the importer's default), the document keeping
-    each graph's numbers as columns (~250 B a graph, not a dict of ~4 kB); counted rates
+    each graph's numbers as columns (~250 B a graph, not a dict of ~4 kB; beyond 4 096
+    graphs in a temporary file); counted rates
     (no ``rate``) hold the batches' columns until every graph is read. ECG files, and
     ``--architecture``/``--tail``, take every graph in one batch (see :func:`_whole`).
     ``progress(graphs so far)`` is called after each batch.
