@@ -8,7 +8,7 @@ spans of whole traces into call graphs. This module holds what every format shar
 the attribute scan, errors).
 Times are integer nanoseconds since the epoch (Jaeger and Zipkin microseconds × 1000; OTLP
 nanoseconds as given, never through a float). A malformed document raises
-:class:`~meshtax.traces.alibaba.TraceFormatError` naming the file and the field.
+:class:`~meshtax.traces.errors.TraceFormatError` naming the file and the field.
 """
 
 from __future__ import annotations

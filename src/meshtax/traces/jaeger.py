@@ -1,14 +1,15 @@
-"""Jaeger query-API JSON → span columns, vectorized.
+"""Jaeger query-API JSON → span columns.
 
-A document is decoded by msgspec structs naming only the fields read; its spans are taken
-apart while they are hot in the cache, a trace object at a time, by C-level passes
-(``map``/``attrgetter`` over the spans, one over all their tags) into flat lists:
-no Python code runs per span except the parent lookup. What the tags say (kind, sizes, peer,
-protocol) is worked out once per task over every tag of every trace (:meth:`JaegerRows.columns`),
-in NumPy: the rule of :func:`meshtax.traces.decode._scan` (a slot's most specific readable
-key wins; the last ``span.kind`` tag wins; ``http.*`` keys mean HTTP, ``rpc.system=grpc``
-gRPC; sizes from message events — Jaeger logs — only when no attribute gives them).
-Parents are joined per trace object (span ids are unique within a trace, not across).
+A document is decoded by msgspec structs naming only the fields read. Its traces are taken
+apart while their objects are in the cache, a trace object at a time, by list
+comprehensions: one over the spans (start, duration, parent joined within the trace,
+service) and one over all their tags, keeping the tags that matter as (row, key code,
+value). Every :data:`CHUNK_SPANS` spans these become NumPy columns, and what the tags say is
+worked out over all of them at once — the rule of :func:`meshtax.traces.decode._scan`: a
+slot's most specific readable key wins, the last ``span.kind`` tag wins, ``http.*`` keys
+mean HTTP and ``rpc.system=grpc`` gRPC, sizes come from message events (Jaeger logs) only
+when no attribute gives them. Parents are joined per trace object (span ids are unique
+within a trace, not across).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class _JDocTraces(Struct, gc=False):
 # ---- tag keys → codes ------------------------------------------------------------------------
 # A tag key's code: bit 0 says the key starts with "http." (the span speaks HTTP); the bits
 # above name the slot it fills (0: none of ours) as what × 16 + rank (rank 0 most specific).
-_NONE, _REQ, _RESP, _PEER, _KIND, _RPCSYS = 0, 1, 2, 3, 4, 5
+_REQ, _RESP, _PEER, _KIND, _RPCSYS = 1, 2, 3, 4, 5
 
 
 def _key_code(key: str) -> int:
