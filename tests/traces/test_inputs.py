@@ -103,9 +103,17 @@ def test_blank_file_is_refused(tmp_path: Path, data: bytes) -> None:
 def test_plain_read_leaves_compressed_and_large_files_to_the_long_way(tmp_path: Path) -> None:
     p = tmp_path / "f"
     p.write_bytes(b'{"a": 1}')
-    assert inputs._plain(inputs.Source(str(p)), 100) == b'{"a": 1}'
-    assert inputs._plain(inputs.Source(str(p)), 3) is None  # beyond the limit
+    assert inputs.read_plain(inputs.Source(str(p)), 100) == b'{"a": 1}'
+    assert inputs.read_plain(inputs.Source(str(p)), 3) is None  # beyond the limit
     p.write_bytes(inputs.GZIP_MAGIC + b"rest")
-    assert inputs._plain(inputs.Source(str(p)), 100) is None
+    assert inputs.read_plain(inputs.Source(str(p)), 100) is None
     with pytest.raises(TraceFormatError, match="cannot read"):
-        inputs._plain(inputs.Source(str(tmp_path / "absent")), 100)
+        inputs.read_plain(inputs.Source(str(tmp_path / "absent")), 100)
+
+
+def test_read_range(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(b"0123456789")
+    assert inputs.read_range(str(p), 2, 7) == b"23456"
+    with pytest.raises(TraceFormatError, match="shorter than when it was cut"):
+        inputs.read_range(str(p), 8, 12)

@@ -3,12 +3,16 @@ met again in a later batch counted, the same graphs on one worker or two."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from meshtax.traces import inputs
+from meshtax.traces.api import load_traces
+from meshtax.traces.errors import TraceFormatError
 from meshtax.traces.report import ImportReport
 from meshtax.traces.spans import SpanOptions
 from meshtax.traces.stream import _head_size, _Seen, _several_tasks, _tasks, iter_batches
@@ -58,3 +62,45 @@ def test_seen_counts_only_earlier_batches() -> None:
     assert seen.add([]) == 0
     assert seen.add(["d", "c"]) == 1
     assert seen.hashes.dtype.itemsize == 8 and seen.hashes.size == 9
+
+
+def _big(n: int) -> dict[str, Any]:
+    base = json.loads((FIX / "trace.jaeger.json").read_text())["data"][0]
+    traces = []
+    for k in range(n):
+        tid = f"{k:032x}"
+        traces.append(
+            {**base, "traceID": tid, "spans": [{**s, "traceID": tid} for s in base["spans"]]}
+        )
+    return {"data": traces}
+
+
+@pytest.mark.parametrize("form", ["plain", "pretty", "gzip", "lines"])
+def test_a_large_document_is_cut_into_its_traces(tmp_path: Path, form: str) -> None:
+    n = 400 if form == "gzip" else 40  # compressed, larger than a task's ~10 kB
+    doc = _big(n)
+    p = tmp_path / "big.json"
+    if form == "lines":  # JSON Lines: documents of 10 traces
+        data = [{"data": doc["data"][i : i + 10]} for i in range(0, n, 10)]
+        p.write_text("\n".join(json.dumps(d) for d in data) + "\n")
+    else:
+        text = json.dumps(doc, indent=2 if form == "pretty" else None).encode()
+        p.write_bytes(gzip.compress(text) if form == "gzip" else text)
+    opts = SpanOptions(rate=5.0, batch_spans=20)  # a budget of ~10 kB: a few traces a task
+    tasks = list(_tasks([inputs.Source(str(p))], iter(()), "jaeger", opts))
+    assert len(tasks) > 3
+    # a plain file's traces go to the workers as byte ranges, others as their bytes
+    assert all(bool(t.ranges) == (form in ("plain", "pretty")) for t in tasks)
+    assert sum(len(t.ranges) + len(t.raws) for t in tasks) == n
+    rep = ImportReport("x", "jaeger")
+    parts = list(iter_batches(p, "jaeger", SpanOptions(rate=5.0, batch_spans=20, workers=2), rep))
+    whole = load_traces(p, "jaeger", SpanOptions(rate=5.0))
+    assert [g for q in parts for g in q.batch.graph_names] == list(whole.batch.graph_names)
+    assert rep.rows_used == whole.report.rows_used == n * len(whole.ecgs[0].invocations)
+
+
+def test_a_large_document_that_is_not_jaeger_says_so(tmp_path: Path) -> None:
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps({"something": ["x" * 100] * 200}))
+    with pytest.raises(TraceFormatError, match="not Jaeger JSON"):
+        list(_tasks([inputs.Source(str(p))], iter(()), "jaeger", SpanOptions(batch_spans=20)))

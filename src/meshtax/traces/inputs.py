@@ -218,7 +218,7 @@ _BLANK = re.compile(rb"\s*")
 _TEXT = re.compile(rb"\S")
 
 
-def _split(data: bytes, name: str) -> Iterator[tuple[int, bytes]]:
+def split_documents(data: bytes, name: str) -> Iterator[tuple[int, bytes]]:
     """The documents of a file read whole: itself, or its lines when it is JSON Lines (looked
     at without copying the document: most files are one small document)."""
     start = _BLANK.match(data).end()  # type: ignore[union-attr]  # matches the empty string
@@ -238,7 +238,7 @@ def _split(data: bytes, name: str) -> Iterator[tuple[int, bytes]]:
             yield i, line
 
 
-def _plain(src: Source, limit: int) -> bytes | None:
+def read_plain(src: Source, limit: int) -> bytes | None:
     """The bytes of an uncompressed regular file of at most ``limit`` bytes, in one read (the
     common case, kept short: 50 000 small files are read per import); None for anything
     else."""
@@ -260,15 +260,36 @@ def _plain(src: Source, limit: int) -> bytes | None:
         os.close(fd)
 
 
+def read_range(name: str, lo: int, hi: int) -> bytes:
+    """Bytes ``lo`` to ``hi`` of a plain file (a part of a document cut where it was read)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise TraceFormatError(f"{name}: cannot read ({e.strerror})") from None
+    try:
+        parts, at = [], lo
+        while at < hi:
+            got = os.pread(fd, hi - at, at)
+            if not got:
+                raise TraceFormatError(f"{name}: shorter than when it was cut (changed?)")
+            parts.append(got)
+            at += len(got)
+        return b"".join(parts)
+    except OSError as e:
+        raise TraceFormatError(f"{name}: cannot read ({e.strerror})") from None
+    finally:
+        os.close(fd)
+
+
 def documents(src: Source, limit: int = MAX_DOCUMENT_BYTES) -> Iterator[tuple[int, bytes]]:
     """``(line number, bytes)`` of each JSON document of a source: ``(0, whole file)`` for a
     multi-line document, else one per non-empty line (JSON Lines; a one-line file is one).
     A document larger than ``limit`` bytes is refused."""
     name = "<stdin>" if src.is_stdin else src.name
     if not src.is_stdin:
-        data = _plain(src, limit)
+        data = read_plain(src, limit)
         if data is not None:  # a plain file that fits: cut into lines only if JSON Lines
-            yield from _split(data, name)
+            yield from split_documents(data, name)
             return
     f: IO[bytes] = io.BytesIO(_stdin_buffer(limit, keep=False)) if src.is_stdin else _open(src)
     try:

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import chain, islice
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -52,28 +52,23 @@ def _read_source(
             otlp.read_otlp_json(doc, where, out)  # Jaeger's API v3 answers OTLP
         elif fmt == "jaeger" and split is None:
             if not jaeger.read_jaeger_doc(doc, where, out):
-                raise TraceFormatError(
-                    f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
-                )
+                _not_jaeger(where)
         elif fmt == "jaeger":
-            raws = jaeger.jaeger_traces(doc, where)
-            if raws is None:
-                raise TraceFormatError(
-                    f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
-                )
             assert split is not None
-            split.extend(raws)
+            split.extend(jaeger.jaeger_traces(doc, where) or _not_jaeger(where))
         else:
             READERS[fmt](doc, where, out)
 
 
 @dataclass
 class _Task:
-    """One unit of parallel work: files (names; ``-`` for stdin), or raw Jaeger traces cut
-    out of one document."""
+    """One unit of parallel work: files (names; ``-`` for stdin), or Jaeger traces cut out of
+    one document ``where``: their byte ranges in that file when it is a plain file, else their
+    bytes."""
 
     files: list[str] = field(default_factory=list)
     raws: list[bytes] = field(default_factory=list)
+    ranges: list[tuple[int, int]] = field(default_factory=list)
     where: str = ""
     size: int = 0
 
@@ -116,6 +111,11 @@ def _decode_and_pair(
         (whole.rows if rows.complete else held).extend(rows.rows)
     for i, raw in enumerate(task.raws):
         jaeger.read_jaeger_trace(raw, f"{task.where}: trace {i}", whole)
+    if task.ranges:  # one read of the file for the task's traces
+        lo, hi = task.ranges[0][0], task.ranges[-1][1]
+        data = inputs.read_range(task.where, lo, hi)
+        for i, (a, b) in enumerate(task.ranges):
+            jaeger.read_jaeger_trace(data[a - lo : b - lo], f"{task.where}: trace {i}", whole)
     parts = [pair_rows(whole.rows, rep, options)] if whole.rows else []
     if whole.jaeger is not None:
         parts.append(pair_rows(whole.jaeger, rep, options))
@@ -149,18 +149,7 @@ def _tasks(
             if task.files:
                 yield task
                 task = _Task()
-            raws: list[Any] = []
-            _read_source(src, fmt, options.max_document_bytes, decode.SpanRows(), raws)
-            part = _Task(where=src.name)
-            for i, raw in enumerate(raws):
-                part.raws.append(bytes(raw))  # copied one part at a time
-                raws[i] = None
-                part.size += len(part.raws[-1])
-                if part.size >= budget:
-                    yield part
-                    part = _Task(where=src.name)
-            if part.raws:
-                yield part
+            yield from _cut(src, options)
             continue
         task.files.append(src.name)
         task.size += size
@@ -169,6 +158,47 @@ def _tasks(
             task = _Task()
     if task.files:
         yield task
+
+
+def _cut(src: inputs.Source, options: SpanOptions) -> Iterator[_Task]:
+    """A large Jaeger document cut into tasks of its traces: their byte ranges when it is a
+    plain file holding one document (the workers read them: the document is not sent through
+    a pipe), else their bytes."""
+    budget = options.batch_spans * 500
+    data = None if src.is_stdin else inputs.read_plain(src, options.max_document_bytes)
+    if data is not None and next(islice(inputs.split_documents(data, src.name), 1, 2), None):
+        data = None  # JSON Lines: cut line by line below
+    raws: list[Any] = []
+    if data is not None:
+        parts, part, at = [], _Task(where=src.name), 0
+        for raw in jaeger.jaeger_traces(data, src.name) or _not_jaeger(src.name):
+            at = data.find(raw, at)  # each trace right after the one before: no search
+            part.ranges.append((at, at + len(raw)))
+            part.size += len(raw)
+            at += len(raw)
+            if part.size >= budget:
+                parts.append(part)
+                part = _Task(where=src.name)
+        del data  # cut: not held while its parts are read
+        yield from [*parts, part] if part.ranges else parts
+        return
+    _read_source(src, "jaeger", options.max_document_bytes, decode.SpanRows(), raws)
+    part = _Task(where=src.name)
+    for i, raw in enumerate(raws):
+        part.raws.append(bytes(raw))  # copied one part at a time
+        raws[i] = None
+        part.size += len(part.raws[-1])
+        if part.size >= budget:
+            yield part
+            part = _Task(where=src.name)
+    if part.raws:
+        yield part
+
+
+def _not_jaeger(where: str) -> NoReturn:
+    raise TraceFormatError(
+        f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
+    )
 
 
 def _per_task(options: SpanOptions) -> int:
@@ -341,6 +371,7 @@ def iter_batches(
         import multiprocessing as mp
 
         with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
+            pool.submit(int)  # the workers forked now, before a large document is read here
             queue: list[Future[tuple[Paired, ImportReport, _HeldPart | None]]] = []
             for t in tasks:
                 queue.append(pool.submit(_run_task, t, format, options))
