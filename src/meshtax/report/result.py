@@ -242,7 +242,8 @@ class GraphColumns:
         for k in keys:
             f.seek(b.at[k])
             cols[k] = np.lib.format.read_array(f, allow_pickle=False)
-        f.seek(b.at["names"])
+        if names:
+            f.seek(b.at["names"])
         loaded = _Block(b.n, b.comps, tuple(json.loads(f.readline())) if names else None, cols)
         if names and len(keys) == len(_ALL):
             self._read = (i, loaded)
