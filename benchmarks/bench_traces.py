@@ -373,6 +373,8 @@ def main() -> None:
                 "seconds_median": statistics.median(r["seconds"] for r in rs),
                 "cpu_seconds_median": statistics.median(r["cpu_seconds"] for r in rs),
                 "seconds": [round(r["seconds"], 3) for r in rs],
+                "cpu_seconds": [round(r["cpu_seconds"], 3) for r in rs],
+                "peak_rss_mb": [round(r["peak_rss_mb"]) for r in rs],
                 "traces_per_s_median": n / statistics.median(r["seconds"] for r in rs),
                 "peak_rss_mb_max": max(r["peak_rss_mb"] for r in rs),
             }
