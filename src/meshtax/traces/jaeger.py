@@ -129,8 +129,8 @@ def _code(key: str) -> int:
     return code
 
 
-#: spans taken to columns at a time: while their rows are still in the cache (a task's
-#: worth at the end cost twice as much, its rows spread over memory)
+#: spans taken to columns at a time, while their rows are still in the cache (a task's
+#: 20 000 at its end cost ~0.8 µs a span more: the rows had left the cache)
 CHUNK_SPANS = 1024
 
 
