@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from meshtax.app.data import write_examples
-from meshtax.app.predict import PredictOptions, load_batch, predict_files
+from meshtax.app.predict import PredictOptions, predict_files
+from meshtax.app.pricing import load_batch
 from meshtax.predict.architecture import predict_architecture
 from meshtax.report import result
 from meshtax.report.exporters import EXPORTERS

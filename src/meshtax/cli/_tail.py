@@ -17,8 +17,6 @@ from meshtax.app.tail import (
     parse_sweep,
 )
 from meshtax.cli._common import Number
-from meshtax.report.exporters import EXPORTERS
-from meshtax.report.tail import tail_csv
 
 F = TypeVar("F", bound=Callable[..., Any])
 KEY = "meshtax_tail"
@@ -115,6 +113,9 @@ def tail_request(ctx: click.Context) -> TailRequest | None:
 
 def export(fmt: str, doc: dict[str, Any]) -> str:
     """A prediction document in ``fmt``; CSV of a document with tail parts is their CSV."""
+    from meshtax.report.exporters import EXPORTERS
+    from meshtax.report.tail import tail_csv
+
     if fmt == "csv" and ("tail" in doc or "tail_sweep" in doc):
         return tail_csv(doc)
     return EXPORTERS[fmt].export(doc)

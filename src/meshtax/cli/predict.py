@@ -30,9 +30,6 @@ from meshtax.cli._common import (
     user_errors,
 )
 from meshtax.cli._tail import export, tail_options, tail_request
-from meshtax.report.architectures import architectures_csv, architectures_text
-from meshtax.report.tail import tail_text
-from meshtax.report.text import prediction_text
 from meshtax.store.sqlite import ProfileStore
 
 
@@ -136,6 +133,11 @@ def predict(
     )
     store = ProfileStore(db)
     doc = predict_files(opts, store, progress=_progress())
+    # the renderers imported once predicted: the traces' workers start before them
+    from meshtax.report.architectures import architectures_csv, architectures_text
+    from meshtax.report.tail import tail_text
+    from meshtax.report.text import prediction_text
+
     arch = doc.get("architectures")
     if arch is not None and fmt in ("table", "csv"):
         # the comparison: side by side (table) or one row per architecture and graph (csv)
