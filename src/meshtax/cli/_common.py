@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 
@@ -137,6 +137,18 @@ def emit(text: str, output: str | None) -> None:
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text, nl=False)
+
+
+def emit_with(write: Callable[[TextIO], None], output: str | None) -> None:
+    """``write(stream)`` to the file ``output``, or to stdout: a long export is written as it
+    is made, never held whole."""
+    if output:
+        with open(output, "w") as f:
+            write(f)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        write(sys.stdout)
+        sys.stdout.flush()
 
 
 db_option = click.option(

@@ -22,6 +22,7 @@ from meshtax.cli._common import (
     architecture_options,
     db_option,
     emit,
+    emit_with,
     format_option,
     main,
     output_option,
@@ -143,8 +144,10 @@ def predict(
         # the comparison: side by side (table) or one row per architecture and graph (csv)
         text = prediction_text(doc) + "\n" + architectures_text(arch)
         emit(text if fmt == "table" else architectures_csv(arch), output)
+    elif fmt == "table":
+        emit(prediction_text(doc) + tail_text(doc), output)
     else:
-        emit(prediction_text(doc) + tail_text(doc) if fmt == "table" else export(fmt, doc), output)
+        emit_with(lambda out: export(fmt, doc, out), output)
     if report_path:
         out = app_data.build_report((), [doc["profile"]["name"]], store, report_path, docs=[doc])
         click.echo(f"wrote {out}", err=True)
