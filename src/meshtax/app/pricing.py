@@ -4,6 +4,7 @@ trace workers read (numba's kernel, the profile store and the report load meanwh
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -189,6 +190,10 @@ def predict_batches(
             if whatif is not None:
                 after = predict_architecture(batch, whatif[1], arch, speed=pr.speed, **pr.kw)[1]
             build.add(batch, bp, after)
+            if gc.get_freeze_count() == 0:
+                # numba and its kernel are loaded for good (a batch was priced): the
+                # collector walking their objects again, at exit too, cost ~0.15 s of CPU
+                gc.freeze()
             if progress is not None:
                 progress(len(build.columns))
     except (TraceFormatError, OSError) as e:
