@@ -22,6 +22,7 @@ from meshtax.traces.stream import (
     _Seen,
     _several_tasks,
     _tasks,
+    _workers,
     iter_batches,
 )
 
@@ -119,8 +120,9 @@ def test_a_reading_reads_before_it_is_iterated_and_close_stops_its_workers(
 ) -> None:
     _files(tmp_path / "d", 200)
     rep = ImportReport("x", "jaeger")
-    reading = Reading(tmp_path / "d", "jaeger", SpanOptions(rate=5.0, batch_spans=100), rep)
-    assert len(multiprocessing.active_children()) == 2  # forked at construction
+    opts = SpanOptions(rate=5.0, batch_spans=100, workers=2)
+    reading = Reading(tmp_path / "d", "jaeger", opts, rep)
+    assert len(multiprocessing.active_children()) == _workers(opts) == 2  # forked at construction
     first = reading._queue[0]
     first.result(timeout=30)  # read while nobody iterates
     reading.close()

@@ -14,6 +14,8 @@ from meshtax.traces.inputs import head as read_head
 from meshtax.traces.report import ImportReport
 
 if TYPE_CHECKING:
+    from meshtax.traces.pairing import Paired
+    from meshtax.traces.spans import SpanOptions
     from meshtax.traces.store import Store
 
 Format = Literal["jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022"]
@@ -178,7 +180,9 @@ def iter_graph_batches(
     return GraphBatches(_span_graphs(reading, sopts, report), reading.close)
 
 
-def _span_graphs(parts: Iterator[Any], options: Any, report: ImportReport) -> Iterator[EcgBatch]:
+def _span_graphs(
+    parts: Iterator[Paired], options: SpanOptions, report: ImportReport
+) -> Iterator[EcgBatch]:
     """Each batch with its services' nodes (and, counted, its rates)."""
     from dataclasses import replace
 
