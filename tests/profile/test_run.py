@@ -499,6 +499,70 @@ def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
     assert any("user-space CPU change" in n for n in prof.provenance.notes)
 
 
+def test_the_idle_sidecars_cpu_is_measured_and_kept_out_of_the_message_models(
+    tmp_path: Path,
+) -> None:
+    """An idle window per mode (schedstat +6 ms over 2 s of the fake clock: 3 000 CPU-µs/s)
+    is stored per mode, and its share of each CPU run (÷ 2·rate per crossing) comes off the
+    user-space CPU (Other), which the previous test prices at 3 µs per crossing."""
+    plan = Plan(
+        closure_retries=0,
+        modes=(Mode.TCP, Mode.HTTP),
+        sizes=(100,),
+        rate_fractions=(1.0,),
+        low_rates=(),
+        carried=(),
+        latency_run_s=0.1,
+        probe_pairs=1,
+        pinning=PIN,
+        nice=None,
+        idle_s=2.0,
+    )
+    world = World()
+    sysm = EchoFakeSystem(responders=[world])
+    sched = iter(range(0, 10**12, 6_000_000))
+    _follow_envoy_port(sysm, world)
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    probe = AppUserProbe([10_000_000, 10_000_000], [2_000_000, 8_000_000])
+    backends = Backends(
+        probe=lambda s: probe,
+        perf=lambda s: FakePerf([]),
+        schedstat=lambda pid: {pid: next(sched)},
+        state_dir=tmp_path / "state",
+        procs=Procs(),
+        envoy_binary=Path("/x/envoy"),
+        fortio_binary=Path("/x/fortio"),
+        niceness=lambda n: contextlib.nullcontext(),
+        meter=None,
+        speed=None,
+        clock=lambda: now[0],
+        sleep=sleep,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ClosureWarning)
+        prof = run_profile(ProfileOptions(name="t", plan=plan), sysm, None, backends=backends)
+    assert slept == [2.0, 2.0]  # one idle window per mode
+    for mode in (Mode.TCP, Mode.HTTP):
+        mp = prof.modes[mode]
+        assert mp.idle_cpu_us_per_s == pytest.approx(3000.0)
+        other = mp.components[OTHER].cpu
+        assert other.samples is not None
+        rate = other.samples.rates[0]
+        assert other.intercept == pytest.approx(3.0 - 3000.0 / (2 * rate))
+    # parsing is a difference of two modes that lose the same share: unchanged
+    assert prof.modes[Mode.HTTP].components[PARSING].cpu.intercept == pytest.approx(3.0)
+    m = prof.provenance.options["measurements"]["tcp"][0]
+    assert m["idle_cpu_us_per_s"] == pytest.approx(3000.0)
+    back = Profile.from_dict(prof.to_dict())
+    assert back.modes[Mode.TCP].idle_cpu_us_per_s == pytest.approx(3000.0)
+
+
 def test_options_resolve_plan() -> None:
     p = ProfileOptions(
         quick=True, modes=("http",), sizes=(2048, 100), duration_s=1.0

@@ -53,6 +53,7 @@ STEP_OVERHEAD_S = {
     "maxqps": 0.2,
     "cpu": 0.8,
     "warmup": 0.3,
+    "idle": 0.3,
 }
 
 
@@ -74,6 +75,8 @@ class Step:
         who = f"{self.mode.value}+{self.protocol}" if self.protocol else self.mode.value
         if self.kind == "setup":
             return f"{who}: start sidecar"
+        if self.kind == "idle":
+            return f"{who}: CPU of the idle sidecar"
         what = {
             "latency": "latency with/without sidecar",
             "probe": "probes attached",
@@ -160,6 +163,10 @@ class Plan:
     # in the measurement; on an idle machine it changes nothing. None: leave as is.
     nice: int | None = -20
     preset: str = "quick"
+    # seconds of an idle window per mode (the sidecar up, no traffic): its timers and stats
+    # flushes, a cost per second and per sidecar, not per message (0: not measured; the
+    # presets measure it)
+    idle_s: float = 0.0
     # per mode after the rest: requests/s at saturation (profile.capacity; --capacity)
     capacity: bool = False
     capacity_policy: CapacityPolicy = field(default_factory=CapacityPolicy)
@@ -199,6 +206,8 @@ class Plan:
         )
         if min(durations) <= 0:
             raise ValueError("run durations must be positive")
+        if not 0 <= self.idle_s <= 60:
+            raise ValueError(f"idle_s: 0 (off) to 60 seconds, got {self.idle_s}")
         if self.probe_max_pairs is not None and self.probe_max_pairs < self.probe_pairs:
             raise ValueError("probe_max_pairs must be at least probe_pairs")
         if self.probe_pairs < 1:
@@ -238,6 +247,8 @@ class Plan:
         o = STEP_OVERHEAD_S
         for m in self.modes:
             out.append(Step("setup", m, expected_s=o["setup"]))
+            if self.idle_s > 0:
+                out.append(Step("idle", m, expected_s=self.idle_s + o["idle"]))
             for s in self.sizes:
                 out.append(Step("latency", m, s, expected_s=self.latency_expected_s()))
                 probe_s = 2 * self.probe_pairs * (self.probe_run_s + o["probe"])
@@ -353,6 +364,7 @@ class Plan:
             "carried_probe_pairs": self.carried_probe_pairs,
             "carried_rate_fractions": list(self.carried_rate_fractions),
             "warmup_n": self.warmup_n,
+            "idle_s": self.idle_s,
             "split_candidates": list(self.split_candidates),
             "closure_tolerance": self.closure_tolerance,
             "pinning": self.pinning.to_dict(),
@@ -381,6 +393,7 @@ def quick_plan(**changes: Any) -> Plan:
         carried_all_sizes=False,
         carried_probe_pairs=1,
         carried_rate_fractions=(1.0,),
+        idle_s=2.0,
     )
     return replace(base, **changes)
 
@@ -406,6 +419,7 @@ def full_plan(**changes: Any) -> Plan:
         carried_probe_pairs=1,
         carried_rate_fractions=(1.0,),
         warmup_n=500,
+        idle_s=3.0,
         preset="full",
     )
     return replace(base, **changes)

@@ -385,6 +385,15 @@ def _steady_run(
     return CpuRun(label, added / dt, bd, (s_ratio + l_ratio) / 2)
 
 
+def idle_cpu_us_per_s(pid: int, seconds: float, be: Backends) -> float:
+    """CPU-µs per second the proxy ``pid`` burns with no traffic (every thread: timers, stats
+    flushes, the main thread's housekeeping), over a window of ``seconds``."""
+    t0, s0 = be.clock(), sum(be.schedstat(pid).values())
+    be.sleep(seconds)
+    t1, s1 = be.clock(), sum(be.schedstat(pid).values())
+    return max(s1 - s0, 0) / 1e3 / (t1 - t0) if t1 > t0 else 0.0
+
+
 #: low-rate runs are skipped at sizes where they would exceed this share of the max rate
 LOW_RATE_MAX_SHARE = 0.5
 
@@ -434,7 +443,12 @@ def _measure_sizes(
     pid = envoy.pid
     meshed, direct = bed.meshed_target, bed.direct_target(load_mode)
     out: list[SizeResult] = []
+    idle: float | None = None
     try:
+        if not protocol and plan.idle_s > 0:
+            ticker.next("idle", mode)
+            bed.load(meshed, load_mode, sizes[0], n=plan.warmup_n)  # past start-up work
+            idle = idle_cpu_us_per_s(pid, plan.idle_s, be)
         for size in sizes:
             ticker.next("probe" if protocol else "latency", mode, size, protocol=protocol)
             # warm both paths (connection set-up, allocator, caches) before anything counts
@@ -465,7 +479,7 @@ def _measure_sizes(
                 meter=be.meter,
                 rt_priority=plan.probe_rt_priority,
             )
-            r = SizeResult(size, po, pr)
+            r = SizeResult(size, po, pr, idle_cpu_us_per_s=idle)
             r.max_qps, r.cpu = _cpu_runs(
                 bed,
                 load_mode,

@@ -111,6 +111,8 @@ def _graph(
             else:
                 on_path = float(lat) if bp.critical[r] else 0.0
             svc_lat[name] = svc_lat.get(name, 0.0) + on_path
+            if name not in svc_cpu and bp.service_idle_vcpu is not None:
+                cpu += bp.service_idle_vcpu[side]  # its idle sidecar, once per graph
             svc_cpu[name] = svc_cpu.get(name, 0.0) + float(cpu)
     out["by_service"] = [
         {"service": s, "latency_on_path_us": svc_lat.get(s, 0.0), "cpu_vcpu": svc_cpu[s]}
