@@ -143,7 +143,9 @@ def negative(prof: Profile) -> list[str]:
         for proto, m in [("", mp), *sorted(mp.carried.items())]:
             for c, cm in m.components.items():
                 for kind, model in (("latency", cm.latency), ("cpu", cm.cpu)):
-                    rates = [r for r in (model.rate_lo, model.rate_hi) if r] or [None]
+                    rates: list[float | None] = [
+                        r for r in (model.rate_lo, model.rate_hi) if r
+                    ] or [None]
                     for r in rates:
                         v = min(float(x) for x in model.predict(sizes, r))
                         if v < 0:
