@@ -203,19 +203,20 @@ def test_low_rate_and_carried_steps() -> None:
 
 def test_quick_preset_fits_the_three_minute_aim() -> None:
     # the estimate is an upper bound: 199.8 s estimated, 174 s measured (issue #6, load ≈ 2);
-    # +15 s since low-rate CPU is two runs differenced, +7 s for the idle windows (issue #14)
+    # +15 s since low-rate CPU is two runs differenced, +7 s for the idle windows and +16 s for
+    # a third low rate (300/s; issue #14)
     q = quick_plan(pinning=PIN)
-    assert q.expected_s() <= 230.0
+    assert q.expected_s() <= 240.0
     assert full_plan(pinning=PIN).expected_s() <= 22 * 60.0
     # quick: low rates at the smallest size, gRPC carried at the smallest and largest size
-    assert q.low_rates == (100.0, 1000.0) and q.low_rate_size_list() == (100,)
+    assert q.low_rates == (100.0, 300.0, 1000.0) and q.low_rate_size_list() == (100,)
     assert (
         q.carried == ("grpc",)
         and q.carried_sizes() == (100, 65536)
         and q.carried_rate_fractions == (1.0,)
     )
     extra = sum(s.expected_s for s in q.steps() if s.kind == "lowrate" or s.protocol)
-    assert extra <= 45.0
+    assert extra <= 60.0
 
 
 def test_with_duration_and_to_dict() -> None:
