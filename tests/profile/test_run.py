@@ -19,12 +19,15 @@ from meshtax.model.components import BASE_COMPONENTS, IPC, NOTIFICATION, OTHER, 
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends
-from meshtax.profile.build import ClosureWarning
+from meshtax.profile.build import ClosureWarning, CpuRun
+from meshtax.profile.decompose import Breakdown
 from meshtax.profile.plan import Plan
-from meshtax.profile.run import ProfileOptions, Progress, run_profile
+from meshtax.profile.run import ProfileOptions, Progress, _quiet, run_profile
+from meshtax.testbed.interference import Snapshot, Thresholds
 from meshtax.testbed.perf import Bucket, PerfProfile
 from meshtax.testbed.pinning import Pinning
 from meshtax.testbed.probes import ProbeReading
+from meshtax.testbed.procfs import CpuTimes
 from meshtax.testbed.runstate import STATE_DIR, FakeProcOps
 from meshtax.testbed.system import Completed, FakeSystem, Placement, Process, RealSystem
 from tests.helpers import missing_for_real_profile
@@ -552,7 +555,7 @@ def test_the_idle_sidecars_cpu_is_measured_and_kept_out_of_the_message_models(
         mp = prof.modes[mode]
         assert mp.idle_cpu_us_per_s == pytest.approx(3000.0)
         other = mp.components[OTHER].cpu
-        assert other.samples is not None
+        assert other.samples is not None and other.samples.rates is not None
         rate = other.samples.rates[0]
         assert other.intercept == pytest.approx(3.0 - 3000.0 / (2 * rate))
     # parsing is a difference of two modes that lose the same share: unchanged
@@ -734,3 +737,41 @@ def test_low_rate_cpu_is_two_runs_differenced() -> None:
     assert run.bd.user == pytest.approx(50.0)
     alone = _steady_run("r100", 100.0, 0.8, measure(False))
     assert alone.rate == pytest.approx(5 / 1.6) and alone.bd.user == pytest.approx(850.0)
+
+
+class _Busy:
+    """A meter whose windows see others' CPU at the given shares, one window after another
+    (1 s windows on one CPU)."""
+
+    def __init__(self, shares: list[float]) -> None:
+        self.shares = shares
+        self.t = 0
+        self.busy = 0
+        self.calls = 0
+
+    def snapshot(self) -> Snapshot:
+        if self.calls % 2:  # the end of a window: its share of other work
+            self.t += 1_000_000_000
+            self.busy += round(self.shares[self.calls // 2] * 1e9)
+        self.calls += 1
+        return Snapshot(self.t, {1: CpuTimes(self.busy, 0, 0, 0)}, 0, 0)
+
+
+def test_a_disturbed_low_rate_run_is_taken_again_and_the_least_disturbed_kept() -> None:
+    made: list[CpuRun] = []
+
+    def run() -> CpuRun:
+        made.append(CpuRun(f"r{len(made)}", 100.0, Breakdown(), 1.0))
+        return made[-1]
+
+    limits = Thresholds(others=0.10)
+    got = _quiet(run, _Busy([0.5, 0.3, 0.05, 0.9]), limits, 3)
+    assert (got.label, got.tries) == ("r2", 3)  # the third was within the limit
+    assert got.noise is not None and got.noise.others == pytest.approx(0.05)
+    made.clear()
+    got = _quiet(run, _Busy([0.5, 0.2, 0.4]), limits, 3)
+    assert (got.label, got.tries) == ("r1", 3)  # none was: the least disturbed
+    made.clear()
+    assert _quiet(run, _Busy([0.0]), limits, 3).tries == 1
+    made.clear()
+    assert _quiet(run, None, limits, 3).noise is None and len(made) == 1

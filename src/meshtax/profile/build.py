@@ -25,6 +25,7 @@ from meshtax.profile.onehop import PairedOverhead, ProbeResult
 from meshtax.profile.plan import Plan
 from meshtax.testbed.envoy.config import config_hash
 from meshtax.testbed.host import this_host
+from meshtax.testbed.interference import Interference
 from meshtax.testbed.proxy import family_keys
 
 __all__ = [
@@ -56,6 +57,10 @@ class CpuRun:
     rate: float
     bd: Breakdown
     ratio: float
+    # what else ran meanwhile, and how many times the run was taken (low-rate runs are taken
+    # again when other work disturbed them)
+    noise: Interference | None = None
+    tries: int = 1
 
 
 @dataclass
@@ -136,6 +141,8 @@ class SizeResult:
                     "rate": c.rate,
                     "breakdown_us": c.bd.to_dict(),
                     "perf_over_schedstat": c.ratio,
+                    **({} if c.noise is None else {"interference": c.noise.to_dict()}),
+                    **({} if c.tries == 1 else {"tries": c.tries}),
                 }
                 for c in self.cpu
             ],

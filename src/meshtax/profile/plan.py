@@ -150,6 +150,9 @@ class Plan:
     # state, not the request count, sets it — so runs need not be long
     low_rate_run_s: float = 1.0
     low_rate_sizes: int | None = None
+    # a low-rate run that other work disturbed (``interference``) is taken again, this many
+    # times at most; the least disturbed is kept
+    low_rate_tries: int = 3
     carried: tuple[str, ...] = ("grpc",)
     carried_all_sizes: bool = True
     carried_probe_pairs: int = 2
@@ -188,6 +191,8 @@ class Plan:
             raise ValueError(
                 f"low rates must be distinct positive requests/s, got {self.low_rates}"
             )
+        if self.low_rate_tries < 1:
+            raise ValueError("low_rate_tries: at least one run per low rate")
         if self.low_rate_sizes is not None and self.low_rate_sizes < 1:
             raise ValueError("low_rate_sizes: at least one size (None: every size)")
         bad = [p for p in self.carried if p not in CARRIED_PROTOCOLS]
@@ -357,6 +362,7 @@ class Plan:
             "low_rates": list(self.low_rates),
             "low_rate_run_s": self.low_rate_run_s,
             "low_rate_sizes": list(self.low_rate_size_list()),
+            "low_rate_tries": self.low_rate_tries,
             "carried": list(self.carried),
             "carried_sizes": list(self.carried_sizes())
             if Mode.TCP in self.modes and self.carried
