@@ -11,7 +11,7 @@ import subprocess
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
@@ -454,10 +454,9 @@ class AppUserProbe(WindowProbe):
         return make_reading([side, app], ipc_ns=2_000_000)
 
 
-def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
-    """The app parses what the sidecar adds: its user-time change (meshed − direct) is CPU the
-    mesh costs. Per crossing: tcp 2 ms / 2000 = 1 µs → Other; http 8 ms / 2000 = 4 µs, of
-    which 3 µs beyond tcp's → Parsing (as the latency counts it)."""
+def _app_user_profile(tmp_path: Path, idle_s: float = 0.0, **be: Any) -> Profile:
+    """tcp and http at 100 B with :class:`AppUserProbe` (the app's user time grows by 2 ms
+    in tcp and 8 ms in http windows), schedstat +6 ms at every read."""
     plan = Plan(
         closure_retries=0,
         modes=(Mode.TCP, Mode.HTTP),
@@ -469,6 +468,7 @@ def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
         probe_pairs=1,
         pinning=PIN,
         nice=None,
+        idle_s=idle_s,
     )
     world = World()
     sysm = EchoFakeSystem(responders=[world])
@@ -486,10 +486,18 @@ def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
         niceness=lambda n: contextlib.nullcontext(),
         meter=None,
         speed=None,
+        **be,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)
-        prof = run_profile(ProfileOptions(name="t", plan=plan), sysm, None, backends=backends)
+        return run_profile(ProfileOptions(name="t", plan=plan), sysm, None, backends=backends)
+
+
+def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
+    """The app parses what the sidecar adds: its user-time change (meshed − direct) is CPU the
+    mesh costs. Per crossing: tcp 2 ms / 2000 = 1 µs → Other; http 8 ms / 2000 = 4 µs, of
+    which 3 µs beyond tcp's → Parsing (as the latency counts it)."""
+    prof = _app_user_profile(tmp_path)
     tcp, http = prof.modes[Mode.TCP].components, prof.modes[Mode.HTTP].components
     # the sidecar's perf split: user 2 µs per crossing in both modes (FakePerf)
     assert tcp[OTHER].cpu.intercept == pytest.approx(2.0 + 1.0)
@@ -508,23 +516,6 @@ def test_the_idle_sidecars_cpu_is_measured_and_kept_out_of_the_message_models(
     """An idle window per mode (schedstat +6 ms over 2 s of the fake clock: 3 000 CPU-µs/s)
     is stored per mode, and its share of each CPU run (÷ 2·rate per crossing) comes off the
     user-space CPU (Other), which the previous test prices at 3 µs per crossing."""
-    plan = Plan(
-        closure_retries=0,
-        modes=(Mode.TCP, Mode.HTTP),
-        sizes=(100,),
-        rate_fractions=(1.0,),
-        low_rates=(),
-        carried=(),
-        latency_run_s=0.1,
-        probe_pairs=1,
-        pinning=PIN,
-        nice=None,
-        idle_s=2.0,
-    )
-    world = World()
-    sysm = EchoFakeSystem(responders=[world])
-    sched = iter(range(0, 10**12, 6_000_000))
-    _follow_envoy_port(sysm, world)
     now = [0.0]
     slept: list[float] = []
 
@@ -532,24 +523,7 @@ def test_the_idle_sidecars_cpu_is_measured_and_kept_out_of_the_message_models(
         slept.append(s)
         now[0] += s
 
-    probe = AppUserProbe([10_000_000, 10_000_000], [2_000_000, 8_000_000])
-    backends = Backends(
-        probe=lambda s: probe,
-        perf=lambda s: FakePerf([]),
-        schedstat=lambda pid: {pid: next(sched)},
-        state_dir=tmp_path / "state",
-        procs=Procs(),
-        envoy_binary=Path("/x/envoy"),
-        fortio_binary=Path("/x/fortio"),
-        niceness=lambda n: contextlib.nullcontext(),
-        meter=None,
-        speed=None,
-        clock=lambda: now[0],
-        sleep=sleep,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ClosureWarning)
-        prof = run_profile(ProfileOptions(name="t", plan=plan), sysm, None, backends=backends)
+    prof = _app_user_profile(tmp_path, 2.0, clock=lambda: now[0], sleep=sleep)
     assert slept == [2.0, 2.0]  # one idle window per mode
     for mode in (Mode.TCP, Mode.HTTP):
         mp = prof.modes[mode]
