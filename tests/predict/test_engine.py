@@ -449,11 +449,12 @@ def test_every_sidecar_a_graph_crosses_adds_its_idle_cpu_once() -> None:
         {"A": 0.002, "B": 0.002, "C": 0.001}
     )
     assert got.latency_overhead_us.tolist() == plain.latency_overhead_us.tolist()
+    # on one shared CPU the request's share of it (per second ÷ 50 requests/s: 100 and 40 µs)
+    # joins its message work: abc 32 + 100 = 132 beats its critical path (80); b 4 + 40 = 44
+    assert predict_batch(b, single_profile(P), pod_cpus=1).latency_overhead_us.tolist() == [80, 10]
     one = predict_batch(b, single_profile(idle), pod_cpus=1)
-    assert (
-        one.latency_overhead_us.tolist()
-        == predict_batch(b, single_profile(P), pod_cpus=1).latency_overhead_us.tolist()
-    )
+    assert one.latency_overhead_us.tolist() == pytest.approx([132, 44])
+    assert one.latency_by_component[:, k].tolist() == pytest.approx([132, 44])  # all in Other
 
 
 def test_new_connections_pay_the_handshake_and_per_connection_filters() -> None:

@@ -27,7 +27,8 @@ second for one Envoy here). A profile that measured it (``ModeProfile.idle_cpu_u
 keeps it out of its per-message models, and every sidecar a graph crosses adds it once, per
 second, to the graph's CPU (in Other) — a cost per sidecar, not per message, so ten sidecars
 at 20 requests/s spend ten times what the one profiled sidecar's share of a message says.
-It is not on any request's path: latency does not count it.
+Its own critical path does not include it; on shared CPUs the request's share of it (per
+second ÷ the graph's rate) is part of the CPU work the latency is bounded by.
 """
 
 from __future__ import annotations
@@ -469,16 +470,26 @@ def predict_batch(
     overhead, lo_us, hi_us = prop.overhead_us, lo.overhead_us, hi.overhead_us
     bound_mask: npt.NDArray[np.bool_] | None = None
     if pod_cpus is not None:
-        # the request's added CPU work (CPU-µs per execution of the graph) over the shared CPUs
-        work = per_graph(costs.cpu) / pod_cpus
+        # the request's added CPU work (CPU-µs per execution of the graph) over the shared
+        # CPUs: every message's, and its share of the idle sidecars' (their CPU per second ÷
+        # the graph's request rate): on one shared CPU the measured mean latency overhead is
+        # the measured CPU overhead per request, the sidecars' idle CPU included (issue #14,
+        # suite runs 4 and 5: median ratio 1.00, BENCHMARKS.md)
+        work = per_graph(costs.cpu)
+        if idle is not None:
+            if work.shape[1] < lat_comp.shape[1]:
+                work = np.column_stack([work, np.zeros(G)])
+            rate = batch.rate[batch.graph_ptr[:-1]] if G else np.zeros(0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                share = np.where(rate > 0, idle * 1e6 / rate, 0.0)
+            work[:, components.index(OTHER)] += share
+        work /= pod_cpus
         w = work.sum(axis=1)
         w_se = np.bincount(g, weights=costs.cpu_se, minlength=G) / pod_cpus
         bound_mask = w > overhead
         overhead = np.maximum(overhead, w)
         lo_us = np.maximum(lo_us, np.maximum(w - Z95 * w_se, 0.0))
         hi_us = np.maximum(hi_us, w + Z95 * w_se)
-        if work.shape[1] < lat_comp.shape[1]:  # the idle column: no per-message work
-            work = np.column_stack([work, np.zeros(G)])
         lat_comp = np.where(bound_mask[:, None], work, lat_comp)
     return BatchPrediction(
         components=components,
@@ -525,12 +536,12 @@ def idle_vcpu(
     svc = np.zeros(S)
     g = batch.graph_of()
     pairs = []
-    for who, spec in ((batch.caller, batch.caller_spec), (batch.callee, batch.callee_spec)):
-        m = (spec >= 0) & (who >= 0)
-        svc[who[m]] = per_spec[spec[m]]
+    for who, side in ((batch.caller, batch.caller_spec), (batch.callee, batch.callee_spec)):
+        m = (side >= 0) & (who >= 0)
+        svc[who[m]] = per_spec[side[m]]
         pairs.append(g[m] * S + who[m])
-    seen = np.unique(np.concatenate(pairs)) if pairs else np.zeros(0, dtype=np.int64)
-    per_graph = np.bincount(seen // S, weights=svc[seen % S], minlength=G) if S else np.zeros(G)
+    seen = np.unique(np.concatenate(pairs))
+    per_graph = np.bincount(seen // S, weights=svc[seen % S], minlength=G).astype(np.float64)
     return svc, per_graph
 
 
