@@ -61,6 +61,10 @@ class PredictOptions:
     # mesh architectures to compare (the first prices the main prediction); (): sidecar only
     architectures: tuple[str, ...] = ()
     pods_per_node: int = 1  # services without a node: this many to a node, by name
+    # profiles measured in a role (`meshtax profile --architecture`); None: this machine's
+    # newest of that role, if any, else the role is priced from the sidecar profile
+    node_profile: str | None = None
+    waypoint_profile: str | None = None
     tail: TailRequest | None = None  # percentiles under load and saturation (app.tail)
 
     def to_dict(self) -> dict[str, Any]:
@@ -218,7 +222,13 @@ def predict_files(
     archs = parse_architectures(",".join(opts.architectures or ("sidecar",)))
     if opts.pods_per_node < 1:
         raise UsageError(f"pods per node {opts.pods_per_node}; expected at least 1")
-    kw: dict[str, Any] = {"pods_per_node": opts.pods_per_node, "pod_cpus": opts.pod_cpus}
+    roles, rw = role_profiles(store, opts, archs)
+    warnings += rw
+    kw: dict[str, Any] = {
+        "pods_per_node": opts.pods_per_node,
+        "pod_cpus": opts.pod_cpus,
+        "roles": roles,
+    }
     whatif = None
     if opts.speedup:
         sp = speedup_from_dict(load_speedup_file(opts.speedup), opts.speedup)
@@ -260,6 +270,43 @@ def predict_files(
     )
     doc["import"] = report.to_dict()
     return _with_speed(doc, speed, profile)
+
+
+def role_profiles(
+    store: ProfileStore, opts: PredictOptions, archs: Sequence[Architecture]
+) -> tuple[dict[Architecture, str], list[str]]:
+    """The profiles that price the node proxy and the waypoint (by name), and what to say
+    about them: the ones named, else this machine's newest of that role, else none (the
+    role is priced from the sidecar profile, a stand-in)."""
+    out: dict[Architecture, str] = {}
+    said: list[str] = []
+    wanted = {Architecture.NODE_L4: opts.node_profile, Architecture.WAYPOINT: opts.waypoint_profile}
+    # a waypoint runs on node-l4
+    needs: tuple[Architecture, ...] = ()
+    if Architecture.NODE_L4 in archs or Architecture.WAYPOINT in archs:
+        needs = (Architecture.NODE_L4,)
+    if Architecture.WAYPOINT in archs:
+        needs += (Architecture.WAYPOINT,)
+    for role in needs:
+        name = wanted[role]
+        prof = store.get(name) if name else store.for_host(this_host(), role.value)
+        if prof is None:
+            said.append(
+                f"no {role.value} profile on this machine (`meshtax profile --architecture "
+                f"{role.value}`): {role.value} crossings are priced from the sidecar profile"
+            )
+            continue
+        if prof.platform.architecture != role.value:
+            raise UsageError(
+                f"profile {prof.name!r} is not a {role.value} profile (measured as "
+                f"{prof.platform.architecture or 'a sidecar'})"
+            )
+        out[role] = prof.name
+        if prof.unclosed and not opts.accept_unclosed:
+            said.append(f"{role.value} profile {prof.name!r} did not close: {prof.unclosed_modes}")
+        if not name:
+            said.append(f"{role.value} crossings priced from {prof.name!r} (this machine's newest)")
+    return out, said
 
 
 def _whole(

@@ -24,6 +24,7 @@ from meshtax.cli._common import (
     user_errors,
 )
 from meshtax.model.proxy import IPCS, TRAITS, WRITES
+from meshtax.model.sidecar import Architecture
 from meshtax.report.text import profile_text
 from meshtax.store.sqlite import ProfileStore
 
@@ -345,6 +346,14 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
     show_default=True,
     help="With --write zerocopy: smaller sends are copied (0: every send is zero-copy).",
 )
+@click.option(
+    "--architecture",
+    type=click.Choice(["sidecar", "node-l4", "waypoint"]),
+    default="sidecar",
+    show_default=True,
+    help="The proxy's role: a sidecar, a per-node L4 proxy (Envoy, mTLS between two node "
+    "namespaces) or a waypoint (Envoy, L7, on node-l4); the last two on the node bed.",
+)
 @db_option
 @user_errors
 def profile_cmd(
@@ -370,6 +379,7 @@ def profile_cmd(
     ipc: str,
     write: str,
     zerocopy_min: int,
+    architecture: str,
     db: str | None,
 ) -> None:
     """Measure a real sidecar (Envoy by default) on this machine (root) and store its profile.
@@ -408,6 +418,7 @@ def profile_cmd(
             low_rates=None if low_rates is None else csv(low_rates, float),
             capacity=True if capacity else None,
             proxy=choice,
+            architecture=Architecture(architecture),
         )
         popts.resolve_plan()
     except ValueError as e:
@@ -459,7 +470,9 @@ def profile_cmd(
     click.echo(
         f"stored profile {done.profile.name!r} in {store.path}; "
         + (
-            "`meshtax predict` uses it by default on this machine"
+            f"`meshtax predict --architecture {pl.architecture}` prices that role with it"
+            if pl.architecture
+            else "`meshtax predict` uses it by default on this machine"
             if plain
             else "a proxy variant: name it (`--profile`, `meshtax whatif derive`) to use it"
         )

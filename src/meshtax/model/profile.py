@@ -41,6 +41,8 @@ from meshtax.model.speed import Speed
 #:     Later the same day, optional top-level ``microarch`` (issue #19: instructions, simulated
 #:     cache misses and branches per request; its own ``format``, see
 #:     :mod:`meshtax.model.microarch`; absent in older documents).
+#:     2026-11-24: optional platform ``architecture`` (issue #18: ``node-l4`` or ``waypoint``,
+#:     a profile of Envoy in that role, measured on the node bed; written only when set).
 PROFILE_FORMAT = 2
 
 
@@ -55,6 +57,7 @@ class Platform:
     proxy_version: str = ""
     config_hash: str = ""
     variant: str = ""  # how the sidecar's app-facing legs differ from loopback TCP, copying
+    architecture: str = ""  # the proxy's role when not a sidecar: node-l4 or waypoint
 
     @property
     def key(self) -> str:
@@ -73,7 +76,8 @@ class Platform:
     def describe(self) -> str:
         proxy = f"{self.proxy} {self.proxy_version}".strip()
         variant = f" ({self.variant})" if self.variant else ""
-        return f"{self.cpu_model}, {self.cores} cores, Linux {self.kernel}, {proxy}{variant}"
+        role = f" as {self.architecture}" if self.architecture else ""
+        return f"{self.cpu_model}, {self.cores} cores, Linux {self.kernel}, {proxy}{variant}{role}"
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -86,6 +90,8 @@ class Platform:
         }
         if self.variant:
             d["variant"] = self.variant
+        if self.architecture:
+            d["architecture"] = self.architecture
         return d
 
     @classmethod
@@ -98,6 +104,7 @@ class Platform:
             proxy_version=str(d.get("proxy_version", "")),
             config_hash=str(d.get("config_hash", "")),
             variant=str(d.get("variant", "")),
+            architecture=str(d.get("architecture", "")),
         )
 
 

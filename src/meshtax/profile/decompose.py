@@ -111,7 +111,7 @@ buckets map one to one (perf already charges the loopback RX path to ``ipc``, no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields, replace
 
 from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, WRITE, Component
@@ -183,8 +183,11 @@ def traffic_threads(reading: ProbeReading) -> ThreadReading:
     return out
 
 
-def _threads_of(reading: ProbeReading, tgid: int | None, busy_only: bool) -> ThreadReading:
-    ts = [t for t in reading.threads if tgid is None or t.tgid == tgid]
+def _threads_of(
+    reading: ProbeReading, tgid: int | Collection[int] | None, busy_only: bool
+) -> ThreadReading:
+    tgids = {tgid} if isinstance(tgid, int) else None if tgid is None else set(tgid)
+    ts = [t for t in reading.threads if tgids is None or t.tgid in tgids]
     if busy_only:
         ts = [t for t in ts if t.read.count or t.write.count] or ts
     out = EMPTY_THREAD
@@ -218,10 +221,11 @@ class Window:
         requests: int,
         *,
         sidecar_tgid: int | None,
-        app_tgid: int | None = None,
+        app_tgid: int | Collection[int] | None = None,
     ) -> Window:
-        """Split a reading into sidecar, app (``app_tgid=None``: no app threads) and client
-        (the followed threads)."""
+        """Split a reading into sidecar, app (``app_tgid=None``: no app threads; several: the
+        app and the other proxies on both paths, whose change counts alike) and client (the
+        followed threads)."""
         mine = [t for t in reading.threads if not t.followed]
         own = replace(reading, threads=tuple(mine))
         if sidecar_tgid is None:

@@ -39,23 +39,38 @@ from __future__ import annotations
 import datetime as _dt
 import socket
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
 from meshtax.model.capacity import Capacity
 from meshtax.model.profile import Profile
-from meshtax.model.proxy import ProxyChoice
-from meshtax.model.sidecar import Mode
+from meshtax.model.proxy import ProxyChoice, ProxyError
+from meshtax.model.sidecar import Architecture, Mode
 from meshtax.model.speed import Speed
+from meshtax.profile.architecture import (
+    ARCHITECTURE_MODES,
+    InternodeResult,
+    measure_internode,
+    with_internode,
+)
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import CpuRun, ProfileSink, SizeResult, build_profile, points
 from meshtax.profile.capacity import measure_capacity
 from meshtax.profile.decompose import Breakdown, steady_breakdown
 from meshtax.profile.fit import fit_mode
 from meshtax.profile.onehop import measure_overhead, probe_components, sidecar_cpu
-from meshtax.profile.plan import Plan, Step, full_plan, quick_plan, window_policy
-from meshtax.testbed.bed import EchoBed, echo_testbed
+from meshtax.profile.plan import (
+    CARRIED_PROTOCOLS,
+    Plan,
+    Step,
+    full_plan,
+    quick_plan,
+    window_policy,
+)
+from meshtax.testbed.bed import OneHop, echo_testbed
 from meshtax.testbed.fortio import LoadResult, fortio_version
+from meshtax.testbed.nodebed import NodeBed, node_testbed
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.proxy import PROXIES, Proxy
 from meshtax.testbed.system import System
@@ -86,6 +101,7 @@ class ProfileOptions:
     low_rates: tuple[float, ...] | None = None
     capacity: bool | None = None  # measure each mode's capacity (None: the preset's)
     proxy: ProxyChoice = ProxyChoice()
+    architecture: Architecture = Architecture.SIDECAR  # node-l4, waypoint: on the node bed
 
     def resolve_plan(self) -> Plan:
         p = self.plan or (quick_plan() if self.quick else full_plan())
@@ -100,6 +116,22 @@ class ProfileOptions:
             changes["low_rates"] = tuple(self.low_rates)
         if self.capacity is not None:
             changes["capacity"] = self.capacity
+        arch = Architecture(self.architecture)
+        if arch is not Architecture.SIDECAR:
+            if self.proxy.kind != "envoy" or self.proxy.variant:
+                raise ProxyError(f"--architecture {arch.value} profiles Envoy in that role")
+            ok = ARCHITECTURE_MODES.get(arch)
+            if ok is None:
+                raise ProxyError(f"nothing to profile for architecture {arch.value}")
+            modes = tuple(m for m in changes.get("modes", p.modes) if m in ok)
+            if not modes:
+                raise ProxyError(f"{arch.value} runs {', '.join(m.value for m in ok)} mode only")
+            changes.update(modes=modes, capacity=False)
+            if arch is Architecture.NODE_L4:
+                # an L4 proxy's http and grpc are carried: measured as fully as its mode
+                if self.carried is None:
+                    changes["carried"] = CARRIED_PROTOCOLS
+                changes.update(carried_all_sizes=True, carried_probe_pairs=p.probe_pairs)
         if changes:
             p = Plan(**{**_plan_fields(p), **changes})
         if self.duration_s is not None:
@@ -213,18 +245,25 @@ def run_profile(
     carried: dict[str, list[SizeResult]] = {}
     speeds: list[Speed] = []
     attempts: dict[Mode, list[dict[str, Any]]] = {}
-    with (
-        be.niceness(plan.nice),
-        be.testbed(system) as tb,
-        echo_testbed(
-            tb,
-            plan.pinning,
-            envoy_bin=envoy_bin,
-            fortio_bin=fortio_bin,
-            proxy=px,
-            proxy_bin=proxy_bin,
-        ) as bed,
-    ):
+    arch = Architecture(options.architecture)
+    internode: InternodeResult | None = None
+    with be.niceness(plan.nice), be.testbed(system) as tb, ExitStack() as beds:
+        bed: OneHop
+        if arch is Architecture.SIDECAR:
+            bed = beds.enter_context(
+                echo_testbed(
+                    tb,
+                    plan.pinning,
+                    envoy_bin=envoy_bin,
+                    fortio_bin=fortio_bin,
+                    proxy=px,
+                    proxy_bin=proxy_bin,
+                )
+            )
+        else:
+            bed = beds.enter_context(
+                node_testbed(tb, plan.pinning, arch, envoy_bin=envoy_bin, fortio_bin=fortio_bin)
+            )
         _speed(be, tb, plan, speeds)
         for mode in plan.modes:
             ticker.next("setup", mode)
@@ -254,25 +293,34 @@ def run_profile(
             if open_modes:
                 _speed(be, tb, plan, speeds)
         capacities = {m: _capacity(m, plan, bed, be, ticker) for m in plan.modes if plan.capacity}
+        if isinstance(bed, NodeBed) and arch is Architecture.NODE_L4:
+            internode = measure_internode(bed, plan, be.schedstat)
     wall_s = be.clock() - t_start
-    return build_profile(
+    prof = build_profile(
         name,
         created,
         plan,
         results,
         versions,
         wall_s,
-        store,
+        store if arch is not Architecture.NODE_L4 else None,
         options.replace,
         carried=carried,
         speeds=speeds,
         attempts=attempts,
         capacities=capacities,
         proxy=px,
+        architecture=arch,
     )
+    if internode is None:
+        return prof
+    prof = with_internode(prof, internode)
+    if store is not None:
+        store.save(prof, replace=options.replace)
+    return prof
 
 
-def _capacity(mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked) -> Capacity:
+def _capacity(mode: Mode, plan: Plan, bed: OneHop, be: Backends, ticker: _Clocked) -> Capacity:
     """The mode's capacity through a sidecar of its own, the bed's proxy
     (:mod:`meshtax.profile.capacity`)."""
     ticker.next("capacity", mode, plan.capacity_policy.size)
@@ -316,7 +364,7 @@ def _closes(mode: Mode, plan: Plan, results: Mapping[Mode, list[SizeResult]]) ->
 
 
 def _cpu_runs(
-    bed: EchoBed,
+    bed: OneHop,
     load_mode: Mode,
     size: int,
     pid: int,
@@ -390,7 +438,7 @@ LOW_RATE_MAX_SHARE = 0.5
 
 
 def _measure_carried(
-    proto: str, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked
+    proto: str, plan: Plan, bed: OneHop, be: Backends, ticker: _Clocked
 ) -> list[SizeResult]:
     """A tcp-mode sidecar in front of the app's ``proto`` server, driven by ``proto``'s client:
     probe windows and CPU runs at the plan's carried sizes (no un-probed latency runs: the
@@ -411,7 +459,7 @@ def _measure_carried(
 
 
 def _measure_mode(
-    mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked
+    mode: Mode, plan: Plan, bed: OneHop, be: Backends, ticker: _Clocked
 ) -> list[SizeResult]:
     return _measure_sizes(bed.start_sidecar(mode), mode, mode, plan.sizes, plan, bed, be, ticker)
 
@@ -422,7 +470,7 @@ def _measure_sizes(
     load_mode: Mode,
     sizes: Sequence[int],
     plan: Plan,
-    bed: EchoBed,
+    bed: OneHop,
     be: Backends,
     ticker: _Clocked,
     *,

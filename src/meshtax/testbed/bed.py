@@ -36,6 +36,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from meshtax.model.proxy import ProxyChoice, ProxyError
 from meshtax.model.sidecar import Mode
@@ -53,6 +54,7 @@ __all__ = [
     "PROXY_UID",
     "SERVICE_PORT",
     "EchoBed",
+    "OneHop",
     "echo_testbed",
     "mesh_pod",
     "start_sidecar",
@@ -101,6 +103,58 @@ def mesh_pod(
     return start_sidecar(tb, pod, config, workdir, cpus=cpus, binary=binary)
 
 
+class OneHop(Protocol):
+    """What the profiler measures on: :class:`EchoBed`, or the node bed
+    (:class:`~meshtax.testbed.nodebed.NodeBed`) whose proxies are per node and waypoints."""
+
+    @property
+    def system(self) -> System: ...
+
+    @property
+    def cpus(self) -> tuple[int, ...]: ...
+
+    @property
+    def app_pid(self) -> int: ...
+
+    @property
+    def meshed_app_pid(self) -> int: ...
+
+    @property
+    def path_pids(self) -> tuple[int, ...]:
+        """Proxies on both paths besides the watched one (their change counts as the app's)."""
+        ...
+
+    @property
+    def meshed_target(self) -> str: ...
+
+    @property
+    def client_netns_path(self) -> str: ...
+
+    def direct_target(self, mode: Mode) -> str: ...
+
+    def load(
+        self,
+        target: str,
+        mode: Mode,
+        size: int,
+        qps: float = 0.0,
+        *,
+        duration_s: float | None = None,
+        n: int | None = None,
+        connections: int = 1,
+        extra_args: tuple[str, ...] = (),
+    ) -> LoadResult: ...
+
+    def start_sidecar(
+        self,
+        mode: Mode,
+        cfg: EnvoyConfig | None = None,
+        *,
+        name: str | None = None,
+        app: Mode | None = None,
+    ) -> Proxy: ...
+
+
 @dataclass
 class EchoBed:
     """A running one-hop testbed: a client pod, a meshed server pod (app ports excluded from
@@ -143,6 +197,11 @@ class EchoBed:
         """The TCP echo: what the direct path reaches (and the meshed one with ipc tcp)."""
         assert self.app.process is not None
         return self.app.process.pid
+
+    @property
+    def path_pids(self) -> tuple[int, ...]:
+        """None here: the sidecar is the only proxy."""
+        return ()
 
     @property
     def meshed_app_pid(self) -> int:

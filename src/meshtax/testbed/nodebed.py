@@ -205,7 +205,7 @@ class NodeBed:
         *,
         name: str | None = None,
         app: Mode | None = None,
-    ) -> RoleSet:
+    ) -> _Tracked:
         """Start the architecture's proxies for ``mode`` (node proxies delivering to the app's
         port of ``app``, default ``mode``; a waypoint in ``mode``); stop them when done."""
         if cfg is not None:
@@ -217,10 +217,9 @@ class NodeBed:
             raise ProxyError("a node proxy is L4: tcp mode (carrying http or grpc)")
         nodes = {n.name: self._node_proxy(n, APP_PORTS[app or mode], work) for n in self._nodes()}
         if self.architecture is Architecture.NODE_L4:
-            main, others = nodes["a"], (nodes["b"],)
+            roles = RoleSet(nodes["a"], (nodes["b"],))
         else:
-            main, others = self._waypoint(mode, work), (nodes["a"], nodes["b"])
-        roles = RoleSet(main, others)
+            roles = RoleSet(self._waypoint(mode, work), (nodes["a"], nodes["b"]))
         roles.start()
         self.running = roles
         return _Tracked(self, roles)
