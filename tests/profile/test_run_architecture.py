@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,7 +111,7 @@ PLAN = Plan(
 )
 
 
-def _envoys(sysm: EchoFakeSystem) -> list[tuple[int, dict[str, object]]]:
+def _envoys(sysm: EchoFakeSystem) -> list[tuple[int, dict[str, Any]]]:
     out = []
     for p in sysm.processes:
         if "--config-yaml" in p.argv:

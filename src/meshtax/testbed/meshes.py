@@ -1,0 +1,243 @@
+"""A set of pods on nodes meshed one way: sidecars (Envoy, HAProxy, nginx; Envoy with mTLS if
+asked), per-node L4 proxies (Envoy, mTLS between nodes) or waypoints on them, or nothing — for
+comparisons of meshes on the same app (``benchmarks/bench_meshes.py``, ``meshtax validate
+--architecture``).
+
+:func:`deploy` installs the interception and starts the proxies of one :class:`Mesh` for a
+client pod and service pods already placed on nodes (:class:`~meshtax.testbed.nodes.NodeNet`);
+the apps are the caller's. Each proxy is named by role (``sidecar:<pod>``, ``node:<node>``,
+``waypoint:<service>``) and belongs to a side of every call (:meth:`Deployed.side`): the
+client's sidecar or the client's node proxy is the client side, the rest the server side —
+as the published comparisons count them. Every process is the testbed's: stopped on close,
+reaped after a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshtax.model.sidecar import Architecture, Mode
+from meshtax.testbed.bed import PROXY_UID
+from meshtax.testbed.certs import CertAuthority, downstream_tls, sidecar_mtls, upstream_tls
+from meshtax.testbed.envoy.config import EnvoyConfig
+from meshtax.testbed.envoy.process import EnvoyProcess
+from meshtax.testbed.envoy.roles import NodeProxyConfig, WaypointRoute, waypoint_bootstrap
+from meshtax.testbed.fileproxy import FileProxy
+from meshtax.testbed.haproxy import HaproxyConfig
+from meshtax.testbed.nginx import NginxConfig
+from meshtax.testbed.nodes import MTLS_PORT, NodeInterception, NodeNet
+from meshtax.testbed.pods import Pod, Testbed
+from meshtax.testbed.proxy import Proxy
+from meshtax.testbed.tools import tool
+
+__all__ = ["MESHES", "Deployed", "Mesh", "Service", "deploy"]
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """One way to mesh the pods: an architecture, the proxy (sidecars), mTLS (Envoy only;
+    node proxies and waypoints always speak it)."""
+
+    name: str
+    architecture: Architecture
+    proxy: str = "envoy"
+    mtls: bool = False
+
+
+#: the meshes compared in BENCHMARKS.md (issue #18)
+MESHES: Mapping[str, Mesh] = {
+    m.name: m
+    for m in (
+        Mesh("baseline", Architecture.NONE),
+        Mesh("envoy-mtls", Architecture.SIDECAR, "envoy", True),
+        Mesh("envoy", Architecture.SIDECAR),
+        Mesh("haproxy", Architecture.SIDECAR, "haproxy"),
+        Mesh("nginx", Architecture.SIDECAR, "nginx"),
+        Mesh("node-l4", Architecture.NODE_L4),
+        Mesh("waypoint", Architecture.WAYPOINT),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Service:
+    """A service's pod (on a node) and the port its app listens on."""
+
+    name: str
+    pod: Pod
+    port: int
+
+
+@dataclass
+class Deployed:
+    """The proxies of one deployment, by role, and the sides each serves (a node proxy of a
+    node with the client and a service: both)."""
+
+    mesh: Mesh
+    proxies: dict[str, Proxy] = field(default_factory=dict)
+    sides: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def pids(self, side: str | None = None) -> dict[str, int]:
+        """The PID of every proxy (serving ``side``: ``client`` or ``server``), by role."""
+        return {r: p.pid for r, p in self.proxies.items() if side is None or side in self.sides[r]}
+
+    def stop(self) -> None:
+        for p in reversed(list(self.proxies.values())):
+            p.stop()
+
+
+def deploy(
+    tb: Testbed,
+    net: NodeNet,
+    mesh: Mesh,
+    client: Pod,
+    services: Sequence[Service],
+    mode: Mode,
+    work: Path,
+    *,
+    cpus: tuple[int, ...] | None = None,
+    ca: CertAuthority | None = None,
+) -> Deployed:
+    """Mesh ``client`` (a caller only) and ``services`` (every pod on a node of ``net``) as
+    ``mesh`` says, proxies in ``mode`` (node proxies: L4), on ``cpus``; see the module
+    docstring."""
+    out = Deployed(mesh)
+    arch = mesh.architecture
+    if arch is Architecture.NONE:
+        return out
+    ca = ca or CertAuthority.generate()
+    try:
+        if arch is Architecture.SIDECAR:
+            _sidecars(tb, mesh, client, services, mode, work, cpus, ca, out)
+        else:
+            _nodes(tb, net, mesh, client, services, mode, work, cpus, ca, out)
+    except BaseException:
+        out.stop()
+        raise
+    return out
+
+
+def _start(out: Deployed, role: str, proxy: Proxy, *sides: str) -> None:
+    proxy.start()
+    out.proxies[role] = proxy
+    out.sides[role] = frozenset(sides)
+
+
+def _sidecars(
+    tb: Testbed,
+    mesh: Mesh,
+    client: Pod,
+    services: Sequence[Service],
+    mode: Mode,
+    work: Path,
+    cpus: tuple[int, ...] | None,
+    ca: CertAuthority,
+    out: Deployed,
+) -> None:
+    if mesh.mtls and mesh.proxy != "envoy":
+        raise ValueError(f"{mesh.name}: mTLS between sidecars is Envoy's here")
+    cred = ca.issue("workload")
+    pods = [(client, 1, True), *((s.pod, s.port, False) for s in services)]
+    if mesh.proxy == "nginx" and len(services) != 1:
+        raise ValueError("nginx forwards outbound traffic to one fixed upstream: one service")
+    if mesh.proxy != "envoy":
+        tb.system.run(["chmod", "0711", str(work)])  # its uid reaches its own directory
+    for pod, port, is_client in pods:
+        tb.mesh(pod, proxy_uid=PROXY_UID)
+        place = pod.place(cpus=cpus, uid=PROXY_UID)
+        app = ("127.0.0.1", port)
+        d = work / f"sidecar-{pod.name}"
+        px: Proxy
+        if mesh.proxy == "envoy":
+            cfg = EnvoyConfig(mode=mode, inbound_upstream=app, circuit_breaker_max=2**32 - 1)
+            if mesh.mtls:
+                cfg = sidecar_mtls(cfg, ca, cred)
+            px = EnvoyProcess(tb.registered, cfg, d, place, tool("envoy"))
+        elif mesh.proxy == "haproxy":
+            px = FileProxy(tb.registered, HaproxyConfig(mode, app), d, place, Path(tool("haproxy")))
+        elif mesh.proxy == "nginx":
+            up = (services[0].pod.ip, services[0].port)
+            cfg_n = NginxConfig(mode, app, outbound_upstream=up)
+            px = FileProxy(tb.registered, cfg_n, d, place, Path(tool("nginx")))
+        else:
+            raise ValueError(f"{mesh.name}: no sidecar {mesh.proxy!r}")
+        _start(out, f"sidecar:{pod.name}", px, "client" if is_client else "server")
+
+
+def _nodes(
+    tb: Testbed,
+    net: NodeNet,
+    mesh: Mesh,
+    client: Pod,
+    services: Sequence[Service],
+    mode: Mode,
+    work: Path,
+    cpus: tuple[int, ...] | None,
+    ca: CertAuthority,
+    out: Deployed,
+) -> None:
+    if mesh.proxy != "envoy":
+        raise ValueError(f"{mesh.name}: node proxies and waypoints are Envoy here")
+    node_cred, wp_cred = ca.issue("node-proxy"), ca.issue("waypoint")
+    waypoints: dict[str, Pod] = {}
+    if mesh.architecture is Architecture.WAYPOINT:
+        for s in services:  # each on its service's node
+            assert s.pod.node is not None
+            waypoints[s.name] = net.add_pod(f"wp-{s.pod.name}"[:20], s.pod.node)
+    routes = tuple(
+        WaypointRoute(s.pod.ip, s.port, (waypoints[s.name].ip, MTLS_PORT))
+        for s in services
+        if s.name in waypoints
+    )
+    used = {p.node for p in (client, *(s.pod for s in services)) if p.node is not None}
+    extra = tuple(w.ip for w in waypoints.values())
+    for name in sorted(used):
+        node = net.nodes[name]
+        net.intercept(
+            node,
+            NodeInterception(
+                outbound_ifs=tuple(
+                    net.veth_of(p) for p in (client, *(s.pod for s in services)) if p.node == name
+                ),
+                inbound_pods=tuple(s.pod.ip for s in services if s.pod.node == name),
+                mtls_peers=net.peers_of(node, extra),
+            ),
+        )
+        cfg = NodeProxyConfig(
+            local_cidr=node.pod_cidr,
+            downstream_tls=downstream_tls(node_cred, ca.cert_pem),
+            upstream_tls=upstream_tls(node_cred, ca.cert_pem, node_cred.spiffe_id),
+            waypoint_tls=upstream_tls(node_cred, ca.cert_pem, wp_cred.spiffe_id),
+            waypoints=routes,
+        )
+        px = EnvoyProcess(
+            tb.registered,
+            cfg.bootstrap(),
+            work / f"node-{name}",
+            node.place(cpus=cpus, uid=PROXY_UID),
+            tool("envoy"),
+        )
+        serves = {s.pod.node for s in services}
+        _start(
+            out,
+            f"node:{name}",
+            px,
+            *(["client"] if name == client.node else []),
+            *(["server"] if name in serves else []),
+        )
+    for s in services:
+        wp = waypoints.get(s.name)
+        if wp is None:
+            continue
+        boot = waypoint_bootstrap(
+            mode,
+            (s.pod.ip, s.port),
+            downstream_tls(wp_cred, ca.cert_pem),
+            upstream_tls(wp_cred, ca.cert_pem, node_cred.spiffe_id),
+        )
+        px = EnvoyProcess(
+            tb.registered, boot, work / f"wp-{s.name}", wp.place(cpus=cpus, uid=PROXY_UID)
+        )
+        _start(out, f"waypoint:{s.name}", px, "server")
