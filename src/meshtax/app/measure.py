@@ -15,7 +15,7 @@ from meshtax.app import doctor
 from meshtax.errors import StoreError, UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.proxy import ProxyChoice
-from meshtax.model.sidecar import Mode
+from meshtax.model.sidecar import Architecture, Mode
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import ClosureWarning
 from meshtax.profile.extras import ExtrasOptions, profile_extras
@@ -128,10 +128,29 @@ def validate(
     resolved = resolve_profile(
         store, opts.profile_name, this_host(), accept_unclosed=opts.accept_unclosed
     )
+    warned = list(resolved.warnings)
+    roles: dict[Architecture, Profile] = {}
+    arch = Architecture(opts.architecture)
+    wanted = {Architecture.NODE_L4: (Architecture.NODE_L4,), Architecture.WAYPOINT: ROLES}
+    for role in wanted.get(arch, ()):
+        prof = store.for_host(this_host(), role.value)
+        if prof is None:
+            warned.append(
+                f"no {role.value} profile on this machine: its crossings are priced from "
+                f"{resolved.profile.name!r} (`meshtax profile --architecture {role.value}`)"
+            )
+        else:
+            roles[role] = prof
+            warned.append(f"{role.value} crossings priced from {prof.name!r}")
     try:
-        return run_validation(opts, RealSystem(), resolved.profile, say, warnings=resolved.warnings)
+        return run_validation(
+            opts, RealSystem(), resolved.profile, say, warnings=warned, roles=roles
+        )
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
+
+
+ROLES = (Architecture.NODE_L4, Architecture.WAYPOINT)  # a waypoint runs on node-l4
 
 
 @dataclass(frozen=True)

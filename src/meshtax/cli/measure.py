@@ -97,6 +97,23 @@ from meshtax.store.sqlite import ProfileStore
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
 )
+@click.option(
+    "--architecture",
+    type=click.Choice(["sidecar", "node-l4", "waypoint"]),
+    default="sidecar",
+    show_default=True,
+    help="The mesh copy's architecture: Envoy sidecars, or Envoy per-node L4 proxies (mTLS "
+    "between nodes) without or with a waypoint per service; node-l4 and waypoint place both "
+    "copies' pods on nodes and price those crossings from this machine's newest profiles of "
+    "the role (`meshtax profile --architecture`).",
+)
+@click.option(
+    "--pods-per-node",
+    type=click.IntRange(1, 1000),
+    default=1,
+    show_default=True,
+    help="With --architecture node-l4|waypoint: services to a node, in the order calls reach them.",
+)
 @report_option
 @db_option
 @accept_unclosed_option
@@ -119,6 +136,8 @@ def validate(
     connections: int,
     quick: bool,
     fmt: str,
+    architecture: str,
+    pods_per_node: int,
     report_path: str | None,
     db: str | None,
     accept_unclosed: bool,
@@ -205,6 +224,8 @@ def validate(
                 quick=quick,
                 accept_unclosed=accept_unclosed,
                 speed=speed,
+                architecture=architecture,
+                pods_per_node=pods_per_node,
             )
         except ValueError as e:
             raise UsageError(str(e)) from None

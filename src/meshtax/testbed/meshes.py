@@ -63,11 +63,13 @@ MESHES: Mapping[str, Mesh] = {
 
 @dataclass(frozen=True)
 class Service:
-    """A service's pod (on a node) and the port its app listens on."""
+    """A service's pod (on a node), the port its app listens on, and its proxies' mode (None:
+    the deployment's)."""
 
     name: str
     pod: Pod
     port: int
+    mode: Mode | None = None
 
 
 @dataclass
@@ -92,7 +94,7 @@ def deploy(
     tb: Testbed,
     net: NodeNet,
     mesh: Mesh,
-    client: Pod,
+    client: Pod | None,
     services: Sequence[Service],
     mode: Mode,
     work: Path,
@@ -100,9 +102,9 @@ def deploy(
     cpus: tuple[int, ...] | None = None,
     ca: CertAuthority | None = None,
 ) -> Deployed:
-    """Mesh ``client`` (a caller only) and ``services`` (every pod on a node of ``net``) as
-    ``mesh`` says, proxies in ``mode`` (node proxies: L4), on ``cpus``; see the module
-    docstring."""
+    """Mesh ``client`` (a caller only; None: the client stays outside the mesh) and
+    ``services`` (every pod on a node of ``net``) as ``mesh`` says, proxies in ``mode`` or the
+    service's own (node proxies: L4), on ``cpus``; see the module docstring."""
     out = Deployed(mesh)
     arch = mesh.architecture
     if arch is Architecture.NONE:
@@ -128,7 +130,7 @@ def _start(out: Deployed, role: str, proxy: Proxy, *sides: str) -> None:
 def _sidecars(
     tb: Testbed,
     mesh: Mesh,
-    client: Pod,
+    client: Pod | None,
     services: Sequence[Service],
     mode: Mode,
     work: Path,
@@ -139,27 +141,29 @@ def _sidecars(
     if mesh.mtls and mesh.proxy != "envoy":
         raise ValueError(f"{mesh.name}: mTLS between sidecars is Envoy's here")
     cred = ca.issue("workload")
-    pods = [(client, 1, True), *((s.pod, s.port, False) for s in services)]
+    pods = [(s.pod, s.port, s.mode or mode, False) for s in services]
+    if client is not None:
+        pods.insert(0, (client, 1, mode, True))
     if mesh.proxy == "nginx" and len(services) != 1:
         raise ValueError("nginx forwards outbound traffic to one fixed upstream: one service")
     if mesh.proxy != "envoy":
         tb.system.run(["chmod", "0711", str(work)])  # its uid reaches its own directory
-    for pod, port, is_client in pods:
+    for pod, port, m, is_client in pods:
         tb.mesh(pod, proxy_uid=PROXY_UID)
         place = pod.place(cpus=cpus, uid=PROXY_UID)
         app = ("127.0.0.1", port)
         d = work / f"sidecar-{pod.name}"
         px: Proxy
         if mesh.proxy == "envoy":
-            cfg = EnvoyConfig(mode=mode, inbound_upstream=app, circuit_breaker_max=2**32 - 1)
+            cfg = EnvoyConfig(mode=m, inbound_upstream=app, circuit_breaker_max=2**32 - 1)
             if mesh.mtls:
                 cfg = sidecar_mtls(cfg, ca, cred)
             px = EnvoyProcess(tb.registered, cfg, d, place, tool("envoy"))
         elif mesh.proxy == "haproxy":
-            px = FileProxy(tb.registered, HaproxyConfig(mode, app), d, place, Path(tool("haproxy")))
+            px = FileProxy(tb.registered, HaproxyConfig(m, app), d, place, Path(tool("haproxy")))
         elif mesh.proxy == "nginx":
             up = (services[0].pod.ip, services[0].port)
-            cfg_n = NginxConfig(mode, app, outbound_upstream=up)
+            cfg_n = NginxConfig(m, app, outbound_upstream=up)
             px = FileProxy(tb.registered, cfg_n, d, place, Path(tool("nginx")))
         else:
             raise ValueError(f"{mesh.name}: no sidecar {mesh.proxy!r}")
@@ -170,7 +174,7 @@ def _nodes(
     tb: Testbed,
     net: NodeNet,
     mesh: Mesh,
-    client: Pod,
+    client: Pod | None,
     services: Sequence[Service],
     mode: Mode,
     work: Path,
@@ -191,16 +195,15 @@ def _nodes(
         for s in services
         if s.name in waypoints
     )
-    used = {p.node for p in (client, *(s.pod for s in services)) if p.node is not None}
+    pods = [s.pod for s in services] + ([] if client is None else [client])
+    used = {p.node for p in pods if p.node is not None}
     extra = tuple(w.ip for w in waypoints.values())
     for name in sorted(used):
         node = net.nodes[name]
         net.intercept(
             node,
             NodeInterception(
-                outbound_ifs=tuple(
-                    net.veth_of(p) for p in (client, *(s.pod for s in services)) if p.node == name
-                ),
+                outbound_ifs=tuple(net.veth_of(p) for p in pods if p.node == name),
                 inbound_pods=tuple(s.pod.ip for s in services if s.pod.node == name),
                 mtls_peers=net.peers_of(node, extra),
             ),
@@ -224,7 +227,7 @@ def _nodes(
             out,
             f"node:{name}",
             px,
-            *(["client"] if name == client.node else []),
+            *(["client"] if client is not None and name == client.node else []),
             *(["server"] if name in serves else []),
         )
     for s in services:
@@ -232,7 +235,7 @@ def _nodes(
         if wp is None:
             continue
         boot = waypoint_bootstrap(
-            mode,
+            s.mode or mode,
             (s.pod.ip, s.port),
             downstream_tls(wp_cred, ca.cert_pem),
             upstream_tls(wp_cred, ca.cert_pem, node_cred.spiffe_id),
