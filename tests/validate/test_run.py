@@ -58,9 +58,9 @@ def test_options() -> None:
     assert ValidateOptions("bookinfo", architecture="waypoint").to_dict()["architecture"] == (
         "waypoint"
     )
-    for bad in ({"architecture": "none"}, {"pods_per_node": 0}, {"architecture": "ztunnel"}):
+    for arch, ppn in (("none", 1), ("sidecar", 0), ("ztunnel", 1)):
         with pytest.raises(ValueError):
-            ValidateOptions("bookinfo", **bad)  # type: ignore[arg-type]
+            ValidateOptions("bookinfo", architecture=arch, pods_per_node=ppn)
 
 
 def test_placement_fills_nodes_in_order() -> None:
