@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -375,6 +376,29 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
     help="The proxy's role: a sidecar, a per-node L4 proxy (Envoy, mTLS between two node "
     "namespaces) or a waypoint (Envoy, L7, on node-l4); the last two on the node bed.",
 )
+@click.option(
+    "--proxy-binary",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Profile a proxy you bring (implies --proxy custom): its program, run as uid 1337 in "
+    "the foreground (docs/architectures.md).",
+)
+@click.option(
+    "--proxy-config",
+    type=click.Path(exists=True, dir_okay=False),
+    help="With --proxy-binary: its config template (${inbound_port}, ${outbound_port}, "
+    "${app_host}, ${app_port}, ${mode}, ${workdir} are filled in).",
+)
+@click.option(
+    "--proxy-args",
+    default="",
+    help="With --proxy-binary: its command line, a template of ${binary}, ${config}, "
+    "${workdir} (default: '${binary} -c ${config}').",
+)
+@click.option(
+    "--proxy-name",
+    default="",
+    help="With --proxy-binary: what the profile calls it (platform proxy 'custom:NAME').",
+)
 @db_option
 @user_errors
 def profile_cmd(
@@ -401,6 +425,10 @@ def profile_cmd(
     write: str,
     zerocopy_min: int,
     architecture: str,
+    proxy_binary: str | None,
+    proxy_config: str | None,
+    proxy_args: str,
+    proxy_name: str,
     db: str | None,
 ) -> None:
     """Measure a real sidecar (Envoy by default) on this machine (root) and store its profile.
@@ -423,10 +451,17 @@ def profile_cmd(
 
     m.require_root("profiling creates network namespaces and attaches eBPF probes")
     try:
-        choice = ProxyChoice(proxy, ipc, write, zerocopy_min)
+        own: tuple[str, ...] = ()
+        if proxy_binary or proxy_config or proxy == "custom":
+            if proxy not in ("envoy", "custom") or not (proxy_binary and proxy_config):
+                raise ValueError("a proxy you bring: --proxy-binary and --proxy-config, both")
+            proxy = "custom"
+            template = Path(proxy_config).read_text()
+            own = (str(Path(proxy_binary).resolve()), template, proxy_args, proxy_name)
+        choice = ProxyChoice(proxy, ipc, write, zerocopy_min, *own)
         choice.check_modes(parse_modes(modes) if modes else ())
     except ValueError as e:
-        raise UsageError(f"--proxy/--ipc/--write/--modes: {e}") from None
+        raise UsageError(f"--proxy/--proxy-binary/--ipc/--write/--modes: {e}") from None
     try:
         popts = ProfileOptions(
             name=name,

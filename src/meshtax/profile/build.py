@@ -140,7 +140,7 @@ def _platform(proxy: ProxyChoice, version: str, architecture: Architecture) -> P
     """This machine with the measured proxy, its version, config key and variant (and its
     role, when not a sidecar)."""
     if architecture is Architecture.SIDECAR:
-        return replace(this_host(proxy.kind, version, family_hash(proxy)), variant=proxy.variant)
+        return replace(this_host(proxy.label, version, family_hash(proxy)), variant=proxy.variant)
     host = this_host(proxy.kind, version, role_hash(architecture))
     return replace(host, architecture=architecture.value)
 

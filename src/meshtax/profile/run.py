@@ -232,7 +232,7 @@ def run_profile(
     px = options.proxy
     envoy_bin = be.envoy_binary or (tool("envoy") if px.kind == "envoy" else None)
     kind = PROXIES[px.kind]
-    proxy_bin = envoy_bin if px.kind == "envoy" else be.proxy_binary or tool(kind.tool)
+    proxy_bin = envoy_bin if px.kind == "envoy" else be.proxy_binary or kind.binary(px)
     fortio_bin = be.fortio_binary or tool("fortio")
     versions = {
         px.kind: kind.version(system, proxy_bin),

@@ -321,7 +321,7 @@ def echo_testbed(
         envoy_bin = envoy_bin or tool("envoy")
     fortio_bin = fortio_bin or tool("fortio")
     if proxy.kind != "envoy":
-        proxy_bin = proxy_bin or tool(PROXIES[proxy.kind].tool)
+        proxy_bin = proxy_bin or PROXIES[proxy.kind].binary(proxy)
     work = tb.scratch_dir("meshtax-profile-")
     if PROXIES[proxy.kind].file_configured:
         # the proxy's uid reaches its own work directory below (the bed's files stay root's)
