@@ -51,6 +51,7 @@ from meshtax.testbed.tools import tool
 
 __all__ = [
     "APP_PORTS",
+    "ClientBed",
     "PROXY_UID",
     "SERVICE_PORT",
     "EchoBed",
@@ -155,28 +156,14 @@ class OneHop(Protocol):
     ) -> Proxy: ...
 
 
-@dataclass
-class EchoBed:
-    """A running one-hop testbed: a client pod, a meshed server pod (app ports excluded from
-    interception) and the fortio echo app serving TCP, HTTP and gRPC in it.
-
-    ``meshed_target`` goes through a sidecar started with :meth:`start_sidecar`;
-    ``direct_target(mode)`` reaches the same app process without it.
-    """
+class ClientBed:
+    """What every bed does the same way: the load from its client pod, its CPUs, where its
+    tools spawn (:class:`EchoBed`, :class:`~meshtax.testbed.nodebed.NodeBed`)."""
 
     testbed: Testbed
     client: Pod
-    server: Pod
-    app: FortioServer
     pinning: Pinning
-    envoy_bin: Path | None  # None: the default Envoy (a bed of another proxy may have none)
     fortio_bin: Path
-    workdir: Path
-    proxy: ProxyChoice = ProxyChoice()
-    proxy_bin: Path | None = None  # the chosen proxy's binary (None: its tool's default)
-    meshed_app: FortioServer | None = None  # the meshed path's own echo (ipc uds, sockmap)
-    sockets: Path | None = None  # where the Unix sockets live (ipc uds)
-    cgroup: str | None = None  # the cgroup of sidecar and meshed echo (ipc sockmap)
 
     @property
     def system(self) -> System:
@@ -191,39 +178,6 @@ class EchoBed:
         if any(c is None for c in sets):
             return ()
         return tuple(sorted({c for cs in sets if cs is not None for c in cs}))
-
-    @property
-    def app_pid(self) -> int:
-        """The TCP echo: what the direct path reaches (and the meshed one with ipc tcp)."""
-        assert self.app.process is not None
-        return self.app.process.pid
-
-    @property
-    def path_pids(self) -> tuple[int, ...]:
-        """None here: the sidecar is the only proxy."""
-        return ()
-
-    @property
-    def meshed_app_pid(self) -> int:
-        """The echo process the sidecar forwards to."""
-        if self.meshed_app is None:
-            return self.app_pid
-        assert self.meshed_app.process is not None
-        return self.meshed_app.process.pid
-
-    def app_address(self, mode: Mode) -> Upstream:
-        """Where the sidecar sends ``mode``'s traffic: the app's port on loopback, or its
-        Unix socket."""
-        if self.sockets is not None:
-            return str(self.sockets / f"{mode.value}.sock")
-        return ("127.0.0.1", (SOCKMAP_PORTS if self.cgroup else APP_PORTS)[mode])
-
-    @property
-    def meshed_target(self) -> str:
-        return f"{self.server.ip}:{SERVICE_PORT}"
-
-    def direct_target(self, mode: Mode) -> str:
-        return f"{self.server.ip}:{APP_PORTS[mode]}"
 
     @property
     def client_netns_path(self) -> str:
@@ -260,6 +214,63 @@ class EchoBed:
             self.client.place(cpus=self.pinning.client),
             self.fortio_bin,
         )
+
+
+@dataclass
+class EchoBed(ClientBed):
+    """A running one-hop testbed: a client pod, a meshed server pod (app ports excluded from
+    interception) and the fortio echo app serving TCP, HTTP and gRPC in it.
+
+    ``meshed_target`` goes through a sidecar started with :meth:`start_sidecar`;
+    ``direct_target(mode)`` reaches the same app process without it.
+    """
+
+    testbed: Testbed
+    client: Pod
+    server: Pod
+    app: FortioServer
+    pinning: Pinning
+    envoy_bin: Path | None  # None: the default Envoy (a bed of another proxy may have none)
+    fortio_bin: Path
+    workdir: Path
+    proxy: ProxyChoice = ProxyChoice()
+    proxy_bin: Path | None = None  # the chosen proxy's binary (None: its tool's default)
+    meshed_app: FortioServer | None = None  # the meshed path's own echo (ipc uds, sockmap)
+    sockets: Path | None = None  # where the Unix sockets live (ipc uds)
+    cgroup: str | None = None  # the cgroup of sidecar and meshed echo (ipc sockmap)
+
+    @property
+    def app_pid(self) -> int:
+        """The TCP echo: what the direct path reaches (and the meshed one with ipc tcp)."""
+        assert self.app.process is not None
+        return self.app.process.pid
+
+    @property
+    def path_pids(self) -> tuple[int, ...]:
+        """None here: the sidecar is the only proxy."""
+        return ()
+
+    @property
+    def meshed_app_pid(self) -> int:
+        """The echo process the sidecar forwards to."""
+        if self.meshed_app is None:
+            return self.app_pid
+        assert self.meshed_app.process is not None
+        return self.meshed_app.process.pid
+
+    def app_address(self, mode: Mode) -> Upstream:
+        """Where the sidecar sends ``mode``'s traffic: the app's port on loopback, or its
+        Unix socket."""
+        if self.sockets is not None:
+            return str(self.sockets / f"{mode.value}.sock")
+        return ("127.0.0.1", (SOCKMAP_PORTS if self.cgroup else APP_PORTS)[mode])
+
+    @property
+    def meshed_target(self) -> str:
+        return f"{self.server.ip}:{SERVICE_PORT}"
+
+    def direct_target(self, mode: Mode) -> str:
+        return f"{self.server.ip}:{APP_PORTS[mode]}"
 
     def start_sidecar(
         self,

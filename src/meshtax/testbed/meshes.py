@@ -109,12 +109,11 @@ def deploy(
     arch = mesh.architecture
     if arch is Architecture.NONE:
         return out
-    ca = ca or CertAuthority.generate()
+    job = _Job(
+        tb, net, mesh, client, tuple(services), mode, work, cpus, ca or CertAuthority.generate()
+    )
     try:
-        if arch is Architecture.SIDECAR:
-            _sidecars(tb, mesh, client, services, mode, work, cpus, ca, out)
-        else:
-            _nodes(tb, net, mesh, client, services, mode, work, cpus, ca, out)
+        (_sidecars if arch is Architecture.SIDECAR else _nodes)(job, out)
     except BaseException:
         out.stop()
         raise
@@ -127,120 +126,114 @@ def _start(out: Deployed, role: str, proxy: Proxy, *sides: str) -> None:
     out.sides[role] = frozenset(sides)
 
 
-def _sidecars(
-    tb: Testbed,
-    mesh: Mesh,
-    client: Pod | None,
-    services: Sequence[Service],
-    mode: Mode,
-    work: Path,
-    cpus: tuple[int, ...] | None,
-    ca: CertAuthority,
-    out: Deployed,
-) -> None:
-    if mesh.mtls and mesh.proxy != "envoy":
-        raise ValueError(f"{mesh.name}: mTLS between sidecars is Envoy's here")
-    cred = ca.issue("workload")
-    pods = [(s.pod, s.port, s.mode or mode, False) for s in services]
-    if client is not None:
-        pods.insert(0, (client, 1, mode, True))
-    if mesh.proxy == "nginx" and len(services) != 1:
+@dataclass(frozen=True)
+class _Job:
+    """What :func:`deploy` was asked (see there)."""
+
+    tb: Testbed
+    net: NodeNet
+    mesh: Mesh
+    client: Pod | None
+    services: tuple[Service, ...]
+    mode: Mode
+    work: Path
+    cpus: tuple[int, ...] | None
+    ca: CertAuthority
+
+
+def _sidecars(j: _Job, out: Deployed) -> None:
+    if j.mesh.mtls and j.mesh.proxy != "envoy":
+        raise ValueError(f"{j.mesh.name}: mTLS between sidecars is Envoy's here")
+    cred = j.ca.issue("workload")
+    pods = [(s.pod, s.port, s.mode or j.mode, False) for s in j.services]
+    if j.client is not None:
+        pods.insert(0, (j.client, 1, j.mode, True))
+    if j.mesh.proxy == "nginx" and len(j.services) != 1:
         raise ValueError("nginx forwards outbound traffic to one fixed upstream: one service")
-    if mesh.proxy != "envoy":
-        tb.system.run(["chmod", "0711", str(work)])  # its uid reaches its own directory
+    if j.mesh.proxy != "envoy":
+        j.tb.system.run(["chmod", "0711", str(j.work)])  # its uid reaches its own directory
     for pod, port, m, is_client in pods:
-        tb.mesh(pod, proxy_uid=PROXY_UID)
-        place = pod.place(cpus=cpus, uid=PROXY_UID)
+        j.tb.mesh(pod, proxy_uid=PROXY_UID)
+        place = pod.place(cpus=j.cpus, uid=PROXY_UID)
         app = ("127.0.0.1", port)
-        d = work / f"sidecar-{pod.name}"
+        d = j.work / f"sidecar-{pod.name}"
         px: Proxy
-        if mesh.proxy == "envoy":
+        if j.mesh.proxy == "envoy":
             cfg = EnvoyConfig(mode=m, inbound_upstream=app, circuit_breaker_max=2**32 - 1)
-            if mesh.mtls:
-                cfg = sidecar_mtls(cfg, ca, cred)
-            px = EnvoyProcess(tb.registered, cfg, d, place, tool("envoy"))
-        elif mesh.proxy == "haproxy":
-            px = FileProxy(tb.registered, HaproxyConfig(m, app), d, place, Path(tool("haproxy")))
-        elif mesh.proxy == "nginx":
-            up = (services[0].pod.ip, services[0].port)
+            if j.mesh.mtls:
+                cfg = sidecar_mtls(cfg, j.ca, cred)
+            px = EnvoyProcess(j.tb.registered, cfg, d, place, tool("envoy"))
+        elif j.mesh.proxy == "haproxy":
+            px = FileProxy(j.tb.registered, HaproxyConfig(m, app), d, place, Path(tool("haproxy")))
+        elif j.mesh.proxy == "nginx":
+            up = (j.services[0].pod.ip, j.services[0].port)
             cfg_n = NginxConfig(m, app, outbound_upstream=up)
-            px = FileProxy(tb.registered, cfg_n, d, place, Path(tool("nginx")))
+            px = FileProxy(j.tb.registered, cfg_n, d, place, Path(tool("nginx")))
         else:
-            raise ValueError(f"{mesh.name}: no sidecar {mesh.proxy!r}")
+            raise ValueError(f"{j.mesh.name}: no sidecar {j.mesh.proxy!r}")
         _start(out, f"sidecar:{pod.name}", px, "client" if is_client else "server")
 
 
-def _nodes(
-    tb: Testbed,
-    net: NodeNet,
-    mesh: Mesh,
-    client: Pod | None,
-    services: Sequence[Service],
-    mode: Mode,
-    work: Path,
-    cpus: tuple[int, ...] | None,
-    ca: CertAuthority,
-    out: Deployed,
-) -> None:
-    if mesh.proxy != "envoy":
-        raise ValueError(f"{mesh.name}: node proxies and waypoints are Envoy here")
-    node_cred, wp_cred = ca.issue("node-proxy"), ca.issue("waypoint")
+def _nodes(j: _Job, out: Deployed) -> None:
+    if j.mesh.proxy != "envoy":
+        raise ValueError(f"{j.mesh.name}: node proxies and waypoints are Envoy here")
+    node_cred, wp_cred = j.ca.issue("node-proxy"), j.ca.issue("waypoint")
     waypoints: dict[str, Pod] = {}
-    if mesh.architecture is Architecture.WAYPOINT:
-        for s in services:  # each on its service's node
+    if j.mesh.architecture is Architecture.WAYPOINT:
+        for s in j.services:  # each on its service's node
             assert s.pod.node is not None
-            waypoints[s.name] = net.add_pod(f"wp-{s.pod.name}"[:20], s.pod.node)
+            waypoints[s.name] = j.net.add_pod(f"wp-{s.pod.name}"[:20], s.pod.node)
     routes = tuple(
         WaypointRoute(s.pod.ip, s.port, (waypoints[s.name].ip, MTLS_PORT))
-        for s in services
+        for s in j.services
         if s.name in waypoints
     )
-    pods = [s.pod for s in services] + ([] if client is None else [client])
+    pods = [s.pod for s in j.services] + ([] if j.client is None else [j.client])
     used = {p.node for p in pods if p.node is not None}
     extra = tuple(w.ip for w in waypoints.values())
     for name in sorted(used):
-        node = net.nodes[name]
-        net.intercept(
+        node = j.net.nodes[name]
+        j.net.intercept(
             node,
             NodeInterception(
-                outbound_ifs=tuple(net.veth_of(p) for p in pods if p.node == name),
-                inbound_pods=tuple(s.pod.ip for s in services if s.pod.node == name),
-                mtls_peers=net.peers_of(node, extra),
+                outbound_ifs=tuple(j.net.veth_of(p) for p in pods if p.node == name),
+                inbound_pods=tuple(s.pod.ip for s in j.services if s.pod.node == name),
+                mtls_peers=j.net.peers_of(node, extra),
             ),
         )
         cfg = NodeProxyConfig(
             local_cidr=node.pod_cidr,
-            downstream_tls=downstream_tls(node_cred, ca.cert_pem),
-            upstream_tls=upstream_tls(node_cred, ca.cert_pem, node_cred.spiffe_id),
-            waypoint_tls=upstream_tls(node_cred, ca.cert_pem, wp_cred.spiffe_id),
+            downstream_tls=downstream_tls(node_cred, j.ca.cert_pem),
+            upstream_tls=upstream_tls(node_cred, j.ca.cert_pem, node_cred.spiffe_id),
+            waypoint_tls=upstream_tls(node_cred, j.ca.cert_pem, wp_cred.spiffe_id),
             waypoints=routes,
         )
         px = EnvoyProcess(
-            tb.registered,
+            j.tb.registered,
             cfg.bootstrap(),
-            work / f"node-{name}",
-            node.place(cpus=cpus, uid=PROXY_UID),
+            j.work / f"node-{name}",
+            node.place(cpus=j.cpus, uid=PROXY_UID),
             tool("envoy"),
         )
-        serves = {s.pod.node for s in services}
+        serves = {s.pod.node for s in j.services}
         _start(
             out,
             f"node:{name}",
             px,
-            *(["client"] if client is not None and name == client.node else []),
+            *(["client"] if j.client is not None and name == j.client.node else []),
             *(["server"] if name in serves else []),
         )
-    for s in services:
+    for s in j.services:
         wp = waypoints.get(s.name)
         if wp is None:
             continue
         boot = waypoint_bootstrap(
-            s.mode or mode,
+            s.mode or j.mode,
             (s.pod.ip, s.port),
-            downstream_tls(wp_cred, ca.cert_pem),
-            upstream_tls(wp_cred, ca.cert_pem, node_cred.spiffe_id),
+            downstream_tls(wp_cred, j.ca.cert_pem),
+            upstream_tls(wp_cred, j.ca.cert_pem, node_cred.spiffe_id),
         )
         px = EnvoyProcess(
-            tb.registered, boot, work / f"wp-{s.name}", wp.place(cpus=cpus, uid=PROXY_UID)
+            j.tb.registered, boot, j.work / f"wp-{s.name}", wp.place(cpus=j.cpus, uid=PROXY_UID)
         )
         _start(out, f"waypoint:{s.name}", px, "server")

@@ -33,16 +33,15 @@ from typing import Any
 
 from meshtax.model.proxy import ProxyChoice, ProxyError
 from meshtax.model.sidecar import Architecture, Mode
-from meshtax.testbed.bed import APP_PORTS, PROXY_UID, SERVICE_PORT
+from meshtax.testbed.bed import APP_PORTS, PROXY_UID, SERVICE_PORT, ClientBed
 from meshtax.testbed.certs import CertAuthority, downstream_tls, upstream_tls
 from meshtax.testbed.envoy.config import EnvoyConfig
 from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.envoy.roles import NodeProxyConfig, WaypointRoute, waypoint_bootstrap
-from meshtax.testbed.fortio import FortioServer, LoadResult, LoadSpec, run_spec
+from meshtax.testbed.fortio import FortioServer
 from meshtax.testbed.nodes import MTLS_PORT, Node, NodeInterception, NodeNet
 from meshtax.testbed.pinning import Pinning
 from meshtax.testbed.pods import Pod, Testbed
-from meshtax.testbed.system import System
 from meshtax.testbed.tools import tool
 
 __all__ = ["PLAIN_PORT", "NodeBed", "RoleSet", "node_testbed"]
@@ -94,7 +93,7 @@ class RoleSet:
 
 
 @dataclass
-class NodeBed:
+class NodeBed(ClientBed):
     """A running node bed (see the module docstring)."""
 
     testbed: Testbed
@@ -126,18 +125,6 @@ class NodeBed:
         return self.apps[self.placement]
 
     @property
-    def system(self) -> System:
-        return self.testbed.registered
-
-    @property
-    def cpus(self) -> tuple[int, ...]:
-        p = self.pinning
-        sets = (p.client, p.sidecars, p.app)
-        if any(c is None for c in sets):
-            return ()
-        return tuple(sorted({c for cs in sets if cs is not None for c in cs}))
-
-    @property
     def app_pid(self) -> int:
         assert self.app.process is not None
         return self.app.process.pid
@@ -164,39 +151,6 @@ class NodeBed:
         if self.architecture is Architecture.WAYPOINT:
             return f"{ip}:{PLAIN_PORT}"
         return f"{ip}:{APP_PORTS[mode]}"
-
-    @property
-    def client_netns_path(self) -> str:
-        return f"/run/netns/{self.client.netns}"
-
-    def load(
-        self,
-        target: str,
-        mode: Mode,
-        size: int,
-        qps: float = 0.0,
-        *,
-        duration_s: float | None = None,
-        n: int | None = None,
-        connections: int = 1,
-        extra_args: tuple[str, ...] = (),
-    ) -> LoadResult:
-        spec = LoadSpec(
-            target,
-            mode,
-            size,
-            qps,
-            connections=connections,
-            duration_s=duration_s,
-            n=n,
-            extra_args=extra_args,
-        )
-        return run_spec(
-            spec,
-            self.testbed.system,
-            self.client.place(cpus=self.pinning.client),
-            self.fortio_bin,
-        )
 
     def start_sidecar(
         self,
