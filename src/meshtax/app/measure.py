@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from meshtax.app import doctor
+from meshtax.app.predict import role_profiles
 from meshtax.errors import StoreError, UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.proxy import ProxyChoice
@@ -128,29 +129,21 @@ def validate(
     resolved = resolve_profile(
         store, opts.profile_name, this_host(), accept_unclosed=opts.accept_unclosed
     )
-    warned = list(resolved.warnings)
-    roles: dict[Architecture, Profile] = {}
-    arch = Architecture(opts.architecture)
-    wanted = {Architecture.NODE_L4: (Architecture.NODE_L4,), Architecture.WAYPOINT: ROLES}
-    for role in wanted.get(arch, ()):
-        prof = store.for_host(this_host(), role.value)
-        if prof is None:
-            warned.append(
-                f"no {role.value} profile on this machine: its crossings are priced from "
-                f"{resolved.profile.name!r} (`meshtax profile --architecture {role.value}`)"
-            )
-        else:
-            roles[role] = prof
-            warned.append(f"{role.value} crossings priced from {prof.name!r}")
+    names, said = role_profiles(
+        store, (Architecture(opts.architecture),), accept_unclosed=opts.accept_unclosed
+    )
+    roles = {a: store.get(n) for a, n in names.items()}
     try:
         return run_validation(
-            opts, RealSystem(), resolved.profile, say, warnings=warned, roles=roles
+            opts,
+            RealSystem(),
+            resolved.profile,
+            say,
+            warnings=[*resolved.warnings, *said],
+            roles=roles,
         )
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
-
-
-ROLES = (Architecture.NODE_L4, Architecture.WAYPOINT)  # a waypoint runs on node-l4
 
 
 @dataclass(frozen=True)

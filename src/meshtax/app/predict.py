@@ -4,7 +4,7 @@ profile, with what-if speedups. Options in, result documents out (no argv, no pr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, NoReturn
 
@@ -222,7 +222,8 @@ def predict_files(
     archs = parse_architectures(",".join(opts.architectures or ("sidecar",)))
     if opts.pods_per_node < 1:
         raise UsageError(f"pods per node {opts.pods_per_node}; expected at least 1")
-    roles, rw = role_profiles(store, opts, archs)
+    named = {Architecture.NODE_L4: opts.node_profile, Architecture.WAYPOINT: opts.waypoint_profile}
+    roles, rw = role_profiles(store, archs, named, opts.accept_unclosed)
     warnings += rw
     kw: dict[str, Any] = {
         "pods_per_node": opts.pods_per_node,
@@ -273,14 +274,17 @@ def predict_files(
 
 
 def role_profiles(
-    store: ProfileStore, opts: PredictOptions, archs: Sequence[Architecture]
+    store: ProfileStore,
+    archs: Sequence[Architecture],
+    named: Mapping[Architecture, str | None] | None = None,
+    accept_unclosed: bool = False,
 ) -> tuple[dict[Architecture, str], list[str]]:
     """The profiles that price the node proxy and the waypoint (by name), and what to say
-    about them: the ones named, else this machine's newest of that role, else none (the
+    about them: the ones ``named``, else this machine's newest of that role, else none (the
     role is priced from the sidecar profile, a stand-in)."""
     out: dict[Architecture, str] = {}
     said: list[str] = []
-    wanted = {Architecture.NODE_L4: opts.node_profile, Architecture.WAYPOINT: opts.waypoint_profile}
+    wanted = dict(named or {})
     # a waypoint runs on node-l4
     needs: tuple[Architecture, ...] = ()
     if Architecture.NODE_L4 in archs or Architecture.WAYPOINT in archs:
@@ -288,7 +292,7 @@ def role_profiles(
     if Architecture.WAYPOINT in archs:
         needs += (Architecture.WAYPOINT,)
     for role in needs:
-        name = wanted[role]
+        name = wanted.get(role)
         prof = store.get(name) if name else store.for_host(this_host(), role.value)
         if prof is None:
             said.append(
@@ -302,7 +306,7 @@ def role_profiles(
                 f"{prof.platform.architecture or 'a sidecar'})"
             )
         out[role] = prof.name
-        if prof.unclosed and not opts.accept_unclosed:
+        if prof.unclosed and not accept_unclosed:
             said.append(f"{role.value} profile {prof.name!r} did not close: {prof.unclosed_modes}")
         if not name:
             said.append(f"{role.value} crossings priced from {prof.name!r} (this machine's newest)")
@@ -353,7 +357,8 @@ def _whole(
             )
             mem[a.value] = m
             doc["warnings"] = list(dict.fromkeys([*doc["warnings"], *aw]))
-        doc["architectures"] = architecture_section(batch, results, mem, opts.pods_per_node)
+        roles = {a.value: n for a, n in kw["roles"].items()}
+        doc["architectures"] = architecture_section(batch, results, mem, opts.pods_per_node, roles)
     if opts.tail is not None:
         # traces: every graph is a sample of one traffic mix, each call at its pair's rate
         load: Literal["graphs", "pairs"] = "graphs" if opts.trace_format is None else "pairs"
