@@ -23,27 +23,35 @@ the node bed (:mod:`meshtax.testbed.nodebed`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from meshtax.model.components import TLS
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.profile import Profile
+from meshtax.model.proxy import ProxyChoice, ProxyError
 from meshtax.model.sidecar import Architecture, Mode
 from meshtax.model.stats import Estimate, estimate
-from meshtax.profile.plan import Plan
+from meshtax.profile.plan import CARRIED_PROTOCOLS, Plan
+from meshtax.testbed.bed import OneHop, echo_testbed
 from meshtax.testbed.envoy.config import config_hash
 from meshtax.testbed.envoy.roles import NodeProxyConfig, WaypointRoute, waypoint_key
-from meshtax.testbed.nodebed import NodeBed, describe
+from meshtax.testbed.nodebed import NodeBed, describe, node_testbed
 from meshtax.testbed.paired import PairPolicy, paired_runs
+from meshtax.testbed.pinning import Pinning
+from meshtax.testbed.pods import Testbed
 
 __all__ = [
     "ARCHITECTURE_MODES",
     "ROLE_NOTES",
     "InternodeResult",
     "measure_internode",
+    "one_hop_bed",
     "role_hash",
+    "role_plan",
     "with_internode",
 ]
 
@@ -69,6 +77,66 @@ ROLE_NOTES: Mapping[Architecture, tuple[str, ...]] = {
     ),
 }
 _RUNS = ("direct_intra", "meshed_intra", "direct_inter", "meshed_inter")
+
+
+def role_plan(
+    p: Plan,
+    changes: dict[str, Any],
+    architecture: Architecture | str,
+    proxy: ProxyChoice,
+    carried_default: bool,
+) -> dict[str, Any]:
+    """``changes`` to the plan ``p`` for profiling ``architecture``'s role (none for a
+    sidecar): its modes only, no capacity; node-l4 carries HTTP and gRPC as fully as its mode
+    (``carried_default``: the caller left the carried protocols to the preset)."""
+    arch = Architecture(architecture)
+    if arch is Architecture.SIDECAR:
+        return changes
+    if proxy.kind != "envoy" or proxy.variant:
+        raise ProxyError(f"--architecture {arch.value} profiles Envoy in that role")
+    ok = ARCHITECTURE_MODES.get(arch)
+    if ok is None:
+        raise ProxyError(f"nothing to profile for architecture {arch.value}")
+    modes = tuple(m for m in changes.get("modes", p.modes) if m in ok)
+    if not modes:
+        raise ProxyError(f"{arch.value} runs {', '.join(m.value for m in ok)} mode only")
+    out = {**changes, "modes": modes, "capacity": False}
+    if arch is Architecture.NODE_L4:
+        # an L4 proxy's http and grpc are carried: measured as fully as its mode
+        if carried_default:
+            out["carried"] = CARRIED_PROTOCOLS
+        out.update(carried_all_sizes=True, carried_probe_pairs=p.probe_pairs)
+    return out
+
+
+@contextmanager
+def one_hop_bed(
+    tb: Testbed,
+    pinning: Pinning,
+    architecture: Architecture,
+    *,
+    envoy_bin: Path | None,
+    fortio_bin: Path,
+    proxy: ProxyChoice,
+    proxy_bin: Path | None,
+) -> Iterator[OneHop]:
+    """The bed a profile of ``architecture`` measures on: the echo bed for a sidecar, the
+    node bed for a node proxy or a waypoint."""
+    if architecture is Architecture.SIDECAR:
+        with echo_testbed(
+            tb,
+            pinning,
+            envoy_bin=envoy_bin,
+            fortio_bin=fortio_bin,
+            proxy=proxy,
+            proxy_bin=proxy_bin,
+        ) as bed:
+            yield bed
+    else:
+        with node_testbed(
+            tb, pinning, architecture, envoy_bin=envoy_bin, fortio_bin=fortio_bin
+        ) as nbed:
+            yield nbed
 
 
 def role_hash(architecture: Architecture) -> str:

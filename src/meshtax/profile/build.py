@@ -19,7 +19,7 @@ from meshtax.model.proxy import ProxyChoice
 from meshtax.model.sidecar import Architecture, Mode
 from meshtax.model.speed import Speed, typical
 from meshtax.model.stats import Estimate, estimate
-from meshtax.profile.architecture import ROLE_NOTES, role_hash
+from meshtax.profile.architecture import ROLE_NOTES, InternodeResult, role_hash, with_internode
 from meshtax.profile.decompose import Breakdown, assemble, per_crossing
 from meshtax.profile.fit import SizePoint, fit_carried, fit_mode
 from meshtax.profile.onehop import PairedOverhead, ProbeResult
@@ -232,11 +232,13 @@ def build_profile(
     capacities: Mapping[Mode, Capacity] | None = None,
     proxy: ProxyChoice = ProxyChoice(),
     architecture: Architecture = Architecture.SIDECAR,
+    internode: InternodeResult | None = None,
 ) -> Profile:
     """Fit every mode, check closure, and store (when ``store`` is given). ``speeds``: the
     reference workload's measurements during the run; ``attempts``: earlier measurements of a
     mode that did not close (kept in the record); ``capacities``: measured per mode;
-    ``proxy``: the sidecar measured (its version is ``versions[proxy.kind]``)."""
+    ``proxy``: the sidecar measured (its version is ``versions[proxy.kind]``);
+    ``architecture``: its role; ``internode``: a node proxy's inter-node step."""
     tcp = {r.size: r for r in results.get(Mode.TCP, [])}
     carried = {p: rs for p, rs in (carried or {}).items() if rs}
     modes: list[ModeProfile] = []
@@ -369,6 +371,8 @@ def build_profile(
         interference=interference,
         status=status,
     )
+    if internode is not None:
+        profile = with_internode(profile, internode)
     if store is not None:
         store.save(profile, replace=replace)
     return profile

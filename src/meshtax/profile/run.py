@@ -39,38 +39,25 @@ from __future__ import annotations
 import datetime as _dt
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
 from meshtax.model.capacity import Capacity
 from meshtax.model.profile import Profile
-from meshtax.model.proxy import ProxyChoice, ProxyError
+from meshtax.model.proxy import ProxyChoice
 from meshtax.model.sidecar import Architecture, Mode
 from meshtax.model.speed import Speed
-from meshtax.profile.architecture import (
-    ARCHITECTURE_MODES,
-    InternodeResult,
-    measure_internode,
-    with_internode,
-)
+from meshtax.profile.architecture import InternodeResult, measure_internode, one_hop_bed, role_plan
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import CpuRun, ProfileSink, SizeResult, build_profile, points
 from meshtax.profile.capacity import measure_capacity
 from meshtax.profile.decompose import Breakdown, steady_breakdown
 from meshtax.profile.fit import fit_mode
 from meshtax.profile.onehop import measure_overhead, probe_components, sidecar_cpu
-from meshtax.profile.plan import (
-    CARRIED_PROTOCOLS,
-    Plan,
-    Step,
-    full_plan,
-    quick_plan,
-    window_policy,
-)
-from meshtax.testbed.bed import OneHop, echo_testbed
+from meshtax.profile.plan import Plan, Step, full_plan, quick_plan, window_policy
+from meshtax.testbed.bed import OneHop
 from meshtax.testbed.fortio import LoadResult, fortio_version
-from meshtax.testbed.nodebed import NodeBed, node_testbed
+from meshtax.testbed.nodebed import NodeBed
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.proxy import PROXIES, Proxy
 from meshtax.testbed.system import System
@@ -116,22 +103,7 @@ class ProfileOptions:
             changes["low_rates"] = tuple(self.low_rates)
         if self.capacity is not None:
             changes["capacity"] = self.capacity
-        arch = Architecture(self.architecture)
-        if arch is not Architecture.SIDECAR:
-            if self.proxy.kind != "envoy" or self.proxy.variant:
-                raise ProxyError(f"--architecture {arch.value} profiles Envoy in that role")
-            ok = ARCHITECTURE_MODES.get(arch)
-            if ok is None:
-                raise ProxyError(f"nothing to profile for architecture {arch.value}")
-            modes = tuple(m for m in changes.get("modes", p.modes) if m in ok)
-            if not modes:
-                raise ProxyError(f"{arch.value} runs {', '.join(m.value for m in ok)} mode only")
-            changes.update(modes=modes, capacity=False)
-            if arch is Architecture.NODE_L4:
-                # an L4 proxy's http and grpc are carried: measured as fully as its mode
-                if self.carried is None:
-                    changes["carried"] = CARRIED_PROTOCOLS
-                changes.update(carried_all_sizes=True, carried_probe_pairs=p.probe_pairs)
+        changes = role_plan(p, changes, self.architecture, self.proxy, self.carried is None)
         if changes:
             p = Plan(**{**_plan_fields(p), **changes})
         if self.duration_s is not None:
@@ -247,23 +219,19 @@ def run_profile(
     attempts: dict[Mode, list[dict[str, Any]]] = {}
     arch = Architecture(options.architecture)
     internode: InternodeResult | None = None
-    with be.niceness(plan.nice), be.testbed(system) as tb, ExitStack() as beds:
-        bed: OneHop
-        if arch is Architecture.SIDECAR:
-            bed = beds.enter_context(
-                echo_testbed(
-                    tb,
-                    plan.pinning,
-                    envoy_bin=envoy_bin,
-                    fortio_bin=fortio_bin,
-                    proxy=px,
-                    proxy_bin=proxy_bin,
-                )
-            )
-        else:
-            bed = beds.enter_context(
-                node_testbed(tb, plan.pinning, arch, envoy_bin=envoy_bin, fortio_bin=fortio_bin)
-            )
+    with (
+        be.niceness(plan.nice),
+        be.testbed(system) as tb,
+        one_hop_bed(
+            tb,
+            plan.pinning,
+            arch,
+            envoy_bin=envoy_bin,
+            fortio_bin=fortio_bin,
+            proxy=px,
+            proxy_bin=proxy_bin,
+        ) as bed,
+    ):
         _speed(be, tb, plan, speeds)
         for mode in plan.modes:
             ticker.next("setup", mode)
@@ -296,14 +264,14 @@ def run_profile(
         if isinstance(bed, NodeBed) and arch is Architecture.NODE_L4:
             internode = measure_internode(bed, plan, be.schedstat)
     wall_s = be.clock() - t_start
-    prof = build_profile(
+    return build_profile(
         name,
         created,
         plan,
         results,
         versions,
         wall_s,
-        store if arch is not Architecture.NODE_L4 else None,
+        store,
         options.replace,
         carried=carried,
         speeds=speeds,
@@ -311,13 +279,8 @@ def run_profile(
         capacities=capacities,
         proxy=px,
         architecture=arch,
+        internode=internode,
     )
-    if internode is None:
-        return prof
-    prof = with_internode(prof, internode)
-    if store is not None:
-        store.save(prof, replace=options.replace)
-    return prof
 
 
 def _capacity(mode: Mode, plan: Plan, bed: OneHop, be: Backends, ticker: _Clocked) -> Capacity:
