@@ -122,7 +122,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         try:
             for k, mesh in enumerate(meshes):
                 for where in a.placements.split(","):
-                    tag = f"{k}{where[:2]}"
+                    tag = f"{k}{'a' if where == 'intra' else 'e'}"
                     cn = net.add_node(f"{tag}c")
                     sn = cn if where == "intra" else net.add_node(f"{tag}s")
                     client = net.add_pod(f"c{tag}", cn)

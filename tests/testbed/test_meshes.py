@@ -118,9 +118,10 @@ def test_real_every_mesh_carries_calls(tmp_path: Path, mesh: str) -> None:
     when the testbed closes."""
     with Testbed(RealSystem(), lock_timeout=LOCK_WAIT) as tb:
         net = NodeNet(tb)
-        a, b = net.add_node("a"), net.add_node("b")
         pids: list[int] = []
-        for where, node in (("intra", a), ("inter", b)):
+        for where in ("intra", "inter"):  # nodes of their own: one proxy a node
+            a = net.add_node(f"{where}-a")
+            node = a if where == "intra" else net.add_node(f"{where}-b")
             client = net.add_pod(f"c-{where}", a)
             server = net.add_pod(f"s-{where}", node)
             app = FortioServer(

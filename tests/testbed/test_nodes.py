@@ -92,6 +92,8 @@ def test_nodes_and_pods_commands(tmp_path: Path) -> None:
         assert sysm.calls[start:] == [
             tuple(Placement(netns=a.netns).wrap(r)) for r in node_rules(c)
         ]
+        with pytest.raises(ValueError, match="already sends"):
+            net.intercept(a, c)  # one proxy a node
         with pytest.raises(ValueError, match="exists"):
             net.add_node("a")
         with pytest.raises(ValueError, match="names the nodes"):

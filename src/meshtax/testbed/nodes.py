@@ -106,6 +106,7 @@ class NodeNet:
         self.pod_net = ipaddress.IPv4Network(pod_net)
         self.nodes: dict[str, Node] = {}
         self._pods: dict[str, list[Pod]] = {}
+        self._intercepted: set[str] = set()
 
     def add_node(self, name: str) -> Node:
         """Node ``name``: a namespace on the bridge that forwards, with routes to every other
@@ -174,7 +175,11 @@ class NodeNet:
         return f"p{[p.name for p in self._pods[pod.node]].index(pod.name) + 1}"
 
     def intercept(self, node: Node, c: NodeInterception) -> None:
-        """Install ``c`` in ``node`` (the rules vanish with its namespace)."""
+        """Install ``c`` in ``node`` (the rules vanish with its namespace); once: a node has
+        one proxy."""
+        if node.name in self._intercepted:
+            raise ValueError(f"node {node.name!r} already sends its pods' traffic to a proxy")
+        self._intercepted.add(node.name)
         for argv in node_rules(c):
             self.tb.system.run(argv, place=Placement(netns=node.netns))
 
