@@ -21,6 +21,7 @@ from meshtax.profile.decompose import (
     CROSSINGS_PER_REQUEST,
     Breakdown,
     Window,
+    chain_breakdown,
     cpu_breakdown,
     mesh_breakdown,
 )
@@ -36,6 +37,7 @@ from meshtax.testbed.paired import (
     is_narrow,
     paired_runs,
 )
+from meshtax.testbed.probe_reading import EMPTY_THREAD
 from meshtax.testbed.probes import (
     ProbeError,
     ProbeReading,
@@ -235,6 +237,11 @@ def probe_components(
     (:func:`~meshtax.testbed.probes.realtime`)."""
     # the app each path reaches (two processes when the sidecar talks to it over Unix sockets)
     apps = {"meshed": bed.meshed_app_pid, "direct": bed.app_pid}
+
+    def breakdown(m: Window, d: Window | None) -> Breakdown:
+        # several busy proxies sharing the app's CPU (a waypoint's bed): on-CPU time adds up
+        return chain_breakdown(m, d) if bed.cpu_chain and d is not None else mesh_breakdown(m, d)
+
     # other proxies on both paths (a node bed's): their change counts as the app's does
     path = bed.path_pids
     app_pids = list(dict.fromkeys([*apps.values(), *path]))
@@ -280,8 +287,11 @@ def probe_components(
             if gauge is None or before is None
             else Interference.between(before, gauge.snapshot())
         )
-        path_sys = sum(t.sys_cpu_ns for t in reading.threads if t.tgid in path)
-        return ProbeWindow(res, reading, w, noise, path_sys)
+        on_path = EMPTY_THREAD
+        for t in reading.threads:
+            if t.tgid in path:
+                on_path = on_path + t
+        return ProbeWindow(res, reading, w, noise, on_path)
 
     def clean(g: GroupRun[ProbeWindow]) -> bool:
         return not any(
@@ -292,7 +302,7 @@ def probe_components(
 
     def narrow(p: Paired[ProbeWindow]) -> bool:
         per = [
-            mesh_breakdown(m.window, d.window if probe_app else None)
+            breakdown(m.window, d.window if probe_app else None)
             for m, d in p.pairs("meshed", "direct")
         ]
         return components_narrow(per, windows.rel_halfwidth, windows.floor_us)
@@ -334,9 +344,9 @@ def probe_components(
     d_mean = [d.result.avg_us for _, d in pairs_]
     dropped = sum(x.reading.dropped for m, d in pairs_ for x in (m, d))
     path_cpu = per_crossing_delta(
-        sum(m.path_sys_ns for m, _ in pairs_),
+        sum(m.path.sys_cpu_ns for m, _ in pairs_),
         sum(m.result.count for m, _ in pairs_),
-        sum(d.path_sys_ns for _, d in pairs_),
+        sum(d.path.sys_cpu_ns for _, d in pairs_),
         sum(d.result.count for _, d in pairs_),
     )
     noise = [x.noise for m, d in pairs_ for x in (m, d) if x.noise is not None]
@@ -348,9 +358,9 @@ def probe_components(
         return out
 
     pm, pd = pooled(m_windows), pooled(d_windows)
-    per_pair = [mesh_breakdown(m, d if probe_app else None) for m, d in zip(m_windows, d_windows)]
+    per_pair = [breakdown(m, d if probe_app else None) for m, d in zip(m_windows, d_windows)]
     diffs = [m - d for m, d in zip(m_mean, d_mean)]
-    pooled_bd = mesh_breakdown(pm, pd if probe_app else None)
+    pooled_bd = breakdown(pm, pd if probe_app else None)
     return ProbeResult(
         latency=pooled_bd,
         pooled=pooled_bd,
@@ -398,7 +408,7 @@ class ProbeWindow:
     reading: ProbeReading
     window: Window
     noise: Interference | None
-    path_sys_ns: int = 0  # kernel CPU of the other proxies on the path (a node bed's)
+    path: ThreadReading = EMPTY_THREAD  # the other proxies on the path (a node bed's), summed
 
 
 def client_cpu_us(windows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -428,7 +438,13 @@ def per_crossing_delta(m_ns: float, m_requests: int, d_ns: float, d_requests: in
 def _window_record(meshed: bool, x: ProbeWindow, sched: str, kept: bool) -> dict[str, Any]:
     """One probe window, raw, for the profile's record (``kept``: used, not refused)."""
     res, reading, w = x.result, x.reading, x.window
-    threads = (("sidecar", w.sidecar), ("app", w.app), ("client", w.client))
+    threads: tuple[tuple[str, ThreadReading], ...] = (
+        ("sidecar", w.sidecar),
+        ("app", w.app),
+        ("client", w.client),
+    )
+    if x.path != EMPTY_THREAD:  # a node bed's other proxies (inside "app" too)
+        threads += (("path", x.path),)
     return {
         "meshed": meshed,
         "kept": kept,

@@ -126,6 +126,12 @@ class OneHop(Protocol):
         ...
 
     @property
+    def cpu_chain(self) -> bool:
+        """Several busy proxies share the app's CPU on the meshed path: its components add
+        on-CPU time, not wall time (:func:`~meshtax.profile.decompose.chain_breakdown`)."""
+        ...
+
+    @property
     def meshed_target(self) -> str: ...
 
     @property
@@ -249,6 +255,10 @@ class EchoBed(ClientBed):
     def path_pids(self) -> tuple[int, ...]:
         """None here: the sidecar is the only proxy."""
         return ()
+
+    @property
+    def cpu_chain(self) -> bool:
+        return False
 
     @property
     def meshed_app_pid(self) -> int:

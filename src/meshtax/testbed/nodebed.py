@@ -139,6 +139,12 @@ class NodeBed(ClientBed):
         return () if self.running is None else self.running.path_pids
 
     @property
+    def cpu_chain(self) -> bool:
+        """A waypoint's path has three busy proxies on the app's CPU; node-l4's one (the other
+        node's proxy idles on the intra-node path), as a sidecar's bed."""
+        return self.architecture is Architecture.WAYPOINT
+
+    @property
     def meshed_target(self) -> str:
         return self.target(self.placement)
 
