@@ -146,7 +146,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                         client,
                         [Service("server", server, PORT)],
                         Mode.HTTP,
-                        work / tag,
+                        tb.scratch_dir(f"meshtax-mesh-{tag}-"),  # a file proxy's uid reaches it
                         cpus=pin.sidecars,
                     )
                     beds[mesh.name, where] = (

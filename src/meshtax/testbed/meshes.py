@@ -151,6 +151,7 @@ def _sidecars(j: _Job, out: Deployed) -> None:
     if j.mesh.proxy == "nginx" and len(j.services) != 1:
         raise ValueError("nginx forwards outbound traffic to one fixed upstream: one service")
     if j.mesh.proxy != "envoy":
+        j.work.mkdir(parents=True, exist_ok=True)
         j.tb.system.run(["chmod", "0711", str(j.work)])  # its uid reaches its own directory
     for pod, port, m, is_client in pods:
         j.tb.mesh(pod, proxy_uid=PROXY_UID)
