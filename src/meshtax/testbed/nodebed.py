@@ -44,7 +44,7 @@ from meshtax.testbed.pinning import Pinning
 from meshtax.testbed.pods import Pod, Testbed
 from meshtax.testbed.tools import tool
 
-__all__ = ["PLAIN_PORT", "NodeBed", "RoleSet", "node_testbed"]
+__all__ = ["PLAIN_PORT", "NodeBed", "RoleSet", "describe", "node_testbed"]
 
 #: a service port with no waypoint (the waypoint bed's comparison path)
 PLAIN_PORT = 8081
