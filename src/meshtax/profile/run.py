@@ -378,7 +378,7 @@ def _cpu_runs(
                 continue
             ticker.next("lowrate", step_mode, size, rate=rate, protocol=protocol)
             once = functools.partial(_steady_run, f"r{rate:g}", rate, plan.low_rate_run_s, measure)
-            runs.append(_quiet(once, gauge, plan.interference, plan.low_rate_tries))
+            runs.append(_quiet(once, gauge, plan.low_rate_interference, plan.low_rate_tries))
     return max_qps, runs
 
 
