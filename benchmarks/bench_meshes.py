@@ -34,7 +34,7 @@ import yaml
 
 from meshtax.model.sidecar import Mode
 from meshtax.testbed import procfs
-from meshtax.testbed.fortio import FortioServer, LoadSpec, run_spec
+from meshtax.testbed.fortio import FortioServer, LoadFailed, LoadSpec, run_spec
 from meshtax.testbed.meshes import MESHES, Deployed, Service, deploy
 from meshtax.testbed.nodes import NodeNet
 from meshtax.testbed.pinning import CLIENT_APART
@@ -103,6 +103,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     meshes = [MESHES[m] for m in a.meshes.split(",")]
     pin = CLIENT_APART
     runs: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []  # runs fortio gave up on (errors), by mesh and round
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {
@@ -116,6 +117,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         "options": {k: v for k, v in vars(a).items() if k not in ("report",)},
         "pinning": pin.describe(),
         "runs": runs,
+        "failed": failed,
     }
     with Testbed(RealSystem(), lock_timeout=a.wait) as tb:
         net = NodeNet(tb)
@@ -163,10 +165,16 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                 for key in order:
                     d, place, target = beds[key]
                     warm = argparse.Namespace(**{**vars(a), "duration": min(3.0, a.duration)})
-                    if r == 0:
-                        run_one(d, place, target, warm, fortio)
-                    rec = run_one(d, place, target, a, fortio)
-                    rec.update(mesh=key[0], placement=key[1], round=r, load=os.getloadavg())
+                    tag = {"mesh": key[0], "placement": key[1], "round": r}
+                    try:
+                        if r == 0:
+                            run_one(d, place, target, warm, fortio)
+                        rec = run_one(d, place, target, a, fortio)
+                    except LoadFailed as e:  # recorded; the other meshes still run
+                        failed.append({**tag, "error": str(e)[-400:]})
+                        print(f"round {r} {key[0]:10s} {key[1]}: FAILED {e}"[:300], flush=True)
+                        continue
+                    rec.update(tag, load=os.getloadavg())
                     runs.append(rec)
                     (out / "runs.json").write_text(json.dumps(doc, indent=1))
                     print(
@@ -253,6 +261,10 @@ def report(doc: Mapping[str, Any]) -> str:
                 f"{_fmt(v['memory_mib_client'], digits=1)} | "
                 f"{_fmt(v['memory_mib_server'], digits=1)} | {qps:.0f} |"
             )
+    for f in doc.get("failed", ()):
+        lines.append(
+            f"\nfailed: {f['mesh']} {f['placement']}-node, round {f['round']}: {f['error']}"
+        )
     pub = yaml.safe_load(PUBLISHED.read_text())
     for where, table in (("intra", "intra_node"), ("inter", "inter_node")):
         lines += [
