@@ -165,16 +165,17 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                 for key in order:
                     d, place, target = beds[key]
                     warm = argparse.Namespace(**{**vars(a), "duration": min(3.0, a.duration)})
-                    tag = {"mesh": key[0], "placement": key[1], "round": r}
+                    which: dict[str, Any] = {"mesh": key[0], "placement": key[1], "round": r}
                     try:
                         if r == 0:
                             run_one(d, place, target, warm, fortio)
                         rec = run_one(d, place, target, a, fortio)
                     except LoadFailed as e:  # recorded; the other meshes still run
-                        failed.append({**tag, "error": str(e)[-400:]})
+                        failed.append({**which, "error": str(e)[-400:]})
+                        (out / "runs.json").write_text(json.dumps(doc, indent=1))
                         print(f"round {r} {key[0]:10s} {key[1]}: FAILED {e}"[:300], flush=True)
                         continue
-                    rec.update(tag, load=os.getloadavg())
+                    rec.update(which, load=os.getloadavg())
                     runs.append(rec)
                     (out / "runs.json").write_text(json.dumps(doc, indent=1))
                     print(
