@@ -16,6 +16,8 @@ if [ ! -d /sys/fs/cgroup/cpu ] || [ ! -w /sys/fs/cgroup/cpu ]; then
 fi
 exec 9>/run/meshtax-measure.lock
 flock -w 7200 9 || { echo "quiet-measure: lock not obtained" >&2; exit 75; }
+# while this waited for the lock, the measurement holding it may have capped this script too
+echo $$ > /sys/fs/cgroup/cpu/cgroup.procs
 mkdir -p "$CG"
 echo 100000 > "$CG/cpu.cfs_period_us"
 me=$$
