@@ -19,8 +19,9 @@ import numpy as np
 import numpy.typing as npt
 
 from meshtax.model.capacity import LatencySketch
+from meshtax.model.components import BASE_COMPONENTS, UNATTRIBUTED
 from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, EcgBatch
-from meshtax.model.profile import Profile
+from meshtax.model.profile import ModeProfile, Profile
 from meshtax.model.speed import Speed
 from meshtax.predict.engine import Costs, ProfileLookup, hop_costs
 from meshtax.predict.queueing import ServiceMix, Shape
@@ -35,8 +36,10 @@ __all__ = [
     "StationLoad",
     "Stations",
     "TailOptions",
+    "at_load",
     "crossings",
     "latency_shape",
+    "load_factor",
     "loads",
     "request_rate",
     "station_mix",
@@ -147,10 +150,12 @@ def crossings(
     and the response crossing apart (else each half of the side's total, enough for loads)."""
     b = batch
     rates = None if opts.pod_cpus is None else shared_cpu_rates(b, opts.pod_cpus)
-    full = hop_costs(b, profiles, rates=rates, speed=opts.speed)
+    at = b.rate if rates is None else rates
+    full = at_load(hop_costs(b, profiles, rates=rates, speed=opts.speed), b, profiles, at)
     if split:
         req = hop_costs(replace(b, response_bytes=b.request_bytes), profiles, rates=rates)
         resp = hop_costs(replace(b, request_bytes=b.response_bytes), profiles, rates=rates)
+        req, resp = at_load(req, b, profiles, at), at_load(resp, b, profiles, at)
         if opts.speed is not None:  # the halves only split the full costs: keep their ratio
             req, resp = _rescale(req, resp, full)
     else:
@@ -176,6 +181,53 @@ def crossings(
         station.astype(np.int64),
         full.warnings,
     )
+
+
+def load_factor(mp: ModeProfile, rates: FloatArray) -> FloatArray:
+    """Per rate, the factor on a crossing's base CPU beyond the CPU models' profiled rates
+    (1 within them): the profile's capacity runs (many clients, up to saturation; CPU per
+    request there ÷ 2 per crossing, ÷ the models' CPU at the capacity's size and their
+    highest rate), interpolated in log rate from 1 at the models' highest rate, held at the
+    last run's beyond it. A sidecar kept busy by many clients handles several requests per
+    wake-up; the CPU runs (one client) cannot reach those rates."""
+    ones = np.ones_like(rates, dtype=np.float64)
+    cap = mp.capacity
+    models = [mp.components[c].cpu for c in BASE if c in mp.components]
+    tops = [m.rate_hi for m in models if m.rate_hi is not None]
+    if cap is None or not tops:
+        return ones
+    r_hi = max(tops)
+    size, top = np.array([float(cap.size_bytes)]), np.array([r_hi])
+    at_hi = sum(float(m.predict(size, top)[0]) for m in models)
+    pts = [(r, us / 2 / at_hi) for r, us in cap.cpu_samples() if r > r_hi]
+    if at_hi <= 0 or not pts:
+        return ones
+    x = np.log([r_hi, *(r for r, _ in pts)])
+    y = np.array([1.0, *(q for _, q in pts)])
+    r = np.asarray(rates, dtype=np.float64)
+    got = np.interp(np.log(np.maximum(r, r_hi)), x, y)
+    return np.asarray(np.where(r > r_hi, np.maximum(got, 0.0), 1.0), dtype=np.float64)
+
+
+#: the components a capacity run's CPU stands for (a plain sidecar: no filters, no TLS)
+BASE = (*BASE_COMPONENTS, UNATTRIBUTED)
+
+
+def at_load(costs: Costs, batch: EcgBatch, profiles: ProfileLookup, rates: FloatArray) -> Costs:
+    """``costs`` with each side's base CPU × :func:`load_factor` of its mode at ``rates``."""
+    cols = [k for k, c in enumerate(costs.components) if c in BASE]
+    out = {}
+    for name, specs in (("cpu_caller", batch.caller_spec), ("cpu_callee", batch.callee_spec)):
+        f = np.ones(batch.n_invocations)
+        for s, spec in enumerate(batch.specs):
+            rows = np.flatnonzero(specs == s)
+            mp = profiles(spec.platform).modes.get(spec.config.mode) if rows.size else None
+            if mp is not None:
+                f[rows] = load_factor(mp, rates[rows])
+        c = getattr(costs, name).copy()
+        c[:, cols] *= f[:, None]
+        out[name] = c
+    return replace(costs, **out)
 
 
 def _rescale(req: Costs, resp: Costs, full: Costs) -> tuple[Costs, Costs]:
