@@ -4,6 +4,7 @@ prediction at no load."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from meshtax.model.components import OTHER
@@ -11,6 +12,7 @@ from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.tail import TailOptions
 from meshtax.report.build import ReportInputs, render_report
 from meshtax.validate.tail import (
+    BASE_PROBS,
     Predicted,
     TailPoint,
     TailRun,
@@ -50,6 +52,28 @@ def test_measured_overhead_is_the_median_of_paired_differences() -> None:
     assert m.median == pytest.approx(105.0) and m.n == 2  # (100 + 110) / 2
     assert low.measured("p99").median == pytest.approx(310.0)
     assert low.sustained and not validation().points[2].sustained
+
+
+def test_measured_overhead_pools_every_request_of_the_level() -> None:
+    # uniform latencies: 100–200 µs without the mesh; with it 200–400 µs in one run and
+    # 200–300 µs in a run with three times its requests (pooled: ¼ and ¾ of the requests)
+    probs = np.asarray(BASE_PROBS)
+
+    def runq(lo: float, width: float, count: int) -> TailRun:
+        q = tuple((lo + width * probs).tolist())
+        return TailRun(1000, 1000, count, 1.0, {"p90": lo + 0.9 * width}, q)
+
+    pairs = (
+        (runq(100, 100, 1000), runq(200, 200, 1000)),
+        (runq(100, 100, 3000), runq(200, 100, 3000)),
+    )
+    m = TailPoint(0.5, 1000, pairs).measured("p90")
+    # with the mesh P(X ≤ 300) = ¼ · ½ + ¾ = 0.875; above, ¼ (x − 200)/200 + ¾ = 0.9 → 320
+    assert m.median == pytest.approx(320 - 190, abs=0.5)
+    assert m.lo <= m.median <= m.hi and m.n == 2
+    assert m.samples == pytest.approx((380 - 190, 290 - 190))  # per pair, kept as the record
+    same = TailPoint(0.5, 1000, (pairs[0], pairs[0])).measured("p90")
+    assert same.median == same.lo == same.hi == pytest.approx(190, abs=0.5)
 
 
 def test_errors_bias_and_saturation() -> None:

@@ -193,7 +193,7 @@ def run_onehop_tail(
 
         for side in targets:
             bed.load(targets[side], mode, size_bytes, n=500, connections=plan.connections)
-        top, top_mesh, points = _measure(plan, load, _cpu(groups), say)
+        top, top_mesh, points = _measure(plan, load, _cpu(groups, pinning), say)
         envoy.stop()
     out = []
     for pt in points:
@@ -216,12 +216,32 @@ def run_onehop_tail(
     )
 
 
-def _cpu(groups: Mapping[str, Mapping[str, Sequence[int]]]) -> Cpu:
+def _cpu(groups: Mapping[str, Mapping[str, Sequence[int]]], pinning: Pinning) -> Cpu:
+    """On-CPU ns of each group's processes, their run-queue waits (``<group>_wait``), and the
+    time the pods' and the client's CPUs were busy (tasks and interrupts: ``pods_busy``,
+    ``client_busy``) of ``pods_total``/``client_total``."""
+    roles = {"pods": {*(pinning.sidecars or ()), *(pinning.app or ())}, "client": pinning.client}
+
     def read(side: str) -> dict[str, int]:
         ns = procfs.cpu_ns([p for ps in groups[side].values() for p in ps])
-        return {k: sum(ns.get(p, 0) for p in ps) for k, ps in groups[side].items()}
+        out = {k: sum(ns.get(p, 0) for p in ps) for k, ps in groups[side].items()}
+        for k, ps in groups[side].items():
+            out[f"{k}_wait"] = sum(_wait(p) for p in ps)
+        times = procfs.cpu_times()
+        for role, cpus in roles.items():
+            got = [times[c] for c in cpus or () if c in times]
+            out[f"{role}_busy"] = sum(t.task_ns + t.irq_ns for t in got)
+            out[f"{role}_total"] = sum(t.total_ns for t in got)
+        return out
 
     return read
+
+
+def _wait(pid: int) -> int:
+    try:
+        return procfs.runqueue_wait_ns(pid)
+    except procfs.ProcError:
+        return 0
 
 
 def _notes(base: str) -> tuple[str, ...]:
@@ -326,7 +346,7 @@ def run_topology_tail(
         for d in deps.values():
             spec = LoadSpec(d.entry_target, fmode, 0, 0.0, connections=plan.connections, n=500)
             run_spec(spec, system, place, fortio)
-        top, top_mesh, points = _measure(plan, load, _cpu(groups), say)
+        top, top_mesh, points = _measure(plan, load, _cpu(groups, pinning), say)
         for a in apps.values():
             a.stop()  # SIGTERM: the spans are flushed
         traces = appctl.merge_traces(deps["no_mesh"].trace_files)
