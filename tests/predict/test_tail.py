@@ -192,11 +192,11 @@ def test_shared_cpus_price_messages_at_the_engines_shared_cpu_rate() -> None:
     assert all(s.mean_service_us == pytest.approx(30.0 + 4.0 * math.log(10)) for s in own.stations)
 
 
-def test_beyond_the_cpu_runs_a_crossing_costs_what_the_capacity_runs_measured() -> None:
-    # the CPU runs (one client) reach 1 000/s at 100 CPU-µs per crossing; with many clients
-    # the sidecar measured 120 CPU-µs a request at 4 000/s and 80 at 8 000/s (60 and 40 a
-    # crossing): factors 0.6 and 0.4, interpolated in log rate from 1 at 1 000/s, held beyond
-    cpu = CostModel(100.0, rate_coef=20.0, rate_lo=100.0, rate_hi=1000.0)
+def test_many_clients_make_a_crossing_cost_what_the_capacity_runs_measured() -> None:
+    # one client at a time costs 100 CPU-µs a crossing at every profiled rate (100 … 1 000/s);
+    # many clients measured 120 CPU-µs a request at 4 000/s and 80 at 8 000/s (60 and 40 a
+    # crossing): factors 0.6 and 0.4, interpolated in log rate from 1 at 100/s, held beyond
+    cpu = CostModel(100.0, rate_lo=100.0, rate_hi=1000.0)
     pts = (
         CapacityPoint(0.0, 8000.0, 0.64, 0.9),
         CapacityPoint(4000.0, 4000.0, 0.48, 0.6),
@@ -204,18 +204,18 @@ def test_beyond_the_cpu_runs_a_crossing_costs_what_the_capacity_runs_measured() 
     cap = Capacity(8000.0, 100, 32, 1, 80.0, "shared-cpu", points=pts)
     base = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
     p = replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
-    r = np.array([500.0, 1000.0, 2000.0, 4000.0, 8000.0, 16000.0])
+    r = np.array([50.0, 100.0, 1000.0, 4000.0, 8000.0, 16000.0])
     f = load_factor(p.modes[Mode.HTTP], r)
-    assert f == pytest.approx([1.0, 1.0, 1 - 0.4 / 2, 0.6, 0.4, 0.4])
+    t = math.log(10) / math.log(40)
+    assert f == pytest.approx([1.0, 1.0, 1 - 0.4 * t, 0.6, 0.4, 0.4])
     # one hop on one shared CPU: the station's work per request follows; saturation (ρ = 1)
-    # where r × (2 × 100 × f(r)) = 1e6: at 8 000/s a request costs 80 µs → ρ = 0.64; beyond,
-    # flat: r = 1e6 / 80 = 12 500/s
+    # where r × 2 × 100 × f(r) = 1e6: beyond 8 000/s a request costs 80 µs → 12 500/s
     g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=4000)])
     tp = predict_tail(to_batch([g]), single_profile(p), TailOptions(samples=100, pod_cpus=1))
     (shared,) = [s for s in tp.stations if s.name == "shared CPUs"]
     assert shared.utilisation == pytest.approx(4000 * 120e-6, rel=1e-6)
     assert shared.full_factor * tp.request_rate == pytest.approx(12_500, rel=0.01)
-    # without capacity runs the CPU stays at the CPU runs' highest rate's cost
+    # without capacity runs a crossing costs what one client's does
     plain = predict_tail(to_batch([g]), single_profile(base), TailOptions(samples=100, pod_cpus=1))
     (sh,) = [s for s in plain.stations if s.name == "shared CPUs"]
     assert sh.utilisation == pytest.approx(4000 * 200e-6, rel=1e-6)

@@ -12,8 +12,8 @@ and sidecars on the other):
    ``-uniform``), client-side percentiles and latency quantiles, the CPU of every pod process;
 3. per level, the prediction (:mod:`meshtax.predict.tail`): the level's no-mesh latencies (one
    hop) or no-mesh traces (topology) as the mesh-free latency, the pods' shared CPUs, the
-   applications' CPU per request measured without the mesh, arrivals evenly spaced as fortio
-   sends them.
+   applications' CPU per request measured without the mesh, Poisson arrivals, at most as
+   many requests in flight as the client has connections.
 
 Every process lives in the testbed and is removed when it closes (also on errors).
 """
@@ -72,14 +72,16 @@ class LoadPlan:
     """The load levels (``fractions`` of the closed-loop maximum without the mesh, or with it:
     ``relative_to``), ``connections`` clients, runs of ``duration_s``, pairs per level
     (``policy``), the validated ``percentiles``, how the prediction takes arrivals
-    (``arrivals``: SCV, 0 = evenly spaced as fortio -uniform)."""
+    (``arrivals``: SCV; 1, Poisson: fortio spreads its calls evenly over the connections, but
+    on the pods' CPU they arrive as 32 clients' jittered calls, which even arrivals priced
+    several-fold too low in the recorded runs — BENCHMARKS.md, issue #20)."""
 
     fractions: tuple[float, ...] = FRACTIONS
     connections: int = 32
     duration_s: float = 2.0
     policy: PairPolicy = PairPolicy.fixed(3)
     percentiles: tuple[float, ...] = PERCENTILES
-    arrivals: float = 0.0
+    arrivals: float = 1.0
     max_runs: int = 3
     relative_to: Literal["no_mesh", "mesh"] = "no_mesh"
 
@@ -150,6 +152,7 @@ def _options(plan: LoadPlan, pinning: Pinning, app_cpu_us: float, graphs: int) -
         arrivals=plan.arrivals,
         pod_cpus=pinning.pod_cpus(),
         app_cpu_us=app_cpu_us,
+        clients=plan.connections,
     )
 
 
@@ -247,12 +250,13 @@ def _wait(pid: int) -> int:
 def _notes(base: str) -> tuple[str, ...]:
     return (
         "measured: fortio's client-side percentiles at fixed rates, calls spread evenly over the "
-        "connections (-uniform), mesh − no mesh per pair, the median over pairs with its 95 % "
-        "interval; a level the mesh side did not sustain is not compared (its latency is set by "
-        "the client's connections)",
+        "connections (-uniform); the percentile of all of a level's requests with the mesh − "
+        "without, its 95 % interval from resampling the pairs; a level the mesh side did not "
+        "sustain is not compared (its latency is set by the client's connections)",
         f"predicted: meshtax.predict.tail with {base} as the mesh-free latency, the pods' shared "
-        "CPUs, the applications' CPU per request measured without the mesh, arrivals evenly "
-        "spaced; saturation: the rate at which the first queue reaches utilisation 1",
+        "CPUs, the applications' CPU per request measured without the mesh, Poisson arrivals, "
+        "at most one request in flight per connection; saturation: the rate at which the first "
+        "queue reaches utilisation 1",
     )
 
 
