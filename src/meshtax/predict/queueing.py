@@ -29,6 +29,7 @@ saturated. Times are µs, rates per second.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -84,11 +85,7 @@ class Shape:
     def gamma(cls, scv: float) -> Shape:
         """Mean 1 and squared coefficient of variation ``scv`` (a gamma distribution; 0: the
         constant), as quantiles of a fixed sample (the same shape on every call)."""
-        if scv <= 0:
-            return cls.constant()
-        k = 1.0 / scv
-        x = np.random.default_rng(12345).gamma(k, 1.0 / k, 400_000)
-        return cls.from_quantiles(GAMMA_PROBS, np.quantile(x, GAMMA_PROBS))
+        return cls.constant() if scv <= 0 else _gamma(float(scv))
 
     @classmethod
     def from_quantiles(cls, probs: npt.ArrayLike, values: npt.ArrayLike) -> Shape:
@@ -119,6 +116,13 @@ class Shape:
 
     def quantile(self, u: FloatArray) -> FloatArray:
         return np.asarray(np.interp(u, self.probs, self.values), dtype=np.float64)
+
+
+@functools.lru_cache(maxsize=16)
+def _gamma(scv: float) -> Shape:
+    k = 1.0 / scv
+    x = np.random.default_rng(12345).gamma(k, 1.0 / k, 400_000)
+    return Shape.from_quantiles(GAMMA_PROBS, np.quantile(x, GAMMA_PROBS))
 
 
 @dataclass(frozen=True)
