@@ -246,3 +246,24 @@ def test_options_are_checked() -> None:
     for bad in ({"percentiles": (100.0,)}, {"threshold": 1.0}, {"samples": 5}, {"pod_cpus": 0}):
         with pytest.raises(ValueError):
             TailOptions(**bad)
+
+
+def test_a_request_slow_without_the_mesh_waits_long_with_it() -> None:
+    # one hop on one shared CPU at ρ ≈ 0.7; 2 % of requests take 20 ms without the mesh (a
+    # stall). The extra wait is drawn at the rank of the request's no-mesh latency, so the
+    # overhead grows towards the tail; drawn independently, the stalls would swamp the mesh's
+    # waits at p99 and the overhead there would fall back to about the crossing's own latency
+    p = profile({Mode.HTTP: {OTHER: flat(20, 50)}})
+    durations = [100.0] * 98 + [20_000.0] * 2
+    gs = [
+        ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, d, rate=5000)], name=f"g{i}")
+        for i, d in enumerate(durations)
+    ]
+    opts = TailOptions(
+        percentiles=(50.0, 90.0, 99.0), samples=400, pod_cpus=1, app_cpu_us=40.0, load="pairs"
+    )
+    tp = predict_tail(to_batch(gs), single_profile(p), opts)
+    (shared,) = [s for s in tp.stations if s.name == "shared CPUs"]
+    assert shared.utilisation == pytest.approx(5000 * 140e-6, rel=1e-6)
+    p50, p90, p99 = tp.pooled_overhead_us
+    assert p50 < p90 < p99 and p99 > 1.5 * p90
