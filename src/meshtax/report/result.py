@@ -115,6 +115,12 @@ def _graph(
                 )
             else:
                 on_path = float(lat) if bp.critical[r] else 0.0
+            if name not in svc_cpu and bp.service_idle_vcpu is not None:
+                idle = float(bp.service_idle_vcpu[side])  # its idle sidecar, once per graph
+                cpu += idle
+                root_rate = float(batch.rate[lo])
+                if bound and root_rate > 0:  # its share per request joins the CPU work
+                    on_path += idle * 1e6 / root_rate / (bp.pod_cpus or 1)
             svc_lat[name] = svc_lat.get(name, 0.0) + on_path
             svc_cpu[name] = svc_cpu.get(name, 0.0) + float(cpu)
     out["by_service"] = [
