@@ -40,7 +40,10 @@ def validation() -> TailValidation:
     low = TailPoint(0.25, 1000, tuple(zip(base, mesh)), pred(110, 160, 330))
     # the mesh side fell short at the top level: not compared
     hot = TailPoint(
-        0.9, 3600, ((run(3600, 3600, 1, 1, 1), run(3600, 3000, 9, 9, 9)),), pred(1e9, 1e9, 1e9, 3500)
+        0.9,
+        3600,
+        ((run(3600, 3600, 1, 1, 1), run(3600, 3000, 9, 9, 9)),),
+        pred(1e9, 1e9, 1e9, 3500),
     )
     sat = TailPoint(0.5, 2000, ((run(2000, 2000, 1, 1, 1), run(2000, 2000, 5, 5, 5)),), None)
     return TailValidation("one-hop", "http", (low, sat, hot), 32, 4000, 3200, "p", notes=("n",))

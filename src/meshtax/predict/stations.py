@@ -190,6 +190,10 @@ def crossings(
     )
 
 
+#: the components a capacity run's CPU stands for (a plain sidecar: no filters, no TLS)
+BASE = (*BASE_COMPONENTS, UNATTRIBUTED)
+
+
 def load_factor(mp: ModeProfile, rates: FloatArray) -> FloatArray:
     """Per rate, the factor on a crossing's base CPU when many clients load the sidecar: at
     each capacity run's rate (many clients, up to saturation), its CPU per request ÷ 2 per
@@ -210,7 +214,8 @@ def load_factor(mp: ModeProfile, rates: FloatArray) -> FloatArray:
         size, rate = np.array([float(cap.size_bytes)]), np.array([r])
         return sum(float(m.predict(size, rate)[0]) for m in models)
 
-    pts = [(r, us / 2 / priced(r)) for r, us in cap.cpu_samples() if r > r_lo and priced(r) > 0]
+    at = [(r, us, priced(r)) for r, us in cap.cpu_samples() if r > r_lo]
+    pts = [(r, us / 2 / p) for r, us, p in at if p > 0]
     if not pts:
         return ones
     x = np.log([r_lo, *(r for r, _ in pts)])
@@ -218,10 +223,6 @@ def load_factor(mp: ModeProfile, rates: FloatArray) -> FloatArray:
     r = np.asarray(rates, dtype=np.float64)
     got = np.interp(np.log(np.maximum(r, r_lo)), x, y)
     return np.asarray(np.maximum(got, 0.0), dtype=np.float64)
-
-
-#: the components a capacity run's CPU stands for (a plain sidecar: no filters, no TLS)
-BASE = (*BASE_COMPONENTS, UNATTRIBUTED)
 
 
 def at_load(costs: Costs, batch: EcgBatch, profiles: ProfileLookup, rates: FloatArray) -> Costs:

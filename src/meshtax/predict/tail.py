@@ -248,10 +248,11 @@ def _simulate(
 def _base_ranks(base: FloatArray, rng: np.random.Generator, m: int) -> FloatArray:
     """Per draw (m × graphs), a rank in (0, 1) within the graph's share of the pooled no-mesh
     latencies: the graph's order among them, jittered inside its slot (ties share one)."""
-    G = base.size
-    lo = np.searchsorted(np.sort(base), base, side="left")
-    hi = np.searchsorted(np.sort(base), base, side="right")
-    return np.asarray((lo + (hi - lo) * rng.random((m, G))) / G, dtype=np.float64)
+    n = base.size
+    ordered = np.sort(base)
+    lo = np.searchsorted(ordered, base, side="left")
+    hi = np.searchsorted(ordered, base, side="right")
+    return np.asarray((lo + (hi - lo) * rng.random((m, n))) / n, dtype=np.float64)
 
 
 def _shared_wait(
