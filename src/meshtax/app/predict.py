@@ -4,7 +4,7 @@ profile, with what-if speedups. Options in, result documents out (no argv, no pr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, NoReturn
 
@@ -61,6 +61,10 @@ class PredictOptions:
     # mesh architectures to compare (the first prices the main prediction); (): sidecar only
     architectures: tuple[str, ...] = ()
     pods_per_node: int = 1  # services without a node: this many to a node, by name
+    # profiles measured in a role (`meshtax profile --architecture`); None: this machine's
+    # newest of that role, if any, else the role is priced from the sidecar profile
+    node_profile: str | None = None
+    waypoint_profile: str | None = None
     tail: TailRequest | None = None  # percentiles under load and saturation (app.tail)
 
     def to_dict(self) -> dict[str, Any]:
@@ -221,7 +225,14 @@ def predict_files(
     archs = parse_architectures(",".join(opts.architectures or ("sidecar",)))
     if opts.pods_per_node < 1:
         raise UsageError(f"pods per node {opts.pods_per_node}; expected at least 1")
-    kw: dict[str, Any] = {"pods_per_node": opts.pods_per_node, "pod_cpus": opts.pod_cpus}
+    named = {Architecture.NODE_L4: opts.node_profile, Architecture.WAYPOINT: opts.waypoint_profile}
+    roles, rw = role_profiles(store, archs, named, opts.accept_unclosed)
+    warnings += rw
+    kw: dict[str, Any] = {
+        "pods_per_node": opts.pods_per_node,
+        "pod_cpus": opts.pod_cpus,
+        "roles": roles,
+    }
     whatif = None
     if opts.speedup:
         sp = speedup_from_dict(load_speedup_file(opts.speedup), opts.speedup)
@@ -263,6 +274,46 @@ def predict_files(
     )
     doc["import"] = report.to_dict()
     return _with_speed(doc, speed, profile)
+
+
+def role_profiles(
+    store: ProfileStore,
+    archs: Sequence[Architecture],
+    named: Mapping[Architecture, str | None] | None = None,
+    accept_unclosed: bool = False,
+) -> tuple[dict[Architecture, str], list[str]]:
+    """The profiles that price the node proxy and the waypoint (by name), and what to say
+    about them: the ones ``named``, else this machine's newest of that role, else none (the
+    role is priced from the sidecar profile, a stand-in)."""
+    out: dict[Architecture, str] = {}
+    said: list[str] = []
+    wanted = dict(named or {})
+    # a waypoint runs on node-l4
+    needs: tuple[Architecture, ...] = ()
+    if Architecture.NODE_L4 in archs or Architecture.WAYPOINT in archs:
+        needs = (Architecture.NODE_L4,)
+    if Architecture.WAYPOINT in archs:
+        needs += (Architecture.WAYPOINT,)
+    for role in needs:
+        name = wanted.get(role)
+        prof = store.get(name) if name else store.for_host(this_host(), role.value)
+        if prof is None:
+            said.append(
+                f"no {role.value} profile on this machine (`meshtax profile --architecture "
+                f"{role.value}`): {role.value} crossings are priced from the sidecar profile"
+            )
+            continue
+        if prof.platform.architecture != role.value:
+            raise UsageError(
+                f"profile {prof.name!r} is not a {role.value} profile (measured as "
+                f"{prof.platform.architecture or 'a sidecar'})"
+            )
+        out[role] = prof.name
+        if prof.unclosed and not accept_unclosed:
+            said.append(f"{role.value} profile {prof.name!r} did not close: {prof.unclosed_modes}")
+        if not name:
+            said.append(f"{role.value} crossings priced from {prof.name!r} (this machine's newest)")
+    return out, said
 
 
 def _whole(
@@ -309,7 +360,8 @@ def _whole(
             )
             mem[a.value] = m
             doc["warnings"] = list(dict.fromkeys([*doc["warnings"], *aw]))
-        doc["architectures"] = architecture_section(batch, results, mem, opts.pods_per_node)
+        roles = {a.value: n for a, n in kw["roles"].items()}
+        doc["architectures"] = architecture_section(batch, results, mem, opts.pods_per_node, roles)
     if opts.tail is not None:
         # traces: every graph is a sample of one traffic mix, each call at its pair's rate
         load: Literal["graphs", "pairs"] = "graphs" if opts.trace_format is None else "pairs"
