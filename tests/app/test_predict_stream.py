@@ -251,7 +251,7 @@ def test_cli_streams_many_graphs_and_says_progress(
     args = ["predict", "--traces", str(f), "--rate", "10", "--profile", "reference"]
     r = CliRunner().invoke(main, [*args, "--format", "json"], env=env)
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert len(doc["graphs"]) == doc["summary"]["graphs"] == n
     assert "invocations" not in doc["graphs"][0]
     r = CliRunner().invoke(main, args, env=env)

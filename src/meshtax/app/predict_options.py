@@ -43,6 +43,10 @@ class PredictOptions:
     # mesh architectures to compare (the first prices the main prediction); (): sidecar only
     architectures: tuple[str, ...] = ()
     pods_per_node: int = 1  # services without a node: this many to a node, by name
+    # profiles measured in a role (`meshtax profile --architecture`); None: this machine's
+    # newest of that role, if any, else the role is priced from the sidecar profile
+    node_profile: str | None = None
+    waypoint_profile: str | None = None
     tail: TailRequest | None = None  # percentiles under load and saturation (app.tail)
 
     def to_dict(self) -> dict[str, Any]:

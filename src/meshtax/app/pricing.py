@@ -5,7 +5,7 @@ trace workers read (numba's kernel, the profile store and the report load meanwh
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -45,6 +45,7 @@ __all__ = [
     "predict_batches",
     "predict_whole",
     "pricing",
+    "role_profiles",
     "speed_now",
 ]
 
@@ -153,7 +154,14 @@ def pricing(opts: PredictOptions, store: ProfileStore, notes: Iterable[str] = ()
     archs = parse_architectures(",".join(opts.architectures or ("sidecar",)))
     if opts.pods_per_node < 1:
         raise UsageError(f"pods per node {opts.pods_per_node}; expected at least 1")
-    kw: dict[str, Any] = {"pods_per_node": opts.pods_per_node, "pod_cpus": opts.pod_cpus}
+    named = {Architecture.NODE_L4: opts.node_profile, Architecture.WAYPOINT: opts.waypoint_profile}
+    roles, rw = role_profiles(store, archs, named, opts.accept_unclosed)
+    warnings += rw
+    kw: dict[str, Any] = {
+        "pods_per_node": opts.pods_per_node,
+        "pod_cpus": opts.pod_cpus,
+        "roles": roles,
+    }
     whatif = None
     if opts.speedup:
         # the speedup's schema (jsonschema) imported when one is given
@@ -168,6 +176,46 @@ def pricing(opts: PredictOptions, store: ProfileStore, notes: Iterable[str] = ()
 
         whatif = (sp.describe(), lookup_after, after_profile)
     return Pricing(profile, lookup, speed, archs, kw, warnings, whatif)
+
+
+def role_profiles(
+    store: ProfileStore,
+    archs: Sequence[Architecture],
+    named: Mapping[Architecture, str | None] | None = None,
+    accept_unclosed: bool = False,
+) -> tuple[dict[Architecture, str], list[str]]:
+    """The profiles that price the node proxy and the waypoint (by name), and what to say
+    about them: the ones ``named``, else this machine's newest of that role, else none (the
+    role is priced from the sidecar profile, a stand-in)."""
+    out: dict[Architecture, str] = {}
+    said: list[str] = []
+    wanted = dict(named or {})
+    # a waypoint runs on node-l4
+    needs: tuple[Architecture, ...] = ()
+    if Architecture.NODE_L4 in archs or Architecture.WAYPOINT in archs:
+        needs = (Architecture.NODE_L4,)
+    if Architecture.WAYPOINT in archs:
+        needs += (Architecture.WAYPOINT,)
+    for role in needs:
+        name = wanted.get(role)
+        prof = store.get(name) if name else store.for_host(this_host(), role.value)
+        if prof is None:
+            said.append(
+                f"no {role.value} profile on this machine (`meshtax profile --architecture "
+                f"{role.value}`): {role.value} crossings are priced from the sidecar profile"
+            )
+            continue
+        if prof.platform.architecture != role.value:
+            raise UsageError(
+                f"profile {prof.name!r} is not a {role.value} profile (measured as "
+                f"{prof.platform.architecture or 'a sidecar'})"
+            )
+        out[role] = prof.name
+        if prof.unclosed and not accept_unclosed:
+            said.append(f"{role.value} profile {prof.name!r} did not close: {prof.unclosed_modes}")
+        if not name:
+            said.append(f"{role.value} crossings priced from {prof.name!r} (this machine's newest)")
+    return out, said
 
 
 def predict_batches(
@@ -245,7 +293,8 @@ def predict_whole(opts: PredictOptions, pr: Pricing, loaded: Loaded) -> dict[str
             )
             mem[a.value] = m
             doc["warnings"] = list(dict.fromkeys([*doc["warnings"], *aw]))
-        doc["architectures"] = architecture_section(batch, results, mem, opts.pods_per_node)
+        roles = {a.value: n for a, n in pr.kw["roles"].items()}
+        doc["architectures"] = architecture_section(batch, results, mem, opts.pods_per_node, roles)
     if opts.tail is not None:
         # traces: every graph is a sample of one traffic mix, each call at its pair's rate
         load: Literal["graphs", "pairs"] = "graphs" if opts.trace_format is None else "pairs"

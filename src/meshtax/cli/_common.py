@@ -236,7 +236,15 @@ def csv(text: str, conv: Callable[[str], V]) -> tuple[V, ...]:
 
 
 def architecture_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``--architecture`` and ``--pods-per-node`` (predict)."""
+    """``--architecture``, ``--pods-per-node`` and the role profiles (predict)."""
+    for role in ("waypoint", "node"):
+        f = click.option(
+            f"--{role}-profile",
+            help=f"The profile measured as {'a waypoint' if role == 'waypoint' else 'node-l4'} "
+            f"(`meshtax profile --architecture {'waypoint' if role == 'waypoint' else 'node-l4'}`"
+            ") that prices those crossings (default: this machine's newest, if any; else the "
+            "sidecar profile stands in).",
+        )(f)
     f = click.option(
         "--pods-per-node",
         type=click.IntRange(min=1, max=1_000_000),

@@ -105,6 +105,8 @@ def predict(
     pod_cpus: int | None,
     architecture: str,
     pods_per_node: int,
+    node_profile: str | None,
+    waypoint_profile: str | None,
     db: str | None,
     fmt: str,
     output: str | None,
@@ -130,6 +132,8 @@ def predict(
         allow_outside=allow_outside,
         architectures=() if architecture == "sidecar" else tuple(architecture.split(",")),
         pods_per_node=pods_per_node,
+        node_profile=node_profile,
+        waypoint_profile=waypoint_profile,
         tail=tail_request(click.get_current_context()),
     )
     store = ProfileStore(db)
