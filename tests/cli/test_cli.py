@@ -459,3 +459,17 @@ def test_validate_suite_maps_its_options(
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     r = invoke(["validate", "--suite", "--out", out], env)
     assert r.exit_code == 2 and "run it as root" in r.output
+
+
+def test_every_command_is_imported_from_the_modules_it_is_listed_with() -> None:
+    import importlib
+
+    from meshtax.cli._common import COMMANDS
+
+    for module in {m for ms in COMMANDS.values() for m in ms}:
+        importlib.import_module(f"meshtax.cli.{module}")
+    assert set(main.commands) == set(COMMANDS)
+    for name, cmd in main.commands.items():
+        subs = getattr(cmd, "commands", {}).values()
+        modules = {c.callback.__module__ for c in [cmd, *subs] if c.callback is not None}
+        assert modules == {f"meshtax.cli.{m}" for m in COMMANDS[name]}, name

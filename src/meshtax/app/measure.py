@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from meshtax.app import doctor
-from meshtax.app.predict import role_profiles
+from meshtax.app.pricing import role_profiles
 from meshtax.errors import StoreError, UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.proxy import ProxyChoice
