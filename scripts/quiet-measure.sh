@@ -16,9 +16,7 @@ if [ ! -d /sys/fs/cgroup/cpu ] || [ ! -w /sys/fs/cgroup/cpu ]; then
 fi
 exec 9>/run/meshtax-measure.lock
 flock -w 7200 9 || { echo "quiet-measure: lock not obtained" >&2; exit 75; }
-# while it waited for the lock, the holder's sweep may have capped this script too; its
-# measurement would inherit the cap (issue #18: a waiting script was found in the cap group; a
-# capped run's latencies gain waits of up to a 100 ms period): out of it before anything starts
+# while this waited for the lock, the measurement holding it may have capped this script too
 echo $$ > /sys/fs/cgroup/cpu/cgroup.procs
 mkdir -p "$CG"
 echo 100000 > "$CG/cpu.cfs_period_us"
