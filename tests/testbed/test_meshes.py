@@ -107,7 +107,7 @@ def test_sidecar_meshes_intercept_in_the_pods(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mesh", ["envoy-mtls", "node-l4", "waypoint"])
 def test_mtls_clusters_outwait_a_burst_of_handshakes(tmp_path: Path, mesh: str) -> None:
     """Every Envoy cluster of an mTLS mesh waits 10 s to connect (the TLS handshake included):
-    with Envoy's 1 s, bench_meshes' 400 connections opened at once timed out after ~50
+    with 1 s, bench_meshes' 400 connections opened at once, CPU-capped, timed out after ~50
     handshakes (503s from sidecars, resets from node proxies; issue #18)."""
     tb, sysm = _bed(tmp_path)
     with tb:

@@ -63,8 +63,9 @@ class EnvoyConfig:
     Envoy's defaults (1024 connections per cluster); Istio sets them to 2**32 - 1.
     ``connect_timeout_s``: each cluster's connect timeout, which in Envoy runs until the
     upstream's transport socket is connected — for a TLS cluster, until the handshake is done.
-    Istio's 10 s (:data:`CONNECT_TIMEOUT_S`): 1 s failed every mTLS connection beyond the first
-    ~50 when a client opened 400 at once (issue #18: one worker's handshakes queue up).
+    Istio's 10 s (:data:`CONNECT_TIMEOUT_S`): with 1 s, a client opening 400 connections at once
+    on a CPU-starved machine (25 % of a CPU) lost all but ~50 to the timeout: the handshakes
+    queue on one worker (issue #18).
     """
 
     mode: Mode = Mode.HTTP
