@@ -34,7 +34,13 @@ import yaml
 
 from meshtax.model.sidecar import Mode
 from meshtax.testbed import procfs
-from meshtax.testbed.fortio import FortioServer, LoadFailed, LoadSpec, run_spec
+from meshtax.testbed.fortio import (
+    FortioServer,
+    LoadFailed,
+    LoadSpec,
+    beyond_histogram,
+    run_spec,
+)
 from meshtax.testbed.meshes import MESHES, Deployed, Service, deploy
 from meshtax.testbed.nodes import NodeNet
 from meshtax.testbed.pinning import CLIENT_APART
@@ -76,6 +82,9 @@ def run_one(
         connections=a.connections,
         duration_s=a.duration,
         timeout_s=10.0,
+        # fortio's finite buckets span 100 ms above the offset (at 1 µs): from the server's
+        # delay, not from 0, or every percentile is an interpolation up to the maximum
+        offset_s=a.delay_ms / 1e3,
     )
     res = run_spec(spec, RealSystem(), place, fortio)
     timer.join()
@@ -88,6 +97,9 @@ def run_one(
         "p90_s": res.p90_us / 1e6,
         "p99_s": res.p99_us / 1e6,
         "avg_s": res.avg_us / 1e6,
+        "max_s": res.max_us / 1e6,
+        # percentiles past the histogram's top: interpolated toward the maximum, not measured
+        "beyond_histogram": beyond_histogram(res),
         "qps": res.actual_qps,
         "count": res.count,
         "errors": res.errors,
@@ -100,6 +112,14 @@ def run_one(
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
     fortio = Path(tool("fortio"))
+    cap = procfs.cpu_cap()
+    if cap is not None and not a.allow_capped:
+        # every process of the run inherits it: latencies gain waits of up to a CFS period
+        raise SystemExit(
+            f"this process is in CPU cgroup {cap[0]} capped at {cap[1]:g} CPUs: its proxies, "
+            "fortio and echo would wait out the quota (100 ms periods); move it out, or "
+            "--allow-capped"
+        )
     meshes = [MESHES[m] for m in a.meshes.split(",")]
     pin = CLIENT_APART
     runs: list[dict[str, Any]] = []
@@ -112,6 +132,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             "cpus": os.cpu_count(),
             "kernel": platform.release(),
             "loadavg_before": os.getloadavg(),
+            "cpu_cap": cap,
         },
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "options": {k: v for k, v in vars(a).items() if k not in ("report",)},
@@ -262,6 +283,15 @@ def report(doc: Mapping[str, Any]) -> str:
                 f"{_fmt(v['memory_mib_client'], digits=1)} | "
                 f"{_fmt(v['memory_mib_server'], digits=1)} | {qps:.0f} |"
             )
+    for r in doc["runs"]:
+        if 99.0 in r.get("beyond_histogram", ()):
+            lines.append(
+                f"\n{r['mesh']} {r['placement']}-node, round {r['round']}: p99 beyond fortio's "
+                "histogram (interpolated toward the maximum)"
+            )
+    cap = doc.get("machine", {}).get("cpu_cap")
+    if cap:
+        lines.append(f"\nmeasured inside CPU cgroup {cap[0]}, capped at {cap[1]:g} CPUs")
     for f in doc.get("failed", ()):
         lines.append(
             f"\nfailed: {f['mesh']} {f['placement']}-node, round {f['round']}: {f['error']}"
@@ -301,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--wait", type=float, default=3600.0, help="seconds to wait for the testbed")
+    ap.add_argument(
+        "--allow-capped", action="store_true", help="measure even in a CPU-capped cgroup"
+    )
     a = ap.parse_args(argv)
     doc = json.loads(Path(a.report).read_text()) if a.report else measure(a)
     print(report(doc), end="")

@@ -51,12 +51,16 @@ def test_bench_meshes_reports_failed_runs_next_to_the_measured() -> None:
             "cpu_cores_total": 0.03, "cpu_cores": side, "memory_mib": side,
         }  # fmt: skip
 
-    doc = {
+    doc: dict[str, Any] = {
         "options": {"rate": 400, "connections": 400, "delay_ms": 200, "rounds": 1},
         "runs": [run("baseline", 0.3), run("envoy", 0.8)],
         "failed": [{"mesh": "waypoint", "placement": "intra", "round": 0, "error": "503"}],
     }
+    doc["runs"][1]["beyond_histogram"] = [50.0, 99.0]
+    doc["machine"] = {"cpu_cap": ["/mtx-bg", 0.25]}
     text = bm.report(doc)
     assert "| envoy | 500.0 [500.0, 500.0] |" in text
+    assert "envoy intra-node, round 0: p99 beyond fortio's histogram" in text
+    assert "capped at 0.25 CPUs" in text
     assert "failed: waypoint intra-node, round 0: 503" in text
     assert "**Published, inter-node**" in text

@@ -15,6 +15,7 @@ from meshtax.testbed.fortio import (
     FortioServer,
     LoadFailed,
     LoadSpec,
+    beyond_histogram,
     check_result,
     fortio_binary,
     load_argv,
@@ -155,6 +156,33 @@ def test_load_argv(spec: LoadSpec, tail: list[str]) -> None:
 def test_load_spec_rejects(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         LoadSpec("127.0.0.1:1", **kwargs)  # type: ignore[arg-type]
+
+
+def _slow_run(spec: LoadSpec, p50: float, p99: float) -> dict[str, object]:
+    """fortio's JSON of 2 000 calls of 200–900 ms, percentiles in seconds as given."""
+    h = {
+        "Count": 2000, "Min": 0.2, "Max": 0.893, "Avg": 0.515, "StdDev": 0.1,
+        "Percentiles": [{"Percentile": 50, "Value": p50}, {"Percentile": 99, "Value": p99}],
+    }  # fmt: skip
+    return {"DurationHistogram": h, "RetCodes": {"200": 2000}}
+
+
+def test_percentiles_beyond_the_histogram_are_named() -> None:
+    """At 1 µs fortio's buckets stop at 100 ms: bench_meshes' percentiles of a 200 ms echo
+    were 100 ms + p × (max − 100 ms), every one of them (issue #18). With ``-offset`` at the
+    delay they are in the histogram again."""
+    plain = LoadSpec("h:1", Mode.HTTP, 0, 400, duration_s=5)
+    r = parse_result(_slow_run(plain, 0.4965, 0.8851), plain)  # envoy, intra, round 0
+    assert beyond_histogram(r) == [50.0, 99.0]
+    assert r.p50_us - 1e5 == pytest.approx((r.max_us - 1e5) * 0.5, rel=1e-3)
+    offset = LoadSpec("h:1", Mode.HTTP, 0, 400, duration_s=5, offset_s=0.2)
+    assert "-offset" not in load_argv(plain, BIN)
+    assert load_argv(offset, BIN)[-5:-3] == ["-offset", "0.2s"]
+    assert offset.to_dict()["offset_s"] == 0.2 and "offset_s" not in plain.to_dict()
+    assert beyond_histogram(parse_result(_slow_run(offset, 0.2025, 0.2992), offset)) == []
+    assert beyond_histogram(parse_result(_slow_run(offset, 0.2025, 0.3102), offset)) == [99.0]
+    with pytest.raises(ValueError):
+        LoadSpec("h:1", n=1, offset_s=-1.0)
 
 
 def test_parse_http_ok() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from meshtax.testbed.procfs import (
     ProcError,
+    cpu_cap,
     parse_schedstat,
     parse_vmrss,
     read_rss,
@@ -87,3 +88,27 @@ def test_parse_vmrss_rejects(text: str) -> None:
 
 def test_read_rss_of_this_process() -> None:
     assert read_rss(os.getpid()) > 1_000_000
+
+
+def test_cpu_cap_reads_the_process_cgroup(tmp_path: Path) -> None:
+    """A process in a cgroup with a CPU quota (v1 ``cpu`` or v2 ``cpu.max``) is capped; what
+    its children measure waits out the quota (issue #18)."""
+    proc, cg = tmp_path / "proc", tmp_path / "cg"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "cgroup").write_text("3:cpuset:/\n1:cpu:/mtx-bg\n0::/\n")
+    v1 = cg / "cpu" / "mtx-bg"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    (v1 / "cpu.cfs_quota_us").write_text("25000\n")
+    assert cpu_cap(7, proc, cg) == ("/mtx-bg", 0.25)
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpu_cap(7, proc, cg) is None
+    (proc / "8").mkdir()
+    (proc / "8" / "cgroup").write_text("0::/slice/x\n")
+    (cg / "slice" / "x").mkdir(parents=True)
+    (cg / "slice" / "x" / "cpu.max").write_text("50000 100000\n")
+    assert cpu_cap(8, proc, cg) == ("/slice/x", 0.5)
+    (cg / "slice" / "x" / "cpu.max").write_text("max 100000\n")
+    assert cpu_cap(8, proc, cg) is None
+    with pytest.raises(ProcError):
+        cpu_cap(9, proc, cg)

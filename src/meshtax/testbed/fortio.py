@@ -32,6 +32,7 @@ __all__ = [
     "LoadFailed",
     "LoadResult",
     "LoadSpec",
+    "beyond_histogram",
     "check_result",
     "fortio_binary",
     "fortio_version",
@@ -102,7 +103,10 @@ class LoadSpec:
 
     ``qps=0`` is closed loop at max speed (with ``connections=1``: one request in flight, the
     latency setting); a positive ``qps`` is a fixed rate (the CPU setting). Give exactly one
-    of ``duration_s`` and ``n``.
+    of ``duration_s`` and ``n``. ``offset_s``: where fortio's histogram starts (its
+    ``-offset``); its finite buckets end ``100 000 × resolution_s`` above it (100 ms at 1 µs),
+    and a percentile beyond that is fortio's interpolation up to the run's maximum
+    (:func:`beyond_histogram`) — to see latencies around a server's fixed delay, offset by it.
     """
 
     target: str  # host:port of the first hop (sidecar or app)
@@ -116,6 +120,7 @@ class LoadSpec:
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     timeout_s: float = 3.0
     extra_args: tuple[str, ...] = ()
+    offset_s: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
@@ -125,6 +130,8 @@ class LoadSpec:
             raise ValueError(f"histogram resolution {self.resolution_s}s is too coarse (max 1e-6)")
         if self.size_bytes < 0 or self.connections < 1 or self.qps < 0:
             raise ValueError("size_bytes >= 0, connections >= 1, qps >= 0")
+        if self.offset_s < 0:
+            raise ValueError("offset_s >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -136,7 +143,7 @@ class LoadSpec:
             "duration_s": self.duration_s,
             "n": self.n,
             "resolution_s": self.resolution_s,
-        }
+        } | ({"offset_s": self.offset_s} if self.offset_s else {})
 
 
 def load_argv(spec: LoadSpec, binary: Path) -> list[str]:
@@ -158,6 +165,8 @@ def load_argv(spec: LoadSpec, binary: Path) -> list[str]:
         "-timeout",
         f"{spec.timeout_s:g}s",
     ]
+    if spec.offset_s > 0:
+        argv += ["-offset", f"{spec.offset_s:g}s"]
     if spec.n is not None:
         argv += ["-n", str(spec.n)]
     else:
@@ -256,6 +265,18 @@ def histogram_quantiles(results: Sequence[LoadResult], probs: Sequence[float]) -
     cdf /= cdf[-1]
     keep = np.concatenate(([True], np.diff(cdf) > 0))  # flat stretches: their first point
     return [float(v) for v in np.interp(np.asarray(probs, dtype=np.float64), cdf[keep], x[keep])]
+
+
+#: fortio's last finite bucket boundary, in units of the resolution (above: one open bucket)
+HISTOGRAM_TOP_UNITS = 100_000
+
+
+def beyond_histogram(result: LoadResult) -> list[float]:
+    """The percentiles of ``result`` above fortio's last finite bucket (``offset +
+    100 000 × resolution``): fortio interpolates them linearly up to the run's maximum, so
+    they say where the maximum was, not where the percentile is. Pure."""
+    top_us = (result.spec.offset_s + HISTOGRAM_TOP_UNITS * result.spec.resolution_s) * 1e6
+    return sorted(p for p, v in result.percentiles_us.items() if v > top_us)
 
 
 def check_result(result: LoadResult) -> LoadResult:

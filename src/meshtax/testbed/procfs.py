@@ -16,6 +16,7 @@ __all__ = [
     "parse_cpu_times",
     "runqueue_wait_ns",
     "ProcError",
+    "cpu_cap",
     "cpu_ns",
     "listening_ports",
     "parse_listening",
@@ -197,3 +198,39 @@ def runqueue_wait_ns(pid: int, proc: Path = PROC) -> int:
         except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
             continue
     return total
+
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def cpu_cap(
+    pid: int | str = "self", proc: Path = PROC, cgroup: Path = CGROUP
+) -> tuple[str, float] | None:
+    """``(cgroup, CPUs)`` when ``pid``'s CPU cgroup (v1 ``cpu`` controller or v2 ``cpu.max``)
+    has a bandwidth quota — its processes then run at most that many CPUs' worth per period
+    and wait for the next period when it is spent (a whole period, 100 ms by default) — else
+    None. Only the process's own cgroup is read, not its ancestors'."""
+    try:
+        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
+    except OSError as e:
+        raise ProcError(f"process {pid}: {e}") from e
+    for line in lines:
+        _, ctrls, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        try:
+            if "cpu" in ctrls.split(","):
+                d = cgroup / "cpu" / rel
+                quota = int((d / "cpu.cfs_quota_us").read_text())
+                period = int((d / "cpu.cfs_period_us").read_text())
+            elif ctrls == "":
+                quota_s, _, period_s = (cgroup / rel / "cpu.max").read_text().partition(" ")
+                if quota_s.strip() == "max":
+                    continue
+                quota, period = int(quota_s), int(period_s)
+            else:
+                continue
+        except (OSError, ValueError):
+            continue
+        if quota > 0 and period > 0:
+            return path, quota / period
+    return None

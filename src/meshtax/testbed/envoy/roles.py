@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshtax.model.sidecar import Mode
-from meshtax.testbed.envoy.config import EnvoyConfig, bootstrap, config_hash
+from meshtax.testbed.envoy.config import CONNECT_TIMEOUT_S, EnvoyConfig, bootstrap, config_hash
 
 __all__ = ["NodeProxyConfig", "WaypointRoute", "waypoint_bootstrap", "waypoint_key"]
 
@@ -65,7 +65,7 @@ class NodeProxyConfig:
     mtls_port: int = 15008
     admin_port: int = 15000
     concurrency: int = 1
-    connect_timeout_s: float = 1.0
+    connect_timeout_s: float = CONNECT_TIMEOUT_S  # covers the mTLS handshake (EnvoyConfig)
     extra_args: tuple[str, ...] = field(default=())
 
     def bootstrap(self) -> dict[str, Any]:
@@ -122,6 +122,7 @@ class NodeProxyConfig:
                 WaypointRoute("10.0.0.1", None, ("10.0.0.2", 1)) for _ in self.waypoints[:1]
             ),
             port_override=None,
+            connect_timeout_s=1.0,  # a failure timer, not work (keys as when it was 1 s)
         )
         return config_hash(
             {
@@ -140,9 +141,11 @@ def waypoint_bootstrap(
     *,
     port: int = 15008,
     http_filters: tuple[Mapping[str, Any], ...] = (),
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
 ) -> dict[str, Any]:
     """A waypoint in ``mode`` in front of ``service``: the sidecar's inbound listener on
-    ``port`` terminating mTLS, its cluster originating mTLS to the service's address."""
+    ``port`` terminating mTLS, its cluster originating mTLS to the service's address (the
+    connect timeout covers that handshake)."""
     cfg = EnvoyConfig(
         mode=mode,
         inbound_port=port,
@@ -150,6 +153,7 @@ def waypoint_bootstrap(
         inbound_tls=downstream_tls,
         http_filters=http_filters,
         circuit_breaker_max=2**32 - 1,
+        connect_timeout_s=connect_timeout_s,
     )
     boot = bootstrap(cfg)
     res = boot["static_resources"]
@@ -164,7 +168,8 @@ def waypoint_bootstrap(
 def waypoint_key(mode: Mode) -> str:
     """The waypoint's config key (as :meth:`NodeProxyConfig.key`: no addresses, no keys)."""
     tls = _neutral_tls({"on": True})
-    return config_hash({"waypoint": waypoint_bootstrap(mode, ("10.0.0.1", 1), tls, tls)})
+    boot = waypoint_bootstrap(mode, ("10.0.0.1", 1), tls, tls, connect_timeout_s=1.0)
+    return config_hash({"waypoint": boot})
 
 
 def _addr(host: str, port: int) -> dict[str, Any]:
