@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -138,7 +139,7 @@ needs_root = pytest.mark.skipif(
 def test_real_every_mesh_carries_calls(tmp_path: Path, mesh: str) -> None:
     """Intra- and inter-node, through the mesh's proxies (every proxy saw CPU); nothing is left
     when the testbed closes."""
-    with Testbed(RealSystem(), lock_timeout=LOCK_WAIT) as tb:
+    with Testbed(RealSystem(), lock_timeout=LOCK_WAIT) as tb, ExitStack() as stops:
         net = NodeNet(tb)
         pids: list[int] = []
         for where in ("intra", "inter"):  # nodes of their own: one proxy a node
@@ -154,8 +155,10 @@ def test_real_every_mesh_carries_calls(tmp_path: Path, mesh: str) -> None:
                 place=server.place(),
             )
             app.start()
+            stops.callback(app.stop)  # the testbed would end it too, but not close its log
             work = tb.scratch_dir("meshtax-test-")
             d = deploy(tb, net, MESHES[mesh], client, [Service("s", server, 8080)], Mode.HTTP, work)
+            stops.callback(d.stop)
             before = procfs.cpu_ns(list(d.pids().values()))
             r = run_load(
                 f"{server.ip}:8080",
