@@ -121,6 +121,25 @@ def test_each_variant_is_warmed_settled_then_counted_in_alternating_pairs(tb: Te
     assert boot["watchdogs"] == QUIET_TIMERS["watchdogs"]
 
 
+def test_a_costly_connection_does_not_shrink_the_windows(tb: Testbed) -> None:
+    """Network RBAC with 10 000 rules: 2.5 M instructions once per connection, 21 k per
+    request. The warm-up less the last settling window cancels the connection's cost, so
+    the windows are those of 21 k per request (the warm-up alone says 46 k)."""
+    world = FakeWorld({"base": 1.0}, {"base": 1.0}, {"base": 0.0})
+
+    def total() -> dict[str, float]:
+        return {"Ir": sum(21_000.0 * n + 2.5e6 for _v, _s, n in world.loads)}
+
+    src = FakeCounterSource(total)
+    (row,) = count_mode(tb, fake_backends(world), Mode.TCP, [], src, MicroarchOptions()).rows
+    assert (row.n1, row.n2) == MicroarchOptions().windows(21_000) == (100, 7100)
+    assert row.per_request == pytest.approx({"Ir": 21_000.0})
+    assert row.fixed == pytest.approx({"Ir": 2.5e6})
+    no_settling = MicroarchOptions(settle=0)
+    (row,) = count_mode(tb, fake_backends(world), Mode.TCP, [], src, no_settling).rows
+    assert (row.n1, row.n2) == no_settling.windows(46_000) == (100, 3300)
+
+
 def test_threads_that_serve_no_request_are_counted_apart(tb: Testbed) -> None:
     """A worker whose work grows with requests; a main thread and a watchdog whose work
     follows each window's wall time (here: a constant per window plus a trickle per request,

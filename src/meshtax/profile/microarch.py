@@ -256,11 +256,16 @@ def count_windows(
     counter.zero()
     ve.load(target, ve.mode, size, opts.warmup_n)
     w = counter.read()
-    n1, n2 = opts.windows(_est(w, source, opts.warmup_n))
     # the first few connections of a variant still miss more (in TCP mode, +500 D1 misses
     # on the first after the warm-up, ~0 by the fifth)
-    for _ in range(opts.settle):
+    for _ in range(opts.settle - 1):
         ve.load(target, ve.mode, size, opts.settle_n)
+    last = None
+    if opts.settle > 0:
+        counter.zero()
+        ve.load(target, ve.mode, size, opts.settle_n)
+        last = counter.read()
+    n1, n2 = opts.windows(_est(w, last, source, opts))
     counter.zero()
     pairs = []
     for i in range(opts.pairs):
@@ -324,9 +329,16 @@ def count_variant(
     return row, share
 
 
-def _est(w: Counts, source: str, n: int) -> float | None:
-    i = metric(w.events(), source, "instructions")
-    return None if i is None or n <= 0 else i / n
+def _est(w: Counts, s: Counts | None, source: str, opts: MicroarchOptions) -> float | None:
+    """Instructions per request from the warm-up window and the last settling one (their
+    difference: a connection's own cost cancels), else from the warm-up alone."""
+    iw = metric(w.events(), source, "instructions")
+    if iw is None or opts.warmup_n <= 0:
+        return None
+    i_s = None if s is None else metric(s.events(), source, "instructions")
+    if i_s is not None and opts.warmup_n > opts.settle_n and iw > i_s:
+        return (iw - i_s) / (opts.warmup_n - opts.settle_n)
+    return iw / opts.warmup_n
 
 
 def count_mode(
