@@ -251,7 +251,8 @@ def count_windows(
     opts: MicroarchOptions,
 ) -> tuple[Counts, tuple[int, int], list[tuple[Counts, Counts]]]:
     """Variant ``name``'s warm-up window, (n1, n2) and its window pairs, in the order of
-    :class:`MicroarchOptions` (the settling connections uncounted)."""
+    :class:`MicroarchOptions` (of the settling connections, only the last is read: for the
+    estimate that sizes the windows)."""
     target = ve.target(name)
     counter.zero()
     ve.load(target, ve.mode, size, opts.warmup_n)
