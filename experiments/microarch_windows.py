@@ -7,31 +7,99 @@ simulated misses per request comes from (issue #19).
 A plan is a list of windows, each counted from the end of the one before: ``wN``/``cN`` N
 closed-loop requests (one connection), ``iS`` S seconds idle, ``pN@R`` N requests at R/s,
 ``sN/T`` N closed-loop requests on one connection counted every T seconds while they run.
+``--count PAIRS`` runs the profile's own counting instead, every window it reads logged.
 Prints (and writes) one JSON line per window: its wall time and every thread's events.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from meshtax.model.microarch import metric
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends
 from meshtax.profile.loopback import variant_envoy
+from meshtax.profile.microarch import MicroarchOptions, count_mode
+from meshtax.testbed.callgrind import CallgrindSpec
+from meshtax.testbed.counters import Counted, CounterSource, Counts, WindowCounter
 from meshtax.testbed.envoy.filters import parse_component
 from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.envoy.variants import BASE, filter_variants
 from meshtax.testbed.fortio import LoadSpec, load_argv, run_spec
 from meshtax.testbed.pods import Testbed
-from meshtax.testbed.system import RealSystem
+from meshtax.testbed.system import RealSystem, System
 from meshtax.testbed.tools import tool
 
 EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "DLmr", "Bcm", "Bim")
+
+
+@dataclass
+class _Logged:
+    """A window counter that writes every window it reads (time, each thread's events)."""
+
+    inner: WindowCounter
+    out: TextIO
+    t_last: float = field(default_factory=time.monotonic)
+
+    def zero(self) -> None:
+        self.inner.zero()
+        self.t_last = time.monotonic()
+
+    def read(self) -> Counts:
+        got = self.inner.read()
+        now = time.monotonic()
+        rec = {
+            "wall_s": round(now - self.t_last, 3),
+            "threads": {str(t): {e: ev.get(e, 0) for e in EVENTS} for t, ev in got.threads.items()},
+        }
+        self.t_last = now
+        self.out.write(json.dumps(rec) + "\n")
+        self.out.flush()
+        return got
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@dataclass(frozen=True)
+class _LoggingSource:
+    inner: CounterSource
+    out: TextIO
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def callgrind(self) -> CallgrindSpec | None:
+        return self.inner.callgrind
+
+    def open(self, process: Counted, system: System, workdir: Path) -> WindowCounter:
+        return _Logged(self.inner.open(process, system, workdir), self.out)
+
+    def tool(self, system: System) -> str:
+        return self.inner.tool(system)
+
+
+def count(mode: Mode, comps: list[str], pairs: int, conns: int, out: TextIO) -> None:
+    """The profile's own counting (quick windows, ``pairs`` pairs of ``conns`` connections
+    each), every window logged."""
+    be = Backends(lock_timeout=3600.0)
+    opts = dataclasses.replace(MicroarchOptions.quick(), pairs=pairs, connections=conns)
+    with Testbed(RealSystem(), lock_timeout=3600.0) as tb:
+        src = _LoggingSource(be.counter_source(tb.system, "valgrind"), out)
+        mc = count_mode(tb, be, mode, comps, src, opts)
+    for r in mc.rows:
+        d1 = [metric(p, "valgrind", "d1_misses") for p in r.pairs]
+        print(r.variant, r.n1, r.n2, [None if x is None else round(x, 3) for x in d1])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,12 +111,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--bootstrap", default="{}", help="JSON merged into Envoy's bootstrap")
+    ap.add_argument(
+        "--count", type=int, metavar="PAIRS", help="the profile's own counting, PAIRS pairs"
+    )
+    ap.add_argument("--connections", type=int, default=1, help="--count: per window")
     a = ap.parse_args(argv)
     mode = Mode(a.mode)
     names = a.variants.split(",")
     comps = [n for n in names if n != BASE]
     for c in comps:
         parse_component(c)
+    if a.count:
+        if a.out is None:
+            raise SystemExit("--count needs --out")
+        with a.out.open("w") as f:
+            count(mode, comps, a.count, a.connections, f)
+        return 0
     extra = json.loads(a.bootstrap)
 
     def envoy(system: Any, config: Any, *args: Any, **kw: Any) -> EnvoyProcess:

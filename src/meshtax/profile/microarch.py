@@ -109,6 +109,7 @@ class MicroarchOptions:
     pairs: int = 3
     settle: int = 4
     settle_n: int = 10
+    connections: int = 1
 
     @classmethod
     def quick(cls) -> MicroarchOptions:
@@ -118,7 +119,8 @@ class MicroarchOptions:
         """(n1, n2) for a variant of about ``per_request`` instructions per request."""
         if not per_request:
             return self.n1, self.n2
-        n2 = min(self.max_n2, max(self.min_n2, _two_digits(self.budget / per_request)))
+        per_window = self.budget / per_request / self.connections
+        n2 = min(self.max_n2, max(self.min_n2, _two_digits(per_window)))
         if n2 >= self.n2:
             return self.n1, n2
         n1 = max(self.min_n1, min(round(self.n1 * n2 / self.n2), n2 // 2))
@@ -272,7 +274,8 @@ def count_windows(
     for i in range(opts.pairs):
         got: dict[int, Counts] = {}
         for n in (n1, n2) if i % 2 == 0 else (n2, n1):
-            ve.load(target, ve.mode, size, n)
+            for _ in range(opts.connections):
+                ve.load(target, ve.mode, size, n)
             got[n] = counter.read()
         pairs.append((got[n1], got[n2]))
     return w, (n1, n2), pairs
@@ -293,12 +296,20 @@ def count_variant(
     named). Each pair gives ``(C(n2) − C(n1)) / (n2 − n1)`` of the threads that serve
     requests (:func:`serving_threads`); the row's counts are the pairs' median."""
     w, (n1, n2), pairs = count_windows(ve, counter, source, name, size, opts)
-    dn = n2 - n1
+    dn = (n2 - n1) * opts.connections
     serving = serving_threads(pairs, source)
     rest = {t for c1, c2 in pairs for t in (*c1.threads, *c2.threads)} - serving
     est = [_per_request(c1.events(serving), c2.events(serving), dn) for c1, c2 in pairs]
     per = _median(est)
-    fixed = _median([_sub(c1.events(serving), e, n1) for (c1, _c2), e in zip(pairs, est)])
+    fixed = _median(
+        [
+            {
+                k: v / opts.connections
+                for k, v in _sub(c1.events(serving), e, n1 * opts.connections).items()
+            }
+            for (c1, _c2), e in zip(pairs, est)
+        ]
+    )
     warm = _sub(_sub(w.events(serving), per, opts.warmup_n), fixed)
     by_part: dict[str, dict[str, float]] = {}
     share = None
