@@ -18,6 +18,12 @@ models are fitted to (``agreement_rel_diff``) and of the fitted latency models e
 the same sizes (``model_agreement_rel_diff``: what ``meshtax predict`` uses). Nothing is
 asserted.
 
+With ``--stress PCT``, ``stress-ng --cpu 1 --cpu-load PCT`` keeps one core that busy for the
+whole of the runs (issue #14: under one busy core a profile either closes or ends ``unclosed``
+and says why — never a negative component); each run's entry says which it did
+(``status``, ``unclosed_why``) and lists any fitted model that goes below zero at a measured
+size (``negative``, which must stay empty).
+
 Run it under the machine's measurement lock: ``flock /run/meshtax-measure.lock .venv/bin/python
 benchmarks/bench_profile.py``.
 """
@@ -28,6 +34,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -127,6 +134,28 @@ def model_components(
     return out
 
 
+def negative(prof: Profile) -> list[str]:
+    """Every fitted model (latency or CPU, every mode and carried protocol) that is below zero
+    at a size the profile measured, at its lowest and highest rate: none may be."""
+    out = []
+    for mode, mp in prof.modes.items():
+        sizes = [r["size"] for r in prof.provenance.options["measurements"][mode.value]]
+        for proto, m in [("", mp), *sorted(mp.carried.items())]:
+            for c, cm in m.components.items():
+                for kind, model in (("latency", cm.latency), ("cpu", cm.cpu)):
+                    rates: list[float | None] = [
+                        r for r in (model.rate_lo, model.rate_hi) if r
+                    ] or [None]
+                    for r in rates:
+                        v = min(float(x) for x in model.predict(sizes, r))
+                        if v < 0:
+                            where = f"{mode.value}{'+' + proto if proto else ''}"
+                            out.append(
+                                f"{where} {c} {kind} {v:.2f} µs" + (f" at {r:g}/s" if r else "")
+                            )
+    return out
+
+
 _CLIENT_KEYS = ("read_ns", "write_ns", "notify_ns", "user_ns")
 
 
@@ -181,6 +210,9 @@ def summary(prof: Profile, wall: float, load0: list[float], load1: list[float]) 
     comps = components(prof)
     entry: dict[str, Any] = {
         "name": prof.name,
+        "status": "unclosed" if prof.unclosed else "closed",
+        "unclosed_why": [n for n in prof.provenance.notes if n.startswith("NOT CLOSED")],
+        "negative": negative(prof),
         "wall_s": round(wall, 1),
         "profile_wall_s": round(prof.provenance.options["wall_time_s"], 1),
         "loadavg_before": load0,
@@ -301,6 +333,13 @@ def main() -> None:
         "--gap-min", type=float, default=0.0, help="minutes to wait between runs (drift)"
     )
     ap.add_argument(
+        "--stress",
+        type=int,
+        default=None,
+        metavar="PCT",
+        help="keep one core PCT %% busy with stress-ng (--cpu 1 --cpu-load PCT) during the runs",
+    )
+    ap.add_argument(
         "--compare",
         nargs=2,
         metavar=("A", "B"),
@@ -317,6 +356,19 @@ def main() -> None:
         print(json.dumps(report, indent=1))
         return
     scratch = Path(tempfile.mkdtemp(prefix="meshtax-bench-"))
+    stress = None
+    if args.stress is not None:
+        if not 0 < args.stress <= 100:
+            raise SystemExit("--stress: a CPU load in percent, 1..100")
+        exe = shutil.which("stress-ng")
+        if exe is None:
+            raise SystemExit("--stress needs stress-ng (apt-get install stress-ng)")
+        stress = subprocess.Popen(
+            [exe, "--cpu", "1", "--cpu-load", str(args.stress), "--quiet"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its workers in one group, ended by the group's id
+        )
     try:
         db = args.db or scratch / "profiles.db"
         runs = []
@@ -325,9 +377,13 @@ def main() -> None:
                 time.sleep(args.gap_min * 60)
             runs.append(one_run(f"bench-{i}", db))
     finally:
+        if stress is not None:
+            os.killpg(stress.pid, signal.SIGTERM)
+            stress.wait(10)
         shutil.rmtree(scratch, ignore_errors=True)
     report = {
-        "command": "meshtax profile --quick --name bench-N (MESHTAX_DB=scratch)",
+        "command": "meshtax profile --quick --name bench-N (MESHTAX_DB=scratch)"
+        + (f", stress-ng --cpu 1 --cpu-load {args.stress}" if stress is not None else ""),
         "gap_min": args.gap_min,
         "runs": [summary(*r) for r in runs],
     }

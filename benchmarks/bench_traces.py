@@ -247,6 +247,24 @@ def stream(inp: str, rate: float, workers: int) -> None:
     )
 
 
+def _machine() -> dict[str, Any]:
+    """CPU model and count, kernel, Python: what the numbers were measured on."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), ""
+            )
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cpus": len(os.sched_getaffinity(0)),
+        "kernel": os.uname().release,
+        "python": sys.version.split()[0],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--traces", type=int, nargs="+", default=[10_000, 50_000])
@@ -343,12 +361,20 @@ def main() -> None:
                 for f in (root / "files").glob("light-*"):  # light mode writes to its input
                     f.unlink()
         shutil.rmtree(out, ignore_errors=True)
-        res: dict[str, Any] = {"traces": n, **info, "load_avg": os.getloadavg()}
+        res: dict[str, Any] = {
+            "traces": n,
+            **info,
+            "load_avg": os.getloadavg(),
+            "machine": _machine(),
+            "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        }
         for k, rs in runs.items():
             res[k] = {
                 "seconds_median": statistics.median(r["seconds"] for r in rs),
                 "cpu_seconds_median": statistics.median(r["cpu_seconds"] for r in rs),
                 "seconds": [round(r["seconds"], 3) for r in rs],
+                "cpu_seconds": [round(r["cpu_seconds"], 3) for r in rs],
+                "peak_rss_mb": [round(r["peak_rss_mb"]) for r in rs],
                 "traces_per_s_median": n / statistics.median(r["seconds"] for r in rs),
                 "peak_rss_mb_max": max(r["peak_rss_mb"] for r in rs),
             }

@@ -325,6 +325,9 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     mark = getattr(e, "problem_mark", None)
     where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
     problem = getattr(e, "problem", None) or e.__class__.__name__
+    if "maximum nesting depth" in str(problem):
+        # PyYAML ≥ 6.0.3's own guard (1 000 levels, in its scanner) can fire before ours
+        return where + f"nested more than {limits().max_depth} levels deep; expected a flatter one"
     return where + "YAML syntax error: " + _QUOTED.sub("'…'", str(problem))
 
 

@@ -15,8 +15,10 @@ import pytest
 from meshtax.app.data import write_examples
 from meshtax.app.predict import PredictOptions, load_batch, predict_files
 from meshtax.predict.architecture import predict_architecture
+from meshtax.report import result
 from meshtax.report.exporters import EXPORTERS
 from meshtax.report.result import MAX_DETAILED_GRAPHS, GraphList, prediction_document
+from meshtax.report.tables import prediction_distributions
 from meshtax.report.text import prediction_text
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
@@ -168,6 +170,32 @@ def test_many_graphs_are_columns_and_every_export_reads_them(
     assert csv == EXPORTERS["csv"].export(as_list) and csv.count("\n") == n + 1
     assert EXPORTERS["markdown"].export(doc) == EXPORTERS["markdown"].export(as_list)
     assert f"{n - 20} more graphs" in prediction_text(doc)
+
+
+def test_columns_spilled_to_a_file_read_back_the_same(
+    tmp_path: Path, store: ProfileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = MAX_DETAILED_GRAPHS + 60
+    f = _jaeger(tmp_path / "t.json", n)
+    opts = PredictOptions((str(f),), profile="reference", rate=20.0, trace_format="jaeger")
+    kept = predict_files(opts, store, batch_spans=400)
+    monkeypatch.setattr(result, "SPILL_GRAPHS", 100)
+    spilled = predict_files(opts, store, batch_spans=400)
+    cols = spilled["graphs"].columns
+    assert cols._file is not None and all(b.cols is None for b in cols._blocks)
+    assert kept["graphs"].columns._file is None
+    _same(spilled, kept)
+    assert list(reversed(spilled["graphs"])) == list(reversed(kept["graphs"]))  # any order
+    for k, v in kept["graphs"].columns.joined().items():
+        assert np.array_equal(cols.joined()[k], v), k
+    assert np.array_equal(cols.pct(), kept["graphs"].columns.pct(), equal_nan=True)
+    for fmt in ("json", "csv", "markdown"):
+        assert EXPORTERS[fmt].export({**spilled, "created": "x"}) == EXPORTERS[fmt].export(
+            {**kept, "created": "x"}
+        )
+    a, b = (prediction_distributions("x", d) for d in (spilled, kept))
+    assert np.array_equal(a[0].latency_pct, b[0].latency_pct)
+    assert np.array_equal(a[0].cpu_vcpu, b[0].cpu_vcpu)
 
 
 def test_whatif_after_batch_by_batch(tmp_path: Path, store: ProfileStore) -> None:

@@ -140,6 +140,27 @@ def test_rate_term_is_kept_when_the_samples_just_identify_it() -> None:
     assert two.predict([100], [np.sqrt(100 * 1000)])[0] == pytest.approx(30.0)
 
 
+def test_a_rate_term_never_carries_the_model_below_zero() -> None:
+    """One costly low-rate run makes the rate term steep; unconstrained, the intercept (the
+    cost at the highest rate) goes negative (a quick profile's carried gRPC, refused by the
+    store: −1.6 CPU-µs). Costs measured ≥ 0 keep the model ≥ 0 over its rate range."""
+    rates = [100.0, 300.0, 1000.0, 6000.0]
+    ys = [134.7, 44.2, 39.0, 0.0]
+    x = np.log(6000.0 / np.asarray(rates))
+    free = np.polyfit(x, ys, 1)
+    assert free[1] < 0  # the unconstrained intercept
+    m = CostModel.fit([100] * 4, ys, rates=rates)
+    assert m.intercept == 0.0 and m.rate_coef > 0 and "intercept" in m.note
+    assert m.predict([0, 100], [6000.0, 6000.0]).min() >= 0
+    # a rate term that would make the cost negative at the lowest rate is held instead
+    up = CostModel.fit([100] * 3, [0.0, 5.0, 30.0], rates=[100.0, 1000.0, 5000.0])
+    assert up.rate_coef == 0.0 and up.rate_lo is None and "rate term" in up.note
+    assert up.predict([100], [100.0])[0] >= 0
+    # a model of differences (samples below 0 allowed) is fitted as before
+    diff = CostModel.fit([100] * 3, [-4.0, 5.0, 30.0], rates=[100.0, 1000.0, 5000.0])
+    assert diff.rate_coef < 0 and "held" not in diff.note
+
+
 def test_a_size_slope_below_zero_is_held_at_zero() -> None:
     # noise between sizes: unconstrained, the line falls 6 µs per KB and is negative at 1 MB
     free = np.polyfit([100, 1000, 4096, 65536], [52.0, 60.0, 41.0, 40.0], 1)

@@ -410,6 +410,53 @@ def test_shared_cpus_bound_latency_by_the_requests_cpu_work() -> None:
         predict_batch(b, single_profile(P), pod_cpus=0)
 
 
+def test_every_sidecar_a_graph_crosses_adds_its_idle_cpu_once() -> None:
+    """A profile that measured the idle proxy (2 000 CPU-µs/s in http, 1 000 in grpc): each
+    graph adds it once per sidecar it crosses (B twice here: still once), in Other and in the
+    service's row; latency and the shared-CPU bound do not count it (it is on no path)."""
+    two = [
+        ecg(
+            {"A": HTTP, "B": HTTP, "C": GRPC},
+            [
+                inv("r", EXTERNAL, "A", 0, 100, rate=50),
+                inv("b", "A", "B", 10, 20, "r", rate=50),
+                inv("b2", "A", "B", 40, 20, "r", rate=50),
+                inv("c", "A", "C", 70, 20, "r", rate=50),
+            ],
+            "abc",
+        ),
+        ecg({"B": HTTP}, [inv("r", EXTERNAL, "B", 0, 100, rate=50)], "b"),
+    ]
+    b = to_batch(two)
+    idle = replace(
+        P,
+        modes={
+            Mode.HTTP: replace(P.modes[Mode.HTTP], idle_cpu_us_per_s=2000.0),
+            Mode.GRPC: replace(P.modes[Mode.GRPC], idle_cpu_us_per_s=1000.0),
+        },
+    )
+    plain = predict_batch(b, single_profile(P))
+    got = predict_batch(b, single_profile(idle))
+    assert plain.idle_vcpu is None and plain.service_idle_vcpu is None
+    assert got.idle_vcpu is not None and got.idle_vcpu.tolist() == pytest.approx([0.005, 0.002])
+    assert (got.cpu_vcpu - plain.cpu_vcpu).tolist() == pytest.approx([0.005, 0.002])
+    k = got.components.index(OTHER)
+    assert (got.cpu_by_component[:, k] - plain.cpu_by_component[:, k]).tolist() == pytest.approx(
+        [0.005, 0.002]
+    )
+    assert got.service_idle_vcpu is not None
+    assert dict(zip(b.services, got.service_idle_vcpu.tolist())) == pytest.approx(
+        {"A": 0.002, "B": 0.002, "C": 0.001}
+    )
+    assert got.latency_overhead_us.tolist() == plain.latency_overhead_us.tolist()
+    # on one shared CPU the request's share of it (per second ÷ 50 requests/s: 100 and 40 µs)
+    # joins its message work: abc 32 + 100 = 132 beats its critical path (80); b 4 + 40 = 44
+    assert predict_batch(b, single_profile(P), pod_cpus=1).latency_overhead_us.tolist() == [80, 10]
+    one = predict_batch(b, single_profile(idle), pod_cpus=1)
+    assert one.latency_overhead_us.tolist() == pytest.approx([132, 44])
+    assert one.latency_by_component[:, k].tolist() == pytest.approx([132, 44])  # all in Other
+
+
 def test_new_connections_pay_the_handshake_and_per_connection_filters() -> None:
     # http: OTHER 5 µs / 2 CPU-µs per crossing; handshake 100 µs / 40 CPU-µs per connection per
     # sidecar; network RBAC 0 per message, 3 µs / 1 CPU-µs per connection

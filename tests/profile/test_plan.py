@@ -100,6 +100,22 @@ def test_steps_and_expected_time() -> None:
         Plan(probe_pairs=0, pinning=PIN)
 
 
+def test_an_idle_window_follows_each_modes_setup() -> None:
+    p = Plan(
+        modes=(Mode.TCP, Mode.HTTP), sizes=(100,), low_rates=(), carried=(), idle_s=1.5, pinning=PIN
+    )
+    kinds = [(s.kind, s.mode) for s in p.steps()]
+    for m in (Mode.TCP, Mode.HTTP):
+        i = kinds.index(("setup", m))
+        assert kinds[i + 1] == ("idle", m)
+    idle = next(s for s in p.steps() if s.kind == "idle")
+    assert idle.expected_s == pytest.approx(1.5 + 0.3)
+    assert idle.describe() == "tcp: CPU of the idle sidecar"
+    assert p.to_dict()["idle_s"] == 1.5 and quick_plan().idle_s == 2.0
+    with pytest.raises(ValueError, match="idle_s"):
+        Plan(idle_s=-1.0, pinning=PIN)
+
+
 def test_low_rate_and_carried_steps() -> None:
     p = Plan(
         modes=(Mode.TCP, Mode.HTTP),
@@ -187,19 +203,20 @@ def test_low_rate_and_carried_steps() -> None:
 
 def test_quick_preset_fits_the_three_minute_aim() -> None:
     # the estimate is an upper bound: 199.8 s estimated, 174 s measured (issue #6, load ≈ 2);
-    # +15 s since low-rate CPU is two runs differenced (issue #14)
+    # +15 s since low-rate CPU is two runs differenced, +7 s for the idle windows and +16 s for
+    # a third low rate (300/s; issue #14)
     q = quick_plan(pinning=PIN)
-    assert q.expected_s() <= 220.0
+    assert q.expected_s() <= 240.0
     assert full_plan(pinning=PIN).expected_s() <= 22 * 60.0
     # quick: low rates at the smallest size, gRPC carried at the smallest and largest size
-    assert q.low_rates == (100.0, 1000.0) and q.low_rate_size_list() == (100,)
+    assert q.low_rates == (100.0, 300.0, 1000.0) and q.low_rate_size_list() == (100,)
     assert (
         q.carried == ("grpc",)
         and q.carried_sizes() == (100, 65536)
         and q.carried_rate_fractions == (1.0,)
     )
     extra = sum(s.expected_s for s in q.steps() if s.kind == "lowrate" or s.protocol)
-    assert extra <= 45.0
+    assert extra <= 60.0
 
 
 def test_with_duration_and_to_dict() -> None:

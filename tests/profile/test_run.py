@@ -11,7 +11,7 @@ import subprocess
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
@@ -19,12 +19,15 @@ from meshtax.model.components import BASE_COMPONENTS, IPC, NOTIFICATION, OTHER, 
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends
-from meshtax.profile.build import ClosureWarning
+from meshtax.profile.build import ClosureWarning, CpuRun
+from meshtax.profile.decompose import Breakdown
 from meshtax.profile.plan import Plan
-from meshtax.profile.run import ProfileOptions, Progress, run_profile
+from meshtax.profile.run import ProfileOptions, Progress, _quiet, run_profile
+from meshtax.testbed.interference import Snapshot, Thresholds
 from meshtax.testbed.perf import Bucket, PerfProfile
 from meshtax.testbed.pinning import Pinning
 from meshtax.testbed.probes import ProbeReading
+from meshtax.testbed.procfs import CpuTimes
 from meshtax.testbed.runstate import STATE_DIR, FakeProcOps
 from meshtax.testbed.system import Completed, FakeSystem, Placement, Process, RealSystem
 from tests.helpers import missing_for_real_profile
@@ -451,10 +454,9 @@ class AppUserProbe(WindowProbe):
         return make_reading([side, app], ipc_ns=2_000_000)
 
 
-def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
-    """The app parses what the sidecar adds: its user-time change (meshed − direct) is CPU the
-    mesh costs. Per crossing: tcp 2 ms / 2000 = 1 µs → Other; http 8 ms / 2000 = 4 µs, of
-    which 3 µs beyond tcp's → Parsing (as the latency counts it)."""
+def _app_user_profile(tmp_path: Path, idle_s: float = 0.0, **be: Any) -> Profile:
+    """tcp and http at 100 B with :class:`AppUserProbe` (the app's user time grows by 2 ms
+    in tcp and 8 ms in http windows), schedstat +6 ms at every read."""
     plan = Plan(
         closure_retries=0,
         modes=(Mode.TCP, Mode.HTTP),
@@ -466,6 +468,7 @@ def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
         probe_pairs=1,
         pinning=PIN,
         nice=None,
+        idle_s=idle_s,
     )
     world = World()
     sysm = EchoFakeSystem(responders=[world])
@@ -483,10 +486,18 @@ def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
         niceness=lambda n: contextlib.nullcontext(),
         meter=None,
         speed=None,
+        **be,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)
-        prof = run_profile(ProfileOptions(name="t", plan=plan), sysm, None, backends=backends)
+        return run_profile(ProfileOptions(name="t", plan=plan), sysm, None, backends=backends)
+
+
+def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
+    """The app parses what the sidecar adds: its user-time change (meshed − direct) is CPU the
+    mesh costs. Per crossing: tcp 2 ms / 2000 = 1 µs → Other; http 8 ms / 2000 = 4 µs, of
+    which 3 µs beyond tcp's → Parsing (as the latency counts it)."""
+    prof = _app_user_profile(tmp_path)
     tcp, http = prof.modes[Mode.TCP].components, prof.modes[Mode.HTTP].components
     # the sidecar's perf split: user 2 µs per crossing in both modes (FakePerf)
     assert tcp[OTHER].cpu.intercept == pytest.approx(2.0 + 1.0)
@@ -497,6 +508,36 @@ def test_cpu_components_count_the_apps_user_time_change(tmp_path: Path) -> None:
     assert tcp[OTHER].latency.intercept == pytest.approx(6.0)
     assert http[PARSING].latency.intercept == pytest.approx(3.0)
     assert any("user-space CPU change" in n for n in prof.provenance.notes)
+
+
+def test_the_idle_sidecars_cpu_is_measured_and_kept_out_of_the_message_models(
+    tmp_path: Path,
+) -> None:
+    """An idle window per mode (schedstat +6 ms over 2 s of the fake clock: 3 000 CPU-µs/s)
+    is stored per mode, and its share of each CPU run (÷ 2·rate per crossing) comes off the
+    user-space CPU (Other), which the previous test prices at 3 µs per crossing."""
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    prof = _app_user_profile(tmp_path, 2.0, clock=lambda: now[0], sleep=sleep)
+    assert slept == [2.0, 2.0]  # one idle window per mode
+    for mode in (Mode.TCP, Mode.HTTP):
+        mp = prof.modes[mode]
+        assert mp.idle_cpu_us_per_s == pytest.approx(3000.0)
+        other = mp.components[OTHER].cpu
+        assert other.samples is not None and other.samples.rates is not None
+        rate = other.samples.rates[0]
+        assert other.intercept == pytest.approx(3.0 - 3000.0 / (2 * rate))
+    # parsing is a difference of two modes that lose the same share: unchanged
+    assert prof.modes[Mode.HTTP].components[PARSING].cpu.intercept == pytest.approx(3.0)
+    m = prof.provenance.options["measurements"]["tcp"][0]
+    assert m["idle_cpu_us_per_s"] == pytest.approx(3000.0)
+    back = Profile.from_dict(prof.to_dict())
+    assert back.modes[Mode.TCP].idle_cpu_us_per_s == pytest.approx(3000.0)
 
 
 def test_options_resolve_plan() -> None:
@@ -670,3 +711,41 @@ def test_low_rate_cpu_is_two_runs_differenced() -> None:
     assert run.bd.user == pytest.approx(50.0)
     alone = _steady_run("r100", 100.0, 0.8, measure(False))
     assert alone.rate == pytest.approx(5 / 1.6) and alone.bd.user == pytest.approx(850.0)
+
+
+class _Busy:
+    """A meter whose windows see others' CPU at the given shares, one window after another
+    (1 s windows on one CPU)."""
+
+    def __init__(self, shares: list[float]) -> None:
+        self.shares = shares
+        self.t = 0
+        self.busy = 0
+        self.calls = 0
+
+    def snapshot(self) -> Snapshot:
+        if self.calls % 2:  # the end of a window: its share of other work
+            self.t += 1_000_000_000
+            self.busy += round(self.shares[self.calls // 2] * 1e9)
+        self.calls += 1
+        return Snapshot(self.t, {1: CpuTimes(self.busy, 0, 0, 0)}, 0, 0)
+
+
+def test_a_disturbed_low_rate_run_is_taken_again_and_the_least_disturbed_kept() -> None:
+    made: list[CpuRun] = []
+
+    def run() -> CpuRun:
+        made.append(CpuRun(f"r{len(made)}", 100.0, Breakdown(), 1.0))
+        return made[-1]
+
+    limits = Thresholds(others=0.10)
+    got = _quiet(run, _Busy([0.5, 0.3, 0.05, 0.9]), limits, 3)
+    assert (got.label, got.tries) == ("r2", 3)  # the third was within the limit
+    assert got.noise is not None and got.noise.others == pytest.approx(0.05)
+    made.clear()
+    got = _quiet(run, _Busy([0.5, 0.2, 0.4]), limits, 3)
+    assert (got.label, got.tries) == ("r1", 3)  # none was: the least disturbed
+    made.clear()
+    assert _quiet(run, _Busy([0.0]), limits, 3).tries == 1
+    made.clear()
+    assert _quiet(run, None, limits, 3).noise is None and len(made) == 1

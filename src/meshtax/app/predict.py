@@ -26,8 +26,8 @@ from meshtax.testbed.host import this_host
 from meshtax.testbed.pinning import pinning_of
 from meshtax.testbed.speed import speed_on
 from meshtax.testbed.system import RealSystem
-from meshtax.traces.alibaba import TraceFormatError
 from meshtax.traces.ecg_file import load_ecg_file
+from meshtax.traces.errors import TraceFormatError
 from meshtax.traces.report import ImportReport
 
 __all__ = [
@@ -152,13 +152,15 @@ def load_batch(opts: PredictOptions) -> Loaded:
 
 def _trace_options(opts: PredictOptions, batch_spans: int | None = None) -> tuple[str, Any]:
     """The traces' format and importer options."""
-    from meshtax.traces import AlibabaOptions, SpanOptions, detect_format, load_service_map
+    from meshtax.traces import SpanOptions, detect_format, load_service_map
 
     sidecar = SidecarConfig(Mode(opts.sidecar_mode))
     try:
         fmt = None if opts.trace_format == "auto" else opts.trace_format
         fmt = fmt or detect_format(opts.ecg_files[0])
         if fmt.startswith("alibaba"):
+            from meshtax.traces import AlibabaOptions  # pyarrow: only for Alibaba
+
             rate = {"rate": opts.rate} if opts.rate is not None else {}
             return fmt, AlibabaOptions(sidecar=sidecar, **rate)
         smap = load_service_map(opts.service_map) if opts.service_map else {}
@@ -189,7 +191,8 @@ def predict_files(
 
     Traces are read and predicted batch by batch (:func:`meshtax.traces.iter_graph_batches`;
     ``batch_spans``: spans a batch, None for the importer's default), the document keeping
-    each graph's numbers as columns (~250 B a graph, not a dict of ~4 kB); counted rates
+    each graph's numbers as columns (~250 B a graph, not a dict of ~4 kB; beyond 4 096
+    graphs in a temporary file); counted rates
     (no ``rate``) hold the batches' columns until every graph is read. ECG files, and
     ``--architecture``/``--tail``, take every graph in one batch (see :func:`_whole`).
     ``progress(graphs so far)`` is called after each batch.

@@ -166,19 +166,36 @@ class CostModel:
                 cols.append(xr)
                 names.append("d")
         held: list[str] = []
+        floor = bool(np.all(y >= 0))  # costs measured ≥ 0 make a model ≥ 0 wherever it prices
+        span = math.log(r_hi / r_lo) if r_lo and r_hi else 0.0
         while True:
             X = np.column_stack(cols)
             beta, *_ = np.linalg.lstsq(X, y, rcond=None)
             neg = [j for j, k in enumerate(names) if k in "bu" and beta[j] < 0]
-            if not neg:
+            if neg:
+                j = min(neg, key=lambda i: beta[i] * (np.abs(cols[i]).max() or 1.0))
+                held.append(f"{'slope' if names[j] == 'b' else 'per-unit'} {beta[j]:.3g}")
+                del cols[j], names[j]
+                continue
+            # with the size terms ≥ 0 the lowest value is at size 0 and an end of the rate
+            # range: the intercept (at the highest rate) or intercept + rate term (the lowest).
+            # A steep rate term from one costly low-rate run can carry the intercept below 0
+            # (a quick profile's carried gRPC: −1.6 CPU-µs at 100 B and its highest rate)
+            p = dict(zip(names, beta))
+            a, d = p.get("a", 0.0), p.get("d", 0.0)
+            if floor and "a" in names and a < 0:
+                held.append(f"intercept {a:.3g}")
+                j = names.index("a")
+            elif floor and "d" in names and a + d * span < 0:
+                held.append(f"rate term {d:.3g}")
+                j = names.index("d")
+            else:
                 break
-            j = min(neg, key=lambda i: beta[i] * (np.abs(cols[i]).max() or 1.0))
-            held.append(f"{'slope' if names[j] == 'b' else 'per-unit'} {beta[j]:.3g}")
             del cols[j], names[j]
+        if "d" not in names:
+            r_lo = r_hi = None
         if held:
-            note = (note + "; size term(s) fitted below 0 held at 0: " + ", ".join(held)).lstrip(
-                "; "
-            )
+            note = (note + "; term(s) fitted below 0 held at 0: " + ", ".join(held)).lstrip("; ")
         fitted = X @ beta
         resid = y - fitted
         n, p = X.shape

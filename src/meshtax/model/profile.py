@@ -41,6 +41,9 @@ from meshtax.model.speed import Speed
 #:     Later the same day, optional top-level ``microarch`` (issue #19: instructions, simulated
 #:     cache misses and branches per request; its own ``format``, see
 #:     :mod:`meshtax.model.microarch`; absent in older documents).
+#:     2026-11-26: optional per-mode ``idle_cpu_us_per_s`` (issue #14: the idle proxy's CPU
+#:     per second, kept out of the per-message CPU models; absent in older documents, whose
+#:     models still carry it).
 PROFILE_FORMAT = 2
 
 
@@ -233,6 +236,9 @@ class ModeProfile:
     (network RBAC, ``filter:rbac_network_N``); their per-message models stay in ``components``.
     ``capacity``/``latency_sketches``: requests/s at saturation and per-size latency quantiles
     with and without the sidecar (:mod:`meshtax.model.capacity`; None/empty: not measured).
+    ``idle_cpu_us_per_s``: CPU-µs per second one idle proxy of this mode burns (timers, stats
+    flushes) — a cost per sidecar and second, kept out of the per-message CPU models (None:
+    not measured; those models then carry it, spread over the profile's own rates).
     """
 
     mode: Mode
@@ -247,6 +253,7 @@ class ModeProfile:
     per_connection: Mapping[Component, ComponentModel] = field(default_factory=dict)
     capacity: Capacity | None = None
     latency_sketches: Mapping[int, LatencySketch] = field(default_factory=dict)
+    idle_cpu_us_per_s: float | None = None
 
     def filters(self) -> tuple[str, ...]:
         return tuple(sorted(c.name for c in self.components if c.name))
@@ -286,6 +293,11 @@ class ModeProfile:
                 if self.latency_sketches
                 else {}
             ),
+            **(
+                {}
+                if self.idle_cpu_us_per_s is None
+                else {"idle_cpu_us_per_s": self.idle_cpu_us_per_s}
+            ),
         }
 
     @classmethod
@@ -314,6 +326,9 @@ class ModeProfile:
             },
             capacity=None if d.get("capacity") is None else Capacity.from_dict(d["capacity"]),
             latency_sketches=sketches_from_list(d.get("latency_sketches")),
+            idle_cpu_us_per_s=None
+            if d.get("idle_cpu_us_per_s") is None
+            else float(d["idle_cpu_us_per_s"]),
         )
 
 

@@ -269,6 +269,8 @@ PROFILE_SCHEMA: dict[str, Any] = {
                     "maxItems": 100,
                     "items": {"$ref": "#/$defs/sketch"},
                 },
+                # CPU-µs per second of an idle proxy: at most all of a CPU
+                "idle_cpu_us_per_s": {"type": "number", "minimum": 0, "maximum": 1e6},
             },
         },
         # issue #20 (model/capacity.py): a sidecar under load, and latency quantiles per size

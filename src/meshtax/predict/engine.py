@@ -21,6 +21,14 @@ the http/grpc validation cases); with ``k`` CPUs the overhead is ``max(critical 
 
 Shared CPUs also change what a message costs: how warm the CPU is depends on all the traffic
 on it, not the sidecar's own alone; :mod:`meshtax.predict.shared_cpu` says at which rate.
+
+Idle sidecars: a proxy burns CPU with no traffic at all (timers, stats flushes: ~2 ms per
+second for one Envoy here). A profile that measured it (``ModeProfile.idle_cpu_us_per_s``)
+keeps it out of its per-message models, and every sidecar a graph crosses adds it once, per
+second, to the graph's CPU (in Other) — a cost per sidecar, not per message, so ten sidecars
+at 20 requests/s spend ten times what the one profiled sidecar's share of a message says.
+Its own critical path does not include it; on shared CPUs the request's share of it (per
+second ÷ the graph's rate) is part of the CPU work the latency is bounded by.
 """
 
 from __future__ import annotations
@@ -32,7 +40,14 @@ import numpy as np
 import numpy.typing as npt
 
 from meshtax.errors import PredictError
-from meshtax.model.components import BASE_COMPONENTS, TLS, UNATTRIBUTED, Component, filter_component
+from meshtax.model.components import (
+    BASE_COMPONENTS,
+    OTHER,
+    TLS,
+    UNATTRIBUTED,
+    Component,
+    filter_component,
+)
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
 from meshtax.model.profile import ModeProfile, Profile, TlsModels
@@ -383,6 +398,10 @@ class BatchPrediction:
     warnings: tuple[str, ...] = field(default=())
     pod_cpus: int | None = None
     cpu_bound: npt.NDArray[np.bool_] | None = None
+    # vCPU of the idle sidecars, per graph (in ``cpu_vcpu`` and Other) and per service (the
+    # service's own sidecar; in no row's CPU); None: no profile measured it
+    idle_vcpu: FloatArray | None = None
+    service_idle_vcpu: FloatArray | None = None
 
     @property
     def latency_overhead_pct(self) -> FloatArray:
@@ -438,13 +457,33 @@ def predict_batch(
     lat_comp = per_graph(lat, crit)
     cpu_rows = costs.cpu * batch.rate[:, None] * 1e-6
     cpu_comp = per_graph(cpu_rows)
+    components = costs.components
+    svc_idle, idle = idle_vcpu(batch, profiles)
+    if idle is not None:
+        if OTHER not in components:
+            components = (*components, OTHER)
+            lat_comp = np.column_stack([lat_comp, np.zeros(G)])
+            cpu_comp = np.column_stack([cpu_comp, np.zeros(G)])
+        cpu_comp[:, components.index(OTHER)] += idle
     cpu_total = cpu_comp.sum(axis=1)
     cpu_se = np.bincount(g, weights=costs.cpu_se * batch.rate * 1e-6, minlength=G)
     overhead, lo_us, hi_us = prop.overhead_us, lo.overhead_us, hi.overhead_us
     bound_mask: npt.NDArray[np.bool_] | None = None
     if pod_cpus is not None:
-        # the request's added CPU work (CPU-µs per execution of the graph) over the shared CPUs
-        work = per_graph(costs.cpu) / pod_cpus
+        # the request's added CPU work (CPU-µs per execution of the graph) over the shared
+        # CPUs: every message's, and its share of the idle sidecars' (their CPU per second ÷
+        # the graph's request rate): on one shared CPU the measured mean latency overhead is
+        # the measured CPU overhead per request, the sidecars' idle CPU included (issue #14,
+        # suite runs 4 and 5: median ratio 1.00, BENCHMARKS.md)
+        work = per_graph(costs.cpu)
+        if idle is not None:
+            if work.shape[1] < lat_comp.shape[1]:
+                work = np.column_stack([work, np.zeros(G)])
+            rate = batch.rate[batch.graph_ptr[:-1]] if G else np.zeros(0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                share = np.where(rate > 0, idle * 1e6 / rate, 0.0)
+            work[:, components.index(OTHER)] += share
+        work /= pod_cpus
         w = work.sum(axis=1)
         w_se = np.bincount(g, weights=costs.cpu_se, minlength=G) / pod_cpus
         bound_mask = w > overhead
@@ -453,7 +492,7 @@ def predict_batch(
         hi_us = np.maximum(hi_us, w + Z95 * w_se)
         lat_comp = np.where(bound_mask[:, None], work, lat_comp)
     return BatchPrediction(
-        components=costs.components,
+        components=components,
         base_latency_us=prop.base_us,
         latency_overhead_us=overhead,
         latency_lo_us=lo_us,
@@ -473,7 +512,37 @@ def predict_batch(
         warnings=costs.warnings,
         pod_cpus=pod_cpus,
         cpu_bound=bound_mask,
+        idle_vcpu=idle,
+        service_idle_vcpu=svc_idle,
     )
+
+
+def idle_vcpu(
+    batch: EcgBatch, profiles: ProfileLookup
+) -> tuple[FloatArray | None, FloatArray | None]:
+    """(per service, per graph) vCPU of idle sidecars: each service's sidecar at its mode's
+    ``idle_cpu_us_per_s``, and per graph the sum over the distinct services with a sidecar
+    it crosses. (None, None) when no profile of the batch measured it."""
+    per_spec = np.zeros(len(batch.specs))
+    for s, spec in enumerate(batch.specs):
+        try:
+            v = profiles(spec.platform).mode(spec.config.mode).idle_cpu_us_per_s
+        except KeyError:  # a mode the profile lacks: hop_costs says so
+            v = None
+        per_spec[s] = 0.0 if v is None else v * 1e-6
+    if not per_spec.any():
+        return None, None
+    S, G = len(batch.services), batch.n_graphs
+    svc = np.zeros(S)
+    g = batch.graph_of()
+    pairs = []
+    for who, side in ((batch.caller, batch.caller_spec), (batch.callee, batch.callee_spec)):
+        m = (side >= 0) & (who >= 0)
+        svc[who[m]] = per_spec[side[m]]
+        pairs.append(g[m] * S + who[m])
+    seen = np.unique(np.concatenate(pairs))
+    per_graph = np.bincount(seen // S, weights=svc[seen % S], minlength=G).astype(np.float64)
+    return svc, per_graph
 
 
 def single_profile(profile: Profile, others: Mapping[str, Profile] | None = None) -> ProfileLookup:

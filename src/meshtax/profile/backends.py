@@ -145,6 +145,7 @@ class Backends:
     fortio_binary: Path | None = None
     proxy_binary: Path | None = None  # the profiled proxy's, when it is not Envoy
     clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
     niceness: Callable[[int | None], AbstractContextManager[None]] = niceness
     now: Callable[[], _dt.datetime] = field(default=lambda: _dt.datetime.now(_dt.UTC))
     counters: Callable[[System], tuple[CounterSource | None, str]] = detect_source

@@ -25,6 +25,7 @@ from meshtax.profile.onehop import PairedOverhead, ProbeResult
 from meshtax.profile.plan import Plan
 from meshtax.testbed.envoy.config import config_hash
 from meshtax.testbed.host import this_host
+from meshtax.testbed.interference import Interference
 from meshtax.testbed.proxy import family_keys
 
 __all__ = [
@@ -56,6 +57,10 @@ class CpuRun:
     rate: float
     bd: Breakdown
     ratio: float
+    # what else ran meanwhile, and how many times the run was taken (low-rate runs are taken
+    # again when other work disturbed them)
+    noise: Interference | None = None
+    tries: int = 1
 
 
 @dataclass
@@ -65,6 +70,9 @@ class SizeResult:
     probed: ProbeResult
     max_qps: float = 0.0
     cpu: list[CpuRun] = field(default_factory=list)
+    # CPU-µs per second of the idle sidecar (no traffic; None: not measured): a cost per
+    # sidecar and second, which every CPU run also contains (1/(2·rate) of it per crossing)
+    idle_cpu_us_per_s: float | None = None
 
     @property
     def overhead(self) -> Estimate:
@@ -88,13 +96,21 @@ class SizeResult:
     def cpu_bd(self, run: CpuRun) -> Breakdown:
         """A CPU run's per-crossing breakdown: the sidecar's (perf split, schedstat total)
         plus the app's user-space change (:attr:`app_user_us`), as the latency counts it, plus
-        the client's CPU change (:meth:`ProbeResult.client_cpu_us`: read, write, user)."""
+        the client's CPU change (:meth:`ProbeResult.client_cpu_us`: read, write, user) — less
+        the idle sidecar's share of the run (:attr:`idle_cpu_us_per_s` ÷ 2·rate, from its
+        user time: timers and stats are user-space work), which the profile keeps apart as a
+        cost per sidecar and second."""
         c = self.probed.client_cpu_us()
+        idle = (
+            self.idle_cpu_us_per_s / (2.0 * run.rate)
+            if self.idle_cpu_us_per_s and run.rate > 0
+            else 0.0
+        )
         return replace(
             run.bd,
             read=run.bd.read + c["read"],
             write=run.bd.write + c["write"],
-            user=run.bd.user + self.app_user_us + c["user"],
+            user=run.bd.user + self.app_user_us + c["user"] - idle,
         )
 
     def cpu_like(self, run: CpuRun) -> CpuRun | None:
@@ -114,12 +130,19 @@ class SizeResult:
             "probe": {**self.probed.to_dict(), "perturbation_us_per_request": self.perturbation_us},
             "latency_breakdown_us": self.probed.latency.to_dict(),
             "max_qps": self.max_qps,
+            **(
+                {}
+                if self.idle_cpu_us_per_s is None
+                else {"idle_cpu_us_per_s": self.idle_cpu_us_per_s}
+            ),
             "cpu": [
                 {
                     "run": c.label,
                     "rate": c.rate,
                     "breakdown_us": c.bd.to_dict(),
                     "perf_over_schedstat": c.ratio,
+                    **({} if c.noise is None else {"interference": c.noise.to_dict()}),
+                    **({} if c.tries == 1 else {"tries": c.tries}),
                 }
                 for c in self.cpu
             ],
@@ -285,6 +308,9 @@ def build_profile(
             latency_sketches={
                 r.size: r.unprobed.sketch for r in rs if r.unprobed and r.unprobed.sketch
             },
+            idle_cpu_us_per_s=next(
+                (r.idle_cpu_us_per_s for r in rs if r.idle_cpu_us_per_s is not None), None
+            ),
         )
         modes.append(mp)
         c = mp.closure

@@ -9,9 +9,14 @@ this document, never internal objects.
 from __future__ import annotations
 
 import datetime as _dt
+import json
+import os
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, overload
+import tempfile
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any, overload
 
 import numpy as np
 
@@ -110,6 +115,12 @@ def _graph(
                 )
             else:
                 on_path = float(lat) if bp.critical[r] else 0.0
+            if name not in svc_cpu and bp.service_idle_vcpu is not None:
+                idle = float(bp.service_idle_vcpu[side])  # its idle sidecar, once per graph
+                cpu += idle
+                root_rate = float(batch.rate[lo])
+                if bound and root_rate > 0:  # its share per request joins the CPU work
+                    on_path += idle * 1e6 / root_rate / (bp.pod_cpus or 1)
             svc_lat[name] = svc_lat.get(name, 0.0) + on_path
             svc_cpu[name] = svc_cpu.get(name, 0.0) + float(cpu)
     out["by_service"] = [
@@ -160,72 +171,142 @@ def _pct(base: np.ndarray[Any, Any], overhead: np.ndarray[Any, Any]) -> np.ndarr
         return np.where(base > 0, 100.0 * overhead / base, np.nan)
 
 
+#: beyond this many graphs, a prediction's per-graph columns are kept in a temporary file
+SPILL_GRAPHS = 4096
+
+
+@dataclass
+class _Block:
+    """The columns of one batch's graphs: in memory, or in the spill file at ``at``."""
+
+    n: int
+    comps: tuple[Component, ...]
+    names: tuple[str, ...] | None = None
+    cols: dict[str, np.ndarray[Any, Any]] | None = None
+    at: dict[str, int] | None = None  # where each column (and "names") starts in the file
+
+
 class GraphColumns:
     """Every graph's numbers of a prediction made batch by batch, as NumPy columns (about
     20 numbers and a name a graph, instead of a dict of ~4 kB): added per batch, joined
-    when read. Components missing from a batch count 0 in its graphs."""
+    when read. Components missing from a batch count 0 in its graphs. Beyond
+    ``spill_after`` graphs the batches' columns go to a temporary file, so memory stays
+    flat in the number of graphs: a graph is read back with its batch, the summary from
+    all of them."""
 
-    def __init__(self) -> None:
-        self._names: list[tuple[str, ...]] = []
-        self._comps: list[tuple[Component, ...]] = []
-        self._blocks: list[dict[str, np.ndarray[Any, Any]]] = []
+    def __init__(self, spill_after: int | None = None) -> None:
+        self._blocks: list[_Block] = []
+        self._n = 0
+        self._spill_after = SPILL_GRAPHS if spill_after is None else spill_after
+        self._file: IO[bytes] | None = None
+        self._read: tuple[int, _Block] | None = None  # the spilled block read last
         self._pct: np.ndarray[Any, Any] | None = None
 
     def add(self, names: Sequence[str], bp: BatchPrediction) -> None:
         # copies: a view would keep the batch's row-level arrays alive
-        self._blocks.append({k: np.array(v) for k, v in _columns(bp).items()})
-        self._names.append(tuple(names))
-        self._comps.append(bp.components)
+        cols = {k: np.array(v) for k, v in _columns(bp).items()}
+        self._blocks.append(_Block(len(names), bp.components, tuple(names), cols))
+        self._n += len(names)
         self._pct = None
+        if self._n > self._spill_after:
+            self._spill()
 
     def __len__(self) -> int:
-        return sum(map(len, self._names))
+        return self._n
 
     @property
     def components(self) -> tuple[Component, ...]:
-        return tuple(sorted({c for cs in self._comps for c in cs}))
+        return tuple(sorted({c for b in self._blocks for c in b.comps}))
 
-    def joined(self) -> dict[str, np.ndarray[Any, Any]]:
-        """The columns of every graph (joined once; later batches join again)."""
+    def _spill(self) -> None:
+        if self._file is None:
+            self._file = tempfile.TemporaryFile(prefix="meshtax-graphs-")
+            weakref.finalize(self, self._file.close)  # closed (and gone) with the columns
+        f = self._file
+        f.seek(0, os.SEEK_END)
+        for b in self._blocks:
+            if b.cols is None:
+                continue
+            b.at = {}
+            for k in _ALL:
+                b.at[k] = f.tell()
+                np.lib.format.write_array(f, b.cols[k], allow_pickle=False)
+            b.at["names"] = f.tell()
+            f.write(json.dumps(b.names).encode() + b"\n")  # ASCII: any name survives
+            b.cols, b.names = None, None
+
+    def _load(self, i: int, keys: Sequence[str] = _ALL, names: bool = True) -> _Block:
+        """Block ``i`` with its columns ``keys`` (and names), read back when spilled."""
+        b = self._blocks[i]
+        if b.cols is not None:
+            return b
+        if self._read is not None and self._read[0] == i:
+            return self._read[1]
+        assert self._file is not None and b.at is not None
+        f = self._file
+        cols = {}
+        for k in keys:
+            f.seek(b.at[k])
+            cols[k] = np.lib.format.read_array(f, allow_pickle=False)
+        if names:
+            f.seek(b.at["names"])
+        loaded = _Block(b.n, b.comps, tuple(json.loads(f.readline())) if names else None, cols)
+        if names and len(keys) == len(_ALL):
+            self._read = (i, loaded)
+        return loaded
+
+    def joined(self, keys: Sequence[str] = _ALL) -> dict[str, np.ndarray[Any, Any]]:
+        """The columns ``keys`` of every graph (in memory: joined once, later batches join
+        again; spilled: read back batch by batch for the caller, not kept)."""
         if not self._blocks:
             return {k: np.zeros((0, 0) if k in _BY_COMPONENT else 0) for k in _ALL}
-        if len(self._blocks) != 1 or self._comps[0] != self.components:
+        if self._file is not None:
+            load = (self._load(i, keys, names=False) for i in range(len(self._blocks)))
+            return _join(load, self.components, self._n, keys)
+        if len(self._blocks) != 1 or self._blocks[0].comps != self.components:
             comps = self.components
-            ix = {c: k for k, c in enumerate(comps)}
-            out = {k: np.concatenate([b[k] for b in self._blocks]) for k in _PER_GRAPH}
-            for k in _BY_COMPONENT:
-                m = np.zeros((len(self), len(comps)))
-                at = 0
-                for b, cs in zip(self._blocks, self._comps, strict=True):
-                    n = b[k].shape[0]
-                    m[at : at + n, [ix[c] for c in cs]] = b[k]
-                    at += n
-                out[k] = m
-            self._blocks = [out]
-            self._names = [tuple(n for ns in self._names for n in ns)]
-            self._comps = [comps]
-        return self._blocks[0]
+            joined = _join(self._blocks, comps, self._n)
+            names = tuple(n for b in self._blocks for n in b.names or ())
+            self._blocks = [_Block(self._n, comps, names, joined)]
+        cols = self._blocks[0].cols
+        assert cols is not None
+        return cols
 
     def pct(self) -> np.ndarray[Any, Any]:
-        if self._pct is None:
-            c = self.joined()
-            self._pct = _pct(c["base_latency_us"], c["latency_overhead_us"])
-        return self._pct
+        if self._pct is not None:
+            return self._pct
+        c = self.joined(("base_latency_us", "latency_overhead_us"))
+        pct = _pct(c["base_latency_us"], c["latency_overhead_us"])
+        if self._file is None:
+            self._pct = pct
+        return pct
 
     def graph(self, g: int) -> dict[str, Any]:
         """Graph ``g``'s numbers, as the document's per-graph entry without detail."""
-        c = self.joined()
-        comps = [k.key for k in self._comps[0]]
-        return _numbers(self._names[0][g], comps, c, self.pct(), g)
+        keys = [k.key for k in self.components]
+        if self._file is None:
+            c = self.joined()
+            names = self._blocks[0].names
+            assert names is not None
+            return _numbers(names[g], keys, c, self.pct(), g)
+        ends = np.cumsum([b.n for b in self._blocks])
+        i = int(np.searchsorted(ends, g, side="right"))
+        b = self._load(i)
+        assert b.names is not None
+        at = g - (int(ends[i - 1]) if i else 0)
+        c = {k: v[at : at + 1] for k, v in _join([b], self.components, b.n).items()}
+        return _numbers(
+            b.names[at], keys, c, _pct(c["base_latency_us"], c["latency_overhead_us"]), 0
+        )
 
     def summary(self) -> dict[str, Any]:
         """Totals and distributions over all graphs."""
-        c = self.joined()
+        c = self.joined(_SUMMARY)
         comps = [k.key for k in self.components]
         return {
             "graphs": len(self),
             "latency_overhead_us": _dist(c["latency_overhead_us"]),
-            "latency_overhead_pct": _dist(self.pct()),
+            "latency_overhead_pct": _dist(_pct(c["base_latency_us"], c["latency_overhead_us"])),
             "cpu_vcpu": _dist(c["cpu_vcpu"]),
             "cpu_vcpu_total": float(c["cpu_vcpu"].sum()),
             "latency_by_component_us_mean": dict(
@@ -235,6 +316,42 @@ class GraphColumns:
                 zip(comps, map(float, c["cpu_by_component"].mean(axis=0)))
             ),
         }
+
+
+#: the columns a summary reads
+_SUMMARY = (
+    "base_latency_us",
+    "latency_overhead_us",
+    "cpu_vcpu",
+    "latency_by_component",
+    "cpu_by_component",
+)
+
+
+def _join(
+    blocks: Iterable[_Block],
+    comps: tuple[Component, ...],
+    n: int,
+    keys: Sequence[str] = _ALL,
+) -> dict[str, np.ndarray[Any, Any]]:
+    """The columns ``keys`` of ``blocks`` (``n`` graphs) one after another, by-component
+    ones over ``comps``, filled block by block."""
+    ix = {c: k for k, c in enumerate(comps)}
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    at = 0
+    for b in blocks:
+        assert b.cols is not None
+        for k in keys:
+            v = b.cols[k]
+            if k not in out:
+                shape = (n, len(comps)) if k in _BY_COMPONENT else (n,)
+                out[k] = np.zeros(shape, dtype=v.dtype)
+            if k in _BY_COMPONENT:
+                out[k][at : at + b.n, [ix[c] for c in b.comps]] = v
+            else:
+                out[k][at : at + b.n] = v
+        at += b.n
+    return out
 
 
 class GraphList(Sequence[dict[str, Any]]):

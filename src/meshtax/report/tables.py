@@ -286,7 +286,7 @@ def prediction_distributions(label_: str, doc: Mapping[str, Any]) -> list[Distri
     gs = doc["graphs"]
     if isinstance(gs, GraphList):  # its columns, not a dict per graph
         dist = Distribution(
-            label_, _finite(gs.columns.pct()), _finite(gs.columns.joined()["cpu_vcpu"])
+            label_, _finite(gs.columns.pct()), _finite(gs.columns.joined(("cpu_vcpu",))["cpu_vcpu"])
         )
     else:
         dist = Distribution(

@@ -17,9 +17,10 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from meshtax import safeio
-from meshtax.errors import InputError, TraceError
+from meshtax.errors import InputError
 from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, DEFAULT_RATE_RPS
 from meshtax.model.sidecar import SidecarConfig
+from meshtax.traces.errors import TraceFormatError as TraceFormatError  # re-exported
 from meshtax.traces.report import ImportReport
 
 Version = Literal["alibaba-v2021", "alibaba-v2022"]
@@ -67,10 +68,6 @@ _NUM = r"^\s*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*$"
 #: beyond these a timestamp or rt (ms) is not a time: the row is dropped (counted)
 MAX_TIMESTAMP_MS = 1e13
 MAX_RT_MS = 1e9
-
-
-class TraceFormatError(TraceError):
-    """An input that cannot be read at all (wrong columns, not CSV, truncated compression)."""
 
 
 @dataclass(frozen=True)

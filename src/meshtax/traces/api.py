@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from meshtax.model.ecg import ECG, EcgBatch
-from meshtax.traces.alibaba import AlibabaOptions, TraceFormatError, iter_alibaba, sniff_version
-from meshtax.traces.inputs import expand
+from meshtax.traces.errors import TraceFormatError
+from meshtax.traces.inputs import expand, iter_sources
 from meshtax.traces.inputs import head as read_head
 from meshtax.traces.report import ImportReport
-from meshtax.traces.store import Store, StoreWriter, concat_batches
+
+if TYPE_CHECKING:
+    from meshtax.traces.store import Store
 
 Format = Literal["jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022"]
 FORMATS: tuple[str, ...] = (
@@ -51,10 +53,12 @@ class ImportResult:
 def detect_format(path: PathIn) -> str:
     """Guess the format from the input's beginning (CSV header or JSON keys; gzip and zstd
     are looked into). A directory or glob: its first file; ``-``: stdin."""
-    src = expand(path)[0]
+    src = next(iter_sources(path))
     head = read_head(src)
     first = head.split(b"\n")[0]
     if not src.is_stdin and (b"rpcid" in first or b"rpc_id" in first):
+        from meshtax.traces.alibaba import sniff_version
+
         return sniff_version(src.name)
     if Path(src.name).suffix in (".pb", ".binpb", ".proto", ".protobuf"):
         return "otlp-proto"
@@ -103,6 +107,9 @@ def load_traces(
     if fmt not in FORMATS:
         raise TraceFormatError(f"format {fmt!r}: expected one of {', '.join(FORMATS)}")
     if fmt.startswith("alibaba"):
+        from meshtax.traces.alibaba import AlibabaOptions, iter_alibaba
+        from meshtax.traces.store import concat_batches
+
         files = [s.name for s in expand(paths)]
         rep = ImportReport(", ".join(map(str, paths)), fmt)
         opts = options if isinstance(options, AlibabaOptions) else AlibabaOptions()
@@ -134,6 +141,8 @@ def iter_graph_batches(
     if format not in FORMATS:
         raise TraceFormatError(f"format {format!r}: expected one of {', '.join(FORMATS)}")
     if format.startswith("alibaba"):
+        from meshtax.traces.alibaba import AlibabaOptions, iter_alibaba
+
         files = [s.name for s in expand(paths)]
         opts = options if isinstance(options, AlibabaOptions) else AlibabaOptions()
         yield from iter_alibaba(files, format, opts, report)  # type: ignore[arg-type]
@@ -174,6 +183,9 @@ def ingest(
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     fmt = format or detect_format(paths[0])
     rep = ImportReport(", ".join(map(str, paths)), fmt)
+    from meshtax.traces.alibaba import AlibabaOptions, iter_alibaba
+    from meshtax.traces.store import StoreWriter
+
     w = StoreWriter(out_dir, source=rep.source, overwrite=overwrite)
     if fmt.startswith("alibaba"):
         opts = options if isinstance(options, AlibabaOptions) else AlibabaOptions()

@@ -1,25 +1,29 @@
 """Typed, fast decoding of span documents into flat span rows (msgspec structs that name only
 the fields meshtax uses; everything else in the JSON is skipped by the C decoder).
 
-Each decoder appends one tuple per span to a :class:`SpanRows` (see :data:`ROW` for the
-fields); :mod:`meshtax.traces.pairing` turns the rows of whole traces into call graphs.
-This module holds what every format shares (rows, the attribute scan, errors) and Jaeger;
-OTLP and Zipkin are :mod:`meshtax.traces.otlp` and :mod:`meshtax.traces.zipkin`.
+The OTLP and Zipkin decoders (:mod:`meshtax.traces.otlp`, :mod:`meshtax.traces.zipkin`)
+append one tuple per span to a :class:`SpanRows` (see :data:`ROW` for the fields); Jaeger's
+(:mod:`meshtax.traces.jaeger`) appends columns. :mod:`meshtax.traces.pairing` turns the
+spans of whole traces into call graphs. This module holds what every format shares (rows,
+the attribute scan, errors).
 Times are integer nanoseconds since the epoch (Jaeger and Zipkin microseconds × 1000; OTLP
 nanoseconds as given, never through a float). A malformed document raises
-:class:`~meshtax.traces.alibaba.TraceFormatError` naming the file and the field.
+:class:`~meshtax.traces.errors.TraceFormatError` naming the file and the field.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 from msgspec import Meta, Raw, Struct
 
-from meshtax.traces.alibaba import TraceFormatError
+from meshtax.traces.errors import TraceFormatError
+
+if TYPE_CHECKING:
+    from meshtax.traces.jaeger import JaegerRows
 
 # span kinds (codes of the kind column)
 INTERNAL, SERVER, CLIENT, PRODUCER, CONSUMER = 0, 1, 2, 3, 4
@@ -88,18 +92,6 @@ ROW = (
 Row = tuple[str, str, str, str, int, int, int, float, float, str, int]
 
 
-class Resolved:
-    """Rows of whole traces whose parents the decoder joined itself (one trace object at a
-    time): (trace index, span id, parent row or -1 missing / -2 none, service code, kind
-    (-1: a duplicate span id), start ns, duration ns, request, response, peer code,
-    protocol). Codes index :attr:`names` from 0 (``""`` is -1)."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[int, str, int, int, int, int, int, float, float, int, int]] = []
-        self.trace_names: list[str] = []
-        self.names: dict[str, int] = {"": -1}
-
-
 #: resource attributes naming the node a service runs on, preferred first
 NODE_KEYS = ("k8s.node.name", "host.name")
 
@@ -107,12 +99,13 @@ NODE_KEYS = ("k8s.node.name", "host.name")
 class SpanRows:
     """Span rows of one or more documents: ``rows`` to be joined on ids (and ``complete``:
     whether every trace in them is whole — Zipkin's lists of traces are, OTLP batches are
-    not), ``resolved`` of whole traces joined while decoding (Jaeger)."""
+    not), ``jaeger``: columns of whole Jaeger traces, joined per trace while decoding
+    (:mod:`meshtax.traces.jaeger`)."""
 
     def __init__(self) -> None:
         self.rows: list[Row] = []
         self.complete = True
-        self.resolved = Resolved()
+        self.jaeger: JaegerRows | None = None
         self.nodes: dict[str, str] = {}  # service name → the node its resource names
 
     def note_node(self, service: str, attrs: Iterable[tuple[str, object]]) -> None:
@@ -124,7 +117,7 @@ class SpanRows:
             self.nodes.setdefault(service, str(node)[:253])
 
     def __len__(self) -> int:
-        return len(self.rows) + len(self.resolved.rows)
+        return len(self.rows) + (len(self.jaeger) if self.jaeger is not None else 0)
 
 
 # ---- attribute values ---------------------------------------------------------------------
@@ -274,9 +267,13 @@ def _kind_code(name: str | None, where: str) -> int:
     return code
 
 
-def _decode(data: bytes, typ: Any, where: str) -> Any:
+def _decode(
+    data: bytes, typ: Any, where: str, decoder: msgspec.json.Decoder[Any] | None = None
+) -> Any:
+    """``data`` decoded as ``typ`` (by ``decoder``, made for ``typ``, when given: saves the
+    type's lookup per call)."""
     try:
-        return msgspec.json.decode(data, type=typ)
+        return msgspec.json.decode(data, type=typ) if decoder is None else decoder.decode(data)
     except msgspec.ValidationError as e:
         raise TraceFormatError(f"{where}: {_path(str(e))}") from None
     except msgspec.DecodeError as e:
@@ -327,146 +324,3 @@ def _otlp_value(v: _Any | None) -> Any:
     if v.boolValue is not None:
         return v.boolValue
     return None
-
-
-# ---- Jaeger (query API JSON) ----------------------------------------------------------------
-
-
-class _JTag(Struct, gc=False):
-    key: str
-    value: str | int | float | bool | None = None
-
-
-class _JRef(Struct, gc=False):
-    spanID: str
-    refType: str = "CHILD_OF"
-
-
-class _JLog(Struct, gc=False):
-    fields: list[_JTag] = []
-
-
-class _JProc(Struct, gc=False):
-    serviceName: str = ""
-    tags: list[_JTag] = []
-
-
-class _JSpan(Struct, gc=False):
-    spanID: str
-    startTime: Micros
-    duration: Micros = 0
-    traceID: str = ""
-    references: list[_JRef] = []
-    tags: list[_JTag] = []
-    logs: list[_JLog] = []
-    processID: str = ""
-    process: _JProc | None = None
-
-
-class _JTrace(Struct, gc=False):
-    spans: list[_JSpan]
-    traceID: str = ""
-    processes: dict[str, _JProc] = {}
-
-
-class _JDoc(Struct, gc=False):
-    data: list[Raw]
-
-
-def jaeger_traces(doc: bytes, where: str) -> list[Raw] | None:
-    """The raw traces of a Jaeger document: ``{"data": [trace, ...]}``, a list of traces, or
-    one trace object; None when the document is none of these."""
-    s = doc.lstrip()
-    if s[:1] == b"[":
-        return _decode(doc, list[Raw], where)  # type: ignore[no-any-return]
-    if b'"data"' in doc[:4096] or b'"data"' in doc:
-        try:
-            return _decode(doc, _JDoc, where).data  # type: ignore[no-any-return]
-        except TraceFormatError:
-            if b'"spans"' not in doc[:4096]:
-                raise
-    if b'"spans"' in doc:
-        return [Raw(doc)]
-    return None
-
-
-class _JDocTraces(Struct, gc=False):
-    data: list[_JTrace]
-
-
-def read_jaeger_doc(doc: bytes, where: str, out: SpanRows) -> bool:
-    """Append the spans of a whole Jaeger document in one decoding pass (``{"data": [...]}``,
-    a list of traces, or one trace); False when it is none of these."""
-    s = doc.lstrip()[:1]
-    traces: list[_JTrace]
-    if s == b"[":
-        traces = _decode(doc, list[_JTrace], where)
-    elif b'"data"' in doc:
-        traces = _decode(doc, _JDocTraces, where).data
-    elif b'"spans"' in doc:
-        traces = [_decode(doc, _JTrace, where)]
-    else:
-        return False
-    for i, t in enumerate(traces):
-        _add_jaeger(t, f"{where}: data[{i}]", out)
-    return True
-
-
-def read_jaeger_trace(raw: bytes, where: str, out: SpanRows) -> None:
-    """Append the spans of one Jaeger trace object (parents joined within the trace)."""
-    _add_jaeger(_decode(raw, _JTrace, where), where, out)
-
-
-def _add_jaeger(t: _JTrace, where: str, out: SpanRows) -> None:
-    res = out.resolved
-    names = res.names
-    procs = {k: names.setdefault(p.serviceName, len(names) - 1) for k, p in t.processes.items()}
-    for p in t.processes.values():
-        out.note_node(p.serviceName, ((g.key, g.value) for g in p.tags))
-    spans = t.spans
-    ti = len(res.trace_names)
-    res.trace_names.append(t.traceID or (spans[0].traceID if spans else ""))
-    base = len(res.rows)
-    local = {s.spanID: base + i for i, s in enumerate(spans)}
-    dups = len(local) != len(spans)
-    rows = res.rows
-    codes = KIND_CODES
-    for si, s in enumerate(spans):
-        kind_s, req, resp, peer, proto, has_req, has_resp = _scan(s.tags, False)
-        if kind_s is None:
-            kind = INTERNAL
-        else:
-            kind = codes.get(kind_s, -1) if kind_s.__class__ is str else -1
-            if kind < 0:
-                kind = _kind_code(str(kind_s), f"{where}.spans[{si}].tags.span.kind")
-        if s.logs and not (has_req and has_resp):
-            ev_req, ev_resp = _events(s.logs, kind, False)
-            req = req if has_req else ev_req
-            resp = resp if has_resp else ev_resp
-        parent = -2
-        for r in s.references:
-            if r.refType in ("CHILD_OF", "FOLLOWS_FROM"):
-                parent = local.get(r.spanID, -1)
-                break
-        if s.process is None:
-            svc = procs.get(s.processID, -1)
-        else:
-            svc = names.setdefault(s.process.serviceName, len(names) - 1)
-            out.note_node(s.process.serviceName, ((g.key, g.value) for g in s.process.tags))
-        if dups and local[s.spanID] != base + si:
-            kind = -1  # a duplicate id: the last span with it is kept
-        rows.append(
-            (
-                ti,
-                s.spanID,
-                parent,
-                svc,
-                kind,
-                s.startTime * 1000,
-                s.duration * 1000,
-                req,
-                resp,
-                names.setdefault(peer, len(names) - 1) if peer else -1,
-                proto,
-            )
-        )

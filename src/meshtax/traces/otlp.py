@@ -8,7 +8,6 @@ from typing import Any
 
 from msgspec import Struct
 
-from meshtax.traces.alibaba import TraceFormatError
 from meshtax.traces.decode import (
     _KV,
     CLIENT,
@@ -25,6 +24,7 @@ from meshtax.traces.decode import (
     _otlp_value,
     _scan,
 )
+from meshtax.traces.errors import TraceFormatError
 
 
 class _OEvent(Struct, gc=False):

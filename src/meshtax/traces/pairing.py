@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from meshtax.model.ecg import EcgBatch, SidecarSpec
 from meshtax.model.sidecar import SidecarConfig
-from meshtax.traces.decode import CLIENT, CONSUMER, INTERNAL, PRODUCER, SERVER, Resolved, Row
+from meshtax.traces.decode import CLIENT, CONSUMER, INTERNAL, PRODUCER, SERVER, Row
 from meshtax.traces.report import ImportReport
 
 I64 = npt.NDArray[np.int64]
@@ -116,7 +116,7 @@ def pair(
     """Turn the span rows of whole traces into one columnar batch of call graphs (parents
     found by a join on (trace id, span id))."""
     if not rows:
-        return _empty()
+        return empty()
     c_trace, c_span, c_parent, c_svc, c_kind, c_start, c_dur, c_req, c_resp, c_peer, c_proto = zip(
         *rows, strict=True
     )
@@ -161,65 +161,6 @@ def pair(
         default_req,
         default_resp,
     )
-
-
-def pair_resolved(
-    res: Resolved,
-    report: ImportReport,
-    naming: Naming,
-    rate: float | None,
-    max_skew_us: float,
-    default_req: float,
-    default_resp: float,
-) -> Paired:
-    """:func:`pair` for rows whose parents the decoder already resolved (Jaeger: a trace is
-    one object, its ids are joined per trace)."""
-    if not res.rows:
-        return _empty()
-    c = np.array(res.rows, dtype=_RESOLVED)  # one C pass over the row tuples
-    kind = c["kind"].astype(np.int8)
-    dup = kind < 0
-    return pair_columns(
-        SpanColumns(
-            c["trace"],
-            res.trace_names,
-            c["span"],
-            c["parent"],
-            c["svc"],
-            c["peer"],
-            list(res.names)[1:],
-            np.maximum(kind, 0),
-            c["start"],
-            c["dur"],
-            c["req"],
-            c["resp"],
-            c["proto"],
-            dup if dup.any() else None,
-        ),
-        report,
-        naming,
-        rate,
-        max_skew_us,
-        default_req,
-        default_resp,
-    )
-
-
-_RESOLVED = np.dtype(
-    [
-        ("trace", "i8"),
-        ("span", "O"),
-        ("parent", "i8"),
-        ("svc", "i8"),
-        ("kind", "i8"),
-        ("start", "i8"),
-        ("dur", "i8"),
-        ("req", "f8"),
-        ("resp", "f8"),
-        ("peer", "i8"),
-        ("proto", "i8"),
-    ]
-)
 
 
 @dataclass
@@ -509,7 +450,7 @@ def pair_columns(
         services=services,
         specs=tuple(specs),
         graph_names=tuple(trace_names[g] for g in G_kept.tolist()),
-        row_ids=tuple(np.asarray(span_ids, dtype=object)[hrow[order]].tolist()),
+        row_ids=tuple([span_ids[i] for i in hrow[order].tolist()]),
         protocol=h_proto[order].astype(np.int64) if h_proto[order].any() else None,
     )
     return Paired(batch, origin[G_kept], last[G_kept], asyn[order])
@@ -549,7 +490,8 @@ def _resolve(ptr: I64, follow: B) -> I64:
     raise RuntimeError("client chain deeper than 2^64")  # pragma: no cover
 
 
-def _empty() -> Paired:
+def empty() -> Paired:
+    """No graphs."""
     z = np.zeros(0, dtype=np.int64)
     f = np.zeros(0, dtype=np.float64)
     return Paired(

@@ -38,8 +38,9 @@ from meshtax.model.ecg import (
 )
 from meshtax.model.sidecar import SidecarConfig
 from meshtax.traces import decode, inputs
-from meshtax.traces.alibaba import TraceFormatError
-from meshtax.traces.pairing import Naming, Paired, pair, pair_resolved
+from meshtax.traces.errors import TraceFormatError
+from meshtax.traces.jaeger import JaegerRows
+from meshtax.traces.pairing import Naming, Paired, SpanColumns, empty, pair, pair_columns
 from meshtax.traces.report import ImportReport
 
 FORMATS = ("jaeger", "otlp", "otlp-proto", "zipkin")
@@ -127,9 +128,10 @@ def naming(options: SpanOptions) -> Naming:
 
 
 def pair_rows(
-    rows: Sequence[decode.Row] | decode.Resolved, rep: ImportReport, options: SpanOptions
+    rows: Sequence[decode.Row] | JaegerRows, rep: ImportReport, options: SpanOptions
 ) -> Paired:
-    """The call graphs of the span rows of whole traces (see :mod:`meshtax.traces.pairing`)."""
+    """The call graphs of the spans of whole traces (see :mod:`meshtax.traces.pairing`):
+    span rows, or Jaeger's columns."""
     args = (
         rep,
         naming(options),
@@ -138,8 +140,8 @@ def pair_rows(
         options.request_bytes,
         options.response_bytes,
     )
-    if isinstance(rows, decode.Resolved):
-        return pair_resolved(rows, *args)
+    if isinstance(rows, JaegerRows):
+        return pair_columns(SpanColumns(**rows.columns()), *args) if len(rows) else empty()
     return pair(rows, *args)
 
 

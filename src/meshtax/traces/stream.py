@@ -18,13 +18,14 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from itertools import chain, islice
+from typing import Any, NoReturn
 
 import numpy as np
 
 from meshtax.model.ecg import EcgBatch
-from meshtax.traces import decode, inputs, otlp, zipkin
-from meshtax.traces.alibaba import TraceFormatError
+from meshtax.traces import decode, inputs, jaeger, otlp, zipkin
+from meshtax.traces.errors import TraceFormatError
 from meshtax.traces.pairing import Paired
 from meshtax.traces.report import ImportReport
 from meshtax.traces.spans import FORMATS, SpanOptions, fill_rates, naming, pair_rows
@@ -47,31 +48,27 @@ def _read_source(
         return
     for line, doc in inputs.documents(src, limit):
         where = src.name if line == 0 else f"{src.name}: line {line}"
-        if fmt == "jaeger" and b'"resourceSpans"' in doc[:4096]:
+        if fmt == "jaeger" and doc.find(b'"resourceSpans"', 0, 4096) >= 0:
             otlp.read_otlp_json(doc, where, out)  # Jaeger's API v3 answers OTLP
         elif fmt == "jaeger" and split is None:
-            if not decode.read_jaeger_doc(doc, where, out):
-                raise TraceFormatError(
-                    f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
-                )
+            if not jaeger.read_jaeger_doc(doc, where, out):
+                _not_jaeger(where)
         elif fmt == "jaeger":
-            raws = decode.jaeger_traces(doc, where)
-            if raws is None:
-                raise TraceFormatError(
-                    f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
-                )
             assert split is not None
-            split.extend(raws)
+            split.extend(jaeger.jaeger_traces(doc, where) or _not_jaeger(where))
         else:
             READERS[fmt](doc, where, out)
 
 
 @dataclass
 class _Task:
-    """One unit of parallel work: files, or raw Jaeger traces cut out of one document."""
+    """One unit of parallel work: files (names; ``-`` for stdin), or Jaeger traces cut out of
+    one document ``where``: their byte ranges in that file when it is a plain file, else their
+    bytes."""
 
-    sources: list[inputs.Source] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
     raws: list[bytes] = field(default_factory=list)
+    ranges: list[tuple[int, int]] = field(default_factory=list)
     where: str = ""
     size: int = 0
 
@@ -105,18 +102,23 @@ def _decode_and_pair(
     rep = ImportReport("", fmt)
     whole = decode.SpanRows()
     held: list[decode.Row] = []
-    for src in task.sources:
+    for name in task.files:
+        src = inputs.Source(name)
         rows = decode.SpanRows()
-        rows.resolved = whole.resolved  # one table of joined traces for the task
+        rows.jaeger, rows.nodes = whole.jaeger, whole.nodes  # one table of the task's traces
         _read_source(src, fmt, options.max_document_bytes, rows, None)
+        whole.jaeger = rows.jaeger
         (whole.rows if rows.complete else held).extend(rows.rows)
-        for k, v in rows.nodes.items():
-            whole.nodes.setdefault(k, v)
     for i, raw in enumerate(task.raws):
-        decode.read_jaeger_trace(raw, f"{task.where}: trace {i}", whole)
+        jaeger.read_jaeger_trace(raw, f"{task.where}: trace {i}", whole)
+    if task.ranges:  # one read of the file for the task's traces
+        lo, hi = task.ranges[0][0], task.ranges[-1][1]
+        data = inputs.read_range(task.where, lo, hi)
+        for i, (a, b) in enumerate(task.ranges):
+            jaeger.read_jaeger_trace(data[a - lo : b - lo], f"{task.where}: trace {i}", whole)
     parts = [pair_rows(whole.rows, rep, options)] if whole.rows else []
-    if whole.resolved.rows:
-        parts.append(pair_rows(whole.resolved, rep, options))
+    if whole.jaeger is not None:
+        parts.append(pair_rows(whole.jaeger, rep, options))
     paired = concat(parts) if parts else pair_rows([], rep, options)
     # nodes of every source read, also of rows held back for later pairing
     return replace(paired, nodes={**whole.nodes, **paired.nodes}), rep, held
@@ -127,44 +129,80 @@ def _decode_and_pair(
 _MANY_FILES = 64
 
 
-def _tasks(sources: list[inputs.Source], fmt: str, options: SpanOptions) -> Iterator[_Task]:
-    """Cut the input into tasks of about ``batch_spans`` spans (guessed from file sizes,
-    ~500 B of JSON per span, or from the file count); a large Jaeger document is cut into
-    its traces."""
+def _tasks(
+    head: list[inputs.Source], rest: Iterator[inputs.Source], fmt: str, options: SpanOptions
+) -> Iterator[_Task]:
+    """Cut the input (the sources ``head``, then ``rest``) into tasks of about
+    ``batch_spans`` spans (guessed from file sizes, ~500 B of JSON per span, or from the file
+    count); a large Jaeger document is cut into its traces."""
     budget = options.batch_spans * 500
-    if len(sources) > _MANY_FILES:
-        per = max(1, options.batch_spans // 20)
-        for i in range(0, len(sources), per):
-            yield _Task(sources=sources[i : i + per])
+    if len(head) > _MANY_FILES:
+        names = (s.name for s in chain(head, rest))
+        while chunk := list(islice(names, _per_task(options))):
+            yield _Task(files=chunk)
         return
     task = _Task()
-    for src in sources:
+    for src in chain(head, rest):
         size = _size_of(src)
         big = src.is_stdin or size > budget
         if fmt == "jaeger" and big and b'"resourceSpans"' not in inputs.head(src):
-            if task.sources:
+            if task.files:
                 yield task
                 task = _Task()
-            raws: list[Any] = []
-            _read_source(src, fmt, options.max_document_bytes, decode.SpanRows(), raws)
-            part = _Task(where=src.name)
-            for i, raw in enumerate(raws):
-                part.raws.append(bytes(raw))  # copied one part at a time
-                raws[i] = None
-                part.size += len(part.raws[-1])
-                if part.size >= budget:
-                    yield part
-                    part = _Task(where=src.name)
-            if part.raws:
-                yield part
+            yield from _cut(src, options)
             continue
-        task.sources.append(src)
+        task.files.append(src.name)
         task.size += size
         if task.size >= budget:
             yield task
             task = _Task()
-    if task.sources:
+    if task.files:
         yield task
+
+
+def _cut(src: inputs.Source, options: SpanOptions) -> Iterator[_Task]:
+    """A large Jaeger document cut into tasks of its traces: their byte ranges when it is a
+    plain file holding one document (the workers read them: the document is not sent through
+    a pipe), else their bytes."""
+    budget = options.batch_spans * 500
+    data = None if src.is_stdin else inputs.read_plain(src, options.max_document_bytes)
+    if data is not None and next(islice(inputs.split_documents(data, src.name), 1, 2), None):
+        data = None  # JSON Lines: cut line by line below
+    raws: list[Any] = []
+    if data is not None:
+        parts, part, at = [], _Task(where=src.name), 0
+        for raw in jaeger.jaeger_traces(data, src.name) or _not_jaeger(src.name):
+            at = data.find(raw, at)  # each trace right after the one before: no search
+            part.ranges.append((at, at + len(raw)))
+            part.size += len(raw)
+            at += len(raw)
+            if part.size >= budget:
+                parts.append(part)
+                part = _Task(where=src.name)
+        del data  # cut: not held while its parts are read
+        yield from [*parts, part] if part.ranges else parts
+        return
+    _read_source(src, "jaeger", options.max_document_bytes, decode.SpanRows(), raws)
+    part = _Task(where=src.name)
+    for i, raw in enumerate(raws):
+        part.raws.append(bytes(raw))  # copied one part at a time
+        raws[i] = None
+        part.size += len(part.raws[-1])
+        if part.size >= budget:
+            yield part
+            part = _Task(where=src.name)
+    if part.raws:
+        yield part
+
+
+def _not_jaeger(where: str) -> NoReturn:
+    raise TraceFormatError(
+        f"{where}: not Jaeger JSON (expected an object with a 'data' list of traces)"
+    )
+
+
+def _per_task(options: SpanOptions) -> int:
+    return max(1, options.batch_spans // 20)
 
 
 def _size_of(src: inputs.Source) -> int:
@@ -261,13 +299,36 @@ class _Held:
             start = end
 
 
-def _several_tasks(sources: list[inputs.Source], options: SpanOptions) -> bool:
+class _Seen:
+    """The graph names of earlier batches, as their hashes, sorted (8 B a graph: a set of
+    them took ~60 B)."""
+
+    def __init__(self) -> None:
+        self.hashes = np.zeros(0, dtype=np.int64)
+
+    def add(self, names: Sequence[str]) -> int:
+        """How many of ``names`` earlier batches had; then they are had too."""
+        h = np.sort(np.fromiter(map(hash, names), dtype=np.int64, count=len(names)))
+        at = np.searchsorted(self.hashes, h)
+        met = 0
+        if self.hashes.size:
+            met = int((self.hashes[np.minimum(at, self.hashes.size - 1)] == h).sum())
+        self.hashes = np.insert(self.hashes, at, h)
+        return met
+
+
+def _several_tasks(head: list[inputs.Source], options: SpanOptions) -> bool:
     """Whether the input makes more than one task (decided before reading, so the workers
-    are forked while this process is still small)."""
-    if len(sources) > _MANY_FILES:
-        return len(sources) > max(1, options.batch_spans // 20)
+    are forked while this process is still small): ``head`` is the input's first
+    :func:`_head_size` sources (all of them when fewer)."""
+    if len(head) > _MANY_FILES:
+        return len(head) > _per_task(options)
     budget = options.batch_spans * 500
-    return any(s.is_stdin for s in sources) or sum(map(_size_of, sources)) > budget
+    return any(s.is_stdin for s in head) or sum(map(_size_of, head)) > budget
+
+
+def _head_size(options: SpanOptions) -> int:
+    return max(_MANY_FILES, _per_task(options)) + 1
 
 
 def _workers(options: SpanOptions) -> int:
@@ -287,9 +348,10 @@ def iter_batches(
     :func:`~meshtax.traces.spans.fill_rates` has seen every batch."""
     if format not in FORMATS:
         raise TraceFormatError(f"format {format!r}: expected one of {', '.join(FORMATS)}")
-    sources = inputs.expand(paths)
+    sources = inputs.iter_sources(paths)
+    head = list(islice(sources, _head_size(options)))
     held = _Held()
-    seen: set[int] = set()
+    seen = _Seen()
     split = 0
 
     def take(p: Paired, rep: ImportReport, part: _HeldPart | None) -> Paired:
@@ -297,13 +359,11 @@ def iter_batches(
         report.add(rep)
         if part is not None:
             held.add(part)
-        names = [hash(g) for g in p.batch.graph_names]
-        split += sum(1 for h in names if h in seen)
-        seen.update(names)
+        split += seen.add(p.batch.graph_names)
         return p
 
-    tasks = _tasks(sources, format, options)
-    n = _workers(options) if _several_tasks(sources, options) else 1  # a pool pays from two on
+    tasks = _tasks(head, sources, format, options)
+    n = _workers(options) if _several_tasks(head, options) else 1  # a pool pays from two on
     if n == 1:
         for t in tasks:
             yield take(*_run_task(t, format, options))
@@ -311,6 +371,7 @@ def iter_batches(
         import multiprocessing as mp
 
         with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
+            pool.submit(int)  # the workers forked now, before a large document is read here
             queue: list[Future[tuple[Paired, ImportReport, _HeldPart | None]]] = []
             for t in tasks:
                 queue.append(pool.submit(_run_task, t, format, options))

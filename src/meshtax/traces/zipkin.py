@@ -9,7 +9,6 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
-from meshtax.traces.alibaba import TraceFormatError
 from meshtax.traces.decode import (
     SERVER,
     Micros,
@@ -18,6 +17,7 @@ from meshtax.traces.decode import (
     _decode,
     _kind_code,
 )
+from meshtax.traces.errors import TraceFormatError
 
 
 class _ZEndpoint(Struct, gc=False):
