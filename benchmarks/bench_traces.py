@@ -6,19 +6,23 @@ spans; one file per trace, and merged files), then times, in alternating runs:
 
 - ``meshtax``: ``meshtax predict --traces DIR --rate R --profile reference`` (parse → pair →
   critical path → prediction → the result document, its table written), the CLI a user runs;
-- ``meshtax-merged``: the same on the merged files;
+- ``meshtax-json``, ``meshtax-csv``: the same writing every graph as JSON or CSV;
+- ``meshtax-merged``: the table on the merged files;
 - ``meshtax-stream``: the library path batch by batch (import → prediction per batch, each
   graph's overhead kept; no result document): memory flat in the input size;
 - ``crisp`` (with ``--crisp PATH``, the ``crisp-trace`` of a CRISP install): CRISP light mode
   on the per-trace directory, ``--parallelism`` as meshtax's workers.
 
-For every run: wall time, CPU time of the whole process tree (less sensitive to other work
-on a shared machine), and the peak memory of the tree (the sum of its processes' PSS, sampled
-every 20 ms). Prints one JSON line per size with the medians, the CRISP/meshtax ratios per
-alternating pair, the CLI's peak memory (``cli_peak_rss_mb``) and the machine's load average.
-``--no-crisp-above N`` leaves CRISP out above N traces (its memory grows with them).
+Both tools run as installed: bytecode is written (``PYTHONDONTWRITEBYTECODE`` is dropped from
+their environment) and each runs once, untimed, on 200 of the files first, so no timed run
+compiles Python or numba's kernel. For every run: wall time, CPU time of the whole process
+tree (less sensitive to other work on a shared machine), and the peak memory of the tree (the
+sum of its processes' PSS, sampled every 20 ms). Prints one JSON line per size with the
+medians, the CRISP/meshtax ratios per alternating pair, the CLI's peak memory per output
+(``cli_peak_rss_mb``) and the machine's load average. ``--no-crisp-above N`` leaves CRISP out
+above N traces (its memory grows with them).
 
-    flock /run/meshtax-measure.lock .venv/bin/python benchmarks/bench_traces.py \
+    /work/quiet-measure.sh .venv/bin/python benchmarks/bench_traces.py \
         --traces 10000 50000 --dir /tmp/meshtax-bench-traces \
         --crisp /work/wt/crisp-build/venv/bin/crisp-trace --repeats 3
 """
@@ -166,6 +170,22 @@ def generate(n_traces: int, root: Path, merge: int, seed: int) -> dict[str, Any]
     return info
 
 
+#: the tools' environment: bytecode written and read, as after an install
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def _warm_up(files: Path, out: Path, commands: list[list[str]]) -> None:
+    """Each command once, untimed, on 200 of ``files`` (copied to ``out/warm``; the command's
+    ``{}`` is that directory): bytecode and numba's kernel cached before anything is timed."""
+    warm = out / "warm"
+    warm.mkdir(parents=True)
+    for f in sorted(files.iterdir())[:200]:
+        if not f.name.startswith("light-"):
+            shutil.copy(f, warm / f.name)
+    for cmd in commands:
+        timed([str(warm) if a == "{}" else a for a in cmd])
+
+
 def _tree_rss_kb(pid: int) -> int:
     """Resident memory of a process and all its descendants (kB): the sum of their
     proportional set sizes (a page shared by forked workers counts once)."""
@@ -186,7 +206,7 @@ def _tree_rss_kb(pid: int) -> int:
     return total
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
+def timed(cmd: list[str], env: dict[str, str] | None = ENV) -> dict[str, float]:
     """Run ``cmd``; wall seconds, CPU seconds (user + system of the whole process tree: less
     sensitive than wall time to other work on the machine) and the peak memory (MB) of the
     tree."""
@@ -247,6 +267,33 @@ def stream(inp: str, rate: float, workers: int) -> None:
     )
 
 
+def _meshtax(inp: str, fmt: str, out: Path, rate: float) -> list[str]:
+    """``meshtax predict --traces`` as a user runs it, writing ``fmt`` to ``out``."""
+    return [sys.executable, "-m", "meshtax.cli", "predict", "--traces", inp] + [
+        "--trace-format",
+        "jaeger",
+        "--rate",
+        str(rate),
+        "--profile",
+        "reference",
+        "--format",
+        fmt,
+        "-o",
+        str(out),
+    ]
+
+
+def _crisp(crisp: str, inp: str, out: Path, workers: int) -> list[str]:
+    """CRISP light mode on ``inp`` (its results in ``out``, emptied)."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    return [crisp, "-a", ROOT_OP, "-s", ROOT_SERVICE, "-i", inp, "-o", str(out)] + [
+        "--lightMode",
+        "--parallelism",
+        str(workers),
+    ]
+
+
 def _machine() -> dict[str, Any]:
     """CPU model and count, kernel, Python: what the numbers were measured on."""
     model = ""
@@ -288,83 +335,50 @@ def main() -> None:
     if args.stream:
         stream(args.stream, args.rate, args.workers)
         return
+    warmed = False
     for n in args.traces:
         root = Path(args.dir) / str(n)
         info = generate(n, root, args.merge, args.seed)
         out = Path(tempfile.mkdtemp(prefix="bench-traces-"))
-        runs: dict[str, list[dict[str, float]]] = {
-            "meshtax": [],
-            "meshtax-merged": [],
-            "meshtax-stream": [],
-        }
         crisp = args.crisp if args.no_crisp_above is None or n <= args.no_crisp_above else None
+
+        stream_run = [py, __file__, "--stream", "{}", "--rate", str(args.rate)]
+        stream_run += ["--workers", str(args.workers)]
+
+        def meshtax(inp: str, fmt: str = "table", out: Path = out) -> list[str]:
+            return _meshtax(inp, fmt, out / f"prediction.{fmt}", args.rate)
+
+        commands: dict[str, list[str]] = {
+            "meshtax": meshtax(str(root / "files")),
+            "meshtax-json": meshtax(str(root / "files"), "json"),
+            "meshtax-csv": meshtax(str(root / "files"), "csv"),
+            "meshtax-merged": meshtax(str(root / "merged")),
+            "meshtax-stream": [str(root / "files") if a == "{}" else a for a in stream_run],
+        }
+        if not warmed:
+            _warm_up(root / "files", out, [meshtax("{}"), stream_run])
+            if crisp:
+                cmd = _crisp(crisp, "{}", out / "crisp", args.workers)
+                _warm_up(root / "files", out / "crisp-warm", [cmd])
+            warmed = True
+        runs: dict[str, list[dict[str, float]]] = {k: [] for k in commands}
         if crisp:
             runs["crisp"] = []
-
-        def meshtax(inp: Path, out: Path = out) -> list[str]:
-            return [
-                py,
-                "-m",
-                "meshtax.cli",
-                "predict",
-                "--traces",
-                str(inp),
-                "--trace-format",
-                "jaeger",
-                "--rate",
-                str(args.rate),
-                "--profile",
-                "reference",
-                "-o",
-                str(out / "prediction.txt"),
-            ]
-
+        load = [os.getloadavg()]
         for _ in range(args.repeats):  # alternating: each repeat runs every tool once
-            runs["meshtax"].append(timed(meshtax(root / "files")))
-            runs["meshtax-merged"].append(timed(meshtax(root / "merged")))
-            runs["meshtax-stream"].append(
-                timed(
-                    [
-                        py,
-                        __file__,
-                        "--stream",
-                        str(root / "files"),
-                        "--rate",
-                        str(args.rate),
-                        "--workers",
-                        str(args.workers),
-                    ]
-                )
-            )
+            for k, cmd in commands.items():
+                runs[k].append(timed(cmd))
             if crisp:
-                cout = out / "crisp"
-                shutil.rmtree(cout, ignore_errors=True)
-                cout.mkdir()
-                runs["crisp"].append(
-                    timed(
-                        [
-                            crisp,
-                            "-a",
-                            ROOT_OP,
-                            "-s",
-                            ROOT_SERVICE,
-                            "-i",
-                            str(root / "files"),
-                            "-o",
-                            str(cout),
-                            "--lightMode",
-                            "--parallelism",
-                            str(args.workers),
-                        ]
-                    )
-                )
+                cmd = _crisp(crisp, str(root / "files"), out / "crisp", args.workers)
+                runs["crisp"].append(timed(cmd))
                 for f in (root / "files").glob("light-*"):  # light mode writes to its input
                     f.unlink()
+            load.append(os.getloadavg())
         shutil.rmtree(out, ignore_errors=True)
         res: dict[str, Any] = {
             "traces": n,
             **info,
-            "load_avg": os.getloadavg(),
+            "load_avg": load,
             "machine": _machine(),
             "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         }
@@ -380,7 +394,8 @@ def main() -> None:
             }
         # the CLI a user runs: its peak memory per size (flat from 10k to 200k is the claim)
         res["cli_peak_rss_mb"] = {
-            k: res[k]["peak_rss_mb_max"] for k in ("meshtax", "meshtax-merged")
+            k: res[k]["peak_rss_mb_max"]
+            for k in ("meshtax", "meshtax-json", "meshtax-csv", "meshtax-merged")
         }
         if crisp:
             for k in ("meshtax", "meshtax-stream"):
@@ -392,6 +407,7 @@ def main() -> None:
                         "median": statistics.median(ratios),
                         "min": min(ratios),
                         "max": max(ratios),
+                        "pairs": [round(r, 2) for r in ratios],
                     }
         print(json.dumps(res), flush=True)
         if not args.keep:

@@ -2,7 +2,8 @@
 
 Run as root: ``.venv/bin/python benchmarks/bench_validate.py [--db PROFILES.db] [--profile NAME]
 [--topologies bookinfo,online-boutique,hotel-reservation] [--modes tcp,http,grpc] [--rate 200]
-[--duration 3] [--quick] [--out artifacts/validation]``.
+[--duration 3] [--quick] [--architecture sidecar|node-l4|waypoint --pods-per-node N]
+[--out artifacts/validation]``.
 
 Every query of every topology × every mode (7 × 3 = 21 cases by default), with the profile of
 this machine (the newest measured one in the database, or ``--profile``). Writes, per
@@ -42,6 +43,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--architecture", default="sidecar", help="sidecar, node-l4 or waypoint")
+    ap.add_argument("--pods-per-node", type=int, default=1)
     ap.add_argument("--out", default="artifacts/validation")
     ap.add_argument(
         "--keep-traces",
@@ -64,6 +67,8 @@ def main() -> None:
             profile_name=a.profile,
             quick=a.quick,
             traces_dir=str(out / "traces") if a.keep_traces else None,
+            architecture=a.architecture,
+            pods_per_node=a.pods_per_node,
         )
         res = validate(
             opts, store, lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True)

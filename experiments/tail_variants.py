@@ -1,80 +1,187 @@
-"""The runs of one-hop tail validations predicted again under other assumptions of the tail
-model: how requests arrive (evenly spaced, as fortio -uniform sends them, or Poisson) and how
-a request's CPU work varies (constant, or like the profile's latency sketch) — to choose the
-model's defaults on runs that are not the ones the benchmark reports.
+"""Recorded tail validations (one hop and topologies) predicted again under variants of the
+tail model — to choose its defaults on runs other than the ones the benchmark reports.
 
-``.venv/bin/python experiments/tail_variants.py --db DB --doc onehop-tcp.json [--doc …]``
+``.venv/bin/python experiments/tail_variants.py --db DB --doc DIR/onehop-http-of-mesh.json
+[--doc DIR/bookinfo-http-of-mesh.json] [--variants even-constant,poisson-latency,…]``
 
-Prints, per variant, the median absolute error and the bias of each percentile over the
-documents' sustained levels. Offline: nothing is measured.
+A topology document is predicted from the no-mesh traces its run kept per level
+(``DIR/<stem>-work/…/no_mesh-traces-<fraction>.json``, written by ``bench_tail.py``). Prints,
+per variant and document, the median absolute error and the bias of each percentile over the
+sustained levels, then over all documents. Offline: nothing is measured.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
+from collections.abc import Mapping
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.stations import TailOptions
 from meshtax.store.sqlite import ProfileStore
-from meshtax.validate.tail import TailRun, predict_one_hop
+from meshtax.validate.tail import (
+    Predicted,
+    TailPoint,
+    TailRun,
+    predict_one_hop,
+    predict_traces_tail,
+)
 
 PCTS = (50.0, 90.0, 99.0)
+DRAWS = 40_000
+
+#: name → what the variant changes of the validation's options (``capacity: False``: the
+#: profile without its capacity runs, so crossings cost what one client's do at every rate)
+VARIANTS: dict[str, Mapping[str, Any]] = {
+    "default": {},
+    "even": {"arrivals": 0.0},
+    "constant": {"shared_scv": 0.0},
+    "scv2": {"shared_scv": 2.0},
+    "open": {"clients": None},
+    "one-client-cpu": {"capacity": False},
+    "previous": {"arrivals": 0.0, "shared_scv": 0.0, "clients": None, "capacity": False},
+    # a diagnostic, not a prediction: every sidecar's CPU scaled so that a request's mesh CPU
+    # is what the level measured with the mesh (sidecars + the app's change) — what is left
+    # is the queueing model's error
+    "measured-cpu": {"measured_cpu": True},
+}
 
 
-def errors(doc: dict[str, Any], prof: Any, arrivals: float, service: str) -> dict[str, list[float]]:
+def _point(d: Mapping[str, Any]) -> TailPoint:
+    pairs = tuple(
+        (TailRun.from_dict(r["no_mesh"]), TailRun.from_dict(r["mesh"])) for r in d["runs"]
+    )
+    return TailPoint(float(d["fraction"]), float(d["rate"]), pairs)
+
+
+def _traces(doc_path: Path, doc: Mapping[str, Any], fraction: float) -> Path:
+    work = doc_path.with_name(doc_path.stem + "-work")
+    found = sorted(work.glob(f"*/no_mesh-traces-{fraction:g}.json"))
+    if not found:
+        raise SystemExit(f"{doc_path}: no kept traces for level {fraction:g} under {work}")
+    return found[0]
+
+
+def predict(
+    doc_path: Path, doc: Mapping[str, Any], prof: Any, pt: TailPoint, opts: TailOptions
+) -> Predicted:
     t = doc["tail"]
-    out: dict[str, list[float]] = {f"p{p:g}": [] for p in PCTS}
-    for pt in t["points"]:
-        if not pt.get("sustained"):
-            continue
-        base_runs = [TailRun.from_dict(r["no_mesh"]) for r in pt["runs"]]
-        base = [q for r in base_runs for q in r.quantiles_us]
-        app = statistics.median(r.cpu_us_per_request("app") for r in base_runs)
-        opts = TailOptions(
-            percentiles=PCTS,
-            samples=max(20, 40_000 // len(base)),
-            arrivals=arrivals,
-            service=service,  # type: ignore[arg-type]
-            pod_cpus=1,
-            app_cpu_us=app,
-        )
+    mode = Mode(t["mode"])
+    if t["topology"] == "one-hop":
+        base = [q for b, _ in pt.pairs for q in b.quantiles_us]
+        o = replace(opts, samples=max(20, DRAWS // max(len(base), 1)))
         size = int(doc["options"].get("size_bytes", 100))
-        got = predict_one_hop(prof, SidecarConfig(Mode(t["mode"])), size, pt["rate"], base, opts)
+        return predict_one_hop(prof, SidecarConfig(mode), size, pt.rate, base, o)
+    modes = doc["options"].get("sidecar_modes", {})
+    configs = {s: SidecarConfig(Mode(m)) for s, m in modes.items()}
+    o = replace(opts, samples=DRAWS)
+    return predict_traces_tail(str(_traces(doc_path, doc, pt.fraction)), prof, configs, pt.rate, o)
+
+
+def errors(
+    doc_path: Path,
+    doc: Mapping[str, Any],
+    prof: Any,
+    change: Mapping[str, Any],
+    show: bool = False,
+) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {f"p{p:g}": [] for p in PCTS}
+    pods = _pod_cpus(str(doc["options"].get("pinning", "")))
+    for d in doc["tail"]["points"]:
+        pt = _point(d)
+        if not pt.pairs or not pt.sustained:
+            continue
+        app = statistics.median(b.cpu_us_per_request("app") for b, _ in pt.pairs)
+        clients = int(doc["options"].get("connections", 32))
+        base = TailOptions(percentiles=PCTS, pod_cpus=pods, app_cpu_us=app, clients=clients)
+        opts = replace(base, **{k: v for k, v in change.items() if k in OPTIONS})
+        use = _without_capacity(prof) if "capacity" in change else prof
+        got = predict(doc_path, doc, use, pt, opts)
+        if change.get("measured_cpu"):
+            mesh = statistics.median(
+                m.cpu_us_per_request("sidecar") + m.cpu_us_per_request("app") for _, m in pt.pairs
+            )
+            priced = got.utilisation * 1e6 / pt.rate - app  # the shared CPUs' mesh work
+            got = predict(doc_path, doc, _cpu_scaled(use, (mesh - app) / priced), pt, opts)
+        if show:
+            cells = ", ".join(
+                f"{k} {got.overhead[k][0]:.0f} vs {pt.measured(k).median:.0f}" for k in out
+            )
+            print(f"    {pt.fraction:.0%} {pt.rate:.0f}/s ρ {got.utilisation:.2f}: {cells}")
         for k in out:
-            m = pt["measured"][k]["median"]
+            m = pt.measured(k).median
             v = got.overhead[k][0]
             if m and v == v and abs(v) != float("inf"):
                 out[k].append((v - m) / m)
     return out
 
 
+OPTIONS = {f.name for f in fields(TailOptions)}
+
+
+def _cpu_scaled(prof: Profile, f: float) -> Profile:
+    """Every CPU model and capacity run's sidecar CPU × ``f``."""
+    modes = {}
+    for m, mp in prof.modes.items():
+        comps = {c: replace(cm, cpu=cm.cpu.scaled(f)) for c, cm in mp.components.items()}
+        cap = mp.capacity
+        if cap is not None:
+            pts = tuple(
+                replace(
+                    p,
+                    sidecar_cpu=p.sidecar_cpu * f,
+                    shared_cpu=p.shared_cpu + (f - 1) * p.sidecar_cpu,
+                )
+                for p in cap.points
+            )
+            cap = replace(cap, points=pts)
+        modes[m] = replace(mp, components=comps, capacity=cap)
+    return replace(prof, modes=modes)
+
+
+def _without_capacity(prof: Profile) -> Profile:
+    return replace(prof, modes={m: replace(mp, capacity=None) for m, mp in prof.modes.items()})
+
+
+def _pod_cpus(described: str) -> int:
+    """The pods' CPUs of a pinning as described (``client=0 sidecars=1 app=1``)."""
+    roles = dict(x.split("=", 1) for x in described.split() if "=" in x)
+    cpus = {c for r in ("sidecars", "app") for c in roles.get(r, "").split(",") if c.strip()}
+    return max(1, len(cpus))
+
+
+def _cell(e: list[float]) -> str:
+    if not e:
+        return "-"
+    return f"{statistics.median(abs(x) for x in e):.0%} ({statistics.fmean(e):+.0%}, {len(e)})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
     ap.add_argument("--doc", action="append", required=True)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--levels", action="store_true", help="print every level's numbers")
     a = ap.parse_args()
     store = ProfileStore(a.db)
-    docs = [json.loads(Path(d).read_text()) for d in a.doc]
-    print("| arrivals | service | " + " | ".join(f"p{p:g} median abs (bias)" for p in PCTS) + " |")
+    docs = [(Path(p), json.loads(Path(p).read_text())) for p in a.doc]
+    print("| variant | document | " + " | ".join(f"p{p:g} median abs (bias, n)" for p in PCTS))
     print("|---|---|" + "---|" * len(PCTS))
-    for arrivals, service in itertools.product((0.0, 1.0), ("constant", "latency")):
-        errs: dict[str, list[float]] = {f"p{p:g}": [] for p in PCTS}
-        for doc in docs:
-            for k, v in errors(doc, store.get(doc["profile"]), arrivals, service).items():
-                errs[k] += v
-        cells = [
-            f"{statistics.median(abs(x) for x in e):.1%} ({statistics.fmean(e):+.1%}, {len(e)})"
-            if e
-            else "-"
-            for e in errs.values()
-        ]
-        name = "even" if arrivals == 0 else "poisson"
-        print(f"| {name} | {service} | " + " | ".join(cells) + " |")
+    for name in a.variants.split(","):
+        every: dict[str, list[float]] = {f"p{p:g}": [] for p in PCTS}
+        for path, doc in docs:
+            errs = errors(path, doc, store.get(doc["profile"]), VARIANTS[name], a.levels)
+            for k, v in errs.items():
+                every[k] += v
+            cells = " | ".join(_cell(e) for e in errs.values())
+            print(f"| {name} | {doc['tail']['topology']} | {cells} |")
+        if len(docs) > 1:
+            print(f"| {name} | all | " + " | ".join(_cell(e) for e in every.values()) + " |")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from meshtax.app.data import write_examples
-from meshtax.app.predict import PredictOptions, load_batch, predict_files
+from meshtax.app.predict import PredictOptions, predict_files
+from meshtax.app.pricing import load_batch
 from meshtax.predict.architecture import predict_architecture
 from meshtax.report import result
 from meshtax.report.exporters import EXPORTERS
@@ -186,6 +187,7 @@ def test_columns_spilled_to_a_file_read_back_the_same(
     assert kept["graphs"].columns._file is None
     _same(spilled, kept)
     assert list(reversed(spilled["graphs"])) == list(reversed(kept["graphs"]))  # any order
+    assert list(spilled["graphs"]) == [spilled["graphs"][g] for g in range(n)]  # block by block
     for k, v in kept["graphs"].columns.joined().items():
         assert np.array_equal(cols.joined()[k], v), k
     assert np.array_equal(cols.pct(), kept["graphs"].columns.pct(), equal_nan=True)
@@ -249,7 +251,7 @@ def test_cli_streams_many_graphs_and_says_progress(
     args = ["predict", "--traces", str(f), "--rate", "10", "--profile", "reference"]
     r = CliRunner().invoke(main, [*args, "--format", "json"], env=env)
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert len(doc["graphs"]) == doc["summary"]["graphs"] == n
     assert "invocations" not in doc["graphs"][0]
     r = CliRunner().invoke(main, args, env=env)

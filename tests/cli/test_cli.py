@@ -49,7 +49,7 @@ def test_predict_bookinfo_json(examples: Path, env: dict[str, str]) -> None:
         env,
     )
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert doc["format"] == "meshtax-prediction/1" and doc["tool"]["name"] == "meshtax"
     assert (
         doc["profile"]["source"] == "published" and doc["profile"]["platform_is_this_host"] is False
@@ -99,7 +99,7 @@ def test_predict_speedup(examples: Path, env: dict[str, str]) -> None:
         ],
         env,
     )
-    w = json.loads(r.output)["whatif"]
+    w = json.loads(r.stdout)["whatif"]
     assert w["after"]["cpu_vcpu_total"] == pytest.approx(w["before"]["cpu_vcpu_total"] / 2)
     assert w["saving"]["cpu_saving_fraction"] == pytest.approx(0.5)
 
@@ -110,7 +110,7 @@ def test_readme_whatif_example_saves_on_the_reference(examples: Path, env: dict[
     args += ["--speedup", str(examples / "whatif" / "speedup-paper.yaml")]
     r = invoke([*args, "--format", "json"], env)
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert not [w for w in doc["warnings"] if "changes nothing" in w]
     w = doc["whatif"]
     per_sidecar_us = 0.3 * 12.73 + 0.5 * 13.57 + 0.2 * 122.07  # per request through one
@@ -333,7 +333,7 @@ def test_predict_pod_cpus_bounds_latency_by_cpu_work(examples: Path, env: dict[s
         env,
     )
     assert r.exit_code == 0, r.output
-    one = json.loads(r.output)
+    one = json.loads(r.stdout)
     (g0,), (g1,) = own["graphs"], one["graphs"]
     # one shared CPU: every crossing's CPU work (CPU-µs per request) is on the path
     work_us = g1["cpu_vcpu"]["value"] / 100 * 1e6
@@ -459,3 +459,17 @@ def test_validate_suite_maps_its_options(
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     r = invoke(["validate", "--suite", "--out", out], env)
     assert r.exit_code == 2 and "run it as root" in r.output
+
+
+def test_every_command_is_imported_from_the_modules_it_is_listed_with() -> None:
+    import importlib
+
+    from meshtax.cli._common import COMMANDS
+
+    for module in {m for ms in COMMANDS.values() for m in ms}:
+        importlib.import_module(f"meshtax.cli.{module}")
+    assert set(main.commands) == set(COMMANDS)
+    for name, cmd in main.commands.items():
+        subs = getattr(cmd, "commands", {}).values()
+        modules = {c.callback.__module__ for c in [cmd, *subs] if c.callback is not None}
+        assert modules == {f"meshtax.cli.{m}" for m in COMMANDS[name]}, name

@@ -7,18 +7,24 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from meshtax.cli import main
+from meshtax.model.components import READ, TLS
 from meshtax.model.ecg import to_batch
-from meshtax.model.sidecar import Architecture
+from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Architecture, Mode
 from meshtax.predict.architecture import predict_architecture
 from meshtax.predict.engine import single_profile
 from meshtax.store.reference import reference_profile
+from meshtax.store.sqlite import ProfileStore
+from meshtax.testbed.host import this_host
 from meshtax.traces.ecg_file import load_ecg_file
+from tests.helpers import flat, profile
 
 ECG = """\
 name: shop
@@ -127,3 +133,44 @@ def test_report_shows_one_comparison_figure(ecg_file: Path, tmp_path: Path) -> N
     assert "stand-in for ztunnel, not ztunnel" in html
     run(args, tmp_path)  # no comparison asked: no figure
     assert 'data-kind="architectures"' not in out.read_text()
+
+
+def _role_profile(name: str, role: str, modes: list[Mode]) -> Profile:
+    """A profile of this machine measured in ``role``: 2 µs / 3 CPU-µs per crossing in every
+    mode (the node proxy's inter-node part: 1 / 1)."""
+    comps = {m: {READ: flat(2.0, 3.0)} for m in modes}
+    if Mode.TCP in comps:
+        comps[Mode.TCP][TLS] = flat(1.0, 1.0)
+    p = profile(comps, name=name)
+    plat = replace(this_host("envoy", "1.40.0", "k"), architecture=role)
+    return replace(p, platform=plat)
+
+
+def test_predict_prices_roles_from_this_machines_role_profiles(
+    ecg_file: Path, tmp_path: Path
+) -> None:
+    store = ProfileStore(tmp_path / "p.db")
+    store.save(_role_profile("nl4", "node-l4", [Mode.TCP]))
+    store.save(_role_profile("wp", "waypoint", list(Mode)))
+    args = ["predict", str(ecg_file), "--profile", "reference", "--format", "json"]
+    doc = json.loads(run([*args, "--architecture", "node-l4,waypoint"], tmp_path))
+    sec = doc["architectures"]
+    assert sec["role_profiles"] == {"node-l4": "nl4", "waypoint": "wp"}
+    assert "profile 'nl4', measured as Envoy per node" in sec["roles"]
+    assert any("priced from 'nl4' (this machine's newest)" in w for w in doc["warnings"])
+    # the pure core with those roles: the CLI reports its numbers
+    batch = to_batch(load_ecg_file(ecg_file))
+    look = single_profile(reference_profile(), {"nl4": store.get("nl4"), "wp": store.get("wp")})
+    roles = {Architecture.NODE_L4: "nl4", Architecture.WAYPOINT: "wp"}
+    for row in sec["by_architecture"]:
+        _, p = predict_architecture(batch, look, row["architecture"], roles=roles)
+        assert row["graphs"][0]["latency_overhead_us"]["value"] == pytest.approx(
+            float(p.latency_overhead_us[0])
+        )
+    # a sidecar profile is not a role's, and is refused as one
+    r = CliRunner().invoke(
+        main,
+        [*args, "--architecture", "node-l4", "--node-profile", "reference"],
+        env={"MESHTAX_DB": str(tmp_path / "p.db")},
+    )
+    assert r.exit_code != 0 and "is not a node-l4 profile" in r.output

@@ -56,7 +56,7 @@ def run(args: list[str], env: dict[str, str]) -> Result:
 def test_percentiles_json(bookinfo: str, env: dict[str, str]) -> None:
     r = run([bookinfo, "--rate", "2000", "--percentiles", "50,90,99", "--format", "json"], env)
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     t = doc["tail"]
     assert t["percentiles"] == [50.0, 90.0, 99.0] and t["request_rate"] == 2000
     o = t["pooled"]["overhead_us"]

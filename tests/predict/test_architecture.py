@@ -191,3 +191,47 @@ def test_several_graphs_and_one_placement() -> None:
     assert p.latency_overhead_us == pytest.approx(np.array([60.0, 20.0]))
     with pytest.raises(ValueError, match="'B' appears on two nodes"):
         to_batch([g1, chain("n1", "n1")])
+
+
+# profiles measured in the role: a node proxy 3 µs / 4 CPU-µs per crossing within a node, +2 / +1
+# across nodes (its tls component); a waypoint 50 / 70 in http (its mTLS inside)
+NODE = profile({Mode.TCP: {READ: flat(3, 4), TLS: flat(2, 1)}}, name="node")
+WAYP = profile({Mode.HTTP: {READ: flat(10, 20), PARSING: flat(40, 50)}}, name="wayp")
+ROLES = {L4: "node", WAY: "wayp"}
+ROLE_LOOK = single_profile(P, {"node": NODE, "wayp": WAYP})
+
+
+@pytest.mark.parametrize(
+    ("arch", "a_node", "b_node", "rows"),
+    [
+        # external → A: plaintext from outside (the near crossing); intra-node A → B once
+        (L4, "n1", "n1", [6, 6]),
+        # inter-node: both node proxies, each with the inter-node addition
+        (L4, "n1", "n2", [6, 2 * (6 + 4)]),
+        # plus B's waypoint from the waypoint profile, no TLS on top of it
+        (WAY, "n1", "n2", [6 + 100, 20 + 100]),
+        (WAY, "n1", "n1", [6 + 100, 6 + 100]),
+    ],
+)
+def test_role_profiles_price_node_proxies_and_waypoints(
+    arch: Architecture, a_node: str, b_node: str, rows: list[float]
+) -> None:
+    g = chain(a_node, b_node)
+    _, p = predict_architecture(to_batch([g]), ROLE_LOOK, arch, roles=ROLES)
+    per_row = list(p.row_latency_caller_us + p.row_latency_callee_us)
+    assert per_row == pytest.approx(rows)
+    assert not [w for w in p.warnings if "TLS" in w]
+    # the services' own mTLS does not matter to a measured node proxy: across nodes it is on
+    m = SidecarConfig(Mode.HTTP, mtls=True)
+    g2 = chain(a=Service("A", m, node=a_node), b=Service("B", m, node=b_node))
+    _, p2 = predict_architecture(to_batch([g2]), ROLE_LOOK, arch, roles=ROLES)
+    assert list(p2.row_latency_caller_us + p2.row_latency_callee_us) == pytest.approx(rows)
+
+
+def test_role_profiles_leave_sidecars_and_default_pricing_alone() -> None:
+    g = chain("n1", "n2", a=Service("A", HTTP, node="n1", architecture=SIDECAR))
+    _, p = predict_architecture(to_batch([g]), ROLE_LOOK, L4, roles=ROLES)
+    # A's sidecar (http, 2 × 40) on both rows' A side; B's node proxy across nodes 2 × 5
+    assert list(p.row_latency_caller_us + p.row_latency_callee_us) == pytest.approx([80, 90])
+    _, q = predict_architecture(to_batch([chain("n1", "n2")]), ROLE_LOOK, L4)
+    assert list(q.row_latency_caller_us + q.row_latency_callee_us) == pytest.approx([20, 40])

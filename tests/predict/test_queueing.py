@@ -99,3 +99,30 @@ def test_shape_from_differences_is_made_monotone_and_normalised() -> None:
 def test_md1_formula_matches_its_known_values() -> None:
     # t = D: the terms k = 0 (e^{ρ}) and k = 1 (0), so P(W ≤ D) = (1 − ρ)·e^{ρ}
     assert md1_cdf(1.0, 0.5e6, 1.0) == pytest.approx(0.5 * math.exp(0.5))
+
+
+def test_clients_bound_the_queue() -> None:
+    d = 10.0
+    const = ServiceMix((d,), (1.0,))
+    # one client per server: nobody ever waits for a server
+    for servers in (1, 2):
+        st = Station(0.9 * servers / d * 1e6, servers, const, 1.0, clients=servers)
+        assert waiting_times(st, 20_000).max() == pytest.approx(0.0)
+    # overloaded twice over with 4 clients: the station stays full, each job finds 3 ahead
+    st = Station(2.0 / d * 1e6, 1, const, 1.0, clients=4)
+    assert st.utilisation == pytest.approx(2.0)
+    w = waiting_times(st, 20_000)
+    assert np.median(w) == pytest.approx(3 * d) and w.max() <= 3 * d + 1e-6
+    # many clients at ρ = 0.5: as open as without them (M/M/1's mean wait ρ/(μ − λ))
+    mm1 = ServiceMix((50.0,), (1.0,), (exponential(),))
+    w = waiting_times(Station(1e4, 1, mm1, 1.0, clients=10_000), JOBS)
+    assert w.mean() == pytest.approx(50.0, rel=0.06)
+    with pytest.raises(ValueError, match="clients"):
+        Station(1.0, 1, const, clients=0)
+
+
+def test_gamma_shape_has_its_scv() -> None:
+    for scv in (0.5, 1.0, 3.0):
+        g = Shape.gamma(scv)
+        assert g.mean() == pytest.approx(1.0) and g.scv() == pytest.approx(scv, rel=0.03)
+    assert Shape.gamma(0.0) == Shape.constant()

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from meshtax.model.capacity import Capacity, LatencySketch
+from meshtax.model.capacity import Capacity, CapacityPoint, LatencySketch
 from meshtax.model.components import OTHER
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import to_batch
@@ -16,6 +16,7 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import propagate, structure
 from meshtax.predict.engine import predict_batch, single_profile
+from meshtax.predict.stations import load_factor
 from meshtax.predict.tail import TailOptions, predict_tail, tiled
 from tests.helpers import EXTERNAL, ecg, flat, inv, profile
 
@@ -191,6 +192,35 @@ def test_shared_cpus_price_messages_at_the_engines_shared_cpu_rate() -> None:
     assert all(s.mean_service_us == pytest.approx(30.0 + 4.0 * math.log(10)) for s in own.stations)
 
 
+def test_many_clients_make_a_crossing_cost_what_the_capacity_runs_measured() -> None:
+    # one client at a time costs 100 CPU-µs a crossing at every profiled rate (100 … 1 000/s);
+    # many clients measured 120 CPU-µs a request at 4 000/s and 80 at 8 000/s (60 and 40 a
+    # crossing): factors 0.6 and 0.4, interpolated in log rate from 1 at 100/s, held beyond
+    cpu = CostModel(100.0, rate_lo=100.0, rate_hi=1000.0)
+    pts = (
+        CapacityPoint(0.0, 8000.0, 0.64, 0.9),
+        CapacityPoint(4000.0, 4000.0, 0.48, 0.6),
+    )
+    cap = Capacity(8000.0, 100, 32, 1, 80.0, "shared-cpu", points=pts)
+    base = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
+    p = replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+    r = np.array([50.0, 100.0, 1000.0, 4000.0, 8000.0, 16000.0])
+    f = load_factor(p.modes[Mode.HTTP], r)
+    t = math.log(10) / math.log(40)
+    assert f == pytest.approx([1.0, 1.0, 1 - 0.4 * t, 0.6, 0.4, 0.4])
+    # one hop on one shared CPU: the station's work per request follows; saturation (ρ = 1)
+    # where r × 2 × 100 × f(r) = 1e6: beyond 8 000/s a request costs 80 µs → 12 500/s
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=4000)])
+    tp = predict_tail(to_batch([g]), single_profile(p), TailOptions(samples=100, pod_cpus=1))
+    (shared,) = [s for s in tp.stations if s.name == "shared CPUs"]
+    assert shared.utilisation == pytest.approx(4000 * 120e-6, rel=1e-6)
+    assert shared.full_factor * tp.request_rate == pytest.approx(12_500, rel=0.01)
+    # without capacity runs a crossing costs what one client's does
+    plain = predict_tail(to_batch([g]), single_profile(base), TailOptions(samples=100, pod_cpus=1))
+    (sh,) = [s for s in plain.stations if s.name == "shared CPUs"]
+    assert sh.utilisation == pytest.approx(4000 * 200e-6, rel=1e-6)
+
+
 def test_tiled_structure_propagates_each_copy_like_the_original() -> None:
     g = ecg(
         {"A": HTTP, "B": HTTP, "C": HTTP},
@@ -216,3 +246,24 @@ def test_options_are_checked() -> None:
     for bad in ({"percentiles": (100.0,)}, {"threshold": 1.0}, {"samples": 5}, {"pod_cpus": 0}):
         with pytest.raises(ValueError):
             TailOptions(**bad)
+
+
+def test_a_request_slow_without_the_mesh_waits_long_with_it() -> None:
+    # one hop on one shared CPU at ρ ≈ 0.7; 2 % of requests take 20 ms without the mesh (a
+    # stall). The extra wait is drawn at the rank of the request's no-mesh latency, so the
+    # overhead grows towards the tail; drawn independently, the stalls would swamp the mesh's
+    # waits at p99 and the overhead there would fall back to about the crossing's own latency
+    p = profile({Mode.HTTP: {OTHER: flat(20, 50)}})
+    durations = [100.0] * 98 + [20_000.0] * 2
+    gs = [
+        ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, d, rate=5000)], name=f"g{i}")
+        for i, d in enumerate(durations)
+    ]
+    opts = TailOptions(
+        percentiles=(50.0, 90.0, 99.0), samples=400, pod_cpus=1, app_cpu_us=40.0, load="pairs"
+    )
+    tp = predict_tail(to_batch(gs), single_profile(p), opts)
+    (shared,) = [s for s in tp.stations if s.name == "shared CPUs"]
+    assert shared.utilisation == pytest.approx(5000 * 140e-6, rel=1e-6)
+    p50, p90, p99 = tp.pooled_overhead_us
+    assert p50 < p90 < p99 and p99 > 1.5 * p90

@@ -37,6 +37,7 @@ class QueueBed:
     direct: float
     sidecar_us: float
     app_us: float
+    app_meshed_us: float | None = None  # the app's CPU per request behind the sidecar
     cpu: dict[int, int] = field(default_factory=lambda: {APP: 0, SIDECAR: 0})
     runs: list[tuple[str, float, int, tuple[str, ...]]] = field(default_factory=list)
 
@@ -61,7 +62,8 @@ class QueueBed:
         top = self.top if target == MESHED else self.direct
         got = top if qps == 0 else min(qps, top)
         count = n if n is not None else int(got)
-        self.cpu[APP] += round(count * self.app_us * 1e3)
+        app = self.app_us if target != MESHED or self.app_meshed_us is None else self.app_meshed_us
+        self.cpu[APP] += round(count * app * 1e3)
         if target == MESHED:
             self.cpu[SIDECAR] += round(count * self.sidecar_us * 1e3)
         if n is None:
@@ -82,16 +84,34 @@ def test_capacity_of_a_sidecar_bound_by_its_worker() -> None:
     assert cap.requests_per_s == 4000 and cap.direct_requests_per_s == 9000
     assert cap.sidecar_cpu_us == pytest.approx(240.0) and cap.limited_by == "sidecar"
     assert cap.worker_requests_per_s == pytest.approx(1e6 / 240)
-    # direct max, meshed max, then the ramp at fractions of the meshed max, spread evenly
+    # direct max, meshed max, then the ramp at fractions of the meshed max, spread evenly,
+    # without and through the sidecar
+    u = ("-uniform",)
     assert bed.runs == [
         (DIRECT, 0.0, 16, ()),
         (MESHED, 0.0, 16, ()),
-        (MESHED, 2000.0, 16, ("-uniform",)),
-        (MESHED, 3600.0, 16, ("-uniform",)),
+        (DIRECT, 2000.0, 16, u),
+        (MESHED, 2000.0, 16, u),
+        (DIRECT, 3600.0, 16, u),
+        (MESHED, 3600.0, 16, u),
     ]
-    assert [p.achieved for p in cap.points] == [9000, 4000, 2000, 3600]
+    assert [p.achieved for p in cap.points] == [9000, 4000, 2000, 2000, 3600, 3600]
+    assert [p.meshed for p in cap.points] == [False, True, False, True, False, True]
     assert cap.points[1].sidecar_cpu == pytest.approx(0.96)
     assert cap.points[1].shared_cpu == pytest.approx(1.0)
+
+
+def test_cpu_samples_add_the_apps_change_at_the_same_rate() -> None:
+    # the app spends 10 µs a request alone and 25 behind the sidecar: the ramp's samples say
+    # 240 + 15 µs; the closed-loop maximum has no direct run at its rate (the sidecar's alone)
+    bed = QueueBed(top=4000, direct=9000, sidecar_us=240.0, app_us=10.0, app_meshed_us=25.0)
+    pol = CapacityPolicy(connections=16, ramp=(0.5, 0.9))
+    cap = measure_capacity(bed, Mode.HTTP, SIDECAR, pol, cpu_ns=bed.cpu_ns)
+    got = cap.cpu_samples()
+    assert [r for r, _ in got] == [2000, 3600, 4000]
+    assert [us for _, us in got] == pytest.approx([255.0, 255.0, 240.0])
+    back = Capacity.from_dict(cap.to_dict())
+    assert back == cap and back.cpu_samples() == got
 
 
 def test_capacity_limited_by_the_shared_cpu_or_by_the_client() -> None:
@@ -186,9 +206,10 @@ def test_real_capacity_of_a_tcp_sidecar() -> None:
             cap = measure_capacity(bed, Mode.TCP, envoy.pid, pol, cpus=pin.pod_cpus())
         finally:
             envoy.stop()
-    assert len(cap.points) == 3 and cap.connections == 8 and cap.workers == 1
+    assert len(cap.points) == 4 and cap.connections == 8 and cap.workers == 1
     assert cap.requests_per_s > 100 and cap.direct_requests_per_s > 100
     assert 0 < cap.sidecar_cpu_us < 1e4 and cap.limited_by in ("sidecar", "shared-cpu", "client")
-    half = cap.points[2]
+    half = cap.points[3]
+    assert half.meshed and not cap.points[2].meshed and len(half.quantiles_us) > 2
     assert half.target == pytest.approx(0.5 * cap.points[1].achieved)
     assert half.achieved == pytest.approx(half.target, rel=0.25) and half.sidecar_cpu > 0

@@ -12,6 +12,7 @@ from meshtax.profile.decompose import (
     Breakdown,
     Window,
     assemble,
+    chain_breakdown,
     cpu_breakdown,
     latency_breakdown,
     mesh_breakdown,
@@ -345,3 +346,33 @@ def test_steady_breakdown_cancels_what_each_run_costs_once() -> None:
     assert steady.user == pytest.approx(50.0) and steady.read == pytest.approx(3.0)
     with pytest.raises(ValueError):
         steady_breakdown(long, 160, short, 80)
+
+
+def test_chain_breakdown_adds_on_cpu_time_not_waits() -> None:
+    """1 request = 2 crossings. Meshed: the watched proxy read 2, wrote 6, waited 10 for the
+    CPU others held (notify), ran 4 in user space and 12 in the kernel; the app and other
+    proxies ran 3 more in user space and 5 more in the kernel than direct, waited 20 more.
+    The client's calls: its notification took 1 µs longer per call (2 calls direct)."""
+    side = replace(
+        thread(1, read=2000, write=6000, notify=10_000, user=4000, tgid=7), sys_cpu_ns=12_000
+    )
+    app_m = replace(
+        thread(2, read=1000, write=1000, notify=30_000, user=5000, tgid=8), sys_cpu_ns=9000
+    )
+    app_d = replace(
+        thread(2, read=1000, write=1000, notify=10_000, user=2000, tgid=8), sys_cpu_ns=4000
+    )
+    cli_m = replace(thread(3, notify=6000, tgid=9), followed=True)
+    cli_d = replace(thread(3, notify=4000, tgid=9), followed=True)
+    m = Window(1, side, app_m, client=cli_m)
+    d = Window(1, EMPTY_THREAD, app_d, client=cli_d)
+    bd = chain_breakdown(m, d)
+    wall = mesh_breakdown(m, d)
+    assert (bd.read, bd.write, bd.ipc) == (wall.read, wall.write, wall.ipc)
+    # the waits (10 of the proxy's, 20 more of the app's) are others' work: not counted
+    assert bd.notification == pytest.approx((3000 - 2000) * 2 * 1e-3 / 2)
+    assert bd.user == pytest.approx((4000 + 3000) * 1e-3 / 2)
+    # kernel CPU 12 + 5 more, less what Read and Write already hold (2 + 6)
+    assert bd.kernel_other == pytest.approx((12_000 + 5000 - 8000) * 1e-3 / 2)
+    # in all: the on-CPU time added (user 4 + 3, kernel 12 + 5) and the client's change
+    assert bd.total() == pytest.approx((4000 + 3000 + 12_000 + 5000) * 1e-3 / 2 + 1.0)

@@ -31,6 +31,8 @@ class Bed:
     meshed_app_pid: int = APP
     meshed_target: str = "server:8080"
     client_netns_path: str = "/run/netns/client"
+    path_pids: tuple[int, ...] = ()
+    cpu_chain: bool = False
 
     def direct_target(self, mode: Mode) -> str:
         return "server:9080"

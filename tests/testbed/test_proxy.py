@@ -31,7 +31,8 @@ from meshtax.testbed.tools import TOOLS, find_tool
 
 def test_choice_refuses_what_a_proxy_cannot_do_and_says_where_it_can() -> None:
     with pytest.raises(
-        ProxyError, match="unknown proxy 'linkerd'; expected envoy, refsidecar, haproxy, nginx"
+        ProxyError,
+        match="unknown proxy 'linkerd'; expected envoy, refsidecar, haproxy, nginx, custom",
     ):
         ProxyChoice("linkerd")
     with pytest.raises(ProxyError, match="haproxy has no ipc 'uds'"):
@@ -51,7 +52,7 @@ def test_choice_refuses_what_a_proxy_cannot_do_and_says_where_it_can() -> None:
     with pytest.raises(
         ProxyError,
         match=r"refsidecar \(the reference L4 sidecar\) runs tcp mode only, not "
-        r"http, grpc; use --proxy envoy or haproxy or nginx for those",
+        r"http, grpc; use --proxy envoy or haproxy or nginx or custom for those",
     ):
         rs.check_modes([Mode.TCP, Mode.HTTP, Mode.GRPC])
     ProxyChoice().check_modes(list(Mode))
@@ -202,9 +203,15 @@ def test_every_proxy_has_a_kind_a_tool_and_a_key_per_mode_and_variant() -> None:
     assert set(PROXIES) == set(TRAITS)
     for name, kind in PROXIES.items():
         t = TRAITS[name]
-        assert kind.tool in TOOLS
-        keys = {kind.key(m, ProxyChoice(name, ipc)) for m in t.modes for ipc in t.ipcs}
-        keys |= {kind.key(m, ProxyChoice(name, write=w)) for m in t.modes for w in t.writes}
+        # a proxy the user brings has no tool of the project's: its binary is theirs
+        assert kind.tool in TOOLS if name != "custom" else kind.tool is None
+        own = ("/b", "listen ${inbound_port}") if name == "custom" else ()
+        keys = {
+            kind.key(m, ProxyChoice(name, ipc, "copy", 0, *own)) for m in t.modes for ipc in t.ipcs
+        }
+        keys |= {
+            kind.key(m, ProxyChoice(name, "tcp", w, 0, *own)) for m in t.modes for w in t.writes
+        }
         # a key per mode and IPC/write (sockmap is named beside the keys, not in them)
         n_ipc = len([i for i in t.ipcs if i != "sockmap"])
         assert len(keys) == len(t.modes) * (n_ipc + len(t.writes) - 1), name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import multiprocessing
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,15 @@ from meshtax.traces.api import load_traces
 from meshtax.traces.errors import TraceFormatError
 from meshtax.traces.report import ImportReport
 from meshtax.traces.spans import SpanOptions
-from meshtax.traces.stream import _head_size, _Seen, _several_tasks, _tasks, iter_batches
+from meshtax.traces.stream import (
+    Reading,
+    _head_size,
+    _Seen,
+    _several_tasks,
+    _tasks,
+    _workers,
+    iter_batches,
+)
 
 FIX = Path(__file__).parent / "fixtures"
 MET_AGAIN = "trace ids met again in a later batch: separate graphs"
@@ -104,3 +113,25 @@ def test_a_large_document_that_is_not_jaeger_says_so(tmp_path: Path) -> None:
     p.write_text(json.dumps({"something": ["x" * 100] * 200}))
     with pytest.raises(TraceFormatError, match="not Jaeger JSON"):
         list(_tasks([inputs.Source(str(p))], iter(()), "jaeger", SpanOptions(batch_spans=20)))
+
+
+def test_a_reading_reads_before_it_is_iterated_and_close_stops_its_workers(
+    tmp_path: Path,
+) -> None:
+    _files(tmp_path / "d", 200)
+    rep = ImportReport("x", "jaeger")
+    opts = SpanOptions(rate=5.0, batch_spans=100, workers=2)
+    reading = Reading(tmp_path / "d", "jaeger", opts, rep)
+    assert len(multiprocessing.active_children()) == _workers(opts) == 2  # forked at construction
+    first = reading._queue[0]
+    first.result(timeout=30)  # read while nobody iterates
+    reading.close()
+    assert not multiprocessing.active_children() and rep.graphs_seen == 0  # none taken
+
+
+def test_a_reading_that_fails_to_start_leaves_no_worker(tmp_path: Path) -> None:
+    _files(tmp_path / "d", 3)
+    (tmp_path / "d" / "big.json").write_text(json.dumps({"something": ["x" * 100] * 200}))
+    with pytest.raises(TraceFormatError, match="not Jaeger JSON"):  # cut while starting
+        Reading(tmp_path / "d", "jaeger", SpanOptions(batch_spans=20), ImportReport("", ""))
+    assert not multiprocessing.active_children()

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from meshtax.model.components import Component, Kind
-from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.model.components import TLS, Component, Kind
+from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
 from meshtax.validate.prediction import one_hop, predict_traces
 from tests.helpers import flat, profile
 
@@ -142,3 +142,35 @@ def test_one_hop() -> None:
     p = one_hop(PROFILE, SidecarConfig(Mode.HTTP), 1000, rate=100.0)
     assert p.mean_us == pytest.approx(2 * (10 + 0.01 * 1000))
     assert p.cpu_us_per_request == pytest.approx(40.0)
+
+
+# measured in the role: a node proxy 3 µs / 4 CPU-µs per crossing, +2 / +1 across nodes
+NODE = profile({Mode.TCP: {OTHER: flat(3.0, 4.0), TLS: flat(2.0, 1.0)}}, name="node")
+
+
+@pytest.mark.parametrize(
+    ("nodes", "mean", "cpu"),
+    [
+        # one node: the entry hop crosses frontend's node proxy (2 × 3), the call to db the
+        # same node proxy once (2 × 3)
+        ({"frontend": "n0", "db": "n0"}, 12.0, 16.0),
+        # two nodes: the call crosses both node proxies, each with the inter-node part
+        ({"frontend": "n0", "db": "n1"}, 6.0 + 2 * 2 * 5.0, 8.0 + 2 * 2 * 5.0),
+    ],
+)
+def test_predict_traces_in_an_architecture(
+    tmp_path: Path, nodes: dict[str, str], mean: float, cpu: float
+) -> None:
+    path = _trace_file(tmp_path, [1000, 1200, 1400])
+    sidecars = {"frontend": SidecarConfig(Mode.HTTP), "db": SidecarConfig(Mode.TCP)}
+    p = predict_traces(
+        path,
+        PROFILE,
+        sidecars,
+        rate=200.0,
+        architecture=Architecture.NODE_L4,
+        nodes=nodes,
+        roles={Architecture.NODE_L4: NODE},
+    )
+    assert p.mean_us == pytest.approx(mean)
+    assert p.cpu_us_per_request == pytest.approx(cpu)

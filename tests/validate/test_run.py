@@ -19,7 +19,13 @@ from meshtax.profile.plan import Plan
 from meshtax.profile.run import ProfileOptions, run_profile
 from meshtax.testbed.system import RealSystem
 from meshtax.validate import appctl
-from meshtax.validate.run import ValidateOptions, app_protocol, run_validation, sidecar_modes
+from meshtax.validate.run import (
+    ValidateOptions,
+    app_protocol,
+    placement,
+    run_validation,
+    sidecar_modes,
+)
 
 
 def test_sidecar_modes_and_app_protocols() -> None:
@@ -49,6 +55,17 @@ def test_options() -> None:
         ValidateOptions("bookinfo", mtls=True)
     with pytest.raises(ValueError):
         ValidateOptions("bookinfo", rate=-1)
+    assert ValidateOptions("bookinfo", architecture="waypoint").to_dict()["architecture"] == (
+        "waypoint"
+    )
+    for arch, ppn in (("none", 1), ("sidecar", 0), ("ztunnel", 1)):
+        with pytest.raises(ValueError):
+            ValidateOptions("bookinfo", architecture=arch, pods_per_node=ppn)
+
+
+def test_placement_fills_nodes_in_order() -> None:
+    assert placement(["a", "b", "c"], 2) == {"a": 0, "b": 0, "c": 1}
+    assert placement(["a", "b"], 1) == {"a": 0, "b": 1}
 
 
 def _missing() -> str | None:

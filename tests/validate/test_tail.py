@@ -4,6 +4,7 @@ prediction at no load."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from meshtax.model.components import OTHER
@@ -11,6 +12,7 @@ from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.tail import TailOptions
 from meshtax.report.build import ReportInputs, render_report
 from meshtax.validate.tail import (
+    BASE_PROBS,
     Predicted,
     TailPoint,
     TailRun,
@@ -38,7 +40,10 @@ def validation() -> TailValidation:
     low = TailPoint(0.25, 1000, tuple(zip(base, mesh)), pred(110, 160, 330))
     # the mesh side fell short at the top level: not compared
     hot = TailPoint(
-        0.9, 3600, ((run(3600, 3600, 1, 1, 1), run(3600, 3000, 9, 9, 9)),), pred(1e9, 1e9, 1e9)
+        0.9,
+        3600,
+        ((run(3600, 3600, 1, 1, 1), run(3600, 3000, 9, 9, 9)),),
+        pred(1e9, 1e9, 1e9, 3500),
     )
     sat = TailPoint(0.5, 2000, ((run(2000, 2000, 1, 1, 1), run(2000, 2000, 5, 5, 5)),), None)
     return TailValidation("one-hop", "http", (low, sat, hot), 32, 4000, 3200, "p", notes=("n",))
@@ -52,6 +57,28 @@ def test_measured_overhead_is_the_median_of_paired_differences() -> None:
     assert low.sustained and not validation().points[2].sustained
 
 
+def test_measured_overhead_pools_every_request_of_the_level() -> None:
+    # uniform latencies: 100–200 µs without the mesh; with it 200–400 µs in one run and
+    # 200–300 µs in a run with three times its requests (pooled: ¼ and ¾ of the requests)
+    probs = np.asarray(BASE_PROBS)
+
+    def runq(lo: float, width: float, count: int) -> TailRun:
+        q = tuple((lo + width * probs).tolist())
+        return TailRun(1000, 1000, count, 1.0, {"p90": lo + 0.9 * width}, q)
+
+    pairs = (
+        (runq(100, 100, 1000), runq(200, 200, 1000)),
+        (runq(100, 100, 3000), runq(200, 100, 3000)),
+    )
+    m = TailPoint(0.5, 1000, pairs).measured("p90")
+    # with the mesh P(X ≤ 300) = ¼ · ½ + ¾ = 0.875; above, ¼ (x − 200)/200 + ¾ = 0.9 → 320
+    assert m.median == pytest.approx(320 - 190, abs=0.5)
+    assert m.lo <= m.median <= m.hi and m.n == 2
+    assert m.samples == pytest.approx((380 - 190, 290 - 190))  # per pair, kept as the record
+    same = TailPoint(0.5, 1000, (pairs[0], pairs[0])).measured("p90")
+    assert same.median == same.lo == same.hi == pytest.approx(190, abs=0.5)
+
+
 def test_errors_bias_and_saturation() -> None:
     v = validation()
     s = v.summary()
@@ -59,8 +86,9 @@ def test_errors_bias_and_saturation() -> None:
     assert s["p50"]["points"] == 1 and s["p50"]["bias"] == pytest.approx(110 / 105 - 1)
     assert s["p90"]["median_abs_error"] == pytest.approx(160 / 145 - 1)
     assert s["p99"]["errors"] == [pytest.approx(330 / 310 - 1)]
-    assert s["saturation"]["predicted"] == 8000 and s["saturation"]["measured"] == 3200
-    assert s["saturation"]["error"] == pytest.approx(8000 / 3200 - 1)
+    # the highest predicted level's saturation (its applications' CPU nearest that load)
+    assert s["saturation"]["predicted"] == 3500 and s["saturation"]["measured"] == 3200
+    assert s["saturation"]["error"] == pytest.approx(3500 / 3200 - 1)
     assert s["not_sustained"] == [0.9]
 
 
@@ -76,7 +104,7 @@ def test_document_cases_are_what_the_report_reads() -> None:
     assert "validation" in kinds and "load" in kinds
     table = validation().table()
     assert "| 25% | 1000 | 1000 / 1000 | 0.50 | 105 [100, 110] | 110 |" in table
-    assert "Saturation (ρ = 1) predicted 8000/s, measured 3200/s (+150.0%)" in table
+    assert "Saturation (ρ = 1) predicted 3500/s, measured 3200/s (+9.4%)" in table
 
 
 def test_traces_within_keeps_whole_traces_that_started_in_a_window() -> None:

@@ -8,14 +8,16 @@ import shutil
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshtax import safeio
 from meshtax.errors import UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
-from meshtax.predict.whatif import Derivation
 from meshtax.store.sqlite import ProfileStore
+
+if TYPE_CHECKING:
+    from meshtax.predict.whatif import Derivation
 
 __all__ = [
     "build_report",

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from meshtax.app import doctor
+from meshtax.app.pricing import role_profiles
 from meshtax.errors import StoreError, UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.proxy import ProxyChoice
-from meshtax.model.sidecar import Mode
+from meshtax.model.sidecar import Architecture, Mode
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import ClosureWarning
 from meshtax.profile.extras import ExtrasOptions, profile_extras
@@ -128,8 +129,19 @@ def validate(
     resolved = resolve_profile(
         store, opts.profile_name, this_host(), accept_unclosed=opts.accept_unclosed
     )
+    names, said = role_profiles(
+        store, (Architecture(opts.architecture),), accept_unclosed=opts.accept_unclosed
+    )
+    roles = {a: store.get(n) for a, n in names.items()}
     try:
-        return run_validation(opts, RealSystem(), resolved.profile, say, warnings=resolved.warnings)
+        return run_validation(
+            opts,
+            RealSystem(),
+            resolved.profile,
+            say,
+            warnings=[*resolved.warnings, *said],
+            roles=roles,
+        )
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
 

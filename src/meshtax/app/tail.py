@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal
 
 from meshtax.errors import UsageError
-from meshtax.model.ecg import EcgBatch
-from meshtax.model.speed import Speed
-from meshtax.predict.engine import ProfileLookup
-from meshtax.predict.tail import TailOptions, TailPrediction, predict_tail, request_rate
-from meshtax.report.tail import sweep_block, tail_block
+
+if TYPE_CHECKING:
+    from meshtax.model.ecg import EcgBatch
+    from meshtax.model.speed import Speed
+    from meshtax.predict.engine import ProfileLookup
+    from meshtax.predict.tail import TailPrediction
 
 __all__ = [
     "DEFAULT_PERCENTILES",
@@ -96,6 +95,12 @@ def tail_parts(
     load: Literal["graphs", "pairs"],
 ) -> dict[str, Any]:
     """``{"tail": …}`` at the graphs' rates, and ``"tail_sweep"`` when a sweep is asked."""
+    # the model imported when asked for: the options above are read by every `predict`
+    import numpy as np
+
+    from meshtax.predict.tail import TailOptions, predict_tail, request_rate
+    from meshtax.report.tail import sweep_block, tail_block
+
     try:
         opts = TailOptions(
             percentiles=req.percentiles,

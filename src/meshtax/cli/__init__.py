@@ -9,7 +9,6 @@ measured optimizations) and :mod:`~meshtax.cli.measure` (root).
 
 from __future__ import annotations
 
-from meshtax.cli import measure, predict, profiles, whatif  # noqa: F401 - registers the commands
-from meshtax.cli._common import main
+from meshtax.cli._common import main  # commands are imported when asked for (COMMANDS)
 
 __all__ = ["main"]

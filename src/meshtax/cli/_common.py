@@ -8,12 +8,13 @@ clear message and exit 2; anything else is a bug and prints one line and exits 7
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 
@@ -51,9 +52,35 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+#: each top-level command → the modules that define it (and its subcommands), imported when
+#: the command is asked for: ``meshtax predict`` does not import the measurement commands
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "doctor": ("measure",),
+    "profile": ("measure",),
+    "validate": ("measure",),
+    "config": ("predict",),
+    "example": ("predict",),
+    "predict": ("predict",),
+    "report": ("predict",),
+    "study": ("predict",),
+    "traces": ("predict",),
+    "whatif": ("predict", "whatif"),
+    "profiles": ("profiles",),
+}
+
+
 class _Main(click.Group):
     """The command group with the last-resort handler: an unexpected exception is a bug;
-    say so in one line and exit 70, unless --debug asks for the traceback."""
+    say so in one line and exit 70, unless --debug asks for the traceback. Commands are
+    registered by importing their module (:data:`COMMANDS`) when they are asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        for module in COMMANDS.get(cmd_name, ()):
+            importlib.import_module(f"meshtax.cli.{module}")
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -110,6 +137,18 @@ def emit(text: str, output: str | None) -> None:
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text, nl=False)
+
+
+def emit_with(write: Callable[[TextIO], None], output: str | None) -> None:
+    """``write(stream)`` to the file ``output``, or to stdout: a long export is written as it
+    is made, never held whole."""
+    if output:
+        with open(output, "w") as f:
+            write(f)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        write(sys.stdout)
+        sys.stdout.flush()
 
 
 db_option = click.option(
@@ -197,7 +236,15 @@ def csv(text: str, conv: Callable[[str], V]) -> tuple[V, ...]:
 
 
 def architecture_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``--architecture`` and ``--pods-per-node`` (predict)."""
+    """``--architecture``, ``--pods-per-node`` and the role profiles (predict)."""
+    for role in ("waypoint", "node"):
+        f = click.option(
+            f"--{role}-profile",
+            help=f"The profile measured as {'a waypoint' if role == 'waypoint' else 'node-l4'} "
+            f"(`meshtax profile --architecture {'waypoint' if role == 'waypoint' else 'node-l4'}`"
+            ") that prices those crossings (default: this machine's newest, if any; else the "
+            "sidecar profile stands in).",
+        )(f)
     f = click.option(
         "--pods-per-node",
         type=click.IntRange(min=1, max=1_000_000),

@@ -5,7 +5,7 @@ none of them was given), so the predict command's signature stays as it was."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 
@@ -17,8 +17,6 @@ from meshtax.app.tail import (
     parse_sweep,
 )
 from meshtax.cli._common import Number
-from meshtax.report.exporters import EXPORTERS
-from meshtax.report.tail import tail_csv
 
 F = TypeVar("F", bound=Callable[..., Any])
 KEY = "meshtax_tail"
@@ -113,8 +111,13 @@ def tail_request(ctx: click.Context) -> TailRequest | None:
     return TailRequest(**{**req.to_dict(), **changes}) if changes else req
 
 
-def export(fmt: str, doc: dict[str, Any]) -> str:
-    """A prediction document in ``fmt``; CSV of a document with tail parts is their CSV."""
+def export(fmt: str, doc: dict[str, Any], out: TextIO) -> None:
+    """A prediction document in ``fmt`` to ``out``; CSV of a document with tail parts is
+    their CSV."""
+    from meshtax.report.exporters import EXPORTERS
+    from meshtax.report.tail import tail_csv
+
     if fmt == "csv" and ("tail" in doc or "tail_sweep" in doc):
-        return tail_csv(doc)
-    return EXPORTERS[fmt].export(doc)
+        out.write(tail_csv(doc))
+    else:
+        EXPORTERS[fmt].write(doc, out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -24,6 +25,7 @@ from meshtax.cli._common import (
     user_errors,
 )
 from meshtax.model.proxy import IPCS, TRAITS, WRITES
+from meshtax.model.sidecar import Architecture
 from meshtax.report.text import profile_text
 from meshtax.store.sqlite import ProfileStore
 
@@ -96,6 +98,23 @@ from meshtax.store.sqlite import ProfileStore
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
 )
+@click.option(
+    "--architecture",
+    type=click.Choice(["sidecar", "node-l4", "waypoint"]),
+    default="sidecar",
+    show_default=True,
+    help="The mesh copy's architecture: Envoy sidecars, or Envoy per-node L4 proxies (mTLS "
+    "between nodes) without or with a waypoint per service; node-l4 and waypoint place both "
+    "copies' pods on nodes and price those crossings from this machine's newest profiles of "
+    "the role (`meshtax profile --architecture`).",
+)
+@click.option(
+    "--pods-per-node",
+    type=click.IntRange(1, 1000),
+    default=1,
+    show_default=True,
+    help="With --architecture node-l4|waypoint: services to a node, in the order calls reach them.",
+)
 @report_option
 @db_option
 @accept_unclosed_option
@@ -118,6 +137,8 @@ def validate(
     connections: int,
     quick: bool,
     fmt: str,
+    architecture: str,
+    pods_per_node: int,
     report_path: str | None,
     db: str | None,
     accept_unclosed: bool,
@@ -204,6 +225,8 @@ def validate(
                 quick=quick,
                 accept_unclosed=accept_unclosed,
                 speed=speed,
+                architecture=architecture,
+                pods_per_node=pods_per_node,
             )
         except ValueError as e:
             raise UsageError(str(e)) from None
@@ -345,6 +368,37 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
     show_default=True,
     help="With --write zerocopy: smaller sends are copied (0: every send is zero-copy).",
 )
+@click.option(
+    "--architecture",
+    type=click.Choice(["sidecar", "node-l4", "waypoint"]),
+    default="sidecar",
+    show_default=True,
+    help="The proxy's role: a sidecar, a per-node L4 proxy (Envoy, mTLS between two node "
+    "namespaces) or a waypoint (Envoy, L7, on node-l4); the last two on the node bed.",
+)
+@click.option(
+    "--proxy-binary",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Profile a proxy you bring (implies --proxy custom): its program, run as uid 1337 in "
+    "the foreground (docs/architectures.md).",
+)
+@click.option(
+    "--proxy-config",
+    type=click.Path(exists=True, dir_okay=False),
+    help="With --proxy-binary: its config template (${inbound_port}, ${outbound_port}, "
+    "${app_host}, ${app_port}, ${mode}, ${workdir} are filled in).",
+)
+@click.option(
+    "--proxy-args",
+    default="",
+    help="With --proxy-binary: its command line, a template of ${binary}, ${config}, "
+    "${workdir} (default: '${binary} -c ${config}').",
+)
+@click.option(
+    "--proxy-name",
+    default="",
+    help="With --proxy-binary: what the profile calls it (platform proxy 'custom:NAME').",
+)
 @db_option
 @user_errors
 def profile_cmd(
@@ -370,6 +424,11 @@ def profile_cmd(
     ipc: str,
     write: str,
     zerocopy_min: int,
+    architecture: str,
+    proxy_binary: str | None,
+    proxy_config: str | None,
+    proxy_args: str,
+    proxy_name: str,
     db: str | None,
 ) -> None:
     """Measure a real sidecar (Envoy by default) on this machine (root) and store its profile.
@@ -392,10 +451,17 @@ def profile_cmd(
 
     m.require_root("profiling creates network namespaces and attaches eBPF probes")
     try:
-        choice = ProxyChoice(proxy, ipc, write, zerocopy_min)
+        own: tuple[str, ...] = ()
+        if proxy_binary or proxy_config or proxy == "custom":
+            if proxy not in ("envoy", "custom") or not (proxy_binary and proxy_config):
+                raise ValueError("a proxy you bring: --proxy-binary and --proxy-config, both")
+            proxy = "custom"
+            template = Path(proxy_config).read_text()
+            own = (str(Path(proxy_binary).resolve()), template, proxy_args, proxy_name)
+        choice = ProxyChoice(proxy, ipc, write, zerocopy_min, *own)
         choice.check_modes(parse_modes(modes) if modes else ())
     except ValueError as e:
-        raise UsageError(f"--proxy/--ipc/--write/--modes: {e}") from None
+        raise UsageError(f"--proxy/--proxy-binary/--ipc/--write/--modes: {e}") from None
     try:
         popts = ProfileOptions(
             name=name,
@@ -408,6 +474,7 @@ def profile_cmd(
             low_rates=None if low_rates is None else csv(low_rates, float),
             capacity=True if capacity else None,
             proxy=choice,
+            architecture=Architecture(architecture),
         )
         popts.resolve_plan()
     except ValueError as e:
@@ -459,7 +526,9 @@ def profile_cmd(
     click.echo(
         f"stored profile {done.profile.name!r} in {store.path}; "
         + (
-            "`meshtax predict` uses it by default on this machine"
+            f"`meshtax predict --architecture {pl.architecture}` prices that role with it"
+            if pl.architecture
+            else "`meshtax predict` uses it by default on this machine"
             if plain
             else "a proxy variant: name it (`--profile`, `meshtax whatif derive`) to use it"
         )

@@ -22,6 +22,7 @@ from meshtax.cli._common import (
     architecture_options,
     db_option,
     emit,
+    emit_with,
     format_option,
     main,
     output_option,
@@ -30,9 +31,6 @@ from meshtax.cli._common import (
     user_errors,
 )
 from meshtax.cli._tail import export, tail_options, tail_request
-from meshtax.report.architectures import architectures_csv, architectures_text
-from meshtax.report.tail import tail_text
-from meshtax.report.text import prediction_text
 from meshtax.store.sqlite import ProfileStore
 
 
@@ -107,6 +105,8 @@ def predict(
     pod_cpus: int | None,
     architecture: str,
     pods_per_node: int,
+    node_profile: str | None,
+    waypoint_profile: str | None,
     db: str | None,
     fmt: str,
     output: str | None,
@@ -132,17 +132,26 @@ def predict(
         allow_outside=allow_outside,
         architectures=() if architecture == "sidecar" else tuple(architecture.split(",")),
         pods_per_node=pods_per_node,
+        node_profile=node_profile,
+        waypoint_profile=waypoint_profile,
         tail=tail_request(click.get_current_context()),
     )
     store = ProfileStore(db)
     doc = predict_files(opts, store, progress=_progress())
+    # the renderers imported once predicted: the traces' workers start before them
+    from meshtax.report.architectures import architectures_csv, architectures_text
+    from meshtax.report.tail import tail_text
+    from meshtax.report.text import prediction_text
+
     arch = doc.get("architectures")
     if arch is not None and fmt in ("table", "csv"):
         # the comparison: side by side (table) or one row per architecture and graph (csv)
         text = prediction_text(doc) + "\n" + architectures_text(arch)
         emit(text if fmt == "table" else architectures_csv(arch), output)
+    elif fmt == "table":
+        emit(prediction_text(doc) + tail_text(doc), output)
     else:
-        emit(prediction_text(doc) + tail_text(doc) if fmt == "table" else export(fmt, doc), output)
+        emit_with(lambda out: export(fmt, doc, out), output)
     if report_path:
         out = app_data.build_report((), [doc["profile"]["name"]], store, report_path, docs=[doc])
         click.echo(f"wrote {out}", err=True)

@@ -87,8 +87,8 @@ class LatencySketch:
 @dataclass(frozen=True)
 class CapacityPoint:
     """One load run of a capacity measurement: ``target`` requests/s (0: as fast as the client
-    goes), what was achieved, CPU-s/s of the sidecar and of every process on its CPUs, and the
-    client's p50/p99 (µs)."""
+    goes), what was achieved, CPU-s/s of the sidecar and of every process on its CPUs, the
+    client's p50/p99 (µs) and, when kept, its latency quantiles at :data:`SKETCH_PROBS`."""
 
     target: float
     achieved: float
@@ -97,6 +97,7 @@ class CapacityPoint:
     p50_us: float = 0.0
     p99_us: float = 0.0
     meshed: bool = True
+    quantiles_us: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,6 +108,7 @@ class CapacityPoint:
             "p50_us": self.p50_us,
             "p99_us": self.p99_us,
             "meshed": self.meshed,
+            **({"quantiles_us": list(self.quantiles_us)} if self.quantiles_us else {}),
         }
 
     @classmethod
@@ -119,6 +121,7 @@ class CapacityPoint:
             float(d.get("p50_us", 0.0)),
             float(d.get("p99_us", 0.0)),
             bool(d.get("meshed", True)),
+            tuple(float(x) for x in d.get("quantiles_us", ())),
         )
 
 
@@ -152,6 +155,24 @@ class Capacity:
     def __post_init__(self) -> None:
         if self.limited_by not in LIMITS:
             raise ValueError(f"limited_by {self.limited_by!r}: expected one of {LIMITS}")
+
+    def cpu_samples(self) -> tuple[tuple[float, float], ...]:
+        """(requests/s, CPU-µs per request the mesh adds on the pods' CPUs) of every run through
+        the sidecar, ascending in rate: the sidecar's CPU, plus how the app's changed where a
+        run without the sidecar at the same fixed rate measured it (each point's ``shared_cpu``
+        is the sidecar's and the app's; a direct point's, the app's alone)."""
+        direct = {p.target: p for p in self.points if not p.meshed and p.target > 0}
+        out = []
+        for p in self.points:
+            if not p.meshed or p.achieved <= 0:
+                continue
+            us = p.sidecar_cpu / p.achieved * 1e6
+            d = direct.get(p.target) if p.target > 0 else None
+            if d is not None and d.achieved > 0:
+                app_mesh = (p.shared_cpu - p.sidecar_cpu) / p.achieved
+                us += (app_mesh - d.shared_cpu / d.achieved) * 1e6
+            out.append((p.achieved, us))
+        return tuple(sorted(out))
 
     @property
     def worker_requests_per_s(self) -> float:

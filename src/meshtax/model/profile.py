@@ -43,7 +43,9 @@ from meshtax.model.speed import Speed
 #:     :mod:`meshtax.model.microarch`; absent in older documents).
 #:     2026-11-26: optional per-mode ``idle_cpu_us_per_s`` (issue #14: the idle proxy's CPU
 #:     per second, kept out of the per-message CPU models; absent in older documents, whose
-#:     models still carry it).
+#:     models still carry it). Optional platform ``architecture`` (issue #18: ``node-l4`` or
+#:     ``waypoint``, a profile of Envoy in that role, measured on the node bed; written only
+#:     when set).
 PROFILE_FORMAT = 2
 
 
@@ -58,6 +60,7 @@ class Platform:
     proxy_version: str = ""
     config_hash: str = ""
     variant: str = ""  # how the sidecar's app-facing legs differ from loopback TCP, copying
+    architecture: str = ""  # the proxy's role when not a sidecar: node-l4 or waypoint
 
     @property
     def key(self) -> str:
@@ -76,7 +79,8 @@ class Platform:
     def describe(self) -> str:
         proxy = f"{self.proxy} {self.proxy_version}".strip()
         variant = f" ({self.variant})" if self.variant else ""
-        return f"{self.cpu_model}, {self.cores} cores, Linux {self.kernel}, {proxy}{variant}"
+        role = f" as {self.architecture}" if self.architecture else ""
+        return f"{self.cpu_model}, {self.cores} cores, Linux {self.kernel}, {proxy}{variant}{role}"
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -89,6 +93,8 @@ class Platform:
         }
         if self.variant:
             d["variant"] = self.variant
+        if self.architecture:
+            d["architecture"] = self.architecture
         return d
 
     @classmethod
@@ -101,6 +107,7 @@ class Platform:
             proxy_version=str(d.get("proxy_version", "")),
             config_hash=str(d.get("config_hash", "")),
             variant=str(d.get("variant", "")),
+            architecture=str(d.get("architecture", "")),
         )
 
 

@@ -66,6 +66,7 @@ PROFILE_SCHEMA: dict[str, Any] = {
                 "proxy_version": {"type": "string"},
                 "config_hash": {"type": "string"},
                 "variant": {"type": "string", "maxLength": 200},
+                "architecture": {"enum": ["node-l4", "waypoint"]},
             },
         },
         "provenance": {

@@ -44,6 +44,10 @@ TRAITS: dict[str, ProxyTraits] = {
     # loopback TCP only: their upstreams are host:port here (no Unix-socket or sockmap bed)
     "haproxy": ProxyTraits(tuple(Mode), ("tcp",), ("copy",), "HAProxy, L4 and L7"),
     "nginx": ProxyTraits(tuple(Mode), ("tcp",), ("copy",), "nginx, L4 and L7"),
+    # what it can do is the user's to know: any mode, loopback TCP to the app
+    "custom": ProxyTraits(
+        tuple(Mode), ("tcp",), ("copy",), "a proxy you bring (--proxy-binary, --proxy-config)"
+    ),
 }
 
 
@@ -54,12 +58,19 @@ class ProxyChoice:
     ``ipc``: one of :data:`IPCS`; ``write``: ``copy`` or ``zerocopy`` (``MSG_ZEROCOPY`` for
     sends of at least ``zerocopy_min`` bytes; 0: every send, so a profile shows what zero-copy
     does at each size — the threshold is a deployment choice a what-if can make per size).
+    A ``custom`` proxy (:mod:`meshtax.testbed.custom`): its ``binary``, its config
+    ``template`` (the text), the ``args`` it is started with (a template too; empty: the
+    default) and the ``name`` a profile's platform calls it by.
     """
 
     kind: str = "envoy"
     ipc: str = "tcp"
     write: str = "copy"
     zerocopy_min: int = 0
+    binary: str = ""
+    template: str = ""
+    args: str = ""
+    name: str = ""
 
     def __post_init__(self) -> None:
         t = TRAITS.get(self.kind)
@@ -79,6 +90,11 @@ class ProxyChoice:
             raise ProxyError("zero-copy writes and sockmap redirection do not compose")
         if self.zerocopy_min < 0:
             raise ProxyError("zerocopy_min must be >= 0 bytes")
+        own = (self.binary, self.template, self.args, self.name)
+        if self.kind == "custom" and not (self.binary and self.template):
+            raise ProxyError("a proxy you bring needs its binary and a config template")
+        if self.kind != "custom" and any(own):
+            raise ProxyError(f"{self.kind} is meshtax's to configure: no binary or template")
 
     @property
     def traits(self) -> ProxyTraits:
@@ -103,10 +119,17 @@ class ProxyChoice:
                 + (f"; use --proxy {' or '.join(can)} for those" if can else "")
             )
 
+    @property
+    def label(self) -> str:
+        """What a profile's platform calls the proxy (a custom one: ``custom:<name>``)."""
+        return f"custom:{self.name or 'proxy'}" if self.kind == "custom" else self.kind
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"proxy": self.kind, "ipc": self.ipc, "write": self.write}
         if self.write == "zerocopy":
             d["zerocopy_min"] = self.zerocopy_min
+        if self.kind == "custom":  # the whole template: the profile says what ran
+            d.update(binary=self.binary, template=self.template, args=self.args, name=self.name)
         return d
 
     @classmethod
@@ -116,7 +139,8 @@ class ProxyChoice:
             str(d.get("ipc", "tcp")),
             str(d.get("write", "copy")),
             int(d.get("zerocopy_min", 0)),
+            *(str(d.get(k, "")) for k in ("binary", "template", "args", "name")),
         )
 
     def describe(self) -> str:
-        return self.kind + (f" ({self.variant})" if self.variant else "")
+        return self.label + (f" ({self.variant})" if self.variant else "")

@@ -21,7 +21,12 @@ a **node proxy** is L4 — the service's profile in **tcp mode**, with mTLS when
 it, no L7 filters (a node-l4 role priced from an Envoy tcp-mode sidecar profile is a stand-in
 for ztunnel, not ztunnel: ztunnel is a different proxy, in Rust, with HBONE tunnels); a
 **waypoint** is L7 — the callee's mode, filters and mTLS. Every role is priced from the
-profile of the service it serves (its ``platform``, else the prediction's profile).
+profile of the service it serves (its ``platform``, else the prediction's profile) — unless a
+profile measured in that role is given (``roles``, ``meshtax profile --architecture``): then
+every node-proxy crossing is priced from the node-l4 profile, plaintext within a node and with
+its ``tls`` component (what an inter-node crossing adds: mTLS between the node proxies, the
+link) across nodes, and every waypoint crossing from the waypoint profile in the callee's mode
+(its mTLS legs inside its components).
 
 Nodes: a service's ``node`` (ECG ``node:``, traces' ``k8s.node.name``/``host.name``); the
 others are placed by name, ``pods_per_node`` to a node (1: a node each, so every call between
@@ -53,6 +58,7 @@ __all__ = [
     "parse_architectures",
     "place_nodes",
     "predict_architecture",
+    "role_specs",
     "waypoint_config",
 ]
 
@@ -120,6 +126,21 @@ def l4_config(cfg: SidecarConfig) -> SidecarConfig:
     )
 
 
+def role_specs(
+    cfg: SidecarConfig, platform: str | None, roles: Mapping[Architecture, str]
+) -> tuple[SidecarSpec, SidecarSpec]:
+    """A service's node-proxy crossing within its node and across nodes. Priced from a
+    sidecar profile (no role profile): both :func:`l4_config` of the service (its mTLS, as
+    given). Priced from a node-l4 profile (``roles``): plaintext within the node, mTLS across
+    nodes — that profile's ``tls`` component is what an inter-node crossing adds."""
+    node = roles.get(Architecture.NODE_L4)
+    if node is None:
+        spec = SidecarSpec(l4_config(cfg), platform)
+        return spec, spec
+    plain = SidecarConfig(mode=Mode.TCP, architecture=Architecture.NODE_L4)
+    return SidecarSpec(plain, node), SidecarSpec(replace(plain, mtls=True), node)
+
+
 def waypoint_config(cfg: SidecarConfig) -> SidecarConfig:
     """The waypoint's role for a destination service: L7 in its mode, filters and mTLS."""
     return replace(cfg, architecture=Architecture.WAYPOINT)
@@ -144,9 +165,16 @@ class Arranged:
         return len({self.nodes[s] for s, a in self.architectures.items() if a in _PROXIED})
 
 
-def arrange(batch: EcgBatch, default: Architecture | str, pods_per_node: int = 1) -> Arranged:
+def arrange(
+    batch: EcgBatch,
+    default: Architecture | str,
+    pods_per_node: int = 1,
+    roles: Mapping[Architecture, str] | None = None,
+) -> Arranged:
     """The crossings of every row of ``batch`` when ``default`` meshes the services that do
-    not choose (see the module docstring)."""
+    not choose (see the module docstring). ``roles``: the profile (platform name) that prices
+    the node proxy and the waypoint, measured in that role (:func:`role_specs`)."""
+    roles = roles or {}
     default = Architecture(default)
     S = len(batch.services)
     spec_of = _service_specs(batch)
@@ -173,23 +201,36 @@ def arrange(batch: EcgBatch, default: Architecture | str, pods_per_node: int = 1
     out_spec = np.full(S + 1, -1, dtype=np.int64)  # caller side; last slot: external
     in_spec = np.full(S + 1, -1, dtype=np.int64)  # callee side
     way_spec = np.full(S + 1, -1, dtype=np.int64)
+    # a node proxy profiled in its role: plaintext within a node, its mTLS across nodes
+    out_far = np.full(S + 1, -1, dtype=np.int64)
+    in_far = np.full(S + 1, -1, dtype=np.int64)
     for i in range(S):
         cfg, a = cfgs[i], arch[i]
         if cfg is None or a is Architecture.NONE:
             continue
         plat = batch.specs[int(spec_of[i])].platform
         if a is Architecture.SIDECAR:
-            out_spec[i] = in_spec[i] = add(
+            out_spec[i] = in_spec[i] = out_far[i] = in_far[i] = add(
                 SidecarSpec(replace(cfg, architecture=Architecture.SIDECAR), plat)
             )
             continue
-        out_spec[i] = in_spec[i] = add(SidecarSpec(l4_config(cfg), plat))
+        near, far = role_specs(cfg, plat, roles)
+        out_spec[i] = in_spec[i] = add(near)
+        out_far[i] = in_far[i] = add(far)
         if a is Architecture.WAYPOINT:
-            way_spec[i] = add(SidecarSpec(waypoint_config(cfg), plat))
+            way = roles.get(Architecture.WAYPOINT)
+            wcfg = waypoint_config(cfg)
+            way_spec[i] = add(
+                SidecarSpec(wcfg, plat)
+                if way is None
+                # its mTLS legs are inside the measured components
+                else SidecarSpec(replace(wcfg, mtls=False, tls_version=None), way)
+            )
     caller, callee = batch.caller, batch.callee  # -1 (external) indexes the last slot
-    caller_spec = out_spec[caller]
-    callee_spec = in_spec[callee].copy()
     a_arr = np.asarray([a in _PROXIED for a in arch] + [False])
+    inter = (node[caller] != node[callee]) & (caller >= 0)
+    caller_spec = np.where(inter, out_far[caller], out_spec[caller])
+    callee_spec = np.where(inter, in_far[callee], in_spec[callee])
     # an intra-node call between two node-proxied services crosses that node's proxy once
     same = a_arr[caller] & a_arr[callee] & (node[caller] == node[callee]) & (caller >= 0)
     callee_spec[same] = -1
@@ -256,13 +297,14 @@ def predict_architecture(
     pods_per_node: int = 1,
     pod_cpus: int | None = None,
     speed: Speed | None = None,
+    roles: Mapping[Architecture, str] | None = None,
 ) -> tuple[Arranged, BatchPrediction]:
     """:func:`~meshtax.predict.engine.predict_batch` with the crossings of ``architecture``.
     Sidecars only (every service ``sidecar`` or ``none``): exactly ``predict_batch``, shared
     CPUs priced as there. With node proxies or waypoints, ``pod_cpus`` bounds latency by the
     shared CPUs' work as there, and messages are priced at each call's own rate (a node proxy
     is not a pod's sidecar sharing its CPUs)."""
-    arranged = arrange(batch, architecture, pods_per_node)
+    arranged = arrange(batch, architecture, pods_per_node, roles)
     if all(a in (Architecture.SIDECAR, Architecture.NONE) for a in arranged.architectures.values()):
         return arranged, predict_batch(arranged.batch, profiles, pod_cpus=pod_cpus, speed=speed)
     costs = architecture_costs(arranged, profiles, speed=speed)

@@ -29,6 +29,7 @@ saturated. Times are µs, rates per second.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -55,6 +56,10 @@ class SaturatedError(ValueError):
     """A station at utilisation ≥ 1: its queue grows without bound."""
 
 
+#: where :meth:`Shape.gamma` keeps its quantiles: evenly, then densely in the upper tail
+GAMMA_PROBS = np.concatenate([np.linspace(0.0, 0.99, 199), 1.0 - np.logspace(-2.05, -5, 30), [1.0]])
+
+
 @dataclass(frozen=True)
 class Shape:
     """A positive distribution with mean 1, as a quantile sketch: ``values[k]`` is the
@@ -75,6 +80,12 @@ class Shape:
     @classmethod
     def constant(cls) -> Shape:
         return cls((0.0, 1.0), (1.0, 1.0))
+
+    @classmethod
+    def gamma(cls, scv: float) -> Shape:
+        """Mean 1 and squared coefficient of variation ``scv`` (a gamma distribution; 0: the
+        constant), as quantiles of a fixed sample (the same shape on every call)."""
+        return cls.constant() if scv <= 0 else _gamma(float(scv))
 
     @classmethod
     def from_quantiles(cls, probs: npt.ArrayLike, values: npt.ArrayLike) -> Shape:
@@ -105,6 +116,13 @@ class Shape:
 
     def quantile(self, u: FloatArray) -> FloatArray:
         return np.asarray(np.interp(u, self.probs, self.values), dtype=np.float64)
+
+
+@functools.lru_cache(maxsize=16)
+def _gamma(scv: float) -> Shape:
+    k = 1.0 / scv
+    x = np.random.default_rng(12345).gamma(k, 1.0 / k, 400_000)
+    return Shape.from_quantiles(GAMMA_PROBS, np.quantile(x, GAMMA_PROBS))
 
 
 @dataclass(frozen=True)
@@ -157,16 +175,22 @@ class ServiceMix:
 
 @dataclass(frozen=True)
 class Station:
-    """``servers`` FCFS servers, jobs arriving at ``rate``/s (interarrival SCV ``ca2``)."""
+    """``servers`` FCFS servers, jobs arriving at ``rate``/s (interarrival SCV ``ca2``);
+    ``clients``: at most that many jobs in the station (a load generator's connections: a
+    job due while all are in flight enters when the oldest leaves, and waits from then on);
+    None: an open station."""
 
     rate: float
     servers: int
     service: ServiceMix
     ca2: float = 1.0
+    clients: int | None = None
 
     def __post_init__(self) -> None:
         if self.rate < 0 or self.servers < 1 or self.ca2 < 0:
             raise ValueError("a station needs rate ≥ 0, at least one server and ca2 ≥ 0")
+        if self.clients is not None and self.clients < 1:
+            raise ValueError(f"clients must be at least 1, got {self.clients}")
 
     @property
     def utilisation(self) -> float:
@@ -203,25 +227,54 @@ def _kiefer_wolfowitz(s: FloatArray, a: FloatArray, c: int) -> FloatArray:
     return w
 
 
+@numba.njit(cache=True, nogil=True)
+def _closed(s: FloatArray, t: FloatArray, c: int, clients: int) -> FloatArray:
+    """Waits of FCFS jobs on ``c`` servers with at most ``clients`` in the station: job i,
+    due at ``t[i]``, enters when job ``i − clients`` has left (exact for one server; with
+    several, jobs leave nearly in order), then waits for the earliest free server."""
+    n = s.shape[0]
+    free = np.zeros(c)  # when each server is next free
+    done = np.empty(n)
+    w = np.empty(n)
+    for i in range(n):
+        enter = t[i]
+        if i >= clients and done[i - clients] > enter:
+            enter = done[i - clients]
+        k = 0
+        for j in range(1, c):
+            if free[j] < free[k]:
+                k = j
+        start = max(enter, free[k])
+        w[i] = start - enter
+        done[i] = start + s[i]
+        free[k] = done[i]
+    return w
+
+
 def waiting_times(
     station: Station, jobs: int = 200_000, *, seed: int | np.random.Generator = 0
 ) -> FloatArray:
     """Sorted stationary waiting times (µs, before service starts) of ``jobs`` simulated jobs
     after a warm-up of a fifth as many (and at least enough for the queue to forget its empty
     start: a hundred of its relaxation times ``E[S] / (1 − √ρ)²``). A station without arrivals
-    never waits (zeros). Raises :class:`SaturatedError` at utilisation ≥ 1."""
+    never waits (zeros). Raises :class:`SaturatedError` at utilisation ≥ 1 unless the station
+    has ``clients`` (then at most that many queue: the rate it serves falls short instead)."""
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     if station.rate == 0 or station.service.mean() == 0:
         return np.zeros(jobs)
     rho = station.utilisation
-    if rho >= 1.0:
+    if rho >= 1.0 and station.clients is None:
         raise SaturatedError(f"utilisation {rho:.2f} ≥ 1: the queue grows without bound")
-    relax = 1.0 / (1.0 - math.sqrt(rho)) ** 2 / max(rho, 1e-9)  # in interarrival times
+    r = min(rho, 1.0 - 1.0 / (4 * (station.clients or 1)) ** 2)  # bounded by the clients
+    relax = 1.0 / (1.0 - math.sqrt(r)) ** 2 / max(r, 1e-9)  # in interarrival times
     warm = int(min(max(jobs // 5, 100 * relax), 5 * jobs))
     n = jobs + warm
     s = station.service.sample(n, rng)
     a = _interarrivals(n, station.rate, station.ca2, rng)
-    if station.servers == 1:
+    if station.clients is not None:
+        t = np.concatenate(([0.0], np.cumsum(a[:-1])))
+        w = _closed(s, t, station.servers, station.clients)
+    elif station.servers == 1:
         u = np.concatenate(([0.0], np.cumsum(s[:-1] - a[:-1])))
         w = u - np.minimum(np.minimum.accumulate(u), 0.0)
     else:

@@ -19,8 +19,9 @@ import numpy as np
 import numpy.typing as npt
 
 from meshtax.model.capacity import LatencySketch
+from meshtax.model.components import BASE_COMPONENTS, UNATTRIBUTED
 from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, EcgBatch
-from meshtax.model.profile import Profile
+from meshtax.model.profile import ModeProfile, Profile
 from meshtax.model.speed import Speed
 from meshtax.predict.engine import Costs, ProfileLookup, hop_costs
 from meshtax.predict.queueing import ServiceMix, Shape
@@ -35,8 +36,10 @@ __all__ = [
     "StationLoad",
     "Stations",
     "TailOptions",
+    "at_load",
     "crossings",
     "latency_shape",
+    "load_factor",
     "loads",
     "request_rate",
     "station_mix",
@@ -51,11 +54,14 @@ class TailOptions:
     ``samples``: draws per graph (fewer for large batches: at most ``max_rows`` rows are
     propagated per run); ``arrivals``: squared coefficient of variation of each station's
     interarrival times (1: Poisson, independent clients; 0: evenly spaced);
-    ``service``: the shape of a job's service time — ``latency`` (the latency shape's, so its
-    variability includes wake-up stalls), or ``constant`` (its mean: per-message CPU work that
-    does not vary); ``workers``: worker threads per sidecar (None: the profile's measured
-    capacity's, else 1, the profiler's Envoy); ``app_cpu_us``: on shared CPUs, the
-    applications' CPU-µs per request without the mesh (0: their own waits are not counted).
+    ``service``: the shape of a sidecar's job's service time — ``latency`` (the latency
+    shape's, so its variability includes wake-up stalls), or ``constant`` (its mean:
+    per-message CPU work that does not vary); ``shared_scv``: the squared coefficient of
+    variation of a request's work on shared CPUs (1: exponential; 0: constant);
+    ``workers``: worker threads per sidecar (None: the profile's measured capacity's, else 1,
+    the profiler's Envoy); ``app_cpu_us``: on shared CPUs, the applications' CPU-µs per
+    request without the mesh (0: their own waits are not counted); ``clients``: at most that
+    many requests in flight (a load generator's connections; None: open arrivals).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -67,6 +73,8 @@ class TailOptions:
     workers: int | None = None
     pod_cpus: int | None = None
     app_cpu_us: float = 0.0
+    shared_scv: float = 1.0
+    clients: int | None = None
     load: Literal["graphs", "pairs"] = "graphs"
     queue_jobs: int = 200_000
     max_rows: int = 2_000_000
@@ -81,6 +89,8 @@ class TailOptions:
             raise ValueError("workers must be ≥ 1 and app_cpu_us ≥ 0")
         if self.pod_cpus is not None and self.pod_cpus < 1:
             raise ValueError(f"pod_cpus must be at least 1, got {self.pod_cpus}")
+        if (self.clients is not None and self.clients < 1) or self.shared_scv < 0:
+            raise ValueError("clients must be at least 1 and shared_scv ≥ 0")
 
 
 @dataclass(frozen=True)
@@ -147,10 +157,12 @@ def crossings(
     and the response crossing apart (else each half of the side's total, enough for loads)."""
     b = batch
     rates = None if opts.pod_cpus is None else shared_cpu_rates(b, opts.pod_cpus)
-    full = hop_costs(b, profiles, rates=rates, speed=opts.speed)
+    at = b.rate if rates is None else rates
+    full = at_load(hop_costs(b, profiles, rates=rates, speed=opts.speed), b, profiles, at)
     if split:
         req = hop_costs(replace(b, response_bytes=b.request_bytes), profiles, rates=rates)
         resp = hop_costs(replace(b, request_bytes=b.response_bytes), profiles, rates=rates)
+        req, resp = at_load(req, b, profiles, at), at_load(resp, b, profiles, at)
         if opts.speed is not None:  # the halves only split the full costs: keep their ratio
             req, resp = _rescale(req, resp, full)
     else:
@@ -176,6 +188,58 @@ def crossings(
         station.astype(np.int64),
         full.warnings,
     )
+
+
+#: the components a capacity run's CPU stands for (a plain sidecar: no filters, no TLS)
+BASE = (*BASE_COMPONENTS, UNATTRIBUTED)
+
+
+def load_factor(mp: ModeProfile, rates: FloatArray) -> FloatArray:
+    """Per rate, the factor on a crossing's base CPU when many clients load the sidecar: at
+    each capacity run's rate (many clients, up to saturation), its CPU per request ÷ 2 per
+    crossing ÷ what the CPU models (one client) price at that rate and the capacity's size;
+    1 at the models' lowest profiled rate (requests that never overlap cost what one client's
+    do), interpolated in log rate in between, held at the last run's beyond it (1 without
+    capacity runs or a rate range). A sidecar kept busy by many clients handles several
+    requests per wake-up, which one client at a time never lets it do."""
+    ones = np.ones_like(rates, dtype=np.float64)
+    cap = mp.capacity
+    models = [mp.components[c].cpu for c in BASE if c in mp.components]
+    lows = [m.rate_lo for m in models if m.rate_lo is not None]
+    if cap is None or not lows:
+        return ones
+    r_lo = min(lows)
+
+    def priced(r: float) -> float:
+        size, rate = np.array([float(cap.size_bytes)]), np.array([r])
+        return sum(float(m.predict(size, rate)[0]) for m in models)
+
+    at = [(r, us, priced(r)) for r, us in cap.cpu_samples() if r > r_lo]
+    pts = [(r, us / 2 / p) for r, us, p in at if p > 0]
+    if not pts:
+        return ones
+    x = np.log([r_lo, *(r for r, _ in pts)])
+    y = np.array([1.0, *(q for _, q in pts)])
+    r = np.asarray(rates, dtype=np.float64)
+    got = np.interp(np.log(np.maximum(r, r_lo)), x, y)
+    return np.asarray(np.maximum(got, 0.0), dtype=np.float64)
+
+
+def at_load(costs: Costs, batch: EcgBatch, profiles: ProfileLookup, rates: FloatArray) -> Costs:
+    """``costs`` with each side's base CPU × :func:`load_factor` of its mode at ``rates``."""
+    cols = [k for k, c in enumerate(costs.components) if c in BASE]
+    out = {}
+    for name, specs in (("cpu_caller", batch.caller_spec), ("cpu_callee", batch.callee_spec)):
+        f = np.ones(batch.n_invocations)
+        for s, spec in enumerate(batch.specs):
+            rows = np.flatnonzero(specs == s)
+            mp = profiles(spec.platform).modes.get(spec.config.mode) if rows.size else None
+            if mp is not None:
+                f[rows] = load_factor(mp, rates[rows])
+        c = getattr(costs, name).copy()
+        c[:, cols] *= f[:, None]
+        out[name] = c
+    return replace(costs, **out)
 
 
 def _rescale(req: Costs, resp: Costs, full: Costs) -> tuple[Costs, Costs]:
@@ -262,7 +326,7 @@ def stations(
     mode_names = sorted({batch.specs[k].config.mode.value for k in spec_of.values()})
     shape_ix = {m: i for i, m in enumerate(mode_names)}
     shapes = tuple(_service_shape(batch, profiles, m, opts) for m in mode_names)
-    shapes = (*shapes, Shape.constant())  # the last: a request's work on shared CPUs
+    shapes = (*shapes, Shape.gamma(opts.shared_scv))  # the last: a request's on shared CPUs
     names = [batch.services[s] for s in svcs]
     modes = [batch.specs[spec_of[s]].config.mode.value for s in svcs]
     servers = [
@@ -404,6 +468,15 @@ def loads(
     saturates (see the module docstring); ``waits``: per station its utilisation, mean and
     p99 wait (µs) as simulated."""
     grid = np.stack([_rho_at(batch, profiles, opts, float(f)) for f in FACTORS])  # F × S
+    at = {
+        level: [_crossing(grid[:, k], level) for k in range(len(sts.names))]
+        for level in (opts.threshold, 1.0)
+    }
+    for level, xs in at.items():  # the first station to get there, exactly
+        finite = [k for k, x in enumerate(xs) if FACTORS[0] < x < FACTORS[-1]]
+        if finite:
+            k = min(finite, key=lambda j: xs[j])
+            xs[k] = _refined(batch, profiles, opts, k, level, xs[k])
     out = []
     for k, name in enumerate(sts.names):
         rho = float(waits[0][k])
@@ -415,14 +488,38 @@ def loads(
                 float(sts.job_rate[sts.job_station == k].sum()),
                 _mean_service(sts, k),
                 rho,
-                _crossing(grid[:, k], opts.threshold),
-                _crossing(grid[:, k], 1.0),
+                at[opts.threshold][k],
+                at[1.0][k],
                 rho * sts.servers[k] / opts.threshold,
                 float(waits[1][k]),
                 float(waits[2][k]),
             )
         )
     return tuple(out)
+
+
+def _refined(
+    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, k: int, level: float, x: float
+) -> float:
+    """Station ``k``'s crossing of ``level`` by bisection in log rate factor inside the grid
+    step around ``x`` (the grid's interpolation misses by up to several per cent where costs
+    bend with rate)."""
+    step = float(FACTORS[1] / FACTORS[0])
+    lo, hi = math.log(x / step), math.log(x * step)
+    y_lo, y_hi = (float(_rho_at(batch, profiles, opts, math.exp(v))[k]) for v in (lo, hi))
+    if not 0 < y_lo < level <= y_hi:
+        return x
+    for _ in range(REFINE_STEPS):
+        mid = (lo + hi) / 2
+        y = float(_rho_at(batch, profiles, opts, math.exp(mid))[k])
+        lo, y_lo, hi, y_hi = (mid, y, hi, y_hi) if y < level else (lo, y_lo, mid, y)
+    # log–log between the last two: exact where the utilisation is a power of the rate
+    t = (math.log(level) - math.log(y_lo)) / (math.log(y_hi) - math.log(y_lo))
+    return math.exp(lo + t * (hi - lo))
+
+
+#: bisection steps of a saturation rate inside one grid step (a factor of 1.78): 0.2 %
+REFINE_STEPS = 9
 
 
 def _mean_service(sts: Stations, k: int) -> float:

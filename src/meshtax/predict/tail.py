@@ -203,7 +203,7 @@ def _simulate(
         if got is None:
             waits.append(np.zeros(1))
             continue
-        st = Station(got[0], sts.servers[k], got[1], opts.arrivals)
+        st = Station(got[0], sts.servers[k], got[1], opts.arrivals, opts.clients)
         rho[k] = st.utilisation
         if sts.shared >= 0 and k != sts.shared:
             waits.append(np.zeros(1))  # on shared CPUs a worker waits for the CPUs
@@ -238,29 +238,35 @@ def _simulate(
         per_graph = np.bincount(batch.graph_of(), weights=work, minlength=batch.n_graphs)
         cpus = sts.servers[sts.shared]
         new = np.maximum(new, shape_base(shape)[None, :] + per_graph[None, :] / cpus)
-        new = new + _shared_wait(sts, waits[sts.shared], cpus, opts, rng, new.shape)
+        u = _base_ranks(shape_base(shape), rng, m)
+        new = new + _shared_wait(sts, waits[sts.shared], cpus, opts, u)
     mean_w = np.array([np.inf if w is None else float(w.mean()) for w in waits])
     p99_w = np.array([np.inf if w is None else float(np.quantile(w, 0.99)) for w in waits])
     return _Run(new, rho, mean_w, p99_w)
 
 
+def _base_ranks(base: FloatArray, rng: np.random.Generator, m: int) -> FloatArray:
+    """Per draw (m × graphs), a rank in (0, 1) within the graph's share of the pooled no-mesh
+    latencies: the graph's order among them, jittered inside its slot (ties share one)."""
+    n = base.size
+    ordered = np.sort(base)
+    lo = np.searchsorted(ordered, base, side="left")
+    hi = np.searchsorted(ordered, base, side="right")
+    return np.asarray((lo + (hi - lo) * rng.random((m, n))) / n, dtype=np.float64)
+
+
 def _shared_wait(
-    sts: Stations,
-    mesh: FloatArray | None,
-    cpus: int,
-    opts: TailOptions,
-    rng: np.random.Generator,
-    shape: tuple[int, ...],
+    sts: Stations, mesh: FloatArray | None, cpus: int, opts: TailOptions, u: FloatArray
 ) -> FloatArray:
     """What a request waits on the shared CPUs more than it would without the sidecars: the
-    two waiting times at one rank (the same request on a busier CPU)."""
+    two waiting times at the rank ``u`` of its latency without the mesh (the same request on
+    a busier CPU: one that waited long without the sidecars waits long with them)."""
     if mesh is None:
-        return np.full(shape, np.inf)
-    u = rng.random(shape)
+        return np.full(u.shape, np.inf)
     out = _pick(mesh, u)
     if sts.app_mean_us > 0 and sts.base_rate > 0:
         app = ServiceMix((sts.app_mean_us,), (1.0,))
-        alone = Station(sts.base_rate, cpus, app, opts.arrivals)
+        alone = Station(sts.base_rate, cpus, app, opts.arrivals, opts.clients)
         try:
             out = out - _pick(waiting_times(alone, opts.queue_jobs, seed=opts.seed + 3), u)
         except SaturatedError:
@@ -377,10 +383,16 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
     rate = request_rate(batch, opts.load)
     found = loads(batch, profiles, opts, sts, (mid.rho, mid.mean_wait, mid.p99_wait))
     for st in found:
-        if st.saturated:
+        if st.saturated and opts.clients is None:
             warnings.append(
                 f"{st.name}: utilisation {st.utilisation:.2f} ≥ 1 at these rates — its queue "
                 "grows without bound, so latencies through it are infinite (saturated)"
+            )
+        elif st.saturated:
+            warnings.append(
+                f"{st.name}: utilisation {st.utilisation:.2f} ≥ 1 at these rates — saturated: "
+                f"the {opts.clients} clients keep at most that many requests queued and get "
+                "less than the asked rate"
             )
     if opts.pod_cpus is not None and opts.app_cpu_us == 0:
         warnings.append(

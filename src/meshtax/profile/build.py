@@ -16,9 +16,10 @@ from meshtax.model.capacity import Capacity
 from meshtax.model.components import IPC, NOTIFICATION, READ, WRITE, Component
 from meshtax.model.profile import ModeProfile, Platform, Profile, Provenance
 from meshtax.model.proxy import ProxyChoice
-from meshtax.model.sidecar import Mode
+from meshtax.model.sidecar import Architecture, Mode
 from meshtax.model.speed import Speed, typical
 from meshtax.model.stats import Estimate, estimate
+from meshtax.profile.architecture import ROLE_NOTES, InternodeResult, role_hash, with_internode
 from meshtax.profile.decompose import Breakdown, assemble, per_crossing
 from meshtax.profile.fit import SizePoint, fit_carried, fit_mode
 from meshtax.profile.onehop import PairedOverhead, ProbeResult
@@ -96,10 +97,11 @@ class SizeResult:
     def cpu_bd(self, run: CpuRun) -> Breakdown:
         """A CPU run's per-crossing breakdown: the sidecar's (perf split, schedstat total)
         plus the app's user-space change (:attr:`app_user_us`), as the latency counts it, plus
-        the client's CPU change (:meth:`ProbeResult.client_cpu_us`: read, write, user) — less
-        the idle sidecar's share of the run (:attr:`idle_cpu_us_per_s` ÷ 2·rate, from its
-        user time: timers and stats are user-space work), which the profile keeps apart as a
-        cost per sidecar and second."""
+        the client's CPU change (:meth:`ProbeResult.client_cpu_us`: read, write, user), plus
+        the kernel CPU change of the other proxies on the path (a node bed's) — less the idle
+        sidecar's share of the run (:attr:`idle_cpu_us_per_s` ÷ 2·rate, from its user time:
+        timers and stats are user-space work), which the profile keeps apart as a cost per
+        sidecar and second."""
         c = self.probed.client_cpu_us()
         idle = (
             self.idle_cpu_us_per_s / (2.0 * run.rate)
@@ -111,6 +113,8 @@ class SizeResult:
             read=run.bd.read + c["read"],
             write=run.bd.write + c["write"],
             user=run.bd.user + self.app_user_us + c["user"] - idle,
+            # the other proxies' kernel work on the path (a waypoint's node proxies)
+            kernel_other=run.bd.kernel_other + self.probed.path_kernel_cpu_us,
         )
 
     def cpu_like(self, run: CpuRun) -> CpuRun | None:
@@ -155,9 +159,13 @@ def family_hash(proxy: ProxyChoice = ProxyChoice()) -> str:
     return config_hash(family_keys(proxy))
 
 
-def _platform(proxy: ProxyChoice, version: str) -> Platform:
-    """This machine with the measured proxy, its version, config key and variant."""
-    return replace(this_host(proxy.kind, version, family_hash(proxy)), variant=proxy.variant)
+def _platform(proxy: ProxyChoice, version: str, architecture: Architecture) -> Platform:
+    """This machine with the measured proxy, its version, config key and variant (and its
+    role, when not a sidecar)."""
+    if architecture is Architecture.SIDECAR:
+        return replace(this_host(proxy.label, version, family_hash(proxy)), variant=proxy.variant)
+    host = this_host(proxy.kind, version, role_hash(architecture))
+    return replace(host, architecture=architecture.value)
 
 
 # --- the profile -----------------------------------------------------------------------------
@@ -246,11 +254,14 @@ def build_profile(
     attempts: Mapping[Mode, Sequence[Mapping[str, Any]]] | None = None,
     capacities: Mapping[Mode, Capacity] | None = None,
     proxy: ProxyChoice = ProxyChoice(),
+    architecture: Architecture = Architecture.SIDECAR,
+    internode: InternodeResult | None = None,
 ) -> Profile:
     """Fit every mode, check closure, and store (when ``store`` is given). ``speeds``: the
     reference workload's measurements during the run; ``attempts``: earlier measurements of a
     mode that did not close (kept in the record); ``capacities``: measured per mode;
-    ``proxy``: the sidecar measured (its version is ``versions[proxy.kind]``)."""
+    ``proxy``: the sidecar measured (its version is ``versions[proxy.kind]``);
+    ``architecture``: its role; ``internode``: a node proxy's inter-node step."""
     tcp = {r.size: r for r in results.get(Mode.TCP, [])}
     carried = {p: rs for p, rs in (carried or {}).items() if rs}
     modes: list[ModeProfile] = []
@@ -270,7 +281,7 @@ def build_profile(
         "its send path; it parses what the sidecar sends), so Parsing counts all three; the "
         "app's kernel-side change is not counted (it depends on the placement of client and app)",
     ]
-    notes += _proxy_notes(proxy, results)
+    notes += _proxy_notes(proxy, results) + list(ROLE_NOTES.get(architecture, ()))
     if Mode.TCP not in results:
         notes.append("no TCP mode measured: Parsing is not separated from Other")
     unresolved: list[str] = []
@@ -372,7 +383,7 @@ def build_profile(
     }
     profile = Profile(
         name=name,
-        platform=_platform(proxy, versions[proxy.kind]),
+        platform=_platform(proxy, versions[proxy.kind], architecture),
         provenance=Provenance(
             source="measured",
             by="meshtax profile",
@@ -386,6 +397,8 @@ def build_profile(
         interference=interference,
         status=status,
     )
+    if internode is not None:
+        profile = with_internode(profile, internode)
     if store is not None:
         store.save(profile, replace=replace)
     return profile

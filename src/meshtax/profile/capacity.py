@@ -7,8 +7,10 @@ Capacity (:func:`measure_capacity`), one mode at a time with its sidecar running
    without the sidecar and through it, the sidecar's and every pod process's CPU read from
    ``/proc`` around each run;
 2. a ramp of fixed rates at ``ramp`` fractions of the meshed maximum, calls spread evenly
-   over the connections (fortio ``-uniform``): each says whether the rate was sustained
-   (achieved ≥ ``shortfall`` × target) and how busy the sidecar was;
+   over the connections (fortio ``-uniform``), each without the sidecar and then through it:
+   whether the rate was sustained (achieved ≥ ``shortfall`` × target), how busy the sidecar
+   was, how the app's CPU changed with the sidecar at the same rate, and the client's latency
+   quantiles on both sides (the overhead's distribution under load);
 3. the capacity is the highest rate achieved through the sidecar; what limited it is the
    sidecar (its workers busy ≥ ``busy`` of their CPUs), the CPUs sidecar and app share (both
    together ≥ ``busy`` of them) or else the client; the sidecar's CPU per request there is
@@ -41,8 +43,8 @@ class CapacityPolicy:
 
     size: int = 100
     connections: int = 32
-    run_s: float = 1.0
-    ramp: tuple[float, ...] = (0.5, 0.8, 0.95)
+    run_s: float = 2.0
+    ramp: tuple[float, ...] = (0.25, 0.5, 0.75, 0.9)
     shortfall: float = 0.97
     busy: float = 0.95
     warmup_n: int = 500
@@ -54,7 +56,7 @@ class CapacityPolicy:
             raise ValueError("capacity: ramp fractions within (0, 2], shortfall within (0, 1]")
 
     def expected_s(self) -> float:
-        return (2 + len(self.ramp)) * (self.run_s + 0.2) + 0.5
+        return (2 + 2 * len(self.ramp)) * (self.run_s + 0.2) + 0.5
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +126,10 @@ def measure_capacity(
         after = cpu_ns(pids)
         secs = r.duration_s or p.run_s
         used = {q: (after.get(q, 0) - before.get(q, 0)) * 1e-9 / secs for q in pids}
+        try:
+            qs = tuple(histogram_quantiles([r], SKETCH_PROBS))
+        except FortioError:
+            qs = ()
         pt = CapacityPoint(
             qps,
             r.actual_qps,
@@ -132,6 +138,7 @@ def measure_capacity(
             r.percentiles_us.get(50.0, r.avg_us),
             r.percentiles_us.get(99.0, r.max_us),
             target == meshed,
+            qs,
         )
         points.append(pt)
         return pt
@@ -141,7 +148,8 @@ def measure_capacity(
     base = run(direct, 0.0)
     top = run(meshed, 0.0)
     for f in p.ramp:
-        run(meshed, f * top.achieved, ("-uniform",))
+        for t in (direct, meshed):
+            run(t, f * top.achieved, ("-uniform",))
     through = [x for x in points if x.meshed and x.achieved > 0]
     best = max(through, key=lambda x: x.achieved)
     if best.sidecar_cpu >= p.busy * workers:

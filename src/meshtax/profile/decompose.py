@@ -111,7 +111,7 @@ buckets map one to one (perf already charges the loopback RX path to ``ipc``, no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields, replace
 
 from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, WRITE, Component
@@ -123,6 +123,7 @@ __all__ = [
     "Breakdown",
     "Window",
     "assemble",
+    "chain_breakdown",
     "cpu_breakdown",
     "latency_breakdown",
     "mesh_breakdown",
@@ -183,8 +184,11 @@ def traffic_threads(reading: ProbeReading) -> ThreadReading:
     return out
 
 
-def _threads_of(reading: ProbeReading, tgid: int | None, busy_only: bool) -> ThreadReading:
-    ts = [t for t in reading.threads if tgid is None or t.tgid == tgid]
+def _threads_of(
+    reading: ProbeReading, tgid: int | Collection[int] | None, busy_only: bool
+) -> ThreadReading:
+    tgids = {tgid} if isinstance(tgid, int) else None if tgid is None else set(tgid)
+    ts = [t for t in reading.threads if tgids is None or t.tgid in tgids]
     if busy_only:
         ts = [t for t in ts if t.read.count or t.write.count] or ts
     out = EMPTY_THREAD
@@ -218,10 +222,11 @@ class Window:
         requests: int,
         *,
         sidecar_tgid: int | None,
-        app_tgid: int | None = None,
+        app_tgid: int | Collection[int] | None = None,
     ) -> Window:
-        """Split a reading into sidecar, app (``app_tgid=None``: no app threads) and client
-        (the followed threads)."""
+        """Split a reading into sidecar, app (``app_tgid=None``: no app threads; several: the
+        app and the other proxies on both paths, whose change counts alike) and client (the
+        followed threads)."""
         mine = [t for t in reading.threads if not t.followed]
         own = replace(reading, threads=tuple(mine))
         if sidecar_tgid is None:
@@ -318,6 +323,45 @@ def mesh_breakdown(meshed: Window, direct: Window | None, *, notify_trim: float 
         notification=notify,
         user=user,
         kernel_other=us(_other_syscalls_ns(s)),
+    )
+
+
+def chain_breakdown(meshed: Window, direct: Window) -> Breakdown:
+    """Per-crossing latency components when the proxies on the path share one CPU with the
+    app (the node bed: node proxies, a waypoint and the app all on the sidecars' CPU): each
+    one's wait for that CPU is another's work on it, so the wall times :func:`mesh_breakdown`
+    adds would count that work twice (a waypoint profile came out +24…+58 % over its measured
+    overhead that way, BENCHMARKS.md issue #18). On-CPU time adds up instead: the watched
+    proxy's user and kernel CPU plus the change of the app's and the other proxies', plus the
+    client's per-call terms (on the other CPU, as in :func:`mesh_breakdown`). Read and Write
+    are the watched proxy's read/write syscalls and the change of the others' (as there),
+    IPC is as there; Notification is the client's change alone; ``kernel_other`` is the rest
+    of the kernel CPU (signed: a syscall preempted by a woken process counts its wall time
+    in Read/Write, the CPU total takes it back)."""
+    base = mesh_breakdown(meshed, direct)
+    n, nd = _crossings(meshed.requests), _crossings(direct.requests)
+    s, a, d = meshed.sidecar, meshed.app, direct.app
+
+    def delta(m_ns: float, d_ns: float) -> float:
+        return m_ns * 1e-3 / n - d_ns * 1e-3 / nd
+
+    def us(ns: float) -> float:
+        return ns * 1e-3 / n
+
+    c, e = meshed.client, direct.client
+
+    def per_call(m: OpStat, d_: OpStat) -> float:
+        return (m.mean_ns - d_.mean_ns) * d_.count * 1e-3 / nd
+
+    in_rw = us(s.read.ns + s.write.ns + s.errqueue.ns) + delta(
+        a.read.ns + a.write.ns + a.errqueue.ns, d.read.ns + d.write.ns + d.errqueue.ns
+    )
+    kernel = us(s.sys_cpu_ns) + delta(a.sys_cpu_ns, d.sys_cpu_ns)
+    return replace(
+        base,
+        notification=per_call(c.notify, e.notify),
+        user=us(s.user_ns) + delta(a.user_ns, d.user_ns),
+        kernel_other=kernel - in_rw,
     )
 
 

@@ -21,11 +21,12 @@ from meshtax.profile.decompose import (
     CROSSINGS_PER_REQUEST,
     Breakdown,
     Window,
+    chain_breakdown,
     cpu_breakdown,
     mesh_breakdown,
 )
 from meshtax.testbed import procfs
-from meshtax.testbed.bed import EchoBed
+from meshtax.testbed.bed import OneHop
 from meshtax.testbed.fortio import LoadResult
 from meshtax.testbed.interference import Interference, MeterFactory, Thresholds, summarize
 from meshtax.testbed.paired import (
@@ -36,6 +37,7 @@ from meshtax.testbed.paired import (
     is_narrow,
     paired_runs,
 )
+from meshtax.testbed.probe_reading import EMPTY_THREAD
 from meshtax.testbed.probes import (
     ProbeError,
     ProbeReading,
@@ -81,7 +83,7 @@ class PairedOverhead:
 
 
 def measure_overhead(
-    bed: EchoBed,
+    bed: OneHop,
     mode: Mode,
     size: int,
     *,
@@ -131,6 +133,8 @@ class ProbeResult:
     without the app and client terms; ``per_pair``: each pair alone (their spread is the
     interval);
     ``overhead``: per-request overhead measured in the same probed windows.
+    ``path_kernel_cpu_us``: the kernel CPU change per crossing (meshed − direct) of the other
+    proxies on both paths (a node bed's; 0 on the echo bed), which CPU models count.
     """
 
     latency: Breakdown
@@ -145,6 +149,7 @@ class ProbeResult:
     dropped: int
     windows: list[dict[str, Any]]
     interference: dict[str, Any] = field(default_factory=dict)
+    path_kernel_cpu_us: float = 0.0
 
     def client_cpu_us(self) -> dict[str, float]:
         """:func:`client_cpu_us` of this result's windows."""
@@ -164,6 +169,7 @@ class ProbeResult:
             "dropped_events": self.dropped,
             "windows": self.windows,
             "interference": self.interference,
+            **({"path_kernel_cpu_us": self.path_kernel_cpu_us} if self.path_kernel_cpu_us else {}),
         }
 
 
@@ -209,7 +215,7 @@ def components_narrow(per_pair: Sequence[Breakdown], rel: float, floor_us: float
 
 
 def probe_components(
-    bed: EchoBed,
+    bed: OneHop,
     mode: Mode,
     size: int,
     sidecar_pid: int,
@@ -231,7 +237,14 @@ def probe_components(
     (:func:`~meshtax.testbed.probes.realtime`)."""
     # the app each path reaches (two processes when the sidecar talks to it over Unix sockets)
     apps = {"meshed": bed.meshed_app_pid, "direct": bed.app_pid}
-    app_pids = list(dict.fromkeys(apps.values()))
+
+    def breakdown(m: Window, d: Window | None) -> Breakdown:
+        # several busy proxies sharing the app's CPU (a waypoint's bed): on-CPU time adds up
+        return chain_breakdown(m, d) if bed.cpu_chain and d is not None else mesh_breakdown(m, d)
+
+    # other proxies on both paths (a node bed's): their change counts as the app's does
+    path = bed.path_pids
+    app_pids = list(dict.fromkeys([*apps.values(), *path]))
     pids = [sidecar_pid, *app_pids] if probe_app else [sidecar_pid]
     # the load generator is a new process per window: follow its namespace, not a PID
     follow = bed.client_netns_path if probe_client and probe_app else None
@@ -267,14 +280,18 @@ def probe_components(
             res, reading = _probed_load(
                 bed, probe, pids, follow, targets[name], mode, size, windows.run_s
             )
-        app_tgid = apps[name] if probe_app else None
+        app_tgid = (apps[name], *path) if probe_app else None
         w = Window.of(reading, res.count, sidecar_tgid=sidecar_pid, app_tgid=app_tgid)
         noise = (
             None
             if gauge is None or before is None
             else Interference.between(before, gauge.snapshot())
         )
-        return ProbeWindow(res, reading, w, noise)
+        on_path = EMPTY_THREAD
+        for t in reading.threads:
+            if t.tgid in path:
+                on_path = on_path + t
+        return ProbeWindow(res, reading, w, noise, on_path)
 
     def clean(g: GroupRun[ProbeWindow]) -> bool:
         return not any(
@@ -285,7 +302,7 @@ def probe_components(
 
     def narrow(p: Paired[ProbeWindow]) -> bool:
         per = [
-            mesh_breakdown(m.window, d.window if probe_app else None)
+            breakdown(m.window, d.window if probe_app else None)
             for m, d in p.pairs("meshed", "direct")
         ]
         return components_narrow(per, windows.rel_halfwidth, windows.floor_us)
@@ -326,6 +343,12 @@ def probe_components(
     m_mean = [m.result.avg_us for m, _ in pairs_]
     d_mean = [d.result.avg_us for _, d in pairs_]
     dropped = sum(x.reading.dropped for m, d in pairs_ for x in (m, d))
+    path_cpu = per_crossing_delta(
+        sum(m.path.sys_cpu_ns for m, _ in pairs_),
+        sum(m.result.count for m, _ in pairs_),
+        sum(d.path.sys_cpu_ns for _, d in pairs_),
+        sum(d.result.count for _, d in pairs_),
+    )
     noise = [x.noise for m, d in pairs_ for x in (m, d) if x.noise is not None]
 
     def pooled(ws: list[Window]) -> Window:
@@ -335,9 +358,9 @@ def probe_components(
         return out
 
     pm, pd = pooled(m_windows), pooled(d_windows)
-    per_pair = [mesh_breakdown(m, d if probe_app else None) for m, d in zip(m_windows, d_windows)]
+    per_pair = [breakdown(m, d if probe_app else None) for m, d in zip(m_windows, d_windows)]
     diffs = [m - d for m, d in zip(m_mean, d_mean)]
-    pooled_bd = mesh_breakdown(pm, pd if probe_app else None)
+    pooled_bd = breakdown(pm, pd if probe_app else None)
     return ProbeResult(
         latency=pooled_bd,
         pooled=pooled_bd,
@@ -351,6 +374,7 @@ def probe_components(
         dropped=dropped,
         windows=raw,
         interference=summarize(noise, len(paired.rejected), forced) if gauge is not None else {},
+        path_kernel_cpu_us=path_cpu,
     )
 
 
@@ -384,6 +408,7 @@ class ProbeWindow:
     reading: ProbeReading
     window: Window
     noise: Interference | None
+    path: ThreadReading = EMPTY_THREAD  # the other proxies on the path (a node bed's), summed
 
 
 def client_cpu_us(windows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -403,10 +428,23 @@ def client_cpu_us(windows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
+def per_crossing_delta(m_ns: float, m_requests: int, d_ns: float, d_requests: int) -> float:
+    """(meshed − direct) ns per request, in µs per crossing (0 without requests)."""
+    if m_requests <= 0 or d_requests <= 0:
+        return 0.0
+    return (m_ns / m_requests - d_ns / d_requests) * 1e-3 / CROSSINGS_PER_REQUEST
+
+
 def _window_record(meshed: bool, x: ProbeWindow, sched: str, kept: bool) -> dict[str, Any]:
     """One probe window, raw, for the profile's record (``kept``: used, not refused)."""
     res, reading, w = x.result, x.reading, x.window
-    threads = (("sidecar", w.sidecar), ("app", w.app), ("client", w.client))
+    threads: tuple[tuple[str, ThreadReading], ...] = (
+        ("sidecar", w.sidecar),
+        ("app", w.app),
+        ("client", w.client),
+    )
+    if x.path != EMPTY_THREAD:  # a node bed's other proxies (inside "app" too)
+        threads += (("path", x.path),)
     return {
         "meshed": meshed,
         "kept": kept,
@@ -435,7 +473,7 @@ def _start_probe(session: ProbeSession, pids: list[int], follow: str | None) -> 
 
 
 def _probed_load(
-    bed: EchoBed,
+    bed: OneHop,
     probe: Callable[[System], ProbeSession],
     pids: list[int],
     follow: str | None,
@@ -479,7 +517,7 @@ def _thread_dict(t: ThreadReading) -> dict[str, int]:
 
 
 def sidecar_cpu(
-    bed: EchoBed,
+    bed: OneHop,
     mode: Mode,
     size: int,
     qps: float,

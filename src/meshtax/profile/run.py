@@ -46,8 +46,9 @@ from typing import Any
 from meshtax.model.capacity import Capacity
 from meshtax.model.profile import Profile
 from meshtax.model.proxy import ProxyChoice
-from meshtax.model.sidecar import Mode
+from meshtax.model.sidecar import Architecture, Mode
 from meshtax.model.speed import Speed
+from meshtax.profile.architecture import InternodeResult, measure_internode, one_hop_bed, role_plan
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import CpuRun, ProfileSink, SizeResult, build_profile, points
 from meshtax.profile.capacity import measure_capacity
@@ -55,9 +56,10 @@ from meshtax.profile.decompose import Breakdown, steady_breakdown
 from meshtax.profile.fit import fit_mode
 from meshtax.profile.onehop import measure_overhead, probe_components, sidecar_cpu
 from meshtax.profile.plan import Plan, Step, full_plan, quick_plan, window_policy
-from meshtax.testbed.bed import EchoBed, echo_testbed
+from meshtax.testbed.bed import OneHop
 from meshtax.testbed.fortio import LoadResult, fortio_version
 from meshtax.testbed.interference import Interference, Meter, Thresholds
+from meshtax.testbed.nodebed import NodeBed
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.proxy import PROXIES, Proxy
 from meshtax.testbed.system import System
@@ -88,6 +90,7 @@ class ProfileOptions:
     low_rates: tuple[float, ...] | None = None
     capacity: bool | None = None  # measure each mode's capacity (None: the preset's)
     proxy: ProxyChoice = ProxyChoice()
+    architecture: Architecture = Architecture.SIDECAR  # node-l4, waypoint: on the node bed
 
     def resolve_plan(self) -> Plan:
         p = self.plan or (quick_plan() if self.quick else full_plan())
@@ -102,6 +105,7 @@ class ProfileOptions:
             changes["low_rates"] = tuple(self.low_rates)
         if self.capacity is not None:
             changes["capacity"] = self.capacity
+        changes = role_plan(p, changes, self.architecture, self.proxy, self.carried is None)
         if changes:
             p = Plan(**{**_plan_fields(p), **changes})
         if self.duration_s is not None:
@@ -202,7 +206,7 @@ def run_profile(
     px = options.proxy
     envoy_bin = be.envoy_binary or (tool("envoy") if px.kind == "envoy" else None)
     kind = PROXIES[px.kind]
-    proxy_bin = envoy_bin if px.kind == "envoy" else be.proxy_binary or tool(kind.tool)
+    proxy_bin = envoy_bin if px.kind == "envoy" else be.proxy_binary or kind.binary(px)
     fortio_bin = be.fortio_binary or tool("fortio")
     versions = {
         px.kind: kind.version(system, proxy_bin),
@@ -215,12 +219,15 @@ def run_profile(
     carried: dict[str, list[SizeResult]] = {}
     speeds: list[Speed] = []
     attempts: dict[Mode, list[dict[str, Any]]] = {}
+    arch = Architecture(options.architecture)
+    internode: InternodeResult | None = None
     with (
         be.niceness(plan.nice),
         be.testbed(system) as tb,
-        echo_testbed(
+        one_hop_bed(
             tb,
             plan.pinning,
+            arch,
             envoy_bin=envoy_bin,
             fortio_bin=fortio_bin,
             proxy=px,
@@ -256,6 +263,8 @@ def run_profile(
             if open_modes:
                 _speed(be, tb, plan, speeds)
         capacities = {m: _capacity(m, plan, bed, be, ticker) for m in plan.modes if plan.capacity}
+        if isinstance(bed, NodeBed) and arch is Architecture.NODE_L4:
+            internode = measure_internode(bed, plan, be.schedstat)
     wall_s = be.clock() - t_start
     return build_profile(
         name,
@@ -271,10 +280,12 @@ def run_profile(
         attempts=attempts,
         capacities=capacities,
         proxy=px,
+        architecture=arch,
+        internode=internode,
     )
 
 
-def _capacity(mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked) -> Capacity:
+def _capacity(mode: Mode, plan: Plan, bed: OneHop, be: Backends, ticker: _Clocked) -> Capacity:
     """The mode's capacity through a sidecar of its own, the bed's proxy
     (:mod:`meshtax.profile.capacity`)."""
     ticker.next("capacity", mode, plan.capacity_policy.size)
@@ -318,7 +329,7 @@ def _closes(mode: Mode, plan: Plan, results: Mapping[Mode, list[SizeResult]]) ->
 
 
 def _cpu_runs(
-    bed: EchoBed,
+    bed: OneHop,
     load_mode: Mode,
     size: int,
     pid: int,
@@ -427,7 +438,7 @@ LOW_RATE_MAX_SHARE = 0.5
 
 
 def _measure_carried(
-    proto: str, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked
+    proto: str, plan: Plan, bed: OneHop, be: Backends, ticker: _Clocked
 ) -> list[SizeResult]:
     """A tcp-mode sidecar in front of the app's ``proto`` server, driven by ``proto``'s client:
     probe windows and CPU runs at the plan's carried sizes (no un-probed latency runs: the
@@ -448,7 +459,7 @@ def _measure_carried(
 
 
 def _measure_mode(
-    mode: Mode, plan: Plan, bed: EchoBed, be: Backends, ticker: _Clocked
+    mode: Mode, plan: Plan, bed: OneHop, be: Backends, ticker: _Clocked
 ) -> list[SizeResult]:
     return _measure_sizes(bed.start_sidecar(mode), mode, mode, plan.sizes, plan, bed, be, ticker)
 
@@ -459,7 +470,7 @@ def _measure_sizes(
     load_mode: Mode,
     sizes: Sequence[int],
     plan: Plan,
-    bed: EchoBed,
+    bed: OneHop,
     be: Backends,
     ticker: _Clocked,
     *,

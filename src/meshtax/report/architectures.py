@@ -24,12 +24,24 @@ __all__ = [
     "architectures_text",
 ]
 
-#: which profile prices each proxy role (said with every comparison)
-ROLES = (
-    "sidecar: the service's mode, filters and mTLS; node proxy (node-l4): the service's profile "
-    "in tcp mode with its mTLS — an Envoy tcp-mode profile is a stand-in for ztunnel, not "
-    "ztunnel; waypoint: the destination's mode, filters and mTLS"
-)
+
+def roles_text(roles: Mapping[str, str]) -> str:
+    """Which profile prices each role, given the profiles measured in a role (by role)."""
+    node, way = roles.get("node-l4"), roles.get("waypoint")
+    parts = ["sidecar: the service's mode, filters and mTLS"]
+    parts.append(
+        f"node proxy (node-l4): profile {node!r}, measured as Envoy per node (plaintext within a "
+        "node, its inter-node mTLS across) — Envoy in ztunnel's role, not ztunnel"
+        if node
+        else "node proxy (node-l4): the service's profile in tcp mode with its mTLS — an Envoy "
+        "tcp-mode profile is a stand-in for ztunnel, not ztunnel"
+    )
+    parts.append(
+        f"waypoint: profile {way!r}, measured as an Envoy waypoint in the destination's mode"
+        if way
+        else "waypoint: the destination's mode, filters and mTLS"
+    )
+    return "; ".join(parts)
 
 
 def _iv(v: float, lo: float, hi: float) -> dict[str, float]:
@@ -41,9 +53,11 @@ def architecture_section(
     results: Sequence[tuple[Arranged, BatchPrediction]],
     memory: Mapping[str, dict[str, Any] | None],
     pods_per_node: int,
+    roles: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Per architecture: the proxies it runs, each graph's latency and CPU overhead (95 %
-    intervals), and the proxies' memory when the profiles have memory models."""
+    intervals), and the proxies' memory when the profiles have memory models; ``roles``: the
+    profiles measured in a role that priced them (by role)."""
     rows = []
     for arranged, bp in results:
         a = arranged.architecture.value
@@ -68,7 +82,12 @@ def architecture_section(
                 "memory": memory.get(a),
             }
         )
-    return {"pods_per_node": pods_per_node, "roles": ROLES, "by_architecture": rows}
+    return {
+        "pods_per_node": pods_per_node,
+        "roles": roles_text(roles or {}),
+        "role_profiles": dict(roles or {}),
+        "by_architecture": rows,
+    }
 
 
 def _mb(m: Mapping[str, Any] | None) -> str:

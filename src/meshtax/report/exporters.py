@@ -1,7 +1,9 @@
-"""One exporter per format behind one method: ``export(document) -> str``.
+"""One exporter per format behind one small interface: ``write(document, out)`` writes it
+to a text stream, ``export(document) -> str`` returns the text.
 
 Documents are the plain dicts of :mod:`meshtax.report.result` (predictions) and profile
-documents (``Profile.to_dict``); exporters never see internal objects.
+documents (``Profile.to_dict``); exporters never see internal objects. JSON and CSV write a
+prediction graph by graph: the text of 200 000 graphs is never held whole.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import io
 import json
 import math
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from meshtax.report.markdown import MarkdownExporter
 from meshtax.report.result import GraphList
@@ -20,7 +22,21 @@ from meshtax.report.result import GraphList
 class Exporter(Protocol):
     suffix: str
 
+    def write(self, doc: Mapping[str, Any], out: TextIO) -> None: ...
+
     def export(self, doc: Mapping[str, Any]) -> str: ...
+
+
+class _Streamed:
+    """``export`` as ``write`` to a string."""
+
+    def write(self, doc: Mapping[str, Any], out: TextIO) -> None:
+        raise NotImplementedError
+
+    def export(self, doc: Mapping[str, Any]) -> str:
+        buf = io.StringIO()
+        self.write(doc, buf)
+        return buf.getvalue()
 
 
 def _clean(x: Any) -> Any:
@@ -34,21 +50,25 @@ def _clean(x: Any) -> Any:
     return x
 
 
-class JsonExporter:
+class JsonExporter(_Streamed):
     suffix = ".json"
 
-    def export(self, doc: Mapping[str, Any]) -> str:
+    def write(self, doc: Mapping[str, Any], out: TextIO) -> None:
         graphs = doc.get("graphs")
         if not isinstance(graphs, GraphList):
-            return json.dumps(_clean(doc), indent=2, sort_keys=False) + "\n"
-        # graph by graph: the text of every graph, not a dict per graph as well
+            out.write(json.dumps(_clean(doc), indent=2, sort_keys=False) + "\n")
+            return
+        # graph by graph: the text of one graph at a time, not of every graph at once
         head = json.dumps(_clean({**doc, "graphs": [0]}), indent=2, sort_keys=False)
         where = '"graphs": [\n    0\n  ]'
         assert head.count(where) == 1
-        parts = [json.dumps(_clean(g), indent=2).replace("\n", "\n    ") for g in graphs]
-        body = '"graphs": [\n    ' + ",\n    ".join(parts) + "\n  ]"
         before, after = head.split(where)
-        return before + body + after + "\n"
+        out.write(before + '"graphs": [\n    ')
+        for i, g in enumerate(graphs):
+            if i:
+                out.write(",\n    ")
+            out.write(json.dumps(_clean(g), indent=2).replace("\n", "\n    "))
+        out.write("\n  ]" + after + "\n")
 
 
 def _fmt(v: Any) -> Any:
@@ -56,17 +76,16 @@ def _fmt(v: Any) -> Any:
     return f"{v:.6g}" if isinstance(v, float) else ("" if v is None else v)
 
 
-class CsvExporter:
+class CsvExporter(_Streamed):
     """Predictions: one row per graph. Profiles: one row per mode and component."""
 
     suffix = ".csv"
 
-    def export(self, doc: Mapping[str, Any]) -> str:
-        buf = io.StringIO()
-        out = csv.writer(buf, lineterminator="\n")
+    def write(self, doc: Mapping[str, Any], out: TextIO) -> None:
+        rows = csv.writer(out, lineterminator="\n")
 
         def write(row: list[Any]) -> None:
-            out.writerow([_fmt(v) for v in row])
+            rows.writerow([_fmt(v) for v in row])
 
         if "graphs" in doc:
             comps = list(doc["components"])
@@ -140,13 +159,15 @@ class CsvExporter:
                                 m.get("note", ""),
                             ]
                         )
-        return buf.getvalue()
 
 
 class HtmlExporter:
     """The full report of one document (a prediction or a profile) as one self-contained page."""
 
     suffix = ".html"
+
+    def write(self, doc: Mapping[str, Any], out: TextIO) -> None:
+        out.write(self.export(doc))
 
     def export(self, doc: Mapping[str, Any]) -> str:
         # matplotlib loads only when HTML is asked for

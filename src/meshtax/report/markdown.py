@@ -7,7 +7,7 @@ deterministic output (golden-file tested).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from meshtax.report import tables as T
 
@@ -295,6 +295,9 @@ class MarkdownExporter:
     """Predictions (documents with ``graphs``) and profiles (documents with ``modes``)."""
 
     suffix = ".md"
+
+    def write(self, doc: Mapping[str, Any], out: TextIO) -> None:
+        out.write(self.export(doc))  # at most 50 graphs: small
 
     def export(self, doc: Mapping[str, Any]) -> str:
         if "graphs" in doc:

@@ -14,7 +14,7 @@ import os
 import re
 import tempfile
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, overload
 
@@ -200,6 +200,7 @@ class GraphColumns:
         self._spill_after = SPILL_GRAPHS if spill_after is None else spill_after
         self._file: IO[bytes] | None = None
         self._read: tuple[int, _Block] | None = None  # the spilled block read last
+        self._joined: tuple[int, tuple[str, ...], dict[str, Any], Any] | None = None  # ... joined
         self._pct: np.ndarray[Any, Any] | None = None
 
     def add(self, names: Sequence[str], bp: BatchPrediction) -> None:
@@ -207,7 +208,7 @@ class GraphColumns:
         cols = {k: np.array(v) for k, v in _columns(bp).items()}
         self._blocks.append(_Block(len(names), bp.components, tuple(names), cols))
         self._n += len(names)
-        self._pct = None
+        self._pct, self._joined = None, None  # a new component joins every block anew
         if self._n > self._spill_after:
             self._spill()
 
@@ -291,13 +292,33 @@ class GraphColumns:
             return _numbers(names[g], keys, c, self.pct(), g)
         ends = np.cumsum([b.n for b in self._blocks])
         i = int(np.searchsorted(ends, g, side="right"))
-        b = self._load(i)
-        assert b.names is not None
+        names, c, pct = self._joined_block(i)
         at = g - (int(ends[i - 1]) if i else 0)
-        c = {k: v[at : at + 1] for k, v in _join([b], self.components, b.n).items()}
-        return _numbers(
-            b.names[at], keys, c, _pct(c["base_latency_us"], c["latency_overhead_us"]), 0
-        )
+        return _numbers(names[at], keys, c, pct, at)
+
+    def graphs(self) -> Iterator[dict[str, Any]]:
+        """Every graph's entry (as :meth:`graph`) in order, a block read and joined once."""
+        keys = [k.key for k in self.components]
+        if self._file is None:
+            for g in range(self._n):
+                yield self.graph(g)
+            return
+        for i in range(len(self._blocks)):
+            names, c, pct = self._joined_block(i)
+            for at in range(len(names)):
+                yield _numbers(names[at], keys, c, pct, at)
+
+    def _joined_block(
+        self, i: int
+    ) -> tuple[tuple[str, ...], dict[str, np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
+        """Spilled block ``i``: its names, its columns over every component, their %."""
+        if self._joined is None or self._joined[0] != i:
+            b = self._load(i)
+            assert b.names is not None
+            c = _join([b], self.components, b.n)
+            pct = _pct(c["base_latency_us"], c["latency_overhead_us"])
+            self._joined = (i, b.names, c, pct)
+        return self._joined[1:]
 
     def summary(self) -> dict[str, Any]:
         """Totals and distributions over all graphs."""
@@ -376,6 +397,9 @@ class GraphList(Sequence[dict[str, Any]]):
         if not -n <= i < n:
             raise IndexError(i)
         return self.columns.graph(i % n)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self.columns.graphs()
 
 
 def summary(bp: BatchPrediction) -> dict[str, Any]:

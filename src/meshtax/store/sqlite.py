@@ -260,10 +260,12 @@ class ProfileStore:
                     out.append(_summary(p))
         return out
 
-    def for_host(self, host: Platform) -> Profile | None:
+    def for_host(self, host: Platform, architecture: str = "") -> Profile | None:
         """The newest measured profile of this host (same CPU model, cores, kernel); one of
         the host's proxy without a variant when there is one (profiles of the reference
-        sidecar or of a Unix-socket variant are for what-if comparisons, not the default)."""
+        sidecar or of a Unix-socket variant are for what-if comparisons, not the default).
+        ``architecture``: the newest profile of a proxy in that role instead (node-l4,
+        waypoint); sidecar profiles are never those."""
         best: Profile | None = None
         plain: Profile | None = None
         with closing(self._connect()) as db:
@@ -271,10 +273,13 @@ class ProfileStore:
                 "SELECT name, document FROM profiles WHERE source = 'measured' ORDER BY created"
             ).fetchall():
                 p = self._load(name, doc)
-                if not isinstance(p, str) and p.platform.same_host(host):
-                    best = p
-                    if p.platform.proxy == host.proxy and not p.platform.variant:
-                        plain = p
+                if isinstance(p, str) or not p.platform.same_host(host):
+                    continue
+                if p.platform.architecture != architecture:
+                    continue
+                best = p
+                if p.platform.proxy == host.proxy and not p.platform.variant:
+                    plain = p
         return plain or best
 
     def samples(self, name: str) -> builtins.list[tuple[str, str, str, float, float | None, float]]:

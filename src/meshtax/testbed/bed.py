@@ -36,6 +36,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from meshtax.model.proxy import ProxyChoice, ProxyError
 from meshtax.model.sidecar import Mode
@@ -50,9 +51,11 @@ from meshtax.testbed.tools import tool
 
 __all__ = [
     "APP_PORTS",
+    "ClientBed",
     "PROXY_UID",
     "SERVICE_PORT",
     "EchoBed",
+    "OneHop",
     "echo_testbed",
     "mesh_pod",
     "start_sidecar",
@@ -101,28 +104,72 @@ def mesh_pod(
     return start_sidecar(tb, pod, config, workdir, cpus=cpus, binary=binary)
 
 
-@dataclass
-class EchoBed:
-    """A running one-hop testbed: a client pod, a meshed server pod (app ports excluded from
-    interception) and the fortio echo app serving TCP, HTTP and gRPC in it.
+class OneHop(Protocol):
+    """What the profiler measures on: :class:`EchoBed`, or the node bed
+    (:class:`~meshtax.testbed.nodebed.NodeBed`) whose proxies are per node and waypoints."""
 
-    ``meshed_target`` goes through a sidecar started with :meth:`start_sidecar`;
-    ``direct_target(mode)`` reaches the same app process without it.
-    """
+    @property
+    def system(self) -> System: ...
+
+    @property
+    def cpus(self) -> tuple[int, ...]: ...
+
+    @property
+    def app_pid(self) -> int: ...
+
+    @property
+    def meshed_app_pid(self) -> int: ...
+
+    @property
+    def path_pids(self) -> tuple[int, ...]:
+        """Proxies on both paths besides the watched one (their change counts as the app's)."""
+        ...
+
+    @property
+    def cpu_chain(self) -> bool:
+        """Several busy proxies share the app's CPU on the meshed path: its components add
+        on-CPU time, not wall time (:func:`~meshtax.profile.decompose.chain_breakdown`)."""
+        ...
+
+    @property
+    def meshed_target(self) -> str: ...
+
+    @property
+    def client_netns_path(self) -> str: ...
+
+    def direct_target(self, mode: Mode) -> str: ...
+
+    def load(
+        self,
+        target: str,
+        mode: Mode,
+        size: int,
+        qps: float = 0.0,
+        *,
+        duration_s: float | None = None,
+        n: int | None = None,
+        connections: int = 1,
+        extra_args: tuple[str, ...] = (),
+    ) -> LoadResult: ...
+
+    def start_sidecar(
+        self,
+        mode: Mode,
+        cfg: EnvoyConfig | None = None,
+        *,
+        name: str | None = None,
+        app: Mode | None = None,
+    ) -> Proxy: ...
+
+
+class ClientBed:
+    """What every bed does the same way: the load from its client pod, its CPUs, where its
+    tools spawn (:class:`EchoBed`, :class:`~meshtax.testbed.nodebed.NodeBed`)."""
 
     testbed: Testbed
     client: Pod
-    server: Pod
-    app: FortioServer
     pinning: Pinning
-    envoy_bin: Path | None  # None: the default Envoy (a bed of another proxy may have none)
     fortio_bin: Path
-    workdir: Path
-    proxy: ProxyChoice = ProxyChoice()
-    proxy_bin: Path | None = None  # the chosen proxy's binary (None: its tool's default)
-    meshed_app: FortioServer | None = None  # the meshed path's own echo (ipc uds, sockmap)
-    sockets: Path | None = None  # where the Unix sockets live (ipc uds)
-    cgroup: str | None = None  # the cgroup of sidecar and meshed echo (ipc sockmap)
 
     @property
     def system(self) -> System:
@@ -137,34 +184,6 @@ class EchoBed:
         if any(c is None for c in sets):
             return ()
         return tuple(sorted({c for cs in sets if cs is not None for c in cs}))
-
-    @property
-    def app_pid(self) -> int:
-        """The TCP echo: what the direct path reaches (and the meshed one with ipc tcp)."""
-        assert self.app.process is not None
-        return self.app.process.pid
-
-    @property
-    def meshed_app_pid(self) -> int:
-        """The echo process the sidecar forwards to."""
-        if self.meshed_app is None:
-            return self.app_pid
-        assert self.meshed_app.process is not None
-        return self.meshed_app.process.pid
-
-    def app_address(self, mode: Mode) -> Upstream:
-        """Where the sidecar sends ``mode``'s traffic: the app's port on loopback, or its
-        Unix socket."""
-        if self.sockets is not None:
-            return str(self.sockets / f"{mode.value}.sock")
-        return ("127.0.0.1", (SOCKMAP_PORTS if self.cgroup else APP_PORTS)[mode])
-
-    @property
-    def meshed_target(self) -> str:
-        return f"{self.server.ip}:{SERVICE_PORT}"
-
-    def direct_target(self, mode: Mode) -> str:
-        return f"{self.server.ip}:{APP_PORTS[mode]}"
 
     @property
     def client_netns_path(self) -> str:
@@ -201,6 +220,67 @@ class EchoBed:
             self.client.place(cpus=self.pinning.client),
             self.fortio_bin,
         )
+
+
+@dataclass
+class EchoBed(ClientBed):
+    """A running one-hop testbed: a client pod, a meshed server pod (app ports excluded from
+    interception) and the fortio echo app serving TCP, HTTP and gRPC in it.
+
+    ``meshed_target`` goes through a sidecar started with :meth:`start_sidecar`;
+    ``direct_target(mode)`` reaches the same app process without it.
+    """
+
+    testbed: Testbed
+    client: Pod
+    server: Pod
+    app: FortioServer
+    pinning: Pinning
+    envoy_bin: Path | None  # None: the default Envoy (a bed of another proxy may have none)
+    fortio_bin: Path
+    workdir: Path
+    proxy: ProxyChoice = ProxyChoice()
+    proxy_bin: Path | None = None  # the chosen proxy's binary (None: its tool's default)
+    meshed_app: FortioServer | None = None  # the meshed path's own echo (ipc uds, sockmap)
+    sockets: Path | None = None  # where the Unix sockets live (ipc uds)
+    cgroup: str | None = None  # the cgroup of sidecar and meshed echo (ipc sockmap)
+
+    @property
+    def app_pid(self) -> int:
+        """The TCP echo: what the direct path reaches (and the meshed one with ipc tcp)."""
+        assert self.app.process is not None
+        return self.app.process.pid
+
+    @property
+    def path_pids(self) -> tuple[int, ...]:
+        """None here: the sidecar is the only proxy."""
+        return ()
+
+    @property
+    def cpu_chain(self) -> bool:
+        return False
+
+    @property
+    def meshed_app_pid(self) -> int:
+        """The echo process the sidecar forwards to."""
+        if self.meshed_app is None:
+            return self.app_pid
+        assert self.meshed_app.process is not None
+        return self.meshed_app.process.pid
+
+    def app_address(self, mode: Mode) -> Upstream:
+        """Where the sidecar sends ``mode``'s traffic: the app's port on loopback, or its
+        Unix socket."""
+        if self.sockets is not None:
+            return str(self.sockets / f"{mode.value}.sock")
+        return ("127.0.0.1", (SOCKMAP_PORTS if self.cgroup else APP_PORTS)[mode])
+
+    @property
+    def meshed_target(self) -> str:
+        return f"{self.server.ip}:{SERVICE_PORT}"
+
+    def direct_target(self, mode: Mode) -> str:
+        return f"{self.server.ip}:{APP_PORTS[mode]}"
 
     def start_sidecar(
         self,
@@ -262,7 +342,7 @@ def echo_testbed(
         envoy_bin = envoy_bin or tool("envoy")
     fortio_bin = fortio_bin or tool("fortio")
     if proxy.kind != "envoy":
-        proxy_bin = proxy_bin or tool(PROXIES[proxy.kind].tool)
+        proxy_bin = proxy_bin or PROXIES[proxy.kind].binary(proxy)
     work = tb.scratch_dir("meshtax-profile-")
     if PROXIES[proxy.kind].file_configured:
         # the proxy's uid reaches its own work directory below (the bed's files stay root's)

@@ -71,6 +71,7 @@ class Pod:
     netns: str
     ip: str
     ifname: str = POD_IF
+    node: str | None = None  # the node it runs on (:mod:`meshtax.testbed.nodes`); None: the bridge
 
     def place(
         self, *, cpus: tuple[int, ...] | None = None, uid: int | None = None, gid: int | None = None
@@ -286,7 +287,7 @@ class Testbed:
                 self.state_dir, RunState(self.run_id, me, self.procs.start_time(me))
             )
             self._registry.save()
-            self._add_netns(self.bridge_netns)
+            self.add_netns(self.bridge_netns)
             ipn = ["ip", "-n", self.bridge_netns]
             self.system.run(ipn + ["link", "add", BRIDGE, "type", "bridge"])
             self.system.run(ipn + ["link", "set", BRIDGE, "up"])
@@ -368,25 +369,34 @@ class Testbed:
             raise RuntimeError("testbed is not open (use `with Testbed(...) as tb:`)")
         return self._registry
 
-    def _add_netns(self, name: str) -> None:
+    def add_netns(self, name: str) -> None:
+        """Create namespace ``name`` (removed on close, reaped after a crash)."""
         # recorded before it exists: a crash in between leaves a record, never an orphan
         self._require_open().add_netns(name)
         self.system.run(["ip", "netns", "add", name])
 
-    def add_pod(self, name: str) -> Pod:
-        """Create pod ``name``: a netns with ``eth0`` on the bridge and ``lo`` up."""
+    def claim_address(self) -> str:
+        """The next free address of the bridge's subnet."""
+        try:
+            return str(next(self._hosts))
+        except StopIteration:
+            raise RuntimeError(f"subnet {self.subnet} is full") from None
+
+    def pod_netns(self, name: str) -> str:
+        """The namespace of pod (or node) ``name``, after checking the name is usable."""
         self._require_open()
         if not _NAME_RE.match(name) or name == "bridge":
             raise ValueError(f"pod name {name!r}: use 1-20 characters [a-z0-9-], not 'bridge'")
         if name in self.pods:
             raise ValueError(f"pod {name!r} exists")
-        try:
-            ip = str(next(self._hosts))
-        except StopIteration:
-            raise RuntimeError(f"subnet {self.subnet} is full") from None
-        netns = f"{NETNS_PREFIX}{self.run_id}-{name}"
+        return f"{NETNS_PREFIX}{self.run_id}-{name}"
+
+    def add_pod(self, name: str) -> Pod:
+        """Create pod ``name``: a netns with ``eth0`` on the bridge and ``lo`` up."""
+        netns = self.pod_netns(name)
+        ip = self.claim_address()
         veth = f"veth{len(self.pods) + 1}"  # lives in the bridge netns: no global clash
-        self._add_netns(netns)
+        self.add_netns(netns)
         run = self.system.run
         # no IPv6: no router solicitations / DAD chatter on the bridge while we measure
         run(

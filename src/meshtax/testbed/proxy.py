@@ -42,6 +42,7 @@ from typing import Protocol
 
 from meshtax.model.proxy import ProxyChoice, ProxyError
 from meshtax.model.sidecar import Mode
+from meshtax.testbed.custom import TemplateConfig, custom_version
 from meshtax.testbed.envoy.config import EnvoyConfig
 from meshtax.testbed.envoy.process import EnvoyProcess, envoy_version
 from meshtax.testbed.fileproxy import FileProxy
@@ -49,7 +50,7 @@ from meshtax.testbed.haproxy import HaproxyConfig, haproxy_version
 from meshtax.testbed.nginx import NginxConfig, nginx_version
 from meshtax.testbed.refsidecar import RefsidecarConfig, RefsidecarProcess, refsidecar_version
 from meshtax.testbed.system import Placement, System
-from meshtax.testbed.tools import Tool
+from meshtax.testbed.tools import Tool, tool
 
 __all__ = ["PROXIES", "Proxy", "ProxyKind", "SidecarRequest", "Upstream", "family_keys"]
 
@@ -89,12 +90,16 @@ class SidecarRequest:
 class ProxyKind:
     """How the testbed runs one proxy (see the module docstring)."""
 
-    tool: Tool
+    tool: Tool | None  # None: the user's binary (a proxy they bring)
     version: Callable[[System, Path | None], str]
     build: Callable[[System, SidecarRequest], Proxy]
     key: Callable[[Mode, ProxyChoice], str]
     #: it reads its config and writes its files in its work directory, as the proxy's uid
     file_configured: bool = False
+
+    def binary(self, choice: ProxyChoice) -> Path:
+        """The chosen proxy's program: the project's tool, or the user's binary."""
+        return tool(self.tool) if self.tool is not None else Path(choice.binary)
 
 
 def family_keys(choice: ProxyChoice) -> dict[str, str]:
@@ -167,10 +172,24 @@ def _nginx_key(mode: Mode, choice: ProxyChoice) -> str:
     return NginxConfig(mode=mode).key()
 
 
+def _custom_config(mode: Mode, app: tuple[str, int], c: ProxyChoice) -> TemplateConfig:
+    return TemplateConfig(c.template, c.args, mode, app, name=c.name or "proxy")
+
+
+def _custom(system: System, r: SidecarRequest) -> Proxy:
+    cfg = _custom_config(r.mode, _static_app(r), r.choice)
+    return FileProxy(system, cfg, r.workdir, r.place, r.binary)
+
+
+def _custom_key(mode: Mode, choice: ProxyChoice) -> str:
+    return _custom_config(mode, ("127.0.0.1", 1), choice).key()
+
+
 #: how the testbed runs each proxy of :data:`~meshtax.model.proxy.TRAITS`
 PROXIES: dict[str, ProxyKind] = {
     "envoy": ProxyKind("envoy", envoy_version, _envoy, _envoy_key),
     "refsidecar": ProxyKind("refsidecar", refsidecar_version, _refsidecar, _refsidecar_key),
     "haproxy": ProxyKind("haproxy", haproxy_version, _haproxy, _haproxy_key, True),
     "nginx": ProxyKind("nginx", nginx_version, _nginx, _nginx_key, True),
+    "custom": ProxyKind(None, custom_version, _custom, _custom_key, True),
 }

@@ -14,6 +14,8 @@ from meshtax.traces.inputs import head as read_head
 from meshtax.traces.report import ImportReport
 
 if TYPE_CHECKING:
+    from meshtax.traces.pairing import Paired
+    from meshtax.traces.spans import SpanOptions
     from meshtax.traces.store import Store
 
 Format = Literal["jaeger", "otlp", "otlp-proto", "zipkin", "alibaba-v2021", "alibaba-v2022"]
@@ -123,16 +125,39 @@ def load_traces(
     return ImportResult(paired.batch, lambda: to_ecgs(paired, sopts), rep)
 
 
+class GraphBatches(Iterator[EcgBatch]):
+    """The graphs of traces batch by batch (:func:`iter_graph_batches`); :meth:`close` (or a
+    with block) stops the reading before the input's end."""
+
+    def __init__(self, batches: Iterator[EcgBatch], close: Callable[[], None] | None) -> None:
+        self._batches = batches
+        self._close = close
+
+    def __next__(self) -> EcgBatch:
+        return next(self._batches)
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+
+    def __enter__(self) -> GraphBatches:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def iter_graph_batches(
     path: PathIn | Sequence[PathIn],
     format: str,
     options: Any,
     report: ImportReport,
-) -> Iterator[EcgBatch]:
+) -> GraphBatches:
     """The graphs of the traces batch by batch, for a consumer that needs each graph once
     (``meshtax predict --traces``): Alibaba batches of ``AlibabaOptions.partition_graphs``,
-    span batches of :func:`~meshtax.traces.stream.iter_batches`, each with its services'
-    nodes. Counts go to ``report``. Memory is a few batches, except for span formats with
+    span batches of a :class:`~meshtax.traces.stream.Reading`, each with its services'
+    nodes. Counts go to ``report``. Span files are read from this call on (the workers read
+    while the caller prepares). Memory is a few batches, except for span formats with
     counted rates (``SpanOptions.rate`` None): a pair's rate counts its calls in every graph,
     so every batch's columns are held until the input ends (as :func:`load_traces` does)."""
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
@@ -145,25 +170,35 @@ def iter_graph_batches(
 
         files = [s.name for s in expand(paths)]
         opts = options if isinstance(options, AlibabaOptions) else AlibabaOptions()
-        yield from iter_alibaba(files, format, opts, report)  # type: ignore[arg-type]
-        return
-    from dataclasses import replace
-
-    from meshtax.traces.spans import SpanOptions, fill_rates
-    from meshtax.traces.stream import iter_batches, with_nodes
+        # read in this process, as they are asked for: nothing to stop
+        return GraphBatches(iter_alibaba(files, format, opts, report), None)  # type: ignore[arg-type]
+    from meshtax.traces.spans import SpanOptions
+    from meshtax.traces.stream import Reading
 
     sopts = options if isinstance(options, SpanOptions) else SpanOptions()
-    parts = iter_batches(paths, format, sopts, report)
-    if sopts.rate is None:
+    reading = Reading(paths, format, sopts, report)
+    return GraphBatches(_span_graphs(reading, sopts, report), reading.close)
+
+
+def _span_graphs(
+    parts: Iterator[Paired], options: SpanOptions, report: ImportReport
+) -> Iterator[EcgBatch]:
+    """Each batch with its services' nodes (and, counted, its rates)."""
+    from dataclasses import replace
+
+    from meshtax.traces.spans import fill_rates
+    from meshtax.traces.stream import with_nodes
+
+    if options.rate is None:
         held = list(parts)
-        fill_rates(held, sopts.window_s, report)
+        fill_rates(held, options.window_s, report)
         held.reverse()
         parts = (held.pop() for _ in range(len(held)))  # each let go once predicted
     nodes: dict[str, str] = {}
     for p in parts:
         for k, v in p.nodes.items():  # OTLP rows paired at the end: their nodes came earlier
             nodes.setdefault(k, v)
-        yield with_nodes(replace(p, nodes=nodes), sopts)
+        yield with_nodes(replace(p, nodes=nodes), options)
 
 
 def ingest(

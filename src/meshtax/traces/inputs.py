@@ -102,16 +102,17 @@ def _walk(top: str) -> Iterator[str]:
     names.sort()
     packed = "\0".join(names)  # a name never holds NUL
     del names
+    prefix = os.path.join(top, "")
     at = 0
     while at < len(packed):
         end = packed.find("\0", at)
         end = len(packed) if end < 0 else end
         name = packed[at:end]
         at = end + 1
-        if name.endswith("/"):
-            yield from _walk(os.path.join(top, name[:-1]))
+        if name[-1] == "/":
+            yield from _walk(prefix + name[:-1])
         else:
-            yield os.path.join(top, name)
+            yield prefix + name
 
 
 class _Limited:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
@@ -337,56 +338,111 @@ def _workers(options: SpanOptions) -> int:
     return max(1, min(2, len(os.sched_getaffinity(0))))
 
 
+#: tasks sent ahead per worker: they read while the caller starts up (its imports, numba's
+#: kernel, the profile: ~0.6 s, ~7 tasks a worker) and while it uses a batch; memory holds at
+#: most this many batches (~2 MB each) not yet taken
+AHEAD_PER_WORKER = 8
+_Result = tuple[Paired, ImportReport, _HeldPart | None]
+
+
+class Reading(Iterator[Paired]):
+    """Paired call-graph batches of span files (see the module doc), read from construction
+    on: the workers are forked and the first tasks sent before it returns, so they read while
+    the caller prepares (imports, a profile). Iterating gives the batches in input order;
+    counts go to ``report``. :meth:`close` (or a with block) stops the workers before the
+    input's end. With ``options.rate`` None, ``batch.rate`` is NaN until
+    :func:`~meshtax.traces.spans.fill_rates` has seen every batch."""
+
+    def __init__(
+        self,
+        paths: inputs.PathIn | Sequence[inputs.PathIn],
+        format: str,
+        options: SpanOptions,
+        report: ImportReport,
+    ) -> None:
+        if format not in FORMATS:
+            raise TraceFormatError(f"format {format!r}: expected one of {', '.join(FORMATS)}")
+        self.format, self.options, self.report = format, options, report
+        self._held, self._seen, self._split = _Held(), _Seen(), 0
+        self._pool: ProcessPoolExecutor | None = None
+        self._queue: deque[Future[_Result]] = deque()
+        sources = inputs.iter_sources(paths)
+        head = list(islice(sources, _head_size(options)))
+        n = _workers(options) if _several_tasks(head, options) else 1  # a pool pays from two on
+        self._ahead = AHEAD_PER_WORKER * n
+        if n > 1:
+            import multiprocessing as mp
+
+            self._pool = ProcessPoolExecutor(n, mp_context=mp.get_context("fork"))
+            self._pool.submit(int)  # the workers forked now, before a large document is read here
+        self._tasks = _tasks(head, sources, format, options)
+        try:
+            self._send()
+        except BaseException:
+            self.close()
+            raise
+        self._batches = self._run()
+
+    def _send(self) -> None:
+        """Tasks to the workers until :data:`AHEAD_PER_WORKER` a worker are not yet taken."""
+        if self._pool is None:
+            return
+        while len(self._queue) < self._ahead and (t := next(self._tasks, None)) is not None:
+            self._queue.append(self._pool.submit(_run_task, t, self.format, self.options))
+
+    def _take(self, p: Paired, rep: ImportReport, part: _HeldPart | None) -> Paired:
+        self.report.add(rep)
+        if part is not None:
+            self._held.add(part)
+        self._split += self._seen.add(p.batch.graph_names)
+        return p
+
+    def _run(self) -> Iterator[Paired]:
+        if self._pool is None:
+            for t in self._tasks:
+                yield self._take(*_run_task(t, self.format, self.options))
+        while self._queue:
+            got = self._queue.popleft().result()
+            self._send()
+            yield self._take(*got)
+        self.close()
+        # partial traces (OTLP batches, flat Zipkin lists): whole once every file is read
+        for rows in self._held.batches(self.options.batch_spans):
+            rep = ImportReport("", self.format)
+            with _no_gc():
+                part = pair_rows(rows, rep, self.options)
+            yield self._take(part, rep, None)
+        if self._split:
+            self.report.notes["trace ids met again in a later batch: separate graphs"] += (
+                self._split
+            )
+
+    def __next__(self) -> Paired:
+        return next(self._batches)
+
+    def close(self) -> None:
+        """Stop: tasks not started are dropped, the workers end after their current one."""
+        pool, self._pool = self._pool, None
+        self._queue.clear()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> Reading:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def iter_batches(
     paths: inputs.PathIn | Sequence[inputs.PathIn],
     format: str,
     options: SpanOptions,
     report: ImportReport,
 ) -> Iterator[Paired]:
-    """Paired call-graph batches of span files, in bounded memory (see the module doc).
-    Counts go to ``report``. With ``options.rate`` None, ``batch.rate`` is NaN until
-    :func:`~meshtax.traces.spans.fill_rates` has seen every batch."""
-    if format not in FORMATS:
-        raise TraceFormatError(f"format {format!r}: expected one of {', '.join(FORMATS)}")
-    sources = inputs.iter_sources(paths)
-    head = list(islice(sources, _head_size(options)))
-    held = _Held()
-    seen = _Seen()
-    split = 0
-
-    def take(p: Paired, rep: ImportReport, part: _HeldPart | None) -> Paired:
-        nonlocal split
-        report.add(rep)
-        if part is not None:
-            held.add(part)
-        split += seen.add(p.batch.graph_names)
-        return p
-
-    tasks = _tasks(head, sources, format, options)
-    n = _workers(options) if _several_tasks(head, options) else 1  # a pool pays from two on
-    if n == 1:
-        for t in tasks:
-            yield take(*_run_task(t, format, options))
-    else:
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
-            pool.submit(int)  # the workers forked now, before a large document is read here
-            queue: list[Future[tuple[Paired, ImportReport, _HeldPart | None]]] = []
-            for t in tasks:
-                queue.append(pool.submit(_run_task, t, format, options))
-                if len(queue) > n:
-                    yield take(*queue.pop(0).result())
-            while queue:
-                yield take(*queue.pop(0).result())
-    # partial traces (OTLP batches, flat Zipkin lists): whole once every file is read
-    for rows in held.batches(options.batch_spans):
-        rep = ImportReport("", format)
-        with _no_gc():
-            part = pair_rows(rows, rep, options)
-        yield take(part, rep, None)
-    if split:
-        report.notes["trace ids met again in a later batch: separate graphs"] += split
+    """The batches of a :class:`Reading`, which starts when the first batch is asked for."""
+    with Reading(paths, format, options, report) as reading:
+        yield from reading
 
 
 def concat(parts: Sequence[Paired]) -> Paired:

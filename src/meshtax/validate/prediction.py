@@ -14,18 +14,20 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
-from meshtax.model.ecg import EXTERNAL, Invocation, Service, to_batch, validate
+from meshtax.model.ecg import EXTERNAL, EcgBatch, Invocation, Service, to_batch, validate
 from meshtax.model.profile import Profile
-from meshtax.model.sidecar import SidecarConfig
+from meshtax.model.sidecar import Architecture, SidecarConfig
 from meshtax.model.speed import Speed, describe_scaling
+from meshtax.predict.architecture import predict_architecture
 from meshtax.predict.engine import BatchPrediction, predict_batch, single_profile
 from meshtax.traces import SpanOptions, load_traces
 from meshtax.validate.result import Predicted
 
-__all__ = ["one_hop", "predict_traces", "summarize"]
+__all__ = ["one_hop", "placed", "predict_traces", "summarize"]
 
 
 def summarize(bp: BatchPrediction, rate: float, warnings: tuple[str, ...] = ()) -> Predicted:
@@ -66,10 +68,15 @@ def predict_traces(
     default_sidecar: SidecarConfig | None = None,
     pod_cpus: int | None = None,
     speed: Speed | None = None,
+    architecture: Architecture = Architecture.SIDECAR,
+    nodes: Mapping[str, str] | None = None,
+    roles: Mapping[Architecture, Profile] | None = None,
 ) -> Predicted:
     """Import OTLP/JSON traces with every call at ``rate`` and predict with ``profile``
     (``pod_cpus``: the CPUs the pods share; ``speed``: the machine's speed now, see
-    :func:`~meshtax.predict.engine.predict_batch`)."""
+    :func:`~meshtax.predict.engine.predict_batch`) in ``architecture``, services on
+    ``nodes`` (by name), node proxies and waypoints priced from ``roles`` when given
+    (:func:`~meshtax.predict.architecture.predict_architecture`)."""
     if rate <= 0 or math.isnan(rate):
         raise ValueError("rate must be positive")
     opts = SpanOptions(
@@ -78,9 +85,30 @@ def predict_traces(
     res = load_traces(trace_file, "otlp", opts)
     if res.batch.n_graphs == 0:
         raise ValueError(f"{trace_file}: no usable call graph:\n{res.report.summary()}")
-    bp = predict_batch(res.batch, single_profile(profile), pod_cpus=pod_cpus, speed=speed)
+    if architecture is Architecture.SIDECAR:
+        bp = predict_batch(res.batch, single_profile(profile), pod_cpus=pod_cpus, speed=speed)
+    else:
+        roles = roles or {}
+        look = single_profile(profile, {p.name: p for p in roles.values()})
+        _, bp = predict_architecture(
+            placed(res.batch, nodes or {}),
+            look,
+            architecture,
+            pod_cpus=pod_cpus,
+            speed=speed,
+            roles={a: p.name for a, p in roles.items()},
+        )
     notes = (describe_scaling(speed, profile.speed),) if speed and profile.speed else ()
     return summarize(bp, rate, notes)
+
+
+def placed(batch: EcgBatch, nodes: Mapping[str, str]) -> EcgBatch:
+    """``batch`` with every service named in ``nodes`` on that node."""
+    names = tuple(dict.fromkeys(nodes.values()))
+    where = np.asarray(
+        [names.index(nodes[s]) if s in nodes else -1 for s in batch.services], dtype=np.int64
+    )
+    return replace(batch, service_node=where, node_names=names)
 
 
 def one_hop(

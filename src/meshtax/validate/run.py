@@ -30,22 +30,24 @@ import platform
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from meshtax.model.profile import Profile
-from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
 from meshtax.testbed import procfs
 from meshtax.testbed.bed import mesh_pod
 from meshtax.testbed.envoy.config import EnvoyConfig
-from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.fortio import LoadResult, run_load
 from meshtax.testbed.host import this_host
+from meshtax.testbed.meshes import MESHES, Service, deploy
+from meshtax.testbed.nodes import NodeNet
 from meshtax.testbed.paired import PairPolicy
 from meshtax.testbed.pinning import Pinning, pinning_of
 from meshtax.testbed.pods import Pod, Testbed
+from meshtax.testbed.proxy import Proxy
 from meshtax.testbed.runstate import owned_tempdir
 from meshtax.testbed.speed import speed_on
 from meshtax.testbed.system import System
@@ -60,6 +62,7 @@ __all__ = [
     "ValidateOptions",
     "app_protocol",
     "machine",
+    "placement",
     "run_case",
     "run_validation",
     "sidecar_modes",
@@ -105,6 +108,10 @@ class ValidateOptions:
     # on a loaded machine its fastest burst moved 4× within minutes (cross-CPU 95–397 µs),
     # and the scaling doubled the suite's error (BENCHMARKS.md, issue #14)
     speed: str = "profile"
+    # the mesh copy's architecture (node-l4, waypoint: both copies' pods on nodes, this many
+    # services to a node, in the order the query reaches them; the client on a node of its own)
+    architecture: str = "sidecar"
+    pods_per_node: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
@@ -112,6 +119,8 @@ class ValidateOptions:
             raise ValueError("validate: filter chains and mTLS are not supported yet")
         if self.rate < 0 or self.duration_s <= 0:
             raise ValueError("rate must be >= 0 (0: closed loop) and duration positive")
+        if Architecture(self.architecture) is Architecture.NONE or self.pods_per_node < 1:
+            raise ValueError("validate: an architecture with proxies, at least 1 pod per node")
 
     def policy(self) -> PairPolicy:
         if self.quick:
@@ -125,6 +134,11 @@ class ValidateOptions:
         d = asdict(self)
         d["modes"] = [m.value for m in self.modes]
         return d
+
+
+def placement(services: Sequence[str], pods_per_node: int) -> dict[str, int]:
+    """Each service's node (an index): ``pods_per_node`` to a node, in the given order."""
+    return {s: i // pods_per_node for i, s in enumerate(services)}
 
 
 def app_protocol(mode: Mode) -> appctl.Protocol | None:
@@ -157,17 +171,19 @@ def machine() -> dict[str, Any]:
 
 @dataclass
 class _Side:
-    """One deployed copy: its pods, their processes, the fortio target."""
+    """One deployed copy: its pods, their processes, the fortio target; ``proxies`` by role
+    (a pod's sidecar by its service's name; node proxies and waypoints, which are in no
+    service's pod, by :mod:`~meshtax.testbed.meshes` role)."""
 
     name: str
     pods: dict[str, Pod]
     deployment: appctl.Deployment
     app: appctl.RunningApp | None = None
-    envoys: dict[str, EnvoyProcess] = field(default_factory=dict)
+    proxies: dict[str, Proxy] = field(default_factory=dict)
     pids: dict[str, list[int]] = field(default_factory=dict)
 
     def sidecar_pids(self) -> set[int]:
-        return {e.process.pid for e in self.envoys.values() if e.process is not None}
+        return {p.pid for p in self.proxies.values()}
 
 
 def _run_once(
@@ -200,9 +216,11 @@ def run_case(
     workdir: Path,
     pinning: Pinning,
     progress: Progress | None = None,
+    roles: Mapping[Architecture, Profile] | None = None,
 ) -> CaseResult:
     """Measure and predict one case (see the module docstring); errors become the case's
-    ``error`` after the testbed is gone."""
+    ``error`` after the testbed is gone. ``roles``: the profiles measured as node-l4 and as a
+    waypoint that price those crossings (none: the sidecar profile stands in)."""
     say = progress or (lambda _m: None)
     t0 = time.monotonic()
     q = topology.query(query)
@@ -223,10 +241,18 @@ def run_case(
     )
     try:
         with Testbed(system, lock_timeout=options.lock_timeout_s) as tb:
-            client = tb.add_pod("client")
+            arch = Architecture(options.architecture)
+            net = NodeNet(tb)
+            on_nodes = arch is not Architecture.SIDECAR
+            client = net.add_pod("client", net.add_node("c")) if on_nodes else tb.add_pod("client")
+            at = placement(names, options.pods_per_node)
             sides: dict[str, _Side] = {}
             for tag, sname in (("b", "no_mesh"), ("m", "mesh")):
-                pods = {s: tb.add_pod(f"{tag}{i}") for i, s in enumerate(names)}
+                if on_nodes:
+                    nodes = [net.add_node(f"{tag}{k}") for k in sorted(set(at.values()))]
+                    pods = {s: net.add_pod(f"{tag}{i}", nodes[at[s]]) for i, s in enumerate(names)}
+                else:
+                    pods = {s: tb.add_pod(f"{tag}{i}") for i, s in enumerate(names)}
                 d = appctl.plan(
                     topology,
                     q.name,
@@ -240,26 +266,41 @@ def run_case(
                 )
                 sides[sname] = _Side(sname, pods, d)
             mesh = sides["mesh"]
-            for s, pod in mesh.pods.items():
-                cfg = EnvoyConfig(
-                    mode=modes[s],
-                    inbound_upstream=("127.0.0.1", APP_PORT),
-                    circuit_breaker_max=2**32 - 1,
-                )
-                mesh.envoys[s] = mesh_pod(
+            if on_nodes:
+                dep = deploy(
                     tb,
-                    pod,
-                    cfg,
-                    work / "mesh" / f"envoy-{s}",
+                    net,
+                    MESHES[arch.value],
+                    None,
+                    [Service(s, p, APP_PORT, modes[s]) for s, p in mesh.pods.items()],
+                    Mode.TCP,
+                    work / "mesh",
                     cpus=pinning.sidecars,
-                    binary=envoy_bin,
                 )
+                mesh.proxies = dict(dep.proxies)
+            else:
+                for s, pod in mesh.pods.items():
+                    cfg = EnvoyConfig(
+                        mode=modes[s],
+                        inbound_upstream=("127.0.0.1", APP_PORT),
+                        circuit_breaker_max=2**32 - 1,
+                    )
+                    mesh.proxies[s] = mesh_pod(
+                        tb,
+                        pod,
+                        cfg,
+                        work / "mesh" / f"envoy-{s}",
+                        cpus=pinning.sidecars,
+                        binary=envoy_bin,
+                    )
             for side in sides.values():
                 (work / side.name).mkdir(parents=True, exist_ok=True)
                 side.app = appctl.start(
                     side.deployment, appctl.testbed_spawner(tb, side.pods, cpus=pinning.app)
                 )
                 side.pids = {s: tb.pod_pids(p) for s, p in side.pods.items()}
+                # node proxies and waypoints are in no service's pod: their CPU by role
+                side.pids.update({r: [p.pid] for r, p in side.proxies.items() if r not in names})
             cplace = client.place(cpus=pinning.client)
             fmode = Mode(sides["no_mesh"].deployment.entry_mode)
 
@@ -295,8 +336,8 @@ def run_case(
                 kept = Path(options.traces_dir)
                 kept.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(trace, kept / f"{topology.name}-{q.name}-{mode.value}.json")
-            for env in mesh.envoys.values():
-                env.stop()
+            for px in mesh.proxies.values():
+                px.stop()
         say(f"{topology.name}/{q.name} {mode.value}: predict")
         rate = options.rate or statistics.median(b.actual_qps for b, _ in pairs)
         speed, speed_note = speed_on(system, pinning) if options.speed == "now" else (None, None)
@@ -307,6 +348,9 @@ def run_case(
             rate,
             pod_cpus=pinning.pod_cpus(),
             speed=speed,
+            architecture=Architecture(options.architecture),
+            nodes={s: f"n{k}" for s, k in placement(names, options.pods_per_node).items()},
+            roles=roles,
         )
         if speed_note:
             pred = replace(pred, warnings=(*pred.warnings, speed_note))
@@ -342,6 +386,7 @@ def run_validation(
     progress: Progress | None = None,
     *,
     warnings: Sequence[str] = (),
+    roles: Mapping[Architecture, Profile] | None = None,
 ) -> ValidationResult:
     """Every (query, mode) case of ``options.topology``, predicted with ``profile`` (resolved
     by the caller; its ``warnings`` go into the result's notes)."""
@@ -355,7 +400,7 @@ def run_validation(
         for qn in queries:
             for m in options.modes:
                 cases.append(
-                    run_case(topo, qn, m, profile, options, system, work, pinning, progress)
+                    run_case(topo, qn, m, profile, options, system, work, pinning, progress, roles)
                 )
     finally:
         if not options.keep_workdir:

@@ -12,8 +12,8 @@ and sidecars on the other):
    ``-uniform``), client-side percentiles and latency quantiles, the CPU of every pod process;
 3. per level, the prediction (:mod:`meshtax.predict.tail`): the level's no-mesh latencies (one
    hop) or no-mesh traces (topology) as the mesh-free latency, the pods' shared CPUs, the
-   applications' CPU per request measured without the mesh, arrivals evenly spaced as fortio
-   sends them.
+   applications' CPU per request measured without the mesh, Poisson arrivals, at most as
+   many requests in flight as the client has connections.
 
 Every process lives in the testbed and is removed when it closes (also on errors).
 """
@@ -72,14 +72,16 @@ class LoadPlan:
     """The load levels (``fractions`` of the closed-loop maximum without the mesh, or with it:
     ``relative_to``), ``connections`` clients, runs of ``duration_s``, pairs per level
     (``policy``), the validated ``percentiles``, how the prediction takes arrivals
-    (``arrivals``: SCV, 0 = evenly spaced as fortio -uniform)."""
+    (``arrivals``: SCV; 1, Poisson: fortio spreads its calls evenly over the connections, but
+    on the pods' CPU they arrive as 32 clients' jittered calls, which even arrivals priced
+    several-fold too low in the recorded runs — BENCHMARKS.md, issue #20)."""
 
     fractions: tuple[float, ...] = FRACTIONS
     connections: int = 32
     duration_s: float = 2.0
     policy: PairPolicy = PairPolicy.fixed(3)
     percentiles: tuple[float, ...] = PERCENTILES
-    arrivals: float = 0.0
+    arrivals: float = 1.0
     max_runs: int = 3
     relative_to: Literal["no_mesh", "mesh"] = "no_mesh"
 
@@ -150,6 +152,7 @@ def _options(plan: LoadPlan, pinning: Pinning, app_cpu_us: float, graphs: int) -
         arrivals=plan.arrivals,
         pod_cpus=pinning.pod_cpus(),
         app_cpu_us=app_cpu_us,
+        clients=plan.connections,
     )
 
 
@@ -193,7 +196,7 @@ def run_onehop_tail(
 
         for side in targets:
             bed.load(targets[side], mode, size_bytes, n=500, connections=plan.connections)
-        top, top_mesh, points = _measure(plan, load, _cpu(groups), say)
+        top, top_mesh, points = _measure(plan, load, _cpu(groups, pinning), say)
         envoy.stop()
     out = []
     for pt in points:
@@ -216,23 +219,44 @@ def run_onehop_tail(
     )
 
 
-def _cpu(groups: Mapping[str, Mapping[str, Sequence[int]]]) -> Cpu:
+def _cpu(groups: Mapping[str, Mapping[str, Sequence[int]]], pinning: Pinning) -> Cpu:
+    """On-CPU ns of each group's processes, their run-queue waits (``<group>_wait``), and the
+    time the pods' and the client's CPUs were busy (tasks and interrupts: ``pods_busy``,
+    ``client_busy``) of ``pods_total``/``client_total``."""
+    roles = {"pods": {*(pinning.sidecars or ()), *(pinning.app or ())}, "client": pinning.client}
+
     def read(side: str) -> dict[str, int]:
         ns = procfs.cpu_ns([p for ps in groups[side].values() for p in ps])
-        return {k: sum(ns.get(p, 0) for p in ps) for k, ps in groups[side].items()}
+        out = {k: sum(ns.get(p, 0) for p in ps) for k, ps in groups[side].items()}
+        for k, ps in groups[side].items():
+            out[f"{k}_wait"] = sum(_wait(p) for p in ps)
+        times = procfs.cpu_times()
+        for role, cpus in roles.items():
+            got = [times[c] for c in cpus or () if c in times]
+            out[f"{role}_busy"] = sum(t.task_ns + t.irq_ns for t in got)
+            out[f"{role}_total"] = sum(t.total_ns for t in got)
+        return out
 
     return read
+
+
+def _wait(pid: int) -> int:
+    try:
+        return procfs.runqueue_wait_ns(pid)
+    except procfs.ProcError:
+        return 0
 
 
 def _notes(base: str) -> tuple[str, ...]:
     return (
         "measured: fortio's client-side percentiles at fixed rates, calls spread evenly over the "
-        "connections (-uniform), mesh − no mesh per pair, the median over pairs with its 95 % "
-        "interval; a level the mesh side did not sustain is not compared (its latency is set by "
-        "the client's connections)",
+        "connections (-uniform); the percentile of all of a level's requests with the mesh − "
+        "without, its 95 % interval from resampling the pairs; a level the mesh side did not "
+        "sustain is not compared (its latency is set by the client's connections)",
         f"predicted: meshtax.predict.tail with {base} as the mesh-free latency, the pods' shared "
-        "CPUs, the applications' CPU per request measured without the mesh, arrivals evenly "
-        "spaced; saturation: the rate at which the first queue reaches utilisation 1",
+        "CPUs, the applications' CPU per request measured without the mesh, Poisson arrivals, "
+        "at most one request in flight per connection; saturation: the rate at which the first "
+        "queue reaches utilisation 1",
     )
 
 
@@ -326,7 +350,7 @@ def run_topology_tail(
         for d in deps.values():
             spec = LoadSpec(d.entry_target, fmode, 0, 0.0, connections=plan.connections, n=500)
             run_spec(spec, system, place, fortio)
-        top, top_mesh, points = _measure(plan, load, _cpu(groups), say)
+        top, top_mesh, points = _measure(plan, load, _cpu(groups, pinning), say)
         for a in apps.values():
             a.stop()  # SIGTERM: the spans are flushed
         traces = appctl.merge_traces(deps["no_mesh"].trace_files)

@@ -1,0 +1,72 @@
+"""The tail validation's measuring loop against a scripted load (exact expectations), and what
+each run records of the processes and CPUs (this process on this machine's /proc)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from meshtax.model.sidecar import Mode
+from meshtax.testbed.fortio import LoadResult, LoadSpec
+from meshtax.testbed.paired import PairPolicy
+from meshtax.testbed.pinning import Pinning
+from meshtax.validate.tail import BASE_PROBS
+from meshtax.validate.tail_run import LoadPlan, _cpu, _measure, _options
+from tests.profile.fakes import fake_load_result
+
+
+def scripted(tops: dict[str, float], calls: list[tuple[str, float, tuple[str, ...]]]):  # type: ignore[no-untyped-def]
+    def load(side: str, qps: float, secs: float, extra: tuple[str, ...]) -> LoadResult:
+        calls.append((side, qps, extra))
+        got = tops[side] if qps == 0 else qps
+        spec = LoadSpec("x", Mode.HTTP, 100, qps, duration_s=secs)
+        r = fake_load_result(spec, int(got * secs), 100.0 if side == "no_mesh" else 300.0)
+        h = {"Data": [{"Start": 50e-6, "End": 150e-6, "Count": r.count}]}
+        return LoadResult(
+            **{**r.__dict__, "actual_qps": got, "duration_s": secs, "raw": {"DurationHistogram": h}}
+        )
+
+    return load
+
+
+def test_levels_are_shares_of_whose_maximum_and_runs_keep_quantiles_and_cpu() -> None:
+    calls: list[tuple[str, float, tuple[str, ...]]] = []
+    load = scripted({"no_mesh": 8000.0, "mesh": 2000.0}, calls)
+    ticks = iter(range(10_000))
+
+    def cpu(side: str) -> dict[str, int]:
+        n = next(ticks)
+        return {"app": 1000 * n, "pods_busy": 10 * n}
+
+    plan = LoadPlan(fractions=(0.25, 0.5), duration_s=2.0, policy=PairPolicy.fixed(2))
+    top, top_mesh, points = _measure(plan, load, cpu, lambda _m: None)
+    assert (top, top_mesh) == (8000.0, 2000.0)
+    assert [p.rate for p in points] == [2000.0, 4000.0]  # of the no-mesh maximum
+    assert all(len(p.pairs) == 2 for p in points)
+    b, m = points[0].pairs[0]
+    assert b.count == 4000 and b.achieved_qps == 2000.0 and len(b.quantiles_us) == len(BASE_PROBS)
+    assert b.cpu_ns == {"app": 1000, "pods_busy": 10}  # after − before of one run
+    assert all(extra == ("-uniform",) for _, qps, extra in calls if qps > 0)
+    mesh_plan = LoadPlan(fractions=(0.5,), policy=PairPolicy.fixed(1), relative_to="mesh")
+    assert _measure(mesh_plan, load, cpu, lambda _m: None)[2][0].rate == 1000.0
+    # predicted with Poisson arrivals, at most one request per connection in flight
+    opts = _options(plan, Pinning((0,), (1,), (1,)), 35.0, 400)
+    assert opts.arrivals == 1.0 and opts.clients == 32 and opts.pod_cpus == 1
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
+def test_a_run_records_cpu_run_queue_waits_and_busy_cpus() -> None:
+    read = _cpu({"mesh": {"app": [os.getpid()], "sidecar": []}}, Pinning((0,), (0,), (0,)))
+    got = read("mesh")
+    assert set(got) == {
+        "app",
+        "sidecar",
+        "app_wait",
+        "sidecar_wait",
+        "pods_busy",
+        "pods_total",
+        "client_busy",
+        "client_total",
+    }
+    assert got["app"] > 0 and got["sidecar"] == 0 and got["pods_total"] >= got["pods_busy"] >= 0
