@@ -12,9 +12,10 @@ Runs the CLI ``meshtax profile --microarch --base BASE --name BASE+microarch-N``
 machine that timed profile may come out unusable and stop the benchmark). ``--base reference``
 counts on the bundled reference instead: the same counts, without kernel rows. Then prints
 one JSON object: per run its wall time and load average before and after; per item (mode,
-variant, size, metric) both runs' counts per request and their relative difference, against
+variant, size, metric) both runs' counts per request, their relative difference against
 the issue's bounds (instructions 2 %, simulated misses 5 %; counts below one per request are
-not compared); the additivity of the paper's five combinations and Sahu et al.'s two HTTP
+not compared) and the larger of the two rows' own spreads (half the range of their window
+pairs); the additivity of the paper's five combinations and Sahu et al.'s two HTTP
 mixes on instructions, in each run; and this machine's instruction ratios for IP tagging
 1/5/10 and RBAC 100/10 000 next to the published ones. ``--report A B`` compares two stored
 profiles without measuring. Nothing is asserted.
@@ -60,9 +61,11 @@ def micro(store: ProfileStore, name: str) -> Microarch:
 def compare(a: Microarch, b: Microarch) -> dict[str, Any]:
     items = agreement(a, b)
     worst: dict[str, float] = {}
+    spread: dict[str, float] = {}
     for x in items:
         if x.rel is not None:
             worst[x.metric] = max(worst.get(x.metric, 0.0), abs(x.rel))
+            spread[x.metric] = max(spread.get(x.metric, 0.0), x.spread or 0.0)
     return {
         "items": [
             {
@@ -73,12 +76,14 @@ def compare(a: Microarch, b: Microarch) -> dict[str, Any]:
                 "a": round(x.a, 1),
                 "b": round(x.b, 1),
                 "rel": None if x.rel is None else round(x.rel, 5),
+                "spread": None if x.spread is None else round(x.spread, 5),
                 "bound": x.bound,
                 "ok": x.ok,
             }
             for x in items
         ],
         "worst_rel": {k: round(v, 5) for k, v in worst.items()},
+        "worst_spread": {k: round(v, 5) for k, v in spread.items()},
         "beyond_bound": sum(not x.ok for x in items),
         "compared": sum(x.rel is not None for x in items),
     }

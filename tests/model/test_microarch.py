@@ -46,6 +46,7 @@ ROW = CounterRow(
     (),
     {"parsing": {"Ir": 80e3}},
     {"Ir": 1.5e3},
+    ({"Ir": 169e3, "D1mr": 2.5e3, "D1mw": 700.0}, {"Ir": 171e3, "D1mr": 2.7e3, "D1mw": 700.0}),
 )
 MICRO = Microarch(
     "valgrind",
@@ -90,7 +91,34 @@ def test_old_documents_load_and_newer_are_refused() -> None:
     r = CounterRow.from_dict(
         {"mode": "tcp", "variant": "base", "size": 1, "n1": 1, "n2": 2, "per_request": {"Ir": 3}}
     )
-    assert r.fixed == {} and r.main == {} and r.members == ()
+    assert r.fixed == {} and r.background == {} and r.members == ()
+
+
+def test_a_first_format_row_is_one_pair_and_its_main_thread_the_background() -> None:
+    d = {**ROW.to_dict(), "main": {"Ir": 7.0}}
+    del d["background"], d["pairs"]
+    r = CounterRow.from_dict(d)
+    assert r.background == {"Ir": 7.0} and r.pairs == (ROW.per_request,)
+    assert r.spread("valgrind", "instructions") is None  # one pair: how sure is not known
+
+
+@pytest.mark.parametrize(
+    ("pairs", "name", "spread"),
+    [
+        (({"Ir": 100.0}, {"Ir": 110.0}, {"Ir": 104.0}), "instructions", 0.05 / 1.04),
+        (({"Ir": 100.0}, {"Ir": 100.0}), "instructions", 0.0),
+        (({"D1mr": 2.0, "D1mw": 0.5}, {"D1mr": 1.5, "D1mw": 0.5}), "d1_misses", 0.25 / 2.25),
+        (({"D1mr": 2.0, "D1mw": 0.5}, {"D1mr": 1.5}), "d1_misses", None),  # a pair lacks it
+        (({"Ir": 1.0}, {"Ir": -1.0}), "instructions", None),  # a median of 0
+        (({"Ir": 100.0},), "instructions", None),
+    ],
+)
+def test_spread_is_half_the_pairs_range_over_their_median(
+    pairs: tuple[dict[str, float], ...], name: str, spread: float | None
+) -> None:
+    r = dataclasses.replace(ROW, pairs=pairs)
+    got = r.spread("valgrind", name)
+    assert got == (None if spread is None else pytest.approx(spread))
 
 
 @pytest.mark.parametrize(

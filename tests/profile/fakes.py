@@ -36,6 +36,7 @@ class FakeWorld:
     instr_count: float = 0.0
     loads: list[tuple[str, int, int]] = field(default_factory=list)
     drift: float = 0.0  # added to every request's CPU: paired runs cancel it
+    boots: list[Mapping[str, Any]] = field(default_factory=list)  # every Envoy's bootstrap
 
     def load(self, target: str, mode: Mode, size: int, n: int) -> LoadResult:
         name = self.port_names[int(target.rsplit(":", 1)[1])]
@@ -59,6 +60,7 @@ class FakeEnvoy:
         self.callgrind = callgrind
         self.place = place
         self.pid = 4242
+        world.boots.append(boot)
         for lst in boot["static_resources"]["listeners"]:
             port = lst["address"]["socket_address"]["port_value"]
             world.port_names[port] = lst["name"][2:]  # "l_<slug>"

@@ -31,6 +31,7 @@ from meshtax.profile.microarch import (
 from meshtax.testbed.callgrind import SymbolMap
 from meshtax.testbed.counters import FakeCounterSource
 from meshtax.testbed.envoy.filters import COMBINATIONS, SAHU_MIXES
+from meshtax.testbed.envoy.variants import QUIET_TIMERS
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.runstate import FakeProcOps
 from meshtax.testbed.system import FakeSystem, RealSystem
@@ -66,13 +67,25 @@ def world_source(world: FakeWorld, events: Mapping[str, Mapping[str, float]]) ->
     return FakeCounterSource(total)
 
 
-def test_windows_scale_down_costly_variants() -> None:
-    o = MicroarchOptions()
-    assert o.windows(None) == (100, 500) and o.windows(170_000) == (100, 500)
-    assert o.windows(3.6e6) == (10, 42)  # 1.5e8 / 3.6e6 ≈ 42 requests
-    assert o.windows(1e9) == (10, 40)
-    q = MicroarchOptions.quick()
-    assert q.windows(100_000) == (50, 250) and q.windows(1e6) == (12, 60)
+@pytest.mark.parametrize(
+    ("quick", "per_request", "windows"),
+    [
+        (False, None, (100, 500)),  # no estimate: the default windows
+        (False, 170_000, (100, 880)),  # 1.5e8 / 170k = 882 → two digits
+        (False, 21_000, (100, 7100)),  # cheap: more requests, so a few misses are resolved
+        (False, 3.6e6, (10, 42)),  # costly: fewer requests, n1 scaled alike
+        (False, 1e9, (10, 40)),  # at least min_n2
+        (False, 100.0, (100, 10_000)),  # at most max_n2
+        (True, 100_000, (50, 600)),
+        (True, 21_000, (50, 2900)),
+        (True, 1e6, (12, 60)),
+    ],
+)
+def test_windows_spend_the_budget(
+    quick: bool, per_request: float | None, windows: tuple[int, int]
+) -> None:
+    o = MicroarchOptions.quick() if quick else MicroarchOptions()
+    assert o.windows(per_request) == windows
 
 
 def test_count_mode_separates_steady_fixed_and_warmup(tb: Testbed) -> None:
@@ -83,13 +96,94 @@ def test_count_mode_separates_steady_fixed_and_warmup(tb: Testbed) -> None:
     assert [r.variant for r in mc.rows] == ["base", *comps]
     for r in mc.rows:
         assert r.per_request == pytest.approx(EVENTS[r.variant])
+        assert len(r.pairs) == 3 and all(p == pytest.approx(EVENTS[r.variant]) for p in r.pairs)
+        assert r.spread("valgrind", "instructions") == 0.0
         assert r.fixed == pytest.approx(FIXED)
         assert r.warmup == pytest.approx(FIRST)
         assert r.mode == "http" and r.size == 100 and r.warmup_n == 100
+        assert r.background == {}  # one thread: nothing counted apart
     rbac = next(r for r in mc.rows if r.variant == "rbac_http_10000")
     assert (rbac.n1, rbac.n2) == (10, 42)
     assert ("rbac_http_10000", 100, 42) in world.loads
     assert mc.named_share is None and src.opened == [4242]
+
+
+def test_each_variant_is_warmed_settled_then_counted_in_alternating_pairs(tb: Testbed) -> None:
+    world = FakeWorld({"base": 1.0}, {"base": 1.0}, {"base": 0.0})
+    src = world_source(world, {"base": EVENTS["base"]})
+    opts = MicroarchOptions(pairs=3, settle=2, settle_n=5)
+    (row,) = count_mode(tb, fake_backends(world), Mode.TCP, [], src, opts).rows
+    n1, n2 = row.n1, row.n2
+    assert [n for _v, _s, n in world.loads] == [100, 5, 5, n1, n2, n2, n1, n1, n2]
+    # the counting Envoy runs without its wall-clock timers (stats flush, watchdogs)
+    (boot,) = world.boots
+    assert boot["stats_flush_on_admin"] is True
+    assert boot["watchdogs"] == QUIET_TIMERS["watchdogs"]
+
+
+def test_a_costly_connection_does_not_shrink_the_windows(tb: Testbed) -> None:
+    """Network RBAC with 10 000 rules: 2.5 M instructions once per connection, 21 k per
+    request. The warm-up less the last settling window cancels the connection's cost, so
+    the windows are those of 21 k per request (the warm-up alone says 46 k)."""
+    world = FakeWorld({"base": 1.0}, {"base": 1.0}, {"base": 0.0})
+
+    def total() -> dict[str, float]:
+        return {"Ir": sum(21_000.0 * n + 2.5e6 for _v, _s, n in world.loads)}
+
+    src = FakeCounterSource(total)
+    (row,) = count_mode(tb, fake_backends(world), Mode.TCP, [], src, MicroarchOptions()).rows
+    assert (row.n1, row.n2) == MicroarchOptions().windows(21_000) == (100, 7100)
+    assert row.per_request == pytest.approx({"Ir": 21_000.0})
+    assert row.fixed == pytest.approx({"Ir": 2.5e6})
+    no_settling = MicroarchOptions(settle=0)
+    (row,) = count_mode(tb, fake_backends(world), Mode.TCP, [], src, no_settling).rows
+    assert (row.n1, row.n2) == no_settling.windows(46_000) == (100, 3300)
+
+
+def test_threads_that_serve_no_request_are_counted_apart(tb: Testbed) -> None:
+    """A worker whose work grows with requests; a main thread and a watchdog whose work
+    follows each window's wall time (here: a constant per window plus a trickle per request,
+    as a longer window runs longer): per request is the worker's alone."""
+    world = FakeWorld({"base": 1.0}, {"base": 1.0}, {"base": 0.0})
+    worker = {"Ir": 21_000.0, "D1mr": 2.0, "D1mw": 0.2}
+
+    def threads() -> dict[int, dict[str, float]]:
+        windows = len(world.loads)
+        n = sum(k for _v, _s, k in world.loads)
+        return {
+            1: {"Ir": 5000.0 * windows + 0.5 * n, "D1mr": 90.0 * windows},
+            4: {"Ir": 3000.0 * windows + 2.0 * n, "D1mr": 50.0 * windows + 0.01 * n},
+            6: {e: v * n + 1e6 * windows for e, v in worker.items()},
+        }
+
+    src = FakeCounterSource(lambda: {}, threads=threads)
+    (row,) = count_mode(tb, fake_backends(world), Mode.TCP, [], src, MicroarchOptions()).rows
+    assert row.per_request == pytest.approx(worker)
+    assert row.background == pytest.approx({"Ir": 2.5, "D1mr": 0.01})
+    assert row.fixed == pytest.approx({e: 1e6 for e in worker})
+
+
+def test_a_disturbed_window_moves_the_spread_not_the_count(tb: Testbed) -> None:
+    """One window of the five pairs takes 1 500 more D1 misses (another thread evicted the
+    worker's lines): the median of the pairs stays the steady count, the spread shows it."""
+    world = FakeWorld({"base": 1.0}, {"base": 1.0}, {"base": 0.0})
+    per = {"Ir": 21_000.0, "D1mr": 2.0, "D1mw": 0.0}
+    burst = 1 + 4 + 4  # the load of the fourth counted window, after warm-up and settling
+
+    def total() -> dict[str, float]:
+        n = sum(k for _v, _s, k in world.loads)
+        extra = 1500.0 if len(world.loads) >= burst else 0.0
+        return {"Ir": per["Ir"] * n, "D1mr": per["D1mr"] * n + extra, "D1mw": 0.0}
+
+    opts = MicroarchOptions(pairs=5, settle=4)
+    src = FakeCounterSource(total)
+    (row,) = count_mode(tb, fake_backends(world), Mode.TCP, [], src, opts).rows
+    assert row.per_request == pytest.approx(per)
+    d1 = [p["D1mr"] for p in row.pairs]
+    # the fourth window is the second pair's n1 (n1, n2, then n2, n1)
+    assert d1 == pytest.approx([2.0, 2.0 - 1500 / (row.n2 - row.n1), 2.0, 2.0, 2.0])
+    assert row.spread("valgrind", "d1_misses") == pytest.approx(1500 / (row.n2 - row.n1) / 4)
+    assert row.spread("valgrind", "instructions") == 0.0
 
 
 def test_count_mode_counts_combinations_with_their_members(tb: Testbed) -> None:
@@ -352,4 +446,4 @@ def test_real_counts_agree_between_two_envoys(tmp_path: Path) -> None:
         assert x is not None and y is not None and abs(y / x - 1) < 0.02, (v, x, y)
     hm, base = ir[("header_mutation", "a")], ir[("base", "a")]
     assert hm is not None and base is not None and hm > base
-    assert a.geometry is not None and a.rows[0].main  # the main thread counted apart
+    assert a.geometry is not None and a.rows[0].background  # the main thread counted apart

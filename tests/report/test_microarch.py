@@ -25,6 +25,7 @@ from meshtax.report.microarch import (
     microarch_text,
     published_ratios,
     published_table,
+    spread_table,
     topdown_table,
 )
 from meshtax.report.text import profile_text
@@ -145,6 +146,33 @@ def test_agreement() -> None:
     )
     (x,) = [i for i in agreement(MICRO, worse) if i.metric == "instructions"]
     assert not x.ok and x.bound == 0.02
+
+
+def test_spread_of_the_window_pairs() -> None:
+    """Each row's pairs, shown as ± half their range over the median; agreement carries the
+    larger of the two rows' spreads; a one-pair row (format 1) has none."""
+    d1 = ({"D1mr": 2.0, "D1mw": 0.2}, {"D1mr": 2.1, "D1mw": 0.2}, {"D1mr": 2.3, "D1mw": 0.2})
+    pairs = tuple({**BASE_EV, "Ir": ir, **d} for ir, d in zip((99e3, 100e3, 101e3), d1))
+    tcp = dataclasses.replace(MICRO.rows[-1], per_request=pairs[1], pairs=pairs)
+    m = dataclasses.replace(MICRO, rows=(MICRO.rows[0], tcp))
+    t = spread_table(m)
+    assert t is not None and t.head[3:] == (
+        "pairs",
+        "n1 / n2",
+        "instructions",
+        "I1 misses",
+        "D1 misses",
+        "branch mispredictions",
+    )
+    assert t.rows == [["tcp", "100", "base", "3", "100 / 500", "±1.0%", "±0.0%", "±6.5%", "±0.0%"]]
+    assert spread_table(MICRO) is None
+    wider = dataclasses.replace(tcp, pairs=(pairs[0], pairs[1]))
+    (x,) = [
+        i for i in agreement(m, dataclasses.replace(m, rows=(wider,))) if i.metric == "d1_misses"
+    ]
+    assert x.spread == pytest.approx(0.15 / 2.3) and x.rel == 0.0
+    rec = list(csv.DictReader(io.StringIO(microarch_document(m, "csv"))))[1]
+    assert rec["pairs"] == "3" and float(rec["d1_misses_spread"]) == pytest.approx(0.15 / 2.3)
 
 
 def test_documents_in_every_format() -> None:

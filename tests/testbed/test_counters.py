@@ -1,5 +1,5 @@
 """Counter sources: perf stat parsing and detection on a fake system, the valgrind counter on
-a fake process (main thread apart), the PMU counter's windows, the fake source."""
+a fake process (every thread apart), the PMU counter's windows, the fake source."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from meshtax.testbed.callgrind import CallgrindDump, CallgrindSpec
 from meshtax.testbed.counters import (
     PMU_EVENTS,
     TOPDOWN_EVENTS,
+    WHOLE,
     FakeCounterSource,
     PmuSource,
     ValgrindSource,
@@ -87,7 +88,7 @@ class FakeCallgrind:
         }
 
 
-def test_valgrind_counter_sets_the_main_thread_apart(tmp_path: Path) -> None:
+def test_valgrind_counter_keeps_every_thread_apart(tmp_path: Path) -> None:
     proc = FakeCallgrind()
     src = ValgrindSource(functions=True)
     assert src.callgrind == CallgrindSpec(True, True, None, separate_threads=True)
@@ -95,9 +96,15 @@ def test_valgrind_counter_sets_the_main_thread_apart(tmp_path: Path) -> None:
     c.zero()
     got = c.read()
     assert proc.zeroed == 1 and proc.dumps == [True]
-    assert got.events == {"Ir": 101.0, "I1mr": 3.0}
-    assert got.main == {"Ir": 500.0, "I1mr": 5.0}
-    assert got.functions == {("/e", "f"): {"Ir": 90.0}}
+    assert got.threads == {
+        1: {"Ir": 500.0, "I1mr": 5.0},
+        6: {"Ir": 100.0, "I1mr": 3.0},
+        7: {"Ir": 1.0, "I1mr": 0.0},
+    }
+    assert got.events() == {"Ir": 601.0, "I1mr": 8.0}
+    assert got.events({6, 7}) == {"Ir": 101.0, "I1mr": 3.0}
+    assert got.costs() == got.costs({6}) == {("/e", "f"): {"Ir": 90.0}}
+    assert got.costs({1, 7}) == {}
 
 
 def test_valgrind_tool_names_the_simulators() -> None:
@@ -134,7 +141,7 @@ def test_pmu_counter_windows(tmp_path: Path) -> None:
         "5000,,instructions,9,100.00,,\n8000,,cycles,9,100.00,,\n"
     )
     got = c.read()
-    assert got.events == {"instructions": 5000.0, "cycles": 8000.0}
+    assert got.threads == {WHOLE: {"instructions": 5000.0, "cycles": 8000.0}}
     pid = sysm.processes[0].pid
     assert ("kill", "-s", "INT", str(pid)) in sysm.calls
     assert len(sysm.processes) == 2  # the next window runs
@@ -148,7 +155,17 @@ def test_fake_source_counts_differences(tmp_path: Path) -> None:
     c = src.open(FakeCallgrind(), FakeSystem(), tmp_path)
     c.zero()
     total["Ir"] = 25.0
-    assert c.read().events == {"Ir": 15.0}
+    assert c.read().threads == {WHOLE: {"Ir": 15.0}}
     total["Ir"] = 26.0
-    assert c.read().events == {"Ir": 1.0}
+    assert c.read().events() == {"Ir": 1.0}
     assert src.opened == [77] and src.name == "valgrind" and src.callgrind is None
+
+
+def test_fake_source_by_thread(tmp_path: Path) -> None:
+    per = {1: {"Ir": 5.0}, 6: {"Ir": 100.0}}
+    c = FakeCounterSource(lambda: {}, threads=lambda: per).open(
+        FakeCallgrind(), FakeSystem(), tmp_path
+    )
+    c.zero()
+    per = {1: {"Ir": 7.0}, 6: {"Ir": 300.0}, 9: {"Ir": 1.0}}  # a thread started meanwhile
+    assert c.read().threads == {1: {"Ir": 2.0}, 6: {"Ir": 200.0}, 9: {"Ir": 1.0}}

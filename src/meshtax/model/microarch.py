@@ -16,6 +16,7 @@ comparisons read the same whatever the source.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,7 +39,10 @@ __all__ = [
 
 #: Version of the ``microarch`` field of a profile document (bump with a dated note).
 #: 1 — 2026-11-23: first format (issue #19).
-MICROARCH_FORMAT = 1
+#: 2 — 2026-11-26: a row keeps every window pair's estimate (``pairs``; ``per_request`` is
+#: their median); ``main`` (the main thread) became ``background`` (every thread that serves
+#: no request); format-1 rows load with one pair and their ``main`` as ``background``.
+MICROARCH_FORMAT = 2
 
 #: metric → events summed, per source (a metric a source lacks is absent from its rows)
 METRICS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -144,18 +148,19 @@ def _floats(d: Mapping[str, Any] | None) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class CounterRow:
-    """One variant of one mode at one size, counted in windows of ``n1`` < ``n2`` requests
-    after a warm-up window of ``warmup_n``.
+    """One variant of one mode at one size, counted in pairs of windows of ``n1`` < ``n2``
+    requests after a warm-up window of ``warmup_n``.
 
-    ``per_request``: steady-state events per request, ``(C(n2) − C(n1)) / (n2 − n1)`` (fixed
-    per-window work cancels). ``fixed``: per-window work apart from the requests (the load
-    generator's connection set-up and close, per-run timers), ``C(n1) − n1 · per_request``.
-    ``warmup``: what the first window of the variant cost beyond ``warmup_n`` steady requests
-    and the fixed work (lazy initialisation, cold caches). ``members``: a chain's filters.
-    ``by_part``: per-request events split into ``parsing``/``filters``/``other`` by function
-    (empty when the proxy's symbols were not available). ``main``: the main thread's events
-    per request when they were counted apart (timers and stats flushes, which follow a
-    window's wall time, not its requests; not in ``per_request``).
+    ``pairs``: each pair's steady-state events per request, ``(C(n2) − C(n1)) / (n2 − n1)``
+    (fixed per-window work cancels); ``per_request``: their median, event by event.
+    ``fixed``: per-window work apart from the requests (the load generator's connection
+    set-up and close), ``C(n1) − n1 · per_request``. ``warmup``: what the first window of the
+    variant cost beyond ``warmup_n`` steady requests and the fixed work (lazy initialisation,
+    cold caches). ``members``: a chain's filters. ``by_part``: per-request events split into
+    ``parsing``/``filters``/``other`` by function (empty when the proxy's symbols were not
+    available). ``background``: per request, the events of the threads that serve no request
+    (Envoy's main thread, watchdogs, gRPC timers: their work follows a window's wall time, not
+    its requests; not in ``per_request``), when the source counts threads apart.
     """
 
     mode: str
@@ -169,11 +174,22 @@ class CounterRow:
     warmup: Mapping[str, float] = field(default_factory=dict)
     members: tuple[str, ...] = ()
     by_part: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    main: Mapping[str, float] = field(default_factory=dict)
+    background: Mapping[str, float] = field(default_factory=dict)
+    pairs: tuple[Mapping[str, float], ...] = ()
 
     @property
     def key(self) -> tuple[str, str, int]:
         return (self.mode, self.variant, self.size)
+
+    def spread(self, source: str, name: str) -> float | None:
+        """How sure ``per_request``'s metric ``name`` is: half the range of the pairs'
+        estimates, relative to their median (None: fewer than two pairs, or a median of 0)."""
+        xs = [metric(p, source, name) for p in self.pairs]
+        vals = [x for x in xs if x is not None]
+        if len(vals) < 2 or len(vals) < len(xs):
+            return None
+        mid = statistics.median(vals)
+        return None if mid == 0 else (max(vals) - min(vals)) / 2 / abs(mid)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -188,7 +204,8 @@ class CounterRow:
             "warmup": dict(self.warmup),
             "members": list(self.members),
             "by_part": {p: dict(e) for p, e in self.by_part.items()},
-            "main": dict(self.main),
+            "background": dict(self.background),
+            "pairs": [dict(p) for p in self.pairs],
         }
 
     @classmethod
@@ -205,7 +222,9 @@ class CounterRow:
             warmup=_floats(d.get("warmup")),
             members=tuple(str(m) for m in d.get("members", ())),
             by_part={str(p): _floats(e) for p, e in (d.get("by_part") or {}).items()},
-            main=_floats(d.get("main")),
+            # format 1: the main thread alone, and one pair (per_request itself)
+            background=_floats(d.get("background", d.get("main"))),
+            pairs=tuple(_floats(p) for p in d.get("pairs", [d["per_request"]])),
         )
 
 

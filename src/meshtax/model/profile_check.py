@@ -116,7 +116,9 @@ PROFILE_SCHEMA: dict[str, Any] = {
                             "per_request": {"$ref": "#/$defs/events"},
                             "fixed": {"$ref": "#/$defs/events"},
                             "warmup": {"$ref": "#/$defs/events"},
-                            "main": {"$ref": "#/$defs/events"},
+                            "main": {"$ref": "#/$defs/events"},  # format 1
+                            "background": {"$ref": "#/$defs/events"},
+                            "pairs": {"type": "array", "items": {"$ref": "#/$defs/events"}},
                             "members": {"type": "array", "items": {"type": "string"}},
                             "by_part": {
                                 "type": "object",

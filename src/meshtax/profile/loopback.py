@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends, LoadFn, loopback_load
@@ -77,10 +78,12 @@ def variant_envoy(
     callgrind: bool | CallgrindSpec = False,
     pin: bool = False,
     stdclient: bool = False,
+    bootstrap: Mapping[str, Any] | None = None,
 ) -> Iterator[VariantEnvoy]:
     """An echo app and one Envoy serving ``build``'s variants, in ``tb``'s scratch directory
     ``meshtax-<label>-…``; ``pin``: the client on CPU 0, Envoy and the echo app on CPU 1;
-    ``callgrind``: Envoy under callgrind (:class:`~meshtax.testbed.envoy.process.EnvoyProcess`)."""
+    ``callgrind``: Envoy under callgrind (:class:`~meshtax.testbed.envoy.process.EnvoyProcess`);
+    ``bootstrap``: top-level fields added to Envoy's bootstrap."""
     system = tb.registered
     work = tb.scratch_dir(f"meshtax-{label}-")
     # the admin port is chosen with the others: chosen apart, a port just released could
@@ -97,7 +100,11 @@ def variant_envoy(
     with (
         be.echo(system, work / "echo", mode, echo_port, place),
         be.envoy(
-            system, multi_bootstrap(variants, admin), work / "envoy", place, callgrind=callgrind
+            system,
+            multi_bootstrap(variants, admin, bootstrap),
+            work / "envoy",
+            place,
+            callgrind=callgrind,
         ) as env,
     ):
         yield VariantEnvoy(env, {v.name: v for v in variants}, mode, be, load)

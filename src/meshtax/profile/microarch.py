@@ -3,16 +3,19 @@ request of the proxy, per mode, variant (base, each filter, each chain) and size
 
 One Envoy per mode serves every variant (:func:`~meshtax.profile.loopback.variant_envoy`),
 started the way the counter source needs (:mod:`meshtax.testbed.counters`: under callgrind with
-the cache and branch simulators, or plainly for ``perf stat``). Each variant is counted in
-three windows on one connection each: a warm-up of ``warmup_n`` requests, then ``n1`` and
-``n2`` requests. Per request = ``(C(n2) − C(n1)) / (n2 − n1)``: the per-window work (the
-connection's set-up and close, timers) cancels and is reported apart (``fixed``), and so is
-what the first window cost beyond that (``warmup``: lazy initialisation, cold caches).
-Variants that cost many instructions per request (RBAC with 10 000 rules) get proportionally
-fewer requests, so every window simulates about the same number of instructions.
+the cache and branch simulators, or plainly for ``perf stat``) and with its wall-clock timers
+quiet (:data:`~meshtax.testbed.envoy.variants.QUIET_TIMERS`). Each variant is counted in
+windows of one connection each: a warm-up of ``warmup_n`` requests, a few settling
+connections, then pairs of ``n1`` and ``n2`` requests. Per request = ``(C(n2) − C(n1)) /
+(n2 − n1)``, the median over the pairs, whose spread the row keeps: the per-window work (the
+connection's set-up and close) cancels and is reported apart (``fixed``), and so is what the
+first window cost beyond that (``warmup``: lazy initialisation, cold caches). Every ``n2``
+window simulates about the same number of instructions (:meth:`MicroarchOptions.windows`):
+cheap variants get more requests, so that a few misses per request are still resolved;
+costly ones (RBAC with 10 000 rules) fewer.
 
-Counts are the proxy's user space (under valgrind, its main thread apart: it serves no request,
-and its timers follow a window's wall time, not its requests). Where the proxy's symbols
+Counts are the proxy's user space, of the threads that serve requests
+(:func:`serving_threads`; the others are the row's ``background``). Where the proxy's symbols
 are known (a binary with symbols, or a symbol map), each function's self cost is attributed to
 parsing, filters or other (:func:`classify`); else the rows stay whole-process and say so.
 Kernel work per request is not re-measured: it comes from the base profile's probe windows
@@ -24,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +46,7 @@ from meshtax.testbed.envoy.filters import (
     modes_for,
     parse_component,
 )
-from meshtax.testbed.envoy.variants import BASE, filter_variants
+from meshtax.testbed.envoy.variants import BASE, QUIET_TIMERS, filter_variants
 from meshtax.testbed.pods import Testbed
 
 __all__ = [
@@ -88,8 +92,11 @@ _FILTERS = re.compile(
 @dataclass(frozen=True)
 class MicroarchOptions:
     """Sizes counted, the windows (requests) and the instruction budget of the ``n2`` window:
-    a variant estimated (from its warm-up) to need more gets fewer requests, at least
-    ``min_n2`` (``n1`` scaled alike, at least ``min_n1``)."""
+    ``n2`` is the number of requests a variant is estimated (from its warm-up) to spend the
+    budget on, two significant digits, within ``min_n2``…``max_n2``; where that is below
+    ``n2``, ``n1`` is scaled alike (at least ``min_n1``). After the warm-up window,
+    ``settle`` more connections of ``settle_n`` requests each go uncounted; then ``pairs``
+    window pairs (n1 then n2, n2 then n1, …), whose median is the count per request."""
 
     sizes: tuple[int, ...] = (100,)
     warmup_n: int = 100
@@ -97,23 +104,39 @@ class MicroarchOptions:
     n2: int = 500
     min_n1: int = 10
     min_n2: int = 40
+    max_n2: int = 10_000
     budget: float = 1.5e8
+    pairs: int = 3
+    settle: int = 4
+    settle_n: int = 10
+    connections: int = 1
 
     @classmethod
     def quick(cls) -> MicroarchOptions:
-        return cls(warmup_n=50, n1=50, n2=250, budget=6e7)
+        return cls(warmup_n=50, n1=50, n2=250, max_n2=5_000, budget=6e7)
 
     def windows(self, per_request: float | None) -> tuple[int, int]:
         """(n1, n2) for a variant of about ``per_request`` instructions per request."""
-        if not per_request or per_request * self.n2 <= self.budget:
+        if not per_request:
             return self.n1, self.n2
-        k = self.budget / (per_request * self.n2)
-        n2 = max(self.min_n2, round(self.n2 * k))
-        n1 = max(self.min_n1, min(round(self.n1 * k), n2 // 2))
+        per_window = self.budget / per_request / self.connections
+        n2 = min(self.max_n2, max(self.min_n2, _two_digits(per_window)))
+        if n2 >= self.n2:
+            return self.n1, n2
+        n1 = max(self.min_n1, min(round(self.n1 * n2 / self.n2), n2 // 2))
         return n1, n2
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+def _two_digits(x: float) -> int:
+    """``x`` rounded to two significant digits: runs whose estimates differ a little count
+    the same windows."""
+    k = 1
+    while x >= 100 * k:
+        k *= 10
+    return round(x / k) * k
 
 
 def combos_for(mode: Mode, components: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -179,8 +202,35 @@ def _sub(a: Mapping[str, float], b: Mapping[str, float], k: float = 1.0) -> dict
     return {e: a.get(e, 0.0) - k * b.get(e, 0.0) for e in {*a, *b}}
 
 
-def _per_request(c1: Counts, c2: Counts, n1: int, n2: int) -> dict[str, float]:
-    return {e: v / (n2 - n1) for e, v in _sub(c2.events, c1.events).items()}
+def _per_request(c1: Mapping[str, float], c2: Mapping[str, float], dn: int) -> dict[str, float]:
+    return {e: v / dn for e, v in _sub(c2, c1).items()}
+
+
+def _median(xs: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Event by event, the median of ``xs`` (an event a window lacks counts 0)."""
+    events = {e for x in xs for e in x}
+    return {e: float(statistics.median(x.get(e, 0.0) for x in xs)) for e in events}
+
+
+#: a thread serves requests when its instructions grow from the n1 to the n2 windows by at
+#: least this share of the whole process's growth (in Envoy: the workers, ~99.9 %); the others
+#: (main thread, watchdogs, gRPC timers: < 0.1 %) follow the windows' wall time
+SERVING_SHARE = 0.01
+
+
+def serving_threads(pairs: Sequence[tuple[Counts, Counts]], source: str) -> frozenset[int]:
+    """The threads whose work grows with requests over the (n1, n2) window ``pairs``; every
+    thread when the source counts no instructions."""
+    grow: dict[int, float] = {}
+    for c1, c2 in pairs:
+        for t in {*c1.threads, *c2.threads}:
+            x1 = metric(c1.threads.get(t, {}), source, "instructions") or 0.0
+            x2 = metric(c2.threads.get(t, {}), source, "instructions") or 0.0
+            grow[t] = grow.get(t, 0.0) + x2 - x1
+    total = sum(grow.values())
+    if total <= 0:
+        return frozenset(grow)
+    return frozenset(t for t, g in grow.items() if g >= SERVING_SHARE * total)
 
 
 @dataclass
@@ -194,6 +244,43 @@ class ModeCounts:
     geometry: CacheGeometry | None = None
 
 
+def count_windows(
+    ve: VariantEnvoy,
+    counter: WindowCounter,
+    source: str,
+    name: str,
+    size: int,
+    opts: MicroarchOptions,
+) -> tuple[Counts, tuple[int, int], list[tuple[Counts, Counts]]]:
+    """Variant ``name``'s warm-up window, (n1, n2) and its window pairs, in the order of
+    :class:`MicroarchOptions` (of the settling connections, only the last is read: for the
+    estimate that sizes the windows)."""
+    target = ve.target(name)
+    counter.zero()
+    ve.load(target, ve.mode, size, opts.warmup_n)
+    w = counter.read()
+    # the first few connections of a variant still miss more (in TCP mode, +500 D1 misses
+    # on the first after the warm-up, ~0 by the fifth)
+    for _ in range(opts.settle - 1):
+        ve.load(target, ve.mode, size, opts.settle_n)
+    last = None
+    if opts.settle > 0:
+        counter.zero()
+        ve.load(target, ve.mode, size, opts.settle_n)
+        last = counter.read()
+    n1, n2 = opts.windows(_est(w, last, source, opts))
+    counter.zero()
+    pairs = []
+    for i in range(opts.pairs):
+        got: dict[int, Counts] = {}
+        for n in (n1, n2) if i % 2 == 0 else (n2, n1):
+            for _ in range(opts.connections):
+                ve.load(target, ve.mode, size, n)
+            got[n] = counter.read()
+        pairs.append((got[n1], got[n2]))
+    return w, (n1, n2), pairs
+
+
 def count_variant(
     ve: VariantEnvoy,
     counter: WindowCounter,
@@ -205,37 +292,65 @@ def count_variant(
     members: tuple[str, ...] = (),
     attribution: Attribution | None = None,
 ) -> tuple[CounterRow, float | None]:
-    """Warm-up, ``n1`` and ``n2`` windows of variant ``name`` → its row (and the share of
-    instructions attribution named)."""
-    target = ve.target(name)
-    counter.zero()
-    ve.load(target, ve.mode, size, opts.warmup_n)
-    w = counter.read()
-    n1, n2 = opts.windows(_est(w, source, opts.warmup_n))
-    ve.load(target, ve.mode, size, n1)
-    c1 = counter.read()
-    ve.load(target, ve.mode, size, n2)
-    c2 = counter.read()
-    per = _per_request(c1, c2, n1, n2)
-    fixed = _sub(c1.events, per, n1)
-    warm = {e: v - fixed.get(e, 0.0) for e, v in _sub(w.events, per, opts.warmup_n).items()}
+    """Variant ``name``'s windows → its row (and the share of instructions attribution
+    named). Each pair gives ``(C(n2) − C(n1)) / (n2 − n1)`` of the threads that serve
+    requests (:func:`serving_threads`); the row's counts are the pairs' median."""
+    w, (n1, n2), pairs = count_windows(ve, counter, source, name, size, opts)
+    dn = (n2 - n1) * opts.connections
+    serving = serving_threads(pairs, source)
+    rest = {t for c1, c2 in pairs for t in (*c1.threads, *c2.threads)} - serving
+    est = [_per_request(c1.events(serving), c2.events(serving), dn) for c1, c2 in pairs]
+    per = _median(est)
+    fixed = _median(
+        [
+            {
+                k: v / opts.connections
+                for k, v in _sub(c1.events(serving), e, n1 * opts.connections).items()
+            }
+            for (c1, _c2), e in zip(pairs, est)
+        ]
+    )
+    warm = _sub(_sub(w.events(serving), per, opts.warmup_n), fixed)
     by_part: dict[str, dict[str, float]] = {}
     share = None
-    if attribution is not None and c1.functions and c2.functions:
-        p1, s1 = attribution.split(c1.functions)
-        p2, s2 = attribution.split(c2.functions)
-        share = min(s1, s2)
-        by_part = {p: {e: v / (n2 - n1) for e, v in _sub(p2[p], p1[p]).items()} for p in PARTS}
-    main = {e: v / (n2 - n1) for e, v in _sub(c2.main, c1.main).items()}
+    if attribution is not None and all(c.functions for pair in pairs for c in pair):
+        split = [
+            (attribution.split(c1.costs(serving)), attribution.split(c2.costs(serving)))
+            for c1, c2 in pairs
+        ]
+        share = min(s for pair in split for _parts, s in pair)
+        by_part = {
+            p: _median([_per_request(a[0][p], b[0][p], dn) for a, b in split]) for p in PARTS
+        }
+    background = _median([_per_request(c1.events(rest), c2.events(rest), dn) for c1, c2 in pairs])
     row = CounterRow(
-        ve.mode.value, name, size, n1, n2, opts.warmup_n, per, fixed, warm, members, by_part, main
+        ve.mode.value,
+        name,
+        size,
+        n1,
+        n2,
+        opts.warmup_n,
+        per,
+        fixed,
+        warm,
+        members,
+        by_part,
+        background if rest else {},
+        tuple(est),
     )
     return row, share
 
 
-def _est(w: Counts, source: str, n: int) -> float | None:
-    i = metric(w.events, source, "instructions")
-    return None if i is None or n <= 0 else i / n
+def _est(w: Counts, s: Counts | None, source: str, opts: MicroarchOptions) -> float | None:
+    """Instructions per request from the warm-up window and the last settling one (their
+    difference: a connection's own cost cancels), else from the warm-up alone."""
+    iw = metric(w.events(), source, "instructions")
+    if iw is None or opts.warmup_n <= 0:
+        return None
+    i_s = None if s is None else metric(s.events(), source, "instructions")
+    if i_s is not None and opts.warmup_n > opts.settle_n and iw > i_s:
+        return (iw - i_s) / (opts.warmup_n - opts.settle_n)
+    return iw / opts.warmup_n
 
 
 def count_mode(
@@ -264,7 +379,9 @@ def count_mode(
     spec = source.callgrind or False
     say(f"{mode.value}: starting Envoy ({source.name} counters, {len(names)} variants)")
     label = f"microarch-{mode.value}"
-    with variant_envoy(tb, be, mode, build, len(names), label=label, callgrind=spec) as ve:
+    with variant_envoy(
+        tb, be, mode, build, len(names), label=label, callgrind=spec, bootstrap=QUIET_TIMERS
+    ) as ve:
         counter = source.open(ve.env, tb.registered, tb.scratch_dir(f"meshtax-{label}-counts-"))
         attr = attribution(ve.env.pid) if attribution is not None else None
         try:
@@ -386,14 +503,17 @@ def measure_microarch(
     rows = [r if named else dataclasses.replace(r, by_part={}) for m in counted for r in m.rows]
     geometry = next((m.geometry for m in counted if m.geometry is not None), None)
     whose = (
-        "every thread but the main one (counted apart: its timers follow wall time)"
+        "the threads that serve requests (the others, whose work follows wall time, are "
+        "the rows' background)"
         if source.name == "valgrind"
         else "every thread"
     )
     notes = [
-        f"user space of the proxy, {whose}, per request: (C(n2) − C(n1)) / (n2 − n1); "
-        "fixed = per-window work (one connection each); warmup = the first window beyond "
-        "steady and fixed work",
+        f"user space of the proxy, {whose}, per request: (C(n2) − C(n1)) / (n2 − n1), the "
+        f"median of {opts.pairs} window pairs (spread: half their range); fixed = per-window "
+        "work (one connection each); warmup = the first window beyond steady and fixed work",
+        "Envoy counted without its periodic stats flush and with its watchdogs at 60 s "
+        "(wall-clock work that evicts the workers' lines from valgrind's one shared cache)",
         "kernel work per request from the base profile's probe windows (not re-measured)",
     ]
     if shares and not named:

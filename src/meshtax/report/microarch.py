@@ -60,6 +60,13 @@ AGREEMENT_METRICS: dict[str, float] = {
 }
 #: a count below this per request is not compared relatively (a few misses of a warm LL)
 MIN_COUNT = 1.0
+LABELS = {
+    "instructions": "instructions",
+    "i1_misses": "I1 misses",
+    "d1_misses": "D1 misses",
+    "ll_misses": "LL misses",
+    "branch_misses": "branch mispredictions",
+}
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,32 @@ def counts_table(m: Microarch) -> Tab:
             "(one connection); warm-up: the first window beyond steady and fixed work"
         ],
     )
+
+
+def spread_table(m: Microarch) -> Tab | None:
+    """How sure each row's counts are: half the range of its window pairs' estimates,
+    relative to their median, for the metrics two runs are compared on."""
+    names = [n for n in AGREEMENT_METRICS if n != "ll_misses"]
+    rows = [
+        [
+            r.mode,
+            str(r.size),
+            r.variant,
+            str(len(r.pairs)),
+            f"{r.n1} / {r.n2}",
+            *(_f(r.spread(m.source, n), "±{:.1%}") for n in names),
+        ]
+        for r in m.rows
+        if len(r.pairs) > 1
+    ]
+    if not rows:
+        return None
+    head = ("mode", "size (B)", "variant", "pairs", "n1 / n2", *(LABELS[n] for n in names))
+    note = (
+        "per request = the median of the pairs' (C(n2) − C(n1)) / (n2 − n1); the spread is "
+        "half their range over that median"
+    )
+    return Tab("How sure: spread of the window pairs", head, rows, [note])
 
 
 def parts_table(m: Microarch) -> Tab | None:
@@ -379,6 +412,7 @@ def kernel_table(m: Microarch) -> Tab | None:
 def microarch_tables(m: Microarch) -> list[Tab]:
     tabs = [counts_table(m)]
     more = (
+        spread_table(m),
         topdown_table(m),
         components_table(m),
         parts_table(m),
@@ -445,6 +479,10 @@ def records(m: Microarch) -> list[dict[str, object]]:
         for what, ev in (("fixed", r.fixed), ("warmup", r.warmup)):
             v = metric(ev, m.source, "instructions")
             rec[f"{what}_instructions"] = "" if v is None else v
+        rec["pairs"] = len(r.pairs)
+        for name in AGREEMENT_METRICS:
+            sp = r.spread(m.source, name)
+            rec[f"{name}_spread"] = "" if sp is None else sp
         out.append(rec)
     return out
 
@@ -472,7 +510,9 @@ def microarch_document(m: Microarch, fmt: str) -> str:
 @dataclass(frozen=True)
 class Agreement:
     """One item of two runs: ``a`` and ``b`` per request, their relative difference (None:
-    below :data:`MIN_COUNT`, not compared) and whether it is within the metric's bound."""
+    below :data:`MIN_COUNT`, not compared) and whether it is within the metric's bound;
+    ``spread``: the larger of the two rows' own spreads (:meth:`CounterRow.spread`; None
+    where a row has one pair)."""
 
     mode: str
     variant: str
@@ -482,6 +522,7 @@ class Agreement:
     b: float
     rel: float | None
     bound: float
+    spread: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -501,5 +542,7 @@ def agreement(a: Microarch, b: Microarch) -> list[Agreement]:
             if xa is None or xb is None:
                 continue
             rel = None if max(xa, xb) < MIN_COUNT or xa <= 0 else xb / xa - 1
-            out.append(Agreement(ra.mode, ra.variant, ra.size, name, xa, xb, rel, bound))
+            sa, sb = ra.spread(a.source, name), rb.spread(b.source, name)
+            sp = None if sa is None or sb is None else max(sa, sb)
+            out.append(Agreement(ra.mode, ra.variant, ra.size, name, xa, xb, rel, bound, sp))
     return out

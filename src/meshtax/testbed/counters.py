@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -25,6 +25,7 @@ from meshtax.testbed.system import CommandError, Placement, Process, System
 __all__ = [
     "PMU_EVENTS",
     "TOPDOWN_EVENTS",
+    "WHOLE",
     "Counted",
     "CounterSource",
     "Counts",
@@ -59,14 +60,42 @@ TOPDOWN_EVENTS = (
 FunctionCosts = Mapping[tuple[str, str], Mapping[str, float]]
 
 
+#: the one thread key of a source that counts the process as a whole
+WHOLE = 0
+
+
+def _add(acc: dict[str, float], more: Mapping[str, float]) -> None:
+    for e, v in more.items():
+        acc[e] = acc.get(e, 0.0) + float(v)
+
+
 @dataclass(frozen=True)
 class Counts:
-    """Events of one window; ``functions``: self cost per (object, function) when known;
-    ``main``: the main thread's events when they were counted apart (not in ``events``)."""
+    """Events of one window per thread: valgrind's thread numbers (1: the initial thread)
+    when the source counts threads apart, else one entry (:data:`WHOLE`); ``functions``:
+    each thread's self cost per (object, function), when known."""
 
-    events: Mapping[str, float]
-    functions: FunctionCosts = field(default_factory=dict)
-    main: Mapping[str, float] = field(default_factory=dict)
+    threads: Mapping[int, Mapping[str, float]]
+    functions: Mapping[int, FunctionCosts] = field(default_factory=dict)
+
+    def events(self, threads: Collection[int] | None = None) -> dict[str, float]:
+        """Events summed over ``threads`` (None: every thread)."""
+        acc: dict[str, float] = {}
+        for t, ev in self.threads.items():
+            if threads is None or t in threads:
+                _add(acc, ev)
+        return acc
+
+    def costs(
+        self, threads: Collection[int] | None = None
+    ) -> dict[tuple[str, str], dict[str, float]]:
+        """Self cost per function summed over ``threads`` (None: every thread)."""
+        acc: dict[tuple[str, str], dict[str, float]] = {}
+        for t, fns in self.functions.items():
+            if threads is None or t in threads:
+                for k, c in fns.items():
+                    _add(acc.setdefault(k, {}), c)
+        return acc
 
 
 class Counted(Protocol):
@@ -115,14 +144,6 @@ class CounterSource(Protocol):
 # --- valgrind ------------------------------------------------------------------------------
 
 
-MAIN_THREAD = 1  # valgrind's number of the initial thread: Envoy's main thread
-
-
-def _add(acc: dict[str, float], more: Mapping[str, float]) -> None:
-    for e, v in more.items():
-        acc[e] = acc.get(e, 0.0) + float(v)
-
-
 @dataclass
 class _CallgrindCounter:
     process: Counted
@@ -134,18 +155,12 @@ class _CallgrindCounter:
 
     def read(self) -> Counts:
         dumps = self.process.dump_threads(functions=self.functions)
-        events: dict[str, float] = {}
-        main: dict[str, float] = {}
-        fns: dict[tuple[str, str], dict[str, float]] = {}
-        for tid, d in dumps.items():
+        for d in dumps.values():
             self.geometry = d.geometry or self.geometry
-            if tid == MAIN_THREAD and len(dumps) > 1:
-                _add(main, d.totals)
-                continue
-            _add(events, d.totals)
-            for k, c in d.functions.items():
-                _add(fns.setdefault(k, {}), c)
-        return Counts(events, fns, main)
+        return Counts(
+            {t: {e: float(v) for e, v in d.totals.items()} for t, d in dumps.items()},
+            {t: d.functions for t, d in dumps.items() if d.functions},
+        )
 
     def close(self) -> None:
         pass
@@ -154,13 +169,8 @@ class _CallgrindCounter:
 @dataclass(frozen=True)
 class ValgrindSource:
     """Callgrind with ``spec`` (default: cache and branch simulators, valgrind's geometry,
-    threads apart); ``functions``: read each function's self cost (for attribution) too.
-
-    With threads apart, Envoy's main thread is counted apart (:attr:`Counts.main`): it serves
-    no request (admin, stats flushes, timers), and its timer work grows with a window's wall
-    time, not its requests — counted in, it moved instructions per request by 1–2 % from one
-    window pair to the next; without it, by 0.2 %.
-    """
+    threads apart, so the threads that serve no request can be told apart); ``functions``:
+    read each function's self cost (for attribution) too."""
 
     spec: CallgrindSpec = CallgrindSpec(cache_sim=True, branch_sim=True, separate_threads=True)
     functions: bool = False
@@ -259,7 +269,7 @@ class _PerfStatCounter:
             raise RuntimeError("perf stat window read before it was started (zero)")
         counts = parse_perf_stat(text)
         self.zero()
-        return Counts(counts)
+        return Counts({WHOLE: counts})
 
     def close(self) -> None:
         self._stop()
@@ -307,17 +317,23 @@ def detect_source(
 # --- fake ----------------------------------------------------------------------------------
 
 
+Totals = Mapping[int, Mapping[str, float]]
+
+
 @dataclass
 class _FakeCounter:
-    total: Callable[[], Mapping[str, float]]
-    last: dict[str, float] = field(default_factory=dict)
+    total: Callable[[], Totals]
+    last: Totals = field(default_factory=dict)
 
     def zero(self) -> None:
-        self.last = dict(self.total())
+        self.last = self.total()
 
     def read(self) -> Counts:
-        now = dict(self.total())
-        diff = {e: v - self.last.get(e, 0.0) for e, v in now.items()}
+        now = self.total()
+        diff = {
+            t: {e: v - self.last.get(t, {}).get(e, 0.0) for e, v in ev.items()}
+            for t, ev in now.items()
+        }
         self.last = now
         return Counts(diff)
 
@@ -328,11 +344,13 @@ class _FakeCounter:
 @dataclass
 class FakeCounterSource:
     """A source for tests: ``total()`` is the process's cumulative counts (a fake world's);
-    a window is the difference since the last zero or read."""
+    a window is the difference since the last zero or read. ``threads()``, when given, is
+    the cumulative counts per thread instead (``total`` is then not read)."""
 
     total: Callable[[], Mapping[str, float]]
     name: str = "valgrind"
     spec: CallgrindSpec | None = None
+    threads: Callable[[], Totals] | None = None
     opened: list[int] = field(default_factory=list)
 
     @property
@@ -341,7 +359,8 @@ class FakeCounterSource:
 
     def open(self, process: Counted, system: System, workdir: Path) -> WindowCounter:
         self.opened.append(process.pid)
-        return _FakeCounter(self.total)
+        total = self.total
+        return _FakeCounter(self.threads or (lambda: {WHOLE: dict(total())}))
 
     def tool(self, system: System) -> str:
         return f"fake {self.name} counters"

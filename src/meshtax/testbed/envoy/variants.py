@@ -26,7 +26,15 @@ from meshtax.testbed.envoy.filters import (
     parse_component,
 )
 
-__all__ = ["BASE", "LO", "Variant", "filter_variants", "multi_bootstrap", "variant"]
+__all__ = [
+    "BASE",
+    "LO",
+    "QUIET_TIMERS",
+    "Variant",
+    "filter_variants",
+    "multi_bootstrap",
+    "variant",
+]
 
 BASE = "base"
 LO = "127.0.0.1"
@@ -87,8 +95,23 @@ def variant(
     return Variant(name, port, lst, cl, spec.outputs if spec is not None else ())
 
 
-def multi_bootstrap(variants: Sequence[Variant], admin_port: int) -> dict[str, Any]:
-    """One bootstrap serving every variant (names and ports must be distinct)."""
+_QUIET_DOG = {"miss_timeout": "60s", "megamiss_timeout": "60s"}
+#: bootstrap fields of an Envoy whose events are counted per request: no periodic stats flush
+#: (every 5 s: the main thread walks every stat and has each worker merge its histograms)
+#: and the watchdogs' loop every minute rather than every 200 ms. Both run on a wall-time
+#: clock, not per request; under valgrind they also evict the worker's lines from the one
+#: simulated cache all threads share (BENCHMARKS.md, issue #19: the D1 misses of TCP mode).
+QUIET_TIMERS: Mapping[str, Any] = {
+    "stats_flush_on_admin": True,
+    "watchdogs": {"main_thread_watchdog": _QUIET_DOG, "worker_watchdog": _QUIET_DOG},
+}
+
+
+def multi_bootstrap(
+    variants: Sequence[Variant], admin_port: int, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """One bootstrap serving every variant (names and ports must be distinct); ``extra``:
+    top-level bootstrap fields added (e.g. :data:`QUIET_TIMERS`)."""
     names = [v.name for v in variants]
     ports = [v.port for v in variants]
     if len(set(names)) != len(names) or len(set(ports)) != len(ports) or admin_port in ports:
@@ -100,6 +123,7 @@ def multi_bootstrap(variants: Sequence[Variant], admin_port: int) -> dict[str, A
             "listeners": [dict(v.listener) for v in variants],
             "clusters": [dict(v.cluster) for v in variants],
         },
+        **json.loads(json.dumps(extra or {})),
     }
 
 

@@ -1,0 +1,121 @@
+"""Run-to-run agreement of the microarchitectural counts for one mode and a chosen set of
+filters: the profile's own counting (:func:`~meshtax.profile.microarch.count_mode` with
+``MicroarchOptions.quick()``, the combinations of the filters added as ``profile --microarch``
+adds them) run twice back to back, every window logged, then per item both runs' counts per
+request and their difference against the issue's bounds (issue #19).
+
+    .venv/bin/python experiments/microarch_agreement.py --mode http \\
+        --variants header_mutation,rate_limit,ip_tagging_1 --out artifacts/i19/http.json
+
+``benchmarks/bench_microarch.py`` does the same through the CLI, for the whole default filter
+set; this one counts a subset (Envoy with four Wasm VMs takes over 600 s to start under
+valgrind on a CPU capped by another session's quiet measurement) and keeps its testbed state
+in ``--state-dir`` (default ``/run/meshtax-microarch``), not ``/run/meshtax``: a valgrind-only
+loopback count that does not hold the machine's profiling lock for its whole length (the
+machine-wide index keeps every live run's namespaces apart). Writes ``OUT`` (agreement,
+additivity, ratios), ``OUT``-rows-N.json (each run's rows) and ``OUT``-windows-N.jsonl (each
+window's per-thread events).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from microarch_windows import _LoggingSource
+
+from meshtax.model.microarch import Microarch
+from meshtax.model.sidecar import Mode
+from meshtax.profile.backends import Backends
+from meshtax.profile.microarch import MicroarchOptions, combos_for, count_mode
+from meshtax.report.microarch import additivity, agreement, published_ratios
+from meshtax.testbed.envoy.filters import parse_component
+from meshtax.testbed.pods import Testbed
+from meshtax.testbed.system import RealSystem
+
+
+def count_once(
+    mode: Mode, comps: list[str], opts: MicroarchOptions, state: Path, log: Path
+) -> Microarch:
+    be = Backends(state_dir=state, lock_timeout=600.0)
+    with log.open("w") as f, Testbed(RealSystem(), state_dir=state, lock_timeout=600.0) as tb:
+        src = _LoggingSource(be.counter_source(tb.system, "valgrind"), f)
+        mc = count_mode(
+            tb, be, mode, comps, src, opts, combos=combos_for(mode, comps), progress=print
+        )
+        tool = src.tool(tb.system)
+    return Microarch("valgrind", tool, tuple(mc.rows), mc.geometry)
+
+
+def compared(a: Microarch, b: Microarch) -> dict[str, Any]:
+    items = agreement(a, b)
+    return {
+        "items": [
+            {
+                "variant": x.variant,
+                "metric": x.metric,
+                "a": round(x.a, 3),
+                "b": round(x.b, 3),
+                "rel": None if x.rel is None else round(x.rel, 5),
+                "spread": None if x.spread is None else round(x.spread, 5),
+                "ok": x.ok,
+            }
+            for x in items
+        ],
+        "beyond_bound": sum(not x.ok for x in items),
+        "compared": sum(x.rel is not None for x in items),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", default="http", choices=[m.value for m in Mode])
+    ap.add_argument("--variants", required=True, help="comma-separated filters (base is added)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--state-dir", type=Path, default=Path("/run/meshtax-microarch"))
+    a = ap.parse_args(argv)
+    mode = Mode(a.mode)
+    comps = [c for c in a.variants.split(",") if c]
+    for c in comps:
+        parse_component(c)
+    opts = MicroarchOptions.quick()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = []
+    ms: list[Microarch] = []
+    for i in (1, 2):
+        t0 = time.monotonic()
+        m = count_once(
+            mode, comps, opts, a.state_dir, a.out.with_name(f"{a.out.stem}-windows-{i}.jsonl")
+        )
+        runs.append(
+            {
+                "run": i,
+                "wall_s": round(time.monotonic() - t0, 1),
+                "end": time.strftime("%FT%TZ", time.gmtime()),
+            }
+        )
+        a.out.with_name(f"{a.out.stem}-rows-{i}.json").write_text(json.dumps(m.to_dict(), indent=1))
+        ms.append(m)
+        print(json.dumps(runs[-1]), flush=True)
+    res = {
+        "mode": mode.value,
+        "filters": comps,
+        "options": opts.to_dict(),
+        "runs": runs,
+        "agreement": compared(ms[0], ms[1]),
+        "additivity": [[(x.chain, round(x.error, 5)) for x in additivity(m)] for m in ms],
+        "ratios": [
+            [(p, round(here, 4), pub) for p, _v, here, pub in published_ratios(m)] for m in ms
+        ],
+    }
+    a.out.write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
