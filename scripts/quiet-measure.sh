@@ -27,7 +27,7 @@ while [ "$p" != 1 ] && [ -n "$p" ]; do p=$(awk '{print $4}' /proc/$p/stat 2>/dev
 ppid_of() {  # builtins only: the sweep runs every 2 s
   local line rest
   REPLY=0
-  read -r line < "/proc/$1/stat" 2>/dev/null || return
+  { read -r line < "/proc/$1/stat"; } 2>/dev/null || return
   rest=${line##*) }; set -- $rest; REPLY=${2:-0}
 }
 spared() {
