@@ -24,7 +24,7 @@ me=$$
 anc=" $me "; p=$me
 while [ "$p" != 1 ] && [ -n "$p" ]; do p=$(awk '{print $4}' /proc/$p/stat 2>/dev/null); anc="$anc$p "; done
 # a process is spared when it is an ancestor of this script or descends from it
-ppid_of() {  # builtins only: the sweep runs every 2 s
+ppid_of() {  # builtins only: the sweep runs every 3 s
   local line rest
   REPLY=0
   { read -r line < "/proc/$1/stat"; } 2>/dev/null || return
@@ -58,6 +58,8 @@ echo $((CAP * 1000)) > "$CG/cpu.cfs_quota_us"
 sweeper=$!
 lift() { kill "$sweeper" 2>/dev/null; echo -1 > "$CG/cpu.cfs_quota_us"; }
 trap lift EXIT
+trap "exit 130" INT
+trap "exit 143" TERM
 echo "quiet-measure: $moved processes capped at ${CAP}% of a CPU (new ones swept every 3 s); running: $*" >&2
 "$@"
 rc=$?
