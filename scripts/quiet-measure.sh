@@ -57,11 +57,18 @@ echo $((CAP * 1000)) > "$CG/cpu.cfs_quota_us"
 ( while sleep 3; do sweep >/dev/null; done ) &
 sweeper=$!
 lift() { kill "$sweeper" 2>/dev/null; echo -1 > "$CG/cpu.cfs_quota_us"; }
+child=
 trap lift EXIT
-trap "exit 130" INT
-trap "exit 143" TERM
+# the command runs in the background so that a signal reaches this script at once (bash holds
+# traps while a foreground command runs): it is passed on, and the cap lifted on the way out
+# (SIGTERM either way: a background command of a script ignores SIGINT)
+stop() { [ -n "$child" ] && kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; exit "$1"; }
+trap "stop 130" INT
+trap "stop 143" TERM
 echo "quiet-measure: $moved processes capped at ${CAP}% of a CPU (new ones swept every 3 s); running: $*" >&2
-"$@"
+"$@" &
+child=$!
+wait "$child"
 rc=$?
 lift
 echo "quiet-measure: cap lifted" >&2
