@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--db", required=True)
     ap.add_argument("--profile", required=True)
     a = ap.parse_args()
-    setattr(engine, "shared_cpu_rates", own_rates)  # the engine reads it at each prediction
+    engine.shared_cpu_rates = own_rates  # type: ignore[attr-defined]  # read at each prediction
     res = repredict(SuiteDir(a.run), ProfileStore(a.db).get(a.profile), speed=False)
     print("\n".join([*res.header(), "", *res.comparison_table(), "", *res.by_mode_table()]))
 
