@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from meshtax.model.components import OTHER
+from meshtax.model.components import IPC, OTHER
 from meshtax.model.profile import PROFILE_FORMAT, Closure, Profile
 from meshtax.model.sidecar import Mode
 from meshtax.store.reference import reference_profile
@@ -77,3 +79,23 @@ def test_an_older_document_with_a_calibrated_exponent_still_loads() -> None:
     d = profile({Mode.HTTP: {OTHER: flat(5, 2)}}).to_dict()
     d["colocation"] = {"http": {"alpha": 0.8, "lo": 0.7, "hi": 0.9, "mode": "http", "rate": 100.0}}
     assert Profile.from_dict(d).to_dict().get("colocation") is None
+
+
+def test_a_profile_keeps_its_transfer_through_its_document_and_shows_it() -> None:
+    from meshtax.model.profile_check import ProfileError
+    from meshtax.model.transfer import ModeTransfer, Transfer
+
+    t = Transfer({Mode.HTTP: ModeTransfer(1.3, 1.2, 1.4, 5, 0.94)}, "suite s, calibration set")
+    p = replace(_transfer_base(), transfer=t)
+    doc = p.to_dict()
+    assert doc["transfer"]["modes"]["http"]["factor"] == 1.3
+    assert Profile.from_dict(doc).transfer == t
+    assert p.quality()["transfer"] == t.to_dict()
+    assert "transfer" not in _transfer_base().to_dict()
+    doc["transfer"]["modes"]["http"]["factor"] = 0
+    with pytest.raises(ProfileError, match="factor"):
+        Profile.from_dict(doc)
+
+
+def _transfer_base() -> Profile:
+    return profile({Mode.HTTP: {IPC: flat(5, 5)}})

@@ -574,3 +574,28 @@ def test_messages_beyond_the_largest_measured_size_are_warned_about() -> None:
         "messages up to 32768 B are larger than the largest size profile 'test' measured in "
         "http mode (4096 B)"
     )
+
+
+def test_a_transfer_scales_its_modes_per_message_costs_but_not_the_idle_sidecars() -> None:
+    """The calibration set's transfer multiplies every per-message cost of a sidecar of its
+    mode (latency and CPU), leaves other modes and the idle sidecars' CPU as they are."""
+    from meshtax.model.transfer import ModeTransfer, Transfer
+
+    g = ecg(
+        {"A": HTTP, "B": GRPC},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=50), inv("b", "A", "B", 10, 20, "r", rate=50)],
+    )
+    idle = replace(
+        P, modes={**P.modes, Mode.HTTP: replace(P.modes[Mode.HTTP], idle_cpu_us_per_s=2000.0)}
+    )
+    t = Transfer({Mode.HTTP: ModeTransfer(1.5, 1.4, 1.6, 5, 0.94)}, "unit")
+    b = to_batch([g])
+    plain = predict_batch(b, single_profile(idle))
+    got = predict_batch(b, single_profile(replace(idle, transfer=t)))
+    # A's sidecar (http) is crossed 4 times per request (r in and out, b out and back) at
+    # 2 CPU-µs each, B's (grpc) twice at 4: only A's 8 CPU-µs go ×1.5
+    http_cpu = 4 * 2.0 * 50 * 1e-6
+    assert (got.cpu_vcpu - plain.cpu_vcpu).tolist() == pytest.approx([0.5 * http_cpu])
+    assert got.idle_vcpu is not None and got.idle_vcpu.tolist() == pytest.approx([0.002])
+    # latency: A's 4 crossings of 5 µs each go ×1.5, B's 2 × 10 stay
+    assert (got.latency_overhead_us - plain.latency_overhead_us).tolist() == pytest.approx([10.0])

@@ -386,3 +386,50 @@ def test_reduced_real_suite_leaves_nothing_behind(tmp_path: Path) -> None:
     mine = f".{os.getpid()}."
     left = set(Path(tempfile.gettempdir()).glob("meshtax-*")) - scratch
     assert not [p for p in left if mine in p.name], left
+
+
+def test_calibrate_fits_on_the_calibration_set_only_and_predicts_every_case_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transfer comes from the calibration cases alone — their measured CPU less the part
+    of the prediction the factor does not scale, over the part it does — and every case is
+    predicted again with it; the leave-one-topology-out errors come with it."""
+    from meshtax.validate import suite_run
+
+    scs = _suite_cases()[:5]  # calibration: t/a tcp, t/b http; hold-out: u/a, u/b, v/a
+    out = SuiteDir(tmp_path / "run")
+    out.update_manifest(cases=[c.key for c in scs], suite={"name": "t"}, profile={"name": "p"})
+    out.traces.mkdir()
+    for sc, c in zip(scs, CASES[:5], strict=True):
+        out.write_case(sc, c)
+        (out.traces / f"{sc.stem}.json").write_text("{}")
+    # per case: CPU predicted = factor × per-message part + 20 (idle sidecars, not scaled)
+    part = {
+        "t-a-tcp": 110.0,
+        "t-b-http": 90.0,
+        "u-a-grpc": 160.0,
+        "u-b-http": 200.0,
+        "v-a-tcp": 100.0,
+    }
+
+    def fake(trace: Path, prof: Any, sidecars: Any, rate: float, **kw: Any) -> Predicted:
+        stem = Path(trace).stem
+        f = prof.transfer.factor(Mode(stem.rsplit("-", 1)[1])) if prof.transfer else 1.0
+        cpu = f * part[stem] + 20.0
+        return Predicted(cpu, cpu, cpu, cpu, 1)
+
+    monkeypatch.setattr(suite_run, "predict_traces", fake)
+    got = suite_run.calibrate(out, profile({Mode.TCP: {IPC: flat(5, 5)}}, name="p"))
+    t = got.profile.transfer
+    assert t is not None and set(t.modes) == {Mode.TCP, Mode.HTTP}  # no grpc case calibrated
+    assert t.factor(Mode.TCP) == pytest.approx((200 - 20) / 110)  # t/a measured 200 CPU-µs
+    assert t.factor(Mode.HTTP) == pytest.approx((200 - 20) / 90)
+    assert t.factor(Mode.GRPC) == 1.0
+    hold = {c.name: c.predicted for c in got.result.sets["holdout"]}
+    assert hold["u/b"] is not None and hold["u/b"].cpu_us_per_request == pytest.approx(2 * 200 + 20)
+    assert hold["v/a"] is not None
+    assert hold["v/a"].cpu_us_per_request == pytest.approx(180 / 110 * 100 + 20)
+    assert got.result.profile["transfer"] == t.to_dict()
+    assert "Fitted to the calibration set only" in "\n".join(got.result.header())
+    # one calibration topology ("t"): left out, nothing remains to fit → factor 1
+    assert got.loto == pytest.approx([130 / 200 - 1, 110 / 200 - 1])

@@ -36,6 +36,7 @@ from meshtax.validate.suite_run import (
     CaseRunner,
     SuiteDir,
     SuiteResult,
+    calibrate,
     profile_record,
     run_cases,
     utc_now,
@@ -292,6 +293,34 @@ def validate_suite(
     finally:
         result = out.result()
         out.write_summary(result)
+    return _calibrated(result, out, prof, store, opts, tell)
+
+
+def _calibrated(
+    result: SuiteResult,
+    out: SuiteDir,
+    prof: Profile,
+    store: ProfileStore,
+    opts: SuiteOptions,
+    say: Say,
+) -> SuiteResult:
+    """``result`` with its cases predicted again with the transfer fitted on its calibration
+    set (:func:`~meshtax.validate.suite_run.calibrate`), the summary written again; the
+    profile with the transfer stored as ``<name>+cal`` for ``predict`` and ``validate``.
+    Unchanged when the calibration set has no measured case."""
+    if not any(c.comparisons for c in result.sets.get("calibration", ())):
+        return result
+    try:
+        cal = calibrate(out, prof, speed=opts.speed == "now")
+    except ValueError as e:
+        say(f"no transfer fitted: {e}")
+        return result
+    stored = replace(cal.profile, name=f"{prof.name}+cal")
+    store.save(stored, replace=True)
+    t = stored.transfer
+    say(f"stored profile {stored.name!r}: {t.describe() if t else ''}")
+    result = replace(result, calibrated=cal.result)
+    out.write_summary(result)
     return result
 
 

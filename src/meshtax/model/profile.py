@@ -14,6 +14,7 @@ from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.microarch import Microarch
 from meshtax.model.sidecar import Mode
 from meshtax.model.speed import Speed
+from meshtax.model.transfer import Transfer
 
 #: Version of the profile document format (bump with a dated note when it changes).
 #: 1 — 2026-11-22: first format. Later the same day, optional per-mode ``memory``,
@@ -45,7 +46,9 @@ from meshtax.model.speed import Speed
 #:     per second, kept out of the per-message CPU models; absent in older documents, whose
 #:     models still carry it). Optional platform ``architecture`` (issue #18: ``node-l4`` or
 #:     ``waypoint``, a profile of Envoy in that role, measured on the node bed; written only
-#:     when set).
+#:     when set). Optional top-level ``transfer`` (issue #14: per mode, the factor the
+#:     per-message costs take on applications, measured on a validation suite's calibration
+#:     set, :mod:`meshtax.model.transfer`; written only when set).
 PROFILE_FORMAT = 2
 
 
@@ -356,6 +359,7 @@ class Profile:
     interference: Mapping[str, Any] = field(default_factory=dict)
     status: str | None = None  # closed | unclosed (None: not recorded; see unclosed_modes)
     microarch: Microarch | None = None
+    transfer: Transfer | None = None
 
     @property
     def unclosed_modes(self) -> tuple[Mode, ...]:
@@ -387,6 +391,7 @@ class Profile:
             },
             "interference": {k: v for k, v in self.interference.items() if k != "by_size"},
             "speed": None if self.speed is None else self.speed.to_dict(),
+            "transfer": None if self.transfer is None else self.transfer.to_dict(),
         }
 
     def mode(self, mode: Mode) -> ModeProfile:
@@ -412,6 +417,7 @@ class Profile:
             **({"interference": dict(self.interference)} if self.interference else {}),
             **({"status": self.status} if self.status is not None else {}),
             **({} if self.microarch is None else {"microarch": self.microarch.to_dict()}),
+            **({} if self.transfer is None else {"transfer": self.transfer.to_dict()}),
         }
 
     @classmethod
@@ -443,4 +449,5 @@ class Profile:
             interference=dict(d.get("interference") or {}),
             status=None if d.get("status") is None else str(d["status"]),
             microarch=None if d.get("microarch") is None else Microarch.from_dict(d["microarch"]),
+            transfer=None if d.get("transfer") is None else Transfer.from_dict(d["transfer"]),
         )

@@ -89,6 +89,28 @@ PROFILE_SCHEMA: dict[str, Any] = {
         },
         "colocation": {"type": "object"},  # written by older versions; not used
         "microarch": {"$ref": "#/$defs/microarch"},
+        "transfer": {  # model.transfer.Transfer (issue #14)
+            "type": "object",
+            "required": ["source", "modes"],
+            "properties": {
+                "source": {"type": "string", "maxLength": 2000},
+                "modes": {
+                    "type": "object",
+                    "propertyNames": {"enum": _MODES},
+                    "additionalProperties": {
+                        "type": "object",
+                        "required": ["factor", "lo", "hi", "cases"],
+                        "properties": {
+                            "factor": _POS,
+                            "lo": _NUM,
+                            "hi": _NUM,
+                            "cases": _COUNT,
+                            "coverage": {"type": "number", "minimum": 0, "maximum": 1},
+                        },
+                    },
+                },
+            },
+        },
     },
     "$defs": {
         "events": {"type": "object", "additionalProperties": _NUM},

@@ -105,18 +105,22 @@ def spec_models(
     """Latency and CPU model of every component a message crossing this sidecar pays, for an
     invocation speaking ``protocol`` (one of :data:`~meshtax.model.ecg.PROTOCOLS`); with
     ``speed`` (the machine's speed now) each component scaled by how much faster or slower
-    its kind of work runs now than when the profile measured it."""
+    its kind of work runs now than when the profile measured it; with the profile's
+    :class:`~meshtax.model.transfer.Transfer` (measured on a calibration set) every component
+    scaled by the sidecar's mode's factor."""
     models = _spec_models(spec, profile, warnings, protocol)
-    if speed is None:
-        return models
-    if profile.speed is None:
+    t = 1.0 if profile.transfer is None else profile.transfer.factor(spec.config.mode)
+    then = profile.speed
+    if speed is not None and then is None:
         warnings.append(
             f"profile {profile.name!r} recorded no machine speed: its costs are used as measured"
         )
+        speed = None
+    if speed is None and t == 1.0:
         return models
     out = {}
     for c, (lat, cpu) in models.items():
-        f = speed_factor(c, speed, profile.speed)
+        f = t * (1.0 if speed is None or then is None else speed_factor(c, speed, then))
         out[c] = (lat.scaled(f), cpu.scaled(f))
     return out
 

@@ -65,6 +65,8 @@ def quality_lines(p: Profile) -> list[str]:
             f"profile {p.name!r}: {i['forced']} probe window pair(s) were kept although other "
             "work ran during them (no undisturbed pair of their size): its costs may be high"
         )
+    if p.transfer is not None:
+        out.append(f"profile {p.name!r}: {p.transfer.describe()}")
     return out
 
 

@@ -26,6 +26,14 @@ from typing import Any
 
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.model.stats import estimate
+from meshtax.model.transfer import (
+    ModeTransfer,
+    Transfer,
+    TransferSample,
+    fit_transfer,
+    loto_errors,
+)
 from meshtax.testbed.pinning import pinning_of
 from meshtax.validate.prediction import predict_traces
 from meshtax.validate.result import (
@@ -42,8 +50,10 @@ __all__ = [
     "FORMAT",
     "TARGETS",
     "CaseRunner",
+    "Calibrated",
     "SuiteDir",
     "SuiteResult",
+    "calibrate",
     "profile_record",
     "repredict",
     "run_cases",
@@ -222,6 +232,69 @@ def repredict(out: SuiteDir, profile: Profile, *, speed: bool = True) -> SuiteRe
     return replace(res, sets=sets, profile=profile_record(profile, how), options=opts)
 
 
+def _with_factor(profile: Profile, f: float) -> Profile:
+    t = ModeTransfer(f, f, f, 0, 0.0)
+    return replace(profile, transfer=Transfer(dict.fromkeys(Mode, t), f"×{f:g}"))
+
+
+def transfer_samples(
+    at1: SuiteResult, at2: SuiteResult, set_name: str = "calibration"
+) -> list[TransferSample]:
+    """``set_name``'s measured cases as transfer samples, from two predictions of the same
+    cases with every per-message cost ×1 and ×2 (the CPU prediction is linear in that factor:
+    its slope is the per-message part, the rest the idle sidecars')."""
+    out = []
+    for c1, c2 in zip(at1.sets.get(set_name, ()), at2.sets.get(set_name, ()), strict=True):
+        k1, k2 = c1.comparisons, c2.comparisons
+        if not k1 or not k2 or c1.mode not in Mode._value2member_map_:
+            continue
+        p1, p2 = k1["cpu"].predicted, k2["cpu"].predicted
+        out.append(
+            TransferSample(
+                c1.topology, Mode(c1.mode), k1["cpu"].measured.median, p2 - p1, 2 * p1 - p2
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """A suite's cases predicted again with the transfer fitted on its calibration set: the
+    profile with the transfer, the result, and the leave-one-topology-out CPU errors over the
+    calibration set."""
+
+    profile: Profile
+    result: SuiteResult
+    loto: tuple[float, ...]
+
+
+def calibrate(out: SuiteDir, profile: Profile, *, speed: bool = False) -> Calibrated:
+    """Fit ``profile``'s transfer (:mod:`meshtax.model.transfer`) on the calibration set of
+    ``out`` — only those cases — and predict every case again with it (nothing is measured
+    or written). ``speed``: predict each case at the machine speed recorded for it."""
+    at1 = repredict(out, _with_factor(profile, 1.0), speed=speed)
+    at2 = repredict(out, _with_factor(profile, 2.0), speed=speed)
+    samples = transfer_samples(at1, at2)
+    src = (
+        f"the calibration set of suite {at1.suite.get('name', '?')!r} "
+        f"({len(samples)} cases, {at1.started} → {at1.finished})"
+    )
+    t = fit_transfer(samples, src)
+    prof = replace(profile, transfer=t)
+    res = repredict(out, prof, speed=speed)
+    loto = tuple(loto_errors(samples))
+    how = f"{res.profile.get('how')}; {t.describe()}"
+    rec = {**profile_record(prof, how), "transfer": t.to_dict()}
+    if loto:
+        e = estimate([abs(x) for x in loto])
+        rec["loto"] = {
+            "cases": len(loto),
+            "median_abs_error": e.median,
+            "bias": statistics.fmean(loto),
+        }
+    return Calibrated(prof, replace(res, profile=rec), loto)
+
+
 def profile_record(prof: Profile, how: str, warnings: Sequence[str] = ()) -> dict[str, Any]:
     """What a suite's result says about its profile: name, how it came about, when, its closure
     per mode, its quality (status, interference, speed), the warnings it was measured with and
@@ -272,6 +345,8 @@ class SuiteResult:
     missing: tuple[str, ...] = ()
     loadavg_end: Sequence[float] | None = None
     case_loads: tuple[float, ...] = ()  # 1-min load average after each case
+    #: the same cases predicted with the transfer fitted on the calibration set (:func:`calibrate`)
+    calibrated: SuiteResult | None = None
 
     def summary(self) -> dict[str, Any]:
         """:func:`~meshtax.validate.result.set_summary` of each set that has cases."""
@@ -307,6 +382,7 @@ class SuiteResult:
             "summary": self.summary(),
             "targets": self.targets(),
             "sets": {s: [c.to_case() for c in cs] for s, cs in self.sets.items()},
+            **({} if self.calibrated is None else {"calibrated": self.calibrated.to_document()}),
         }
 
     def validation_documents(self) -> list[dict[str, Any]]:
@@ -350,10 +426,25 @@ class SuiteResult:
             + ".",
         ]
         lines += [f"Profile note: {w}" for w in p.get("warnings", ())]
-        lines.append(
-            "Nothing is fitted to either set: every case is predicted from the profile's measured "
-            "costs; the calibration set is the applications the model was developed on."
-        )
+        if p.get("transfer"):
+            lo = p.get("loto")
+            lines.append(
+                "Fitted to the calibration set only: per mode, the factor its cases' measured "
+                "per-message CPU takes over the profile's (the hold-out set is predicted with it)"
+                + (
+                    f"; leaving out one calibration topology at a time, its cases' CPU error: "
+                    f"median abs. {lo['median_abs_error']:.1%}, bias {lo['bias']:+.1%} "
+                    f"({lo['cases']} cases)."
+                    if lo
+                    else "."
+                )
+            )
+        else:
+            lines.append(
+                "Nothing is fitted to either set: every case is predicted from the profile's "
+                "measured costs; the calibration set is the applications the model was "
+                "developed on."
+            )
         o = self.options
         lines.append(
             f"Runs: {o.get('duration_s', '?')} s each"
@@ -448,6 +539,9 @@ class SuiteResult:
             if cs:
                 res = ValidationResult(s, cs, str(self.profile.get("name", "")))
                 out += ["", f"## {s} set: per case", "", res.table()]
+        if self.calibrated is not None:
+            out += ["", "# With the transfer fitted on the calibration set", ""]
+            out += self.calibrated.markdown().split("\n")[2:]
         return "\n".join(out)
 
 
