@@ -1,6 +1,7 @@
 """The validation suite with a real hold-out (issue #14): a quick profile, the calibration set,
-the hold-out set, in one sitting; prints the Markdown for BENCHMARKS.md. Nothing is fitted to
-either set (the engine prices with the profile's measured costs).
+the hold-out set, in one sitting; prints the Markdown for BENCHMARKS.md: both sets with the
+profile's measured costs, then both with the transfer fitted on the calibration set alone
+(``meshtax.model.transfer``).
 
 Measure (root, under the measurement lock; ~55 min for the bundled suite)::
 

@@ -248,8 +248,8 @@ def validate_suite(
     """In one sitting: (a) profile this machine (quick), (b) every case of the calibration
     set, (c) every case of the hold-out set; each step and case recorded in ``opts.out`` as it
     is done (see :mod:`meshtax.validate.suite_run`), the summary written at the end, also when
-    interrupted. Nothing is fitted to either set: the engine prices with the profile's
-    measured costs; the sets are kept apart for whatever a model may fit one day."""
+    interrupted. Then the transfer is fitted on the calibration set alone and every case
+    predicted again with it (:func:`_calibrated`); the result carries both."""
     tell = say or (lambda _m: None)
     be = backends or real_suite_backends(store, opts.wait_s)
     try:
