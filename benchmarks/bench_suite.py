@@ -73,6 +73,12 @@ def main() -> None:
         help="with --report --repredict: also predict again with the transfer fitted on the "
         "calibration set (as a measuring run does at its end)",
     )
+    ap.add_argument(
+        "--transfer-by",
+        choices=("model", "mode"),
+        default="model",
+        help="with --transfer: a factor per cost model (the default, as the suite) or per mode",
+    )
     a = ap.parse_args()
     store = ProfileStore(a.db) if a.db else ProfileStore()
     if a.report:
@@ -83,7 +89,10 @@ def main() -> None:
             prof = store.get(a.profile)
             res = repredict(out, prof, speed=a.speed == "now")
             if a.transfer:
-                res = replace(res, calibrated=calibrate(out, prof, speed=a.speed == "now").result)
+                cal = calibrate(
+                    out, prof, speed=a.speed == "now", per_model=a.transfer_by == "model"
+                )
+                res = replace(res, calibrated=cal.result)
         else:
             if a.transfer:
                 ap.error("--transfer needs --repredict --profile")

@@ -83,17 +83,20 @@ def test_an_older_document_with_a_calibrated_exponent_still_loads() -> None:
 
 def test_a_profile_keeps_its_transfer_through_its_document_and_shows_it() -> None:
     from meshtax.model.profile_check import ProfileError
-    from meshtax.model.transfer import ModeTransfer, Transfer
+    from meshtax.model.transfer import KeyTransfer, Transfer
 
-    t = Transfer({Mode.HTTP: ModeTransfer(1.3, 1.2, 1.4, 5, 0.94)}, "suite s, calibration set")
+    t = Transfer({"http": KeyTransfer(1.3, 1.2, 1.4, 5, 0.94)}, "suite s, calibration set")
     p = replace(_transfer_base(), transfer=t)
     doc = p.to_dict()
-    assert doc["transfer"]["modes"]["http"]["factor"] == 1.3
+    assert doc["transfer"]["factors"]["http"]["factor"] == 1.3
     assert Profile.from_dict(doc).transfer == t
     assert p.quality()["transfer"] == t.to_dict()
     assert "transfer" not in _transfer_base().to_dict()
-    doc["transfer"]["modes"]["http"]["factor"] = 0
+    doc["transfer"]["factors"]["http"]["factor"] = 0
     with pytest.raises(ProfileError, match="factor"):
+        Profile.from_dict(doc)
+    doc["transfer"]["factors"] = {"udp": {"factor": 1, "lo": 1, "hi": 1, "cases": 1}}
+    with pytest.raises(ProfileError, match="udp"):
         Profile.from_dict(doc)
 
 

@@ -1,53 +1,74 @@
-"""meshtax.model.transfer: the per-mode factor fitted on calibration cases, its interval, the
-part of a prediction it does not scale, leave-one-topology-out, the document round trip."""
+"""meshtax.model.transfer: a factor per cost model fitted on calibration cases — the model
+that dominates a case, the others at their own factors, the part no factor scales — its
+interval, leave-one-topology-out, the fall-back to the mode's factor, the document round trip."""
 
 from __future__ import annotations
 
 import pytest
 
 from meshtax.model.sidecar import Mode
-from meshtax.model.transfer import Transfer, TransferSample, fit_transfer, loto_errors
+from meshtax.model.transfer import (
+    Transfer,
+    TransferSample,
+    fit_factors,
+    fit_transfer,
+    key,
+    loto_errors,
+)
 
 
-def s(
-    topo: str, mode: Mode, measured: float, per_message: float, fixed: float = 0.0
-) -> TransferSample:
-    return TransferSample(topo, mode, measured, per_message, fixed)
+def s(topo: str, measured: float, fixed: float = 0.0, **parts: float) -> TransferSample:
+    return TransferSample(topo, measured, {k.replace("_", "+"): v for k, v in parts.items()}, fixed)
 
 
-def test_factor_is_the_median_ratio_of_the_per_message_part_per_mode() -> None:
+def test_keys_name_the_model_a_message_is_priced_with() -> None:
+    assert key(Mode.HTTP) == "http" and key(Mode.TCP) == "tcp"
+    assert key(Mode.TCP, "grpc") == "tcp+grpc"
+    assert key(Mode.HTTP, "grpc") == "http"  # only a tcp-mode sidecar carries a protocol
+
+
+def test_a_factor_is_the_median_ratio_over_the_cases_its_model_dominates() -> None:
     samples = [
-        s("a", Mode.HTTP, 1200, 1000),  # 1.2
-        s("b", Mode.HTTP, 1500, 1000, 100),  # (1500 − 100) / 1000 = 1.4: idle not scaled
-        s("c", Mode.HTTP, 900, 1000),  # 0.9
-        s("a", Mode.TCP, 500, 1000),  # 0.5
-        s("z", Mode.TCP, 100, 0, 100),  # no per-message part: skipped
+        s("a", 1200, http=1000),  # 1.2
+        s("b", 1500, 100, http=1000),  # (1500 − 100) / 1000 = 1.4: the idle part not scaled
+        s("c", 900, http=1000),  # 0.9
+        s("a", 500, tcp=1000),  # 0.5
+        s("z", 100, 100),  # no per-message part: skipped
     ]
     t = fit_transfer(samples, "unit")
-    assert t.modes[Mode.HTTP].factor == pytest.approx(1.2)
-    assert t.modes[Mode.HTTP].cases == 3 and t.modes[Mode.TCP].cases == 1
-    assert t.factor(Mode.TCP) == pytest.approx(0.5)
-    assert t.factor(Mode.GRPC) == 1.0  # not calibrated: unchanged
-    h = t.modes[Mode.HTTP]
-    assert h.lo <= h.factor <= h.hi and h.lo == pytest.approx(0.9) and h.hi == pytest.approx(1.4)
+    assert t.factor("http") == pytest.approx(1.2)
+    assert t.factors["http"].cases == 3 and t.factors["tcp"].cases == 1
+    h = t.factors["http"]
+    assert (h.lo, h.hi) == pytest.approx((0.9, 1.4))
+    assert t.factor("tcp+grpc") == pytest.approx(0.5)  # not measured: its mode's factor
+    assert t.factor("grpc") == 1.0  # not calibrated at all: unchanged
     assert "http ×1.20" in t.describe() and "unit" in t.describe()
 
 
+def test_a_case_of_two_models_prices_the_minor_one_at_its_own_factor() -> None:
+    # tcp+grpc dominates "v" (800 of 1000); its 200 of plain tcp take tcp's factor 2 (from "t")
+    samples = [s("t", 200, tcp=100), s("v", 1600, tcp=200, tcp_grpc=800)]
+    f = {k: rs[0] for k, rs in fit_factors(samples).items()}
+    assert f == pytest.approx({"tcp": 2.0, "tcp+grpc": (1600 - 2 * 200) / 800})
+    # no model carries half of this case's per-message CPU: it dominates nothing
+    assert s("x", 1, http=40, grpc=40, tcp=20).dominant() is None
+
+
 def test_round_trip_and_refusals() -> None:
-    t = fit_transfer([s("a", Mode.GRPC, 300, 200), s("b", Mode.GRPC, 260, 200)], "suite x")
+    t = fit_transfer([s("a", 300, grpc=200), s("b", 260, grpc=200)], "suite x")
     assert Transfer.from_dict(t.to_dict()) == t
-    with pytest.raises(ValueError, match="less CPU than the idle sidecars"):
-        fit_transfer([s("a", Mode.TCP, 50, 100, 80)], "x")  # (50 − 80) / 100 < 0
+    with pytest.raises(ValueError, match="less CPU than the rest"):
+        fit_transfer([s("a", 50, 80, tcp=100)], "x")  # (50 − 80) / 100 < 0
     with pytest.raises(ValueError, match="no calibration case"):
-        fit_transfer([s("a", Mode.TCP, 50, 0, 80)], "x")
+        fit_transfer([s("a", 50, 80)], "x")
 
 
 def test_leave_one_topology_out_fits_without_the_topology_it_predicts() -> None:
     samples = [
-        s("a", Mode.HTTP, 200, 100),  # ratio 2
-        s("b", Mode.HTTP, 100, 100),  # ratio 1
-        s("c", Mode.HTTP, 150, 100, 10),  # ratio 1.4
-        s("c", Mode.TCP, 100, 100),  # the only tcp case: factor 1 when c is left out
+        s("a", 200, http=100),  # ratio 2
+        s("b", 100, http=100),  # ratio 1
+        s("c", 150, 10, http=100),  # ratio 1.4
+        s("c", 100, tcp=100),  # the only tcp case: factor 1 when c is left out
     ]
     errs = loto_errors(samples)
     # a: fit on b, c → median(1, 1.4) = 1.2 → 120 vs 200; b: median(2, 1.4) = 1.7 → 170 vs 100;

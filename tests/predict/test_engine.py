@@ -379,6 +379,13 @@ def test_tcp_mode_prices_grpc_on_the_wire_with_the_carried_models() -> None:
         replace(prof, modes={Mode.TCP: replace(base, carried={})}),
     )
     assert bp2.latency_overhead_us[0] == 10 * 3 and any("gRPC" in w for w in bp2.warnings)
+    # a transfer scales each message by the factor of the model it is priced with: the gRPC
+    # call's by tcp+grpc's, the others by tcp's
+    from meshtax.model.transfer import KeyTransfer, Transfer
+
+    t = Transfer({"tcp": KeyTransfer(2, 2, 2, 1, 0), "tcp+grpc": KeyTransfer(0.5, 0.5, 0.5, 1, 0)})
+    _, bp3 = run(ecg({"A": tcp, "B": tcp, "C": tcp}, calls), replace(prof, transfer=t))
+    assert bp3.latency_overhead_us[0] == 2 * (2 * 3) + 0.5 * (4 * 7) + 2 * (4 * 3)
 
 
 def test_shared_cpus_bound_latency_by_the_requests_cpu_work() -> None:
@@ -579,7 +586,7 @@ def test_messages_beyond_the_largest_measured_size_are_warned_about() -> None:
 def test_a_transfer_scales_its_modes_per_message_costs_but_not_the_idle_sidecars() -> None:
     """The calibration set's transfer multiplies every per-message cost of a sidecar of its
     mode (latency and CPU), leaves other modes and the idle sidecars' CPU as they are."""
-    from meshtax.model.transfer import ModeTransfer, Transfer
+    from meshtax.model.transfer import KeyTransfer, Transfer
 
     g = ecg(
         {"A": HTTP, "B": GRPC},
@@ -588,7 +595,7 @@ def test_a_transfer_scales_its_modes_per_message_costs_but_not_the_idle_sidecars
     idle = replace(
         P, modes={**P.modes, Mode.HTTP: replace(P.modes[Mode.HTTP], idle_cpu_us_per_s=2000.0)}
     )
-    t = Transfer({Mode.HTTP: ModeTransfer(1.5, 1.4, 1.6, 5, 0.94)}, "unit")
+    t = Transfer({"http": KeyTransfer(1.5, 1.4, 1.6, 5, 0.94)}, "unit")
     b = to_batch([g])
     plain = predict_batch(b, single_profile(idle))
     got = predict_batch(b, single_profile(replace(idle, transfer=t)))

@@ -82,9 +82,9 @@ def test_no_usable_profile_names_the_ones_that_failed_validation() -> None:
 
 
 def test_a_profile_with_a_transfer_says_so_wherever_it_is_used() -> None:
-    from meshtax.model.transfer import ModeTransfer, Transfer
+    from meshtax.model.transfer import KeyTransfer, Transfer
 
-    t = Transfer({Mode.HTTP: ModeTransfer(1.25, 1.2, 1.3, 5, 0.94)}, "suite s")
+    t = Transfer({"http": KeyTransfer(1.25, 1.2, 1.3, 5, 0.94)}, "suite s")
     p = replace(profile({Mode.HTTP: {OTHER: flat(5, 2)}}, name="cal"), transfer=t)
     got = resolve_profile(Store(p), "cal", HERE)
     assert got.warnings == (

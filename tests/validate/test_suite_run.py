@@ -392,8 +392,10 @@ def test_calibrate_fits_on_the_calibration_set_only_and_predicts_every_case_with
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The transfer comes from the calibration cases alone — their measured CPU less the part
-    of the prediction the factor does not scale, over the part it does — and every case is
-    predicted again with it; the leave-one-topology-out errors come with it."""
+    of the prediction no factor scales, over each model's part (found by predicting with that
+    model's factor 2) — and every case is predicted again with it; the leave-one-topology-out
+    errors come with it."""
+    from meshtax.model.profile import ModeProfile
     from meshtax.validate import suite_run
 
     scs = _suite_cases()[:5]  # calibration: t/a tcp, t/b http; hold-out: u/a, u/b, v/a
@@ -403,7 +405,7 @@ def test_calibrate_fits_on_the_calibration_set_only_and_predicts_every_case_with
     for sc, c in zip(scs, CASES[:5], strict=True):
         out.write_case(sc, c)
         (out.traces / f"{sc.stem}.json").write_text("{}")
-    # per case: CPU predicted = factor × per-message part + 20 (idle sidecars, not scaled)
+    # per case: CPU predicted = the factor of its mode's model × its part + 20 (idle, fixed)
     part = {
         "t-a-tcp": 110.0,
         "t-b-http": 90.0,
@@ -414,17 +416,24 @@ def test_calibrate_fits_on_the_calibration_set_only_and_predicts_every_case_with
 
     def fake(trace: Path, prof: Any, sidecars: Any, rate: float, **kw: Any) -> Predicted:
         stem = Path(trace).stem
-        f = prof.transfer.factor(Mode(stem.rsplit("-", 1)[1])) if prof.transfer else 1.0
+        f = prof.transfer.factor(stem.rsplit("-", 1)[1]) if prof.transfer else 1.0
         cpu = f * part[stem] + 20.0
         return Predicted(cpu, cpu, cpu, cpu, 1)
 
     monkeypatch.setattr(suite_run, "predict_traces", fake)
-    got = suite_run.calibrate(out, profile({Mode.TCP: {IPC: flat(5, 5)}}, name="p"))
+    tcp = ModeProfile(Mode.TCP, {IPC: flat(5, 5)}, carried={"grpc": ModeProfile(Mode.TCP, {})})
+    prof = replace(
+        profile({m: {IPC: flat(5, 5)} for m in Mode}, name="p"),
+        modes={m: tcp if m is Mode.TCP else ModeProfile(m, {IPC: flat(5, 5)}) for m in Mode},
+    )
+    assert suite_run.model_keys(prof) == ["tcp", "tcp+grpc", "http", "grpc"]
+    assert suite_run.model_keys(prof, per_model=False) == ["tcp", "http", "grpc"]
+    got = suite_run.calibrate(out, prof)
     t = got.profile.transfer
-    assert t is not None and set(t.modes) == {Mode.TCP, Mode.HTTP}  # no grpc case calibrated
-    assert t.factor(Mode.TCP) == pytest.approx((200 - 20) / 110)  # t/a measured 200 CPU-µs
-    assert t.factor(Mode.HTTP) == pytest.approx((200 - 20) / 90)
-    assert t.factor(Mode.GRPC) == 1.0
+    assert t is not None and set(t.factors) == {"tcp", "http"}  # no grpc case calibrated
+    assert t.factor("tcp") == pytest.approx((200 - 20) / 110)  # t/a measured 200 CPU-µs
+    assert t.factor("http") == pytest.approx((200 - 20) / 90)
+    assert t.factor("grpc") == 1.0
     hold = {c.name: c.predicted for c in got.result.sets["holdout"]}
     assert hold["u/b"] is not None and hold["u/b"].cpu_us_per_request == pytest.approx(2 * 200 + 20)
     assert hold["v/a"] is not None

@@ -91,12 +91,12 @@ PROFILE_SCHEMA: dict[str, Any] = {
         "microarch": {"$ref": "#/$defs/microarch"},
         "transfer": {  # model.transfer.Transfer (issue #14)
             "type": "object",
-            "required": ["source", "modes"],
+            "required": ["source", "factors"],
             "properties": {
                 "source": {"type": "string", "maxLength": 2000},
-                "modes": {
+                "factors": {
                     "type": "object",
-                    "propertyNames": {"enum": _MODES},
+                    "propertyNames": {"pattern": "^(tcp|http|grpc)(\\+(http|grpc))?$"},
                     "additionalProperties": {
                         "type": "object",
                         "required": ["factor", "lo", "hi", "cases"],

@@ -1,59 +1,125 @@
-"""The profile's transfer to applications (pure): a per-mode factor measured on a calibration set.
+"""The profile's transfer to applications (pure): a factor per cost model, measured on a
+calibration set.
 
 A quick profile measures one sidecar in a one-hop bed. On multi-service applications of the
-same machine, in the same sitting, its per-message costs come out off by a common factor per
-mode: −17…−28 % in four suite runs of 2026-11-26 (BENCHMARKS.md, "Validation suite with a
-hold-out"), while the spread of the cases around that bias is ±10 %. The factor moves from
-profile to profile (per mode ±15–20 %: the quick profile's short low-rate runs) and from day to
-day; within a sitting it is common to the applications. So the validation suite measures it on
-its calibration set and the hold-out set is predicted with it:
+same machine, in the same sitting, its per-message costs come out off by a factor common to
+the applications but not to the profile's models: −17…−28 % overall in suite runs 4 and 5 of
+2026-11-26 (BENCHMARKS.md, "Validation suite with a hold-out"), while the cases scatter ±10 %
+around it; each model's low-rate runs scatter on their own (three quick profiles within an hour:
+±15–20 % per mode). So the validation suite measures the factor on its calibration set and
+predicts the hold-out set with it. One factor per *cost model* the engine prices a message with
+(:func:`key`): the mode's own (``tcp``, ``http``, ``grpc``), or, for a tcp-mode sidecar carrying
+an application protocol it has a model of, that model (``tcp+grpc``, ``tcp+http``): they come
+from separate runs of the profile.
 
-``factor[mode] = median over the calibration cases of that mode of
-(measured CPU − CPU the prediction does not scale) ÷ per-message CPU predicted``
-
-The part not scaled is the idle sidecars' CPU (measured by the profile per second, not per
-message). The per-message costs of every component of that mode (the sidecar's own mode: a
-tcp-mode sidecar carrying gRPC takes the tcp factor) are multiplied by it, latency and CPU
-alike (on shared CPUs a request's latency overhead is its CPU work). It is a measured
-correction, not a physical model: it says how far this sitting's applications are from the
-one-hop bed, and the suite shows that it transfers across applications (hold-out set, and
-leaving out one calibration topology at a time).
+A case's per-message CPU predicted is a sum over models, ``Σ_k parts[k]``, plus what the factor
+does not scale (``fixed``: the idle sidecars' CPU, measured per second, not per message). A
+model's factor is the median over the calibration cases it dominates (≥ half of the case's
+per-message CPU) of ``(measured − fixed − Σ_{j≠k} f_j · parts[j]) ÷ parts[k]`` — the other
+models at their own factors, iterated to a fixed point. A model that dominates no case takes
+its mode's factor (``tcp+grpc`` → ``tcp``), or 1. The engine multiplies every per-message cost
+of a message priced by model ``k`` by ``f_k``, latency and CPU alike (on shared CPUs a
+request's latency overhead is its CPU work). It is a measured correction, not a physical
+model: the suite shows whether it transfers (hold-out set; leaving out one calibration topology
+at a time).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from meshtax.model.sidecar import Mode
 from meshtax.model.stats import estimate
 
-__all__ = ["ModeTransfer", "Transfer", "TransferSample", "fit_transfer", "loto_errors"]
+__all__ = [
+    "KeyTransfer",
+    "Transfer",
+    "TransferSample",
+    "fit_factors",
+    "fit_transfer",
+    "key",
+    "loto_errors",
+]
+
+#: a model dominates a case when it carries at least this share of its per-message CPU
+DOMINANT = 0.5
+_ROUNDS = 20
+
+
+def key(mode: Mode, carried: str = "") -> str:
+    """The cost model a message is priced with: ``mode``'s own, or the tcp mode's model of the
+    application protocol ``carried`` on the wire (when the profile has one)."""
+    return f"{mode.value}+{carried}" if carried and mode is Mode.TCP else mode.value
 
 
 @dataclass(frozen=True)
 class TransferSample:
-    """One calibration case: its topology, the sidecars' mode, the measured CPU overhead per
-    request, and the prediction split into the part the factor scales (``per_message``) and
-    the part it does not (``fixed``: idle sidecars), all µs per request."""
+    """One calibration case: its topology, the measured CPU overhead per request, the
+    per-message CPU predicted per cost model (:func:`key`) and the CPU predicted that no factor
+    scales (``fixed``: idle sidecars), all µs per request."""
 
     topology: str
-    mode: Mode
     measured: float
-    per_message: float
-    fixed: float
+    parts: Mapping[str, float]
+    fixed: float = 0.0
 
     @property
-    def ratio(self) -> float:
-        return (self.measured - self.fixed) / self.per_message
+    def per_message(self) -> float:
+        return sum(self.parts.values())
+
+    def dominant(self) -> str | None:
+        """The model carrying at least :data:`DOMINANT` of the per-message CPU, if any."""
+        total = self.per_message
+        if total <= 0:
+            return None
+        k, v = max(self.parts.items(), key=lambda kv: kv[1])
+        return k if v >= DOMINANT * total else None
+
+    def predicted(self, factors: Mapping[str, float]) -> float:
+        return self.fixed + sum(factor(factors, k) * v for k, v in self.parts.items())
+
+
+def factor(factors: Mapping[str, float], k: str) -> float:
+    """``k``'s factor, else its mode's (``tcp+grpc`` → ``tcp``), else 1."""
+    if k in factors:
+        return factors[k]
+    return factors.get(k.split("+", 1)[0], 1.0)
+
+
+def _ratios(
+    samples: Sequence[TransferSample], factors: Mapping[str, float]
+) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for s in samples:
+        k = s.dominant()
+        if k is None:
+            continue
+        rest = sum(factor(factors, j) * v for j, v in s.parts.items() if j != k)
+        out.setdefault(k, []).append((s.measured - s.fixed - rest) / s.parts[k])
+    return out
+
+
+def fit_factors(samples: Sequence[TransferSample]) -> dict[str, list[float]]:
+    """Per model that dominates a sample: the ratios its factor is the median of, at the fixed
+    point of the other models' factors (see the module docstring)."""
+    factors: dict[str, float] = {}
+    ratios = _ratios(samples, factors)
+    for _ in range(_ROUNDS):
+        new = {k: statistics.median(rs) for k, rs in ratios.items()}
+        if all(abs(new[k] - factors.get(k, 0.0)) < 1e-9 for k in new):
+            break
+        factors = new
+        ratios = _ratios(samples, factors)
+    return ratios
 
 
 @dataclass(frozen=True)
-class ModeTransfer:
-    """One mode's factor: the median ratio over its calibration cases, the order statistics'
-    interval around it (``coverage``: that interval's confidence, below 95 % under 6 cases)."""
+class KeyTransfer:
+    """One model's factor: the median ratio over the calibration cases it dominates, the order
+    statistics' interval around it (``coverage``: its confidence, below 95 % under 6 cases)."""
 
     factor: float
     lo: float
@@ -71,7 +137,7 @@ class ModeTransfer:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ModeTransfer:
+    def from_dict(cls, d: Mapping[str, Any]) -> KeyTransfer:
         return cls(
             float(d["factor"]),
             float(d["lo"]),
@@ -83,71 +149,61 @@ class ModeTransfer:
 
 @dataclass(frozen=True)
 class Transfer:
-    """Per mode, the factor a profile's per-message costs take on applications; ``source``:
-    where it was measured (suite, set, date)."""
+    """Per cost model (:func:`key`), the factor the profile's per-message costs take on
+    applications; ``source``: where it was measured (suite, set, dates)."""
 
-    modes: Mapping[Mode, ModeTransfer]
-    source: str
+    factors: Mapping[str, KeyTransfer] = field(default_factory=dict)
+    source: str = ""
 
-    def factor(self, mode: Mode) -> float:
-        """``mode``'s factor (1 for a mode the calibration set did not have)."""
-        t = self.modes.get(mode)
-        return 1.0 if t is None else t.factor
+    def factor(self, k: str) -> float:
+        """``k``'s factor, else its mode's, else 1 (a model the calibration did not measure)."""
+        return factor({j: t.factor for j, t in self.factors.items()}, k)
 
     def describe(self) -> str:
         per = ", ".join(
-            f"{m.value} ×{t.factor:.2f} [{t.lo:.2f}, {t.hi:.2f}] ({t.cases} cases)"
-            for m, t in self.modes.items()
+            f"{k} ×{t.factor:.2f} [{t.lo:.2f}, {t.hi:.2f}] ({t.cases} cases)"
+            for k, t in self.factors.items()
         )
         return f"per-message costs scaled by the transfer measured on {self.source}: {per}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "modes": {m.value: t.to_dict() for m, t in self.modes.items()},
-        }
+        return {"source": self.source, "factors": {k: t.to_dict() for k, t in self.factors.items()}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Transfer:
         return cls(
-            {Mode(k): ModeTransfer.from_dict(v) for k, v in d["modes"].items()}, str(d["source"])
+            {str(k): KeyTransfer.from_dict(v) for k, v in d["factors"].items()}, str(d["source"])
         )
 
 
 def fit_transfer(samples: Iterable[TransferSample], source: str) -> Transfer:
-    """Per mode, the median of the samples' ratios and its interval. Samples whose
-    prediction has no per-message part are skipped; a factor must come out positive."""
-    by: dict[Mode, list[float]] = {}
-    for s in samples:
-        if s.per_message > 0:
-            by.setdefault(s.mode, []).append(s.ratio)
-    modes = {}
-    for m, rs in by.items():
+    """The transfer of ``samples`` (see the module docstring), each factor with its interval.
+    A factor must come out positive."""
+    ratios = fit_factors([s for s in samples if s.per_message > 0])
+    out = {}
+    for k, rs in sorted(ratios.items()):
         e = estimate(rs)
         if e.median <= 0:
             raise ValueError(
-                f"{m.value}: the calibration cases measured less CPU than the idle sidecars "
-                f"alone (median ratio {e.median:.2f}): no transfer factor"
+                f"{k}: the calibration cases measured less CPU than the rest of their prediction "
+                f"(median ratio {e.median:.2f}): no transfer factor"
             )
-        modes[m] = ModeTransfer(e.median, e.lo, e.hi, len(rs), e.coverage)
-    if not modes:
+        out[k] = KeyTransfer(e.median, e.lo, e.hi, len(rs), e.coverage)
+    if not out:
         raise ValueError("no calibration case with a per-message prediction: no transfer factor")
-    return Transfer(modes, source)
+    return Transfer(out, source)
 
 
 def loto_errors(samples: Sequence[TransferSample]) -> list[float]:
     """Leave one topology out: each sample's CPU error when its topology's cases are left out
-    of the fit (a mode without other cases keeps the factor 1)."""
+    of the fit (a model without other cases keeps its mode's factor, or 1)."""
     errs = []
     for topo in dict.fromkeys(s.topology for s in samples):
-        rest = [s for s in samples if s.topology != topo]
-        ratios: dict[Mode, list[float]] = {}
-        for s in rest:
-            if s.per_message > 0:
-                ratios.setdefault(s.mode, []).append(s.ratio)
-        f = {m: statistics.median(rs) for m, rs in ratios.items()}
-        for s in samples:
-            if s.topology == topo and s.measured > 0:
-                pred = f.get(s.mode, 1.0) * s.per_message + s.fixed
-                errs.append(pred / s.measured - 1.0)
+        rest = [s for s in samples if s.topology != topo and s.per_message > 0]
+        f = {k: statistics.median(rs) for k, rs in fit_factors(rest).items()}
+        errs += [
+            s.predicted(f) / s.measured - 1.0
+            for s in samples
+            if s.topology == topo and s.measured > 0
+        ]
     return errs

@@ -53,6 +53,7 @@ from meshtax.model.ecg import PROTOCOLS, EcgBatch, SidecarSpec
 from meshtax.model.profile import ModeProfile, Profile, TlsModels
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.model.speed import Speed, speed_factor
+from meshtax.model.transfer import key as transfer_key
 from meshtax.predict.critical_path import Propagation, Structure, propagate, structure
 from meshtax.predict.shared_cpu import shared_cpu_rates
 
@@ -107,9 +108,14 @@ def spec_models(
     ``speed`` (the machine's speed now) each component scaled by how much faster or slower
     its kind of work runs now than when the profile measured it; with the profile's
     :class:`~meshtax.model.transfer.Transfer` (measured on a calibration set) every component
-    scaled by the sidecar's mode's factor."""
+    scaled by the factor of the cost model the message is priced with (the mode's, or the tcp
+    mode's model of the protocol it carries)."""
     models = _spec_models(spec, profile, warnings, protocol)
-    t = 1.0 if profile.transfer is None else profile.transfer.factor(spec.config.mode)
+    t = (
+        1.0
+        if profile.transfer is None
+        else profile.transfer.factor(_model_key(spec, profile, protocol))
+    )
     then = profile.speed
     if speed is not None and then is None:
         warnings.append(
@@ -123,6 +129,14 @@ def spec_models(
         f = t * (1.0 if speed is None or then is None else speed_factor(c, speed, then))
         out[c] = (lat.scaled(f), cpu.scaled(f))
     return out
+
+
+def _model_key(spec: SidecarSpec, profile: Profile, protocol: str) -> str:
+    """Which of the profile's cost models prices the message (:func:`meshtax.model.transfer.key`)."""
+    mode = spec.config.mode
+    mp = profile.modes.get(mode)
+    carried = protocol if mp is not None and mode is Mode.TCP and protocol in mp.carried else ""
+    return transfer_key(mode, carried)
 
 
 def _spec_models(

@@ -28,12 +28,13 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.model.stats import estimate
 from meshtax.model.transfer import (
-    ModeTransfer,
+    KeyTransfer,
     Transfer,
     TransferSample,
     fit_transfer,
     loto_errors,
 )
+from meshtax.model.transfer import key as model_key
 from meshtax.testbed.pinning import pinning_of
 from meshtax.validate.prediction import predict_traces
 from meshtax.validate.result import (
@@ -54,6 +55,7 @@ __all__ = [
     "SuiteDir",
     "SuiteResult",
     "calibrate",
+    "model_keys",
     "profile_record",
     "repredict",
     "run_cases",
@@ -232,27 +234,42 @@ def repredict(out: SuiteDir, profile: Profile, *, speed: bool = True) -> SuiteRe
     return replace(res, sets=sets, profile=profile_record(profile, how), options=opts)
 
 
-def _with_factor(profile: Profile, f: float) -> Profile:
-    t = ModeTransfer(f, f, f, 0, 0.0)
-    return replace(profile, transfer=Transfer(dict.fromkeys(Mode, t), f"×{f:g}"))
+def model_keys(profile: Profile, *, per_model: bool = True) -> list[str]:
+    """Every cost model of ``profile`` a transfer factor can apply to (:func:`model_key`);
+    without ``per_model`` only the modes (a tcp mode's factor then covers what it carries)."""
+    keys = []
+    for m, mp in profile.modes.items():
+        keys.append(model_key(m))
+        if per_model:
+            keys += [model_key(m, p) for p in mp.carried if m is Mode.TCP]
+    return keys
+
+
+def _with_factors(profile: Profile, factors: Mapping[str, float]) -> Profile:
+    t = {k: KeyTransfer(f, f, f, 0, 0.0) for k, f in factors.items()}
+    return replace(profile, transfer=Transfer(t, "probe"))
 
 
 def transfer_samples(
-    at1: SuiteResult, at2: SuiteResult, set_name: str = "calibration"
+    base: SuiteResult, probes: Mapping[str, SuiteResult], set_name: str = "calibration"
 ) -> list[TransferSample]:
-    """``set_name``'s measured cases as transfer samples, from two predictions of the same
-    cases with every per-message cost ×1 and ×2 (the CPU prediction is linear in that factor:
-    its slope is the per-message part, the rest the idle sidecars')."""
+    """``set_name``'s measured cases as transfer samples: ``base`` predicted them with every
+    factor 1, ``probes[k]`` with model ``k``'s factor 2 and the others 1. The CPU prediction is
+    linear in each factor, so a probe's excess is model ``k``'s part; what no probe moves (the
+    idle sidecars') is fixed."""
     out = []
-    for c1, c2 in zip(at1.sets.get(set_name, ()), at2.sets.get(set_name, ()), strict=True):
-        k1, k2 = c1.comparisons, c2.comparisons
-        if not k1 or not k2 or c1.mode not in Mode._value2member_map_:
+    for i, c in enumerate(base.sets.get(set_name, ())):
+        k1 = c.comparisons
+        if not k1:
             continue
-        p1, p2 = k1["cpu"].predicted, k2["cpu"].predicted
+        p1 = k1["cpu"].predicted
+        parts = {}
+        for k, res in probes.items():
+            cmp = res.sets[set_name][i].comparisons
+            if cmp and (d := cmp["cpu"].predicted - p1) > 1e-9 * max(p1, 1.0):
+                parts[k] = d
         out.append(
-            TransferSample(
-                c1.topology, Mode(c1.mode), k1["cpu"].measured.median, p2 - p1, 2 * p1 - p2
-            )
+            TransferSample(c.topology, k1["cpu"].measured.median, parts, p1 - sum(parts.values()))
         )
     return out
 
@@ -268,13 +285,18 @@ class Calibrated:
     loto: tuple[float, ...]
 
 
-def calibrate(out: SuiteDir, profile: Profile, *, speed: bool = False) -> Calibrated:
+def calibrate(
+    out: SuiteDir, profile: Profile, *, speed: bool = False, per_model: bool = True
+) -> Calibrated:
     """Fit ``profile``'s transfer (:mod:`meshtax.model.transfer`) on the calibration set of
     ``out`` — only those cases — and predict every case again with it (nothing is measured
-    or written). ``speed``: predict each case at the machine speed recorded for it."""
-    at1 = repredict(out, _with_factor(profile, 1.0), speed=speed)
-    at2 = repredict(out, _with_factor(profile, 2.0), speed=speed)
-    samples = transfer_samples(at1, at2)
+    or written). ``speed``: predict each case at the machine speed recorded for it;
+    ``per_model``: a factor per cost model (else per mode)."""
+    keys = model_keys(profile, per_model=per_model)
+    one = dict.fromkeys(keys, 1.0)
+    at1 = repredict(out, _with_factors(profile, one), speed=speed)
+    probes = {k: repredict(out, _with_factors(profile, {**one, k: 2.0}), speed=speed) for k in keys}
+    samples = transfer_samples(at1, probes)
     src = (
         f"the calibration set of suite {at1.suite.get('name', '?')!r} "
         f"({len(samples)} cases, {at1.started} → {at1.finished})"
@@ -429,8 +451,9 @@ class SuiteResult:
         if p.get("transfer"):
             lo = p.get("loto")
             lines.append(
-                "Fitted to the calibration set only: per mode, the factor its cases' measured "
-                "per-message CPU takes over the profile's (the hold-out set is predicted with it)"
+                "Fitted to the calibration set only: per cost model (a mode's, or a tcp mode's "
+                "model of the protocol it carries), the factor its cases' measured per-message "
+                "CPU takes over the profile's (the hold-out set is predicted with it)"
                 + (
                     f"; leaving out one calibration topology at a time, its cases' CPU error: "
                     f"median abs. {lo['median_abs_error']:.1%}, bias {lo['bias']:+.1%} "
