@@ -18,7 +18,9 @@ Re-render a finished or interrupted run without measuring: ``--report <out>``; a
 ``--repredict --db DB --profile NAME`` predict its kept traces again with that profile and this
 checkout's model, each case at the machine speed measured for it (``--speed profile``: at the
 profile's own); the same measurements, another profile or model: e.g. a profile taken an hour
-before the cases or right after them.
+before the cases or right after them. ``--transfer`` also fits the transfer on the run's
+calibration set and predicts both sets again with it (``--transfer-by mode``: one factor per
+mode instead of per cost model, the alternative BENCHMARKS.md compares).
 """
 
 from __future__ import annotations
