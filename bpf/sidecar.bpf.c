@@ -5,6 +5,8 @@
  * For the target thread groups (rodata, set by the loader) it aggregates, per thread:
  *   Read / Write    sys_enter->sys_exit (raw tracepoints) of the read/write families, bytes;
  *   Notification    sched_wakeup of a thread sleeping in epoll_* -> return of that epoll_*;
+ *                   and of it, the watched proxy's (the first PID's) on-CPU time outside
+ *                   epoll_* on the woken thread's CPU in between (notify_behind_ns);
  *   on-CPU split    sched_switch in/out and syscall boundaries split on-CPU time into
  *                   user (between syscalls) and sys (inside syscalls).
  * Optionally also for every task of one more network namespace (the client pod), found on
@@ -84,6 +86,17 @@ struct {
 	__type(value, __u64);
 } counters SEC(".maps");
 
+/* Per CPU id (a plain array: a wake-up reads the woken thread's CPU from another CPU):
+ * on-CPU time of the watched proxy's threads (targ_tgid[0]) outside epoll_* calls, added
+ * when each of their segments closes on that CPU. A thread woken on that CPU waits behind
+ * this work, which the proxy's Read, Write and Other already count. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_CPUS);
+	__type(key, __u32);
+	__type(value, __u64);
+} proxy_busy SEC(".maps");
+
 static const struct thread_stat zero_stat;
 
 static __always_inline void bump(__u32 idx)
@@ -141,23 +154,6 @@ static __always_inline struct thread_stat *current_stat(void)
 	return st;
 }
 
-/* Close the current on-CPU segment at `now` into the bucket of the current mode. */
-static __always_inline void close_segment(struct thread_stat *st, __u64 now)
-{
-	__u64 delta;
-
-	if (!st->seg_start)
-		return;
-	delta = now - st->seg_start;
-	if (st->mode == MODE_USER)
-		st->user_ns += delta;
-	else if (st->mode == MODE_SYS)
-		st->sys_cpu_ns += delta;
-	else
-		st->unknown_cpu_ns += delta;
-	st->seg_start = now;
-}
-
 static __always_inline int classify(__s64 nr)
 {
 	switch (nr) {
@@ -170,6 +166,45 @@ static __always_inline int classify(__s64 nr)
 	}
 	return SC_OTHER;
 }
+
+/* Is `st` (the current task) a thread of the watched proxy doing work its components count:
+ * user space, or a syscall other than epoll_* (whose wake-up wait is Notification)? */
+static __always_inline bool proxy_counted(const struct thread_stat *st)
+{
+	if (st->followed || !n_tgids || st->tgid != targ_tgid[0])
+		return false;
+	return st->mode == MODE_USER ||
+	       (st->mode == MODE_SYS && st->sys_start && classify(st->sys_nr) != SC_EPOLL);
+}
+
+static __always_inline __u64 *busy_of(__u32 cpu)
+{
+	return bpf_map_lookup_elem(&proxy_busy, &cpu);
+}
+
+/* Close the current on-CPU segment at `now` into the bucket of the current mode (`st` is the
+ * current task's, so the segment ran on this CPU). */
+static __always_inline void close_segment(struct thread_stat *st, __u64 now)
+{
+	__u64 delta, *busy;
+
+	if (!st->seg_start)
+		return;
+	delta = now - st->seg_start;
+	if (st->mode == MODE_USER)
+		st->user_ns += delta;
+	else if (st->mode == MODE_SYS)
+		st->sys_cpu_ns += delta;
+	else
+		st->unknown_cpu_ns += delta;
+	if (proxy_counted(st)) {
+		busy = busy_of(bpf_get_smp_processor_id());
+		if (busy)
+			*busy += delta;
+	}
+	st->seg_start = now;
+}
+
 
 static __always_inline void add_op(struct op_stat *op, __u64 ns, __s64 ret)
 {
@@ -247,8 +282,16 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 		if (st->wake_ts && st->wake_ts <= now) {
 			__u64 lat = now - st->wake_ts;
 			__u64 bin = lat >> NOTIFY_BIN_SHIFT;
+			__u32 cpu = bpf_get_smp_processor_id();
+			__u64 *busy = busy_of(cpu);
 
 			add_op(&st->notify, lat, ret);
+			/* woken and returning on one CPU: the proxy's counted work in between */
+			if (busy && cpu == st->wake_cpu && *busy > st->wake_busy) {
+				__u64 behind = *busy - st->wake_busy;
+
+				st->notify_behind_ns += behind < lat ? behind : lat;
+			}
 			if (bin >= NOTIFY_BINS)
 				bin = NOTIFY_BINS - 1;
 			st->notify_hist_n[bin]++;
@@ -306,8 +349,28 @@ int sched_wakeup(struct bpf_raw_tracepoint_args *ctx)
 		return 0;
 	}
 	/* the first wakeup since the call began is the one that ends the sleep */
-	if (!st->wake_ts)
-		st->wake_ts = bpf_ktime_get_ns();
+	if (!st->wake_ts) {
+		__u64 now = bpf_ktime_get_ns(), *busy;
+		__u32 cpu = BPF_CORE_READ(p, thread_info.cpu);
+		struct thread_stat *cur;
+
+		st->wake_ts = now;
+		st->wake_cpu = cpu;
+		busy = busy_of(cpu);
+		st->wake_busy = busy ? *busy : 0;
+		/* woken by the proxy on that very CPU: the part of its current segment before
+		 * the wake-up is not behind it (a waker on another CPU is not the proxy running
+		 * there: its segment in progress, if any, is not known here) */
+		if (busy && cpu == bpf_get_smp_processor_id()) {
+			__u32 cur_tid = (__u32)bpf_get_current_pid_tgid();
+
+			/* look up only: this may run in an interrupt on any task */
+			cur = bpf_map_lookup_elem(&threads, &cur_tid);
+			if (cur && cur != st && cur->seg_start && cur->seg_start <= now &&
+			    proxy_counted(cur))
+				st->wake_busy += now - cur->seg_start;
+		}
+	}
 	return 0;
 }
 

@@ -30,8 +30,8 @@
 #include "sidecar.h"
 #include "sidecar.skel.h"
 
-/* "notify_hist", "sock_ipc", "errqueue" (threads) and "sock_method" (ipc) were added:
- * optional for readers */
+/* "notify_hist", "sock_ipc", "errqueue", "notify_behind_ns" (threads) and "sock_method"
+ * (ipc) were added: optional for readers */
 #define FORMAT_VERSION 1
 /* the socket IPC programs (no-device delivery: Unix sockets, sockmap-redirected TCP): kernels
  * without these tracepoints (before 6.6) go on without them ("sock_method": "unavailable") */
@@ -264,6 +264,7 @@ static void print_stat_body(const struct thread_stat *st)
 	print_op("sock_ipc", &st->sock_ipc);
 	putchar(',');
 	print_op("errqueue", &st->errqueue);
+	printf(",\"notify_behind_ns\":%llu", (unsigned long long)st->notify_behind_ns);
 	printf(",\"syscalls\":%llu,\"sys_ns\":%llu,\"oncpu_ns\":%llu,\"user_ns\":%llu,"
 	       "\"sys_cpu_ns\":%llu,\"unknown_cpu_ns\":%llu,\"switches_in\":%llu",
 	       (unsigned long long)st->syscalls, (unsigned long long)st->sys_ns,
@@ -319,6 +320,7 @@ static int print_threads(int fd, struct thread_stat *total)
 		add_op(&total->notify, &st.notify);
 		add_op(&total->sock_ipc, &st.sock_ipc);
 		add_op(&total->errqueue, &st.errqueue);
+		total->notify_behind_ns += st.notify_behind_ns;
 		total->syscalls += st.syscalls;
 		total->sys_ns += st.sys_ns;
 		total->user_ns += st.user_ns;

@@ -6,6 +6,7 @@
 #define MAX_TGIDS	8
 #define MAX_THREADS	4096
 #define MAX_INFLIGHT_SKBS	16384
+#define MAX_CPUS	256	/* the watched proxy's busy time is kept per CPU id */
 #define TASK_COMM_LEN	16
 /* Notification histogram: per-event wake-up -> epoll return latency in bins of
  * 2^NOTIFY_BIN_SHIFT ns (1.024 us), the last bin open-ended, with the exact ns of each bin,
@@ -53,6 +54,10 @@ struct thread_stat {
 	struct op_stat write;
 	struct op_stat epoll;	/* every epoll_wait/epoll_pwait/epoll_pwait2 call */
 	struct op_stat notify;	/* sched_wakeup -> epoll_* return, only calls that slept */
+	/* of notify: the watched proxy's (the first PID's) on-CPU time outside epoll_* on the
+	 * woken thread's CPU between its wake-up and that return (it waited behind the proxy's
+	 * reads, writes, user-space work and other syscalls, which are counted as the proxy's) */
+	__u64 notify_behind_ns;
 	/* socket-to-socket delivery inside a write-family call with no device on the way (a Unix
 	 * socket, or TCP redirected by sockmap/sk_msg): sk_data_ready of the peer -> the end of
 	 * that send (sock_send_length); loopback TCP is timed on lo instead */
@@ -70,6 +75,9 @@ struct thread_stat {
 	__u64 seg_start;	/* start of the current on-CPU segment, 0 = off CPU */
 	__u64 sys_start;
 	__u64 wake_ts;
+	__u64 wake_busy;	/* the proxy's busy time on wake_cpu at wake_ts */
+	__u32 wake_cpu;
+	__u32 pad_;
 	__u64 sock_ready_ts;	/* first device-less sk_data_ready of the current send, 0 = none */
 	__s64 sys_nr;
 	__u32 mode;

@@ -41,6 +41,7 @@ def thread(d: Mapping[str, Any]) -> ThreadReading:
         int(d["switches_in"]),
         sock_ipc=op("sock_ipc"),
         errqueue=op("errqueue"),
+        notify_behind_ns=int(d.get("notify_behind_ns", 0)),
     )
 
 

@@ -376,3 +376,46 @@ def test_chain_breakdown_adds_on_cpu_time_not_waits() -> None:
     assert bd.kernel_other == pytest.approx((12_000 + 5000 - 8000) * 1e-3 / 2)
     # in all: the on-CPU time added (user 4 + 3, kernel 12 + 5) and the client's change
     assert bd.total() == pytest.approx((4000 + 3000 + 12_000 + 5000) * 1e-3 / 2 + 1.0)
+
+
+def test_notification_leaves_out_the_wait_behind_the_sidecars_counted_work() -> None:
+    """A proxy delivering a large message in several writes (HAProxy, nginx: 16 KB buffers)
+    wakes the app on its own CPU with the first; the app then waits for the CPU while the
+    proxy writes the rest. Those writes are the proxy's Write already: the app's Notification
+    counts only the part of its wait not behind them (the probe's ``notify_behind_ns``). Issue
+    #18: tcp-mode HAProxy and nginx profiles over-counted +22 % (64 KB: +34 %) without it."""
+    from meshtax.profile.decompose import notify_ns
+
+    # meshed app: 2 wake-ups, 1000 ns of wall time of which 700 behind the sidecar's writes
+    app_m = replace(APP_IO_M, notify_behind_ns=700)
+    assert notify_ns(app_m) == pytest.approx(300.0)
+    assert notify_ns(APP_IO_M) == APP_IO_M.notify.ns  # a reading without it: unchanged
+    meshed = Window.of(
+        make_reading([WORKER, app_m, APP_SLEEPER], ipc_ns=3000), 1, sidecar_tgid=100, app_tgid=200
+    )
+    old = Window.of(
+        make_reading([WORKER, APP_IO_M, APP_SLEEPER], ipc_ns=3000),
+        1,
+        sidecar_tgid=100,
+        app_tgid=200,
+    )
+    direct = Window.of(
+        make_reading([APP_IO_D, APP_SLEEPER], ipc_ns=0, ipc_count=0),
+        2,
+        sidecar_tgid=100,
+        app_tgid=200,
+    )
+    assert meshed.app.notify_behind_ns == 700  # Window sums keep it
+    bd, before = mesh_breakdown(meshed, direct), mesh_breakdown(old, direct)
+    # 700 ns per request = 0.35 µs per crossing less Notification, nothing else moves
+    assert before.notification - bd.notification == pytest.approx(0.35)
+    assert replace(bd, notification=before.notification) == before
+    # a sidecar thread's own behind time (another of its threads' work) leaves it too
+    worker = replace(WORKER, notify_behind_ns=2000)
+    w2 = Window.of(
+        make_reading([worker, app_m, APP_SLEEPER], ipc_ns=3000), 1, sidecar_tgid=100, app_tgid=200
+    )
+    assert mesh_breakdown(w2, direct).notification == pytest.approx(bd.notification - 1.0)
+    # never below zero, and snapshots subtract it like every counter
+    assert notify_ns(replace(APP_IO_M, notify_behind_ns=10**6)) == 0.0
+    assert (app_m - APP_IO_M).notify_behind_ns == 700

@@ -547,3 +547,76 @@ def test_realtime_is_all_or_nothing() -> None:
             ("chrt", "-o", "-a", "-p", "0", "11"),
         ]
     assert len(sys_.calls) == 3  # nothing more to restore
+
+
+_BEHIND = textwrap.dedent(
+    """
+    # a "proxy" and an "app" on one CPU: the proxy writes 4 chunks a burst over loopback TCP
+    # with user-space work after each; the app sleeps in epoll and drains them
+    import os, select, socket, sys, time
+    os.sched_setaffinity(0, {0})
+    ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+    port = ls.getsockname()[1]
+    go_r, go_w = os.pipe()
+    app = os.fork()
+    if app == 0:
+        c = socket.create_connection(("127.0.0.1", port)); c.setblocking(False)
+        ep = select.epoll(); ep.register(c.fileno(), select.EPOLLIN)
+        while True:
+            ep.poll()
+            try:
+                while True:
+                    if not c.recv(1 << 20):
+                        os._exit(0)
+            except BlockingIOError:
+                pass
+    s, _ = ls.accept()
+    print(os.getpid(), app, flush=True)
+    sys.stdin.readline()  # the probe is attached
+    for _ in range(200):
+        for _ in range(4):
+            s.sendall(b"x" * 16384)
+            t = time.perf_counter()
+            while time.perf_counter() - t < 20e-6:
+                pass
+        time.sleep(0.002)
+    s.close(); os.waitpid(app, 0)
+    print("done", flush=True)
+    """
+)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("proxy_first", [True, False])
+def test_real_probe_times_the_wait_behind_the_watched_proxy(proxy_first: bool) -> None:
+    """``notify_behind_ns``: the part of a thread's wake-up → epoll return spent while the
+    probe's first PID (the watched proxy) worked on that CPU outside epoll — here the app
+    woken by the proxy's first chunk of a burst. When the first PID is someone else, none."""
+    binary = _build_probe()
+    p = subprocess.Popen(
+        [sys.executable, "-c", _BEHIND], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdin is not None and p.stdout is not None
+    proxy, app = (int(x) for x in p.stdout.readline().split())
+    idle = subprocess.Popen(["sleep", "60"])
+    probe = RealProbe(RealSystem(), binary=binary)
+    try:
+        probe.start([proxy, app] if proxy_first else [idle.pid, proxy, app])
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "done"
+        reading: ProbeReading = probe.stop()
+    finally:
+        probe.close()
+        idle.kill()
+        idle.wait()
+        p.wait(10)
+        p.stdin.close()
+        p.stdout.close()
+    a = reading.process(app)
+    assert a.notify.count >= 200
+    assert 0 <= a.notify_behind_ns <= a.notify.ns
+    if proxy_first:
+        assert a.notify_behind_ns > 0
+    else:
+        assert a.notify_behind_ns == 0

@@ -53,8 +53,17 @@ and :func:`mesh_breakdown` computes, per crossing:
   notification (the client's wake-up from its longer wait takes longer — on this VM
   ≈ 3–5 µs per crossing in tcp mode: its CPU idles deeper; on the path, so counted). This includes the
   run-queue wait for the CPU the sidecar shares with the app (real on-path time in this
-  placement). The sidecar's first wake-up of a request (by the client, from the other CPU)
-  replaces the app's wake-up of the direct path; Δapp notification removes that.
+  placement) — except the part of each wait spent behind the sidecar's own counted work
+  (its reads, writes, user-space work and other syscalls on that CPU between the wake-up and
+  the epoll return; the probe's ``notify_behind_ns``): that time is the sidecar's Read, Write
+  and Other already, and counting it again in the woken app's Notification counted it twice.
+  It matters where a proxy delivers a large message in several writes: HAProxy and nginx
+  move 64 KB in 16 KB buffers, the app woken by the first write waits for CPU behind the
+  next three, and tcp-mode profiles over-counted +22 % (64 KB: +34 %, BENCHMARKS.md issue
+  #18) where Envoy, writing it whole, did not. The sidecar's epoll_wait entry and the
+  context switch are in no other component and stay in the wait. The sidecar's first
+  wake-up of a request (by the client, from the other CPU) replaces the app's wake-up of the
+  direct path; Δapp notification removes that.
 * **user** (→ Other in TCP, Other + Parsing in HTTP/gRPC, :func:`assemble`) = sidecar on-CPU
   time outside syscalls + Δapp user; **kernel_other** = wall time of the sidecar's remaining
   syscalls (not read/write/epoll). Only sidecar threads that read or wrote count
@@ -262,11 +271,16 @@ def _other_syscalls_ns(t: ThreadReading) -> int:
 
 
 def notify_ns(t: ThreadReading, trim: float = 0.0) -> float:
-    """Total notification time of ``t`` (ns): its sum, or with ``trim`` > 0 and a per-event
-    histogram, the wake-ups times their mean after dropping the slowest ``trim`` share."""
+    """Notification time of ``t`` on the path (ns): its wake-up → epoll return sum less the
+    part it waited behind the watched proxy's counted work on its CPU
+    (:attr:`~meshtax.testbed.probe_reading.ThreadReading.notify_behind_ns`: that work is the
+    proxy's Read, Write and Other already); with ``trim`` > 0 and a per-event histogram, the
+    wake-ups times their mean after dropping the slowest ``trim`` share, less the same."""
     if trim <= 0.0 or t.notify_hist.count <= 0:
-        return float(t.notify.ns)
-    return t.notify_hist.trimmed_mean_ns(trim) * t.notify.count
+        total = float(t.notify.ns)
+    else:
+        total = t.notify_hist.trimmed_mean_ns(trim) * t.notify.count
+    return max(0.0, total - t.notify_behind_ns)
 
 
 def _notify_op(t: ThreadReading, trim: float) -> OpStat:

@@ -503,6 +503,7 @@ def _thread_dict(t: ThreadReading) -> dict[str, int]:
         "epoll_n": t.epoll.count,
         "notify_ns": t.notify.ns,
         "notify_n": t.notify.count,
+        "notify_behind_ns": t.notify_behind_ns,
         "sock_ipc_ns": t.sock_ipc.ns,
         "sock_ipc_n": t.sock_ipc.count,
         "errqueue_ns": t.errqueue.ns,

@@ -176,6 +176,11 @@ class ThreadReading:
     # loader or kernel without them.
     sock_ipc: OpStat = OpStat()
     errqueue: OpStat = OpStat()
+    # of ``notify``: the watched proxy's (the probe's first PID's) on-CPU time outside epoll
+    # on this thread's CPU between its wake-up and the epoll return — it waited behind the
+    # proxy's reads, writes, user-space work and other syscalls, which are the proxy's own
+    # time (0 from a loader that predates it)
+    notify_behind_ns: int = 0
 
     def _fieldwise(self, other: ThreadReading, op: Callable[[Any, Any], Any]) -> dict[str, Any]:
         """``op`` of every counter of the two readings (one list, so a new counter cannot be
@@ -213,6 +218,7 @@ _COUNTERS = (
     "notify_hist",
     "sock_ipc",
     "errqueue",
+    "notify_behind_ns",
 )
 
 EMPTY_THREAD = ThreadReading(0, 0, "", OpStat(), OpStat(), OpStat(), OpStat(), 0, 0, 0, 0, 0, 0, 0)
@@ -369,6 +375,7 @@ def _thread(d: Mapping[str, Any], tid: int = 0, tgid: int = 0, comm: str = "") -
         ),
         sock_ipc=_op_opt(d, "sock_ipc"),
         errqueue=_op_opt(d, "errqueue"),
+        notify_behind_ns=int(d.get("notify_behind_ns", 0)),
     )
 
 
