@@ -39,6 +39,7 @@ DRAWS = 40_000
 #: profile without its capacity runs, so crossings cost what one client's do at every rate)
 VARIANTS: dict[str, Mapping[str, Any]] = {
     "default": {},
+    "even-constant": {"arrivals": 0.0, "shared_scv": 0.0},
     "even": {"arrivals": 0.0},
     "constant": {"shared_scv": 0.0},
     "scv2": {"shared_scv": 2.0},
@@ -49,6 +50,10 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # is what the level measured with the mesh (sidecars + the app's change) — what is left
     # is the queueing model's error
     "measured-cpu": {"measured_cpu": True},
+    "mcpu-even": {"measured_cpu": True, "arrivals": 0.0},
+    "mcpu-constant": {"measured_cpu": True, "shared_scv": 0.0},
+    "mcpu-even-constant": {"measured_cpu": True, "arrivals": 0.0, "shared_scv": 0.0},
+    "mcpu-even-scv05": {"measured_cpu": True, "arrivals": 0.0, "shared_scv": 0.5},
 }
 
 
