@@ -40,6 +40,13 @@ DRAWS = 40_000
 VARIANTS: dict[str, Mapping[str, Any]] = {
     "default": {},
     "even-constant": {"arrivals": 0.0, "shared_scv": 0.0},
+    "even-scv05": {"arrivals": 0.0, "shared_scv": 0.5},
+    "ca05": {"arrivals": 0.5},
+    "stalls": {"stalls": True},
+    "stalls-even": {"stalls": True, "arrivals": 0.0},
+    "stalls-even-scv05": {"stalls": True, "arrivals": 0.0, "shared_scv": 0.5},
+    "stalls-even-constant": {"stalls": True, "arrivals": 0.0, "shared_scv": 0.0},
+    "ca05-scv05": {"arrivals": 0.5, "shared_scv": 0.5},
     "even": {"arrivals": 0.0},
     "constant": {"shared_scv": 0.0},
     "scv2": {"shared_scv": 2.0},

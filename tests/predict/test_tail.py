@@ -16,7 +16,7 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import propagate, structure
 from meshtax.predict.engine import predict_batch, single_profile
-from meshtax.predict.stations import load_factor
+from meshtax.predict.stations import load_factor, sidecar_rates
 from meshtax.predict.tail import TailOptions, predict_tail, tiled
 from tests.helpers import EXTERNAL, ecg, flat, inv, profile
 
@@ -219,6 +219,36 @@ def test_many_clients_make_a_crossing_cost_what_the_capacity_runs_measured() -> 
     plain = predict_tail(to_batch([g]), single_profile(base), TailOptions(samples=100, pod_cpus=1))
     (sh,) = [s for s in plain.stations if s.name == "shared CPUs"]
     assert sh.utilisation == pytest.approx(4000 * 200e-6, rel=1e-6)
+
+
+def test_the_load_factor_is_looked_up_at_each_sidecars_own_rate() -> None:
+    # issue #20, set 2: Bookinfo's sidecars were priced with the factor at the shared CPU's
+    # rate (all crossings of the graph) and came out at half the CPU they used. A (in and
+    # out: 2 sides a request) calls B (1 side) on one shared CPU at 2 000 requests/s: A's own
+    # rate 4 000/s (factor 0.6, measured), B's 2 000/s (between 1 at 100/s and 0.6 at
+    # 4 000/s); at the CPU's rate (3 sides × 2 000/s = 6 000/s) both would get 0.48
+    cpu = CostModel(100.0, rate_lo=100.0, rate_hi=1000.0)
+    pts = (
+        CapacityPoint(0.0, 8000.0, 0.64, 0.9),
+        CapacityPoint(4000.0, 4000.0, 0.48, 0.6),
+    )
+    cap = Capacity(8000.0, 100, 32, 1, 80.0, "shared-cpu", points=pts)
+    base = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
+    p = replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+    g = ecg(
+        {"A": HTTP, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=2000), inv("b", "A", "B", 10, 30, "r", rate=2000)],
+    )
+    b = to_batch([g])
+    own = sidecar_rates(b, "graphs")
+    assert own.tolist() == [[0.0, 4000.0], [4000.0, 2000.0]]
+    tp = predict_tail(b, single_profile(p), TailOptions(samples=100, pod_cpus=1))
+    (shared,) = [s for s in tp.stations if s.name == "shared CPUs"]
+    f_b = 1 - 0.4 * math.log(20) / math.log(40)
+    assert shared.utilisation == pytest.approx(2000 * (2 * 200 * 0.6 + 200 * f_b) * 1e-6, rel=1e-6)
+    # one hop: its sidecar's own rate is the request rate, as before
+    one = to_batch([ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=4000)])])
+    assert sidecar_rates(one, "graphs").tolist() == [[0.0, 4000.0]]
 
 
 def test_tiled_structure_propagates_each_copy_like_the_original() -> None:

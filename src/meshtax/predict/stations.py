@@ -42,6 +42,7 @@ __all__ = [
     "load_factor",
     "loads",
     "request_rate",
+    "sidecar_rates",
     "station_mix",
     "stations",
 ]
@@ -75,6 +76,7 @@ class TailOptions:
     app_cpu_us: float = 0.0
     shared_scv: float = 1.0
     clients: int | None = None
+    stalls: bool = False
     load: Literal["graphs", "pairs"] = "graphs"
     queue_jobs: int = 200_000
     max_rows: int = 2_000_000
@@ -157,7 +159,7 @@ def crossings(
     and the response crossing apart (else each half of the side's total, enough for loads)."""
     b = batch
     rates = None if opts.pod_cpus is None else shared_cpu_rates(b, opts.pod_cpus)
-    at = b.rate if rates is None else rates
+    at = sidecar_rates(b, opts.load)
     full = at_load(hop_costs(b, profiles, rates=rates, speed=opts.speed), b, profiles, at)
     if split:
         req = hop_costs(replace(b, response_bytes=b.request_bytes), profiles, rates=rates)
@@ -225,17 +227,44 @@ def load_factor(mp: ModeProfile, rates: FloatArray) -> FloatArray:
     return np.asarray(np.maximum(got, 0.0), dtype=np.float64)
 
 
+def sidecar_rates(batch: EcgBatch, load: str) -> FloatArray:
+    """Per row and side (rows × 2), the requests per second through that side's sidecar: every
+    side of every call it takes part in, at the calls' rates (under ``load``) — one hop's
+    request rate for a sidecar of one hop, the unit the capacity runs measured in (0: no
+    sidecar). The load factor is looked up there: a sidecar handles several requests per
+    wake-up only when its *own* traffic overlaps; sidecars of other services on the same CPU
+    keep it warm (the engine's price, :mod:`~meshtax.predict.shared_cpu`) but do not hand it
+    their requests (issue #20, set 2: Bookinfo's five sidecars at 180–1 700 requests/s each
+    were priced at the CPU's 830–3 000/s and came out at half the CPU they used)."""
+    n = batch.n_invocations
+    out = np.zeros((n, 2))
+    if n == 0:
+        return out
+    w = row_weights(batch, load) * batch.rate
+    svc = np.stack([batch.caller, batch.callee], axis=1)
+    meshed = np.stack([batch.caller_spec >= 0, batch.callee_spec >= 0], axis=1) & (svc >= 0)
+    per = np.bincount(
+        svc[meshed], weights=np.repeat(w[:, None], 2, axis=1)[meshed], minlength=len(batch.services)
+    )
+    out[meshed] = per[svc[meshed]]
+    return out
+
+
 def at_load(costs: Costs, batch: EcgBatch, profiles: ProfileLookup, rates: FloatArray) -> Costs:
-    """``costs`` with each side's base CPU × :func:`load_factor` of its mode at ``rates``."""
+    """``costs`` with each side's base CPU × :func:`load_factor` of its mode at ``rates`` (per
+    row, or per row and side as :func:`sidecar_rates` gives)."""
     cols = [k for k, c in enumerate(costs.components) if c in BASE]
     out = {}
-    for name, specs in (("cpu_caller", batch.caller_spec), ("cpu_callee", batch.callee_spec)):
+    r2 = rates if rates.ndim == 2 else np.repeat(rates[:, None], 2, axis=1)
+    for side, (name, specs) in enumerate(
+        (("cpu_caller", batch.caller_spec), ("cpu_callee", batch.callee_spec))
+    ):
         f = np.ones(batch.n_invocations)
         for s, spec in enumerate(batch.specs):
             rows = np.flatnonzero(specs == s)
             mp = profiles(spec.platform).modes.get(spec.config.mode) if rows.size else None
             if mp is not None:
-                f[rows] = load_factor(mp, rates[rows])
+                f[rows] = load_factor(mp, r2[rows, side])
         c = getattr(costs, name).copy()
         c[:, cols] *= f[:, None]
         out[name] = c
