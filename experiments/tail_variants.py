@@ -103,10 +103,12 @@ def errors(
     show: bool = False,
 ) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {f"p{p:g}": [] for p in PCTS}
+    out["saturation"] = []
     pods = _pod_cpus(str(doc["options"].get("pinning", "")))
-    for d in doc["tail"]["points"]:
+    last = len(doc["tail"]["points"]) - 1
+    for i, d in enumerate(doc["tail"]["points"]):
         pt = _point(d)
-        if not pt.pairs or not pt.sustained:
+        if not pt.pairs or (not pt.sustained and i != last):
             continue
         app = statistics.median(b.cpu_us_per_request("app") for b, _ in pt.pairs)
         clients = int(doc["options"].get("connections", 32))
@@ -120,12 +122,24 @@ def errors(
             )
             priced = got.utilisation * 1e6 / pt.rate - app  # the shared CPUs' mesh work
             got = predict(doc_path, doc, _cpu_scaled(use, (mesh - app) / priced), pt, opts)
+        if i == last:  # the validation's predicted saturation: its highest level's
+            sat = got.saturation_rate
+            meas = float(doc["tail"]["max_mesh"])
+            out["saturation"].append((sat - meas) / meas)
+            if show:
+                print(f"    saturation predicted {sat:.0f}/s, measured {meas:.0f}/s")
+            if not pt.sustained:
+                continue
         if show:
             cells = ", ".join(
-                f"{k} {got.overhead[k][0]:.0f} vs {pt.measured(k).median:.0f}" for k in out
+                f"{k} {got.overhead[k][0]:.0f} vs {pt.measured(k).median:.0f}"
+                for k in out
+                if k != "saturation"
             )
             print(f"    {pt.fraction:.0%} {pt.rate:.0f}/s ρ {got.utilisation:.2f}: {cells}")
         for k in out:
+            if k == "saturation":
+                continue
             m = pt.measured(k).median
             v = got.overhead[k][0]
             if m and v == v and abs(v) != float("inf"):
@@ -182,18 +196,25 @@ def main() -> None:
     a = ap.parse_args()
     store = ProfileStore(a.db)
     docs = [(Path(p), json.loads(Path(p).read_text())) for p in a.doc]
-    print("| variant | document | " + " | ".join(f"p{p:g} median abs (bias, n)" for p in PCTS))
-    print("|---|---|" + "---|" * len(PCTS))
+    print(
+        "| variant | document | "
+        + " | ".join(f"p{p:g} median abs (bias, n)" for p in PCTS)
+        + " | saturation error |"
+    )
+    print("|---|---|" + "---|" * (len(PCTS) + 1))
     for name in a.variants.split(","):
         every: dict[str, list[float]] = {f"p{p:g}": [] for p in PCTS}
+        every["saturation"] = []
         for path, doc in docs:
             errs = errors(path, doc, store.get(doc["profile"]), VARIANTS[name], a.levels)
             for k, v in errs.items():
                 every[k] += v
-            cells = " | ".join(_cell(e) for e in errs.values())
-            print(f"| {name} | {doc['tail']['topology']} | {cells} |")
+            cells = " | ".join(_cell(e) for k, e in errs.items() if k != "saturation")
+            sat = ", ".join(f"{x:+.1%}" for x in errs["saturation"])
+            print(f"| {name} | {doc['tail']['topology']} | {cells} | {sat} |")
         if len(docs) > 1:
-            print(f"| {name} | all | " + " | ".join(_cell(e) for e in every.values()) + " |")
+            cells = " | ".join(_cell(e) for k, e in every.items() if k != "saturation")
+            print(f"| {name} | all | {cells} | |")
 
 
 if __name__ == "__main__":

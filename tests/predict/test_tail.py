@@ -16,7 +16,7 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import propagate, structure
 from meshtax.predict.engine import predict_batch, single_profile
-from meshtax.predict.stations import load_factor, sidecar_rates
+from meshtax.predict.stations import load_factor, queued_factor, sidecar_rates
 from meshtax.predict.tail import TailOptions, predict_tail, tiled
 from tests.helpers import EXTERNAL, ecg, flat, inv, profile
 
@@ -249,6 +249,37 @@ def test_the_load_factor_is_looked_up_at_each_sidecars_own_rate() -> None:
     # one hop: its sidecar's own rate is the request rate, as before
     one = to_batch([ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=4000)])])
     assert sidecar_rates(one, "graphs").tolist() == [[0.0, 4000.0]]
+
+
+def test_saturation_is_where_the_cpus_fill_with_every_request_queued() -> None:
+    # a closed loop of clients at its maximum keeps every request queued: each sidecar costs
+    # what the capacity's closed-loop run measured (80 µs a request at 8 000/s: factor 0.4),
+    # whatever its own rate. A → B on one shared CPU, 3 sides of 200 CPU-µs (one client) per
+    # request: full at 1e6 / (3 × 200 × 0.4) = 4 167/s. At the factors of the sidecars' own
+    # rates (A 8 333/s: 0.4; B 4 167/s: ~0.6) it would come at ~3 600/s; the threshold (0.8)
+    # is still reached at those
+    cpu = CostModel(100.0, rate_lo=100.0, rate_hi=1000.0)
+    pts = (
+        CapacityPoint(0.0, 8000.0, 0.64, 0.9),
+        CapacityPoint(4000.0, 4000.0, 0.48, 0.6),
+    )
+    cap = Capacity(8000.0, 100, 32, 1, 80.0, "shared-cpu", points=pts)
+    base = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
+    p = replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+    assert queued_factor(p.modes[Mode.HTTP]) == pytest.approx(0.4)
+    assert queued_factor(base.modes[Mode.HTTP]) is None
+    g = ecg(
+        {"A": HTTP, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000)],
+    )
+    tp = predict_tail(to_batch([g]), single_profile(p), TailOptions(samples=100, pod_cpus=1))
+    (shared,) = [s for s in tp.stations if s.name == "shared CPUs"]
+    assert shared.full_factor * tp.request_rate == pytest.approx(1e6 / 240, rel=0.01)
+    # at 0.8: A at 2·r, B at r, r ≈ 3 000/s — their own-rate factors, not 0.4
+    r8 = shared.saturation_factor * tp.request_rate
+    fa = 0.6 - 0.2 * math.log(2 * r8 / 4000) / math.log(2)
+    fb = 1 - 0.4 * math.log(r8 / 100) / math.log(40)
+    assert r8 * (2 * 200 * fa + 200 * fb) * 1e-6 == pytest.approx(0.8, rel=0.01)
 
 
 def test_tiled_structure_propagates_each_copy_like_the_original() -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "latency_shape",
     "load_factor",
     "loads",
+    "queued_factor",
     "request_rate",
     "sidecar_rates",
     "station_mix",
@@ -153,18 +154,23 @@ class Crossings:
 
 
 def crossings(
-    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, split: bool = True
+    batch: EcgBatch,
+    profiles: ProfileLookup,
+    opts: TailOptions,
+    split: bool = True,
+    queued: bool = False,
 ) -> Crossings:
     """Costs per row and side at the rates the engine prices them at; ``split``: the request
-    and the response crossing apart (else each half of the side's total, enough for loads)."""
+    and the response crossing apart (else each half of the side's total, enough for loads);
+    ``queued``: every sidecar as busy as at the closed-loop maximum (:func:`queued_factor`)."""
     b = batch
     rates = None if opts.pod_cpus is None else shared_cpu_rates(b, opts.pod_cpus)
     at = sidecar_rates(b, opts.load)
-    full = at_load(hop_costs(b, profiles, rates=rates, speed=opts.speed), b, profiles, at)
+    full = at_load(hop_costs(b, profiles, rates=rates, speed=opts.speed), b, profiles, at, queued)
     if split:
         req = hop_costs(replace(b, response_bytes=b.request_bytes), profiles, rates=rates)
         resp = hop_costs(replace(b, request_bytes=b.response_bytes), profiles, rates=rates)
-        req, resp = at_load(req, b, profiles, at), at_load(resp, b, profiles, at)
+        req, resp = at_load(req, b, profiles, at, queued), at_load(resp, b, profiles, at, queued)
         if opts.speed is not None:  # the halves only split the full costs: keep their ratio
             req, resp = _rescale(req, resp, full)
     else:
@@ -227,6 +233,28 @@ def load_factor(mp: ModeProfile, rates: FloatArray) -> FloatArray:
     return np.asarray(np.maximum(got, 0.0), dtype=np.float64)
 
 
+def queued_factor(mp: ModeProfile) -> float | None:
+    """The load factor when every client's request is queued: the capacity's closed-loop
+    maximum through the sidecar (its CPU per request ÷ 2 per crossing ÷ what the CPU models
+    price at its rate and size). None without one.
+
+    A closed loop of N clients keeps N requests in the system at its maximum; a sidecar that
+    always finds requests waiting handles several per wake-up, whatever its own share of the
+    rate. That state, not a rate, is what sets the closed-loop maximum of a topology too
+    (issue #20, set 2: Bookinfo's sidecars at 180–2 000 requests/s each, far below the rates
+    where one hop's factor falls, reached 736/s together with 32 clients)."""
+    cap = mp.capacity
+    models = [mp.components[c].cpu for c in BASE if c in mp.components]
+    top = [p for p in cap.points if p.meshed and p.target == 0 and p.achieved > 0] if cap else []
+    if not top or not models:
+        return None
+    p = max(top, key=lambda x: x.achieved)
+    size, rate = np.array([float(cap.size_bytes if cap else 0)]), np.array([p.achieved])
+    priced = sum(float(m.predict(size, rate)[0]) for m in models)
+    us = p.sidecar_cpu / p.achieved * 1e6
+    return us / 2 / priced if priced > 0 else None
+
+
 def sidecar_rates(batch: EcgBatch, load: str) -> FloatArray:
     """Per row and side (rows × 2), the requests per second through that side's sidecar: every
     side of every call it takes part in, at the calls' rates (under ``load``) — one hop's
@@ -250,9 +278,16 @@ def sidecar_rates(batch: EcgBatch, load: str) -> FloatArray:
     return out
 
 
-def at_load(costs: Costs, batch: EcgBatch, profiles: ProfileLookup, rates: FloatArray) -> Costs:
+def at_load(
+    costs: Costs,
+    batch: EcgBatch,
+    profiles: ProfileLookup,
+    rates: FloatArray,
+    queued: bool = False,
+) -> Costs:
     """``costs`` with each side's base CPU × :func:`load_factor` of its mode at ``rates`` (per
-    row, or per row and side as :func:`sidecar_rates` gives)."""
+    row, or per row and side as :func:`sidecar_rates` gives); ``queued``: × the mode's
+    :func:`queued_factor` instead, where the profile has one."""
     cols = [k for k, c in enumerate(costs.components) if c in BASE]
     out = {}
     r2 = rates if rates.ndim == 2 else np.repeat(rates[:, None], 2, axis=1)
@@ -264,7 +299,8 @@ def at_load(costs: Costs, batch: EcgBatch, profiles: ProfileLookup, rates: Float
             rows = np.flatnonzero(specs == s)
             mp = profiles(spec.platform).modes.get(spec.config.mode) if rows.size else None
             if mp is not None:
-                f[rows] = load_factor(mp, r2[rows, side])
+                q = queued_factor(mp) if queued else None
+                f[rows] = q if q is not None else load_factor(mp, r2[rows, side])
         c = getattr(costs, name).copy()
         c[:, cols] *= f[:, None]
         out[name] = c
@@ -456,9 +492,11 @@ def station_mix(sts: Stations, k: int, scale: float) -> tuple[float, ServiceMix]
 FACTORS = np.logspace(-3, 3, 25)
 
 
-def _rho_at(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, f: float) -> FloatArray:
+def _rho_at(
+    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, f: float, queued: bool = False
+) -> FloatArray:
     scaled = replace(batch, rate=batch.rate * f)
-    cx = crossings(scaled, profiles, opts, split=False)
+    cx = crossings(scaled, profiles, opts, split=False, queued=queued)
     sts = stations(scaled, profiles, cx, opts)
     out = np.zeros(len(sts.names))
     for k in range(len(sts.names)):
@@ -495,17 +533,18 @@ def loads(
 ) -> tuple[StationLoad, ...]:
     """Each station's load, and the rate factors at which it reaches the threshold and
     saturates (see the module docstring); ``waits``: per station its utilisation, mean and
-    p99 wait (µs) as simulated."""
-    grid = np.stack([_rho_at(batch, profiles, opts, float(f)) for f in FACTORS])  # F × S
-    at = {
-        level: [_crossing(grid[:, k], level) for k in range(len(sts.names))]
-        for level in (opts.threshold, 1.0)
-    }
-    for level, xs in at.items():  # the first station to get there, exactly
+    p99 wait (µs) as simulated. The threshold is reached at the costs of the rates (the load
+    factor at each sidecar's own rate); saturation (ρ = 1) at the costs of the closed-loop
+    maximum, where every client's request is queued (:func:`queued_factor`)."""
+    at: dict[float, list[float]] = {}
+    for level, queued in ((opts.threshold, False), (1.0, True)):
+        grid = np.stack([_rho_at(batch, profiles, opts, float(f), queued) for f in FACTORS])
+        xs = [_crossing(grid[:, k], level) for k in range(len(sts.names))]
         finite = [k for k, x in enumerate(xs) if FACTORS[0] < x < FACTORS[-1]]
-        if finite:
+        if finite:  # the first station to get there, exactly
             k = min(finite, key=lambda j: xs[j])
-            xs[k] = _refined(batch, profiles, opts, k, level, xs[k])
+            xs[k] = _refined(batch, profiles, opts, k, level, xs[k], queued)
+        at[level] = xs
     out = []
     for k, name in enumerate(sts.names):
         rho = float(waits[0][k])
@@ -528,19 +567,25 @@ def loads(
 
 
 def _refined(
-    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, k: int, level: float, x: float
+    batch: EcgBatch,
+    profiles: ProfileLookup,
+    opts: TailOptions,
+    k: int,
+    level: float,
+    x: float,
+    queued: bool = False,
 ) -> float:
     """Station ``k``'s crossing of ``level`` by bisection in log rate factor inside the grid
     step around ``x`` (the grid's interpolation misses by up to several per cent where costs
     bend with rate)."""
     step = float(FACTORS[1] / FACTORS[0])
     lo, hi = math.log(x / step), math.log(x * step)
-    y_lo, y_hi = (float(_rho_at(batch, profiles, opts, math.exp(v))[k]) for v in (lo, hi))
+    y_lo, y_hi = (float(_rho_at(batch, profiles, opts, math.exp(v), queued)[k]) for v in (lo, hi))
     if not 0 < y_lo < level <= y_hi:
         return x
     for _ in range(REFINE_STEPS):
         mid = (lo + hi) / 2
-        y = float(_rho_at(batch, profiles, opts, math.exp(mid))[k])
+        y = float(_rho_at(batch, profiles, opts, math.exp(mid), queued)[k])
         lo, y_lo, hi, y_hi = (mid, y, hi, y_hi) if y < level else (lo, y_lo, mid, y)
     # log–log between the last two: exact where the utilisation is a power of the rate
     t = (math.log(level) - math.log(y_lo)) / (math.log(y_hi) - math.log(y_lo))
