@@ -28,6 +28,7 @@ from meshtax.validate.tail import (
     Predicted,
     TailPoint,
     TailRun,
+    paced_jitter,
     predict_one_hop,
     predict_traces_tail,
 )
@@ -43,6 +44,11 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     "even-scv05": {"arrivals": 0.0, "shared_scv": 0.5},
     "ca05": {"arrivals": 0.5},
     "stalls": {"stalls": True},
+    # the paced schedule with a lag calibrated on the profile's capacity ramp (paced_jitter)
+    "paced": {"paced": True},
+    # the no-mesh pods' whole busy CPU per request (kernel networking, interrupts, other
+    # processes on the pods' CPU) instead of the applications' alone
+    "busy-cpu": {"busy_cpu": True},
     "stalls-even": {"stalls": True, "arrivals": 0.0},
     "stalls-even-scv05": {"stalls": True, "arrivals": 0.0, "shared_scv": 0.5},
     "stalls-even-constant": {"stalls": True, "arrivals": 0.0, "shared_scv": 0.0},
@@ -111,9 +117,15 @@ def errors(
         if not pt.pairs or (not pt.sustained and i != last):
             continue
         app = statistics.median(b.cpu_us_per_request("app") for b, _ in pt.pairs)
+        if change.get("busy_cpu"):  # the pods' busy CPU per request without the mesh
+            app = statistics.median(b.cpu_us_per_request("pods_busy") for b, _ in pt.pairs)
         clients = int(doc["options"].get("connections", 32))
         base = TailOptions(percentiles=PCTS, pod_cpus=pods, app_cpu_us=app, clients=clients)
         opts = replace(base, **{k: v for k, v in change.items() if k in OPTIONS})
+        if change.get("paced"):
+            lag = _lag(prof, Mode(doc["tail"]["mode"]), base)
+            print(f"    paced: lag {lag} µs (calibrated on the profile's capacity ramp)")
+            opts = replace(opts, jitter_us=lag)
         use = _without_capacity(prof) if "capacity" in change else prof
         got = predict(doc_path, doc, use, pt, opts)
         if change.get("measured_cpu"):
@@ -148,6 +160,15 @@ def errors(
 
 
 OPTIONS = {f.name for f in fields(TailOptions)}
+_LAGS: dict[str, float | None] = {}
+
+
+def _lag(prof: Profile, mode: Mode, opts: TailOptions) -> float | None:
+    if prof.name not in _LAGS:
+        lag, errs = paced_jitter(prof, mode, opts)
+        print("    paced_jitter errors: " + ", ".join(f"{k:g} µs {v:.0%}" for k, v in errs.items()))
+        _LAGS[prof.name] = lag
+    return _LAGS[prof.name]
 
 
 def _cpu_scaled(prof: Profile, f: float) -> Profile:

@@ -17,6 +17,7 @@ from meshtax.validate.tail import (
     TailPoint,
     TailRun,
     TailValidation,
+    paced_jitter,
     predict_one_hop,
     traces_within,
 )
@@ -139,3 +140,28 @@ def test_one_hop_prediction_at_no_load_is_the_profile_overhead() -> None:
     # the echo app and its sidecar share one CPU: it saturates first, at 1e6 / (10 + 0.02) per s
     assert got.first == "shared CPUs"
     assert got.saturation_rate == pytest.approx(1e6 / 10.02, rel=1e-3)
+
+
+def test_the_paced_lag_is_the_one_that_best_predicts_the_profiles_ramp() -> None:
+    # a profile whose ramp (4 000/s, one shared CPU, 100 CPU-µs a side, 20 of the app) saw
+    # no waits through the sidecar beyond its own latency: an even schedule (lag 0) predicts
+    # that, a lag of 2 ms (Poisson-like at 250 µs spacing) predicts waits; without a ramp
+    # nothing is calibrated
+    from dataclasses import replace
+
+    from meshtax.model.capacity import SKETCH_PROBS, Capacity, CapacityPoint
+
+    base = profile({Mode.HTTP: {OTHER: flat(30, 50)}})
+    direct = tuple(100.0 + 10 * p for p in SKETCH_PROBS)
+    meshed = tuple(x + 60.0 for x in direct)
+    pts = (
+        CapacityPoint(0.0, 8000.0, 0.6, 0.9, meshed=True),
+        CapacityPoint(4000.0, 4000.0, 0.0, 0.08, meshed=False, quantiles_us=direct),
+        CapacityPoint(4000.0, 4000.0, 0.4, 0.48, meshed=True, quantiles_us=meshed),
+    )
+    cap = Capacity(8000.0, 100, 32, 1, 75.0, "shared-cpu", points=pts)
+    p = replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+    opts = TailOptions(pod_cpus=1)
+    lag, errs = paced_jitter(p, Mode.HTTP, opts, grid=(0.0, 2000.0))
+    assert lag == 0.0 and errs[0.0] < errs[2000.0]
+    assert paced_jitter(base, Mode.HTTP, opts) == (None, {})

@@ -63,7 +63,10 @@ class TailOptions:
     ``workers``: worker threads per sidecar (None: the profile's measured capacity's, else 1,
     the profiler's Envoy); ``app_cpu_us``: on shared CPUs, the applications' CPU-µs per
     request without the mesh (0: their own waits are not counted); ``clients``: at most that
-    many requests in flight (a load generator's connections; None: open arrivals).
+    many requests in flight (a load generator's connections; None: open arrivals);
+    ``jitter_us``: arrivals on a paced schedule, each late by an exponential lag of this mean
+    (fortio ``-uniform`` at a fixed rate; :class:`~meshtax.predict.queueing.Station`),
+    instead of ``arrivals``; ``stalls``: add the stall backlog (see ``predict.tail``).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -77,6 +80,7 @@ class TailOptions:
     app_cpu_us: float = 0.0
     shared_scv: float = 1.0
     clients: int | None = None
+    jitter_us: float | None = None
     stalls: bool = False
     load: Literal["graphs", "pairs"] = "graphs"
     queue_jobs: int = 200_000
@@ -94,6 +98,8 @@ class TailOptions:
             raise ValueError(f"pod_cpus must be at least 1, got {self.pod_cpus}")
         if (self.clients is not None and self.clients < 1) or self.shared_scv < 0:
             raise ValueError("clients must be at least 1 and shared_scv ≥ 0")
+        if self.jitter_us is not None and not 0 <= self.jitter_us < math.inf:
+            raise ValueError(f"jitter_us must be finite and ≥ 0, got {self.jitter_us}")
 
 
 @dataclass(frozen=True)

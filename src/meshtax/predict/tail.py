@@ -203,7 +203,7 @@ def _simulate(
         if got is None:
             waits.append(np.zeros(1))
             continue
-        st = Station(got[0], sts.servers[k], got[1], opts.arrivals, opts.clients)
+        st = Station(got[0], sts.servers[k], got[1], opts.arrivals, opts.clients, opts.jitter_us)
         rho[k] = st.utilisation
         if sts.shared >= 0 and k != sts.shared:
             waits.append(np.zeros(1))  # on shared CPUs a worker waits for the CPUs
@@ -269,7 +269,7 @@ def _shared_wait(
     out = _pick(mesh, u)
     if sts.app_mean_us > 0 and sts.base_rate > 0:
         app = ServiceMix((sts.app_mean_us,), (1.0,))
-        alone = Station(sts.base_rate, cpus, app, opts.arrivals, opts.clients)
+        alone = Station(sts.base_rate, cpus, app, opts.arrivals, opts.clients, opts.jitter_us)
         try:
             out = out - _pick(waiting_times(alone, opts.queue_jobs, seed=opts.seed + 3), u)
         except SaturatedError:
