@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from meshtax.model.capacity import Capacity, CapacityPoint, LatencySketch
+from meshtax.model.capacity import SKETCH_PROBS, Capacity, CapacityPoint, LatencySketch
 from meshtax.model.components import OTHER
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import to_batch
@@ -16,7 +16,7 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import propagate, structure
 from meshtax.predict.engine import predict_batch, single_profile
-from meshtax.predict.stations import load_factor, queued_factor, sidecar_rates
+from meshtax.predict.stations import load_factor, queue_factor, queued_factor, sidecar_rates
 from meshtax.predict.tail import TailOptions, predict_tail, tiled
 from tests.helpers import EXTERNAL, ecg, flat, inv, profile
 
@@ -251,31 +251,40 @@ def test_the_load_factor_is_looked_up_at_each_sidecars_own_rate() -> None:
     assert sidecar_rates(one, "graphs").tolist() == [[0.0, 4000.0]]
 
 
-def test_saturation_is_where_the_cpus_fill_with_every_request_queued() -> None:
-    # a closed loop of clients at its maximum keeps every request queued: each sidecar costs
-    # what the capacity's closed-loop run measured (80 µs a request at 8 000/s: factor 0.4),
-    # whatever its own rate. A → B on one shared CPU, 3 sides of 200 CPU-µs (one client) per
-    # request: full at 1e6 / (3 × 200 × 0.4) = 4 167/s. At the factors of the sidecars' own
-    # rates (A 8 333/s: 0.4; B 4 167/s: ~0.6) it would come at ~3 600/s; the threshold (0.8)
-    # is still reached at those
+def test_saturation_is_where_the_cpus_fill_with_the_clients_queued_at_each_sidecar() -> None:
+    # a closed loop of 32 clients at its maximum keeps 32 requests in the system; on a shared
+    # CPU they wait at each sidecar in proportion to its share of a request's CPU work, and
+    # a sidecar's CPU per crossing is what the capacity runs measured with as many requests
+    # in the system: 0.4 of one client's with 32 (the closed loop), 0.6 with 4 (4 000/s ×
+    # 1 ms mean latency), in log requests between. A → B, 3 sides of 200 CPU-µs (one client)
+    # a request: A holds 2/3 of the work (21.3 requests), B 1/3 (10.7)
     cpu = CostModel(100.0, rate_lo=100.0, rate_hi=1000.0)
+    ms = tuple(1000.0 for _ in SKETCH_PROBS)
     pts = (
         CapacityPoint(0.0, 8000.0, 0.64, 0.9),
-        CapacityPoint(4000.0, 4000.0, 0.48, 0.6),
+        CapacityPoint(4000.0, 4000.0, 0.48, 0.6, quantiles_us=ms),
     )
     cap = Capacity(8000.0, 100, 32, 1, 80.0, "shared-cpu", points=pts)
     base = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
     p = replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
-    assert queued_factor(p.modes[Mode.HTTP]) == pytest.approx(0.4)
-    assert queued_factor(base.modes[Mode.HTTP]) is None
+    mp = p.modes[Mode.HTTP]
+    assert queued_factor(mp) == pytest.approx(0.4)
+    assert queue_factor(mp, np.array([2.0, 4.0, 32.0, 64.0])) == pytest.approx([0.6, 0.6, 0.4, 0.4])
+    assert queue_factor(base.modes[Mode.HTTP], np.array([4.0])) is None
     g = ecg(
         {"A": HTTP, "B": HTTP},
         [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000)],
     )
-    tp = predict_tail(to_batch([g]), single_profile(p), TailOptions(samples=100, pod_cpus=1))
+    opts = TailOptions(samples=100, pod_cpus=1, clients=32)
+    tp = predict_tail(to_batch([g]), single_profile(p), opts)
     (shared,) = [s for s in tp.stations if s.name == "shared CPUs"]
-    assert shared.full_factor * tp.request_rate == pytest.approx(1e6 / 240, rel=0.01)
-    # at 0.8: A at 2·r, B at r, r ≈ 3 000/s — their own-rate factors, not 0.4
+
+    def f(n: float) -> float:
+        return 0.6 - 0.2 * math.log(n / 4) / math.log(8)
+
+    full = 1e6 / (400 * f(32 * 2 / 3) + 200 * f(32 / 3))
+    assert shared.full_factor * tp.request_rate == pytest.approx(full, rel=0.01)
+    # at 0.8: A at 2·r, B at r, r ≈ 3 000/s — their own-rate factors
     r8 = shared.saturation_factor * tp.request_rate
     fa = 0.6 - 0.2 * math.log(2 * r8 / 4000) / math.log(2)
     fb = 1 - 0.4 * math.log(r8 / 100) / math.log(40)

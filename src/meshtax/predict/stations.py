@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from meshtax.model.capacity import LatencySketch
+from meshtax.model.capacity import SKETCH_PROBS, LatencySketch
 from meshtax.model.components import BASE_COMPONENTS, UNATTRIBUTED
 from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, EcgBatch
 from meshtax.model.profile import ModeProfile, Profile
@@ -41,7 +41,9 @@ __all__ = [
     "latency_shape",
     "load_factor",
     "loads",
+    "queue_factor",
     "queued_factor",
+    "queued_requests",
     "request_rate",
     "sidecar_rates",
     "station_mix",
@@ -168,15 +170,18 @@ def crossings(
 ) -> Crossings:
     """Costs per row and side at the rates the engine prices them at; ``split``: the request
     and the response crossing apart (else each half of the side's total, enough for loads);
-    ``queued``: every sidecar as busy as at the closed-loop maximum (:func:`queued_factor`)."""
+    ``queued``: a closed loop at its maximum — each sidecar with its share of the clients'
+    requests queued (:func:`queued_requests`, :func:`queue_factor`)."""
     b = batch
     rates = None if opts.pod_cpus is None else shared_cpu_rates(b, opts.pod_cpus)
     at = sidecar_rates(b, opts.load)
-    full = at_load(hop_costs(b, profiles, rates=rates, speed=opts.speed), b, profiles, at, queued)
+    plain = hop_costs(b, profiles, rates=rates, speed=opts.speed)
+    queue = queued_requests(b, profiles, plain, opts) if queued else None
+    full = at_load(plain, b, profiles, at, queue)
     if split:
         req = hop_costs(replace(b, response_bytes=b.request_bytes), profiles, rates=rates)
         resp = hop_costs(replace(b, request_bytes=b.response_bytes), profiles, rates=rates)
-        req, resp = at_load(req, b, profiles, at, queued), at_load(resp, b, profiles, at, queued)
+        req, resp = at_load(req, b, profiles, at, queue), at_load(resp, b, profiles, at, queue)
         if opts.speed is not None:  # the halves only split the full costs: keep their ratio
             req, resp = _rescale(req, resp, full)
     else:
@@ -239,6 +244,85 @@ def load_factor(mp: ModeProfile, rates: FloatArray) -> FloatArray:
     return np.asarray(np.maximum(got, 0.0), dtype=np.float64)
 
 
+def queue_factor(mp: ModeProfile, queued: FloatArray) -> FloatArray | None:
+    """Per value of ``queued`` (requests waiting at or in a sidecar), the factor on its base
+    CPU: the capacity runs' CPU per request ÷ 2 ÷ the CPU models' price at their rate (as
+    :func:`load_factor`), against the requests they had in the system — Little's law on each
+    fixed-rate run (its rate × its mean latency through the sidecar, from its quantiles) and
+    the closed loop's clients at its maximum — interpolated in log requests, held beyond the
+    runs. None without capacity runs with latency quantiles."""
+    cap = mp.capacity
+    models = [mp.components[c].cpu for c in BASE if c in mp.components]
+    if cap is None or not models:
+        return None
+    samples = dict(cap.cpu_samples())
+    pts = []
+    for p in cap.points:
+        if not p.meshed or p.achieved <= 0 or p.achieved not in samples:
+            continue
+        if p.target == 0:
+            n = float(cap.connections)
+        elif p.quantiles_us:
+            q = np.asarray(p.quantiles_us, dtype=np.float64)
+            pr = np.asarray(SKETCH_PROBS, dtype=np.float64)
+            mean = float(np.sum(np.diff(pr) * (q[1:] + q[:-1]) / 2))
+            n = p.achieved * mean * 1e-6
+        else:
+            continue
+        size, rate = np.array([float(cap.size_bytes)]), np.array([p.achieved])
+        priced = sum(float(m.predict(size, rate)[0]) for m in models)
+        if priced > 0 and n > 0:
+            pts.append((n, samples[p.achieved] / 2 / priced))
+    if not pts:
+        return None
+    pts.sort()
+    x = np.log([n for n, _ in pts])
+    y = np.array([f for _, f in pts])
+    got = np.interp(np.log(np.maximum(np.asarray(queued, dtype=np.float64), 1e-9)), x, y)
+    return np.asarray(np.maximum(got, 0.0), dtype=np.float64)
+
+
+def queued_requests(
+    batch: EcgBatch, profiles: ProfileLookup, plain: Costs, opts: TailOptions
+) -> FloatArray:
+    """Per row and side, the requests queued at that side's sidecar when a closed loop of
+    clients is at its maximum: all ``clients`` (else the profile's capacity connections) are
+    in the system, and on shared CPUs they wait at each sidecar in proportion to its share of
+    a request's CPU work there (the sidecars' at the CPU models' price, plus ``app_cpu_us``);
+    a sidecar on CPUs of its own has them all. One hop: nearly all clients at its sidecar;
+    Bookinfo's five: a few each (issue #20, set 2: one hop's closed-loop cost per crossing,
+    0.29 of one client's, made Bookinfo's maximum 12 % early in one sitting and 45 % in
+    another; its sidecars cost 0.43–0.8 there)."""
+    n = batch.n_invocations
+    out = np.zeros((n, 2))
+    if n == 0:
+        return out
+    svc = np.stack([batch.caller, batch.callee], axis=1)
+    meshed = np.stack([batch.caller_spec >= 0, batch.callee_spec >= 0], axis=1) & (svc >= 0)
+    clients = opts.clients
+    if clients is None:
+        caps = [
+            mp.capacity.connections
+            for spec in batch.specs
+            if (mp := profiles(spec.platform).modes.get(spec.config.mode)) is not None
+            and mp.capacity is not None
+        ]
+        clients = max(caps, default=1)
+    if opts.pod_cpus is None:
+        out[meshed] = float(clients)
+        return out
+    w = row_weights(batch, opts.load) * batch.rate
+    cpu = np.stack([plain.cpu_caller.sum(axis=1), plain.cpu_callee.sum(axis=1)], axis=1)
+    per = np.bincount(
+        svc[meshed], weights=(cpu * w[:, None])[meshed], minlength=len(batch.services)
+    )
+    total = per.sum() + opts.app_cpu_us * request_rate(batch, opts.load)
+    if total <= 0:
+        return out
+    out[meshed] = clients * per[svc[meshed]] / total
+    return out
+
+
 def queued_factor(mp: ModeProfile) -> float | None:
     """The load factor when every client's request is queued: the capacity's closed-loop
     maximum through the sidecar (its CPU per request ÷ 2 per crossing ÷ what the CPU models
@@ -289,11 +373,12 @@ def at_load(
     batch: EcgBatch,
     profiles: ProfileLookup,
     rates: FloatArray,
-    queued: bool = False,
+    queued: FloatArray | None = None,
 ) -> Costs:
     """``costs`` with each side's base CPU × :func:`load_factor` of its mode at ``rates`` (per
-    row, or per row and side as :func:`sidecar_rates` gives); ``queued``: × the mode's
-    :func:`queued_factor` instead, where the profile has one."""
+    row, or per row and side as :func:`sidecar_rates` gives); ``queued`` (rows × 2, requests
+    queued at each side's sidecar): × the mode's :func:`queue_factor` there instead, where
+    the profile has one."""
     cols = [k for k, c in enumerate(costs.components) if c in BASE]
     out = {}
     r2 = rates if rates.ndim == 2 else np.repeat(rates[:, None], 2, axis=1)
@@ -305,7 +390,7 @@ def at_load(
             rows = np.flatnonzero(specs == s)
             mp = profiles(spec.platform).modes.get(spec.config.mode) if rows.size else None
             if mp is not None:
-                q = queued_factor(mp) if queued else None
+                q = None if queued is None else queue_factor(mp, queued[rows, side])
                 f[rows] = q if q is not None else load_factor(mp, r2[rows, side])
         c = getattr(costs, name).copy()
         c[:, cols] *= f[:, None]
