@@ -28,6 +28,7 @@ from meshtax.validate.tail import (
     Predicted,
     TailPoint,
     TailRun,
+    arrival_lag_us,
     paced_jitter,
     predict_one_hop,
     predict_traces_tail,
@@ -39,13 +40,20 @@ DRAWS = 40_000
 #: name → what the variant changes of the validation's options (``capacity: False``: the
 #: profile without its capacity runs, so crossings cost what one client's do at every rate)
 VARIANTS: dict[str, Mapping[str, Any]] = {
-    "default": {},
+    "default": {"lag_traces": True},
+    "poisson": {},
     "even-constant": {"arrivals": 0.0, "shared_scv": 0.0},
     "even-scv05": {"arrivals": 0.0, "shared_scv": 0.5},
     "ca05": {"arrivals": 0.5},
     "stalls": {"stalls": True},
     # the paced schedule with a lag calibrated on the profile's capacity ramp (paced_jitter)
     "paced": {"paced": True},
+    # the arrival lag measured on the level's own no-mesh traces (arrival_lag_us; one hop:
+    # Poisson, what an even schedule with such a lag is at its spacing)
+    "lag-traces": {"lag_traces": True},
+    "lag300": {"jitter_us": 300.0},
+    "lag600": {"jitter_us": 600.0},
+    "lag1000": {"jitter_us": 1000.0},
     # the no-mesh pods' whole busy CPU per request (kernel networking, interrupts, other
     # processes on the pods' CPU) instead of the applications' alone
     "busy-cpu": {"busy_cpu": True},
@@ -86,7 +94,12 @@ def _traces(doc_path: Path, doc: Mapping[str, Any], fraction: float) -> Path:
 
 
 def predict(
-    doc_path: Path, doc: Mapping[str, Any], prof: Any, pt: TailPoint, opts: TailOptions
+    doc_path: Path,
+    doc: Mapping[str, Any],
+    prof: Any,
+    pt: TailPoint,
+    opts: TailOptions,
+    lag_traces: bool = False,
 ) -> Predicted:
     t = doc["tail"]
     mode = Mode(t["mode"])
@@ -98,6 +111,9 @@ def predict(
     modes = doc["options"].get("sidecar_modes", {})
     configs = {s: SidecarConfig(Mode(m)) for s, m in modes.items()}
     o = replace(opts, samples=DRAWS)
+    if lag_traces:
+        path = _traces(doc_path, doc, pt.fraction)
+        o = replace(o, jitter_us=arrival_lag_us(json.loads(path.read_text()), pt.rate))
     return predict_traces_tail(str(_traces(doc_path, doc, pt.fraction)), prof, configs, pt.rate, o)
 
 
@@ -127,13 +143,14 @@ def errors(
             print(f"    paced: lag {lag} µs (calibrated on the profile's capacity ramp)")
             opts = replace(opts, jitter_us=lag)
         use = _without_capacity(prof) if "capacity" in change else prof
-        got = predict(doc_path, doc, use, pt, opts)
+        lag = bool(change.get("lag_traces"))
+        got = predict(doc_path, doc, use, pt, opts, lag)
         if change.get("measured_cpu"):
             mesh = statistics.median(
                 m.cpu_us_per_request("sidecar") + m.cpu_us_per_request("app") for _, m in pt.pairs
             )
             priced = got.utilisation * 1e6 / pt.rate - app  # the shared CPUs' mesh work
-            got = predict(doc_path, doc, _cpu_scaled(use, (mesh - app) / priced), pt, opts)
+            got = predict(doc_path, doc, _cpu_scaled(use, (mesh - app) / priced), pt, opts, lag)
         if i == last:  # the validation's predicted saturation: its highest level's
             sat = got.saturation_rate
             meas = float(doc["tail"]["max_mesh"])

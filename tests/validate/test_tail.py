@@ -17,6 +17,7 @@ from meshtax.validate.tail import (
     TailPoint,
     TailRun,
     TailValidation,
+    arrival_lag_us,
     paced_jitter,
     predict_one_hop,
     traces_within,
@@ -165,3 +166,24 @@ def test_the_paced_lag_is_the_one_that_best_predicts_the_profiles_ramp() -> None
     lag, errs = paced_jitter(p, Mode.HTTP, opts, grid=(0.0, 2000.0))
     assert lag == 0.0 and errs[0.0] < errs[2000.0]
     assert paced_jitter(base, Mode.HTTP, opts) == (None, {})
+
+
+def test_the_arrival_lag_is_read_from_the_entrys_sampled_spans() -> None:
+    # 400/s on an even schedule (2 500 µs apart), every 10th request traced, each late by an
+    # exponential lag of 700 µs: the entry's spans (no parent) give the lag back; the
+    # children are ignored; too few spans give None
+    rng = np.random.default_rng(3)
+    a, lag = 2500.0, 700.0
+    t0 = 1.7e9
+    spans = []
+    for i in range(600):
+        start = t0 * 1e9 + (i * 10 * a + rng.exponential(lag)) * 1e3
+        spans.append({"spanId": f"r{i}", "startTimeUnixNano": str(int(start))})
+        spans.append(
+            {"spanId": f"c{i}", "parentSpanId": f"r{i}", "startTimeUnixNano": str(int(start + 5e5))}
+        )
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}
+    got = arrival_lag_us(doc, 400.0)
+    assert got is not None and got == pytest.approx(lag, rel=0.15)
+    few = {"resourceSpans": [{"scopeSpans": [{"spans": spans[:20]}]}]}
+    assert arrival_lag_us(few, 400.0) is None
