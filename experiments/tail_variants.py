@@ -28,6 +28,8 @@ from meshtax.validate.tail import (
     Predicted,
     TailPoint,
     TailRun,
+    arrival_lag_us,
+    paced_jitter,
     predict_one_hop,
     predict_traces_tail,
 )
@@ -38,7 +40,27 @@ DRAWS = 40_000
 #: name → what the variant changes of the validation's options (``capacity: False``: the
 #: profile without its capacity runs, so crossings cost what one client's do at every rate)
 VARIANTS: dict[str, Mapping[str, Any]] = {
-    "default": {},
+    "default": {"lag_traces": True},
+    "poisson": {},
+    "even-constant": {"arrivals": 0.0, "shared_scv": 0.0},
+    "even-scv05": {"arrivals": 0.0, "shared_scv": 0.5},
+    "ca05": {"arrivals": 0.5},
+    "stalls": {"stalls": True},
+    # the paced schedule with a lag calibrated on the profile's capacity ramp (paced_jitter)
+    "paced": {"paced": True},
+    # the arrival lag measured on the level's own no-mesh traces (arrival_lag_us; one hop:
+    # Poisson, what an even schedule with such a lag is at its spacing)
+    "lag-traces": {"lag_traces": True},
+    "lag300": {"jitter_us": 300.0},
+    "lag600": {"jitter_us": 600.0},
+    "lag1000": {"jitter_us": 1000.0},
+    # the no-mesh pods' whole busy CPU per request (kernel networking, interrupts, other
+    # processes on the pods' CPU) instead of the applications' alone
+    "busy-cpu": {"busy_cpu": True},
+    "stalls-even": {"stalls": True, "arrivals": 0.0},
+    "stalls-even-scv05": {"stalls": True, "arrivals": 0.0, "shared_scv": 0.5},
+    "stalls-even-constant": {"stalls": True, "arrivals": 0.0, "shared_scv": 0.0},
+    "ca05-scv05": {"arrivals": 0.5, "shared_scv": 0.5},
     "even": {"arrivals": 0.0},
     "constant": {"shared_scv": 0.0},
     "scv2": {"shared_scv": 2.0},
@@ -49,6 +71,10 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # is what the level measured with the mesh (sidecars + the app's change) — what is left
     # is the queueing model's error
     "measured-cpu": {"measured_cpu": True},
+    "mcpu-even": {"measured_cpu": True, "arrivals": 0.0},
+    "mcpu-constant": {"measured_cpu": True, "shared_scv": 0.0},
+    "mcpu-even-constant": {"measured_cpu": True, "arrivals": 0.0, "shared_scv": 0.0},
+    "mcpu-even-scv05": {"measured_cpu": True, "arrivals": 0.0, "shared_scv": 0.5},
 }
 
 
@@ -68,7 +94,12 @@ def _traces(doc_path: Path, doc: Mapping[str, Any], fraction: float) -> Path:
 
 
 def predict(
-    doc_path: Path, doc: Mapping[str, Any], prof: Any, pt: TailPoint, opts: TailOptions
+    doc_path: Path,
+    doc: Mapping[str, Any],
+    prof: Any,
+    pt: TailPoint,
+    opts: TailOptions,
+    lag_traces: bool = False,
 ) -> Predicted:
     t = doc["tail"]
     mode = Mode(t["mode"])
@@ -80,6 +111,9 @@ def predict(
     modes = doc["options"].get("sidecar_modes", {})
     configs = {s: SidecarConfig(Mode(m)) for s, m in modes.items()}
     o = replace(opts, samples=DRAWS)
+    if lag_traces:
+        path = _traces(doc_path, doc, pt.fraction)
+        o = replace(o, jitter_us=arrival_lag_us(json.loads(path.read_text()), pt.rate))
     return predict_traces_tail(str(_traces(doc_path, doc, pt.fraction)), prof, configs, pt.rate, o)
 
 
@@ -91,29 +125,50 @@ def errors(
     show: bool = False,
 ) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {f"p{p:g}": [] for p in PCTS}
+    out["saturation"] = []
     pods = _pod_cpus(str(doc["options"].get("pinning", "")))
-    for d in doc["tail"]["points"]:
+    last = len(doc["tail"]["points"]) - 1
+    for i, d in enumerate(doc["tail"]["points"]):
         pt = _point(d)
-        if not pt.pairs or not pt.sustained:
+        if not pt.pairs or (not pt.sustained and i != last):
             continue
         app = statistics.median(b.cpu_us_per_request("app") for b, _ in pt.pairs)
+        if change.get("busy_cpu"):  # the pods' busy CPU per request without the mesh
+            app = statistics.median(b.cpu_us_per_request("pods_busy") for b, _ in pt.pairs)
         clients = int(doc["options"].get("connections", 32))
         base = TailOptions(percentiles=PCTS, pod_cpus=pods, app_cpu_us=app, clients=clients)
         opts = replace(base, **{k: v for k, v in change.items() if k in OPTIONS})
+        if change.get("paced"):
+            lag = _lag(prof, Mode(doc["tail"]["mode"]), base)
+            print(f"    paced: lag {lag} µs (calibrated on the profile's capacity ramp)")
+            opts = replace(opts, jitter_us=lag)
         use = _without_capacity(prof) if "capacity" in change else prof
-        got = predict(doc_path, doc, use, pt, opts)
+        lag = bool(change.get("lag_traces"))
+        got = predict(doc_path, doc, use, pt, opts, lag)
         if change.get("measured_cpu"):
             mesh = statistics.median(
                 m.cpu_us_per_request("sidecar") + m.cpu_us_per_request("app") for _, m in pt.pairs
             )
             priced = got.utilisation * 1e6 / pt.rate - app  # the shared CPUs' mesh work
-            got = predict(doc_path, doc, _cpu_scaled(use, (mesh - app) / priced), pt, opts)
+            got = predict(doc_path, doc, _cpu_scaled(use, (mesh - app) / priced), pt, opts, lag)
+        if i == last:  # the validation's predicted saturation: its highest level's
+            sat = got.saturation_rate
+            meas = float(doc["tail"]["max_mesh"])
+            out["saturation"].append((sat - meas) / meas)
+            if show:
+                print(f"    saturation predicted {sat:.0f}/s, measured {meas:.0f}/s")
+            if not pt.sustained:
+                continue
         if show:
             cells = ", ".join(
-                f"{k} {got.overhead[k][0]:.0f} vs {pt.measured(k).median:.0f}" for k in out
+                f"{k} {got.overhead[k][0]:.0f} vs {pt.measured(k).median:.0f}"
+                for k in out
+                if k != "saturation"
             )
             print(f"    {pt.fraction:.0%} {pt.rate:.0f}/s ρ {got.utilisation:.2f}: {cells}")
         for k in out:
+            if k == "saturation":
+                continue
             m = pt.measured(k).median
             v = got.overhead[k][0]
             if m and v == v and abs(v) != float("inf"):
@@ -122,6 +177,15 @@ def errors(
 
 
 OPTIONS = {f.name for f in fields(TailOptions)}
+_LAGS: dict[str, float | None] = {}
+
+
+def _lag(prof: Profile, mode: Mode, opts: TailOptions) -> float | None:
+    if prof.name not in _LAGS:
+        lag, errs = paced_jitter(prof, mode, opts)
+        print("    paced_jitter errors: " + ", ".join(f"{k:g} µs {v:.0%}" for k, v in errs.items()))
+        _LAGS[prof.name] = lag
+    return _LAGS[prof.name]
 
 
 def _cpu_scaled(prof: Profile, f: float) -> Profile:
@@ -170,18 +234,25 @@ def main() -> None:
     a = ap.parse_args()
     store = ProfileStore(a.db)
     docs = [(Path(p), json.loads(Path(p).read_text())) for p in a.doc]
-    print("| variant | document | " + " | ".join(f"p{p:g} median abs (bias, n)" for p in PCTS))
-    print("|---|---|" + "---|" * len(PCTS))
+    print(
+        "| variant | document | "
+        + " | ".join(f"p{p:g} median abs (bias, n)" for p in PCTS)
+        + " | saturation error |"
+    )
+    print("|---|---|" + "---|" * (len(PCTS) + 1))
     for name in a.variants.split(","):
         every: dict[str, list[float]] = {f"p{p:g}": [] for p in PCTS}
+        every["saturation"] = []
         for path, doc in docs:
             errs = errors(path, doc, store.get(doc["profile"]), VARIANTS[name], a.levels)
             for k, v in errs.items():
                 every[k] += v
-            cells = " | ".join(_cell(e) for e in errs.values())
-            print(f"| {name} | {doc['tail']['topology']} | {cells} |")
+            cells = " | ".join(_cell(e) for k, e in errs.items() if k != "saturation")
+            sat = ", ".join(f"{x:+.1%}" for x in errs["saturation"])
+            print(f"| {name} | {doc['tail']['topology']} | {cells} | {sat} |")
         if len(docs) > 1:
-            print(f"| {name} | all | " + " | ".join(_cell(e) for e in every.values()) + " |")
+            cells = " | ".join(_cell(e) for k, e in every.items() if k != "saturation")
+            print(f"| {name} | all | {cells} | |")
 
 
 if __name__ == "__main__":

@@ -126,3 +126,17 @@ def test_gamma_shape_has_its_scv() -> None:
         g = Shape.gamma(scv)
         assert g.mean() == pytest.approx(1.0) and g.scv() == pytest.approx(scv, rel=0.03)
     assert Shape.gamma(0.0) == Shape.constant()
+
+
+def test_a_paced_schedule_waits_only_as_far_as_its_sends_are_late() -> None:
+    # issue #20: fortio -uniform at a fixed rate sends on an even schedule. D/D/1 at ρ = 0.5
+    # never waits; each send late by an exponential lag of mean ≫ the spacing (200 µs), the
+    # arrivals are locally Poisson and the waits those of M/D/1 (mean ρ·D / (2(1 − ρ)) = 50)
+    mix = ServiceMix((100.0,), (1.0,))
+    assert waiting_times(Station(5000, 1, mix, jitter_us=0.0), 50_000).max() == 0
+    small = waiting_times(Station(5000, 1, mix, jitter_us=20.0), 100_000, seed=1)
+    large = waiting_times(Station(5000, 1, mix, jitter_us=10_000.0), 200_000, seed=1)
+    assert small.mean() < 1.0
+    assert large.mean() == pytest.approx(50.0, rel=0.12)
+    with pytest.raises(ValueError):
+        Station(5000, 1, mix, jitter_us=-1.0)

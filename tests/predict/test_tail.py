@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from meshtax.model.capacity import Capacity, CapacityPoint, LatencySketch
+from meshtax.model.capacity import SKETCH_PROBS, Capacity, CapacityPoint, LatencySketch
 from meshtax.model.components import OTHER
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import to_batch
@@ -16,7 +16,7 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import propagate, structure
 from meshtax.predict.engine import predict_batch, single_profile
-from meshtax.predict.stations import load_factor
+from meshtax.predict.stations import load_factor, queue_factor, queued_factor, sidecar_rates
 from meshtax.predict.tail import TailOptions, predict_tail, tiled
 from tests.helpers import EXTERNAL, ecg, flat, inv, profile
 
@@ -219,6 +219,76 @@ def test_many_clients_make_a_crossing_cost_what_the_capacity_runs_measured() -> 
     plain = predict_tail(to_batch([g]), single_profile(base), TailOptions(samples=100, pod_cpus=1))
     (sh,) = [s for s in plain.stations if s.name == "shared CPUs"]
     assert sh.utilisation == pytest.approx(4000 * 200e-6, rel=1e-6)
+
+
+def test_the_load_factor_is_looked_up_at_each_sidecars_own_rate() -> None:
+    # issue #20, set 2: Bookinfo's sidecars were priced with the factor at the shared CPU's
+    # rate (all crossings of the graph) and came out at half the CPU they used. A (in and
+    # out: 2 sides a request) calls B (1 side) on one shared CPU at 2 000 requests/s: A's own
+    # rate 4 000/s (factor 0.6, measured), B's 2 000/s (between 1 at 100/s and 0.6 at
+    # 4 000/s); at the CPU's rate (3 sides × 2 000/s = 6 000/s) both would get 0.48
+    cpu = CostModel(100.0, rate_lo=100.0, rate_hi=1000.0)
+    pts = (
+        CapacityPoint(0.0, 8000.0, 0.64, 0.9),
+        CapacityPoint(4000.0, 4000.0, 0.48, 0.6),
+    )
+    cap = Capacity(8000.0, 100, 32, 1, 80.0, "shared-cpu", points=pts)
+    base = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
+    p = replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+    g = ecg(
+        {"A": HTTP, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=2000), inv("b", "A", "B", 10, 30, "r", rate=2000)],
+    )
+    b = to_batch([g])
+    own = sidecar_rates(b, "graphs")
+    assert own.tolist() == [[0.0, 4000.0], [4000.0, 2000.0]]
+    tp = predict_tail(b, single_profile(p), TailOptions(samples=100, pod_cpus=1))
+    (shared,) = [s for s in tp.stations if s.name == "shared CPUs"]
+    f_b = 1 - 0.4 * math.log(20) / math.log(40)
+    assert shared.utilisation == pytest.approx(2000 * (2 * 200 * 0.6 + 200 * f_b) * 1e-6, rel=1e-6)
+    # one hop: its sidecar's own rate is the request rate, as before
+    one = to_batch([ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=4000)])])
+    assert sidecar_rates(one, "graphs").tolist() == [[0.0, 4000.0]]
+
+
+def test_saturation_is_where_the_cpus_fill_with_the_clients_queued_at_each_sidecar() -> None:
+    # a closed loop of 32 clients at its maximum keeps 32 requests in the system; on a shared
+    # CPU they wait at each sidecar in proportion to its share of a request's CPU work, and
+    # a sidecar's CPU per crossing is what the capacity runs measured with as many requests
+    # in the system: 0.4 of one client's with 32 (the closed loop), 0.6 with 4 (4 000/s ×
+    # 1 ms mean latency), in log requests between. A → B, 3 sides of 200 CPU-µs (one client)
+    # a request: A holds 2/3 of the work (21.3 requests), B 1/3 (10.7)
+    cpu = CostModel(100.0, rate_lo=100.0, rate_hi=1000.0)
+    ms = tuple(1000.0 for _ in SKETCH_PROBS)
+    pts = (
+        CapacityPoint(0.0, 8000.0, 0.64, 0.9),
+        CapacityPoint(4000.0, 4000.0, 0.48, 0.6, quantiles_us=ms),
+    )
+    cap = Capacity(8000.0, 100, 32, 1, 80.0, "shared-cpu", points=pts)
+    base = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
+    p = replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+    mp = p.modes[Mode.HTTP]
+    assert queued_factor(mp) == pytest.approx(0.4)
+    assert queue_factor(mp, np.array([2.0, 4.0, 32.0, 64.0])) == pytest.approx([0.6, 0.6, 0.4, 0.4])
+    assert queue_factor(base.modes[Mode.HTTP], np.array([4.0])) is None
+    g = ecg(
+        {"A": HTTP, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000)],
+    )
+    opts = TailOptions(samples=100, pod_cpus=1, clients=32)
+    tp = predict_tail(to_batch([g]), single_profile(p), opts)
+    (shared,) = [s for s in tp.stations if s.name == "shared CPUs"]
+
+    def f(n: float) -> float:
+        return 0.6 - 0.2 * math.log(n / 4) / math.log(8)
+
+    full = 1e6 / (400 * f(32 * 2 / 3) + 200 * f(32 / 3))
+    assert shared.full_factor * tp.request_rate == pytest.approx(full, rel=0.01)
+    # at 0.8: A at 2·r, B at r, r ≈ 3 000/s — their own-rate factors
+    r8 = shared.saturation_factor * tp.request_rate
+    fa = 0.6 - 0.2 * math.log(2 * r8 / 4000) / math.log(2)
+    fb = 1 - 0.4 * math.log(r8 / 100) / math.log(40)
+    assert r8 * (2 * 200 * fa + 200 * fb) * 1e-6 == pytest.approx(0.8, rel=0.01)
 
 
 def test_tiled_structure_propagates_each_copy_like_the_original() -> None:

@@ -17,6 +17,8 @@ from meshtax.validate.tail import (
     TailPoint,
     TailRun,
     TailValidation,
+    arrival_lag_us,
+    paced_jitter,
     predict_one_hop,
     traces_within,
 )
@@ -139,3 +141,49 @@ def test_one_hop_prediction_at_no_load_is_the_profile_overhead() -> None:
     # the echo app and its sidecar share one CPU: it saturates first, at 1e6 / (10 + 0.02) per s
     assert got.first == "shared CPUs"
     assert got.saturation_rate == pytest.approx(1e6 / 10.02, rel=1e-3)
+
+
+def test_the_paced_lag_is_the_one_that_best_predicts_the_profiles_ramp() -> None:
+    # a profile whose ramp (4 000/s, one shared CPU, 100 CPU-µs a side, 20 of the app) saw
+    # no waits through the sidecar beyond its own latency: an even schedule (lag 0) predicts
+    # that, a lag of 2 ms (Poisson-like at 250 µs spacing) predicts waits; without a ramp
+    # nothing is calibrated
+    from dataclasses import replace
+
+    from meshtax.model.capacity import SKETCH_PROBS, Capacity, CapacityPoint
+
+    base = profile({Mode.HTTP: {OTHER: flat(30, 50)}})
+    direct = tuple(100.0 + 10 * p for p in SKETCH_PROBS)
+    meshed = tuple(x + 60.0 for x in direct)
+    pts = (
+        CapacityPoint(0.0, 8000.0, 0.6, 0.9, meshed=True),
+        CapacityPoint(4000.0, 4000.0, 0.0, 0.08, meshed=False, quantiles_us=direct),
+        CapacityPoint(4000.0, 4000.0, 0.4, 0.48, meshed=True, quantiles_us=meshed),
+    )
+    cap = Capacity(8000.0, 100, 32, 1, 75.0, "shared-cpu", points=pts)
+    p = replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+    opts = TailOptions(pod_cpus=1)
+    lag, errs = paced_jitter(p, Mode.HTTP, opts, grid=(0.0, 2000.0))
+    assert lag == 0.0 and errs[0.0] < errs[2000.0]
+    assert paced_jitter(base, Mode.HTTP, opts) == (None, {})
+
+
+def test_the_arrival_lag_is_read_from_the_entrys_sampled_spans() -> None:
+    # 400/s on an even schedule (2 500 µs apart), every 10th request traced, each late by an
+    # exponential lag of 700 µs: the entry's spans (no parent) give the lag back; the
+    # children are ignored; too few spans give None
+    rng = np.random.default_rng(3)
+    a, lag = 2500.0, 700.0
+    t0 = 1.7e9
+    spans = []
+    for i in range(600):
+        start = t0 * 1e9 + (i * 10 * a + rng.exponential(lag)) * 1e3
+        spans.append({"spanId": f"r{i}", "startTimeUnixNano": str(int(start))})
+        spans.append(
+            {"spanId": f"c{i}", "parentSpanId": f"r{i}", "startTimeUnixNano": str(int(start + 5e5))}
+        )
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}
+    got = arrival_lag_us(doc, 400.0)
+    assert got is not None and got == pytest.approx(lag, rel=0.15)
+    few = {"resourceSpans": [{"scopeSpans": [{"spans": spans[:20]}]}]}
+    assert arrival_lag_us(few, 400.0) is None

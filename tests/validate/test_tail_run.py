@@ -68,5 +68,8 @@ def test_a_run_records_cpu_run_queue_waits_and_busy_cpus() -> None:
         "pods_total",
         "client_busy",
         "client_total",
+        "pods_steal",
+        "client_steal",
     }
     assert got["app"] > 0 and got["sidecar"] == 0 and got["pods_total"] >= got["pods_busy"] >= 0
+    assert got["pods_total"] >= got["pods_steal"] >= 0

@@ -178,17 +178,22 @@ class Station:
     """``servers`` FCFS servers, jobs arriving at ``rate``/s (interarrival SCV ``ca2``);
     ``clients``: at most that many jobs in the station (a load generator's connections: a
     job due while all are in flight enters when the oldest leaves, and waits from then on);
-    None: an open station."""
+    None: an open station. ``jitter_us``: instead of ``ca2``, a paced load generator's
+    schedule — job i due at i / rate, sent an Exp(``jitter_us``) lag late (evenly spaced at
+    0; Poisson-like once the lag is several spacings)."""
 
     rate: float
     servers: int
     service: ServiceMix
     ca2: float = 1.0
     clients: int | None = None
+    jitter_us: float | None = None
 
     def __post_init__(self) -> None:
         if self.rate < 0 or self.servers < 1 or self.ca2 < 0:
             raise ValueError("a station needs rate ≥ 0, at least one server and ca2 ≥ 0")
+        if self.jitter_us is not None and not 0 <= self.jitter_us < math.inf:
+            raise ValueError(f"jitter_us must be finite and ≥ 0, got {self.jitter_us}")
         if self.clients is not None and self.clients < 1:
             raise ValueError(f"clients must be at least 1, got {self.clients}")
 
@@ -198,10 +203,15 @@ class Station:
         return self.rate * self.service.mean() * 1e-6 / self.servers
 
 
-def _interarrivals(n: int, rate: float, ca2: float, rng: np.random.Generator) -> FloatArray:
+def _interarrivals(
+    n: int, rate: float, ca2: float, rng: np.random.Generator, jitter_us: float | None = None
+) -> FloatArray:
     mean = 1e6 / rate
-    if ca2 == 0:
+    if jitter_us == 0 or (jitter_us is None and ca2 == 0):
         return np.full(n, mean)
+    if jitter_us is not None:  # a paced schedule, each send late by an exponential lag
+        t = np.sort(np.arange(n + 1) * mean + rng.exponential(jitter_us, n + 1))
+        return np.asarray(np.diff(t), dtype=np.float64)
     k = 1.0 / ca2  # gamma with shape 1/ca2 has SCV ca2 (exponential at 1)
     return np.asarray(rng.gamma(k, mean / k, size=n), dtype=np.float64)
 
@@ -270,7 +280,7 @@ def waiting_times(
     warm = int(min(max(jobs // 5, 100 * relax), 5 * jobs))
     n = jobs + warm
     s = station.service.sample(n, rng)
-    a = _interarrivals(n, station.rate, station.ca2, rng)
+    a = _interarrivals(n, station.rate, station.ca2, rng, station.jitter_us)
     if station.clients is not None:
         t = np.concatenate(([0.0], np.cumsum(a[:-1])))
         w = _closed(s, t, station.servers, station.clients)

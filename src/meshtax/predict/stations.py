@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from meshtax.model.capacity import LatencySketch
+from meshtax.model.capacity import SKETCH_PROBS, LatencySketch
 from meshtax.model.components import BASE_COMPONENTS, UNATTRIBUTED
 from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, EcgBatch
 from meshtax.model.profile import ModeProfile, Profile
@@ -41,7 +41,11 @@ __all__ = [
     "latency_shape",
     "load_factor",
     "loads",
+    "queue_factor",
+    "queued_factor",
+    "queued_requests",
     "request_rate",
+    "sidecar_rates",
     "station_mix",
     "stations",
 ]
@@ -61,7 +65,10 @@ class TailOptions:
     ``workers``: worker threads per sidecar (None: the profile's measured capacity's, else 1,
     the profiler's Envoy); ``app_cpu_us``: on shared CPUs, the applications' CPU-µs per
     request without the mesh (0: their own waits are not counted); ``clients``: at most that
-    many requests in flight (a load generator's connections; None: open arrivals).
+    many requests in flight (a load generator's connections; None: open arrivals);
+    ``jitter_us``: arrivals on a paced schedule, each late by an exponential lag of this mean
+    (fortio ``-uniform`` at a fixed rate; :class:`~meshtax.predict.queueing.Station`),
+    instead of ``arrivals``; ``stalls``: add the stall backlog (see ``predict.tail``).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -75,6 +82,8 @@ class TailOptions:
     app_cpu_us: float = 0.0
     shared_scv: float = 1.0
     clients: int | None = None
+    jitter_us: float | None = None
+    stalls: bool = False
     load: Literal["graphs", "pairs"] = "graphs"
     queue_jobs: int = 200_000
     max_rows: int = 2_000_000
@@ -91,6 +100,8 @@ class TailOptions:
             raise ValueError(f"pod_cpus must be at least 1, got {self.pod_cpus}")
         if (self.clients is not None and self.clients < 1) or self.shared_scv < 0:
             raise ValueError("clients must be at least 1 and shared_scv ≥ 0")
+        if self.jitter_us is not None and not 0 <= self.jitter_us < math.inf:
+            raise ValueError(f"jitter_us must be finite and ≥ 0, got {self.jitter_us}")
 
 
 @dataclass(frozen=True)
@@ -151,18 +162,26 @@ class Crossings:
 
 
 def crossings(
-    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, split: bool = True
+    batch: EcgBatch,
+    profiles: ProfileLookup,
+    opts: TailOptions,
+    split: bool = True,
+    queued: bool = False,
 ) -> Crossings:
     """Costs per row and side at the rates the engine prices them at; ``split``: the request
-    and the response crossing apart (else each half of the side's total, enough for loads)."""
+    and the response crossing apart (else each half of the side's total, enough for loads);
+    ``queued``: a closed loop at its maximum — each sidecar with its share of the clients'
+    requests queued (:func:`queued_requests`, :func:`queue_factor`)."""
     b = batch
     rates = None if opts.pod_cpus is None else shared_cpu_rates(b, opts.pod_cpus)
-    at = b.rate if rates is None else rates
-    full = at_load(hop_costs(b, profiles, rates=rates, speed=opts.speed), b, profiles, at)
+    at = sidecar_rates(b, opts.load)
+    plain = hop_costs(b, profiles, rates=rates, speed=opts.speed)
+    queue = queued_requests(b, profiles, plain, opts) if queued else None
+    full = at_load(plain, b, profiles, at, queue)
     if split:
         req = hop_costs(replace(b, response_bytes=b.request_bytes), profiles, rates=rates)
         resp = hop_costs(replace(b, request_bytes=b.response_bytes), profiles, rates=rates)
-        req, resp = at_load(req, b, profiles, at), at_load(resp, b, profiles, at)
+        req, resp = at_load(req, b, profiles, at, queue), at_load(resp, b, profiles, at, queue)
         if opts.speed is not None:  # the halves only split the full costs: keep their ratio
             req, resp = _rescale(req, resp, full)
     else:
@@ -225,17 +244,154 @@ def load_factor(mp: ModeProfile, rates: FloatArray) -> FloatArray:
     return np.asarray(np.maximum(got, 0.0), dtype=np.float64)
 
 
-def at_load(costs: Costs, batch: EcgBatch, profiles: ProfileLookup, rates: FloatArray) -> Costs:
-    """``costs`` with each side's base CPU × :func:`load_factor` of its mode at ``rates``."""
+def queue_factor(mp: ModeProfile, queued: FloatArray) -> FloatArray | None:
+    """Per value of ``queued`` (requests waiting at or in a sidecar), the factor on its base
+    CPU: the capacity runs' CPU per request ÷ 2 ÷ the CPU models' price at their rate (as
+    :func:`load_factor`), against the requests they had in the system — Little's law on each
+    fixed-rate run (its rate × its mean latency through the sidecar, from its quantiles) and
+    the closed loop's clients at its maximum — interpolated in log requests, held beyond the
+    runs. None without capacity runs with latency quantiles."""
+    cap = mp.capacity
+    models = [mp.components[c].cpu for c in BASE if c in mp.components]
+    if cap is None or not models:
+        return None
+    samples = dict(cap.cpu_samples())
+    pts = []
+    for p in cap.points:
+        if not p.meshed or p.achieved <= 0 or p.achieved not in samples:
+            continue
+        if p.target == 0:
+            n = float(cap.connections)
+        elif p.quantiles_us:
+            q = np.asarray(p.quantiles_us, dtype=np.float64)
+            pr = np.asarray(SKETCH_PROBS, dtype=np.float64)
+            mean = float(np.sum(np.diff(pr) * (q[1:] + q[:-1]) / 2))
+            n = p.achieved * mean * 1e-6
+        else:
+            continue
+        size, rate = np.array([float(cap.size_bytes)]), np.array([p.achieved])
+        priced = sum(float(m.predict(size, rate)[0]) for m in models)
+        if priced > 0 and n > 0:
+            pts.append((n, samples[p.achieved] / 2 / priced))
+    if not pts:
+        return None
+    pts.sort()
+    x = np.log([n for n, _ in pts])
+    y = np.array([f for _, f in pts])
+    got = np.interp(np.log(np.maximum(np.asarray(queued, dtype=np.float64), 1e-9)), x, y)
+    return np.asarray(np.maximum(got, 0.0), dtype=np.float64)
+
+
+def queued_requests(
+    batch: EcgBatch, profiles: ProfileLookup, plain: Costs, opts: TailOptions
+) -> FloatArray:
+    """Per row and side, the requests queued at that side's sidecar when a closed loop of
+    clients is at its maximum: all ``clients`` (else the profile's capacity connections) are
+    in the system, and on shared CPUs they wait at each sidecar in proportion to its share of
+    a request's CPU work there (the sidecars' at the CPU models' price, plus ``app_cpu_us``);
+    a sidecar on CPUs of its own has them all. One hop: nearly all clients at its sidecar;
+    Bookinfo's five: a few each (issue #20, set 2: one hop's closed-loop cost per crossing,
+    0.29 of one client's, made Bookinfo's maximum 12 % early in one sitting and 45 % in
+    another; its sidecars cost 0.43–0.8 there)."""
+    n = batch.n_invocations
+    out = np.zeros((n, 2))
+    if n == 0:
+        return out
+    svc = np.stack([batch.caller, batch.callee], axis=1)
+    meshed = np.stack([batch.caller_spec >= 0, batch.callee_spec >= 0], axis=1) & (svc >= 0)
+    clients = opts.clients
+    if clients is None:
+        caps = [
+            mp.capacity.connections
+            for spec in batch.specs
+            if (mp := profiles(spec.platform).modes.get(spec.config.mode)) is not None
+            and mp.capacity is not None
+        ]
+        clients = max(caps, default=1)
+    if opts.pod_cpus is None:
+        out[meshed] = float(clients)
+        return out
+    w = row_weights(batch, opts.load) * batch.rate
+    cpu = np.stack([plain.cpu_caller.sum(axis=1), plain.cpu_callee.sum(axis=1)], axis=1)
+    per = np.bincount(
+        svc[meshed], weights=(cpu * w[:, None])[meshed], minlength=len(batch.services)
+    )
+    total = per.sum() + opts.app_cpu_us * request_rate(batch, opts.load)
+    if total <= 0:
+        return out
+    out[meshed] = clients * per[svc[meshed]] / total
+    return out
+
+
+def queued_factor(mp: ModeProfile) -> float | None:
+    """The load factor when every client's request is queued: the capacity's closed-loop
+    maximum through the sidecar (its CPU per request ÷ 2 per crossing ÷ what the CPU models
+    price at its rate and size). None without one.
+
+    A closed loop of N clients keeps N requests in the system at its maximum; a sidecar that
+    always finds requests waiting handles several per wake-up, whatever its own share of the
+    rate. That state, not a rate, is what sets the closed-loop maximum of a topology too
+    (issue #20, set 2: Bookinfo's sidecars at 180–2 000 requests/s each, far below the rates
+    where one hop's factor falls, reached 736/s together with 32 clients)."""
+    cap = mp.capacity
+    models = [mp.components[c].cpu for c in BASE if c in mp.components]
+    top = [p for p in cap.points if p.meshed and p.target == 0 and p.achieved > 0] if cap else []
+    if not top or not models:
+        return None
+    p = max(top, key=lambda x: x.achieved)
+    size, rate = np.array([float(cap.size_bytes if cap else 0)]), np.array([p.achieved])
+    priced = sum(float(m.predict(size, rate)[0]) for m in models)
+    us = p.sidecar_cpu / p.achieved * 1e6
+    return us / 2 / priced if priced > 0 else None
+
+
+def sidecar_rates(batch: EcgBatch, load: str) -> FloatArray:
+    """Per row and side (rows × 2), the requests per second through that side's sidecar: every
+    side of every call it takes part in, at the calls' rates (under ``load``) — one hop's
+    request rate for a sidecar of one hop, the unit the capacity runs measured in (0: no
+    sidecar). The load factor is looked up there: a sidecar handles several requests per
+    wake-up only when its *own* traffic overlaps; sidecars of other services on the same CPU
+    keep it warm (the engine's price, :mod:`~meshtax.predict.shared_cpu`) but do not hand it
+    their requests (issue #20, set 2: Bookinfo's five sidecars at 180–1 700 requests/s each
+    were priced at the CPU's 830–3 000/s and came out at half the CPU they used)."""
+    n = batch.n_invocations
+    out = np.zeros((n, 2))
+    if n == 0:
+        return out
+    w = row_weights(batch, load) * batch.rate
+    svc = np.stack([batch.caller, batch.callee], axis=1)
+    meshed = np.stack([batch.caller_spec >= 0, batch.callee_spec >= 0], axis=1) & (svc >= 0)
+    per = np.bincount(
+        svc[meshed], weights=np.repeat(w[:, None], 2, axis=1)[meshed], minlength=len(batch.services)
+    )
+    out[meshed] = per[svc[meshed]]
+    return out
+
+
+def at_load(
+    costs: Costs,
+    batch: EcgBatch,
+    profiles: ProfileLookup,
+    rates: FloatArray,
+    queued: FloatArray | None = None,
+) -> Costs:
+    """``costs`` with each side's base CPU × :func:`load_factor` of its mode at ``rates`` (per
+    row, or per row and side as :func:`sidecar_rates` gives); ``queued`` (rows × 2, requests
+    queued at each side's sidecar): × the mode's :func:`queue_factor` there instead, where
+    the profile has one."""
     cols = [k for k, c in enumerate(costs.components) if c in BASE]
     out = {}
-    for name, specs in (("cpu_caller", batch.caller_spec), ("cpu_callee", batch.callee_spec)):
+    r2 = rates if rates.ndim == 2 else np.repeat(rates[:, None], 2, axis=1)
+    for side, (name, specs) in enumerate(
+        (("cpu_caller", batch.caller_spec), ("cpu_callee", batch.callee_spec))
+    ):
         f = np.ones(batch.n_invocations)
         for s, spec in enumerate(batch.specs):
             rows = np.flatnonzero(specs == s)
             mp = profiles(spec.platform).modes.get(spec.config.mode) if rows.size else None
             if mp is not None:
-                f[rows] = load_factor(mp, rates[rows])
+                q = None if queued is None else queue_factor(mp, queued[rows, side])
+                f[rows] = q if q is not None else load_factor(mp, r2[rows, side])
         c = getattr(costs, name).copy()
         c[:, cols] *= f[:, None]
         out[name] = c
@@ -427,9 +583,11 @@ def station_mix(sts: Stations, k: int, scale: float) -> tuple[float, ServiceMix]
 FACTORS = np.logspace(-3, 3, 25)
 
 
-def _rho_at(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, f: float) -> FloatArray:
+def _rho_at(
+    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, f: float, queued: bool = False
+) -> FloatArray:
     scaled = replace(batch, rate=batch.rate * f)
-    cx = crossings(scaled, profiles, opts, split=False)
+    cx = crossings(scaled, profiles, opts, split=False, queued=queued)
     sts = stations(scaled, profiles, cx, opts)
     out = np.zeros(len(sts.names))
     for k in range(len(sts.names)):
@@ -466,17 +624,18 @@ def loads(
 ) -> tuple[StationLoad, ...]:
     """Each station's load, and the rate factors at which it reaches the threshold and
     saturates (see the module docstring); ``waits``: per station its utilisation, mean and
-    p99 wait (µs) as simulated."""
-    grid = np.stack([_rho_at(batch, profiles, opts, float(f)) for f in FACTORS])  # F × S
-    at = {
-        level: [_crossing(grid[:, k], level) for k in range(len(sts.names))]
-        for level in (opts.threshold, 1.0)
-    }
-    for level, xs in at.items():  # the first station to get there, exactly
+    p99 wait (µs) as simulated. The threshold is reached at the costs of the rates (the load
+    factor at each sidecar's own rate); saturation (ρ = 1) at the costs of the closed-loop
+    maximum, where every client's request is queued (:func:`queued_factor`)."""
+    at: dict[float, list[float]] = {}
+    for level, queued in ((opts.threshold, False), (1.0, True)):
+        grid = np.stack([_rho_at(batch, profiles, opts, float(f), queued) for f in FACTORS])
+        xs = [_crossing(grid[:, k], level) for k in range(len(sts.names))]
         finite = [k for k, x in enumerate(xs) if FACTORS[0] < x < FACTORS[-1]]
-        if finite:
+        if finite:  # the first station to get there, exactly
             k = min(finite, key=lambda j: xs[j])
-            xs[k] = _refined(batch, profiles, opts, k, level, xs[k])
+            xs[k] = _refined(batch, profiles, opts, k, level, xs[k], queued)
+        at[level] = xs
     out = []
     for k, name in enumerate(sts.names):
         rho = float(waits[0][k])
@@ -499,19 +658,25 @@ def loads(
 
 
 def _refined(
-    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, k: int, level: float, x: float
+    batch: EcgBatch,
+    profiles: ProfileLookup,
+    opts: TailOptions,
+    k: int,
+    level: float,
+    x: float,
+    queued: bool = False,
 ) -> float:
     """Station ``k``'s crossing of ``level`` by bisection in log rate factor inside the grid
     step around ``x`` (the grid's interpolation misses by up to several per cent where costs
     bend with rate)."""
     step = float(FACTORS[1] / FACTORS[0])
     lo, hi = math.log(x / step), math.log(x * step)
-    y_lo, y_hi = (float(_rho_at(batch, profiles, opts, math.exp(v))[k]) for v in (lo, hi))
+    y_lo, y_hi = (float(_rho_at(batch, profiles, opts, math.exp(v), queued)[k]) for v in (lo, hi))
     if not 0 < y_lo < level <= y_hi:
         return x
     for _ in range(REFINE_STEPS):
         mid = (lo + hi) / 2
-        y = float(_rho_at(batch, profiles, opts, math.exp(mid))[k])
+        y = float(_rho_at(batch, profiles, opts, math.exp(mid), queued)[k])
         lo, y_lo, hi, y_hi = (mid, y, hi, y_hi) if y < level else (lo, y_lo, mid, y)
     # log–log between the last two: exact where the utilisation is a power of the rate
     t = (math.log(level) - math.log(y_lo)) / (math.log(y_hi) - math.log(y_lo))

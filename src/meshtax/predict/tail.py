@@ -203,7 +203,7 @@ def _simulate(
         if got is None:
             waits.append(np.zeros(1))
             continue
-        st = Station(got[0], sts.servers[k], got[1], opts.arrivals, opts.clients)
+        st = Station(got[0], sts.servers[k], got[1], opts.arrivals, opts.clients, opts.jitter_us)
         rho[k] = st.utilisation
         if sts.shared >= 0 and k != sts.shared:
             waits.append(np.zeros(1))  # on shared CPUs a worker waits for the CPUs
@@ -238,8 +238,11 @@ def _simulate(
         per_graph = np.bincount(batch.graph_of(), weights=work, minlength=batch.n_graphs)
         cpus = sts.servers[sts.shared]
         new = np.maximum(new, shape_base(shape)[None, :] + per_graph[None, :] / cpus)
-        u = _base_ranks(shape_base(shape), rng, m)
+        base = shape_base(shape)
+        u = _base_ranks(base, rng, m)
         new = new + _shared_wait(sts, waits[sts.shared], cpus, opts, u)
+        if opts.stalls:
+            new = new + _stall_backlog(base, sts, rho[sts.shared], cpus, u)
     mean_w = np.array([np.inf if w is None else float(w.mean()) for w in waits])
     p99_w = np.array([np.inf if w is None else float(np.quantile(w, 0.99)) for w in waits])
     return _Run(new, rho, mean_w, p99_w)
@@ -266,12 +269,37 @@ def _shared_wait(
     out = _pick(mesh, u)
     if sts.app_mean_us > 0 and sts.base_rate > 0:
         app = ServiceMix((sts.app_mean_us,), (1.0,))
-        alone = Station(sts.base_rate, cpus, app, opts.arrivals, opts.clients)
+        alone = Station(sts.base_rate, cpus, app, opts.arrivals, opts.clients, opts.jitter_us)
         try:
             out = out - _pick(waiting_times(alone, opts.queue_jobs, seed=opts.seed + 3), u)
         except SaturatedError:
             pass  # the application alone saturates its CPUs: so does it with the mesh
     return np.maximum(out, 0.0)
+
+
+def _stall_backlog(
+    base: FloatArray, sts: Stations, rho_mesh: float, cpus: int, u: FloatArray
+) -> FloatArray:
+    """What the backlog of a CPU stall adds with the mesh, at the rank ``u`` of a request's
+    no-mesh latency (``base``: one per graph, the no-mesh distribution).
+
+    While the shared CPUs are taken (by another process, the host, a long interrupt) requests
+    keep arriving and queue; once the CPUs return, the backlog drains at 1 − ρ of their
+    capacity. With evenly spaced arrivals and a stall of length D, the k-th request waits
+    D − k·a·(1 − ρ) (``a`` the spacing): the waits are spread evenly over (0, D) whatever ρ
+    is, but as many requests as D / (a·(1 − ρ)) get one. A busier CPU (the sidecars' work)
+    leaves the stalls as they are and lengthens each drain: P(wait > w) is multiplied by
+    κ = (1 − ρ₀)/(1 − ρ₁), ρ₀ the applications' utilisation alone, ρ₁ with the sidecars.
+    The no-mesh latencies carry the stalls (their tail): a request at rank u with the mesh
+    sits where rank 1 − (1 − u)/κ sits without it."""
+    r0 = sts.base_rate * sts.app_mean_us * 1e-6 / cpus
+    if not 0 <= r0 < rho_mesh < 1:
+        return np.zeros(u.shape)
+    kappa = (1.0 - r0) / (1.0 - rho_mesh)
+    ordered = np.sort(base)
+    q = np.arange(ordered.size, dtype=np.float64) / max(ordered.size - 1, 1)
+    up = np.interp(1.0 - (1.0 - u) / kappa, q, ordered)
+    return np.asarray(np.maximum(up - np.interp(u, q, ordered), 0.0), dtype=np.float64)
 
 
 def shape_base(s: Structure) -> FloatArray:

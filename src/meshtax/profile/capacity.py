@@ -6,7 +6,7 @@ Capacity (:func:`measure_capacity`), one mode at a time with its sidecar running
 1. warm-up, then the closed-loop maximum (``-qps 0``) of ``connections`` concurrent clients
    without the sidecar and through it, the sidecar's and every pod process's CPU read from
    ``/proc`` around each run;
-2. a ramp of fixed rates at ``ramp`` fractions of the meshed maximum, calls spread evenly
+2. a ramp of fixed rates at ``ramp`` fractions of the meshed maximum (2 % to 90 %), calls spread evenly
    over the connections (fortio ``-uniform``), each without the sidecar and then through it:
    whether the rate was sustained (achieved ≥ ``shortfall`` × target), how busy the sidecar
    was, how the app's CPU changed with the sidecar at the same rate, and the client's latency
@@ -44,7 +44,9 @@ class CapacityPolicy:
     size: int = 100
     connections: int = 32
     run_s: float = 2.0
-    ramp: tuple[float, ...] = (0.25, 0.5, 0.75, 0.9)
+    #: the low levels (2–10 %: a few hundred requests/s) are the rates one sidecar of a
+    #: topology sees; the tail model's load factor is measured there instead of assumed
+    ramp: tuple[float, ...] = (0.02, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9)
     shortfall: float = 0.97
     busy: float = 0.95
     warmup_n: int = 500

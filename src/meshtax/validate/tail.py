@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from meshtax.model.capacity import SKETCH_PROBS
 from meshtax.model.ecg import EXTERNAL, Invocation, Service, to_batch, validate
 from meshtax.model.profile import Profile
-from meshtax.model.sidecar import SidecarConfig
+from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.model.stats import Estimate, estimate
 from meshtax.predict.engine import single_profile
 from meshtax.predict.tail import TailOptions, TailPrediction, predict_tail, request_rate
@@ -38,6 +39,8 @@ __all__ = [
     "TailPoint",
     "TailRun",
     "TailValidation",
+    "arrival_lag_us",
+    "paced_jitter",
     "predict_one_hop",
     "predict_traces_tail",
     "traces_within",
@@ -404,6 +407,71 @@ def predict_one_hop(
     return Predicted.of(tp)
 
 
+#: mean lags (µs) of a paced load generator's sends that :func:`paced_jitter` tries
+JITTER_GRID: tuple[float, ...] = (0.0, 25.0, 50.0, 100.0, 200.0, 400.0, 800.0, 1600.0)
+
+
+def paced_jitter(
+    profile: Profile, mode: Mode, options: TailOptions, grid: Sequence[float] = JITTER_GRID
+) -> tuple[float | None, dict[float, float]]:
+    """The mean lag of the load generator's sends behind its even schedule, calibrated on the
+    profile's capacity ramp (fixed rates, ``-uniform``, the same clients as a tail
+    validation): per lag of ``grid``, each sustained ramp level is predicted as one hop
+    (mesh-free latency: the level's direct run; the app's CPU per request: its direct run's)
+    and compared with the run through the sidecar at p90 and p99 (quantile differences, as a
+    validation does); the lag with the least median absolute error wins. Returns it (None
+    without a ramp with latency quantiles) and every lag's error.
+
+    Why a lag: fortio paces each connection on an even schedule; how late its sends come —
+    the client's own scheduling, absolute in µs — decides whether arrivals at a few hundred
+    per second are evenly spaced (no waits below saturation) or at tens of thousands per
+    second nearly Poisson (issue #20, set 2: one hop's overhead at 25 % load was 3.5× the
+    mesh's CPU per request, Bookinfo's 1.1×, at the same utilisation). Fitted on the
+    profile's runs, never on a validation's."""
+    mp = profile.modes.get(mode)
+    cap = mp.capacity if mp is not None else None
+    if cap is None:
+        return None, {}
+    direct = {p.target: p for p in cap.points if not p.meshed and p.target > 0 and p.quantiles_us}
+    levels = [
+        (p, direct[p.target])
+        for p in cap.points
+        if p.meshed
+        and p.target in direct
+        and p.quantiles_us
+        and p.achieved >= SUSTAINED * p.target
+        and direct[p.target].achieved > 0
+    ]
+    if not levels:
+        return None, {}
+    qs = (0.9, 0.99)
+    probs = np.asarray(SKETCH_PROBS)
+    errs: dict[float, float] = {}
+    for lag in grid:
+        e = []
+        for m, d in levels:
+            base = np.interp(BASE_PROBS, probs, d.quantiles_us).tolist()
+            o = replace(
+                options,
+                percentiles=tuple(100 * q for q in qs),
+                samples=max(20, 20_000 // len(base)),
+                app_cpu_us=d.shared_cpu / d.achieved * 1e6,
+                clients=cap.connections,
+                jitter_us=lag,
+            )
+            got = predict_one_hop(profile, SidecarConfig(mode), cap.size_bytes, m.achieved, base, o)
+            for q in qs:
+                meas = float(
+                    np.interp(q, probs, m.quantiles_us) - np.interp(q, probs, d.quantiles_us)
+                )
+                v = got.overhead[_key(100 * q)][0]
+                if meas > 0 and math.isfinite(v):
+                    e.append(abs(v - meas) / meas)
+        errs[lag] = statistics.median(e) if e else math.inf
+    best = min(errs, key=lambda k: errs[k])
+    return (best if math.isfinite(errs[best]) else None), errs
+
+
 def predict_traces_tail(
     trace_file: str,
     profile: Profile,
@@ -422,6 +490,46 @@ def predict_traces_tail(
     opts = replace(options, load="pairs")
     b = replace(b, rate=b.rate * (rate / request_rate(b, "pairs")))
     return Predicted.of(predict_tail(b, single_profile(profile), opts))
+
+
+def arrival_lag_us(doc: Mapping[str, Any], rate: float) -> float | None:
+    """How late a paced load generator's requests reached the entry service, from no-mesh
+    traces (OTLP/JSON) of a level at ``rate``: the mean of an exponential lag behind an even
+    schedule. The entry's server spans (those without a parent in the document) are sampled
+    every k-th request (k from their median spacing); the difference of two lags is Laplace,
+    whose median absolute deviation is lag × ln 2. It includes the entry's own wait for the
+    CPU without the mesh (an upper bound on the client's lateness). None: fewer than 20
+    spacings.
+
+    Measured on set 2's Bookinfo (25/50/75 %): ~600–670 µs; set 1: ~830–1 080 µs — absolute,
+    not a share of the spacing: at Bookinfo's 1.8–5.4 ms arrivals are nearly even, at one
+    hop's 60–220 µs as good as Poisson."""
+    spans: list[Mapping[str, Any]] = []
+    for rs in doc.get("resourceSpans") or []:
+        for ss in rs.get("scopeSpans") or []:
+            spans += ss.get("spans") or []
+    ids = {str(sp.get("spanId")) for sp in spans}
+    t = np.sort(
+        np.array(
+            [
+                int(sp.get("startTimeUnixNano", 0))
+                for sp in spans
+                if not sp.get("parentSpanId") or str(sp.get("parentSpanId")) not in ids
+            ],
+            dtype=np.float64,
+        )
+        * 1e-3
+    )
+    if t.size < 21 or rate <= 0:
+        return None
+    a = 1e6 / rate
+    d = np.diff(t) / a
+    k = max(1, int(round(float(np.median(d)))))
+    dev = (d[(d > k - 3) & (d < k + 3)] - k) * a
+    if dev.size < 20:
+        return None
+    mad = float(np.median(np.abs(dev - np.median(dev))))
+    return mad / math.log(2)
 
 
 def traces_within(doc: Mapping[str, Any], windows: Sequence[tuple[float, float]]) -> dict[str, Any]:

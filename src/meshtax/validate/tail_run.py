@@ -12,8 +12,10 @@ and sidecars on the other):
    ``-uniform``), client-side percentiles and latency quantiles, the CPU of every pod process;
 3. per level, the prediction (:mod:`meshtax.predict.tail`): the level's no-mesh latencies (one
    hop) or no-mesh traces (topology) as the mesh-free latency, the pods' shared CPUs, the
-   applications' CPU per request measured without the mesh, Poisson arrivals, at most as
-   many requests in flight as the client has connections.
+   applications' CPU per request measured without the mesh, at most as many requests in
+   flight as the client has connections; arrivals Poisson (one hop), or (a topology) fortio's
+   even schedule late by the lag its entry's no-mesh spans show
+   (:func:`~meshtax.validate.tail.arrival_lag_us`).
 
 Every process lives in the testbed and is removed when it closes (also on errors).
 """
@@ -24,7 +26,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -51,6 +53,7 @@ from meshtax.validate.tail import (
     TailPoint,
     TailRun,
     TailValidation,
+    arrival_lag_us,
     predict_one_hop,
     predict_traces_tail,
     traces_within,
@@ -222,7 +225,8 @@ def run_onehop_tail(
 def _cpu(groups: Mapping[str, Mapping[str, Sequence[int]]], pinning: Pinning) -> Cpu:
     """On-CPU ns of each group's processes, their run-queue waits (``<group>_wait``), and the
     time the pods' and the client's CPUs were busy (tasks and interrupts: ``pods_busy``,
-    ``client_busy``) of ``pods_total``/``client_total``."""
+    ``client_busy``) of ``pods_total``/``client_total``, and the time the host ran something
+    else on them (``pods_steal``, ``client_steal``: a virtual machine's steal time)."""
     roles = {"pods": {*(pinning.sidecars or ()), *(pinning.app or ())}, "client": pinning.client}
 
     def read(side: str) -> dict[str, int]:
@@ -235,6 +239,7 @@ def _cpu(groups: Mapping[str, Mapping[str, Sequence[int]]], pinning: Pinning) ->
             got = [times[c] for c in cpus or () if c in times]
             out[f"{role}_busy"] = sum(t.task_ns + t.irq_ns for t in got)
             out[f"{role}_total"] = sum(t.total_ns for t in got)
+            out[f"{role}_steal"] = sum(t.steal_ns for t in got)  # the host took the vCPU
         return out
 
     return read
@@ -254,9 +259,11 @@ def _notes(base: str) -> tuple[str, ...]:
         "without, its 95 % interval from resampling the pairs; a level the mesh side did not "
         "sustain is not compared (its latency is set by the client's connections)",
         f"predicted: meshtax.predict.tail with {base} as the mesh-free latency, the pods' shared "
-        "CPUs, the applications' CPU per request measured without the mesh, Poisson arrivals, "
-        "at most one request in flight per connection; saturation: the rate at which the first "
-        "queue reaches utilisation 1",
+        "CPUs, the applications' CPU per request measured without the mesh, arrivals Poisson "
+        "(one hop) or an even schedule late by the lag of the level's no-mesh entry spans "
+        "(a topology), at most one request in flight per connection; saturation: the rate at "
+        "which the first queue reaches utilisation 1 with each sidecar's share of the clients "
+        "queued",
     )
 
 
@@ -361,9 +368,12 @@ def run_topology_tail(
     for pt in points:
         path = work / f"no_mesh-traces-{pt.fraction:g}.json"
         windows = [(b.t_start, b.t_end) for b, _ in pt.pairs]
-        path.write_text(json.dumps(traces_within(traces, windows)))
+        level = traces_within(traces, windows)
+        path.write_text(json.dumps(level))
         try:
-            opts = _options(plan, pinning, _app_cpu(pt), 1)
+            # the arrivals: fortio's even schedule, late by the lag the entry's spans show
+            lag = arrival_lag_us(level, pt.rate)
+            opts = replace(_options(plan, pinning, _app_cpu(pt), 1), jitter_us=lag)
             pred: Predicted | None = predict_traces_tail(str(path), profile, configs, pt.rate, opts)
             err = None
         except ValueError as e:

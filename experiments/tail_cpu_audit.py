@@ -1,0 +1,115 @@
+"""Per load level of recorded tail validations: the CPU the mesh measurably cost per request
+(the sidecars' CPU plus how the applications' changed with them, from ``/proc`` around each
+run) against what the tail model prices on the pods' shared CPUs, and how busy those CPUs
+were — the physical side of a miss (issue #20).
+
+``.venv/bin/python experiments/tail_cpu_audit.py --db DB --dir DIR`` (``DIR`` holds
+``onehop-http-of-mesh.json`` and/or ``bookinfo-http-of-mesh.json`` and the latter's
+``-work`` traces, as ``bench_tail.py`` writes them). Offline. Columns, µs per request
+(medians over a level's pairs): the apps without / with the mesh, the sidecars, the mesh's
+total (sidecars + the apps' change); the model's price of the mesh at the level, and what
+one client's CPU models alone price (no load factor); the pods' CPU busy share without / with
+the mesh, the model's utilisation of the shared CPUs, the measured one (apps + sidecars ×
+rate), the steal share when recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from meshtax.model.ecg import EXTERNAL, Invocation, Service, to_batch, validate
+from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.predict.engine import single_profile
+from meshtax.predict.stations import (
+    TailOptions,
+    crossings,
+    request_rate,
+    station_mix,
+    stations,
+)
+from meshtax.store.sqlite import ProfileStore
+from meshtax.traces import SpanOptions, load_traces
+from meshtax.validate.tail import TailRun
+
+STEMS = ("onehop-http-of-mesh", "bookinfo-http-of-mesh")
+
+
+def _batch(d: Path, stem: str, doc: dict[str, Any], fraction: float, rate: float) -> Any:
+    if doc["tail"]["topology"] == "one-hop":
+        size = float(doc["options"].get("size_bytes", 100))
+        svc = {"echo": Service("echo", SidecarConfig(Mode(doc["tail"]["mode"])))}
+        inv = Invocation("0", EXTERNAL, "echo", size, size, rate, 0.0, 100.0)
+        return to_batch([validate("q", svc, [inv])])
+    tf = sorted((d / f"{stem}-work").glob(f"*/no_mesh-traces-{fraction:g}.json"))[0]
+    modes = doc["options"]["sidecar_modes"]
+    cfg = {s: SidecarConfig(Mode(m)) for s, m in modes.items()}
+    b = load_traces(str(tf), "otlp", SpanOptions(sidecars=cfg)).batch
+    return replace(b, rate=b.rate * (rate / request_rate(b, "pairs")))
+
+
+def _mesh_price(b: Any, prof: Profile, opts: TailOptions) -> tuple[float, float]:
+    """(the shared CPUs' mean work per request, their utilisation) as the model prices them."""
+    pl = single_profile(prof)
+    sts = stations(b, pl, crossings(b, pl, opts, split=False), opts)
+    got = station_mix(sts, sts.shared, 1.0)
+    if got is None:
+        return 0.0, 0.0
+    return got[1].mean(), got[0] * got[1].mean() * 1e-6 / sts.servers[sts.shared]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--dir", required=True)
+    a = ap.parse_args()
+    d = Path(a.dir)
+    store = ProfileStore(a.db)
+    print(
+        "| run | load | rate/s | app no mesh | app mesh | sidecars | mesh measured | mesh priced "
+        "| one client | busy no mesh | busy mesh | ρ priced | ρ measured | steal |"
+    )
+    print("|---" * 14 + "|")
+    for stem in STEMS:
+        path = d / f"{stem}.json"
+        if not path.exists():
+            continue
+        doc = json.loads(path.read_text())
+        prof = store.get(doc["profile"])
+        plain = replace(prof, modes={m: replace(mp, capacity=None) for m, mp in prof.modes.items()})
+        for pd in doc["tail"]["points"]:
+            pairs = [
+                (TailRun.from_dict(r["no_mesh"]), TailRun.from_dict(r["mesh"])) for r in pd["runs"]
+            ]
+
+            def med(f: Callable[[TailRun, TailRun], float], ps: Any = pairs) -> float:
+                return statistics.median(f(b, m) for b, m in ps)
+
+            app0 = med(lambda b, m: b.cpu_us_per_request("app"))
+            app1 = med(lambda b, m: m.cpu_us_per_request("app"))
+            sc = med(lambda b, m: m.cpu_us_per_request("sidecar"))
+            busy0 = med(lambda b, m: b.cpu_ns["pods_busy"] / b.cpu_ns["pods_total"])
+            busy1 = med(lambda b, m: m.cpu_ns["pods_busy"] / m.cpu_ns["pods_total"])
+            steal = med(lambda b, m: m.cpu_ns.get("pods_steal", 0) / m.cpu_ns["pods_total"])
+            rate = float(pd["rate"])
+            opts = TailOptions(pod_cpus=1, app_cpu_us=app0, clients=32, load="pairs")
+            b = _batch(d, stem, doc, float(pd["fraction"]), rate)
+            work, rho = _mesh_price(b, prof, opts)
+            work1, _ = _mesh_price(b, plain, opts)
+            meas_rho = (sc + app1) * med(lambda b, m: m.achieved_qps) * 1e-6
+            print(
+                f"| {doc['tail']['topology']} | {pd['fraction']:.0%} | {rate:.0f} | {app0:.0f} | "
+                f"{app1:.0f} | {sc:.0f} | {sc + app1 - app0:.0f} | {work - app0:.0f} | "
+                f"{work1 - app0:.0f} | {busy0:.2f} | {busy1:.2f} | {rho:.2f} | {meas_rho:.2f} | "
+                f"{steal:.3f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
