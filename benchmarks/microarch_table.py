@@ -122,8 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"| {x['mode']} | {x['chain']} | {_pct(x['error'])}, {_pct(y['error'])} | "
                 f"{_pct(x['increment_error'], 1)}, {_pct(y['increment_error'], 1)} |"
             )
-    print("\n| published | here (run 1, run 2) | published | here / published |")
-    print("|---|---:|---:|---:|")
+    print("\n| published | variant | here (run 1, run 2) | published | here / published |")
+    print("|---|---|---:|---:|---:|")
     for doc in docs:
         runs = findings(doc)
         if len(runs) < 2 or not runs[0]["ratios"]:
@@ -131,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for x, y in zip(runs[0]["ratios"], runs[1]["ratios"]):
             pub = x["published_ratio"]
             print(
-                f"| {x['published']} | {x['here']:.3f}, {y['here']:.3f} | {pub:.3f} | "
+                f"| {x['published']} | {x.get('variant', '')} | {x['here']:.3f}, {y['here']:.3f} "
+                f"| {pub:.3f} | "
                 f"{x['here'] / pub:.2f}, {y['here'] / pub:.2f} |"
             )
     return 0
