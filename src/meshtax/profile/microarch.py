@@ -101,8 +101,9 @@ class MicroarchOptions:
     window pairs (n1 then n2, n2 then n1, …), whose median is the count per request.
     ``pin``: Envoy alone on CPU 1, the load client and the echo app on CPU 0 (where the
     machine lets this process use both): the native client and app, ~100 times faster than
-    Envoy under valgrind, have always written their whole message before Envoy reads, however
-    busy the machine is (unpinned, gRPC counts moved by up to 3 % with other load)."""
+    Envoy under valgrind, mostly have their whole message written before Envoy reads. gRPC
+    counts still follow a busy CPU a little (a 25 % CPU quota: +0.4 % pinned, +0.6–0.9 %
+    unpinned, 2026-11-26; an unpinned run capped among other processes: up to +3 %)."""
 
     sizes: tuple[int, ...] = (100,)
     warmup_n: int = 100
