@@ -73,8 +73,8 @@ def compare(a: Microarch, b: Microarch) -> dict[str, Any]:
                 "variant": x.variant,
                 "size": x.size,
                 "metric": x.metric,
-                "a": round(x.a, 1),
-                "b": round(x.b, 1),
+                "a": round(x.a, 3),
+                "b": round(x.b, 3),
                 "rel": None if x.rel is None else round(x.rel, 5),
                 "spread": None if x.spread is None else round(x.spread, 5),
                 "bound": x.bound,
@@ -150,9 +150,17 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--modes", args.modes, *(["--quick"] if args.quick else [])]
             cmd += ["--filters", args.filters] if args.filters else []
             l0 = load()
+            start = time.strftime("%FT%TZ", time.gmtime())
             wall = meshtax(cmd, args.db)
             runs.append(
-                {"name": name, "wall_s": round(wall, 1), "load_before": l0, "load_after": load()}
+                {
+                    "name": name,
+                    "start": start,
+                    "end": time.strftime("%FT%TZ", time.gmtime()),
+                    "wall_s": round(wall, 1),
+                    "load_before": l0,
+                    "load_after": load(),
+                }
             )
             names.append(name)
     ms = [micro(store, n) for n in names]

@@ -9,6 +9,7 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,9 +35,9 @@ from meshtax.testbed.envoy.filters import COMBINATIONS, SAHU_MIXES
 from meshtax.testbed.envoy.variants import QUIET_TIMERS
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.runstate import FakeProcOps
-from meshtax.testbed.system import FakeSystem, RealSystem
+from meshtax.testbed.system import FakeSystem, Placement, RealSystem
 from tests.helpers import profile
-from tests.profile.fakes import FakeWorld, fake_backends
+from tests.profile.fakes import FakeWorld, fake_backends, no_echo
 
 #: per request, per variant: instructions (Ir), I1 misses, conditional branches
 EVENTS = {
@@ -209,6 +210,40 @@ def test_count_mode_counts_combinations_with_their_members(tb: Testbed) -> None:
     row = mc.rows[-1]
     assert row.variant == "lua+wasm" and row.members == ("lua", "wasm")
     assert row.per_request == pytest.approx({"Ir": 4000.0})
+
+
+def test_count_mode_pins_envoy_alone_on_cpu_1(tb: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With two CPUs the counting Envoy runs alone on CPU 1 and the echo app with the client
+    on CPU 0 (gRPC counts moved with the machine's load when they shared CPUs); with one CPU,
+    or ``pin=False``, nothing is pinned."""
+    import meshtax.profile.microarch as ma
+
+    world = FakeWorld({"base": 1.0}, {"base": 1.0}, {"base": 0.0})
+    src = world_source(world, {"base": EVENTS["base"]})
+    be = fake_backends(world)
+    places: dict[str, Placement] = {}
+
+    def echo(system: Any, workdir: Path, mode: Mode, port: int, place: Placement) -> Any:
+        places["echo"] = place
+        return no_echo()
+
+    def envoy(*a: Any, **kw: Any) -> Any:
+        e = be.envoy(*a, **kw)
+        places["envoy"] = e.place
+        return e
+
+    be2 = dataclasses.replace(be, echo=echo, envoy=envoy)
+    monkeypatch.setattr(ma, "available_cpus", lambda: (0, 1))
+    assert ma.pinned(MicroarchOptions()) and not ma.pinned(MicroarchOptions(pin=False))
+    assert not ma.pinned(MicroarchOptions(), cpus=(1,))
+    count_mode(tb, be2, Mode.GRPC, [], src, MicroarchOptions.quick())
+    assert places["envoy"].cpus == (1,) and places["echo"].cpus == (0,)
+    monkeypatch.setattr(ma, "available_cpus", lambda: (0,))
+    count_mode(tb, be2, Mode.GRPC, [], src, MicroarchOptions.quick())
+    assert places["envoy"].cpus is None and places["echo"].cpus is None
+    monkeypatch.setattr(ma, "available_cpus", lambda: (0, 1))
+    count_mode(tb, be2, Mode.GRPC, [], src, MicroarchOptions(pin=False))
+    assert places["envoy"].cpus is None and places["echo"].cpus is None
 
 
 def test_default_filters_cover_the_done_criteria() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from meshtax.model.sidecar import Mode
 from meshtax.testbed.envoy.config import EnvoyConfig, bootstrap, config_hash
 from meshtax.testbed.envoy.process import (
+    START_WALL_FACTOR,
     EnvoyError,
     EnvoyProcess,
     envoy_version,
@@ -24,6 +26,7 @@ from meshtax.testbed.envoy.process import (
     validate_config,
 )
 from meshtax.testbed.fortio import FortioServer, run_load
+from meshtax.testbed.procfs import ProcError
 from meshtax.testbed.system import Completed, FakeSystem, Placement, RealSystem, free_ports
 from meshtax.testbed.tools import find_tool
 
@@ -233,6 +236,61 @@ def test_process_not_ready_is_stopped_and_reported(tmp_path: Path) -> None:
     with pytest.raises(EnvoyError, match="not LIVE"):
         ep.start()
     assert fake.processes[0].returncode is not None
+
+
+def test_callgrind_start_limit_counts_envoys_cpu_time(tmp_path: Path) -> None:
+    """Under callgrind the start limit is Envoy's own CPU time: a start slowed by a capped CPU
+    (little CPU spent) is waited for past ``start_timeout`` of wall time, up to
+    START_WALL_FACTOR times it; one that has spent its CPU time fails at once."""
+    assert START_WALL_FACTOR > 1
+    spent = [0.0]
+    fake = _admin("PRE_INITIALIZING\n")
+    ep = EnvoyProcess(
+        fake,
+        EnvoyConfig(),
+        tmp_path,
+        binary=Path("/e"),
+        callgrind=True,
+        start_timeout=0.1,
+        cpu_s=lambda pid: spent[0],
+    )
+    t0 = time.monotonic()
+    with pytest.raises(EnvoyError, match=r"not LIVE after \d+s \(0 CPU-s\)"):
+        ep.start()
+    assert time.monotonic() - t0 >= START_WALL_FACTOR * 0.1  # waited past the wall limit
+    assert fake.processes[0].returncode is not None
+    spent[0] = 0.2
+    ep2 = EnvoyProcess(
+        fake,
+        EnvoyConfig(),
+        tmp_path / "b",
+        binary=Path("/e"),
+        callgrind=True,
+        start_timeout=100.0,
+        cpu_s=lambda pid: 150.0,
+    )
+    t0 = time.monotonic()
+    with pytest.raises(EnvoyError, match=r"\(150 CPU-s\)"):
+        ep2.start()
+    assert time.monotonic() - t0 < 5.0  # CPU time spent: no wall-clock wait
+
+    # unreadable CPU time (a process /proc does not know): wall time stands for it
+    def gone(pid: int) -> float:
+        raise ProcError(f"no such process {pid}")
+
+    ep3 = EnvoyProcess(
+        fake,
+        EnvoyConfig(),
+        tmp_path / "c",
+        binary=Path("/e"),
+        callgrind=True,
+        start_timeout=0.1,
+        cpu_s=gone,
+    )
+    t0 = time.monotonic()
+    with pytest.raises(EnvoyError, match="not LIVE"):
+        ep3.start()
+    assert time.monotonic() - t0 < START_WALL_FACTOR * 0.1
 
 
 def test_validate_reports_envoys_message() -> None:

@@ -77,11 +77,13 @@ def variant_envoy(
     label: str,
     callgrind: bool | CallgrindSpec = False,
     pin: bool = False,
+    alone: bool = False,
     stdclient: bool = False,
     bootstrap: Mapping[str, Any] | None = None,
 ) -> Iterator[VariantEnvoy]:
     """An echo app and one Envoy serving ``build``'s variants, in ``tb``'s scratch directory
-    ``meshtax-<label>-…``; ``pin``: the client on CPU 0, Envoy and the echo app on CPU 1;
+    ``meshtax-<label>-…``; ``pin``: the client on CPU 0, Envoy and the echo app on CPU 1
+    (``alone``: Envoy alone on CPU 1, the echo app with the client on CPU 0);
     ``callgrind``: Envoy under callgrind (:class:`~meshtax.testbed.envoy.process.EnvoyProcess`);
     ``bootstrap``: top-level fields added to Envoy's bootstrap."""
     system = tb.registered
@@ -96,9 +98,10 @@ def variant_envoy(
             Path(o).parent.mkdir(parents=True, exist_ok=True)
     place = SIDECAR_CPU if pin else Placement()
     client = CLIENT_CPU if pin else Placement()
+    app = client if alone else place
     load = be.load or loopback_load(tb.system, stdclient=stdclient, place=client)
     with (
-        be.echo(system, work / "echo", mode, echo_port, place),
+        be.echo(system, work / "echo", mode, echo_port, app),
         be.envoy(
             system,
             multi_bootstrap(variants, admin, bootstrap),
