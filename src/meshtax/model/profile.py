@@ -391,7 +391,7 @@ class Profile:
             },
             "interference": {k: v for k, v in self.interference.items() if k != "by_size"},
             "speed": None if self.speed is None else self.speed.to_dict(),
-            "transfer": None if self.transfer is None else self.transfer.to_dict(),
+            **({} if self.transfer is None else {"transfer": self.transfer.to_dict()}),
         }
 
     def mode(self, mode: Mode) -> ModeProfile:

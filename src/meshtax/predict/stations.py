@@ -18,12 +18,12 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from meshtax.model.capacity import SKETCH_PROBS, LatencySketch
-from meshtax.model.components import BASE_COMPONENTS, UNATTRIBUTED
+from meshtax.model.capacity import LatencySketch
 from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, EcgBatch
-from meshtax.model.profile import ModeProfile, Profile
+from meshtax.model.profile import Profile
 from meshtax.model.speed import Speed
 from meshtax.predict.engine import Costs, ProfileLookup, hop_costs
+from meshtax.predict.load_factor import BASE, load_factor, queue_factor, queued_factor
 from meshtax.predict.queueing import ServiceMix, Shape
 from meshtax.predict.shared_cpu import shared_cpu_rates
 
@@ -210,78 +210,6 @@ def crossings(
 
 
 #: the components a capacity run's CPU stands for (a plain sidecar: no filters, no TLS)
-BASE = (*BASE_COMPONENTS, UNATTRIBUTED)
-
-
-def load_factor(mp: ModeProfile, rates: FloatArray) -> FloatArray:
-    """Per rate, the factor on a crossing's base CPU when many clients load the sidecar: at
-    each capacity run's rate (many clients, up to saturation), its CPU per request ÷ 2 per
-    crossing ÷ what the CPU models (one client) price at that rate and the capacity's size;
-    1 at the models' lowest profiled rate (requests that never overlap cost what one client's
-    do), interpolated in log rate in between, held at the last run's beyond it (1 without
-    capacity runs or a rate range). A sidecar kept busy by many clients handles several
-    requests per wake-up, which one client at a time never lets it do."""
-    ones = np.ones_like(rates, dtype=np.float64)
-    cap = mp.capacity
-    models = [mp.components[c].cpu for c in BASE if c in mp.components]
-    lows = [m.rate_lo for m in models if m.rate_lo is not None]
-    if cap is None or not lows:
-        return ones
-    r_lo = min(lows)
-
-    def priced(r: float) -> float:
-        size, rate = np.array([float(cap.size_bytes)]), np.array([r])
-        return sum(float(m.predict(size, rate)[0]) for m in models)
-
-    at = [(r, us, priced(r)) for r, us in cap.cpu_samples() if r > r_lo]
-    pts = [(r, us / 2 / p) for r, us, p in at if p > 0]
-    if not pts:
-        return ones
-    x = np.log([r_lo, *(r for r, _ in pts)])
-    y = np.array([1.0, *(q for _, q in pts)])
-    r = np.asarray(rates, dtype=np.float64)
-    got = np.interp(np.log(np.maximum(r, r_lo)), x, y)
-    return np.asarray(np.maximum(got, 0.0), dtype=np.float64)
-
-
-def queue_factor(mp: ModeProfile, queued: FloatArray) -> FloatArray | None:
-    """Per value of ``queued`` (requests waiting at or in a sidecar), the factor on its base
-    CPU: the capacity runs' CPU per request ÷ 2 ÷ the CPU models' price at their rate (as
-    :func:`load_factor`), against the requests they had in the system — Little's law on each
-    fixed-rate run (its rate × its mean latency through the sidecar, from its quantiles) and
-    the closed loop's clients at its maximum — interpolated in log requests, held beyond the
-    runs. None without capacity runs with latency quantiles."""
-    cap = mp.capacity
-    models = [mp.components[c].cpu for c in BASE if c in mp.components]
-    if cap is None or not models:
-        return None
-    samples = dict(cap.cpu_samples())
-    pts = []
-    for p in cap.points:
-        if not p.meshed or p.achieved <= 0 or p.achieved not in samples:
-            continue
-        if p.target == 0:
-            n = float(cap.connections)
-        elif p.quantiles_us:
-            q = np.asarray(p.quantiles_us, dtype=np.float64)
-            pr = np.asarray(SKETCH_PROBS, dtype=np.float64)
-            mean = float(np.sum(np.diff(pr) * (q[1:] + q[:-1]) / 2))
-            n = p.achieved * mean * 1e-6
-        else:
-            continue
-        size, rate = np.array([float(cap.size_bytes)]), np.array([p.achieved])
-        priced = sum(float(m.predict(size, rate)[0]) for m in models)
-        if priced > 0 and n > 0:
-            pts.append((n, samples[p.achieved] / 2 / priced))
-    if not pts:
-        return None
-    pts.sort()
-    x = np.log([n for n, _ in pts])
-    y = np.array([f for _, f in pts])
-    got = np.interp(np.log(np.maximum(np.asarray(queued, dtype=np.float64), 1e-9)), x, y)
-    return np.asarray(np.maximum(got, 0.0), dtype=np.float64)
-
-
 def queued_requests(
     batch: EcgBatch, profiles: ProfileLookup, plain: Costs, opts: TailOptions
 ) -> FloatArray:
@@ -321,28 +249,6 @@ def queued_requests(
         return out
     out[meshed] = clients * per[svc[meshed]] / total
     return out
-
-
-def queued_factor(mp: ModeProfile) -> float | None:
-    """The load factor when every client's request is queued: the capacity's closed-loop
-    maximum through the sidecar (its CPU per request ÷ 2 per crossing ÷ what the CPU models
-    price at its rate and size). None without one.
-
-    A closed loop of N clients keeps N requests in the system at its maximum; a sidecar that
-    always finds requests waiting handles several per wake-up, whatever its own share of the
-    rate. That state, not a rate, is what sets the closed-loop maximum of a topology too
-    (issue #20, set 2: Bookinfo's sidecars at 180–2 000 requests/s each, far below the rates
-    where one hop's factor falls, reached 736/s together with 32 clients)."""
-    cap = mp.capacity
-    models = [mp.components[c].cpu for c in BASE if c in mp.components]
-    top = [p for p in cap.points if p.meshed and p.target == 0 and p.achieved > 0] if cap else []
-    if not top or not models:
-        return None
-    p = max(top, key=lambda x: x.achieved)
-    size, rate = np.array([float(cap.size_bytes if cap else 0)]), np.array([p.achieved])
-    priced = sum(float(m.predict(size, rate)[0]) for m in models)
-    us = p.sidecar_cpu / p.achieved * 1e6
-    return us / 2 / priced if priced > 0 else None
 
 
 def sidecar_rates(batch: EcgBatch, load: str) -> FloatArray:
