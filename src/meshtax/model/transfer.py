@@ -157,7 +157,8 @@ class Transfer:
 
     def factor(self, k: str) -> float:
         """``k``'s factor, else its mode's, else 1 (a model the calibration did not measure)."""
-        return factor({j: t.factor for j, t in self.factors.items()}, k)
+        t = self.factors.get(k) or self.factors.get(k.split("+", 1)[0])
+        return 1.0 if t is None else t.factor
 
     def describe(self) -> str:
         per = ", ".join(

@@ -26,7 +26,6 @@ from typing import Any
 
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
-from meshtax.model.stats import estimate
 from meshtax.model.transfer import (
     KeyTransfer,
     Transfer,
@@ -198,16 +197,21 @@ def run_cases(
     return results
 
 
-def repredict(out: SuiteDir, profile: Profile, *, speed: bool = True) -> SuiteResult:
+def repredict(
+    out: SuiteDir, profile: Profile, *, speed: bool = True, only: Sequence[str] | None = None
+) -> SuiteResult:
     """The measured cases of ``out`` predicted again from their kept traces with ``profile``
     and this checkout's model (nothing is measured or written): to compare models or profiles
     on the same measurements. A case that recorded the machine's speed when it was measured
     is predicted at that speed (``profile`` scaled from its own; ``speed=False``: at the
-    profile's own). A case without its traces keeps an error saying so."""
+    profile's own). A case without its traces keeps an error saying so. ``only``: the sets
+    to predict (the others are left out of the result)."""
     res = out.result()
     pod_cpus = pinning_of(profile).pod_cpus()
     sets: dict[str, tuple[CaseResult, ...]] = {}
     for s, cases in res.sets.items():
+        if only is not None and s not in only:
+            continue
         new = []
         for c in cases:
             trace = out.traces / f"{c.topology}-{c.query}-{c.mode}.json"
@@ -294,8 +298,12 @@ def calibrate(
     ``per_model``: a factor per cost model (else per mode)."""
     keys = model_keys(profile, per_model=per_model)
     one = dict.fromkeys(keys, 1.0)
-    at1 = repredict(out, _with_factors(profile, one), speed=speed)
-    probes = {k: repredict(out, _with_factors(profile, {**one, k: 2.0}), speed=speed) for k in keys}
+    cal = ("calibration",)  # the probes need the calibration cases only
+    at1 = repredict(out, _with_factors(profile, one), speed=speed, only=cal)
+    probes = {
+        k: repredict(out, _with_factors(profile, {**one, k: 2.0}), speed=speed, only=cal)
+        for k in keys
+    }
     samples = transfer_samples(at1, probes)
     src = (
         f"the calibration set of suite {at1.suite.get('name', '?')!r} "
@@ -308,10 +316,9 @@ def calibrate(
     how = f"{res.profile.get('how')}; {t.describe()}"
     rec = {**profile_record(prof, how), "transfer": t.to_dict()}
     if loto:
-        e = estimate([abs(x) for x in loto])
         rec["loto"] = {
             "cases": len(loto),
-            "median_abs_error": e.median,
+            "median_abs_error": statistics.median(abs(x) for x in loto),
             "bias": statistics.fmean(loto),
         }
     return Calibrated(prof, replace(res, profile=rec), loto)
