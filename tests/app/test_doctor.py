@@ -65,6 +65,9 @@ class FakeHost:
     def exists(self, path: str) -> bool:
         return path in self.files
 
+    def mtime(self, path: str) -> float | None:
+        return 0.0 if path in self.files else None
+
     def which(self, name: str) -> str | None:
         return self.tools.get(name)
 

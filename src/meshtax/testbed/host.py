@@ -44,6 +44,10 @@ class Host(Protocol):
 
     def exists(self, path: str) -> bool: ...
 
+    def mtime(self, path: str) -> float | None:
+        """Modification time (seconds since the epoch), None when absent."""
+        ...
+
     def which(self, name: str) -> str | None: ...
 
     def getenv(self, name: str) -> str | None: ...
@@ -76,6 +80,12 @@ class RealHost:
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
+
+    def mtime(self, path: str) -> float | None:
+        try:
+            return os.stat(path).st_mtime
+        except OSError:
+            return None
 
     def which(self, name: str) -> str | None:
         return shutil.which(name)

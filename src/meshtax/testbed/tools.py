@@ -60,6 +60,17 @@ FIX: dict[Tool, str] = {
 }
 
 
+#: the sources each of the project's own programs built inside the checkout is built from (the
+#: installed ones, in .tools, are rebuilt by the installer): a binary older than any of them was
+#: built from other code (e.g. a probe that does not yet fill a field the profiler
+#: reads: it would read as 0, silently)
+SOURCES: dict[Tool, tuple[Path, str]] = {
+    "probe": (ROOT / "bpf", "sidecar*"),
+    "sockredir": (ROOT / "bpf", "sockredir*"),
+    "refsidecar": (ROOT / "refsidecar", "*.c"),
+}
+
+
 class ToolMissing(RuntimeError):
     """A program meshtax needs is not installed; the message says how to install it."""
 
@@ -87,9 +98,47 @@ def find_tool(name: Tool, host: Host | None = None) -> str | None:
     return None if name in ours else h.which(name)
 
 
+class ToolStale(ToolMissing):
+    """One of the project's own programs is older than a source it is built from."""
+
+    def __init__(self, name: str, binary: str, source: Path, fix: str) -> None:
+        self.binary = binary
+        self.source = source
+        RuntimeError.__init__(
+            self, f"{name} at {binary} is older than its source {source}: rebuild it, {fix}"
+        )
+        self.name = name
+        self.fix = fix
+
+
+def stale_source(name: Tool, binary: str, host: Host | None = None) -> Path | None:
+    """The newest source of one of the project's own programs that is newer than ``binary``
+    (None: up to date, not ours, or not built from this checkout's sources)."""
+    if name not in SOURCES:
+        return None
+    h = host or RealHost()
+    built = h.mtime(binary)
+    if built is None:
+        return None
+    folder, pattern = SOURCES[name]
+    newest: tuple[float, Path] | None = None
+    for src in sorted(folder.glob(pattern)):
+        t = h.mtime(str(src))
+        if t is not None and t > built and (newest is None or t > newest[0]):
+            newest = (t, src)
+    return None if newest is None else newest[1]
+
+
 def tool(name: Tool, host: Host | None = None) -> Path:
-    """:func:`find_tool`, raising :class:`ToolMissing` (with the fix) when absent."""
-    found = find_tool(name, host)
+    """:func:`find_tool`, raising :class:`ToolMissing` (with the fix) when absent and
+    :class:`ToolStale` when it is one of the project's own programs, found where the project
+    builds it, and older than a source of it (``$MESHTAX_<NAME>`` is taken as given)."""
+    h = host or RealHost()
+    found = find_tool(name, h)
     if found is None:
         raise ToolMissing(name, FIX[name])
+    if not h.getenv(f"MESHTAX_{name.upper()}"):
+        src = stale_source(name, found, h)
+        if src is not None:
+            raise ToolStale(name, found, src, FIX[name])
     return Path(found)
