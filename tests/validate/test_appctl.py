@@ -51,6 +51,13 @@ def test_bundled_topologies_and_queries() -> None:
         assert list(appctl.load_topology(name).queries) == queries
 
 
+def test_the_experiments_topology_file_loads() -> None:
+    """experiments/offpath.yaml is run as a file (BENCHMARKS.md, issue #14): it must stay valid."""
+    path = Path(__file__).resolve().parents[2] / "experiments" / "offpath.yaml"
+    t = appctl.load_topology(path)
+    assert list(t.queries) == ["small", "large", "serial_wait", "parallel_wait"]
+
+
 @pytest.mark.parametrize(
     ("topo", "query", "services"),
     [
