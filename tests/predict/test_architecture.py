@@ -300,3 +300,21 @@ def test_idle_cpu_is_the_proxies_that_exist_not_a_sidecar_per_service() -> None:
     _, p = predict_architecture(b, look, L4)
     assert p.service_idle_vcpu is not None
     assert p.service_idle_vcpu.tolist() == pytest.approx([1e-3] * 3)
+
+
+def test_a_waypoint_profile_is_priced_in_its_beds_request_rate() -> None:
+    # the waypoint profile's bed ran three proxies on the CPU a request (node proxy, waypoint,
+    # node proxy): the graph's load of 800 crossings/s (a one-proxy bed at 400/s) is its
+    # bed at 400 / 3 requests/s; the node proxies' profile (one proxy a request) at 400/s
+    node = profile({Mode.TCP: {READ: _rated(2, 3)}}, name="node")
+    way = profile({Mode.HTTP: {READ: _rated(5, 4)}}, name="wayp")
+    way = replace(way, platform=replace(way.platform, architecture="waypoint"))
+    look = single_profile(P, {"node": node, "wayp": way})
+    g = validate(
+        "g",
+        {"A": Service("A", HTTP, node="n1"), "B": Service("B", HTTP, node="n1")},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=100), inv("c", "A", "B", 10, 50, "r", rate=100)],
+    )
+    _, p = predict_architecture(to_batch([g]), look, WAY, pod_cpus=1, roles=ROLES)
+    tcp, http = 2 + 3 * np.log(1000 / 400), 5 + 4 * np.log(1000 / (400 / 3))
+    assert p.cpu_vcpu[0] == pytest.approx((3 * 2 * tcp + 2 * http) * 100 * 1e-6)

@@ -45,6 +45,9 @@ the graph, one waypoint per waypoint service, one sidecar per sidecar service �
 per service (there is none). On shared CPUs (``pod_cpus``) the node proxies and waypoints run
 on the pods' CPUs as sidecars do, so every crossing is priced at the shared-CPU rate of all
 the graph's crossings (:func:`~meshtax.predict.shared_cpu.shared_cpu_rates`), as a sidecar's.
+That rate is in the units of a bed with one proxy on the CPU (two crossings a request); a
+profile measured in the waypoint role ran three there (node proxy, waypoint, node proxy:
+:data:`BED_PROXIES`), so at a request rate a third of a one-proxy bed's for the same load.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from meshtax.predict.engine import BatchPrediction, Costs, ProfileLookup, hop_co
 from meshtax.predict.shared_cpu import shared_cpu_rates
 
 __all__ = [
+    "BED_PROXIES",
     "ArchitectureError",
     "Arranged",
     "architecture_costs",
@@ -79,6 +83,10 @@ __all__ = [
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+#: proxies on the pods' CPU in the bed a role profile is measured on, per request
+#: (:mod:`meshtax.testbed.nodebed`: node-l4 client → node proxy → server; waypoint client →
+#: node proxy → waypoint → node proxy → server); a sidecar's bed has one
+BED_PROXIES: Mapping[str, int] = {Architecture.WAYPOINT.value: 3}
 _PROXIED = (Architecture.NODE_L4, Architecture.WAYPOINT)
 
 
@@ -325,7 +333,19 @@ def architecture_costs(
         rates = shared_cpu_rates(arranged.batch, pod_cpus, also=arranged.waypoint)
     costs = hop_costs(arranged.batch, profiles, rates=rates, speed=speed)
     if arranged.waypoint is not None:
-        costs = _add(costs, hop_costs(arranged.waypoint, profiles, rates=rates, speed=speed))
+        way_rates = rates
+        if rates is not None:  # in the request rate of each waypoint profile's own bed
+            per_spec = np.asarray(
+                [
+                    BED_PROXIES.get(profiles(sp.platform).platform.architecture, 1)
+                    for sp in arranged.waypoint.specs
+                ]
+                or [1],
+                dtype=np.float64,
+            )
+            spec = arranged.waypoint.callee_spec
+            way_rates = rates / np.where(spec >= 0, per_spec[np.maximum(spec, 0)], 1.0)
+        costs = _add(costs, hop_costs(arranged.waypoint, profiles, rates=way_rates, speed=speed))
     return costs
 
 
