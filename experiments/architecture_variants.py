@@ -4,6 +4,9 @@ off, to see what each part does (issue #18). Measures nothing.
 ``.venv/bin/python experiments/architecture_variants.py --db PROFILES.db --profile NAME
 --doc OUT/node-l4/all.json [OUT/waypoint/all.json …] [--variants fix,own-rate,no-idle,no-bed]``
 
+``--role-db``: a role (node-l4, waypoint) that database has a profile of is priced from its
+newest (default: ``--db``'s newest, as the validation did).
+
 ``--doc``: ``all.json`` of ``benchmarks/bench_validate.py --architectures … --keep-traces`` (the
 no-mesh traces in ``traces`` next to it). Variants (``+`` combines them): ``fix`` the code as
 it is; ``own-rate`` node proxies and waypoints at each call's own rate, not the shared-CPU rate;
@@ -58,8 +61,12 @@ def main() -> None:
     ap.add_argument("--profile", required=True, help="the sidecar profile the validation used")
     ap.add_argument("--pod-cpus", type=int, default=1)
     ap.add_argument("--variants", default="fix,own-rate,no-idle,no-bed")
+    ap.add_argument(
+        "--role-db", default=None, help="take the role profiles from this database's newest"
+    )
     a = ap.parse_args()
     store = ProfileStore(a.db)
+    role_store = ProfileStore(a.role_db) if a.role_db else store
     prof = store.get(a.profile)
     variants = a.variants.split(",")
     print("| architecture | case | CPU µs/request measured | " + " | ".join(variants) + " |")
@@ -70,6 +77,9 @@ def main() -> None:
         arch = Architecture(opts["architecture"])
         got, _ = role_profiles(store, (arch,), accept_unclosed=True)
         roles = {r: store.get(n) for r, n in got.items()}
+        # a role the other database measured wins
+        mine, _ = role_profiles(role_store, (arch,), accept_unclosed=True)
+        roles.update({r: role_store.get(n) for r, n in mine.items()})
         for c in doc["cases"]:
             if c.get("error"):
                 continue

@@ -40,9 +40,13 @@ def main() -> None:
         default="auto",
         help="N, 'none' (own CPUs), or 'auto' (the validation's placement)",
     )
+    ap.add_argument(
+        "--role-db", default=None, help="node-l4/waypoint profiles: this database's newest"
+    )
     a = ap.parse_args()
     docs = [(json.loads(Path(d).read_text()), Path(d).parent / "traces") for d in a.doc]
     store = ProfileStore(a.db) if a.db else ProfileStore()
+    role_store = ProfileStore(a.role_db) if a.role_db else store
     profile = store.get(a.profile or docs[0][0]["profile"])
     if a.pod_cpus == "auto":
         pinning = Pinning.from_dict(profile.provenance.options.get("pinning") or {})
@@ -66,6 +70,9 @@ def main() -> None:
             nodes = {n: f"n{k}" for n, k in placement(names, ppn).items()}
             got, _ = role_profiles(store, (arch,), accept_unclosed=True)
             roles = {r: store.get(n) for r, n in got.items()}
+            # a role the other database measured wins
+            mine, _ = role_profiles(role_store, (arch,), accept_unclosed=True)
+            roles.update({r: role_store.get(n) for r, n in mine.items()})
         pred = predict_traces(
             trace,
             profile,
