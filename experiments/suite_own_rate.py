@@ -20,7 +20,7 @@ from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.suite_run import SuiteDir, repredict
 
 
-def own_rates(batch: EcgBatch, pod_cpus: int) -> np.ndarray:
+def own_rates(batch: EcgBatch, pod_cpus: int, *, also: EcgBatch | None = None) -> np.ndarray:
     """Each invocation's own rate, whatever shares its CPU."""
     return np.asarray(batch.rate, dtype=np.float64)
 

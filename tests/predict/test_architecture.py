@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from meshtax.model.components import OTHER, PARSING, READ, TLS
-from meshtax.model.costmodel import CostModel
+from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.ecg import ECG, Service, to_batch, validate
 from meshtax.model.profile import ModeProfile
 from meshtax.model.sidecar import NO_SIDECAR, Architecture, Mode, SidecarConfig
@@ -79,9 +79,11 @@ def overhead(
         (L4, "n1", "n1", [20, 20], (40 + 40) * 1e-3),
         # inter-node: A's node proxy and B's
         (L4, "n1", "n2", [20, 40], (40 + 80) * 1e-3),
-        # plus the callee's waypoint (http: 2 × 40 µs, 2 × 60 CPU-µs)
-        (WAY, "n1", "n2", [100, 120], (40 + 120 + 80 + 120) * 1e-3),
-        (WAY, "n1", "n1", [100, 100], (40 + 120 + 40 + 120) * 1e-3),
+        # plus the callee's waypoint (http: 2 × 40 µs, 2 × 60 CPU-µs) for a caller in the mesh;
+        # the client outside it reaches A through A's node proxy alone
+        (WAY, "n1", "n2", [20, 120], (40 + 80 + 120) * 1e-3),
+        # to and from B's waypoint: the node proxy twice, even within a node
+        (WAY, "n1", "n1", [20, 120], (40 + 80 + 120) * 1e-3),
         (NONE, "n1", "n2", [0, 0], 0.0),
     ],
 )
@@ -111,7 +113,7 @@ def test_a_service_choice_overrides_the_default() -> None:
     # a sidecar config asking for a waypoint keeps it under a node-l4 default
     b = Service("B", SidecarConfig(Mode.HTTP, architecture=WAY), node="n1")
     _, _, rows = overhead(chain(b=b), L4)
-    assert rows == pytest.approx([20, 20 + 80])  # intra-node: one node proxy, B's waypoint
+    assert rows == pytest.approx([20, 40 + 80])  # via B's waypoint: the node proxy twice
     # a service without a sidecar opts out of every architecture
     b = Service("B", NO_SIDECAR, node="n2")
     for arch in (SIDECAR, L4, WAY):
@@ -208,9 +210,10 @@ ROLE_LOOK = single_profile(P, {"node": NODE, "wayp": WAYP})
         (L4, "n1", "n1", [6, 6]),
         # inter-node: both node proxies, each with the inter-node addition
         (L4, "n1", "n2", [6, 2 * (6 + 4)]),
-        # plus B's waypoint from the waypoint profile, no TLS on top of it
-        (WAY, "n1", "n2", [6 + 100, 20 + 100]),
-        (WAY, "n1", "n1", [6 + 100, 6 + 100]),
+        # plus B's waypoint from the waypoint profile, no TLS on top of it; the node proxies'
+        # legs to and from it are mTLS within a node too; none for the client outside the mesh
+        (WAY, "n1", "n2", [6, 20 + 100]),
+        (WAY, "n1", "n1", [6, 20 + 100]),
     ],
 )
 def test_role_profiles_price_node_proxies_and_waypoints(
@@ -235,3 +238,83 @@ def test_role_profiles_leave_sidecars_and_default_pricing_alone() -> None:
     assert list(p.row_latency_caller_us + p.row_latency_callee_us) == pytest.approx([80, 90])
     _, q = predict_architecture(to_batch([chain("n1", "n2")]), ROLE_LOOK, L4)
     assert list(q.row_latency_caller_us + q.row_latency_callee_us) == pytest.approx([20, 40])
+
+
+def _rated(cpu_at_hi: float, coef: float) -> ComponentModel:
+    """CPU ``cpu_at_hi`` at 1000/s, +``coef`` per e-fold below (profiled from 10/s)."""
+    return ComponentModel(
+        CostModel(1.0), CostModel(cpu_at_hi, rate_coef=coef, rate_lo=10.0, rate_hi=1000.0)
+    )
+
+
+def test_shared_cpus_price_node_proxy_and_waypoint_crossings_at_the_graphs_rate() -> None:
+    # external → A → B at 100/s, one node, A → B through B's waypoint: 1 + 2 node-proxy sides
+    # and 1 waypoint side = 4 crossings a request each way, 800 crossings/s on one CPU: a one-hop
+    # at 400/s loads it alike (a node proxy runs on its pods' CPUs as a sidecar does)
+    prof = profile({Mode.TCP: {READ: _rated(2, 3)}, Mode.HTTP: {READ: _rated(5, 4)}})
+    g = validate(
+        "g",
+        {"A": Service("A", HTTP, node="n1"), "B": Service("B", HTTP, node="n1")},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=100), inv("c", "A", "B", 10, 50, "r", rate=100)],
+    )
+    _, p = predict_architecture(to_batch([g]), single_profile(prof), WAY, pod_cpus=1)
+    tcp, http = 2 + 3 * np.log(1000 / 400), 5 + 4 * np.log(1000 / 400)
+    assert p.cpu_vcpu[0] == pytest.approx((3 * 2 * tcp + 2 * http) * 100 * 1e-6)
+    # on CPUs of their own: each call's own rate
+    _, q = predict_architecture(to_batch([g]), single_profile(prof), WAY)
+    tcp, http = 2 + 3 * np.log(10), 5 + 4 * np.log(10)
+    assert q.cpu_vcpu[0] == pytest.approx((3 * 2 * tcp + 2 * http) * 100 * 1e-6)
+
+
+def test_idle_cpu_is_the_proxies_that_exist_not_a_sidecar_per_service() -> None:
+    # idle: a node proxy (tcp) 1 000 CPU-µs/s, a sidecar or a waypoint (http) 3 000
+    base = {READ: flat(0, 0)}
+    prof = replace(
+        P,
+        modes={
+            Mode.TCP: ModeProfile(Mode.TCP, base, idle_cpu_us_per_s=1000.0),
+            Mode.HTTP: ModeProfile(Mode.HTTP, base, idle_cpu_us_per_s=3000.0),
+        },
+    )
+    look = single_profile(prof)
+    three = validate(
+        "g",
+        {n: Service(n, HTTP, node=node) for n, node in (("A", "n1"), ("B", "n1"), ("C", "n2"))},
+        [
+            inv("r", EXTERNAL, "A", 0, 100),
+            inv("b", "A", "B", 10, 30, "r"),
+            inv("c", "A", "C", 50, 30, "r"),
+        ],
+    )
+    b = to_batch([three])
+    idle = {
+        SIDECAR: 3 * 3000,  # a sidecar per service
+        L4: 2 * 1000,  # a node proxy per node (n1, n2), not per service
+        WAY: 2 * 1000
+        + 3 * 3000,  # and a waypoint per service (A's idles: nobody in the mesh calls it)
+    }
+    for arch, us in idle.items():
+        _, p = predict_architecture(b, look, arch)
+        assert p.idle_vcpu is not None and p.idle_vcpu[0] == pytest.approx(us * 1e-6), arch
+        assert p.cpu_vcpu[0] == pytest.approx(us * 1e-6), arch
+    _, p = predict_architecture(b, look, L4)
+    assert p.service_idle_vcpu is not None
+    assert p.service_idle_vcpu.tolist() == pytest.approx([1e-3] * 3)
+
+
+def test_a_waypoint_profile_is_priced_in_its_beds_request_rate() -> None:
+    # the waypoint profile's bed ran three proxies on the CPU a request (node proxy, waypoint,
+    # node proxy): the graph's load of 800 crossings/s (a one-proxy bed at 400/s) is its
+    # bed at 400 / 3 requests/s; the node proxies' profile (one proxy a request) at 400/s
+    node = profile({Mode.TCP: {READ: _rated(2, 3)}}, name="node")
+    way = profile({Mode.HTTP: {READ: _rated(5, 4)}}, name="wayp")
+    way = replace(way, platform=replace(way.platform, architecture="waypoint"))
+    look = single_profile(P, {"node": node, "wayp": way})
+    g = validate(
+        "g",
+        {"A": Service("A", HTTP, node="n1"), "B": Service("B", HTTP, node="n1")},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=100), inv("c", "A", "B", 10, 50, "r", rate=100)],
+    )
+    _, p = predict_architecture(to_batch([g]), look, WAY, pod_cpus=1, roles=ROLES)
+    tcp, http = 2 + 3 * np.log(1000 / 400), 5 + 4 * np.log(1000 / (400 / 3))
+    assert p.cpu_vcpu[0] == pytest.approx((3 * 2 * tcp + 2 * http) * 100 * 1e-6)

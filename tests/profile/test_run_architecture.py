@@ -203,3 +203,44 @@ def test_node_l4_plan_carries_http_and_grpc_as_fully_as_its_mode() -> None:
     assert p.carried_all_sizes and p.carried_probe_pairs == p.probe_pairs and not p.capacity
     w = ProfileOptions(quick=True, architecture=Architecture.WAYPOINT).resolve_plan()
     assert w.modes == (Mode.TCP, Mode.HTTP, Mode.GRPC)
+
+
+class RecordingWorld(NodeWorld):
+    def __init__(self) -> None:
+        self.loads: list[tuple[str, ...]] = []
+
+    def __call__(self, argv: tuple[str, ...]) -> Completed | None:
+        if "load" in argv:
+            self.loads.append(argv)
+        return super().__call__(argv)
+
+
+def test_node_l4_inter_node_step_at_the_low_rates(tmp_path: Path) -> None:
+    """The inter-node step's CPU is also measured at fixed request rates (the plan's low rates,
+    its smallest size, both meshed paths), so the tls CPU model is fitted with a rate term."""
+    world = RecordingWorld()
+    sysm = EchoFakeSystem(responders=[world])
+    plan = replace(PLAN, low_rates=(100.0,), low_rate_run_s=0.1)
+    with pytest.warns(ClosureWarning):
+        prof = run_profile(
+            ProfileOptions(name="n", plan=plan, architecture=Architecture.NODE_L4, carried=()),
+            sysm,
+            Sink(),
+            backends=_backends(tmp_path, PathProbe()),
+        )
+    fixed = [a for a in world.loads if a[a.index("-qps") + 1] == "100"]
+    targets = {a[-1].rsplit("/", 1)[-1].removeprefix("tcp://") for a in fixed}
+    # intra- and inter-node meshed paths at 100/s, 4 rounds each, 200 requests a run (2 s)
+    assert "10.78.1.3:8080" in targets and "10.78.2.2:8080" in targets
+    assert sum("10.78.2.2:8080" in a[-1] for a in fixed) >= 4
+    rec = prof.provenance.options["internode"]
+    (at,) = rec["tls_cpu_us_per_crossing_at_rate"]
+    assert at["size"] == 100 and at["rate"] == 100.0 and len(at["samples"]) == 4
+    assert len(rec["closed_loop_rates"]["100"]) == 4
+    tls = prof.modes[Mode.TCP].components[TLS].cpu
+    # fitted on both: the closed-loop samples at their rates, the fixed-rate ones at theirs
+    assert tls.samples is not None and tls.samples.rates is not None
+    assert sorted(set(tls.samples.rates)) == sorted(
+        {at["achieved"], *rec["closed_loop_rates"]["100"]}
+    )
+    assert len(tls.samples.rates) == 8

@@ -16,6 +16,12 @@ waypoint   as node-l4                                      as node-l4, plus the 
 none       nothing                                         nothing
 ========== ============================================== ==========================================
 
+A waypoint serves callers in the mesh: a caller outside it (the load generator, ``none``) reaches
+the callee's pod through its node proxy alone (Istio ambient's default, and the testbed's).
+A caller in the mesh reaches it through its node proxy, mTLS to the waypoint, and mTLS from
+the waypoint to the callee's node proxy — two node-proxy crossings with their mTLS even when
+both pods and the waypoint share a node (the waypoint profile is measured against that path).
+
 Which model prices each role: a **sidecar** is the service's own config (mode, filters, mTLS);
 a **node proxy** is L4 — the service's profile in **tcp mode**, with mTLS when the service has
 it, no L7 filters (a node-l4 role priced from an Envoy tcp-mode sidecar profile is a stand-in
@@ -32,6 +38,16 @@ Nodes: a service's ``node`` (ECG ``node:``, traces' ``k8s.node.name``/``host.nam
 others are placed by name, ``pods_per_node`` to a node (1: a node each, so every call between
 two of them is inter-node). CPU is summed over every proxy crossed; latency adds each call's
 crossings and recomputes the critical path (:func:`~meshtax.predict.engine.predict_batch`).
+
+Idle proxies (:func:`architecture_idle`): a graph's CPU includes, once per second, the idle
+CPU of the proxies that serve its services — one per node that has a node-proxied service of
+the graph, one waypoint per waypoint service, one sidecar per sidecar service — not a sidecar
+per service (there is none). On shared CPUs (``pod_cpus``) the node proxies and waypoints run
+on the pods' CPUs as sidecars do, so every crossing is priced at the shared-CPU rate of all
+the graph's crossings (:func:`~meshtax.predict.shared_cpu.shared_cpu_rates`), as a sidecar's.
+That rate is in the units of a bed with one proxy on the CPU (two crossings a request); a
+profile measured in the waypoint role ran three there (node proxy, waypoint, node proxy:
+:data:`BED_PROXIES`), so at a request rate a third of a one-proxy bed's for the same load.
 """
 
 from __future__ import annotations
@@ -47,12 +63,15 @@ from meshtax.model.ecg import EcgBatch, SidecarSpec
 from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
 from meshtax.model.speed import Speed
 from meshtax.predict.engine import BatchPrediction, Costs, ProfileLookup, hop_costs, predict_batch
+from meshtax.predict.shared_cpu import shared_cpu_rates
 
 __all__ = [
+    "BED_PROXIES",
     "ArchitectureError",
     "Arranged",
     "architecture_costs",
     "architecture_of",
+    "architecture_idle",
     "arrange",
     "l4_config",
     "parse_architectures",
@@ -63,6 +82,11 @@ __all__ = [
 ]
 
 IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+#: proxies on the pods' CPU in the bed a role profile is measured on, per request
+#: (:mod:`meshtax.testbed.nodebed`: node-l4 client → node proxy → server; waypoint client →
+#: node proxy → waypoint → node proxy → server); a sidecar's bed has one
+BED_PROXIES: Mapping[str, int] = {Architecture.WAYPOINT.value: 3}
 _PROXIED = (Architecture.NODE_L4, Architecture.WAYPOINT)
 
 
@@ -158,6 +182,10 @@ class Arranged:
     waypoint: EcgBatch | None
     nodes: Mapping[str, str]
     architectures: Mapping[str, Architecture]
+    #: per service (batch order): the spec of its sidecar or of its node's proxy, and of its
+    #: waypoint (-1: none) — the proxies whose idle CPU a graph of the service pays
+    proxy_spec: IntArray | None = None
+    waypoint_spec: IntArray | None = None
 
     @property
     def n_nodes(self) -> int:
@@ -228,21 +256,33 @@ def arrange(
             )
     caller, callee = batch.caller, batch.callee  # -1 (external) indexes the last slot
     a_arr = np.asarray([a in _PROXIED for a in arch] + [False])
-    inter = (node[caller] != node[callee]) & (caller >= 0)
+    in_mesh = np.asarray([a is not Architecture.NONE for a in arch] + [False])
+    # the callee's waypoint, for callers in the mesh only
+    wp = np.where(in_mesh[caller], way_spec[callee], -1)
+    via_wp = wp >= 0
+    # across nodes, or to and from a waypoint: the node proxies' mTLS legs
+    inter = ((node[caller] != node[callee]) | via_wp) & (caller >= 0)
     caller_spec = np.where(inter, out_far[caller], out_spec[caller])
     callee_spec = np.where(inter, in_far[callee], in_spec[callee])
     # an intra-node call between two node-proxied services crosses that node's proxy once
     same = a_arr[caller] & a_arr[callee] & (node[caller] == node[callee]) & (caller >= 0)
-    callee_spec[same] = -1
+    callee_spec[same & ~via_wp] = -1
     spec_tuple = tuple(specs)
     main = replace(batch, caller_spec=caller_spec, callee_spec=callee_spec, specs=spec_tuple)
-    wp = way_spec[callee]
     waypoint = None
-    if (wp >= 0).any():
+    if via_wp.any():
         waypoint = replace(
             batch, caller_spec=np.full_like(wp, -1), callee_spec=wp, specs=spec_tuple
         )
-    return Arranged(default, main, waypoint, nodes, dict(zip(batch.services, arch, strict=True)))
+    return Arranged(
+        default,
+        main,
+        waypoint,
+        nodes,
+        dict(zip(batch.services, arch, strict=True)),
+        proxy_spec=out_spec[:S].copy(),
+        waypoint_spec=way_spec[:S].copy(),
+    )
 
 
 def _service_specs(batch: EcgBatch) -> IntArray:
@@ -279,14 +319,78 @@ def _add(a: Costs, b: Costs) -> Costs:
 
 
 def architecture_costs(
-    arranged: Arranged, profiles: ProfileLookup, *, speed: Speed | None = None
+    arranged: Arranged,
+    profiles: ProfileLookup,
+    *,
+    speed: Speed | None = None,
+    pod_cpus: int | None = None,
 ) -> Costs:
     """Every crossing of every row under the arranged architecture, per component; the
-    waypoint's on the callee's side."""
-    costs = hop_costs(arranged.batch, profiles, speed=speed)
+    waypoint's on the callee's side. ``pod_cpus``: the proxies share the pods' CPUs, every
+    crossing priced at the shared-CPU rate of all of them (each call's own rate without)."""
+    rates = None
+    if pod_cpus is not None:
+        rates = shared_cpu_rates(arranged.batch, pod_cpus, also=arranged.waypoint)
+    costs = hop_costs(arranged.batch, profiles, rates=rates, speed=speed)
     if arranged.waypoint is not None:
-        costs = _add(costs, hop_costs(arranged.waypoint, profiles, speed=speed))
+        way_rates = rates
+        if rates is not None:  # in the request rate of each waypoint profile's own bed
+            per_spec = np.asarray(
+                [
+                    BED_PROXIES.get(profiles(sp.platform).platform.architecture, 1)
+                    for sp in arranged.waypoint.specs
+                ]
+                or [1],
+                dtype=np.float64,
+            )
+            spec = arranged.waypoint.callee_spec
+            way_rates = rates / np.where(spec >= 0, per_spec[np.maximum(spec, 0)], 1.0)
+        costs = _add(costs, hop_costs(arranged.waypoint, profiles, rates=way_rates, speed=speed))
     return costs
+
+
+def architecture_idle(
+    arranged: Arranged, profiles: ProfileLookup
+) -> tuple[FloatArray | None, FloatArray | None]:
+    """(per service, per graph) vCPU of the idle proxies (see the module docstring): per graph,
+    each node's proxy once (the nodes of its node-proxied services), each of its services'
+    waypoints and sidecars once; per service, its own waypoint or sidecar, else its node's
+    proxy. (None, None) when no profile measured an idle proxy."""
+    b = arranged.batch
+    S, G = len(b.services), b.n_graphs
+    prox = arranged.proxy_spec if arranged.proxy_spec is not None else np.full(S, -1)
+    way = arranged.waypoint_spec if arranged.waypoint_spec is not None else np.full(S, -1)
+
+    def idle(spec: int) -> float:
+        if spec < 0:
+            return 0.0
+        sp = b.specs[spec]
+        try:
+            v = profiles(sp.platform).mode(sp.config.mode).idle_cpu_us_per_s
+        except KeyError:  # a mode the profile lacks: hop_costs says so
+            v = None
+        return 0.0 if v is None else v * 1e-6
+
+    per_svc = np.asarray([idle(int(k)) for k in prox])
+    per_way = np.asarray([idle(int(k)) for k in way])
+    if not (per_svc.any() or per_way.any()):
+        return None, None
+    g = b.graph_of()
+    graph = np.zeros(G)
+    seen: set[tuple[int, str]] = set()
+    for who in (b.caller, b.callee):
+        for gi, si in zip(g[who >= 0].tolist(), who[who >= 0].tolist(), strict=True):
+            name = b.services[si]
+            proxied = arranged.architectures[name] in _PROXIED
+            # a node's proxy is one per node; a sidecar or a waypoint one per service
+            key = (gi, "node:" + arranged.nodes[name] if proxied else "svc:" + name)
+            if key not in seen:
+                seen.add(key)
+                graph[gi] += per_svc[si]
+            if (gi, "wp:" + name) not in seen:
+                seen.add((gi, "wp:" + name))
+                graph[gi] += per_way[si]
+    return np.where(per_way > 0, per_way, per_svc), graph
 
 
 def predict_architecture(
@@ -302,10 +406,13 @@ def predict_architecture(
     """:func:`~meshtax.predict.engine.predict_batch` with the crossings of ``architecture``.
     Sidecars only (every service ``sidecar`` or ``none``): exactly ``predict_batch``, shared
     CPUs priced as there. With node proxies or waypoints, ``pod_cpus`` bounds latency by the
-    shared CPUs' work as there, and messages are priced at each call's own rate (a node proxy
-    is not a pod's sidecar sharing its CPUs)."""
+    shared CPUs' work and prices every crossing at the shared-CPU rate, as there; the idle
+    CPU is the proxies' that exist (:func:`architecture_idle`), not a sidecar per service."""
     arranged = arrange(batch, architecture, pods_per_node, roles)
     if all(a in (Architecture.SIDECAR, Architecture.NONE) for a in arranged.architectures.values()):
         return arranged, predict_batch(arranged.batch, profiles, pod_cpus=pod_cpus, speed=speed)
-    costs = architecture_costs(arranged, profiles, speed=speed)
-    return arranged, predict_batch(batch, profiles, costs=costs, pod_cpus=pod_cpus)
+    costs = architecture_costs(arranged, profiles, speed=speed, pod_cpus=pod_cpus)
+    idle = architecture_idle(arranged, profiles)
+    return arranged, predict_batch(
+        batch, profiles, costs=costs, pod_cpus=pod_cpus, idle_override=idle
+    )

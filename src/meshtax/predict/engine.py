@@ -439,13 +439,15 @@ def predict_batch(
     shape: Structure | None = None,
     pod_cpus: int | None = None,
     speed: Speed | None = None,
+    idle_override: tuple[FloatArray | None, FloatArray | None] | None = None,
 ) -> BatchPrediction:
     """Predict every graph of ``batch``; ``profiles(name)`` resolves a service's platform
     (``None`` → the profile chosen for this prediction). ``pod_cpus``: the number of CPUs the
     graph's pods share (None: every pod has its own; see the module docstring; their messages
     are priced at :func:`~meshtax.predict.shared_cpu.shared_cpu_rates`). ``speed``: the
     machine's speed now; each profile's costs are scaled from the speed it recorded (None: as
-    measured)."""
+    measured). ``idle_override``: the idle proxies' vCPU (per service, per graph) when not the
+    batch's sidecars' (:func:`idle_vcpu`; another architecture's proxies)."""
     if pod_cpus is not None and pod_cpus < 1:
         raise ValueError(f"pod_cpus must be at least 1, got {pod_cpus}")
     if costs is None:
@@ -476,7 +478,7 @@ def predict_batch(
     cpu_rows = costs.cpu * batch.rate[:, None] * 1e-6
     cpu_comp = per_graph(cpu_rows)
     components = costs.components
-    svc_idle, idle = idle_vcpu(batch, profiles)
+    svc_idle, idle = idle_vcpu(batch, profiles) if idle_override is None else idle_override
     if idle is not None:
         if OTHER not in components:
             components = (*components, OTHER)

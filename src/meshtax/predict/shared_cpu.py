@@ -29,12 +29,15 @@ __all__ = ["shared_cpu_rates"]
 FloatArray = npt.NDArray[np.float64]
 
 
-def shared_cpu_rates(batch: EcgBatch, pod_cpus: int) -> FloatArray:
+def shared_cpu_rates(batch: EcgBatch, pod_cpus: int, *, also: EcgBatch | None = None) -> FloatArray:
     """Per row, the one-hop request rate that loads a CPU as the row's graph loads its
-    ``pod_cpus`` shared CPUs: Σ over the graph of crossings × rate, ÷ (2 · pod_cpus)."""
+    ``pod_cpus`` shared CPUs: Σ over the graph of crossings × rate, ÷ (2 · pod_cpus).
+    ``also``: the same rows' further crossings (another architecture's waypoints)."""
     if pod_cpus < 1:
         raise ValueError(f"pod_cpus must be at least 1, got {pod_cpus}")
     sides = (batch.caller_spec >= 0).astype(np.float64) + (batch.callee_spec >= 0)
+    if also is not None:
+        sides = sides + (also.caller_spec >= 0) + (also.callee_spec >= 0)
     g = batch.graph_of()
     per_s = np.bincount(
         g, weights=2.0 * sides * batch.rate, minlength=batch.n_graphs

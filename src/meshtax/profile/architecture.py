@@ -14,7 +14,10 @@ the node bed (:mod:`meshtax.testbed.nodebed`):
   crossing adds — mTLS between the proxies and the link — is
   ``((inter − inter direct) − 2·(intra − intra direct)) / 4`` per crossing (four crossings
   inter-node, two intra), latency and both proxies' CPU alike; it becomes the tcp mode's
-  ``tls`` component (TLS 1.3), which the predictor adds to inter-node crossings.
+  ``tls`` component (TLS 1.3), which the predictor adds to inter-node crossings. Those runs are
+  closed-loop (a warm CPU); the proxies' CPU is also measured at the plan's low rates (fixed
+  request rates, the smallest size), so the CPU model gets a rate term as the other
+  components do: an mTLS crossing at 100/s costs more than at several thousand.
 * **waypoint**: the waypoint (on the server's node, inter-node from the client) against the
   node-l4 path of the same pods: meshed − direct is what the waypoint adds, its own work plus
   the node proxies' change (they count as the app does); per crossing of the waypoint. Its
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -164,19 +167,35 @@ class InternodeResult:
     tls_latency_us: Mapping[int, Estimate]
     tls_cpu_us: Mapping[int, Estimate]
     bed: Mapping[str, Any]
+    #: the closed-loop runs' request rates, per size (one per sample of ``tls_cpu_us``)
+    closed_rates: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    #: CPU per crossing at fixed request rates: (size, rate requested, rate achieved) → samples
+    low_rate_cpu_us: Mapping[tuple[int, float], Estimate] = field(default_factory=dict)
+    low_rate_achieved: Mapping[tuple[int, float], float] = field(default_factory=dict)
 
     def model(self) -> ComponentModel:
-        """The ``tls`` component per crossing over sizes."""
+        """The ``tls`` component per crossing over sizes (and, with the low-rate runs, rate)."""
         sizes = [float(s) for s in self.sizes for _ in self.tls_latency_us[s].samples]
         lat = [x for s in self.sizes for x in self.tls_latency_us[s].samples]
+        cpu_sizes = [float(s) for s in self.sizes for _ in self.tls_cpu_us[s].samples]
         cpu = [x for s in self.sizes for x in self.tls_cpu_us[s].samples]
         note = (
             "what an inter-node crossing adds over an intra-node one (mTLS 1.3 between node "
             "proxies, the link): ((inter − inter direct) − 2·(intra − intra direct)) / 4"
         )
+        rates: list[float] | None = None
+        if self.low_rate_cpu_us and all(
+            len(self.closed_rates.get(s, ())) == len(self.tls_cpu_us[s].samples) for s in self.sizes
+        ):
+            rates = [r for s in self.sizes for r in self.closed_rates[s]]
+            for (size, rate), est in self.low_rate_cpu_us.items():
+                got = self.low_rate_achieved.get((size, rate), rate)
+                cpu_sizes += [float(size)] * len(est.samples)
+                cpu += list(est.samples)
+                rates += [got] * len(est.samples)
         return ComponentModel(
             CostModel.fit(sizes, lat, note=note + " (latency)"),
-            CostModel.fit(sizes, cpu, note=note + " (both node proxies' CPU)"),
+            CostModel.fit(cpu_sizes, cpu, rates=rates, note=note + " (both node proxies' CPU)"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -189,6 +208,16 @@ class InternodeResult:
             "inter_overhead_us_per_request": d(self.inter_us),
             "tls_latency_us_per_crossing": d(self.tls_latency_us),
             "tls_cpu_us_per_crossing": d(self.tls_cpu_us),
+            "closed_loop_rates": {str(s): list(r) for s, r in self.closed_rates.items()},
+            "tls_cpu_us_per_crossing_at_rate": [
+                {
+                    "size": size,
+                    "rate": rate,
+                    "achieved": self.low_rate_achieved.get((size, rate)),
+                    **est.to_dict(),
+                }
+                for (size, rate), est in self.low_rate_cpu_us.items()
+            ],
             "bed": dict(self.bed),
         }
 
@@ -202,7 +231,9 @@ def measure_internode(
     sizes: Sequence[int] | None = None,
 ) -> InternodeResult:
     """Paired closed-loop runs of the intra- and inter-node paths and their direct paths
-    (tcp, the plan's sizes), the node proxies' CPU from ``cpu_ns`` (schedstat per thread)."""
+    (tcp, the plan's sizes), the node proxies' CPU from ``cpu_ns`` (schedstat per thread);
+    then, at each of the plan's low rates and its smallest size, paired fixed-rate runs of the
+    two meshed paths (at least 200 requests a run) for the CPU's rate term."""
     sizes = tuple(sizes or plan.sizes)
     targets = {
         "direct_intra": bed.direct_target(Mode.TCP, "intra"),
@@ -214,18 +245,33 @@ def measure_internode(
     inter: dict[int, Estimate] = {}
     lat: dict[int, Estimate] = {}
     cpu: dict[int, Estimate] = {}
+    closed: dict[int, tuple[float, ...]] = {}
+    low: dict[tuple[int, float], Estimate] = {}
+    achieved: dict[tuple[int, float], float] = {}
     roles = bed.start_sidecar(Mode.TCP, name="internode")
     pids = (roles.pid, *bed.path_pids)
+
+    def measured(name: str, size: int, qps: float, duration_s: float) -> tuple[float, float, float]:
+        """(mean µs, proxies' CPU-µs per request, requests/s achieved) of one run."""
+        before = sum(sum(cpu_ns(p).values()) for p in pids)
+        r = bed.load(targets[name], Mode.TCP, size, duration_s=duration_s, qps=qps)
+        after = sum(sum(cpu_ns(p).values()) for p in pids)
+        rate = r.count / duration_s if duration_s > 0 else 0.0
+        return r.avg_us, (after - before) * 1e-3 / max(r.count, 1), rate
+
     try:
         for size in sizes:
             for t in targets.values():
                 bed.load(t, Mode.TCP, size, n=plan.warmup_n)
+            rates_seen: list[float] = []
 
-            def run(name: str, size: int = size) -> tuple[float, float]:
-                before = sum(sum(cpu_ns(p).values()) for p in pids)
-                r = bed.load(targets[name], Mode.TCP, size, duration_s=plan.latency_run_s)
-                after = sum(sum(cpu_ns(p).values()) for p in pids)
-                return r.avg_us, (after - before) * 1e-3 / max(r.count, 1)
+            def run(
+                name: str, size: int = size, seen: list[float] = rates_seen
+            ) -> tuple[float, float]:
+                avg, c, rate = measured(name, size, 0.0, plan.latency_run_s)
+                if name == "meshed_inter":
+                    seen.append(rate)
+                return avg, c
 
             paired = paired_runs([_RUNS], run, PairPolicy.fixed(rounds))
             got: dict[str, list[tuple[float, float]]] = {n: [] for n in _RUNS}
@@ -239,9 +285,22 @@ def measure_internode(
             cpu[size] = estimate(
                 [ci[1] / 4 - ca[1] / 2 for ca, ci in zip(got["meshed_intra"], got["meshed_inter"])]
             )
+            closed[size] = tuple(rates_seen[-len(cpu[size].samples) :])
+        small = min(sizes)
+        for qps in plan.low_rates:
+            dur = max(plan.low_rate_run_s, 200.0 / qps)
+            pairs = [
+                (
+                    measured("meshed_intra", small, qps, dur),
+                    measured("meshed_inter", small, qps, dur),
+                )
+                for _ in range(rounds)
+            ]
+            low[small, qps] = estimate([ci[1] / 4 - ca[1] / 2 for ca, ci in pairs])
+            achieved[small, qps] = sum(ci[2] for _, ci in pairs) / len(pairs)
     finally:
         roles.stop()
-    return InternodeResult(sizes, intra, inter, lat, cpu, describe(bed))
+    return InternodeResult(sizes, intra, inter, lat, cpu, describe(bed), closed, low, achieved)
 
 
 def with_internode(profile: Profile, r: InternodeResult) -> Profile:

@@ -1,0 +1,115 @@
+"""Re-predict kept node-l4/waypoint validations with parts of the architecture pricing switched
+off, to see what each part does (issue #18). Measures nothing.
+
+``.venv/bin/python experiments/architecture_variants.py --db PROFILES.db --profile NAME
+--doc OUT/node-l4/all.json [OUT/waypoint/all.json …] [--variants fix,own-rate,no-idle,no-bed]``
+
+``--role-db``: a role (node-l4, waypoint) that database has a profile of is priced from its
+newest (default: ``--db``'s newest, as the validation did).
+
+``--doc``: ``all.json`` of ``benchmarks/bench_validate.py --architectures … --keep-traces`` (the
+no-mesh traces in ``traces`` next to it). Variants (``+`` combines them): ``fix`` the code as
+it is; ``own-rate`` node proxies and waypoints at each call's own rate, not the shared-CPU rate;
+``no-idle`` no idle proxy CPU at all; ``no-bed`` a waypoint profile at the shared-CPU rate
+itself (no ``BED_PROXIES``). Prints, per case, the measured CPU µs per request and each
+variant's prediction (error). The placement, role profiles and pod CPUs are the validation's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import meshtax.predict.architecture as arch_mod
+from meshtax.app.pricing import role_profiles
+from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
+from meshtax.store.sqlite import ProfileStore
+from meshtax.validate.appctl import load_topology
+from meshtax.validate.prediction import predict_traces
+from meshtax.validate.run import placement
+
+_RATES = arch_mod.shared_cpu_rates  # type: ignore[attr-defined]
+_IDLE = arch_mod.architecture_idle
+_BED = dict(arch_mod.BED_PROXIES)
+
+
+def _own_rates(batch: Any, pod_cpus: int, *, also: Any = None) -> Any:
+    return np.asarray(batch.rate, dtype=np.float64)
+
+
+def _no_idle(arranged: Any, profiles: Callable[..., Any]) -> tuple[None, None]:
+    return None, None
+
+
+def use(variant: str) -> None:
+    """Switch the module's parts as ``variant`` says (``+``-joined names)."""
+    parts = set(variant.split("+"))
+    arch_mod.shared_cpu_rates = _own_rates if "own-rate" in parts else _RATES  # type: ignore[attr-defined]
+    arch_mod.architecture_idle = _no_idle if "no-idle" in parts else _IDLE
+    arch_mod.BED_PROXIES = {} if "no-bed" in parts else dict(_BED)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--doc", required=True, nargs="+")
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--profile", required=True, help="the sidecar profile the validation used")
+    ap.add_argument("--pod-cpus", type=int, default=1)
+    ap.add_argument("--variants", default="fix,own-rate,no-idle,no-bed")
+    ap.add_argument(
+        "--role-db", default=None, help="take the role profiles from this database's newest"
+    )
+    a = ap.parse_args()
+    store = ProfileStore(a.db)
+    role_store = ProfileStore(a.role_db) if a.role_db else store
+    prof = store.get(a.profile)
+    variants = a.variants.split(",")
+    print("| architecture | case | CPU µs/request measured | " + " | ".join(variants) + " |")
+    print("|---|---|---:|" + "---:|" * len(variants))
+    for path in a.doc:
+        doc = json.loads(Path(path).read_text())
+        opts = doc["options"]
+        arch = Architecture(opts["architecture"])
+        got, _ = role_profiles(store, (arch,), accept_unclosed=True)
+        roles = {r: store.get(n) for r, n in got.items()}
+        # a role the other database measured wins
+        mine, _ = role_profiles(role_store, (arch,), accept_unclosed=True)
+        roles.update({r: role_store.get(n) for r, n in mine.items()})
+        for c in doc["cases"]:
+            if c.get("error"):
+                continue
+            topo_name, query = c["name"].split("/")
+            trace = Path(path).parent / "traces" / f"{topo_name}-{query}-{c['mode']}.json"
+            topo = load_topology(topo_name)
+            names = topo.reachable(topo.query(query))
+            ppn = int(opts.get("pods_per_node", 1))
+            nodes = {n: f"n{k}" for n, k in placement(names, ppn).items()}
+            sidecars = {s: SidecarConfig(Mode(m)) for s, m in c["sidecar_modes"].items()}
+            measured = float(c["cpu"]["per_request_us"]["measured"])
+            cells = []
+            for v in variants:
+                use(v)
+                p = predict_traces(
+                    trace,
+                    prof,
+                    sidecars,
+                    c["rate"],
+                    pod_cpus=a.pod_cpus,
+                    architecture=arch,
+                    nodes=nodes,
+                    roles=roles,
+                )
+                cells.append(
+                    f"{p.cpu_us_per_request:.0f} ({p.cpu_us_per_request / measured - 1:+.0%})"
+                )
+            print(f"| {arch.value} | {c['name']} | {measured:.0f} | " + " | ".join(cells) + " |")
+    use("fix")
+
+
+if __name__ == "__main__":
+    main()
