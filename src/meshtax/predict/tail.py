@@ -62,6 +62,7 @@ from meshtax.model.ecg import EcgBatch
 from meshtax.predict.critical_path import Structure, propagate, structure
 from meshtax.predict.engine import ProfileLookup
 from meshtax.predict.queueing import SaturatedError, ServiceMix, Shape, Station, waiting_times
+from meshtax.predict.saturation import loads
 from meshtax.predict.stations import (
     Crossings,
     StationLoad,
@@ -69,7 +70,6 @@ from meshtax.predict.stations import (
     TailOptions,
     crossings,
     latency_shape,
-    loads,
     request_rate,
     station_mix,
     stations,
