@@ -21,7 +21,13 @@ from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, EcgBatch
 from meshtax.model.profile import Profile
 from meshtax.model.speed import Speed
 from meshtax.predict.engine import Costs, ProfileLookup, hop_costs
-from meshtax.predict.load_factor import BASE, load_factor, queue_factor, queued_factor
+from meshtax.predict.load_factor import (
+    BASE,
+    load_factor,
+    queue_factor,
+    queue_relief,
+    queued_factor,
+)
 from meshtax.predict.queueing import ServiceMix, Shape
 from meshtax.predict.shared_cpu import shared_cpu_rates
 
@@ -65,7 +71,12 @@ class TailOptions:
     many requests in flight (a load generator's connections; None: open arrivals);
     ``jitter_us``: arrivals on a paced schedule, each late by an exponential lag of this mean
     (fortio ``-uniform`` at a fixed rate; :class:`~meshtax.predict.queueing.Station`),
-    instead of ``arrivals``; ``stalls``: add the stall backlog (see ``predict.tail``).
+    instead of ``arrivals``; ``stalls``: add the stall backlog (see ``predict.tail``);
+    ``relief`` (shared CPUs with ``clients``): a request's sidecar work cheaper as the queue
+    grows (:func:`~meshtax.predict.load_factor.queue_relief`);
+    ``cost_scale``: every crossing's latency and CPU × this — a topology's calibration, the
+    mesh's CPU per request measured ÷ priced at a load level that is not predicted
+    (``validate.tail.cost_calibration``; 1: the profile alone).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -81,6 +92,8 @@ class TailOptions:
     clients: int | None = None
     jitter_us: float | None = None
     stalls: bool = False
+    cost_scale: float = 1.0
+    relief: bool = True
     load: Literal["graphs", "pairs"] = "graphs"
     queue_jobs: int = 200_000
     max_rows: int = 2_000_000
@@ -99,6 +112,8 @@ class TailOptions:
             raise ValueError("clients must be at least 1 and shared_scv ≥ 0")
         if self.jitter_us is not None and not 0 <= self.jitter_us < math.inf:
             raise ValueError(f"jitter_us must be finite and ≥ 0, got {self.jitter_us}")
+        if not 0 < self.cost_scale < math.inf:
+            raise ValueError(f"cost_scale must be finite and > 0, got {self.cost_scale}")
 
 
 @dataclass(frozen=True)
@@ -195,12 +210,13 @@ def crossings(
     station = np.where(meshed & (station >= 0), station, -1)
     se = np.repeat(full.latency_se[:, None] / 2, 2, axis=1) if n else np.zeros((0, 2))
     cse = np.repeat(full.cpu_se[:, None] / 2, 2, axis=1) if n else np.zeros((0, 2))
+    k = opts.cost_scale
     return Crossings(
-        sides(full, "lat"),
-        np.where(station >= 0, se, 0.0),
-        sides(req, "cpu") / 2,
-        sides(resp, "cpu") / 2,
-        np.where(station >= 0, cse, 0.0),
+        sides(full, "lat") * k,
+        np.where(station >= 0, se, 0.0) * k,
+        sides(req, "cpu") / 2 * k,
+        sides(resp, "cpu") / 2 * k,
+        np.where(station >= 0, cse, 0.0) * k,
         station.astype(np.int64),
         full.warnings,
     )
@@ -238,6 +254,7 @@ def queued_requests(
         return out
     w = row_weights(batch, opts.load) * batch.rate
     cpu = np.stack([plain.cpu_caller.sum(axis=1), plain.cpu_callee.sum(axis=1)], axis=1)
+    cpu = cpu * opts.cost_scale
     per = np.bincount(
         svc[meshed], weights=(cpu * w[:, None])[meshed], minlength=len(batch.services)
     )
@@ -352,6 +369,7 @@ class Stations:
     shared: int
     app_mean_us: float
     base_rate: float
+    relief: tuple[float, ...] | None = None
 
 
 def _spec_of_service(batch: EcgBatch) -> dict[int, int]:
@@ -428,6 +446,7 @@ def stations(
         mean.append(work + opts.app_cpu_us)
         shp.append(np.full(batch.n_graphs, len(shapes) - 1))
         base_rate = float(gr.sum())
+    relief = _relief(batch, profiles, cx, opts) if shared >= 0 else None
     cat = np.concatenate
     return Stations(
         tuple(names),
@@ -442,7 +461,50 @@ def stations(
         shared,
         opts.app_cpu_us,
         base_rate,
+        relief,
     )
+
+
+def _relief(
+    batch: EcgBatch, profiles: ProfileLookup, cx: Crossings, opts: TailOptions
+) -> tuple[float, ...] | None:
+    """The shared CPUs' service factor by the requests in the system (index 0…clients): a
+    request's sidecar work × each sidecar's :func:`queue_relief` at its share of them (its
+    share of the sidecars' CPU per request: one hop's sidecar has them all), its
+    applications' work unchanged. None: no ``clients``, no ``relief``, no sidecar work, or a
+    single sidecar — one hop is the profile's own bed: at a rate, its queue is the one the
+    capacity run at that rate had, so the rate's price holds (issue #20, sets 1–3: one hop's
+    CPU per request followed the rate whatever its queue — 60 µs with 9 requests in the system
+    at 50 % load against the ramp's 62.5 with 3 — and relief cut its p90 by 40–50 %).
+    Several sidecars on shared CPUs hold queues the one-hop ramp never had at their rates:
+    Bookinfo's mesh CPU per request fell 25 % from 75 to 90 % load with the CPU full, its
+    sidecars' rates rising 20 %."""
+    if not opts.relief or opts.clients is None:
+        return None
+    rr = request_rate(batch, opts.load)
+    spec_of = _spec_of_service(batch)
+    w = row_weights(batch, opts.load) * batch.rate
+    svc = np.stack([batch.caller, batch.callee], axis=1)
+    rates = sidecar_rates(batch, opts.load)
+    work = (cx.cpu_req + cx.cpu_resp) * w[:, None]
+    per, at = {}, {}
+    for s in spec_of:
+        sel = (svc == s) & (cx.station >= 0)
+        if sel.any() and rr > 0:
+            per[s] = float(work[sel].sum()) / rr
+            at[s] = float(rates[sel].max())
+    total = sum(per.values())
+    if total <= 0 or len(per) < 2:
+        return None
+    q = np.arange(opts.clients + 1, dtype=np.float64)
+    mesh = np.zeros_like(q)
+    for s, m in per.items():
+        spec = batch.specs[spec_of[s]]
+        mp = profiles(spec.platform).modes.get(spec.config.mode)
+        h = np.ones_like(q) if mp is None else queue_relief(mp, at[s], q * m / total)
+        mesh += m * h
+    out = (opts.app_cpu_us + mesh) / (opts.app_cpu_us + total)
+    return tuple(float(x) for x in np.clip(out, 1e-6, 1.0))
 
 
 def _profile_workers(profile: Profile, spec: int, batch: EcgBatch) -> int:
