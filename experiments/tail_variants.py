@@ -45,6 +45,10 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     "default": {"lag_traces": True},
     # set 3's model: no relief of a queue's sidecar work
     "no-relief": {"lag_traces": True, "relief": False},
+    # set 3's model exactly (with --calibrate the level is left out, but nothing is fitted)
+    "set3": {"lag_traces": True, "relief": False, "calibrate": False},
+    # set 4's model without the cost scale
+    "s4-nocal": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV, "calibrate": False},
     # set 4's: a topology's request work on the shared CPUs with SCV 0.25 (chosen on sets 1–3),
     # one hop's exponential; with --calibrate, a topology's cost scale from a level not scored
     "s4": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV},
@@ -150,7 +154,7 @@ def errors(
         if not cal:
             raise SystemExit(f"{doc_path}: no level {calibrate:g} to calibrate on")
         points = [d for d in points if d is not cal[0]]
-        if topo:
+        if topo and change.get("calibrate", True):
             scale = _calibration(doc_path, doc, prof, change, _point(cal[0]), pods)
             print(f"    {doc['tail']['topology']}: cost scale {scale:.3f} (level {calibrate:.0%})")
     last = len(points) - 1
