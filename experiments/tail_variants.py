@@ -53,6 +53,8 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # one hop's exponential; with --calibrate, a topology's cost scale from a level not scored
     "s4": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV},
     "s4-scv05": {"lag_traces": True, "topology_scv": 0.5},
+    "s4-norelief": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV, "relief": False},
+    "set3-cal": {"lag_traces": True, "relief": False},
     "s4-scv1": {"lag_traces": True},
     "relief-stalls": {"lag_traces": True, "stalls": True},
     "relief-scv05": {"lag_traces": True, "shared_scv": 0.5},
