@@ -368,6 +368,14 @@ def test_a_queue_longer_than_its_rates_makes_a_sidecars_requests_cheaper() -> No
     assert got == pytest.approx([1.0, 1.0, 0.5])
     t = math.log(2) / math.log(8)  # 8 requests: between 4 (80 µs) and 32 (40 µs) in log n
     assert queue_relief(mp, 8000.0, np.array([8.0]))[0] == pytest.approx((80 - 40 * t) / 80)
+    # at 1 000/s the ramp had 0.5 requests in the system (160 µs): with batching, relief
+    # starts from one request in the system (133 µs, a third of the way from 0.5 to 4 in log
+    # n) — fewer cost what one does; without it, from the rate's 160 µs
+    c1 = 160 - 80 / 3
+    assert queue_relief(mp, 1000.0, np.array([0.5, 1.0, 4.0]), batching=True) == pytest.approx(
+        [1.0, 1.0, 80 / c1]
+    )
+    assert queue_relief(mp, 1000.0, np.array([1.0]))[0] == pytest.approx(c1 / 160)
     # without capacity runs nothing changes
     plain = replace(mp, capacity=None)
     assert queue_relief(plain, 8000.0, np.array([32.0])).tolist() == [1.0]

@@ -137,7 +137,9 @@ def _ramp(mp: ModeProfile) -> list[tuple[float, float, float]]:
     return sorted(out)
 
 
-def queue_relief(mp: ModeProfile, rate: float, queued: FloatArray) -> FloatArray:
+def queue_relief(
+    mp: ModeProfile, rate: float, queued: FloatArray, batching: bool = False
+) -> FloatArray:
     """Per value of ``queued`` (requests in the system at a sidecar of request rate ``rate``),
     the factor on its CPU per request relative to what the capacity runs measured at that
     rate: their CPU per request at as many requests in the system (Little's law on each
@@ -149,18 +151,31 @@ def queue_relief(mp: ModeProfile, rate: float, queued: FloatArray) -> FloatArray
     measured 132 CPU-µs a request with 0.1 in the system, 72 with 1.7, 44 with 9.5 and 33 with
     all 32 (2026-11-26, set 3's profile). Priced at its rate alone, a queue that grows beyond
     the rate's usual one never gets cheaper, and a station priced at ρ ≈ 1 fills to the
-    clients (issue #20, set 3: one hop at 75–90 % load predicted at p50 2–3× the measured)."""
+    clients (issue #20, set 3: one hop at 75–90 % load predicted at p50 2–3× the measured).
+
+    ``batching``: a wake-up serves two only when another request is waiting, so fewer than
+    one in the system costs what one does, and the reference is the ramp's CPU per request
+    at the requests in the system its run at ``rate`` had, at least one (below, the ramp's
+    falling cost is the rate's: a warmer CPU, not batching). Without it the reference is the
+    ramp's cost at the rate: a topology's sidecars at a few hundred requests/s were relieved
+    from the ramp's idle-sidecar cost as soon as a request or two were in the system (issue
+    #20, set 4: Bookinfo's queue at 75–90 % load a third of the measured)."""
     pts = _ramp(mp)
     ones = np.ones_like(np.asarray(queued, dtype=np.float64))
     if len(pts) < 2:
         return ones
     by_n = sorted(pts, key=lambda t: t[1])
-    at_rate = float(
-        np.interp(np.log(max(rate, 1e-9)), np.log([p[0] for p in pts]), [p[2] for p in pts])
-    )
-    got = np.interp(
-        np.log(np.maximum(np.asarray(queued, dtype=np.float64), 1e-9)),
-        np.log([p[1] for p in by_n]),
-        [p[2] for p in by_n],
-    )
+    xn, yn = np.log([p[1] for p in by_n]), [p[2] for p in by_n]
+    if batching:  # only another request waiting lets a wake-up serve two: from one on
+        n_rate = float(
+            np.interp(np.log(max(rate, 1e-9)), np.log([p[0] for p in pts]), [p[1] for p in pts])
+        )
+        at_rate = float(np.interp(np.log(max(n_rate, 1.0)), xn, yn))
+        q = np.maximum(np.asarray(queued, dtype=np.float64), 1.0)
+    else:
+        at_rate = float(
+            np.interp(np.log(max(rate, 1e-9)), np.log([p[0] for p in pts]), [p[2] for p in pts])
+        )
+        q = np.maximum(np.asarray(queued, dtype=np.float64), 1e-9)
+    got = np.interp(np.log(q), xn, yn)
     return np.asarray(np.minimum(got / at_rate, 1.0), dtype=np.float64) if at_rate > 0 else ones

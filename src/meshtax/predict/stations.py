@@ -73,7 +73,8 @@ class TailOptions:
     (fortio ``-uniform`` at a fixed rate; :class:`~meshtax.predict.queueing.Station`),
     instead of ``arrivals``; ``stalls``: add the stall backlog (see ``predict.tail``);
     ``relief`` (shared CPUs with ``clients``): a request's sidecar work cheaper as the queue
-    grows (:func:`~meshtax.predict.load_factor.queue_relief`);
+    grows (:func:`~meshtax.predict.load_factor.queue_relief`), with ``batching`` only from one
+    request in the system on;
     ``cost_scale``: every crossing's latency and CPU × this — a topology's calibration, the
     mesh's CPU per request measured ÷ priced at a load level that is not predicted
     (``validate.tail.cost_calibration``; 1: the profile alone).
@@ -94,6 +95,7 @@ class TailOptions:
     stalls: bool = False
     cost_scale: float = 1.0
     relief: bool = True
+    batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"
     queue_jobs: int = 200_000
     max_rows: int = 2_000_000
@@ -501,7 +503,7 @@ def _relief(
     for s, m in per.items():
         spec = batch.specs[spec_of[s]]
         mp = profiles(spec.platform).modes.get(spec.config.mode)
-        h = np.ones_like(q) if mp is None else queue_relief(mp, at[s], q * m / total)
+        h = np.ones_like(q) if mp is None else queue_relief(mp, at[s], q * m / total, opts.batching)
         mesh += m * h
     out = (opts.app_cpu_us + mesh) / (opts.app_cpu_us + total)
     return tuple(float(x) for x in np.clip(out, 1e-6, 1.0))
