@@ -48,17 +48,24 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # set 3's model exactly (with --calibrate the level is left out, but nothing is fitted)
     "set3": {"lag_traces": True, "relief": False, "calibrate": False},
     # set 4's model without the cost scale
-    "s4-nocal": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV, "calibrate": False},
+    "s4-nocal": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "calibrate": False,
+        "batching": False,
+    },
     # set 4's: a topology's request work on the shared CPUs with SCV 0.25 (chosen on sets 1–3),
     # one hop's exponential; with --calibrate, a topology's cost scale from a level not scored
-    "s4": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV},
-    "s4-scv05": {"lag_traces": True, "topology_scv": 0.5},
+    "s4": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV, "batching": False},
+    "s4-scv05": {"lag_traces": True, "topology_scv": 0.5, "batching": False},
     "s4-norelief": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV, "relief": False},
     "set3-cal": {"lag_traces": True, "relief": False},
-    "b": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV, "batching": True},
-    "b-scv05": {"lag_traces": True, "topology_scv": 0.5, "batching": True},
-    "b-scv1": {"lag_traces": True, "batching": True},
-    "s4-scv1": {"lag_traces": True},
+    # set 5's: set 4's with relief only from one request in the system on (batching; chosen
+    # on sets 1–4, set 4 seen)
+    "s5": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV},
+    "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
+    "s5-scv1": {"lag_traces": True},
+    "s4-scv1": {"lag_traces": True, "batching": False},
     "relief-stalls": {"lag_traces": True, "stalls": True},
     "relief-scv05": {"lag_traces": True, "shared_scv": 0.5},
     "relief-scv025": {"lag_traces": True, "shared_scv": 0.25},
