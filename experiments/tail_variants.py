@@ -25,10 +25,12 @@ from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.stations import TailOptions
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.tail import (
+    TOPOLOGY_SHARED_SCV,
     Predicted,
     TailPoint,
     TailRun,
     arrival_lag_us,
+    cost_calibration,
     paced_jitter,
     predict_one_hop,
     predict_traces_tail,
@@ -41,6 +43,34 @@ DRAWS = 40_000
 #: profile without its capacity runs, so crossings cost what one client's do at every rate)
 VARIANTS: dict[str, Mapping[str, Any]] = {
     "default": {"lag_traces": True},
+    # set 3's model: no relief of a queue's sidecar work
+    "no-relief": {"lag_traces": True, "relief": False},
+    # set 3's model exactly (with --calibrate the level is left out, but nothing is fitted)
+    "set3": {"lag_traces": True, "relief": False, "calibrate": False},
+    # set 4's model without the cost scale
+    "s4-nocal": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "calibrate": False,
+        "batching": False,
+    },
+    # set 4's: a topology's request work on the shared CPUs with SCV 0.25 (chosen on sets 1–3),
+    # one hop's exponential; with --calibrate, a topology's cost scale from a level not scored
+    "s4": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV, "batching": False},
+    "s4-scv05": {"lag_traces": True, "topology_scv": 0.5, "batching": False},
+    "s4-norelief": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV, "relief": False},
+    "set3-cal": {"lag_traces": True, "relief": False},
+    # set 5's: set 4's with relief only from one request in the system on (batching; chosen
+    # on sets 1–4, set 4 seen)
+    "s5": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV},
+    "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
+    "s5-scv1": {"lag_traces": True},
+    "s4-scv1": {"lag_traces": True, "batching": False},
+    "relief-stalls": {"lag_traces": True, "stalls": True},
+    "relief-scv05": {"lag_traces": True, "shared_scv": 0.5},
+    "relief-scv025": {"lag_traces": True, "shared_scv": 0.25},
+    "relief-scv0": {"lag_traces": True, "shared_scv": 0.0},
+    "relief-stalls-scv05": {"lag_traces": True, "stalls": True, "shared_scv": 0.5},
     "poisson": {},
     "even-constant": {"arrivals": 0.0, "shared_scv": 0.0},
     "even-scv05": {"arrivals": 0.0, "shared_scv": 0.5},
@@ -123,12 +153,24 @@ def errors(
     prof: Any,
     change: Mapping[str, Any],
     show: bool = False,
+    calibrate: float | None = None,
 ) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {f"p{p:g}": [] for p in PCTS}
     out["saturation"] = []
     pods = _pod_cpus(str(doc["options"].get("pinning", "")))
-    last = len(doc["tail"]["points"]) - 1
-    for i, d in enumerate(doc["tail"]["points"]):
+    points = doc["tail"]["points"]
+    scale = 1.0
+    topo = doc["tail"]["topology"] != "one-hop"  # one hop: the profile's own bed
+    if calibrate is not None:  # the level a topology's cost scale is fitted on: not scored
+        cal = [d for d in points if abs(float(d["fraction"]) - calibrate) < 1e-6]
+        if not cal:
+            raise SystemExit(f"{doc_path}: no level {calibrate:g} to calibrate on")
+        points = [d for d in points if d is not cal[0]]
+        if topo and change.get("calibrate", True):
+            scale = _calibration(doc_path, doc, prof, change, _point(cal[0]), pods)
+            print(f"    {doc['tail']['topology']}: cost scale {scale:.3f} (level {calibrate:.0%})")
+    last = len(points) - 1
+    for i, d in enumerate(points):
         pt = _point(d)
         if not pt.pairs or (not pt.sustained and i != last):
             continue
@@ -138,6 +180,9 @@ def errors(
         clients = int(doc["options"].get("connections", 32))
         base = TailOptions(percentiles=PCTS, pod_cpus=pods, app_cpu_us=app, clients=clients)
         opts = replace(base, **{k: v for k, v in change.items() if k in OPTIONS})
+        opts = replace(opts, cost_scale=opts.cost_scale * scale)
+        if topo and "topology_scv" in change:
+            opts = replace(opts, shared_scv=float(change["topology_scv"]))
         if change.get("paced"):
             lag = _lag(prof, Mode(doc["tail"]["mode"]), base)
             print(f"    paced: lag {lag} µs (calibrated on the profile's capacity ramp)")
@@ -174,6 +219,23 @@ def errors(
             if m and v == v and abs(v) != float("inf"):
                 out[k].append((v - m) / m)
     return out
+
+
+def _calibration(
+    doc_path: Path,
+    doc: Mapping[str, Any],
+    prof: Any,
+    change: Mapping[str, Any],
+    pt: TailPoint,
+    pods: int,
+) -> float:
+    """The cost scale fitted on level ``pt`` (``validate.tail.cost_calibration``)."""
+    app = statistics.median(b.cpu_us_per_request("app") for b, _ in pt.pairs)
+    clients = int(doc["options"].get("connections", 32))
+    base = TailOptions(percentiles=PCTS, pod_cpus=pods, app_cpu_us=app, clients=clients)
+    opts = replace(base, **{k: v for k, v in change.items() if k in OPTIONS})
+    o = replace(opts, samples=20)
+    return cost_calibration(pt, predict(doc_path, doc, prof, pt, o, False), o, pods)
 
 
 OPTIONS = {f.name for f in fields(TailOptions)}
@@ -231,6 +293,13 @@ def main() -> None:
     ap.add_argument("--doc", action="append", required=True)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--levels", action="store_true", help="print every level's numbers")
+    ap.add_argument(
+        "--calibrate",
+        type=float,
+        default=None,
+        help="fit each document's cost scale on this level (a fraction, e.g. 0.6) and score "
+        "the others (validate.tail.cost_calibration)",
+    )
     a = ap.parse_args()
     store = ProfileStore(a.db)
     docs = [(Path(p), json.loads(Path(p).read_text())) for p in a.doc]
@@ -244,7 +313,9 @@ def main() -> None:
         every: dict[str, list[float]] = {f"p{p:g}": [] for p in PCTS}
         every["saturation"] = []
         for path, doc in docs:
-            errs = errors(path, doc, store.get(doc["profile"]), VARIANTS[name], a.levels)
+            errs = errors(
+                path, doc, store.get(doc["profile"]), VARIANTS[name], a.levels, a.calibrate
+            )
             for k, v in errs.items():
                 every[k] += v
             cells = " | ".join(_cell(e) for k, e in errs.items() if k != "saturation")

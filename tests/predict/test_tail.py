@@ -16,6 +16,8 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import propagate, structure
 from meshtax.predict.engine import predict_batch, single_profile
+from meshtax.predict.load_factor import queue_relief
+from meshtax.predict.queueing import ServiceMix, Station, waiting_times
 from meshtax.predict.stations import load_factor, queue_factor, queued_factor, sidecar_rates
 from meshtax.predict.tail import TailOptions, predict_tail, tiled
 from tests.helpers import EXTERNAL, ecg, flat, inv, profile
@@ -337,3 +339,103 @@ def test_a_request_slow_without_the_mesh_waits_long_with_it() -> None:
     assert shared.utilisation == pytest.approx(5000 * 140e-6, rel=1e-6)
     p50, p90, p99 = tp.pooled_overhead_us
     assert p50 < p90 < p99 and p99 > 1.5 * p90
+
+
+def _ramp_profile() -> Profile:
+    """One client's models: 100 CPU-µs a crossing at every rate. Capacity runs (32 clients):
+    1 000/s with 0.5 requests in the system (500 µs through the sidecar) at 160 CPU-µs a
+    request, 8 000/s with 4 (500 µs) at 80, and the closed loop (32) at 10 000/s, 40."""
+    cpu = CostModel(100.0, rate_lo=100.0, rate_hi=1000.0)
+    flat500 = tuple(500.0 for _ in SKETCH_PROBS)
+    pts = (
+        CapacityPoint(0.0, 10000.0, 0.4, 0.9),
+        CapacityPoint(1000.0, 1000.0, 0.16, 0.3, quantiles_us=flat500),
+        CapacityPoint(8000.0, 8000.0, 0.64, 0.9, quantiles_us=flat500),
+    )
+    cap = Capacity(10000.0, 100, 32, 1, 40.0, "shared-cpu", points=pts)
+    base = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
+    return replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+
+
+def test_a_queue_longer_than_its_rates_makes_a_sidecars_requests_cheaper() -> None:
+    # issue #20, set 3: one hop at 75–90 % load was priced at its rate's cost, ρ ≈ 1.03, and
+    # predicted as a queue full of the 32 clients (p50 2–3× the measured); a sidecar with more
+    # requests waiting handles several per wake-up (the profile's ramp: CPU per request falls
+    # with the requests in the system)
+    mp = _ramp_profile().modes[Mode.HTTP]
+    # at 8 000/s the ramp had 4 in the system at 80 µs a request: 1 there, less beyond, never > 1
+    got = queue_relief(mp, 8000.0, np.array([0.5, 4.0, 32.0]))
+    assert got == pytest.approx([1.0, 1.0, 0.5])
+    t = math.log(2) / math.log(8)  # 8 requests: between 4 (80 µs) and 32 (40 µs) in log n
+    assert queue_relief(mp, 8000.0, np.array([8.0]))[0] == pytest.approx((80 - 40 * t) / 80)
+    # at 1 000/s the ramp had 0.5 requests in the system (160 µs): with batching, relief
+    # starts from one request in the system (133 µs, a third of the way from 0.5 to 4 in log
+    # n) — fewer cost what one does; without it, from the rate's 160 µs
+    c1 = 160 - 80 / 3
+    assert queue_relief(mp, 1000.0, np.array([0.5, 1.0, 4.0]), batching=True) == pytest.approx(
+        [1.0, 1.0, 80 / c1]
+    )
+    assert queue_relief(mp, 1000.0, np.array([1.0]))[0] == pytest.approx(c1 / 160)
+    # without capacity runs nothing changes
+    plain = replace(mp, capacity=None)
+    assert queue_relief(plain, 8000.0, np.array([32.0])).tolist() == [1.0]
+
+
+def test_a_station_priced_over_one_settles_at_the_queue_its_relief_allows() -> None:
+    # one server, Poisson arrivals, constant 110 µs a job at 10 000/s: ρ 1.1 priced, so 32
+    # clients fill the queue (waits ≈ 32 × 100 µs); jobs that start with ≥ 4 in the station
+    # cost half: the queue settles short, and the work served is below the price
+    svc = ServiceMix((110.0,), (1.0,))
+    full = Station(10_000.0, 1, svc, clients=32)
+    relief = tuple([1.0] * 4 + [0.5] * 29)
+    eased = Station(10_000.0, 1, svc, clients=32, relief=relief)
+    served: list[float] = []
+    w_full = waiting_times(full, 50_000, seed=1)
+    w_eased = waiting_times(eased, 50_000, seed=1, served=served)
+    assert float(np.median(w_full)) > 2000.0
+    assert float(np.median(w_eased)) < 500.0
+    assert 55.0 < served[0] < 100.0
+    with pytest.raises(ValueError):
+        Station(10_000.0, 1, svc, relief=relief)  # relief needs a closed station
+
+
+def test_sidecars_priced_over_one_settle_at_a_short_queue_with_relief_one_hop_does_not() -> None:
+    # A → B on one shared CPU at 3 000 requests/s, 60 µs of app a request: priced at their
+    # rates' costs ρ 1.08. Without relief the 32 clients fill the queue (p50 overhead ≈ 11 ms);
+    # with it the sidecars' requests get cheaper as the queue grows and it settles far shorter
+    p = _ramp_profile()
+    g = ecg(
+        {"A": HTTP, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=3000), inv("b", "A", "B", 10, 30, "r", rate=3000)],
+    )
+    o = TailOptions(percentiles=(50.0,), samples=200, pod_cpus=1, app_cpu_us=60.0, clients=32)
+    on = predict_tail(to_batch([g]), single_profile(p), o)
+    off = predict_tail(to_batch([g]), single_profile(p), replace(o, relief=False))
+    (sh,) = [s for s in on.stations if s.name == "shared CPUs"]
+    assert sh.utilisation > 1.0
+    assert off.pooled_overhead_us[0] > 8000.0
+    assert on.pooled_overhead_us[0] < 0.4 * off.pooled_overhead_us[0]
+    assert on.served_utilisation < 1.0
+    # one hop is the profile's own bed: its rate's price holds whatever its queue
+    one = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=7000)])
+    o1 = replace(o, app_cpu_us=70.0)
+    a = predict_tail(to_batch([one]), single_profile(p), o1)
+    b = predict_tail(to_batch([one]), single_profile(p), replace(o1, relief=False))
+    assert a.pooled_overhead_us[0] == pytest.approx(b.pooled_overhead_us[0])
+
+
+def test_a_cost_scale_scales_every_crossings_latency_and_cpu() -> None:
+    # a topology's calibration (measured ÷ priced mesh CPU at a level it does not score)
+    p = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(50.0), CostModel(100.0))}})
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=1000)])
+    o = TailOptions(percentiles=(50.0,), samples=100, pod_cpus=1, app_cpu_us=100.0)
+    one = predict_tail(to_batch([g]), single_profile(p), o)
+    two = predict_tail(to_batch([g]), single_profile(p), replace(o, cost_scale=2.0))
+    (a,) = [s for s in one.stations if s.name == "shared CPUs"]
+    (b,) = [s for s in two.stations if s.name == "shared CPUs"]
+    assert a.utilisation == pytest.approx(1000 * (200 + 100) * 1e-6)
+    assert b.utilisation == pytest.approx(1000 * (400 + 100) * 1e-6)
+    # saturation stays the profile's (the closed loop's queue state, not the level's)
+    assert b.full_factor == pytest.approx(a.full_factor)
+    with pytest.raises(ValueError):
+        TailOptions(cost_scale=0.0)

@@ -4,6 +4,8 @@ prediction at no load."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,8 @@ from meshtax.validate.tail import (
     TailRun,
     TailValidation,
     arrival_lag_us,
+    cost_calibration,
+    mesh_cpu_us,
     paced_jitter,
     predict_one_hop,
     traces_within,
@@ -187,3 +191,21 @@ def test_the_arrival_lag_is_read_from_the_entrys_sampled_spans() -> None:
     assert got is not None and got == pytest.approx(lag, rel=0.15)
     few = {"resourceSpans": [{"scopeSpans": [{"spans": spans[:20]}]}]}
     assert arrival_lag_us(few, 400.0) is None
+
+
+def test_the_cost_calibration_is_the_measured_mesh_cpu_over_what_was_served() -> None:
+    # a level at 1 000/s: 1 000 requests, the app 30 CPU-µs a request without the mesh and 40
+    # with it, the sidecar 120: the mesh costs 130 a request. Predicted on one shared CPU with
+    # the app's 30: ρ 0.095 at the rate's price → 65 µs of mesh work a request (at a scale of
+    # 0.5 it had already: 130 unscaled) → the scale that prices it as measured
+    def r(app: int, sidecar: int) -> TailRun:
+        return TailRun(1000, 1000, 1000, 1.0, {}, (), {"app": app, "sidecar": sidecar})
+
+    pt = TailPoint(0.6, 1000, ((r(30_000_000, 0), r(40_000_000, 120_000_000)),))
+    assert mesh_cpu_us(pt) == pytest.approx(130.0)
+    got = Predicted({}, 0.095, 1.0)
+    o = TailOptions(pod_cpus=1, app_cpu_us=30.0)
+    assert cost_calibration(pt, got, o, 1) == pytest.approx(2.0)
+    assert cost_calibration(pt, got, replace(o, cost_scale=0.5), 1) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        cost_calibration(pt, Predicted({}, 0.01, 1.0), o, 1)

@@ -165,7 +165,7 @@ class ServiceMix:
     def sample(self, n: int, rng: np.random.Generator) -> FloatArray:
         k = rng.choice(len(self.means), size=n, p=self._w())
         u = rng.random(n)
-        out = np.asarray(self.means)[k]
+        out = np.asarray(self.means, dtype=np.float64)[k]
         of = self._of()[k]
         for j, shape in enumerate(self.shapes):
             sel = of == j
@@ -180,7 +180,10 @@ class Station:
     job due while all are in flight enters when the oldest leaves, and waits from then on);
     None: an open station. ``jitter_us``: instead of ``ca2``, a paced load generator's
     schedule — job i due at i / rate, sent an Exp(``jitter_us``) lag late (evenly spaced at
-    0; Poisson-like once the lag is several spacings)."""
+    0; Poisson-like once the lag is several spacings). ``relief`` (with ``clients``): a job's
+    service × ``relief[q]`` when it starts with ``q`` jobs in the station, itself included
+    (``q`` beyond the table: its last entry) — work that gets cheaper as the queue grows
+    (a sidecar handling several ready requests per wake-up)."""
 
     rate: float
     servers: int
@@ -188,6 +191,7 @@ class Station:
     ca2: float = 1.0
     clients: int | None = None
     jitter_us: float | None = None
+    relief: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.rate < 0 or self.servers < 1 or self.ca2 < 0:
@@ -196,6 +200,10 @@ class Station:
             raise ValueError(f"jitter_us must be finite and ≥ 0, got {self.jitter_us}")
         if self.clients is not None and self.clients < 1:
             raise ValueError(f"clients must be at least 1, got {self.clients}")
+        if self.relief is not None and (
+            not self.relief or not all(0 < x <= 1 for x in self.relief) or self.clients is None
+        ):
+            raise ValueError("relief: factors within (0, 1], and only with clients")
 
     @property
     def utilisation(self) -> float:
@@ -238,14 +246,17 @@ def _kiefer_wolfowitz(s: FloatArray, a: FloatArray, c: int) -> FloatArray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _closed(s: FloatArray, t: FloatArray, c: int, clients: int) -> FloatArray:
+def _closed(s: FloatArray, t: FloatArray, c: int, clients: int, relief: FloatArray) -> FloatArray:
     """Waits of FCFS jobs on ``c`` servers with at most ``clients`` in the station: job i,
     due at ``t[i]``, enters when job ``i − clients`` has left (exact for one server; with
-    several, jobs leave nearly in order), then waits for the earliest free server."""
+    several, jobs leave nearly in order), then waits for the earliest free server. Its
+    service ``s[i]`` × ``relief[q]``, ``q`` the jobs in the station when it starts (itself
+    and those due by then, at most ``clients``); ``s`` is overwritten with what was served."""
     n = s.shape[0]
     free = np.zeros(c)  # when each server is next free
     done = np.empty(n)
     w = np.empty(n)
+    top = relief.shape[0] - 1
     for i in range(n):
         enter = t[i]
         if i >= clients and done[i - clients] > enter:
@@ -256,19 +267,28 @@ def _closed(s: FloatArray, t: FloatArray, c: int, clients: int) -> FloatArray:
                 k = j
         start = max(enter, free[k])
         w[i] = start - enter
+        if top > 0:
+            q = min(np.searchsorted(t, start, side="right") - i, clients)
+            s[i] *= relief[min(max(q, 1), top)]
         done[i] = start + s[i]
         free[k] = done[i]
     return w
 
 
 def waiting_times(
-    station: Station, jobs: int = 200_000, *, seed: int | np.random.Generator = 0
+    station: Station,
+    jobs: int = 200_000,
+    *,
+    seed: int | np.random.Generator = 0,
+    served: list[float] | None = None,
 ) -> FloatArray:
     """Sorted stationary waiting times (µs, before service starts) of ``jobs`` simulated jobs
     after a warm-up of a fifth as many (and at least enough for the queue to forget its empty
     start: a hundred of its relaxation times ``E[S] / (1 − √ρ)²``). A station without arrivals
     never waits (zeros). Raises :class:`SaturatedError` at utilisation ≥ 1 unless the station
-    has ``clients`` (then at most that many queue: the rate it serves falls short instead)."""
+    has ``clients`` (then at most that many queue: the rate it serves falls short instead).
+    ``served``: gets the mean service the stationary jobs had (with ``relief``: less than the
+    mix's mean)."""
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     if station.rate == 0 or station.service.mean() == 0:
         return np.zeros(jobs)
@@ -283,12 +303,15 @@ def waiting_times(
     a = _interarrivals(n, station.rate, station.ca2, rng, station.jitter_us)
     if station.clients is not None:
         t = np.concatenate(([0.0], np.cumsum(a[:-1])))
-        w = _closed(s, t, station.servers, station.clients)
+        relief = np.asarray(station.relief or (1.0,), dtype=np.float64)
+        w = _closed(s, t, station.servers, station.clients, relief)
     elif station.servers == 1:
         u = np.concatenate(([0.0], np.cumsum(s[:-1] - a[:-1])))
         w = u - np.minimum(np.minimum.accumulate(u), 0.0)
     else:
         w = _kiefer_wolfowitz(s, a, station.servers)
+    if served is not None:
+        served.append(float(s[warm:].mean()))
     return np.sort(w[warm:])
 
 

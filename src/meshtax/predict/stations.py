@@ -2,10 +2,8 @@
 the rates the engine prices it at, the queues (*stations*) those costs load — each sidecar's
 workers, and the pods' shared CPUs when they share some — and where each queue saturates.
 
-Saturation: each station's utilisation ρ at the given rates; the rate factor at which it
-reaches ``threshold`` (and 1), solved with the cost models re-priced at the scaled rates on a
-log grid and interpolated in log–log (ρ is a rate times a cost that varies with log rate); the
-vCPU each needs at the given rates to stay under the threshold. Pure.
+Saturation (where each queue reaches the threshold and 1): :mod:`meshtax.predict.saturation`.
+Pure.
 """
 
 from __future__ import annotations
@@ -23,7 +21,13 @@ from meshtax.model.ecg import DEFAULT_MESSAGE_BYTES, EcgBatch
 from meshtax.model.profile import Profile
 from meshtax.model.speed import Speed
 from meshtax.predict.engine import Costs, ProfileLookup, hop_costs
-from meshtax.predict.load_factor import BASE, load_factor, queue_factor, queued_factor
+from meshtax.predict.load_factor import (
+    BASE,
+    load_factor,
+    queue_factor,
+    queue_relief,
+    queued_factor,
+)
 from meshtax.predict.queueing import ServiceMix, Shape
 from meshtax.predict.shared_cpu import shared_cpu_rates
 
@@ -40,7 +44,6 @@ __all__ = [
     "crossings",
     "latency_shape",
     "load_factor",
-    "loads",
     "queue_factor",
     "queued_factor",
     "queued_requests",
@@ -68,7 +71,13 @@ class TailOptions:
     many requests in flight (a load generator's connections; None: open arrivals);
     ``jitter_us``: arrivals on a paced schedule, each late by an exponential lag of this mean
     (fortio ``-uniform`` at a fixed rate; :class:`~meshtax.predict.queueing.Station`),
-    instead of ``arrivals``; ``stalls``: add the stall backlog (see ``predict.tail``).
+    instead of ``arrivals``; ``stalls``: add the stall backlog (see ``predict.tail``);
+    ``relief`` (shared CPUs with ``clients``): a request's sidecar work cheaper as the queue
+    grows (:func:`~meshtax.predict.load_factor.queue_relief`), with ``batching`` only from one
+    request in the system on;
+    ``cost_scale``: every crossing's latency and CPU × this — a topology's calibration, the
+    mesh's CPU per request measured ÷ priced at a load level that is not predicted
+    (``validate.tail.cost_calibration``; 1: the profile alone).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -84,6 +93,9 @@ class TailOptions:
     clients: int | None = None
     jitter_us: float | None = None
     stalls: bool = False
+    cost_scale: float = 1.0
+    relief: bool = True
+    batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"
     queue_jobs: int = 200_000
     max_rows: int = 2_000_000
@@ -102,6 +114,8 @@ class TailOptions:
             raise ValueError("clients must be at least 1 and shared_scv ≥ 0")
         if self.jitter_us is not None and not 0 <= self.jitter_us < math.inf:
             raise ValueError(f"jitter_us must be finite and ≥ 0, got {self.jitter_us}")
+        if not 0 < self.cost_scale < math.inf:
+            raise ValueError(f"cost_scale must be finite and > 0, got {self.cost_scale}")
 
 
 @dataclass(frozen=True)
@@ -198,12 +212,13 @@ def crossings(
     station = np.where(meshed & (station >= 0), station, -1)
     se = np.repeat(full.latency_se[:, None] / 2, 2, axis=1) if n else np.zeros((0, 2))
     cse = np.repeat(full.cpu_se[:, None] / 2, 2, axis=1) if n else np.zeros((0, 2))
+    k = opts.cost_scale
     return Crossings(
-        sides(full, "lat"),
-        np.where(station >= 0, se, 0.0),
-        sides(req, "cpu") / 2,
-        sides(resp, "cpu") / 2,
-        np.where(station >= 0, cse, 0.0),
+        sides(full, "lat") * k,
+        np.where(station >= 0, se, 0.0) * k,
+        sides(req, "cpu") / 2 * k,
+        sides(resp, "cpu") / 2 * k,
+        np.where(station >= 0, cse, 0.0) * k,
         station.astype(np.int64),
         full.warnings,
     )
@@ -241,6 +256,7 @@ def queued_requests(
         return out
     w = row_weights(batch, opts.load) * batch.rate
     cpu = np.stack([plain.cpu_caller.sum(axis=1), plain.cpu_callee.sum(axis=1)], axis=1)
+    cpu = cpu * opts.cost_scale
     per = np.bincount(
         svc[meshed], weights=(cpu * w[:, None])[meshed], minlength=len(batch.services)
     )
@@ -355,6 +371,7 @@ class Stations:
     shared: int
     app_mean_us: float
     base_rate: float
+    relief: tuple[float, ...] | None = None
 
 
 def _spec_of_service(batch: EcgBatch) -> dict[int, int]:
@@ -431,6 +448,7 @@ def stations(
         mean.append(work + opts.app_cpu_us)
         shp.append(np.full(batch.n_graphs, len(shapes) - 1))
         base_rate = float(gr.sum())
+    relief = _relief(batch, profiles, cx, opts) if shared >= 0 else None
     cat = np.concatenate
     return Stations(
         tuple(names),
@@ -445,7 +463,50 @@ def stations(
         shared,
         opts.app_cpu_us,
         base_rate,
+        relief,
     )
+
+
+def _relief(
+    batch: EcgBatch, profiles: ProfileLookup, cx: Crossings, opts: TailOptions
+) -> tuple[float, ...] | None:
+    """The shared CPUs' service factor by the requests in the system (index 0…clients): a
+    request's sidecar work × each sidecar's :func:`queue_relief` at its share of them (its
+    share of the sidecars' CPU per request: one hop's sidecar has them all), its
+    applications' work unchanged. None: no ``clients``, no ``relief``, no sidecar work, or a
+    single sidecar — one hop is the profile's own bed: at a rate, its queue is the one the
+    capacity run at that rate had, so the rate's price holds (issue #20, sets 1–3: one hop's
+    CPU per request followed the rate whatever its queue — 60 µs with 9 requests in the system
+    at 50 % load against the ramp's 62.5 with 3 — and relief cut its p90 by 40–50 %).
+    Several sidecars on shared CPUs hold queues the one-hop ramp never had at their rates:
+    Bookinfo's mesh CPU per request fell 25 % from 75 to 90 % load with the CPU full, its
+    sidecars' rates rising 20 %."""
+    if not opts.relief or opts.clients is None:
+        return None
+    rr = request_rate(batch, opts.load)
+    spec_of = _spec_of_service(batch)
+    w = row_weights(batch, opts.load) * batch.rate
+    svc = np.stack([batch.caller, batch.callee], axis=1)
+    rates = sidecar_rates(batch, opts.load)
+    work = (cx.cpu_req + cx.cpu_resp) * w[:, None]
+    per, at = {}, {}
+    for s in spec_of:
+        sel = (svc == s) & (cx.station >= 0)
+        if sel.any() and rr > 0:
+            per[s] = float(work[sel].sum()) / rr
+            at[s] = float(rates[sel].max())
+    total = sum(per.values())
+    if total <= 0 or len(per) < 2:
+        return None
+    q = np.arange(opts.clients + 1, dtype=np.float64)
+    mesh = np.zeros_like(q)
+    for s, m in per.items():
+        spec = batch.specs[spec_of[s]]
+        mp = profiles(spec.platform).modes.get(spec.config.mode)
+        h = np.ones_like(q) if mp is None else queue_relief(mp, at[s], q * m / total, opts.batching)
+        mesh += m * h
+    out = (opts.app_cpu_us + mesh) / (opts.app_cpu_us + total)
+    return tuple(float(x) for x in np.clip(out, 1e-6, 1.0))
 
 
 def _profile_workers(profile: Profile, spec: int, batch: EcgBatch) -> int:
@@ -480,119 +541,3 @@ def station_mix(sts: Stations, k: int, scale: float) -> tuple[float, ServiceMix]
     of = tuple(int(x) for x in uniq[:, 1])
     mix = ServiceMix(tuple(uniq[:, 0].tolist()), tuple(w.tolist()), sts.shapes, of)
     return float(rates.sum()), mix
-
-
-# ---- saturation -------------------------------------------------------------------------
-
-
-#: rate factors the utilisation is evaluated at to find where it crosses the threshold
-FACTORS = np.logspace(-3, 3, 25)
-
-
-def _rho_at(
-    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, f: float, queued: bool = False
-) -> FloatArray:
-    scaled = replace(batch, rate=batch.rate * f)
-    cx = crossings(scaled, profiles, opts, split=False, queued=queued)
-    sts = stations(scaled, profiles, cx, opts)
-    out = np.zeros(len(sts.names))
-    for k in range(len(sts.names)):
-        got = station_mix(sts, k, 1.0)
-        if got is not None:
-            out[k] = got[0] * got[1].mean() * 1e-6 / sts.servers[k]
-    return out
-
-
-def _crossing(grid: FloatArray, level: float) -> float:
-    """The rate factor at which a utilisation curve on :data:`FACTORS` reaches ``level``
-    (log–log interpolation between the grid points around it; beyond the grid, in proportion
-    to the rate, as costs are flat outside the profiled rates; inf: no load at all)."""
-    if grid.max() <= 0:
-        return math.inf
-    above = np.flatnonzero(grid >= level)
-    if above.size == 0:
-        return float(FACTORS[-1] * level / grid[-1])
-    j = int(above[0])
-    if j == 0:
-        return float(FACTORS[0] * level / grid[0])
-    x0, x1 = math.log(FACTORS[j - 1]), math.log(FACTORS[j])
-    y0, y1 = math.log(max(grid[j - 1], 1e-300)), math.log(grid[j])
-    t = (math.log(level) - y0) / (y1 - y0) if y1 != y0 else 1.0
-    return float(math.exp(x0 + t * (x1 - x0)))
-
-
-def loads(
-    batch: EcgBatch,
-    profiles: ProfileLookup,
-    opts: TailOptions,
-    sts: Stations,
-    waits: tuple[FloatArray, FloatArray, FloatArray],
-) -> tuple[StationLoad, ...]:
-    """Each station's load, and the rate factors at which it reaches the threshold and
-    saturates (see the module docstring); ``waits``: per station its utilisation, mean and
-    p99 wait (µs) as simulated. The threshold is reached at the costs of the rates (the load
-    factor at each sidecar's own rate); saturation (ρ = 1) at the costs of the closed-loop
-    maximum, where every client's request is queued (:func:`queued_factor`)."""
-    at: dict[float, list[float]] = {}
-    for level, queued in ((opts.threshold, False), (1.0, True)):
-        grid = np.stack([_rho_at(batch, profiles, opts, float(f), queued) for f in FACTORS])
-        xs = [_crossing(grid[:, k], level) for k in range(len(sts.names))]
-        finite = [k for k, x in enumerate(xs) if FACTORS[0] < x < FACTORS[-1]]
-        if finite:  # the first station to get there, exactly
-            k = min(finite, key=lambda j: xs[j])
-            xs[k] = _refined(batch, profiles, opts, k, level, xs[k], queued)
-        at[level] = xs
-    out = []
-    for k, name in enumerate(sts.names):
-        rho = float(waits[0][k])
-        out.append(
-            StationLoad(
-                name,
-                sts.modes[k],
-                sts.servers[k],
-                float(sts.job_rate[sts.job_station == k].sum()),
-                _mean_service(sts, k),
-                rho,
-                at[opts.threshold][k],
-                at[1.0][k],
-                rho * sts.servers[k] / opts.threshold,
-                float(waits[1][k]),
-                float(waits[2][k]),
-            )
-        )
-    return tuple(out)
-
-
-def _refined(
-    batch: EcgBatch,
-    profiles: ProfileLookup,
-    opts: TailOptions,
-    k: int,
-    level: float,
-    x: float,
-    queued: bool = False,
-) -> float:
-    """Station ``k``'s crossing of ``level`` by bisection in log rate factor inside the grid
-    step around ``x`` (the grid's interpolation misses by up to several per cent where costs
-    bend with rate)."""
-    step = float(FACTORS[1] / FACTORS[0])
-    lo, hi = math.log(x / step), math.log(x * step)
-    y_lo, y_hi = (float(_rho_at(batch, profiles, opts, math.exp(v), queued)[k]) for v in (lo, hi))
-    if not 0 < y_lo < level <= y_hi:
-        return x
-    for _ in range(REFINE_STEPS):
-        mid = (lo + hi) / 2
-        y = float(_rho_at(batch, profiles, opts, math.exp(mid), queued)[k])
-        lo, y_lo, hi, y_hi = (mid, y, hi, y_hi) if y < level else (lo, y_lo, mid, y)
-    # log–log between the last two: exact where the utilisation is a power of the rate
-    t = (math.log(level) - math.log(y_lo)) / (math.log(y_hi) - math.log(y_lo))
-    return math.exp(lo + t * (hi - lo))
-
-
-#: bisection steps of a saturation rate inside one grid step (a factor of 1.78): 0.2 %
-REFINE_STEPS = 9
-
-
-def _mean_service(sts: Stations, k: int) -> float:
-    got = station_mix(sts, k, 1.0)
-    return 0.0 if got is None else got[1].mean()

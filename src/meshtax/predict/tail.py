@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +62,7 @@ from meshtax.model.ecg import EcgBatch
 from meshtax.predict.critical_path import Structure, propagate, structure
 from meshtax.predict.engine import ProfileLookup
 from meshtax.predict.queueing import SaturatedError, ServiceMix, Shape, Station, waiting_times
+from meshtax.predict.saturation import loads
 from meshtax.predict.stations import (
     Crossings,
     StationLoad,
@@ -69,7 +70,6 @@ from meshtax.predict.stations import (
     TailOptions,
     crossings,
     latency_shape,
-    loads,
     request_rate,
     station_mix,
     stations,
@@ -100,6 +100,8 @@ class TailPrediction:
     request of the mix): ``pooled_base_us``, ``pooled_new_us``, ``pooled_overhead_us`` and
     its bounds. Saturated graphs hold inf. ``request_rate``: requests/s entering the graphs
     (their root calls, under the ``load`` rule), the unit of saturation rates.
+    ``served_utilisation``: the busiest station's utilisation at the service its simulated
+    jobs were given (with ``relief``, below the priced one once a queue builds).
     """
 
     percentiles: tuple[float, ...]
@@ -118,6 +120,7 @@ class TailPrediction:
     samples: int
     threshold: float
     warnings: tuple[str, ...] = field(default=())
+    served_utilisation: float = math.nan
 
     @property
     def first_to_saturate(self) -> StationLoad | None:
@@ -177,6 +180,7 @@ class _Run:
     rho: FloatArray
     mean_wait: FloatArray
     p99_wait: FloatArray
+    served_rho: FloatArray
 
 
 def _simulate(
@@ -198,20 +202,29 @@ def _simulate(
     S = len(sts.names)
     waits: list[FloatArray | None] = []
     rho = np.zeros(S)
+    served_rho = np.zeros(S)
     for k in range(S):
         got = station_mix(sts, k, scale)
         if got is None:
             waits.append(np.zeros(1))
             continue
-        st = Station(got[0], sts.servers[k], got[1], opts.arrivals, opts.clients, opts.jitter_us)
+        relief = sts.relief if k == sts.shared else None
+        st = Station(
+            got[0], sts.servers[k], got[1], opts.arrivals, opts.clients, opts.jitter_us, relief
+        )
         rho[k] = st.utilisation
         if sts.shared >= 0 and k != sts.shared:
             waits.append(np.zeros(1))  # on shared CPUs a worker waits for the CPUs
             continue
+        served: list[float] = []
         try:
-            waits.append(waiting_times(st, opts.queue_jobs, seed=opts.seed + 7 * k + 1))
+            waits.append(
+                waiting_times(st, opts.queue_jobs, seed=opts.seed + 7 * k + 1, served=served)
+            )
         except SaturatedError:
             waits.append(None)
+        if served:
+            served_rho[k] = got[0] * served[0] * 1e-6 / sts.servers[k]
     extra = np.zeros((m, n))
     side_of, shapes = lat_shapes
     for side in (0, 1):
@@ -241,11 +254,12 @@ def _simulate(
         base = shape_base(shape)
         u = _base_ranks(base, rng, m)
         new = new + _shared_wait(sts, waits[sts.shared], cpus, opts, u)
-        if opts.stalls:
-            new = new + _stall_backlog(base, sts, rho[sts.shared], cpus, u)
+        if opts.stalls:  # the drain at the utilisation as served (with relief: lower)
+            busy = served_rho[sts.shared] or rho[sts.shared]
+            new = new + _stall_backlog(base, sts, busy, cpus, u)
     mean_w = np.array([np.inf if w is None else float(w.mean()) for w in waits])
     p99_w = np.array([np.inf if w is None else float(np.quantile(w, 0.99)) for w in waits])
-    return _Run(new, rho, mean_w, p99_w)
+    return _Run(new, rho, mean_w, p99_w, served_rho)
 
 
 def _base_ranks(base: FloatArray, rng: np.random.Generator, m: int) -> FloatArray:
@@ -409,7 +423,10 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
     pb = _quantiles(np.tile(base, m), ps)  # weighted as the draws are: m per graph
     pe = _mc_error(mid.new.reshape(-1, 1), ps)[:, 0]
     rate = request_rate(batch, opts.load)
-    found = loads(batch, profiles, opts, sts, (mid.rho, mid.mean_wait, mid.p99_wait))
+    # saturation is the profile's own: the closed loop's maximum is priced at its queue state
+    # by the capacity runs, which a cost scale fitted at a fixed rate does not measure
+    sat_opts = replace(opts, cost_scale=1.0)
+    found = loads(batch, profiles, sat_opts, sts, (mid.rho, mid.mean_wait, mid.p99_wait))
     for st in found:
         if st.saturated and opts.clients is None:
             warnings.append(
@@ -444,4 +461,5 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
         samples=m,
         threshold=opts.threshold,
         warnings=tuple(dict.fromkeys(warnings)),
+        served_utilisation=float(np.max(np.where(mid.served_rho > 0, mid.served_rho, mid.rho))),
     )

@@ -49,6 +49,7 @@ from meshtax.validate.run import APP_PORT, app_protocol, sidecar_modes
 from meshtax.validate.tail import (
     BASE_PROBS,
     PERCENTILES,
+    TOPOLOGY_SHARED_SCV,
     Predicted,
     TailPoint,
     TailRun,
@@ -373,7 +374,11 @@ def run_topology_tail(
         try:
             # the arrivals: fortio's even schedule, late by the lag the entry's spans show
             lag = arrival_lag_us(level, pt.rate)
-            opts = replace(_options(plan, pinning, _app_cpu(pt), 1), jitter_us=lag)
+            opts = replace(
+                _options(plan, pinning, _app_cpu(pt), 1),
+                jitter_us=lag,
+                shared_scv=TOPOLOGY_SHARED_SCV,
+            )
             pred: Predicted | None = predict_traces_tail(str(path), profile, configs, pt.rate, opts)
             err = None
         except ValueError as e:
