@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from meshtax.model.microarch import (
+    AGREEMENT_BOUNDS,
     METRICS,
+    MIN_COUNT,
     PUBLISHED_BRANCHES,
     PUBLISHED_MICROARCH,
     PUBLISHED_RATIOS,
@@ -51,15 +53,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "rbac_10k": ("rbac_http_10000", "rbac_network_10000"),
 }
 #: compared between two runs: instructions within 2 %, simulated misses within 5 % (issue #19)
-AGREEMENT_METRICS: dict[str, float] = {
-    "instructions": 0.02,
-    "i1_misses": 0.05,
-    "d1_misses": 0.05,
-    "ll_misses": 0.05,
-    "branch_misses": 0.05,
-}
-#: a count below this per request is not compared relatively (a few misses of a warm LL)
-MIN_COUNT = 1.0
+AGREEMENT_METRICS: dict[str, float] = AGREEMENT_BOUNDS
 LABELS = {
     "instructions": "instructions",
     "i1_misses": "I1 misses",
