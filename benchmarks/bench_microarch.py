@@ -58,7 +58,19 @@ def micro(store: ProfileStore, name: str) -> Microarch:
     return m
 
 
+def _rounds(m: Microarch, mode: str, variant: str, size: int) -> list[list[int]]:
+    r = m.row(mode, variant, size)
+    return [] if r is None else [list(x) for x in r.rounds]
+
+
+def _unresolved(m: Microarch, mode: str, variant: str, size: int, metric: str) -> bool:
+    r = m.row(mode, variant, size)
+    return r is not None and metric in r.unresolved
+
+
 def compare(a: Microarch, b: Microarch) -> dict[str, Any]:
+    """Every item of both runs (:func:`agreement`), with each row's counting rounds (its
+    windows, ``[n1, n2]`` a round) and whether the metric stayed unresolved in it."""
     items = agreement(a, b)
     worst: dict[str, float] = {}
     spread: dict[str, float] = {}
@@ -79,6 +91,8 @@ def compare(a: Microarch, b: Microarch) -> dict[str, Any]:
                 "spread": None if x.spread is None else round(x.spread, 5),
                 "bound": x.bound,
                 "ok": x.ok,
+                "rounds": [_rounds(m, x.mode, x.variant, x.size) for m in (a, b)],
+                "unresolved": [_unresolved(m, x.mode, x.variant, x.size, x.metric) for m in (a, b)],
             }
             for x in items
         ],
