@@ -159,7 +159,9 @@ def spread_table(m: Microarch) -> Tab | None:
             str(r.size),
             r.variant,
             str(len(r.pairs)),
-            f"{r.n1} / {r.n2}",
+            " → ".join(f"{a} / {b}" for a, b in r.rounds)
+            if len(r.rounds) > 1
+            else f"{r.n1} / {r.n2}",
             *(_f(r.spread(m.source, n), "±{:.1%}") for n in names),
         ]
         for r in m.rows
@@ -168,11 +170,22 @@ def spread_table(m: Microarch) -> Tab | None:
     if not rows:
         return None
     head = ("mode", "size (B)", "variant", "pairs", "n1 / n2", *(LABELS[n] for n in names))
-    note = (
+    notes = [
         "per request = the median of the pairs' (C(n2) − C(n1)) / (n2 − n1); the spread is "
-        "half their range over that median"
-    )
-    return Tab("How sure: spread of the window pairs", head, rows, [note])
+        "half their range over that median; n1 / n2 → …: a row counted again with more "
+        "requests (its pairs left a compared count beyond its bound), the last round's pairs"
+    ]
+    left = [
+        f"{r.mode} {r.variant} ({', '.join(LABELS[u] for u in r.unresolved)})"
+        for r in m.rows
+        if r.unresolved
+    ]
+    if left:
+        notes.append(
+            "unresolved after the last round (two runs may differ beyond the bound): "
+            + "; ".join(left)
+        )
+    return Tab("How sure: spread of the window pairs", head, rows, notes)
 
 
 def parts_table(m: Microarch) -> Tab | None:
