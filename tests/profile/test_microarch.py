@@ -254,7 +254,7 @@ def test_a_row_the_budget_cannot_resolve_says_so(tb: Testbed) -> None:
     [
         (0.2, 1e9, 50 + 1000),  # 4× the bound: the difference (250) grown 4×
         (0.06, 1e9, 50 + 500),  # at least 2×
-        (5.0, 1e9, 50 + 4000),  # at most 16×
+        (5.0, 1e9, 50 + 8000),  # at most 32×
         (5.0, 3 * (50 + 1050) * 0.01, 50 + 1000),  # cut to what the budget pays for
         (5.0, 3 * (50 + 500) * 0.01 - 0.1, None),  # not even 2×: stop
     ],

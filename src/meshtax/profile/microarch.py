@@ -123,11 +123,11 @@ class MicroarchOptions:
     pin: bool = True
     resolve_s: float = 300.0
     resolve_min: float = 2.0
-    resolve_max: float = 16.0
+    resolve_max: float = 32.0
 
     @classmethod
     def quick(cls) -> MicroarchOptions:
-        return cls(warmup_n=50, n1=50, n2=250, max_n2=5_000, budget=6e7, resolve_s=150.0)
+        return cls(warmup_n=50, n1=50, n2=250, max_n2=5_000, budget=6e7, resolve_s=200.0)
 
     def windows(self, per_request: float | None) -> tuple[int, int]:
         """(n1, n2) for a variant of about ``per_request`` instructions per request."""
