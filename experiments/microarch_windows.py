@@ -38,7 +38,7 @@ from meshtax.testbed.pods import Testbed
 from meshtax.testbed.system import RealSystem, System
 from meshtax.testbed.tools import tool
 
-EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "DLmr", "Bcm", "Bim")
+EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw", "Bcm", "Bim")
 
 
 @dataclass
@@ -134,7 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             count(mode, comps, a.count, a.connections, f)
         return 0
     extra = {**(QUIET_TIMERS if a.quiet else {}), **json.loads(a.bootstrap)}
-    args = (*(QUIET_ARGS if a.quiet else ()), *a.args.split())
+    # an --args flush interval replaces the quiet one (Envoy takes an option once)
+    own = "--file-flush-interval-msec" in a.args
+    args = (*(QUIET_ARGS if a.quiet and not own else ()), *a.args.split())
 
     def envoy(system: Any, config: Any, *args: Any, **kw: Any) -> EnvoyProcess:
         return EnvoyProcess(system, {**config, **extra}, *args, **kw)
