@@ -85,7 +85,8 @@ def _windows(rounds: list[list[int]]) -> str:
 def recount_rows(docs: Sequence[dict[str, Any]]) -> list[str]:
     """Markdown rows for the rows counted in more than one round in either run (their
     pairs left a compared count unresolved): each round's windows per run, and every
-    metric of the row that may be compared (≥ 0.5 a request) with both runs' counts, their
+    metric of the row that may be compared (≥ 0.5 a request, in the last round or the first)
+    with both runs' counts (the first round's too, where the JSON has them), their
     difference, the pairs' spread and whether it stayed unresolved."""
     out = []
     for doc in docs:
@@ -99,12 +100,21 @@ def recount_rows(docs: Sequence[dict[str, Any]]) -> list[str]:
                 continue
             ms = []
             for x in xs:
-                if max(x["a"], x["b"]) < 0.5 and not any(x.get("unresolved") or ()):
+                first = [f for f in x.get("first") or () if f is not None]
+                if max(x["a"], x["b"], *first) < 0.5 and not any(x.get("unresolved") or ()):
                     continue
                 left = [f"run {i + 1}" for i, u in enumerate(x.get("unresolved") or ()) if u]
                 sp = x.get("spread")
+                was = x.get("first") or [None, None]
+                before = (
+                    ""
+                    if all(f is None for f in was)
+                    else "first round "
+                    + ", ".join("—" if f is None else _n(f) for f in was)
+                    + " → "
+                )
                 ms.append(
-                    f"{LABEL.get(x['metric'], x['metric'])} {_n(x['a'])}, {_n(x['b'])} "
+                    f"{LABEL.get(x['metric'], x['metric'])} {before}{_n(x['a'])}, {_n(x['b'])} "
                     f"({_pct(x['rel'], 1)}"
                     + ("" if sp is None else f", pairs ±{100 * sp:.1f} %")
                     + (f", unresolved in {' and '.join(left)}" if left else "")

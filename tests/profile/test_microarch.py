@@ -221,6 +221,10 @@ def test_a_bursty_count_is_counted_again_with_more_requests_until_resolved(tb: T
     assert all(n1 == 50 and n2 > 300 for n1, n2 in row.rounds[1:])
     assert (row.n1, row.n2) == row.rounds[-1]
     assert row.unresolved == ()
+    # the first round's pairs are kept: they did not resolve the LL misses
+    assert len(row.earlier) == len(row.rounds) - 1
+    first = dataclasses.replace(row, pairs=row.earlier[0])
+    assert first.unresolved_by_pairs("valgrind") == ["ll_misses"]
     spread = row.spread("valgrind", "ll_misses")
     assert spread is not None and spread <= 0.05
     assert metric(row.per_request, "valgrind", "ll_misses") == pytest.approx(1.0, rel=0.05)

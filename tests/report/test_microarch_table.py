@@ -105,13 +105,20 @@ def test_rows_counted_again_are_listed_with_their_rounds(
         **_item("access_log", "ll_misses", 1.02, 0.98, 0.05),
         "rounds": [[[46, 230], [46, 2300]], [[46, 230]]],
         "unresolved": [False, True],
+        "first": [1.6, None],
+    }
+    low = {  # below 0.5 now, but not in the first round: listed with it
+        **_item("access_log", "d1_misses", 0.1, 0.09, 0.05),
+        "rounds": [[[46, 230], [46, 2300]], [[46, 230]]],
+        "first": [0.8, None],
     }
     base = {**_item("base", "ll_misses", 0.02, 0.01, 0.05), "rounds": [[[46, 230]], [[46, 230]]]}
-    doc = {**BENCH, "agreement": [{"items": [ll, base]}]}
+    doc = {**BENCH, "agreement": [{"items": [ll, low, base]}]}
     rows = mt.recount_rows([doc])
     assert len(rows) == 1
     assert "46/230 → 46/2300" in rows[0] and "| 46/230 |" in rows[0]
-    assert "LL 1.02, 0.98" in rows[0] and "unresolved in run 2" in rows[0]
+    assert "LL first round 1.60, — → 1.02, 0.98" in rows[0] and "unresolved in run 2" in rows[0]
+    assert "D1 first round 0.80, — → 0.10, 0.09" in rows[0]
     p = tmp_path / "g.json"
     p.write_text(json.dumps(doc))
     mt.main([str(p)])
@@ -132,10 +139,13 @@ def test_bench_microarch_items_carry_each_rows_rounds() -> None:
     row = CounterRow(
         "grpc", "access_log", 100, 46, 2300, 50, {"Ir": 2e5, **ll, "DLmw": 1.0},
         rounds=((46, 230), (46, 2300)), unresolved=("ll_misses",),
+        earlier=(({"Ir": 2e5, **ll, "DLmw": 3.0}, {"Ir": 2e5, **ll, "DLmw": 1.0}),),
     )  # fmt: skip
     a = Microarch("valgrind", "t", (row,))
-    b = Microarch("valgrind", "t", (row.__class__(**{**row.__dict__, "rounds": ((46, 230),)}),))
+    one = {**row.__dict__, "rounds": ((46, 230),), "earlier": ()}
+    b = Microarch("valgrind", "t", (row.__class__(**one),))
     got = {x["metric"]: x for x in bm.compare(a, b)["items"]}
     assert got["ll_misses"]["rounds"] == [[[46, 230], [46, 2300]], [[46, 230]]]
     assert got["ll_misses"]["unresolved"] == [True, True]
     assert got["instructions"]["unresolved"] == [False, False]
+    assert got["ll_misses"]["first"] == [2.0, None]  # the first round's median

@@ -46,8 +46,9 @@ __all__ = [
 #: no request); format-1 rows load with one pair and their ``main`` as ``background``.
 #: 3 — 2026-11-26: a row keeps the windows of every counting round (``rounds``: a row whose
 #: pairs did not resolve a compared count within its bound is counted again with more
-#: requests) and the metrics still unresolved after the last (``unresolved``); older rows
-#: load with one round (their own windows) and nothing unresolved.
+#: requests), the pairs of the rounds before the last (``earlier``) and the metrics still
+#: unresolved after the last (``unresolved``); older rows load with one round (their own
+#: windows), no earlier pairs and nothing unresolved.
 MICROARCH_FORMAT = 3
 
 #: metric → events summed, per source (a metric a source lacks is absent from its rows)
@@ -178,6 +179,10 @@ class CounterRow:
     available). ``background``: per request, the events of the threads that serve no request
     (Envoy's main thread, watchdogs, gRPC timers: their work follows a window's wall time, not
     its requests; not in ``per_request``), when the source counts threads apart.
+    ``rounds``: the (n1, n2) windows of every counting round, the last the row's own (a row
+    whose pairs leave a compared count unresolved is counted again with more requests);
+    ``earlier``: the pairs of the rounds before the last; ``unresolved``: the metrics the last
+    round's pairs still do not resolve (:meth:`unresolved_by_pairs`).
     """
 
     mode: str
@@ -195,6 +200,7 @@ class CounterRow:
     pairs: tuple[Mapping[str, float], ...] = ()
     rounds: tuple[tuple[int, int], ...] = ()
     unresolved: tuple[str, ...] = ()
+    earlier: tuple[tuple[Mapping[str, float], ...], ...] = ()
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -246,6 +252,7 @@ class CounterRow:
             "pairs": [dict(p) for p in self.pairs],
             "rounds": [list(r) for r in self.rounds],
             "unresolved": list(self.unresolved),
+            "earlier": [[dict(p) for p in ps] for ps in self.earlier],
         }
 
     @classmethod
@@ -268,6 +275,7 @@ class CounterRow:
             # format ≤ 2: one round, its own windows; nothing recorded as unresolved
             rounds=tuple((int(a), int(b)) for a, b in d.get("rounds", [[d["n1"], d["n2"]]])),
             unresolved=tuple(str(m) for m in d.get("unresolved", ())),
+            earlier=tuple(tuple(_floats(p) for p in ps) for ps in d.get("earlier", ())),
         )
 
 

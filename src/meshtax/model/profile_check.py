@@ -152,6 +152,10 @@ PROFILE_SCHEMA: dict[str, Any] = {
                                 },
                             },
                             "unresolved": {"type": "array", "items": {"type": "string"}},
+                            "earlier": {
+                                "type": "array",
+                                "items": {"type": "array", "items": {"$ref": "#/$defs/events"}},
+                            },
                             "by_part": {
                                 "type": "object",
                                 "additionalProperties": {"$ref": "#/$defs/events"},

@@ -302,18 +302,20 @@ def count_variant(
     pairs leave a compared count unresolved (:meth:`CounterRow.unresolved_by_pairs`), the
     row is counted again in rounds of larger ``n2`` (:func:`next_n2`) within
     ``opts.resolve_s`` seconds (``clock``); the row is the last round's, its ``rounds`` every
-    round's windows, its ``unresolved`` what the last left."""
+    round's windows, its ``earlier`` the pairs of the rounds before the last, its
+    ``unresolved`` what the last left."""
     clock = clock or time.monotonic
     t0 = clock()
     w, (n1, n2), pairs = count_windows(ve, counter, source, name, size, opts)
     seconds = clock() - t0  # the warm-up's and settling windows' too: a pace on the safe side
     row, share = _row(ve.mode, name, size, opts, w, n1, n2, pairs, source, members, attribution)
     # a compared count the pairs do not resolve: count the row again with more requests
-    rounds, spent = [(n1, n2)], 0.0
+    rounds, spent, earlier = [(n1, n2)], 0.0, []
     while row.unresolved_by_pairs(source):
         n2_new = next_n2(row, source, seconds, opts.resolve_s - spent, opts)
         if n2_new is None:
             break
+        earlier.append(tuple(row.pairs))
         t0 = clock()
         pairs = count_pairs(ve, counter, ve.target(name), size, n1, n2_new, opts)
         seconds = clock() - t0
@@ -324,7 +326,10 @@ def count_variant(
         )
     return (
         dataclasses.replace(
-            row, rounds=tuple(rounds), unresolved=tuple(row.unresolved_by_pairs(source))
+            row,
+            rounds=tuple(rounds),
+            unresolved=tuple(row.unresolved_by_pairs(source)),
+            earlier=tuple(earlier),
         ),
         share,
     )
