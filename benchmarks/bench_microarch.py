@@ -26,13 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from meshtax.model.microarch import Microarch
+from meshtax.model.microarch import Microarch, metric
 from meshtax.report.microarch import additivity, agreement, published_ratios
 from meshtax.store.sqlite import ProfileStore, StoreError
 
@@ -58,7 +59,30 @@ def micro(store: ProfileStore, name: str) -> Microarch:
     return m
 
 
+def _rounds(m: Microarch, mode: str, variant: str, size: int) -> list[list[int]]:
+    r = m.row(mode, variant, size)
+    return [] if r is None else [list(x) for x in r.rounds]
+
+
+def _first(m: Microarch, mode: str, variant: str, size: int, name: str) -> float | None:
+    """The metric per request of the row's first round (its pairs' median), when the row was
+    counted again."""
+    r = m.row(mode, variant, size)
+    if r is None or not r.earlier:
+        return None
+    xs = [metric(p, m.source, name) for p in r.earlier[0]]
+    vals = [x for x in xs if x is not None]
+    return None if not vals else round(float(statistics.median(vals)), 3)
+
+
+def _unresolved(m: Microarch, mode: str, variant: str, size: int, name: str) -> bool:
+    r = m.row(mode, variant, size)
+    return r is not None and name in r.unresolved
+
+
 def compare(a: Microarch, b: Microarch) -> dict[str, Any]:
+    """Every item of both runs (:func:`agreement`), with each row's counting rounds (its
+    windows, ``[n1, n2]`` a round) and whether the metric stayed unresolved in it."""
     items = agreement(a, b)
     worst: dict[str, float] = {}
     spread: dict[str, float] = {}
@@ -79,6 +103,9 @@ def compare(a: Microarch, b: Microarch) -> dict[str, Any]:
                 "spread": None if x.spread is None else round(x.spread, 5),
                 "bound": x.bound,
                 "ok": x.ok,
+                "rounds": [_rounds(m, x.mode, x.variant, x.size) for m in (a, b)],
+                "first": [_first(m, x.mode, x.variant, x.size, x.metric) for m in (a, b)],
+                "unresolved": [_unresolved(m, x.mode, x.variant, x.size, x.metric) for m in (a, b)],
             }
             for x in items
         ],

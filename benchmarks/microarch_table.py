@@ -69,6 +69,65 @@ def agreement_rows(docs: Sequence[dict[str, Any]]) -> tuple[list[str], int, int,
     return out, compared, beyond, bad
 
 
+LABEL = {
+    "instructions": "instructions",
+    "i1_misses": "I1",
+    "d1_misses": "D1",
+    "ll_misses": "LL",
+    "branch_misses": "branch",
+}
+
+
+def _windows(rounds: list[list[int]]) -> str:
+    return " → ".join(f"{n1}/{n2}" for n1, n2 in rounds) if rounds else "—"
+
+
+def recount_rows(docs: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown rows for the rows counted in more than one round in either run (their
+    pairs left a compared count unresolved): each round's windows per run, and every
+    metric of the row that may be compared (≥ 0.5 a request, in the last round or the first)
+    with both runs' counts (the first round's too, where the JSON has them), their
+    difference, the pairs' spread and whether it stayed unresolved."""
+    out = []
+    for doc in docs:
+        by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for x in items(doc):
+            by.setdefault((x["mode"], x["variant"]), []).append(x)
+        for (mode, variant), xs in by.items():
+            rounds = xs[0].get("rounds") or [[], []]
+            unres = [x for x in xs if any(x.get("unresolved") or ())]
+            if max(len(r) for r in rounds) <= 1 and not unres:
+                continue
+            ms = []
+            for x in xs:
+                first = [f for f in x.get("first") or () if f is not None]
+                if max(x["a"], x["b"], *first) < 0.5 and not any(x.get("unresolved") or ()):
+                    continue
+                left = [f"run {i + 1}" for i, u in enumerate(x.get("unresolved") or ()) if u]
+                sp = x.get("spread")
+                was = x.get("first") or [None, None]
+                before = (
+                    ""
+                    if all(f is None for f in was)
+                    else "first round "
+                    + ", ".join("—" if f is None else _n(f) for f in was)
+                    + " → "
+                )
+                ms.append(
+                    f"{LABEL.get(x['metric'], x['metric'])} {before}{_n(x['a'])}, {_n(x['b'])} "
+                    f"({_pct(x['rel'], 1)}"
+                    + ("" if sp is None else f", pairs ±{100 * sp:.1f} %")
+                    + (f", unresolved in {' and '.join(left)}" if left else "")
+                    + ")"
+                )
+            out.append(
+                f"| {mode} | {variant} | {_windows(rounds[0])} | {_windows(rounds[1])} | "
+                + "; ".join(ms)
+                + " |"
+            )
+    return out
+
+
 def findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Each run's additivity and ratios, whichever script wrote ``doc``."""
     if "findings" in doc:
@@ -111,6 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 k = f"{x['mode']} {x['metric']}"
                 worst[k] = max(worst.get(k, 0.0), abs(x["rel"]))
     print("\nworst |Δ|: " + ", ".join(f"{k} {100 * v:.2f} %" for k, v in worst.items()))
+    again = recount_rows(docs)
+    if again:
+        print(
+            "\nRows counted again (windows n1/n2 of each round; counts per request, run 1, run 2):"
+            "\n\n| mode | variant | run 1 rounds | run 2 rounds | counts |\n|---|---|---|---|---|"
+        )
+        print("\n".join(again))
     print("\n| mode | chain | error on total (run 1, run 2) | error on increment (run 1, run 2) |")
     print("|---|---|---:|---:|")
     for doc in docs:

@@ -8,8 +8,10 @@ request and their difference against the issue's bounds (issue #19).
         --variants header_mutation,rate_limit,ip_tagging_1 --out artifacts/i19/http.json
 
 ``--variants default``: the mode's share of ``profile --microarch``'s default set.
-``--runs N`` counts N times; ``--no-pin`` leaves client, echo app and Envoy unpinned (the
-profile pins Envoy alone on CPU 1); ``--cap PCT`` runs the counts inside a cgroup-v1 CPU quota
+``--resolve-s S``: seconds a row may spend counted again where its pairs leave a compared
+count unresolved (default: the quick profile's 200). ``--runs N`` counts N times;
+``--no-pin`` leaves client, echo app and Envoy unpinned (the profile pins Envoy alone on
+CPU 1); ``--cap PCT`` runs the counts inside a cgroup-v1 CPU quota
 of PCT % of one CPU, with ``--cap-runs`` saying which runs (e.g. ``2``): the contention check
 of gRPC's counts (a run capped by another session's quiet measurement came out up to 3 %
 above an uncapped one). ``benchmarks/bench_microarch.py`` does the same through the CLI; this
@@ -27,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +37,7 @@ from typing import Any
 
 from microarch_windows import _LoggingSource
 
-from meshtax.model.microarch import Microarch
+from meshtax.model.microarch import Microarch, metric
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends
 from meshtax.profile.microarch import (
@@ -79,8 +82,28 @@ def cap(pct: float | None, name: str = "mtx-h19-cap") -> None:
     (d / "cgroup.procs").write_text(str(os.getpid()))
 
 
+def _row_info(m: Microarch, mode: str, variant: str, size: int, name: str) -> dict[str, Any]:
+    """The row's counting rounds, whether ``name`` stayed unresolved, its first round's count
+    (the median of that round's pairs, when the row was counted again)."""
+    r = m.row(mode, variant, size)
+    if r is None:
+        return {"rounds": [], "unresolved": False, "first": None}
+    first = None
+    if r.earlier:
+        vals = [v for p in r.earlier[0] if (v := metric(p, m.source, name)) is not None]
+        first = round(float(statistics.median(vals)), 3) if vals else None
+    return {
+        "rounds": [list(x) for x in r.rounds],
+        "unresolved": name in r.unresolved,
+        "first": first,
+    }
+
+
 def compared(a: Microarch, b: Microarch) -> dict[str, Any]:
+    """Every item of two runs, with each row's rounds (``[n1, n2]`` a round), whether the
+    item stayed unresolved and its first round's count, per run."""
     items = agreement(a, b)
+    info = [[_row_info(m, x.mode, x.variant, x.size, x.metric) for m in (a, b)] for x in items]
     return {
         "items": [
             {
@@ -91,8 +114,11 @@ def compared(a: Microarch, b: Microarch) -> dict[str, Any]:
                 "rel": None if x.rel is None else round(x.rel, 5),
                 "spread": None if x.spread is None else round(x.spread, 5),
                 "ok": x.ok,
+                "rounds": [i["rounds"] for i in ii],
+                "unresolved": [i["unresolved"] for i in ii],
+                "first": [i["first"] for i in ii],
             }
-            for x in items
+            for x, ii in zip(items, info)
         ],
         "beyond_bound": sum(not x.ok for x in items),
         "compared": sum(x.rel is not None for x in items),
@@ -113,6 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-pin", action="store_true", help="leave every process unpinned")
     ap.add_argument("--cap", type=float, help="CPU quota, %% of one CPU, for --cap-runs")
     ap.add_argument("--cap-runs", default="", help="comma-separated run numbers to cap")
+    ap.add_argument(
+        "--resolve-s",
+        type=float,
+        help="seconds a row may spend counted again (default: the quick profile's)",
+    )
     a = ap.parse_args(argv)
     mode = Mode(a.mode)
     if a.variants == "default":
@@ -122,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for c in comps:
         parse_component(c)
     opts = dataclasses.replace(MicroarchOptions.quick(), pin=not a.no_pin)
+    if a.resolve_s is not None:
+        opts = dataclasses.replace(opts, resolve_s=a.resolve_s)
     capped = {int(x) for x in a.cap_runs.split(",") if x}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []

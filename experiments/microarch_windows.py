@@ -32,13 +32,13 @@ from meshtax.testbed.callgrind import CallgrindSpec
 from meshtax.testbed.counters import Counted, CounterSource, Counts, WindowCounter
 from meshtax.testbed.envoy.filters import parse_component
 from meshtax.testbed.envoy.process import EnvoyProcess
-from meshtax.testbed.envoy.variants import BASE, filter_variants
+from meshtax.testbed.envoy.variants import BASE, QUIET_ARGS, QUIET_TIMERS, filter_variants
 from meshtax.testbed.fortio import LoadSpec, load_argv, run_spec
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.system import RealSystem, System
 from meshtax.testbed.tools import tool
 
-EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "DLmr", "Bcm", "Bim")
+EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw", "Bcm", "Bim")
 
 
 @dataclass
@@ -112,6 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--bootstrap", default="{}", help="JSON merged into Envoy's bootstrap")
     ap.add_argument(
+        "--quiet",
+        action="store_true",
+        help="as the profile counts: its quiet timers and arguments, Envoy alone on CPU 1",
+    )
+    ap.add_argument("--args", default="", help="extra Envoy arguments, space-separated")
+    ap.add_argument(
         "--count", type=int, metavar="PAIRS", help="the profile's own counting, PAIRS pairs"
     )
     ap.add_argument("--connections", type=int, default=1, help="--count: per window")
@@ -127,7 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with a.out.open("w") as f:
             count(mode, comps, a.count, a.connections, f)
         return 0
-    extra = json.loads(a.bootstrap)
+    extra = {**(QUIET_TIMERS if a.quiet else {}), **json.loads(a.bootstrap)}
+    # an --args flush interval replaces the quiet one (Envoy takes an option once)
+    own = "--file-flush-interval-msec" in a.args
+    args = (*(QUIET_ARGS if a.quiet and not own else ()), *a.args.split())
 
     def envoy(system: Any, config: Any, *args: Any, **kw: Any) -> EnvoyProcess:
         return EnvoyProcess(system, {**config, **extra}, *args, **kw)
@@ -149,6 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             len(comps) + 1,
             label="exp-windows",
             callgrind=src.callgrind or False,
+            args=args,
+            pin=a.quiet,
+            alone=a.quiet,
         ) as ve:
             env = ve.env
             t_last = time.monotonic()

@@ -77,6 +77,15 @@ def test_round_trip_inside_a_profile() -> None:
     assert d["microarch"]["format"] == MICROARCH_FORMAT
     assert Profile.from_dict(d) == p
     assert Microarch.from_dict(MICRO.to_dict()) == MICRO
+    again = dataclasses.replace(
+        ROW,
+        rounds=((100, 500), (100, 4100)),
+        unresolved=("ll_misses",),
+        earlier=(({"Ir": 1.0, "DLmw": 3.0}, {"Ir": 1.0, "DLmw": 0.0}),),
+    )
+    m = dataclasses.replace(MICRO, rows=(again,))
+    assert Microarch.from_dict(m.to_dict()) == m
+    assert Profile.from_dict(dataclasses.replace(p, microarch=m).to_dict()).microarch == m
 
 
 def test_old_documents_load_and_newer_are_refused() -> None:
@@ -92,6 +101,8 @@ def test_old_documents_load_and_newer_are_refused() -> None:
         {"mode": "tcp", "variant": "base", "size": 1, "n1": 1, "n2": 2, "per_request": {"Ir": 3}}
     )
     assert r.fixed == {} and r.background == {} and r.members == ()
+    # format ≤ 2: one round, its own windows; nothing earlier, nothing unresolved
+    assert r.rounds == ((1, 2),) and r.earlier == () and r.unresolved == ()
 
 
 def test_a_first_format_row_is_one_pair_and_its_main_thread_the_background() -> None:
@@ -157,3 +168,24 @@ def test_cache_level_checks_and_describes() -> None:
     with pytest.raises(ValueError):
         CacheLevel(1000, 8, 64)
     assert "LL 32768 KiB 16-way" in GEOM.describe()
+
+
+_LL = {"ILmr": 0.0, "DLmr": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("ll", "ir", "unresolved"),
+    [
+        ((0.11, 0.11, 0.02), (2e5, 2e5, 2e5), []),  # below half of one a request: not compared
+        ((0.965, 0.644, 0.965), (2e5, 2e5, 2e5), ["ll_misses"]),  # median ≥ 0.5, ±16.6 %
+        ((0.04, 0.03, 1.2), (2e5, 2e5, 2e5), ["ll_misses"]),  # a pair reaches one a request
+        ((2.0, 2.05, 2.02), (2e5, 2e5, 2e5), []),  # ±1.2 %: within 5 %
+        ((0.0, 0.0, 0.0), (2e5, 2.06e5, 2.12e5), ["instructions"]),  # ±2.9 % > 2 %
+        ((1.0, -1.0, 0.0), (2e5, 2e5, 2e5), ["ll_misses"]),  # a median of 0: cannot tell
+    ],
+)
+def test_unresolved_by_pairs(
+    ll: tuple[float, ...], ir: tuple[float, ...], unresolved: list[str]
+) -> None:
+    pairs = tuple({"Ir": i, **_LL, "DLmw": x} for i, x in zip(ir, ll))
+    assert dataclasses.replace(ROW, pairs=pairs).unresolved_by_pairs("valgrind") == unresolved

@@ -37,6 +37,7 @@ class FakeWorld:
     loads: list[tuple[str, int, int]] = field(default_factory=list)
     drift: float = 0.0  # added to every request's CPU: paired runs cancel it
     boots: list[Mapping[str, Any]] = field(default_factory=list)  # every Envoy's bootstrap
+    args: list[tuple[str, ...]] = field(default_factory=list)  # … and its extra command line
 
     def load(self, target: str, mode: Mode, size: int, n: int) -> LoadResult:
         name = self.port_names[int(target.rsplit(":", 1)[1])]
@@ -94,7 +95,9 @@ def fake_backends(world: FakeWorld, callgrind: bool = True, **kw: Any) -> Backen
         workdir: Path,
         place: Any = None,
         callgrind: bool = False,
+        extra_args: tuple[str, ...] = (),
     ) -> FakeEnvoy:
+        world.args.append(tuple(extra_args))
         return FakeEnvoy(world, boot, place, callgrind)
 
     return Backends(

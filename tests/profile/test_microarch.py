@@ -32,7 +32,7 @@ from meshtax.profile.microarch import (
 from meshtax.testbed.callgrind import SymbolMap
 from meshtax.testbed.counters import FakeCounterSource
 from meshtax.testbed.envoy.filters import COMBINATIONS, SAHU_MIXES
-from meshtax.testbed.envoy.variants import QUIET_TIMERS
+from meshtax.testbed.envoy.variants import QUIET_ARGS, QUIET_TIMERS
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.runstate import FakeProcOps
 from meshtax.testbed.system import FakeSystem, Placement, RealSystem
@@ -120,6 +120,9 @@ def test_each_variant_is_warmed_settled_then_counted_in_alternating_pairs(tb: Te
     (boot,) = world.boots
     assert boot["stats_flush_on_admin"] is True
     assert boot["watchdogs"] == QUIET_TIMERS["watchdogs"]
+    # … and file access logs flush by size, not on their 10 s timer (a command-line option)
+    assert world.args == [QUIET_ARGS] and "--file-flush-interval-msec" in QUIET_ARGS
+    assert row.rounds == ((n1, n2),) and row.unresolved == ()  # resolved by its pairs
 
 
 def test_a_costly_connection_does_not_shrink_the_windows(tb: Testbed) -> None:
@@ -176,15 +179,104 @@ def test_a_disturbed_window_moves_the_spread_not_the_count(tb: Testbed) -> None:
         extra = 1500.0 if len(world.loads) >= burst else 0.0
         return {"Ir": per["Ir"] * n, "D1mr": per["D1mr"] * n + extra, "D1mw": 0.0}
 
-    opts = MicroarchOptions(pairs=5, settle=4)
+    opts = MicroarchOptions(pairs=5, settle=4, resolve_s=0.0)  # no second round
     src = FakeCounterSource(total)
     (row,) = count_mode(tb, fake_backends(world), Mode.TCP, [], src, opts).rows
     assert row.per_request == pytest.approx(per)
+    assert row.rounds == ((row.n1, row.n2),) and row.unresolved == ("d1_misses",)
     d1 = [p["D1mr"] for p in row.pairs]
     # the fourth window is the second pair's n1 (n1, n2, then n2, n1)
     assert d1 == pytest.approx([2.0, 2.0 - 1500 / (row.n2 - row.n1), 2.0, 2.0, 2.0])
     assert row.spread("valgrind", "d1_misses") == pytest.approx(1500 / (row.n2 - row.n1) / 4)
     assert row.spread("valgrind", "instructions") == 0.0
+
+
+def _bursts(world: FakeWorld, period: int, burst: float) -> FakeCounterSource:
+    """A worker of 200 k instructions a request whose LL write misses come ``burst`` at a
+    time, once every ``period`` requests (an access log's buffer taking fresh memory): about
+    ``burst / period`` a request, in whichever window the burst falls."""
+
+    def total() -> dict[str, float]:
+        n = sum(k for _v, _s, k in world.loads)
+        return {"Ir": 200_000.0 * n, "ILmr": 0.0, "DLmr": 0.0, "DLmw": burst * (n // period)}
+
+    return FakeCounterSource(total)
+
+
+def _clock(world: FakeWorld, per_request_s: float = 0.01) -> Any:
+    return lambda: per_request_s * sum(k for _v, _s, k in world.loads)
+
+
+def test_a_bursty_count_is_counted_again_with_more_requests_until_resolved(tb: Testbed) -> None:
+    """LL misses in bursts of 256 every 256 requests: the quick windows (50/300) put a burst
+    in one window of a pair or the other (pairs of 0 or 2 a request); the row is counted
+    again, n2 − n1 grown by the spread over the bound, until the pairs agree within 5 %."""
+    world = FakeWorld({"base": 1.0}, {"base": 1.0}, {"base": 0.0})
+    opts = dataclasses.replace(MicroarchOptions.quick(), resolve_s=10_000.0)
+    src = _bursts(world, 256, 256.0)
+    (row,) = count_mode(
+        tb, fake_backends(world), Mode.GRPC, [], src, opts, clock=_clock(world)
+    ).rows
+    assert row.rounds[0] == (50, 300) and len(row.rounds) > 1
+    assert all(n1 == 50 and n2 > 300 for n1, n2 in row.rounds[1:])
+    assert (row.n1, row.n2) == row.rounds[-1]
+    assert row.unresolved == ()
+    # the first round's pairs are kept: they did not resolve the LL misses
+    assert len(row.earlier) == len(row.rounds) - 1
+    first = dataclasses.replace(row, pairs=row.earlier[0])
+    assert first.unresolved_by_pairs("valgrind") == ["ll_misses"]
+    spread = row.spread("valgrind", "ll_misses")
+    assert spread is not None and spread <= 0.05
+    assert metric(row.per_request, "valgrind", "ll_misses") == pytest.approx(1.0, rel=0.05)
+    assert row.per_request["Ir"] == pytest.approx(200_000.0)
+    # the rounds' windows were loaded: warm-up, settling, then every round's pairs
+    loads = [n for _v, _s, n in world.loads]
+    for _n1, n2 in row.rounds:
+        assert loads.count(n2) >= opts.pairs
+
+
+def test_a_row_the_budget_cannot_resolve_says_so(tb: Testbed) -> None:
+    """The same bursts with 10 s to spare at 10 ms a request: a round of at least twice the
+    difference does not fit; the row keeps its one round and names the unresolved count.
+    Without bursts nothing is counted again."""
+    world = FakeWorld({"base": 1.0}, {"base": 1.0}, {"base": 0.0})
+    opts = dataclasses.replace(MicroarchOptions.quick(), resolve_s=10.0)
+    be = fake_backends(world)
+    (row,) = count_mode(
+        tb, be, Mode.GRPC, [], _bursts(world, 256, 256.0), opts, clock=_clock(world)
+    ).rows
+    assert row.rounds == ((50, 300),) and row.unresolved == ("ll_misses",)
+    world.loads.clear()
+    (row,) = count_mode(
+        tb, be, Mode.GRPC, [], _bursts(world, 1, 1.0), opts, clock=_clock(world)
+    ).rows
+    assert row.rounds == ((50, 300),) and row.unresolved == ()
+
+
+@pytest.mark.parametrize(
+    ("spread", "left", "n2"),
+    [
+        (0.2, 1e9, 50 + 1000),  # 4× the bound: the difference (250) grown 4×
+        (0.06, 1e9, 50 + 500),  # at least 2×
+        (5.0, 1e9, 50 + 8000),  # at most 32×
+        (5.0, 3 * (50 + 1050) * 0.01, 50 + 1000),  # cut to what the budget pays for
+        (5.0, 3 * (50 + 500) * 0.01 - 0.1, None),  # not even 2×: stop
+    ],
+)
+def test_next_n2_grows_the_difference_by_the_spread_within_the_budget(
+    spread: float, left: float, n2: int | None
+) -> None:
+    from meshtax.model.microarch import CounterRow
+    from meshtax.profile.microarch import next_n2
+
+    # LL misses per request of three pairs: median 1, half range = spread
+    ll = {"ILmr": 0.0, "DLmr": 0.0}
+    pairs = tuple({"Ir": 2e5, **ll, "DLmw": x} for x in (1.0 - spread, 1.0, 1.0 + spread))
+    row = CounterRow("grpc", "access_log", 100, 50, 300, 50, {"Ir": 2e5}, pairs=pairs)
+    assert row.unresolved_by_pairs("valgrind") == ["ll_misses"]
+    # the last round: 3 pairs of 350 requests in 10.5 s (10 ms a request)
+    opts = MicroarchOptions.quick()
+    assert next_n2(row, "valgrind", 3 * 350 * 0.01, left, opts) == n2
 
 
 def test_count_mode_counts_combinations_with_their_members(tb: Testbed) -> None:

@@ -166,6 +166,13 @@ def test_spread_of_the_window_pairs() -> None:
     )
     assert t.rows == [["tcp", "100", "base", "3", "100 / 500", "±1.0%", "±0.0%", "±6.5%", "±0.0%"]]
     assert spread_table(MICRO) is None
+    # counted again: every round's windows, and what stayed unresolved in a note
+    again = dataclasses.replace(tcp, rounds=((100, 500), (100, 4100)), unresolved=("d1_misses",))
+    t = spread_table(dataclasses.replace(m, rows=(again,)))
+    assert t is not None and t.rows[0][4] == "100 / 500 → 100 / 4100"
+    assert (
+        "unresolved after the last round" in t.notes[-1] and "tcp base (D1 misses)" in t.notes[-1]
+    )
     wider = dataclasses.replace(tcp, pairs=(pairs[0], pairs[1]))
     (x,) = [
         i for i in agreement(m, dataclasses.replace(m, rows=(wider,))) if i.metric == "d1_misses"

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
+    "AGREEMENT_BOUNDS",
     "METRICS",
+    "MIN_COUNT",
     "MICROARCH_FORMAT",
     "PUBLISHED_BRANCHES",
     "PUBLISHED_MICROARCH",
@@ -42,7 +44,12 @@ __all__ = [
 #: 2 — 2026-11-26: a row keeps every window pair's estimate (``pairs``; ``per_request`` is
 #: their median); ``main`` (the main thread) became ``background`` (every thread that serves
 #: no request); format-1 rows load with one pair and their ``main`` as ``background``.
-MICROARCH_FORMAT = 2
+#: 3 — 2026-11-26: a row keeps the windows of every counting round (``rounds``: a row whose
+#: pairs did not resolve a compared count within its bound is counted again with more
+#: requests), the pairs of the rounds before the last (``earlier``) and the metrics still
+#: unresolved after the last (``unresolved``); older rows load with one round (their own
+#: windows), no earlier pairs and nothing unresolved.
+MICROARCH_FORMAT = 3
 
 #: metric → events summed, per source (a metric a source lacks is absent from its rows)
 METRICS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -66,6 +73,17 @@ METRICS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 #: the top-down categories, as shares of :data:`METRICS` ``slots``
 TOPDOWN = ("retiring", "bad_speculation", "frontend_bound", "backend_bound")
+#: two runs agree when these metrics per request are within these shares of each other:
+#: instructions within 2 %, simulated misses within 5 % (issue #19)
+AGREEMENT_BOUNDS: dict[str, float] = {
+    "instructions": 0.02,
+    "i1_misses": 0.05,
+    "d1_misses": 0.05,
+    "ll_misses": 0.05,
+    "branch_misses": 0.05,
+}
+#: a count below this per request is not compared relatively (a few misses of a warm LL)
+MIN_COUNT = 1.0
 
 
 def metric(events: Mapping[str, float], source: str, name: str) -> float | None:
@@ -161,6 +179,10 @@ class CounterRow:
     available). ``background``: per request, the events of the threads that serve no request
     (Envoy's main thread, watchdogs, gRPC timers: their work follows a window's wall time, not
     its requests; not in ``per_request``), when the source counts threads apart.
+    ``rounds``: the (n1, n2) windows of every counting round, the last the row's own (a row
+    whose pairs leave a compared count unresolved is counted again with more requests);
+    ``earlier``: the pairs of the rounds before the last; ``unresolved``: the metrics the last
+    round's pairs still do not resolve (:meth:`unresolved_by_pairs`).
     """
 
     mode: str
@@ -176,10 +198,32 @@ class CounterRow:
     by_part: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     background: Mapping[str, float] = field(default_factory=dict)
     pairs: tuple[Mapping[str, float], ...] = ()
+    rounds: tuple[tuple[int, int], ...] = ()
+    unresolved: tuple[str, ...] = ()
+    earlier: tuple[tuple[Mapping[str, float], ...], ...] = ()
 
     @property
     def key(self) -> tuple[str, str, int]:
         return (self.mode, self.variant, self.size)
+
+    def unresolved_by_pairs(self, source: str) -> list[str]:
+        """The :data:`AGREEMENT_BOUNDS` metrics this row's pairs do not resolve: another run
+        may compare the metric (the pairs' median reaches half of :data:`MIN_COUNT` per
+        request, or a pair reaches it: two runs are compared where either has it) and the
+        pairs' spread (:meth:`spread`) is above the metric's bound, or cannot be told (a
+        median of 0)."""
+        out = []
+        for name, bound in AGREEMENT_BOUNDS.items():
+            xs = [metric(p, source, name) for p in self.pairs]
+            vals = [x for x in xs if x is not None]
+            if len(vals) < 2 or len(vals) < len(xs):
+                continue
+            if statistics.median(vals) < MIN_COUNT / 2 and max(vals) < MIN_COUNT:
+                continue
+            sp = self.spread(source, name)
+            if sp is None or sp > bound:
+                out.append(name)
+        return out
 
     def spread(self, source: str, name: str) -> float | None:
         """How sure ``per_request``'s metric ``name`` is: half the range of the pairs'
@@ -206,6 +250,9 @@ class CounterRow:
             "by_part": {p: dict(e) for p, e in self.by_part.items()},
             "background": dict(self.background),
             "pairs": [dict(p) for p in self.pairs],
+            "rounds": [list(r) for r in self.rounds],
+            "unresolved": list(self.unresolved),
+            "earlier": [[dict(p) for p in ps] for ps in self.earlier],
         }
 
     @classmethod
@@ -225,6 +272,10 @@ class CounterRow:
             # format 1: the main thread alone, and one pair (per_request itself)
             background=_floats(d.get("background", d.get("main"))),
             pairs=tuple(_floats(p) for p in d.get("pairs", [d["per_request"]])),
+            # format ≤ 2: one round, its own windows; nothing recorded as unresolved
+            rounds=tuple((int(a), int(b)) for a, b in d.get("rounds", [[d["n1"], d["n2"]]])),
+            unresolved=tuple(str(m) for m in d.get("unresolved", ())),
+            earlier=tuple(tuple(_floats(p) for p in ps) for ps in d.get("earlier", ())),
         )
 
 

@@ -142,6 +142,20 @@ PROFILE_SCHEMA: dict[str, Any] = {
                             "background": {"$ref": "#/$defs/events"},
                             "pairs": {"type": "array", "items": {"$ref": "#/$defs/events"}},
                             "members": {"type": "array", "items": {"type": "string"}},
+                            "rounds": {
+                                "type": "array",
+                                "items": {
+                                    "type": "array",
+                                    "items": {"type": "integer", "minimum": 0},
+                                    "minItems": 2,
+                                    "maxItems": 2,
+                                },
+                            },
+                            "unresolved": {"type": "array", "items": {"type": "string"}},
+                            "earlier": {
+                                "type": "array",
+                                "items": {"type": "array", "items": {"$ref": "#/$defs/events"}},
+                            },
                             "by_part": {
                                 "type": "object",
                                 "additionalProperties": {"$ref": "#/$defs/events"},

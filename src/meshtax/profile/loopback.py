@@ -80,12 +80,13 @@ def variant_envoy(
     alone: bool = False,
     stdclient: bool = False,
     bootstrap: Mapping[str, Any] | None = None,
+    args: Sequence[str] = (),
 ) -> Iterator[VariantEnvoy]:
     """An echo app and one Envoy serving ``build``'s variants, in ``tb``'s scratch directory
     ``meshtax-<label>-…``; ``pin``: the client on CPU 0, Envoy and the echo app on CPU 1
     (``alone``: Envoy alone on CPU 1, the echo app with the client on CPU 0);
     ``callgrind``: Envoy under callgrind (:class:`~meshtax.testbed.envoy.process.EnvoyProcess`);
-    ``bootstrap``: top-level fields added to Envoy's bootstrap."""
+    ``bootstrap``: top-level fields added to Envoy's bootstrap; ``args``: to its command line."""
     system = tb.registered
     work = tb.scratch_dir(f"meshtax-{label}-")
     # the admin port is chosen with the others: chosen apart, a port just released could
@@ -108,6 +109,7 @@ def variant_envoy(
             work / "envoy",
             place,
             callgrind=callgrind,
+            **({"extra_args": tuple(args)} if args else {}),
         ) as env,
     ):
         yield VariantEnvoy(env, {v.name: v for v in variants}, mode, be, load)

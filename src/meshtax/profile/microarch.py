@@ -25,20 +25,33 @@ Kernel work per request is not re-measured: it comes from the base profile's pro
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshtax.model.microarch import CacheGeometry, CounterRow, KernelRow, Microarch, metric
+from meshtax.model.microarch import (
+    AGREEMENT_BOUNDS,
+    CacheGeometry,
+    CounterRow,
+    Microarch,
+    metric,
+)
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends
 from meshtax.profile.filters import ModeRun
 from meshtax.profile.loopback import VariantEnvoy, variant_envoy
-from meshtax.testbed.callgrind import SymbolMap, load_base
+from meshtax.profile.microarch_attr import (
+    NAMED_ENOUGH,
+    PARTS,
+    Attribution,
+    attribution_for,
+    classify,
+)
+from meshtax.profile.microarch_kernel import kernel_rows
+from meshtax.testbed.callgrind import SymbolMap
 from meshtax.testbed.counters import CounterSource, Counts, WindowCounter
 from meshtax.testbed.envoy.filters import (
     COMBINATIONS,
@@ -46,7 +59,7 @@ from meshtax.testbed.envoy.filters import (
     modes_for,
     parse_component,
 )
-from meshtax.testbed.envoy.variants import BASE, QUIET_TIMERS, filter_variants
+from meshtax.testbed.envoy.variants import BASE, QUIET_ARGS, QUIET_TIMERS, filter_variants
 from meshtax.testbed.pinning import available_cpus
 from meshtax.testbed.pods import Testbed
 
@@ -76,19 +89,6 @@ DEFAULT_FILTERS: tuple[str, ...] = (
     "rbac_network_100",
     "rbac_network_10000",
 )
-PARTS = ("parsing", "filters", "other")
-#: attribution is kept when names cover at least this share of the instructions
-NAMED_ENOUGH = 0.5
-_PARSING = re.compile(
-    r"Http1::|Http2::|http_parser|llhttp|nghttp2|http2::adapter|oghttp2|Balsa|"
-    r"HeaderMapImpl|HeaderString|Grpc::Common|Grpc::Codec"
-)
-# the HTTP connection manager, the router and tcp_proxy are the base sidecar: "other"
-_FILTERS = re.compile(
-    r"Extensions::Filters::Http::(?!Router)|Extensions::Filters::Common::(RBAC|Lua)|"
-    r"Extensions::Filters::Network::(Rbac|RBAC|LocalRateLimit)|Extensions::Common::(Wasm|Tap)|"
-    r"Extensions::AccessLoggers|proxy_wasm|v8::|\blua_|\bluaL_|\blj_"
-)
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,10 @@ class MicroarchOptions:
     machine lets this process use both): the native client and app, ~100 times faster than
     Envoy under valgrind, mostly have their whole message written before Envoy reads. gRPC
     counts still follow a busy CPU a little (a 25 % CPU quota: +0.4 % pinned, +0.6–0.9 %
-    unpinned, 2026-11-26; an unpinned run capped among other processes: up to +3 %)."""
+    unpinned, 2026-11-26; an unpinned run capped among other processes: up to +3 %).
+    ``resolve_s``: seconds a row may spend on counting rounds beyond the first, where its
+    pairs leave a compared count unresolved (:func:`next_n2`: ``n2 − n1`` grown
+    ``resolve_min``…``resolve_max``× a round; 0: never)."""
 
     sizes: tuple[int, ...] = (100,)
     warmup_n: int = 100
@@ -118,10 +121,13 @@ class MicroarchOptions:
     settle_n: int = 10
     connections: int = 1
     pin: bool = True
+    resolve_s: float = 300.0
+    resolve_min: float = 2.0
+    resolve_max: float = 32.0
 
     @classmethod
     def quick(cls) -> MicroarchOptions:
-        return cls(warmup_n=50, n1=50, n2=250, max_n2=5_000, budget=6e7)
+        return cls(warmup_n=50, n1=50, n2=250, max_n2=5_000, budget=6e7, resolve_s=200.0)
 
     def windows(self, per_request: float | None) -> tuple[int, int]:
         """(n1, n2) for a variant of about ``per_request`` instructions per request."""
@@ -155,52 +161,6 @@ def combos_for(mode: Mode, components: Sequence[str]) -> dict[str, tuple[str, ..
         for k, v in {**COMBINATIONS, **SAHU_MIXES}.items()
         if set(v) <= have and all(mode in modes_for(parse_component(c)[0]) for c in v)
     }
-
-
-# --- attribution ---------------------------------------------------------------------------
-
-
-def classify(function: str) -> str:
-    """``parsing``, ``filters`` or ``other`` for a (demangled) function name."""
-    if _FILTERS.search(function):
-        return "filters"
-    if _PARSING.search(function):
-        return "parsing"
-    return "other"
-
-
-@dataclass(frozen=True)
-class Attribution:
-    """How function costs are named: the proxy binary's path as callgrind reports its object,
-    the run-time address it is loaded at, and a symbol map of it (for a stripped binary)."""
-
-    binary: str
-    base: int | None = None
-    symbols: SymbolMap | None = None
-
-    def name(self, ob: str, fn: str) -> str | None:
-        """The function's name; None for an address in the proxy that nothing names."""
-        if not fn.startswith("0x"):
-            return fn
-        if ob != self.binary or self.symbols is None or self.base is None:
-            return None if ob == self.binary else fn
-        return self.symbols.name(int(fn, 16) - self.base)
-
-    def split(
-        self, functions: Mapping[tuple[str, str], Mapping[str, float]], event: str = "Ir"
-    ) -> tuple[dict[str, dict[str, float]], float]:
-        """Events per part, and the share of ``event`` that had a name (the rest is "other")."""
-        parts: dict[str, dict[str, float]] = {p: {} for p in PARTS}
-        named = total = 0.0
-        for (ob, fn), cost in functions.items():
-            name = self.name(ob, fn)
-            part = "other" if name is None else classify(name)
-            total += cost.get(event, 0.0)
-            named += cost.get(event, 0.0) if name is not None else 0.0
-            acc = parts[part]
-            for e, v in cost.items():
-                acc[e] = acc.get(e, 0.0) + v
-        return parts, (named / total if total else 0.0)
 
 
 # --- counting ------------------------------------------------------------------------------
@@ -252,6 +212,29 @@ class ModeCounts:
     geometry: CacheGeometry | None = None
 
 
+def count_pairs(
+    ve: VariantEnvoy,
+    counter: WindowCounter,
+    target: Any,
+    size: int,
+    n1: int,
+    n2: int,
+    opts: MicroarchOptions,
+) -> list[tuple[Counts, Counts]]:
+    """``opts.pairs`` window pairs of ``n1`` and ``n2`` requests (n1 then n2, n2 then n1, …),
+    each window read from the end of the one before."""
+    counter.zero()
+    pairs = []
+    for i in range(opts.pairs):
+        got: dict[int, Counts] = {}
+        for n in (n1, n2) if i % 2 == 0 else (n2, n1):
+            for _ in range(opts.connections):
+                ve.load(target, ve.mode, size, n)
+            got[n] = counter.read()
+        pairs.append((got[n1], got[n2]))
+    return pairs
+
+
 def count_windows(
     ve: VariantEnvoy,
     counter: WindowCounter,
@@ -277,16 +260,28 @@ def count_windows(
         ve.load(target, ve.mode, size, opts.settle_n)
         last = counter.read()
     n1, n2 = opts.windows(_est(w, last, source, opts))
-    counter.zero()
-    pairs = []
-    for i in range(opts.pairs):
-        got: dict[int, Counts] = {}
-        for n in (n1, n2) if i % 2 == 0 else (n2, n1):
-            for _ in range(opts.connections):
-                ve.load(target, ve.mode, size, n)
-            got[n] = counter.read()
-        pairs.append((got[n1], got[n2]))
-    return w, (n1, n2), pairs
+    return w, (n1, n2), count_pairs(ve, counter, target, size, n1, n2, opts)
+
+
+def next_n2(
+    row: CounterRow, source: str, seconds: float, left: float, opts: MicroarchOptions
+) -> int | None:
+    """The ``n2`` of the next counting round of a row whose pairs left ``row.unresolved_by_pairs``
+    unresolved, ``n1`` kept: the difference ``n2 − n1`` grown by the worst such metric's
+    spread over its bound (a burst of misses that lands in one window or the other moves a
+    pair by its size over ``n2 − n1``), at least ``resolve_min``× and at most
+    ``resolve_max``×, then cut to what the ``left`` seconds of the row's budget pay for at
+    the last round's pace (``seconds`` for its pairs); None when that is below
+    ``resolve_min``× (the row stays unresolved)."""
+    dn = row.n2 - row.n1
+    grow = opts.resolve_min
+    for name in row.unresolved_by_pairs(source):
+        sp = row.spread(source, name)
+        grow = max(grow, min(opts.resolve_max, (sp or 0.0) / AGREEMENT_BOUNDS[name]))
+    per_request = max(seconds, 1e-9) / (opts.pairs * opts.connections * (row.n1 + row.n2))
+    afford = left / per_request / (opts.pairs * opts.connections) - 2 * row.n1
+    dn_new = min(_two_digits(grow * dn), int(afford))
+    return None if dn_new < opts.resolve_min * dn else row.n1 + dn_new
 
 
 def count_variant(
@@ -299,11 +294,61 @@ def count_variant(
     *,
     members: tuple[str, ...] = (),
     attribution: Attribution | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> tuple[CounterRow, float | None]:
     """Variant ``name``'s windows → its row (and the share of instructions attribution
     named). Each pair gives ``(C(n2) − C(n1)) / (n2 − n1)`` of the threads that serve
-    requests (:func:`serving_threads`); the row's counts are the pairs' median."""
+    requests (:func:`serving_threads`); the row's counts are the pairs' median. Where the
+    pairs leave a compared count unresolved (:meth:`CounterRow.unresolved_by_pairs`), the
+    row is counted again in rounds of larger ``n2`` (:func:`next_n2`) within
+    ``opts.resolve_s`` seconds (``clock``); the row is the last round's, its ``rounds`` every
+    round's windows, its ``earlier`` the pairs of the rounds before the last, its
+    ``unresolved`` what the last left."""
+    clock = clock or time.monotonic
+    t0 = clock()
     w, (n1, n2), pairs = count_windows(ve, counter, source, name, size, opts)
+    seconds = clock() - t0  # the warm-up's and settling windows' too: a pace on the safe side
+    row, share = _row(ve.mode, name, size, opts, w, n1, n2, pairs, source, members, attribution)
+    # a compared count the pairs do not resolve: count the row again with more requests
+    rounds, spent, earlier = [(n1, n2)], 0.0, []
+    while row.unresolved_by_pairs(source):
+        n2_new = next_n2(row, source, seconds, opts.resolve_s - spent, opts)
+        if n2_new is None:
+            break
+        earlier.append(tuple(row.pairs))
+        t0 = clock()
+        pairs = count_pairs(ve, counter, ve.target(name), size, n1, n2_new, opts)
+        seconds = clock() - t0
+        spent += seconds
+        rounds.append((n1, n2_new))
+        row, share = _row(
+            ve.mode, name, size, opts, w, n1, n2_new, pairs, source, members, attribution
+        )
+    return (
+        dataclasses.replace(
+            row,
+            rounds=tuple(rounds),
+            unresolved=tuple(row.unresolved_by_pairs(source)),
+            earlier=tuple(earlier),
+        ),
+        share,
+    )
+
+
+def _row(
+    mode: Mode,
+    name: str,
+    size: int,
+    opts: MicroarchOptions,
+    w: Counts,
+    n1: int,
+    n2: int,
+    pairs: list[tuple[Counts, Counts]],
+    source: str,
+    members: tuple[str, ...],
+    attribution: Attribution | None,
+) -> tuple[CounterRow, float | None]:
+    """A row from its warm-up window and (n1, n2) window pairs."""
     dn = (n2 - n1) * opts.connections
     serving = serving_threads(pairs, source)
     rest = {t for c1, c2 in pairs for t in (*c1.threads, *c2.threads)} - serving
@@ -332,7 +377,7 @@ def count_variant(
         }
     background = _median([_per_request(c1.events(rest), c2.events(rest), dn) for c1, c2 in pairs])
     row = CounterRow(
-        ve.mode.value,
+        mode.value,
         name,
         size,
         n1,
@@ -378,6 +423,7 @@ def count_mode(
     combos: Mapping[str, Sequence[str]] | None = None,
     attribution: Callable[[int], Attribution | None] | None = None,
     progress: Callable[[str], None] | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> ModeCounts:
     """Every variant of ``mode`` (base, ``components``, ``combos``) at every size, counted by
     ``source`` in one Envoy. ``attribution``: given Envoy's PID, how to name its functions
@@ -404,6 +450,7 @@ def count_mode(
         label=label,
         callgrind=spec,
         bootstrap=QUIET_TIMERS,
+        args=QUIET_ARGS,
         pin=pin,
         alone=True,
     ) as ve:
@@ -422,7 +469,14 @@ def count_mode(
                         opts,
                         members=tuple(combos.get(v, ())),
                         attribution=attr,
+                        clock=clock,
                     )
+                    if len(row.rounds) > 1 or row.unresolved:
+                        how = ", ".join(f"{a}/{b}" for a, b in row.rounds)
+                        left = (
+                            f", unresolved: {', '.join(row.unresolved)}" if row.unresolved else ""
+                        )
+                        say(f"{mode.value} {size} B: {v} counted again ({how}){left}")
                     out.rows.append(row)
                     if share is not None:
                         out.named_share = min(share, out.named_share or 1.0)
@@ -432,58 +486,7 @@ def count_mode(
     return out
 
 
-# --- kernel work, from the base profile ----------------------------------------------------
-
-
-def kernel_rows(measurements: Mapping[str, Any]) -> list[KernelRow]:
-    """Per mode and size, the sidecar's syscalls and CPU per request, pooled over the meshed
-    probe windows of a profile's ``options.measurements`` (its worker threads: those that read
-    or wrote), and the kernel/user split of its perf run at the highest rate (per crossing in
-    the record, so doubled); empty when the profile has no such record."""
-    rows = []
-    for mode, records in measurements.items():
-        for r in records or ():
-            ws = [w for w in r.get("probe", {}).get("windows", ()) if w.get("meshed")]
-            n = sum(int(w.get("requests", 0)) for w in ws)
-            if not ws or n <= 0:
-                continue
-
-            def tot(key: str, ws: list[dict[str, Any]] = ws) -> float:
-                return float(sum(w.get("sidecar", {}).get(key, 0) for w in ws))
-
-            cpu = max(r.get("cpu") or [{}], key=lambda c: (c.get("run") == "max", c.get("rate", 0)))
-            bd = cpu.get("breakdown_us")
-            rows.append(
-                KernelRow(
-                    str(mode),
-                    int(r["size"]),
-                    n,
-                    tot("syscalls") / n,
-                    tot("read_n") / n,
-                    tot("write_n") / n,
-                    tot("epoll_n") / n,
-                    tot("sys_cpu_ns") / n / 1e3,
-                    tot("user_ns") / n / 1e3,
-                    None if bd is None else 2 * sum(v for k, v in bd.items() if k != "user"),
-                    None if bd is None else 2 * bd.get("user", 0.0),
-                    str(cpu.get("run", "")),
-                )
-            )
-    return rows
-
-
 # --- one microarchitectural profile ----------------------------------------------------------
-
-
-def attribution_for(binary: Path, symbols: SymbolMap | None) -> Callable[[int], Attribution]:
-    """Given Envoy's PID: its functions named from the binary's own symbols (callgrind reads
-    them) or, for a stripped binary, from ``symbols`` at the address it is loaded at."""
-    real = os.path.realpath(binary)
-
-    def make(pid: int) -> Attribution:
-        return Attribution(real, load_base(pid, real) if symbols is not None else None, symbols)
-
-    return make
 
 
 def measure_microarch(
@@ -537,8 +540,12 @@ def measure_microarch(
         f"user space of the proxy, {whose}, per request: (C(n2) − C(n1)) / (n2 − n1), the "
         f"median of {opts.pairs} window pairs (spread: half their range); fixed = per-window "
         "work (one connection each); warmup = the first window beyond steady and fixed work",
-        "Envoy counted without its periodic stats flush and with its watchdogs at 60 s "
-        "(wall-clock work that evicts the workers' lines from valgrind's one shared cache)",
+        "Envoy counted without its periodic stats flush, with its watchdogs at 60 s and its "
+        "access-log flush timer at 1 h (wall-clock work: under valgrind the clock runs ~50× "
+        "as fast against the requests; access logs flush by size, as at native speed)",
+        "a row whose pairs leave a compared count unresolved (a pair at >= 1 per request, "
+        "the pairs' spread above the count's bound) is counted again with more requests, "
+        f"within {opts.resolve_s:.0f} s; its rounds and what stayed unresolved are kept",
         "Envoy alone on CPU 1, the load client and the echo app on CPU 0"
         if pinned(opts)
         else "unpinned: client, echo app and Envoy wherever the scheduler put them",

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from meshtax.model.microarch import (
+    AGREEMENT_BOUNDS,
     METRICS,
+    MIN_COUNT,
     PUBLISHED_BRANCHES,
     PUBLISHED_MICROARCH,
     PUBLISHED_RATIOS,
@@ -51,15 +53,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
     "rbac_10k": ("rbac_http_10000", "rbac_network_10000"),
 }
 #: compared between two runs: instructions within 2 %, simulated misses within 5 % (issue #19)
-AGREEMENT_METRICS: dict[str, float] = {
-    "instructions": 0.02,
-    "i1_misses": 0.05,
-    "d1_misses": 0.05,
-    "ll_misses": 0.05,
-    "branch_misses": 0.05,
-}
-#: a count below this per request is not compared relatively (a few misses of a warm LL)
-MIN_COUNT = 1.0
+AGREEMENT_METRICS: dict[str, float] = AGREEMENT_BOUNDS
 LABELS = {
     "instructions": "instructions",
     "i1_misses": "I1 misses",
@@ -165,7 +159,9 @@ def spread_table(m: Microarch) -> Tab | None:
             str(r.size),
             r.variant,
             str(len(r.pairs)),
-            f"{r.n1} / {r.n2}",
+            " → ".join(f"{a} / {b}" for a, b in r.rounds)
+            if len(r.rounds) > 1
+            else f"{r.n1} / {r.n2}",
             *(_f(r.spread(m.source, n), "±{:.1%}") for n in names),
         ]
         for r in m.rows
@@ -174,11 +170,22 @@ def spread_table(m: Microarch) -> Tab | None:
     if not rows:
         return None
     head = ("mode", "size (B)", "variant", "pairs", "n1 / n2", *(LABELS[n] for n in names))
-    note = (
+    notes = [
         "per request = the median of the pairs' (C(n2) − C(n1)) / (n2 − n1); the spread is "
-        "half their range over that median"
-    )
-    return Tab("How sure: spread of the window pairs", head, rows, [note])
+        "half their range over that median; n1 / n2 → …: a row counted again with more "
+        "requests (its pairs left a compared count beyond its bound), the last round's pairs"
+    ]
+    left = [
+        f"{r.mode} {r.variant} ({', '.join(LABELS[u] for u in r.unresolved)})"
+        for r in m.rows
+        if r.unresolved
+    ]
+    if left:
+        notes.append(
+            "unresolved after the last round (two runs may differ beyond the bound): "
+            + "; ".join(left)
+        )
+    return Tab("How sure: spread of the window pairs", head, rows, notes)
 
 
 def parts_table(m: Microarch) -> Tab | None:

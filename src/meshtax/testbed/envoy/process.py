@@ -146,6 +146,7 @@ class EnvoyProcess(Started):
         callgrind: bool | CallgrindSpec = False,
         start_timeout: float | None = None,
         cpu_s: Callable[[int], float] | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.system = system
         self.cpu_s = cpu_s or _cpu_s
@@ -155,7 +156,10 @@ class EnvoyProcess(Started):
         )
         self.concurrency = self.cfg.concurrency if self.cfg is not None else 1
         self.log_level = self.cfg.log_level if self.cfg is not None else "warning"
-        self.extra_args = tuple(self.cfg.extra_args) if self.cfg is not None else ()
+        self.extra_args = (
+            *(self.cfg.extra_args if self.cfg is not None else ()),
+            *extra_args,
+        )
         self.workdir = workdir
         self.place = place
         self.binary = binary or tool("envoy")
