@@ -100,5 +100,26 @@ def test_a_profile_keeps_its_transfer_through_its_document_and_shows_it() -> Non
         Profile.from_dict(doc)
 
 
+def test_a_profile_stored_with_the_first_transfer_format_one_factor_per_mode_loads() -> None:
+    """`validate --suite` at 0a3f92e wrote the transfer per mode, under "modes" (suite run 6's
+    `suite-6+cal`): a mode is a cost model's key, and its carried protocols fall back to it."""
+    from meshtax.model.profile_check import ProfileError
+
+    doc = _transfer_base().to_dict()
+    k = {"factor": 0.94, "lo": 0.53, "hi": 0.98, "cases": 5, "coverage": 0.94}
+    doc["transfer"] = {
+        "source": "suite issue-14",
+        "modes": {"tcp": k, "http": {**k, "factor": 1.35}},
+    }
+    t = Profile.from_dict(doc).transfer
+    assert t is not None and t.factor("http") == 1.35 and t.factor("tcp+grpc") == 0.94
+    doc["transfer"] = {"source": "suite issue-14", "modes": {"tcp+grpc": k}}
+    with pytest.raises(ProfileError, match="tcp\\+grpc"):
+        Profile.from_dict(doc)
+    doc["transfer"] = {"source": "suite issue-14"}
+    with pytest.raises(ProfileError, match="transfer"):
+        Profile.from_dict(doc)
+
+
 def _transfer_base() -> Profile:
     return profile({Mode.HTTP: {IPC: flat(5, 5)}})

@@ -91,28 +91,36 @@ PROFILE_SCHEMA: dict[str, Any] = {
         "microarch": {"$ref": "#/$defs/microarch"},
         "transfer": {  # model.transfer.Transfer (issue #14)
             "type": "object",
-            "required": ["source", "factors"],
+            "required": ["source"],
+            # ``modes``: one factor per mode, as the first transfers were written (main at 0a3f92e)
+            "anyOf": [{"required": ["factors"]}, {"required": ["modes"]}],
             "properties": {
                 "source": {"type": "string", "maxLength": 2000},
                 "factors": {
                     "type": "object",
                     "propertyNames": {"pattern": "^(tcp|http|grpc)(\\+(http|grpc))?$"},
-                    "additionalProperties": {
-                        "type": "object",
-                        "required": ["factor", "lo", "hi", "cases"],
-                        "properties": {
-                            "factor": _POS,
-                            "lo": _NUM,
-                            "hi": _NUM,
-                            "cases": _COUNT,
-                            "coverage": {"type": "number", "minimum": 0, "maximum": 1},
-                        },
-                    },
+                    "additionalProperties": {"$ref": "#/$defs/key_transfer"},
+                },
+                "modes": {
+                    "type": "object",
+                    "propertyNames": {"enum": _MODES},
+                    "additionalProperties": {"$ref": "#/$defs/key_transfer"},
                 },
             },
         },
     },
     "$defs": {
+        "key_transfer": {
+            "type": "object",
+            "required": ["factor", "lo", "hi", "cases"],
+            "properties": {
+                "factor": _POS,
+                "lo": _NUM,
+                "hi": _NUM,
+                "cases": _COUNT,
+                "coverage": {"type": "number", "minimum": 0, "maximum": 1},
+            },
+        },
         "events": {"type": "object", "additionalProperties": _NUM},
         "microarch": {  # model.microarch.Microarch (issue #19)
             "type": "object",

@@ -172,9 +172,9 @@ class Transfer:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Transfer:
-        return cls(
-            {str(k): KeyTransfer.from_dict(v) for k, v in d["factors"].items()}, str(d["source"])
-        )
+        # the first transfers (one factor per mode) wrote them under "modes": a mode is a key
+        per = d["factors"] if "factors" in d else d["modes"]
+        return cls({str(k): KeyTransfer.from_dict(v) for k, v in per.items()}, str(d["source"]))
 
 
 def fit_transfer(samples: Iterable[TransferSample], source: str) -> Transfer:
