@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from meshtax.model.capacity import SKETCH_PROBS
+from meshtax.model.capacity import SKETCH_PROBS, Capacity, CapacityPoint
 from meshtax.model.components import BASE_COMPONENTS, UNATTRIBUTED
 from meshtax.model.profile import ModeProfile
 
@@ -69,14 +69,8 @@ def queue_factor(mp: ModeProfile, queued: FloatArray) -> FloatArray | None:
     for p in cap.points:
         if not p.meshed or p.achieved <= 0 or p.achieved not in samples:
             continue
-        if p.target == 0:
-            n = float(cap.connections)
-        elif p.quantiles_us:
-            q = np.asarray(p.quantiles_us, dtype=np.float64)
-            pr = np.asarray(SKETCH_PROBS, dtype=np.float64)
-            mean = float(np.sum(np.diff(pr) * (q[1:] + q[:-1]) / 2))
-            n = p.achieved * mean * 1e-6
-        else:
+        n = _in_system(cap, p)
+        if n is None:
             continue
         size, rate = np.array([float(cap.size_bytes)]), np.array([p.achieved])
         priced = sum(float(m.predict(size, rate)[0]) for m in models)
@@ -124,17 +118,23 @@ def _ramp(mp: ModeProfile) -> list[tuple[float, float, float]]:
     for p in cap.points:
         if not p.meshed or p.achieved <= 0 or p.achieved not in samples:
             continue
-        if p.target == 0:
-            n = float(cap.connections)
-        elif p.quantiles_us:
-            q = np.asarray(p.quantiles_us, dtype=np.float64)
-            pr = np.asarray(SKETCH_PROBS, dtype=np.float64)
-            n = p.achieved * float(np.sum(np.diff(pr) * (q[1:] + q[:-1]) / 2)) * 1e-6
-        else:
-            continue
-        if n > 0 and samples[p.achieved] > 0:
+        n = _in_system(cap, p)
+        if n is not None and n > 0 and samples[p.achieved] > 0:
             out.append((p.achieved, n, samples[p.achieved]))
     return sorted(out)
+
+
+def _in_system(cap: Capacity, p: CapacityPoint) -> float | None:
+    """Requests in the system during capacity run ``p``: the closed loop's clients, or
+    Little's law on a fixed-rate run (its rate × its mean latency, from its quantiles); None
+    without quantiles."""
+    if p.target == 0:
+        return float(cap.connections)
+    if not p.quantiles_us:
+        return None
+    q = np.asarray(p.quantiles_us, dtype=np.float64)
+    pr = np.asarray(SKETCH_PROBS, dtype=np.float64)
+    return p.achieved * float(np.sum(np.diff(pr) * (q[1:] + q[:-1]) / 2)) * 1e-6
 
 
 def queue_relief(
