@@ -194,10 +194,9 @@ def test_shared_cpus_price_messages_at_the_engines_shared_cpu_rate() -> None:
     assert all(s.mean_service_us == pytest.approx(30.0 + 4.0 * math.log(10)) for s in own.stations)
 
 
-def test_many_clients_make_a_crossing_cost_what_the_capacity_runs_measured() -> None:
-    # one client at a time costs 100 CPU-µs a crossing at every profiled rate (100 … 1 000/s);
-    # many clients measured 120 CPU-µs a request at 4 000/s and 80 at 8 000/s (60 and 40 a
-    # crossing): factors 0.6 and 0.4, interpolated in log rate from 1 at 100/s, held beyond
+def _capacity_profiles() -> tuple[Profile, Profile]:
+    """100 CPU-µs a crossing at 100–1 000/s with one client; many clients measured 120
+    CPU-µs a request at 4 000/s and 80 at 8 000/s: the profile without and with those runs."""
     cpu = CostModel(100.0, rate_lo=100.0, rate_hi=1000.0)
     pts = (
         CapacityPoint(0.0, 8000.0, 0.64, 0.9),
@@ -205,7 +204,14 @@ def test_many_clients_make_a_crossing_cost_what_the_capacity_runs_measured() -> 
     )
     cap = Capacity(8000.0, 100, 32, 1, 80.0, "shared-cpu", points=pts)
     base = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
-    p = replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+    return base, replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+
+
+def test_many_clients_make_a_crossing_cost_what_the_capacity_runs_measured() -> None:
+    # one client at a time costs 100 CPU-µs a crossing at every profiled rate (100 … 1 000/s);
+    # many clients measured 120 CPU-µs a request at 4 000/s and 80 at 8 000/s (60 and 40 a
+    # crossing): factors 0.6 and 0.4, interpolated in log rate from 1 at 100/s, held beyond
+    base, p = _capacity_profiles()
     r = np.array([50.0, 100.0, 1000.0, 4000.0, 8000.0, 16000.0])
     f = load_factor(p.modes[Mode.HTTP], r)
     t = math.log(10) / math.log(40)
@@ -229,14 +235,7 @@ def test_the_load_factor_is_looked_up_at_each_sidecars_own_rate() -> None:
     # out: 2 sides a request) calls B (1 side) on one shared CPU at 2 000 requests/s: A's own
     # rate 4 000/s (factor 0.6, measured), B's 2 000/s (between 1 at 100/s and 0.6 at
     # 4 000/s); at the CPU's rate (3 sides × 2 000/s = 6 000/s) both would get 0.48
-    cpu = CostModel(100.0, rate_lo=100.0, rate_hi=1000.0)
-    pts = (
-        CapacityPoint(0.0, 8000.0, 0.64, 0.9),
-        CapacityPoint(4000.0, 4000.0, 0.48, 0.6),
-    )
-    cap = Capacity(8000.0, 100, 32, 1, 80.0, "shared-cpu", points=pts)
-    base = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
-    p = replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+    base, p = _capacity_profiles()
     g = ecg(
         {"A": HTTP, "B": HTTP},
         [inv("r", EXTERNAL, "A", 0, 100, rate=2000), inv("b", "A", "B", 10, 30, "r", rate=2000)],
