@@ -14,7 +14,13 @@ Each traced request is replayed twice on one processor-sharing CPU, without and 
   leaves the CPU to whatever else is runnable.
 
 The predicted overhead of a request is its replayed latency with the mesh minus without; the
-case's is the p50 over its requests (as the engine's). Usage::
+case's is the p50 over its requests (as the engine's). Variants (fifth sitting): ``--wake`` (a
+crossing's profiled latency beyond its CPU as a wait: the profile's latency is below its CPU
+for every crossing, so it changes nothing), ``--tail`` (a crossing's CPU beyond its profiled
+latency runs after forwarding, detached from the path, still sharing the CPU), ``--priority``
+(that detached work only while nothing on the path is runnable), ``--hybrid`` (the engine's
+prediction less the work the schedule hides in waits). None beats the engine over runs 4–6
+(BENCHMARKS.md, "Where a shared CPU's mesh work hides"). Usage::
 
     .venv/bin/python experiments/shared_cpu_schedule.py RUN/run --db DB --profile NAME
 """
@@ -50,11 +56,13 @@ class Task:
     cpu: float = 0.0  # CPU µs left of the current "cpu" op
     done: bool = False
     kids: list[Task] = field(default_factory=list)
+    detached: bool = False  # work after forwarding (``spawn``), off the request's path
 
 
-def replay(root: Generator[Op, None, None], capacity: float = 1.0) -> float:
+def replay(root: Generator[Op, None, None], capacity: float = 1.0, priority: bool = False) -> float:
     """Run ``root`` on one processor-sharing CPU of which ``capacity`` is free for it (the
-    rest busy with background work); its completion time (µs)."""
+    rest busy with background work); its completion time (µs). ``priority``: detached work
+    runs only while nothing on the request's path is runnable."""
     now = 0.0
     running: list[Task] = []  # tasks with CPU left, sharing the CPU
     timers: list[tuple[float, int, Task]] = []
@@ -84,6 +92,9 @@ def replay(root: Generator[Op, None, None], capacity: float = 1.0) -> float:
                     seq += 1
                     heapq.heappush(timers, (now + arg, seq, t))
                     return
+            elif op == "spawn":  # detached CPU work (a sidecar's after forwarding)
+                if arg > 0:
+                    running.append(Task(iter(()), cpu=arg, detached=True))
             elif op == "par":
                 kids = [Task(g, parent=t) for g in arg]
                 if kids:
@@ -95,8 +106,11 @@ def replay(root: Generator[Op, None, None], capacity: float = 1.0) -> float:
 
     advance(top)
     while not top.done:
-        n = len(running)
-        t_cpu = min(x.cpu for x in running) * n / capacity if n else np.inf  # first to finish
+        active = running
+        if priority and any(not x.detached for x in running):
+            active = [x for x in running if not x.detached]
+        n = len(active)
+        t_cpu = min(x.cpu for x in active) * n / capacity if n else np.inf  # first to finish
         t_timer = timers[0][0] - now if timers else np.inf
         dt = min(t_cpu, t_timer)
         if not np.isfinite(dt):
@@ -104,7 +118,7 @@ def replay(root: Generator[Op, None, None], capacity: float = 1.0) -> float:
         now += dt
         if n:
             share = dt * capacity / n
-            for x in running:
+            for x in active:
                 x.cpu -= share
             finished = [x for x in running if x.cpu <= 1e-9]
             running[:] = [x for x in running if x.cpu > 1e-9]
@@ -123,10 +137,18 @@ def program(
     frac: np.ndarray,
     mesh: np.ndarray,
     lam: float = 1.0,
+    wake: np.ndarray | None = None,
+    tail: np.ndarray | None = None,
 ) -> Generator[Op, None, None]:
     """One invocation as operations: request crossings, body, response crossings; ``lam``
-    scales the waits (the part of a service's own time its CPU does not cover)."""
-    yield ("cpu", mesh[row] / 2)
+    scales the waits (the part of a service's own time its CPU does not cover); ``wake``: per
+    row, the crossings' latency beyond their CPU (wake-ups), a wait on the path."""
+    w = 0.0 if wake is None else float(wake[row]) / 2
+    on = mesh[row] / 2 if tail is None else (mesh[row] - tail[row]) / 2
+    off = 0.0 if tail is None else float(tail[row]) / 2
+    yield ("cpu", on)
+    yield ("spawn", off)
+    yield ("wait", w)
     t0 = float(b.start_us[row])
     cursor = t0
     f = float(frac[b.callee[row]]) if b.callee[row] >= 0 else 1.0
@@ -149,10 +171,12 @@ def program(
             end = max(end, float(b.start_us[ch[k]] + b.duration_us[ch[k]]))
             k += 1
         yield from own(float(b.start_us[group[0]]) - cursor)
-        yield ("par", [program(b, r, kids, frac, mesh, lam) for r in group])
+        yield ("par", [program(b, r, kids, frac, mesh, lam, wake, tail) for r in group])
         cursor = max(cursor, end)
     yield from own(t0 + float(b.duration_us[row]) - cursor)
-    yield ("cpu", mesh[row] / 2)
+    yield ("wait", w)
+    yield ("cpu", on)
+    yield ("spawn", off)
 
 
 def replay_graph(
@@ -163,13 +187,16 @@ def replay_graph(
     mesh: np.ndarray,
     lam: float,
     capacity: float,
+    wake: np.ndarray | None = None,
+    tail: np.ndarray | None = None,
+    priority: bool = False,
 ) -> float:
     """One request (its root invocations in parallel) replayed on the CPU."""
 
     def top() -> Generator[Op, None, None]:
-        yield ("par", [program(b, r, kids, frac, mesh, lam) for r in roots])
+        yield ("par", [program(b, r, kids, frac, mesh, lam, wake, tail) for r in roots])
 
-    return replay(top(), capacity)
+    return replay(top(), capacity, priority)
 
 
 def replays(
@@ -178,6 +205,9 @@ def replays(
     cpu_per_req: dict[str, float],
     busy: tuple[np.ndarray, np.ndarray],
     fit_waits: bool = False,
+    wake: np.ndarray | None = None,
+    tail: np.ndarray | None = None,
+    priority: bool = False,
 ) -> tuple[list[float], list[float]]:
     """Per graph: replayed latency (µs) without and with the mesh; ``busy``: per graph, the
     shared CPU's load from other work (CPU-s/s) without and with the mesh."""
@@ -219,7 +249,19 @@ def replays(
             kids: dict[int, list[int]] = kids,
             frac: np.ndarray = frac,
         ) -> float:
-            return replay_graph(b, roots, kids, frac, mesh, lam, max(1.0 - load, 0.05))
+            on = bool(np.any(mesh))  # the meshed replay
+            return replay_graph(
+                b,
+                roots,
+                kids,
+                frac,
+                mesh,
+                lam,
+                max(1.0 - load, 0.05),
+                wake if on else None,
+                tail if on else None,
+                priority,
+            )
 
         zero = np.zeros_like(mesh_cpu)
         lam = 1.0
@@ -259,6 +301,29 @@ def main() -> None:
         "case's rate (processor sharing's mean load)",
     )
     ap.add_argument(
+        "--wake",
+        action="store_true",
+        help="a crossing's profiled latency beyond its CPU (wake-ups, notification) is a wait "
+        "on the request's path",
+    )
+    ap.add_argument(
+        "--tail",
+        action="store_true",
+        help="a crossing's CPU beyond its profiled latency runs after forwarding, off the "
+        "request's path (still on the shared CPU)",
+    )
+    ap.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="the engine's prediction less the median mesh work the schedule hides in waits",
+    )
+    ap.add_argument(
+        "--priority",
+        action="store_true",
+        help="with --tail: the work after forwarding runs only when nothing on the path is "
+        "runnable (a woken task preempts it, as CFS's wake-up preemption does)",
+    )
+    ap.add_argument(
         "--fit-waits",
         action="store_true",
         help="scale each request's waits so that its replay without the mesh is as long as its trace",
@@ -291,10 +356,27 @@ def main() -> None:
                 w_cpu = np.bincount(batch.graph_of(), weights=mesh, minlength=G)
                 busy_b = busy_b + c.rate * b_cpu * 1e-6
                 busy_m = busy_m + c.rate * (b_cpu + w_cpu) * 1e-6
-            without, with_mesh = replays(batch, mesh, base, (busy_b, busy_m), a.fit_waits)
+            wake = (
+                np.maximum(costs.latency.sum(axis=1) - costs.cpu.sum(axis=1), 0.0)
+                if a.wake
+                else None
+            )
+            tail = (
+                np.clip(costs.cpu.sum(axis=1) - costs.latency.sum(axis=1), 0.0, None)
+                if a.tail
+                else None
+            )
+            without, with_mesh = replays(
+                batch, mesh, base, (busy_b, busy_m), a.fit_waits, wake, tail, a.priority
+            )
             measured = c.comparisons["latency"].measured.median
             pred = statistics.median(with_mesh) - statistics.median(without)
             old = c.predicted.p50_us
+            if a.hybrid:
+                # the engine's bound less the mesh work the schedule finds hidden in waits
+                work = np.bincount(batch.graph_of(), weights=mesh, minlength=G)
+                hidden = [max(w - (m - n), 0.0) for w, m, n in zip(work, with_mesh, without)]
+                pred = old - statistics.median(hidden)
             e_new, e_old = pred / measured - 1, old / measured - 1
             errs.setdefault(s, []).append((e_new, e_old))
             print(
