@@ -1,0 +1,96 @@
+"""Is a disagreement between two stored profiles larger than their own sampling noise?
+
+Issue #14 asks two quick profiles an hour apart to agree within 10 % on every component above
+5 µs. For each such component (per mode and message size) this prints both values, their
+relative difference, and a 95 % bootstrap interval of that difference over each profile's probe
+window pairs (the pairs are resampled, each profile on its own), with each profile's relative
+standard error. A difference whose interval includes 0 is within what the two profiles could
+tell apart; one whose interval excludes 0 is a change of the machine or the sidecar between
+them. Offline, nothing is measured. Usage::
+
+    .venv/bin/python experiments/profile_agreement_noise.py DB_A NAME_A DB_B NAME_B
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_profile import SIGNIFICANT_US, _bd  # noqa: E402
+from meshtax.model.profile import Profile  # noqa: E402
+from meshtax.model.sidecar import Mode  # noqa: E402
+from meshtax.profile.decompose import assemble  # noqa: E402
+from meshtax.store.sqlite import ProfileStore  # noqa: E402
+
+DRIFT = 0.10  # the issue's bar
+
+
+def per_pair(prof: Profile) -> dict[str, tuple[float, np.ndarray]]:
+    """mode/size/component → (pooled value, the values of each probe window pair), µs."""
+    meas = prof.provenance.options["measurements"]
+    tcp = {r["size"]: r for r in meas.get("tcp", [])}
+    out: dict[str, tuple[float, np.ndarray]] = {}
+    for mode, rs in meas.items():
+        for r in rs:
+            base = tcp.get(r["size"])
+            pooled = assemble(
+                Mode(mode),
+                _bd(r["probe"]["latency_breakdown_us"]),
+                _bd(base["probe"]["latency_breakdown_us"]) if base else None,
+            )
+            pairs = [
+                assemble(Mode(mode), _bd(p), _bd(bp) if base else None)
+                for p, bp in zip(
+                    r["probe"]["per_pair_breakdown_us"],
+                    (base or r)["probe"]["per_pair_breakdown_us"],
+                )
+            ]
+            for c, v in pooled.items():
+                out[f"{mode}/{r['size']}/{c.key}"] = (v, np.array([p[c] for p in pairs]))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("db_a")
+    ap.add_argument("name_a")
+    ap.add_argument("db_b")
+    ap.add_argument("name_b")
+    ap.add_argument("--resamples", type=int, default=4000)
+    a_ = ap.parse_args()
+    a = per_pair(ProfileStore(a_.db_a).get(a_.name_a))
+    b = per_pair(ProfileStore(a_.db_b).get(a_.name_b))
+    rng = np.random.default_rng(0)
+    n = within = noise = 0
+    for k in sorted(set(a) & set(b)):
+        (va, pa), (vb, pb) = a[k], b[k]
+        if max(abs(va), abs(vb)) <= SIGNIFICANT_US or len(pa) < 2 or len(pb) < 2:
+            continue
+        n += 1
+        rel = abs(va - vb) / max(abs(va), abs(vb))
+        ba = pa[rng.integers(0, len(pa), (a_.resamples, len(pa)))].mean(axis=1)
+        bb = pb[rng.integers(0, len(pb), (a_.resamples, len(pb)))].mean(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = (ba - bb) / np.maximum(np.abs(ba), np.abs(bb))
+        lo, hi = np.nanpercentile(d, [2.5, 97.5])
+        se = [p.std(ddof=1) / np.sqrt(len(p)) / max(abs(p.mean()), 1e-9) for p in (pa, pb)]
+        inside = bool(lo <= 0 <= hi)
+        within += rel <= DRIFT
+        noise += rel > DRIFT and inside
+        verdict = "" if rel <= DRIFT else ("within noise" if inside else "a real change")
+        print(
+            f"{k:28s} {va:8.1f} {vb:8.1f}  {100 * rel:5.1f} %  [{100 * lo:+6.1f}, {100 * hi:+6.1f}] %"
+            f"  rel. SE {100 * se[0]:4.0f} / {100 * se[1]:4.0f} %  {verdict}"
+        )
+    print(
+        f"{n} components above {SIGNIFICANT_US:g} µs: {within} within {100 * DRIFT:.0f} %; of the "
+        f"others, {noise} within their own sampling noise and {n - within - noise} a real change"
+    )
+
+
+if __name__ == "__main__":
+    main()
