@@ -29,12 +29,12 @@ from meshtax.validate.tail import (
     Predicted,
     TailPoint,
     TailRun,
-    arrival_lag_us,
     cost_calibration,
     paced_jitter,
     predict_one_hop,
     predict_traces_tail,
 )
+from meshtax.validate.tail_traces import arrival_lag_us
 
 PCTS = (50.0, 90.0, 99.0)
 DRAWS = 40_000

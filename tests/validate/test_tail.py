@@ -19,13 +19,12 @@ from meshtax.validate.tail import (
     TailPoint,
     TailRun,
     TailValidation,
-    arrival_lag_us,
     cost_calibration,
     mesh_cpu_us,
     paced_jitter,
     predict_one_hop,
-    traces_within,
 )
+from meshtax.validate.tail_traces import arrival_lag_us, traces_within
 from tests.helpers import flat, profile
 
 

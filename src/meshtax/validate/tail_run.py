@@ -15,7 +15,7 @@ and sidecars on the other):
    applications' CPU per request measured without the mesh, at most as many requests in
    flight as the client has connections; arrivals Poisson (one hop), or (a topology) fortio's
    even schedule late by the lag its entry's no-mesh spans show
-   (:func:`~meshtax.validate.tail.arrival_lag_us`).
+   (:func:`~meshtax.validate.tail_traces.arrival_lag_us`).
 
 Every process lives in the testbed and is removed when it closes (also on errors).
 """
@@ -54,11 +54,10 @@ from meshtax.validate.tail import (
     TailPoint,
     TailRun,
     TailValidation,
-    arrival_lag_us,
     predict_one_hop,
     predict_traces_tail,
-    traces_within,
 )
+from meshtax.validate.tail_traces import arrival_lag_us, traces_within
 
 __all__ = ["FRACTIONS", "LoadPlan", "run_onehop_tail", "run_topology_tail"]
 
