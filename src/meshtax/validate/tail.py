@@ -145,13 +145,31 @@ class Predicted:
 @dataclass(frozen=True)
 class TailPoint:
     """One load level: ``fraction`` of the closed-loop maximum (the validation's options say
-    whose), ``rate`` asked of both sides."""
+    whose), ``rate`` asked of both sides; ``passes``: its pairs per pass of the levels, in
+    time order (empty: one pass)."""
 
     fraction: float
     rate: float
     pairs: tuple[tuple[TailRun, TailRun], ...]
     predicted: Predicted | None = None
     error: str | None = None
+    passes: tuple[int, ...] = ()
+
+    def halves(self, key: str) -> tuple[float, float] | None:
+        """The overhead at a percentile key measured on each half of the level's pairs on its
+        own (pooled as :meth:`measured`): the first passes against the rest (two passes: each
+        pass), or with one pass the first half of its pairs in time order against the second —
+        how well the measurement repeats within the sitting. None: too few pairs."""
+        n = len(self.pairs)
+        cut = sum(self.passes[: len(self.passes) // 2]) if len(self.passes) > 1 else n // 2
+        if not 0 < cut < n or not all(len(r.quantiles_us) for pr in self.pairs for r in pr):
+            return None
+        q = float(key[1:]) / 100
+        a, b = self.pairs[:cut], self.pairs[cut:]
+        return (
+            _pooled([m for _, m in a], q) - _pooled([o for o, _ in a], q),
+            _pooled([m for _, m in b], q) - _pooled([o for o, _ in b], q),
+        )
 
     def measured(self, key: str) -> Estimate:
         """The overhead at a percentile key (``p99``): the percentile of every request of the
@@ -207,6 +225,8 @@ class TailPoint:
                 m.cpu_us_per_request("sidecar") for _, m in self.pairs
             ),
             "runs": [{"no_mesh": b.to_dict(), "mesh": m.to_dict()} for b, m in self.pairs],
+            "passes": list(self.passes),
+            "halves": {k: self.halves(k) for k in keys},
             **({"error_message": self.error} if self.error else {}),
         }
 
@@ -294,7 +314,25 @@ class TailValidation:
             "error": (sat - self.max_mesh) / self.max_mesh if self.max_mesh else math.nan,
         }
         out["not_sustained"] = [p.fraction for p in self.points if p.pairs and not p.sustained]
+        out["repeat"] = {_key(p): self.repeat(_key(p)) for p in self.percentiles}
         return out
+
+    def repeat(self, key: str) -> dict[str, Any]:
+        """Within-sitting repeatability at a percentile key over the compared levels: each
+        level's halves (:meth:`TailPoint.halves`) differ by ``diffs`` (÷ the whole level's
+        overhead), and the prediction's errors against each half on its own."""
+        diffs: list[float] = []
+        errs: tuple[list[float], list[float]] = ([], [])
+        for p in self.points:
+            c, h = p.comparison(key), p.halves(key)
+            if c is None or h is None or c[1].median == 0:
+                continue
+            diffs.append((h[0] - h[1]) / abs(c[1].median))
+            for e, m in zip(errs, h, strict=True):
+                if m:
+                    e.append((c[0] - m) / m)
+        med = [statistics.median(abs(x) for x in e) if e else math.nan for e in (diffs, *errs)]
+        return {"diffs": diffs, "median_abs_diff": med[0], "median_abs_error_halves": med[1:]}
 
     def cases(self) -> list[dict[str, Any]]:
         out = []
@@ -370,6 +408,18 @@ class TailValidation:
             )
             + f". Saturation (ρ = 1) predicted {_num(s['saturation']['predicted'])}/s, measured "
             f"{self.max_mesh:.0f}/s ({s['saturation']['error']:+.1%})."
+        )
+        r = s["repeat"]
+        rows.append(
+            "Repeat within the sitting (each level's pairs in halves): median |difference| ÷ "
+            "the level's overhead "
+            + "; ".join(
+                f"{k} {r[k]['median_abs_diff']:.1%} (errors on each half "
+                + " / ".join(f"{x:.1%}" for x in r[k]["median_abs_error_halves"])
+                + ")"
+                for k in keys
+            )
+            + "."
         )
         return "\n".join(rows)
 
