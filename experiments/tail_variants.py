@@ -208,8 +208,7 @@ def errors(
         if show:
             cells = ", ".join(
                 f"{k} {got.overhead[k][0]:.0f} vs {pt.measured(k).median:.0f}"
-                for k in out
-                if k != "saturation"
+                for k in [f"p{p:g}" for p in PCTS]
             )
             print(f"    {pt.fraction:.0%} {pt.rate:.0f}/s ρ {got.utilisation:.2f}: {cells}")
         for k in [f"p{p:g}" for p in PCTS]:
