@@ -55,8 +55,11 @@ def side(pairs: Sequence[tuple[TailRun, TailRun]], key: str, i: int) -> float:
 
 
 def share(runs: Sequence[TailRun], what: str) -> float:
-    busy = sum(r.cpu_ns.get(f"{what}_busy", 0) for r in runs)
-    total = sum(r.cpu_ns.get(f"{what}_total", 0) for r in runs)
+    """Busy share of the ``pods`` or ``client`` CPU (``client_irq``: its interrupts' share)."""
+    role = what.split("_")[0]
+    key = what if "_" in what else f"{what}_busy"
+    busy = sum(r.cpu_ns.get(key, 0) for r in runs)
+    total = sum(r.cpu_ns.get(f"{role}_total", 0) for r in runs)
     return busy / total if total else float("nan")
 
 
@@ -129,6 +132,12 @@ def level_stats(pt: TailPoint) -> dict[str, Any]:
     out["pods_busy"] = (share(base, "pods"), share(mesh, "pods"))
     out["client_busy"] = (share(base, "client"), share(mesh, "client"))
     out["steal"] = (steal(base), steal(mesh))
+    out["client_irq"] = (share(base, "client_irq"), share(mesh, "client_irq"))
+    # the client CPU's busy time per request (tasks + interrupts), µs: without, with the mesh
+    out["client_us"] = tuple(
+        statistics.median(r.cpu_ns.get("client_busy", 0) * 1e-3 / r.count for r in rs)
+        for rs in (base, mesh)
+    )
     return out
 
 
@@ -164,9 +173,9 @@ def main() -> None:
             print(
                 "| level | rate | key | overhead [95 %] | ±rel | ±rel iid | halves (diff/whole) | "
                 "odd/even (diff/whole) | w/o 1st pair | no mesh / mesh | per pair | "
-                "pods busy b/m | client busy b/m | steal b/m |"
+                "pods busy b/m | client busy b/m | client irq b/m | client µs/req b/m | steal b/m |"
             )
-            print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
             for pt in points(doc):
                 s = level_stats(pt)
                 table[stem][name][pt.fraction] = s
@@ -184,9 +193,11 @@ def main() -> None:
                         + (
                             f"{s['pods_busy'][0]:.2f} / {s['pods_busy'][1]:.2f} | "
                             f"{s['client_busy'][0]:.2f} / {s['client_busy'][1]:.2f} | "
+                            f"{s['client_irq'][0]:.2f} / {s['client_irq'][1]:.2f} | "
+                            f"{s['client_us'][0]:.1f} / {s['client_us'][1]:.1f} | "
                             f"{s['steal'][0]:.3f} / {s['steal'][1]:.3f} |"
                             if key == "p50"
-                            else "| | |"
+                            else "| | | | |"
                         )
                     )
     print("\n## Between sets vs within a set")

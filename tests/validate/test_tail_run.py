@@ -99,6 +99,9 @@ def test_a_run_records_cpu_run_queue_waits_and_busy_cpus() -> None:
         "client_total",
         "pods_steal",
         "client_steal",
+        "pods_irq",
+        "client_irq",
     }
     assert got["app"] > 0 and got["sidecar"] == 0 and got["pods_total"] >= got["pods_busy"] >= 0
     assert got["pods_total"] >= got["pods_steal"] >= 0
+    assert got["pods_busy"] >= got["pods_irq"] >= 0
