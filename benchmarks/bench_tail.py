@@ -6,7 +6,7 @@ Run as root under the machine's measurement lock::
 
     flock /run/meshtax-measure.lock .venv/bin/python benchmarks/bench_tail.py \\
         --db DB --out DIR [--profile NAME] [--modes http] [--topologies onehop,bookinfo] \\
-        [--levels 25,50,75,90] [--connections 32] [--duration 5] [--pairs 8]
+        [--levels 25,50,75,90] [--connections 32] [--duration 5] [--pairs 8] [--passes 2]
 
 Without ``--profile`` it first takes a quick profile with capacities (``meshtax profile --quick
 --capacity`` for ``--profile-modes``, default tcp,http, into ``DB``; named ``tail-<time>``), so
@@ -14,8 +14,9 @@ profile and validation share one sitting. Then, per mode: the one-hop validation
 validate --sweep rate``; ``onehop``) and each topology's (``meshtax validate TOPOLOGY --levels
 …``), each document written to ``DIR`` (JSON and an HTML report); finally ``DIR/summary.json``
 and a table: per percentile the median absolute error and the signed bias over every compared
-level, and the saturation rate predicted vs measured (the mesh side's closed-loop maximum with
-the same clients) and the profile's own capacity measurement. Nothing is asserted.
+level, how much a level's two halves (passes) differ, and the saturation rate predicted vs
+measured (the mesh side's closed-loop maximum with the same clients) and the profile's own
+capacity measurement. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -49,10 +50,13 @@ def summary(results: list[TailValidation], profile: Any) -> dict[str, Any]:
         out["results"][f"{r.name} ({r.mode}) of the {rel} maximum"] = r.summary()
     for key in ("p50", "p90", "p99"):
         errs = [e for r in results for e in r.errors(key)]
+        diffs = [d for r in results for d in r.repeat(key)["diffs"]]
         out[key] = {
             "levels": len(errs),
             "median_abs_error": statistics.median(abs(e) for e in errs) if errs else None,
             "bias": statistics.fmean(errs) if errs else None,
+            # the level's halves (passes) against each other, ÷ the level's overhead
+            "repeat_median_abs_diff": statistics.median(abs(d) for d in diffs) if diffs else None,
         }
     caps = {m.value: mp.capacity.to_dict() for m, mp in profile.modes.items() if mp.capacity}
     out["profile_capacity"] = caps
@@ -75,7 +79,19 @@ def main() -> None:
     # a level's p99 pools every request of its runs: 8 pairs of 5 s give Bookinfo's lowest
     # level (~130/s) some 50 requests beyond its p99 on each side
     ap.add_argument("--duration", type=float, default=5.0)
-    ap.add_argument("--pairs", type=int, default=8)
+    ap.add_argument("--pairs", type=int, default=8, help="pairs per level in each pass")
+    ap.add_argument(
+        "--passes",
+        type=int,
+        default=2,
+        help="the levels measured this many times over (each level's halves: its repeatability)",
+    )
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=1.0,
+        help="seconds of unrecorded load per side before each level's pairs in each pass",
+    )
     ap.add_argument(
         "--relative",
         default="no_mesh,mesh",
@@ -122,6 +138,8 @@ def main() -> None:
                 # a topology's traces per level stay, so the runs can be predicted again
                 keep_dir=None if topology is None else str(out / f"{stem}-work"),
                 relative_to=rel,
+                passes=a.passes,
+                settle_s=a.settle,
             )
             r = validate_tail(o, store, say)
             results.append(r)
@@ -137,9 +155,11 @@ def main() -> None:
     for key in ("p50", "p90", "p99"):
         v = s[key]
         if v["levels"]:
+            rep = v["repeat_median_abs_diff"]
             print(
                 f"{key}: median |error| {v['median_abs_error']:.1%}, bias {v['bias']:+.1%} "
-                f"over {v['levels']} levels"
+                f"over {v['levels']} levels; the halves of a level differ by a median "
+                + ("-" if rep is None else f"{rep:.1%}")
             )
     for r in results:
         sat = r.summary()["saturation"]

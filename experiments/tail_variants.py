@@ -29,12 +29,12 @@ from meshtax.validate.tail import (
     Predicted,
     TailPoint,
     TailRun,
-    arrival_lag_us,
     cost_calibration,
     paced_jitter,
     predict_one_hop,
     predict_traces_tail,
 )
+from meshtax.validate.tail_traces import arrival_lag_us
 
 PCTS = (50.0, 90.0, 99.0)
 DRAWS = 40_000
@@ -112,7 +112,8 @@ def _point(d: Mapping[str, Any]) -> TailPoint:
     pairs = tuple(
         (TailRun.from_dict(r["no_mesh"]), TailRun.from_dict(r["mesh"])) for r in d["runs"]
     )
-    return TailPoint(float(d["fraction"]), float(d["rate"]), pairs)
+    passes = tuple(int(x) for x in d.get("passes", ()))
+    return TailPoint(float(d["fraction"]), float(d["rate"]), pairs, passes=passes)
 
 
 def _traces(doc_path: Path, doc: Mapping[str, Any], fraction: float) -> Path:
@@ -207,17 +208,25 @@ def errors(
         if show:
             cells = ", ".join(
                 f"{k} {got.overhead[k][0]:.0f} vs {pt.measured(k).median:.0f}"
-                for k in out
-                if k != "saturation"
+                for k in [f"p{p:g}" for p in PCTS]
             )
             print(f"    {pt.fraction:.0%} {pt.rate:.0f}/s ρ {got.utilisation:.2f}: {cells}")
-        for k in out:
-            if k == "saturation":
-                continue
+        for k in [f"p{p:g}" for p in PCTS]:
             m = pt.measured(k).median
             v = got.overhead[k][0]
             if m and v == v and abs(v) != float("inf"):
                 out[k].append((v - m) / m)
+                h = pt.halves(k)
+                if h is None:
+                    continue
+                # the halves (passes) of the level: how far apart, and the same prediction's
+                # error on each on its own
+                out.setdefault(f"{k} halves", []).append((h[0] - h[1]) / abs(m))
+                for i, x in enumerate(h):
+                    if x:
+                        out.setdefault(f"{k} half {i + 1}", []).append((v - x) / x)
+                if show:
+                    print(f"      {k} halves {h[0]:.0f} / {h[1]:.0f} (whole {m:.0f})")
     return out
 
 
@@ -317,13 +326,24 @@ def main() -> None:
                 path, doc, store.get(doc["profile"]), VARIANTS[name], a.levels, a.calibrate
             )
             for k, v in errs.items():
-                every[k] += v
-            cells = " | ".join(_cell(e) for k, e in errs.items() if k != "saturation")
+                every.setdefault(k, []).extend(v)
+            cells = " | ".join(_cell(errs[f"p{p:g}"]) for p in PCTS)
             sat = ", ".join(f"{x:+.1%}" for x in errs["saturation"])
             print(f"| {name} | {doc['tail']['topology']} | {cells} | {sat} |")
+            _halves(name, doc["tail"]["topology"], errs)
         if len(docs) > 1:
-            cells = " | ".join(_cell(e) for k, e in every.items() if k != "saturation")
+            cells = " | ".join(_cell(every[f"p{p:g}"]) for p in PCTS)
             print(f"| {name} | all | {cells} | |")
+            _halves(name, "all", every)
+
+
+def _halves(name: str, what: str, errs: Mapping[str, list[float]]) -> None:
+    """Rows of the levels' halves (when the records have them): how far apart (the
+    difference ÷ the whole level's overhead, median abs and mean), and the errors on each."""
+    for part in ("halves", "half 1", "half 2"):
+        if any(f"p{p:g} {part}" in errs for p in PCTS):
+            cells = " | ".join(_cell(errs.get(f"p{p:g} {part}", [])) for p in PCTS)
+            print(f"| {name} | {what}: {part} | {cells} | |")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,12 @@ from meshtax.validate.tail import (
     TailPoint,
     TailRun,
     TailValidation,
-    arrival_lag_us,
     cost_calibration,
     mesh_cpu_us,
     paced_jitter,
     predict_one_hop,
-    traces_within,
 )
+from meshtax.validate.tail_traces import arrival_lag_us, traces_within
 from tests.helpers import flat, profile
 
 
@@ -111,6 +110,40 @@ def test_document_cases_are_what_the_report_reads() -> None:
     table = validation().table()
     assert "| 25% | 1000 | 1000 / 1000 | 0.50 | 105 [100, 110] | 110 |" in table
     assert "Saturation (ρ = 1) predicted 3500/s, measured 3200/s (+9.4%)" in table
+
+
+def _shifted(lo_base: float, shift: float) -> tuple[TailRun, TailRun]:
+    """A pair whose with-mesh latencies are the no-mesh ones (uniform over 100 µs) + shift."""
+    probs = np.asarray(BASE_PROBS)
+    q = tuple((lo_base + 100 * probs).tolist())
+    qm = tuple((lo_base + shift + 100 * probs).tolist())
+    pcts = dict.fromkeys(("p50", "p90", "p99"), 0.0)
+    return TailRun(1000, 1000, 1000, 1.0, pcts, q), TailRun(1000, 1000, 1000, 1.0, pcts, qm)
+
+
+def test_halves_are_the_passes_or_the_pairs_in_time_order() -> None:
+    # three pairs of the first pass add 100 µs, one of the second 300 µs
+    pairs = (*(_shifted(100, 100) for _ in range(3)), _shifted(100, 300))
+    two = TailPoint(0.5, 1000, pairs, passes=(3, 1))
+    assert two.halves("p90") == pytest.approx((100, 300), abs=0.5)
+    # one pass: the first two pairs against the last two
+    one = TailPoint(0.5, 1000, pairs)
+    a, b = one.halves("p90") or (0.0, 0.0)
+    assert a == pytest.approx(100, abs=0.5) and 100 < b < 300
+    assert TailPoint(0.5, 1000, pairs[:1]).halves("p90") is None  # nothing to split
+    assert "halves" in two.to_dict() and two.to_dict()["passes"] == [3, 1]
+
+
+def test_repeat_says_how_far_the_halves_and_the_prediction_on_each_are() -> None:
+    pairs = (_shifted(100, 100), _shifted(100, 100), _shifted(100, 200), _shifted(100, 200))
+    pt = TailPoint(0.5, 1000, pairs, pred(150, 150, 150), passes=(2, 2))
+    v = TailValidation("one-hop", "http", (pt,), 32, 4000, 3200, "p")
+    whole = pt.measured("p90").median
+    r = v.repeat("p90")
+    assert r["diffs"] == [pytest.approx(-100 / whole, abs=1e-2)]
+    assert r["median_abs_error_halves"] == pytest.approx([0.5, 0.25], abs=1e-2)
+    assert v.summary()["repeat"]["p90"]["median_abs_diff"] == pytest.approx(100 / whole, abs=1e-2)
+    assert "Repeat within the sitting" in v.table()
 
 
 def test_traces_within_keeps_whole_traces_that_started_in_a_window() -> None:

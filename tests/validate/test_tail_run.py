@@ -55,6 +55,35 @@ def test_levels_are_shares_of_whose_maximum_and_runs_keep_quantiles_and_cpu() ->
     assert opts.arrivals == 1.0 and opts.clients == 32 and opts.pod_cpus == 1
 
 
+def test_passes_repeat_every_level_after_an_unrecorded_settling_run() -> None:
+    calls: list[tuple[str, float, tuple[str, ...]]] = []
+    load = scripted({"no_mesh": 8000.0, "mesh": 2000.0}, calls)
+    plan = LoadPlan(
+        fractions=(0.25, 0.5), duration_s=2.0, policy=PairPolicy.fixed(1), passes=2, settle_s=0.5
+    )
+    _, _, points = _measure(plan, load, lambda _s: {}, lambda _m: None)
+    assert [p.passes for p in points] == [(1, 1), (1, 1)]
+    assert all(len(p.pairs) == 2 for p in points)  # settling runs are not recorded
+    fixed = [(side, qps) for side, qps, _ in calls if qps > 0]
+    # pass 1: 25 % (settle both sides, a pair), 50 % (the same); pass 2 again, each level's
+    # second pair in the other order (the alternation continues over the passes)
+    assert fixed == [
+        *[("no_mesh", 2000.0), ("mesh", 2000.0), ("no_mesh", 2000.0), ("mesh", 2000.0)],
+        *[("no_mesh", 4000.0), ("mesh", 4000.0), ("no_mesh", 4000.0), ("mesh", 4000.0)],
+        *[("no_mesh", 2000.0), ("mesh", 2000.0), ("mesh", 2000.0), ("no_mesh", 2000.0)],
+        *[("no_mesh", 4000.0), ("mesh", 4000.0), ("mesh", 4000.0), ("no_mesh", 4000.0)],
+    ]
+    assert (
+        points[0].pairs[0][0].t_start
+        < points[1].pairs[0][0].t_start
+        < points[0].pairs[1][0].t_start
+    )
+    one = LoadPlan(fractions=(0.25,), policy=PairPolicy.fixed(2))
+    assert _measure(one, load, lambda _s: {}, lambda _m: None)[2][0].passes == ()
+    with pytest.raises(ValueError):
+        LoadPlan(passes=0)
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
 def test_a_run_records_cpu_run_queue_waits_and_busy_cpus() -> None:
     read = _cpu({"mesh": {"app": [os.getpid()], "sidecar": []}}, Pinning((0,), (0,), (0,)))
@@ -70,6 +99,9 @@ def test_a_run_records_cpu_run_queue_waits_and_busy_cpus() -> None:
         "client_total",
         "pods_steal",
         "client_steal",
+        "pods_irq",
+        "client_irq",
     }
     assert got["app"] > 0 and got["sidecar"] == 0 and got["pods_total"] >= got["pods_busy"] >= 0
     assert got["pods_total"] >= got["pods_steal"] >= 0
+    assert got["pods_busy"] >= got["pods_irq"] >= 0

@@ -44,6 +44,10 @@ class TailValidateOptions:
     accept_unclosed: bool = False
     keep_dir: str | None = None
     relative_to: Literal["no_mesh", "mesh"] = "no_mesh"
+    #: the levels measured twice over, each pass ``pairs`` pairs a level after a settling run
+    #: (``LoadPlan``): the record says how well each level repeats within the sitting
+    passes: int = 2
+    settle_s: float = 1.0
 
     def plan(self) -> LoadPlan:
         if not self.levels or not all(0 < f <= 1.5 for f in self.levels):
@@ -56,6 +60,8 @@ class TailValidateOptions:
             duration_s=self.duration_s,
             policy=PairPolicy.fixed(self.pairs),
             relative_to=self.relative_to,
+            passes=self.passes,
+            settle_s=self.settle_s,
         )
 
 

@@ -39,11 +39,9 @@ __all__ = [
     "TailPoint",
     "TailRun",
     "TailValidation",
-    "arrival_lag_us",
     "paced_jitter",
     "predict_one_hop",
     "predict_traces_tail",
-    "traces_within",
 ]
 
 FORMAT = "meshtax-validation/1"
@@ -147,13 +145,31 @@ class Predicted:
 @dataclass(frozen=True)
 class TailPoint:
     """One load level: ``fraction`` of the closed-loop maximum (the validation's options say
-    whose), ``rate`` asked of both sides."""
+    whose), ``rate`` asked of both sides; ``passes``: its pairs per pass of the levels, in
+    time order (empty: one pass)."""
 
     fraction: float
     rate: float
     pairs: tuple[tuple[TailRun, TailRun], ...]
     predicted: Predicted | None = None
     error: str | None = None
+    passes: tuple[int, ...] = ()
+
+    def halves(self, key: str) -> tuple[float, float] | None:
+        """The overhead at a percentile key measured on each half of the level's pairs on its
+        own (pooled as :meth:`measured`): the first passes against the rest (two passes: each
+        pass), or with one pass the first half of its pairs in time order against the second —
+        how well the measurement repeats within the sitting. None: too few pairs."""
+        n = len(self.pairs)
+        cut = sum(self.passes[: len(self.passes) // 2]) if len(self.passes) > 1 else n // 2
+        if not 0 < cut < n or not all(len(r.quantiles_us) for pr in self.pairs for r in pr):
+            return None
+        q = float(key[1:]) / 100
+        a, b = self.pairs[:cut], self.pairs[cut:]
+        return (
+            _pooled([m for _, m in a], q) - _pooled([o for o, _ in a], q),
+            _pooled([m for _, m in b], q) - _pooled([o for o, _ in b], q),
+        )
 
     def measured(self, key: str) -> Estimate:
         """The overhead at a percentile key (``p99``): the percentile of every request of the
@@ -209,6 +225,8 @@ class TailPoint:
                 m.cpu_us_per_request("sidecar") for _, m in self.pairs
             ),
             "runs": [{"no_mesh": b.to_dict(), "mesh": m.to_dict()} for b, m in self.pairs],
+            "passes": list(self.passes),
+            "halves": {k: self.halves(k) for k in keys},
             **({"error_message": self.error} if self.error else {}),
         }
 
@@ -296,7 +314,25 @@ class TailValidation:
             "error": (sat - self.max_mesh) / self.max_mesh if self.max_mesh else math.nan,
         }
         out["not_sustained"] = [p.fraction for p in self.points if p.pairs and not p.sustained]
+        out["repeat"] = {_key(p): self.repeat(_key(p)) for p in self.percentiles}
         return out
+
+    def repeat(self, key: str) -> dict[str, Any]:
+        """Within-sitting repeatability at a percentile key over the compared levels: each
+        level's halves (:meth:`TailPoint.halves`) differ by ``diffs`` (÷ the whole level's
+        overhead), and the prediction's errors against each half on its own."""
+        diffs: list[float] = []
+        errs: tuple[list[float], list[float]] = ([], [])
+        for p in self.points:
+            c, h = p.comparison(key), p.halves(key)
+            if c is None or h is None or c[1].median == 0:
+                continue
+            diffs.append((h[0] - h[1]) / abs(c[1].median))
+            for e, m in zip(errs, h, strict=True):
+                if m:
+                    e.append((c[0] - m) / m)
+        med = [statistics.median(abs(x) for x in e) if e else math.nan for e in (diffs, *errs)]
+        return {"diffs": diffs, "median_abs_diff": med[0], "median_abs_error_halves": med[1:]}
 
     def cases(self) -> list[dict[str, Any]]:
         out = []
@@ -372,6 +408,18 @@ class TailValidation:
             )
             + f". Saturation (ρ = 1) predicted {_num(s['saturation']['predicted'])}/s, measured "
             f"{self.max_mesh:.0f}/s ({s['saturation']['error']:+.1%})."
+        )
+        r = s["repeat"]
+        rows.append(
+            "Repeat within the sitting (each level's pairs in halves): median |difference| ÷ "
+            "the level's overhead "
+            + "; ".join(
+                f"{k} {r[k]['median_abs_diff']:.1%} (errors on each half "
+                + " / ".join(f"{x:.1%}" for x in r[k]["median_abs_error_halves"])
+                + ")"
+                for k in keys
+            )
+            + "."
         )
         return "\n".join(rows)
 
@@ -532,66 +580,3 @@ def predict_traces_tail(
     opts = replace(options, load="pairs")
     b = replace(b, rate=b.rate * (rate / request_rate(b, "pairs")))
     return Predicted.of(predict_tail(b, single_profile(profile), opts))
-
-
-def arrival_lag_us(doc: Mapping[str, Any], rate: float) -> float | None:
-    """How late a paced load generator's requests reached the entry service, from no-mesh
-    traces (OTLP/JSON) of a level at ``rate``: the mean of an exponential lag behind an even
-    schedule. The entry's server spans (those without a parent in the document) are sampled
-    every k-th request (k from their median spacing); the difference of two lags is Laplace,
-    whose median absolute deviation is lag × ln 2. It includes the entry's own wait for the
-    CPU without the mesh (an upper bound on the client's lateness). None: fewer than 20
-    spacings.
-
-    Measured on set 2's Bookinfo (25/50/75 %): ~600–670 µs; set 1: ~830–1 080 µs — absolute,
-    not a share of the spacing: at Bookinfo's 1.8–5.4 ms arrivals are nearly even, at one
-    hop's 60–220 µs as good as Poisson."""
-    spans: list[Mapping[str, Any]] = []
-    for rs in doc.get("resourceSpans") or []:
-        for ss in rs.get("scopeSpans") or []:
-            spans += ss.get("spans") or []
-    ids = {str(sp.get("spanId")) for sp in spans}
-    t = np.sort(
-        np.array(
-            [
-                int(sp.get("startTimeUnixNano", 0))
-                for sp in spans
-                if not sp.get("parentSpanId") or str(sp.get("parentSpanId")) not in ids
-            ],
-            dtype=np.float64,
-        )
-        * 1e-3
-    )
-    if t.size < 21 or rate <= 0:
-        return None
-    a = 1e6 / rate
-    d = np.diff(t) / a
-    k = max(1, int(round(float(np.median(d)))))
-    dev = (d[(d > k - 3) & (d < k + 3)] - k) * a
-    if dev.size < 20:
-        return None
-    mad = float(np.median(np.abs(dev - np.median(dev))))
-    return mad / math.log(2)
-
-
-def traces_within(doc: Mapping[str, Any], windows: Sequence[tuple[float, float]]) -> dict[str, Any]:
-    """The traces of an OTLP/JSON document whose first span started within one of
-    ``windows`` (Unix seconds): one load level's requests out of a run's traces."""
-    first: dict[str, int] = {}
-    for rs in doc.get("resourceSpans") or []:
-        for ss in rs.get("scopeSpans") or []:
-            for sp in ss.get("spans") or []:
-                t = int(sp.get("startTimeUnixNano", 0))
-                tid = str(sp.get("traceId"))
-                first[tid] = min(first.get(tid, t), t)
-    keep = {tid for tid, t in first.items() if any(lo * 1e9 <= t <= hi * 1e9 for lo, hi in windows)}
-    out = []
-    for rs in doc.get("resourceSpans") or []:
-        scopes = []
-        for ss in rs.get("scopeSpans") or []:
-            spans = [sp for sp in ss.get("spans") or [] if str(sp.get("traceId")) in keep]
-            if spans:
-                scopes.append({**ss, "spans": spans})
-        if scopes:
-            out.append({**rs, "scopeSpans": scopes})
-    return {"resourceSpans": out}

@@ -10,12 +10,13 @@ and sidecars on the other):
 2. per load level, ``fraction`` × the no-mesh maximum asked of both sides: paired fixed-rate
    runs through the one paired-run loop, calls spread evenly over the connections (fortio
    ``-uniform``), client-side percentiles and latency quantiles, the CPU of every pod process;
+   with ``LoadPlan.passes`` > 1 every level again in each later pass (after a settling run);
 3. per level, the prediction (:mod:`meshtax.predict.tail`): the level's no-mesh latencies (one
    hop) or no-mesh traces (topology) as the mesh-free latency, the pods' shared CPUs, the
    applications' CPU per request measured without the mesh, at most as many requests in
    flight as the client has connections; arrivals Poisson (one hop), or (a topology) fortio's
    even schedule late by the lag its entry's no-mesh spans show
-   (:func:`~meshtax.validate.tail.arrival_lag_us`).
+   (:func:`~meshtax.validate.tail_traces.arrival_lag_us`).
 
 Every process lives in the testbed and is removed when it closes (also on errors).
 """
@@ -54,11 +55,10 @@ from meshtax.validate.tail import (
     TailPoint,
     TailRun,
     TailValidation,
-    arrival_lag_us,
     predict_one_hop,
     predict_traces_tail,
-    traces_within,
 )
+from meshtax.validate.tail_traces import arrival_lag_us, traces_within
 
 __all__ = ["FRACTIONS", "LoadPlan", "run_onehop_tail", "run_topology_tail"]
 
@@ -78,7 +78,16 @@ class LoadPlan:
     (``policy``), the validated ``percentiles``, how the prediction takes arrivals
     (``arrivals``: SCV; 1, Poisson: fortio spreads its calls evenly over the connections, but
     on the pods' CPU they arrive as 32 clients' jittered calls, which even arrivals priced
-    several-fold too low in the recorded runs — BENCHMARKS.md, issue #20)."""
+    several-fold too low in the recorded runs — BENCHMARKS.md, issue #20).
+
+    ``passes``: the levels are measured that many times over, one after another (each pass
+    every level, ``policy``'s pairs each), so a level's pairs span the sitting and the passes
+    are independent repeats of it within the sitting (``TailPoint.halves``). ``settle_s``: before
+    each level's pairs in each pass, one unrecorded run per side at the level's rate, so the
+    previous level's queue and pacing do not land in the first pair. Why (issue #20, sets
+    1–5): with 5 pairs in a row per level, halves of a level's pairs differed by a median 20–40 %
+    at p90/p99 and a level's tail moved 2–8× between sittings — a 20 % bar needs the
+    measurement's own repeatability next to it."""
 
     fractions: tuple[float, ...] = FRACTIONS
     connections: int = 32
@@ -88,6 +97,12 @@ class LoadPlan:
     arrivals: float = 1.0
     max_runs: int = 3
     relative_to: Literal["no_mesh", "mesh"] = "no_mesh"
+    passes: int = 1
+    settle_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.passes < 1 or not self.settle_s >= 0:
+            raise ValueError(f"need passes >= 1 and settle_s >= 0: {self.passes}, {self.settle_s}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +114,8 @@ class LoadPlan:
             "arrivals_scv": self.arrivals,
             "max_runs": self.max_runs,
             "relative_to": self.relative_to,
+            "passes": self.passes,
+            "settle_s": self.settle_s,
         }
 
 
@@ -135,17 +152,32 @@ def _measure(
             tops[side].append(load(side, 0.0, plan.duration_s, ()).actual_qps)
     top, top_mesh = (statistics.median(tops[s]) for s in ("no_mesh", "mesh"))
     say(f"closed-loop maximum of {plan.connections} clients: {top:.0f}/s, mesh {top_mesh:.0f}/s")
-    points = []
     ref = top if plan.relative_to == "no_mesh" else top_mesh
-    for f in plan.fractions:
-        rate = f * ref
-        say(f"{f:.0%} of the {plan.relative_to.replace('_', '-')} maximum: {rate:.0f}/s")
-        p = paired_runs(
-            [("no_mesh", "mesh")],
-            partial(_run, qps=rate, plan=plan, load=load, cpu=cpu),
-            plan.policy,
-        )
-        points.append(TailPoint(f, rate, tuple(p.pairs("no_mesh", "mesh"))))
+    got: list[list[tuple[TailRun, TailRun]]] = [[] for _ in plan.fractions]
+    sizes: list[list[int]] = [[] for _ in plan.fractions]
+    for k in range(plan.passes):
+        for i, f in enumerate(plan.fractions):
+            rate = f * ref
+            say(
+                f"{f:.0%} of the {plan.relative_to.replace('_', '-')} maximum: {rate:.0f}/s"
+                + (f" (pass {k + 1}/{plan.passes})" if plan.passes > 1 else "")
+            )
+            if plan.settle_s > 0:  # the new rate's queues and pacing settle, not recorded
+                for side in ("no_mesh", "mesh"):
+                    load(side, rate, plan.settle_s, ("-uniform",))
+            p = paired_runs(
+                [("no_mesh", "mesh")],
+                partial(_run, qps=rate, plan=plan, load=load, cpu=cpu),
+                plan.policy,
+                first_round=len(got[i]),  # a later pass continues the alternation
+            )
+            pairs = p.pairs("no_mesh", "mesh")
+            got[i] += pairs
+            sizes[i].append(len(pairs))
+    points = [
+        TailPoint(f, f * ref, tuple(got[i]), passes=tuple(sizes[i]) if plan.passes > 1 else ())
+        for i, f in enumerate(plan.fractions)
+    ]
     return top, top_mesh, points
 
 
@@ -207,7 +239,7 @@ def run_onehop_tail(
         base = [q for b, _ in pt.pairs for q in b.quantiles_us]
         opts = _options(plan, pinning, _app_cpu(pt), len(base))
         pred = predict_one_hop(profile, SidecarConfig(mode), size_bytes, pt.rate, base, opts)
-        out.append(TailPoint(pt.fraction, pt.rate, pt.pairs, pred))
+        out.append(replace(pt, predicted=pred))
     return TailValidation(
         "one-hop",
         mode.value,
@@ -226,8 +258,12 @@ def run_onehop_tail(
 def _cpu(groups: Mapping[str, Mapping[str, Sequence[int]]], pinning: Pinning) -> Cpu:
     """On-CPU ns of each group's processes, their run-queue waits (``<group>_wait``), and the
     time the pods' and the client's CPUs were busy (tasks and interrupts: ``pods_busy``,
-    ``client_busy``) of ``pods_total``/``client_total``, and the time the host ran something
-    else on them (``pods_steal``, ``client_steal``: a virtual machine's steal time)."""
+    ``client_busy``; of which interrupts and softirq: ``pods_irq``, ``client_irq``) of
+    ``pods_total``/``client_total``, and the time the host ran something else on them
+    (``pods_steal``, ``client_steal``: a virtual machine's steal time). Why the interrupts
+    apart (issue #20, sets 1–5): one hop's tail followed how busy the client's CPU was with
+    the mesh, by 2–19 µs a request more than without it in some sittings — kernel networking
+    or tasks, the record now says which."""
     roles = {"pods": {*(pinning.sidecars or ()), *(pinning.app or ())}, "client": pinning.client}
 
     def read(side: str) -> dict[str, int]:
@@ -239,6 +275,7 @@ def _cpu(groups: Mapping[str, Mapping[str, Sequence[int]]], pinning: Pinning) ->
         for role, cpus in roles.items():
             got = [times[c] for c in cpus or () if c in times]
             out[f"{role}_busy"] = sum(t.task_ns + t.irq_ns for t in got)
+            out[f"{role}_irq"] = sum(t.irq_ns for t in got)  # of which interrupts, softirq
             out[f"{role}_total"] = sum(t.total_ns for t in got)
             out[f"{role}_steal"] = sum(t.steal_ns for t in got)  # the host took the vCPU
         return out
@@ -383,7 +420,7 @@ def run_topology_tail(
             err = None
         except ValueError as e:
             pred, err = None, str(e)
-        out.append(TailPoint(pt.fraction, pt.rate, pt.pairs, pred, err))
+        out.append(replace(pt, predicted=pred, error=err))
     return TailValidation(
         f"{topology.name}/{q.name}",
         mode.value,
