@@ -11,8 +11,10 @@ newest (default: ``--db``'s newest, as the validation did).
 no-mesh traces in ``traces`` next to it). Variants (``+`` combines them): ``fix`` the code as
 it is; ``own-rate`` node proxies and waypoints at each call's own rate, not the shared-CPU rate;
 ``no-idle`` no idle proxy CPU at all; ``no-bed`` a waypoint profile at the shared-CPU rate
-itself (no ``BED_PROXIES``). Prints, per case, the measured CPU µs per request and each
-variant's prediction (error). The placement, role profiles and pod CPUs are the validation's.
+itself (no ``BED_PROXIES``); ``rate-x<K>`` every shared-CPU rate times K (sidecars too: a
+sensitivity check of how warm the pods' CPU is taken to be, not a pricing). Prints, per
+case, the measured CPU µs per request and each variant's prediction (error). The placement,
+role profiles and pod CPUs are the validation's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 
 import meshtax.predict.architecture as arch_mod
+import meshtax.predict.engine as engine_mod
 from meshtax.app.pricing import role_profiles
 from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
 from meshtax.store.sqlite import ProfileStore
@@ -46,10 +49,20 @@ def _no_idle(arranged: Any, profiles: Callable[..., Any]) -> tuple[None, None]:
     return None, None
 
 
+def _times(k: float) -> Callable[..., Any]:
+    def rates(batch: Any, pod_cpus: int, *, also: Any = None) -> Any:
+        return k * _RATES(batch, pod_cpus, also=also)
+
+    return rates
+
+
 def use(variant: str) -> None:
     """Switch the module's parts as ``variant`` says (``+``-joined names)."""
     parts = set(variant.split("+"))
-    arch_mod.shared_cpu_rates = _own_rates if "own-rate" in parts else _RATES  # type: ignore[attr-defined]
+    k = [float(p[len("rate-x") :]) for p in parts if p.startswith("rate-x")]
+    rates = _own_rates if "own-rate" in parts else _times(k[0]) if k else _RATES
+    arch_mod.shared_cpu_rates = rates  # type: ignore[attr-defined]
+    engine_mod.shared_cpu_rates = rates  # type: ignore[attr-defined]
     arch_mod.architecture_idle = _no_idle if "no-idle" in parts else _IDLE
     arch_mod.BED_PROXIES = {} if "no-bed" in parts else dict(_BED)
 
