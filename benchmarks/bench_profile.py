@@ -84,11 +84,13 @@ def _bd(d: dict[str, float]) -> Breakdown:
     return Breakdown(**d)
 
 
-def components(prof: Profile) -> dict[str, dict[int, dict[str, Any]]]:
-    """mode → size → {component: {value, lo, hi}} in µs per crossing (paper components)."""
+def pair_components(
+    prof: Profile,
+) -> dict[str, dict[int, tuple[dict[Component, float], list[dict[Component, float]]]]]:
+    """mode → size → (the pooled components, those of each probe window pair), µs per crossing."""
     meas = prof.provenance.options["measurements"]
     tcp = {r["size"]: r for r in meas.get("tcp", [])}
-    out: dict[str, dict[int, dict[str, Any]]] = {}
+    out: dict[str, dict[int, tuple[dict[Component, float], list[dict[Component, float]]]]] = {}
     for mode, rs in meas.items():
         out[mode] = {}
         for r in rs:
@@ -105,7 +107,15 @@ def components(prof: Profile) -> dict[str, dict[int, dict[str, Any]]]:
                     (base or r)["probe"]["per_pair_breakdown_us"],
                 )
             ]
-            out[mode][r["size"]] = {
+            out[mode][r["size"]] = (pooled, pairs)
+    return out
+
+
+def components(prof: Profile) -> dict[str, dict[int, dict[str, Any]]]:
+    """mode → size → {component: {value, lo, hi}} in µs per crossing (paper components)."""
+    return {
+        mode: {
+            size: {
                 c.key: {
                     "value": round(v, 2),
                     "lo": round(min(p[c] for p in pairs), 2),
@@ -113,7 +123,10 @@ def components(prof: Profile) -> dict[str, dict[int, dict[str, Any]]]:
                 }
                 for c, v in pooled.items()
             }
-    return out
+            for size, (pooled, pairs) in sizes.items()
+        }
+        for mode, sizes in pair_components(prof).items()
+    }
 
 
 def model_components(

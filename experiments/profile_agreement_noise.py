@@ -20,10 +20,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_profile import SIGNIFICANT_US, _bd  # noqa: E402
+from bench_profile import SIGNIFICANT_US, pair_components  # noqa: E402
 from meshtax.model.profile import Profile  # noqa: E402
-from meshtax.model.sidecar import Mode  # noqa: E402
-from meshtax.profile.decompose import assemble  # noqa: E402
 from meshtax.store.sqlite import ProfileStore  # noqa: E402
 
 DRIFT = 0.10  # the issue's bar
@@ -31,27 +29,12 @@ DRIFT = 0.10  # the issue's bar
 
 def per_pair(prof: Profile) -> dict[str, tuple[float, np.ndarray]]:
     """mode/size/component → (pooled value, the values of each probe window pair), µs."""
-    meas = prof.provenance.options["measurements"]
-    tcp = {r["size"]: r for r in meas.get("tcp", [])}
-    out: dict[str, tuple[float, np.ndarray]] = {}
-    for mode, rs in meas.items():
-        for r in rs:
-            base = tcp.get(r["size"])
-            pooled = assemble(
-                Mode(mode),
-                _bd(r["probe"]["latency_breakdown_us"]),
-                _bd(base["probe"]["latency_breakdown_us"]) if base else None,
-            )
-            pairs = [
-                assemble(Mode(mode), _bd(p), _bd(bp) if base else None)
-                for p, bp in zip(
-                    r["probe"]["per_pair_breakdown_us"],
-                    (base or r)["probe"]["per_pair_breakdown_us"],
-                )
-            ]
-            for c, v in pooled.items():
-                out[f"{mode}/{r['size']}/{c.key}"] = (v, np.array([p[c] for p in pairs]))
-    return out
+    return {
+        f"{mode}/{size}/{c.key}": (v, np.array([p[c] for p in pairs]))
+        for mode, sizes in pair_components(prof).items()
+        for size, (pooled, pairs) in sizes.items()
+        for c, v in pooled.items()
+    }
 
 
 def main() -> None:
