@@ -59,6 +59,11 @@ class Task:
     detached: bool = False  # work after forwarding (``spawn``), off the request's path
 
 
+def _nothing() -> Generator[Op, None, None]:
+    """A task with no operations after its CPU work."""
+    yield from ()
+
+
 def replay(root: Generator[Op, None, None], capacity: float = 1.0, priority: bool = False) -> float:
     """Run ``root`` on one processor-sharing CPU of which ``capacity`` is free for it (the
     rest busy with background work); its completion time (µs). ``priority``: detached work
@@ -94,7 +99,7 @@ def replay(root: Generator[Op, None, None], capacity: float = 1.0, priority: boo
                     return
             elif op == "spawn":  # detached CPU work (a sidecar's after forwarding)
                 if arg > 0:
-                    running.append(Task(iter(()), cpu=arg, detached=True))
+                    running.append(Task(_nothing(), cpu=arg, detached=True))
             elif op == "par":
                 kids = [Task(g, parent=t) for g in arg]
                 if kids:
