@@ -60,22 +60,11 @@ def queue_factor(mp: ModeProfile, queued: FloatArray) -> FloatArray | None:
     fixed-rate run (its rate × its mean latency through the sidecar, from its quantiles) and
     the closed loop's clients at its maximum — interpolated in log requests, held beyond the
     runs. None without capacity runs with latency quantiles."""
-    cap = mp.capacity
-    models = [mp.components[c].cpu for c in BASE if c in mp.components]
-    if cap is None or not models:
-        return None
-    samples = dict(cap.cpu_samples())
     pts = []
-    for p in cap.points:
-        if not p.meshed or p.achieved <= 0 or p.achieved not in samples:
-            continue
-        n = _in_system(cap, p)
-        if n is None:
-            continue
-        size, rate = np.array([float(cap.size_bytes)]), np.array([p.achieved])
-        priced = sum(float(m.predict(size, rate)[0]) for m in models)
-        if priced > 0 and n > 0:
-            pts.append((n, samples[p.achieved] / 2 / priced))
+    for rate, n, cpu in _ramp(mp):
+        priced = _priced(mp, rate)
+        if priced is not None and priced > 0:
+            pts.append((n, cpu / 2 / priced))
     if not pts:
         return None
     pts.sort()
@@ -96,15 +85,25 @@ def queued_factor(mp: ModeProfile) -> float | None:
     (issue #20, set 2: Bookinfo's sidecars at 180–2 000 requests/s each, far below the rates
     where one hop's factor falls, reached 736/s together with 32 clients)."""
     cap = mp.capacity
-    models = [mp.components[c].cpu for c in BASE if c in mp.components]
     top = [p for p in cap.points if p.meshed and p.target == 0 and p.achieved > 0] if cap else []
-    if not top or not models:
+    if not top:
         return None
     p = max(top, key=lambda x: x.achieved)
-    size, rate = np.array([float(cap.size_bytes if cap else 0)]), np.array([p.achieved])
-    priced = sum(float(m.predict(size, rate)[0]) for m in models)
+    priced = _priced(mp, p.achieved)
+    if priced is None:
+        return None
     us = p.sidecar_cpu / p.achieved * 1e6
     return us / 2 / priced if priced > 0 else None
+
+
+def _priced(mp: ModeProfile, rate: float) -> float | None:
+    """What the CPU models of the base components price one crossing at, at ``rate`` and the
+    capacity runs' size (µs); None without models."""
+    models = [mp.components[c].cpu for c in BASE if c in mp.components]
+    if not models:
+        return None
+    size = np.array([float(mp.capacity.size_bytes if mp.capacity else 0)])
+    return sum(float(m.predict(size, np.array([rate]))[0]) for m in models)
 
 
 def _ramp(mp: ModeProfile) -> list[tuple[float, float, float]]:
