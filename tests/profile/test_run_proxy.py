@@ -379,4 +379,7 @@ def test_real_refsidecar_profile_over_unix_sockets() -> None:
         # one delivery per message each way: the sidecar's to the app, the app's back
         assert w["sidecar"]["sock_ipc_n"] >= n and w["app"]["sock_ipc_n"] >= n
         assert w["sidecar"]["sock_ipc_ns"] > 0
-    assert prof.modes[Mode.TCP].components[IPC].latency.intercept > 0
+    # the component is that delivery plus the change of the client's write (an intercepted
+    # write to lo against a write to the veth): that change is a difference of two noisy means
+    # (±3 µs in 1 s windows), so the sum may be held at 0 on a busy run; it is never negative
+    assert prof.modes[Mode.TCP].components[IPC].latency.intercept >= 0
