@@ -142,85 +142,23 @@ def istio_rules(c: Interception) -> list[list[str]]:
     ]
     for port in c.exclude_outbound_ports:
         r.append(nat + ["-A", "ISTIO_OUTPUT", "-p", "tcp", "--dport", str(port), "-j", "RETURN"])
+    out = [*nat, "-A", "ISTIO_OUTPUT"]
+    # the proxy's inbound passthrough connects from 127.0.0.6: never loop it back
+    r.append(out + ["-o", "lo", "-s", f"{c.inbound_passthrough_source}/32", "-j", "RETURN"])
+    for owner in (["--uid-owner", uid], ["--gid-owner", gid]):
+        r += [
+            # the proxy calling its own pod IP over lo is inbound traffic for itself
+            out
+            + ["-o", "lo", "!", "-d", "127.0.0.1/32", "-m", "owner", *owner]
+            + ["-j", "ISTIO_IN_REDIRECT"],
+            # anyone else's traffic over lo is left alone
+            out + ["-o", "lo", "-m", "owner", "!", *owner, "-j", "RETURN"],
+            # the proxy's own outbound connections go out as they are (no loop)
+            out + ["-m", "owner", *owner, "-j", "RETURN"],
+        ]
     r += [
-        # the proxy's inbound passthrough connects from 127.0.0.6: never loop it back
-        nat
-        + [
-            "-A",
-            "ISTIO_OUTPUT",
-            "-o",
-            "lo",
-            "-s",
-            f"{c.inbound_passthrough_source}/32",
-            "-j",
-            "RETURN",
-        ],
-        # the proxy calling its own pod IP over lo is inbound traffic for itself
-        nat
-        + [
-            "-A",
-            "ISTIO_OUTPUT",
-            "-o",
-            "lo",
-            "!",
-            "-d",
-            "127.0.0.1/32",
-            "-m",
-            "owner",
-            "--uid-owner",
-            uid,
-            "-j",
-            "ISTIO_IN_REDIRECT",
-        ],
-        nat
-        + [
-            "-A",
-            "ISTIO_OUTPUT",
-            "-o",
-            "lo",
-            "-m",
-            "owner",
-            "!",
-            "--uid-owner",
-            uid,
-            "-j",
-            "RETURN",
-        ],
-        # the proxy's own outbound connections go out as they are (no loop)
-        nat + ["-A", "ISTIO_OUTPUT", "-m", "owner", "--uid-owner", uid, "-j", "RETURN"],
-        nat
-        + [
-            "-A",
-            "ISTIO_OUTPUT",
-            "-o",
-            "lo",
-            "!",
-            "-d",
-            "127.0.0.1/32",
-            "-m",
-            "owner",
-            "--gid-owner",
-            gid,
-            "-j",
-            "ISTIO_IN_REDIRECT",
-        ],
-        nat
-        + [
-            "-A",
-            "ISTIO_OUTPUT",
-            "-o",
-            "lo",
-            "-m",
-            "owner",
-            "!",
-            "--gid-owner",
-            gid,
-            "-j",
-            "RETURN",
-        ],
-        nat + ["-A", "ISTIO_OUTPUT", "-m", "owner", "--gid-owner", gid, "-j", "RETURN"],
-        nat + ["-A", "ISTIO_OUTPUT", "-d", "127.0.0.1/32", "-j", "RETURN"],
-        nat + ["-A", "ISTIO_OUTPUT", "-j", "ISTIO_REDIRECT"],
+        out + ["-d", "127.0.0.1/32", "-j", "RETURN"],
+        out + ["-j", "ISTIO_REDIRECT"],
     ]
     return r
 
