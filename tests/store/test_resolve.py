@@ -91,3 +91,31 @@ def test_a_profile_with_a_transfer_says_so_wherever_it_is_used() -> None:
         "profile 'cal': per-message costs scaled by the transfer measured on suite s: "
         "http ×1.25 [1.20, 1.30] (5 cases)",
     )
+
+
+def test_a_carried_model_that_does_not_close_is_said_but_does_not_refuse() -> None:
+    # a quick profile on one CPU: the tcp-mode sidecar in front of gRPC summed 57.1 µs of
+    # latency components for 25.5 µs of measured overhead, while every mode closed
+    p = profile({Mode.TCP: {OTHER: flat(5, 2)}}, name="one-cpu")
+    tcp = p.modes[Mode.TCP]
+    grpc = replace(tcp, closure=Closure(25.5, 25.5, 25.5, 57.1, 0.15))
+    ok = replace(tcp, closure=Closure(32.4, 30.0, 34.0, 29.3, 0.15), carried={"grpc": grpc})
+    p = replace(p, modes={Mode.TCP: ok}, status="closed")
+    assert not p.unclosed and p.quality()["status"] == "closed"
+    assert p.quality()["closure"]["tcp+grpc"]["error"] == pytest.approx(57.1 / 25.5 - 1)
+    line = (
+        "profile 'one-cpu', tcp mode carrying grpc: latency components 57.1 µs vs measured "
+        "overhead 25.5 µs per message (+124%, beyond ±15%); they price the latency of "
+        "tcp-mode sidecars in front of grpc apps"
+    )
+    assert quality_lines(p) == [line]
+    assert resolve_profile(Store(p), None, HERE).warnings == (line,)
+    closing = replace(
+        p,
+        modes={
+            Mode.TCP: replace(
+                ok, carried={"grpc": replace(grpc, closure=Closure(50.0, 45.0, 55.0, 54.0, 0.15))}
+            )
+        },
+    )
+    assert quality_lines(closing) == [] and "tcp+grpc" in closing.quality()["closure"]
