@@ -162,10 +162,29 @@ def test_zipkin_shared_span_ids(tmp_path: Path) -> None:
             "localEndpoint": {"serviceName": "b"},
         },
     ]
+    # b's own call names the shared id as its parent (B3 propagation): it is b's, under b's
+    # server half — not a second client of a's call
+    spans.append(
+        {
+            "traceId": "t",
+            "id": "3",
+            "parentId": "2",
+            "kind": "CLIENT",
+            "timestamp": 15,
+            "duration": 20,
+            "localEndpoint": {"serviceName": "b"},
+            "remoteEndpoint": {"serviceName": "db"},
+        }
+    )
     p = tmp_path / "z.json"
     p.write_text(json.dumps(spans))
     e = load_traces(p, "zipkin").ecgs[0]
-    assert {(i.caller, i.callee) for i in e.invocations} == {(EXTERNAL, "a"), ("a", "b")}
+    calls = {(i.caller, i.callee) for i in e.invocations}
+    assert calls == {(EXTERNAL, "a"), ("a", "b"), ("b", "db")}
+    # an older converter's server half without the flag: the same id as a client span
+    del spans[2]["shared"]
+    p.write_text(json.dumps(spans))
+    assert {(i.caller, i.callee) for i in load_traces(p, "zipkin").ecgs[0].invocations} == calls
 
 
 @pytest.mark.parametrize("fmt", ["jaeger", "otlp", "zipkin"])

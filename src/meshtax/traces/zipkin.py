@@ -12,12 +12,15 @@ from msgspec import Struct
 from meshtax.traces.decode import (
     SERVER,
     Micros,
+    Row,
     SpanRows,
     _Attrs,
     _decode,
     _kind_code,
 )
 from meshtax.traces.errors import TraceFormatError
+
+SHARED_SERVER = ":server"  # the id suffix of a shared span's server half
 
 
 class _ZEndpoint(Struct, gc=False):
@@ -70,6 +73,12 @@ def read_zipkin(doc: bytes, where: str, out: SpanRows) -> None:
         spans = _decode(doc, list[_ZSpan], where)
         out.complete = False
     rows = out.rows
+    first = len(rows)
+    # B3's one span per RPC (Brave, Envoy's Zipkin tracer): the server half reuses the client's
+    # id, flagged ``shared`` (or not, by older converters). It becomes a child of the client;
+    # the calls it makes name the shared id as their parent and are re-parented to it below.
+    clients = {(z.traceId, z.id) for z in spans if z.kind == "CLIENT"}
+    servers: dict[tuple[str, str], str] = {}  # shared (trace, id) → the server's service
     for si, z in enumerate(spans):
         kind = _kind_code(z.kind, f"{where}: [{si}].kind")
         a = _Attrs()
@@ -80,16 +89,18 @@ def read_zipkin(doc: bytes, where: str, out: SpanRows) -> None:
         if not a.peer and z.remoteEndpoint is not None and z.remoteEndpoint.serviceName:
             a.peer = z.remoteEndpoint.serviceName
         sid, parent = z.id, z.parentId or ""
-        if kind == SERVER and z.shared:
+        service = (z.localEndpoint.serviceName or "") if z.localEndpoint else ""
+        if kind == SERVER and (z.shared or (z.traceId, sid) in clients):
             # a shared span id: the server half of the client span with the same id
-            parent, sid = sid, sid + ":server"
+            servers[(z.traceId, sid)] = service
+            parent, sid = sid, sid + SHARED_SERVER
         req, resp = a.sizes()
         rows.append(
             (
                 z.traceId,
                 sid,
                 parent,
-                (z.localEndpoint.serviceName or "") if z.localEndpoint else "",
+                service,
                 kind,
                 z.timestamp * 1000,
                 z.duration * 1000,
@@ -99,3 +110,15 @@ def read_zipkin(doc: bytes, where: str, out: SpanRows) -> None:
                 a.proto,
             )
         )
+    if servers:
+        _reparent_to_servers(rows, first, servers)
+
+
+def _reparent_to_servers(rows: list[Row], first: int, servers: dict[tuple[str, str], str]) -> None:
+    """Rows from ``first`` on whose parent is a shared span id and whose service is that
+    span's server: children of the server half, not of the caller's client half."""
+    for i in range(first, len(rows)):
+        r = rows[i]
+        svc = servers.get((r[0], r[2]))
+        if svc is not None and r[3] == svc and not r[1].endswith(SHARED_SERVER):
+            rows[i] = (*r[:2], r[2] + SHARED_SERVER, *r[3:])
