@@ -224,6 +224,36 @@ def test_clock_skew_clamped_and_orphans_counted() -> None:
     assert inv["b"].start_us + inv["b"].duration_us <= 100
 
 
+SHARED_NOTE = "spans under their caller's client span (a shared span id): moved under its server"
+
+
+def test_a_callees_spans_under_the_callers_client_span_move_under_its_server() -> None:
+    # Jaeger's query gives a shared id's server half a new id, not its children: b's call to
+    # the database names a's client span as its parent
+    s = [
+        Span("t", "1", None, "a", "server", "x", 0, 100),
+        Span("t", "2", "1", "a", "client", "y", 10, 80),
+        Span("t", "3", "2", "b", "server", "y", 12, 76),
+        Span("t", "4", "2", "b", "client", "q", 20, 30, {"peer.service": "db"}),
+        Span("t", "5", "4", "b", "internal", "retry", 21, 1),
+    ]
+    rep = ImportReport("x", "test")
+    (g,) = spans_to_ecgs(s, SpanOptions(rate=1.0), rep)
+    assert {(i.caller, i.callee) for i in g.invocations} == {
+        (EXTERNAL, "a"),
+        ("a", "b"),
+        ("b", "db"),
+    }
+    assert rep.notes[SHARED_NOTE] == 1
+    # …but not a span whose move would hang it under itself (b's server inside b's span)
+    s[2] = Span("t", "3", "6", "b", "server", "y", 12, 76)
+    s.append(Span("t", "6", "2", "b", "internal", "mw", 11, 78))
+    rep = ImportReport("x", "test")
+    (g,) = spans_to_ecgs(s, SpanOptions(rate=1.0), rep)
+    assert ("a", "b") in {(i.caller, i.callee) for i in g.invocations}
+    assert rep.notes[SHARED_NOTE] == 1 and rep.graphs_dropped == 0
+
+
 span_st = st.builds(
     Span,
     st.sampled_from(["t1", "t2"]),

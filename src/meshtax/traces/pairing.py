@@ -56,6 +56,7 @@ N_INTERNAL = "internal spans walked through"
 N_NESTED = "client spans nested in a client span of their service: one call"
 N_EXTRA_SERVER = "a second server span under one client span: a call of its own"
 N_SERVER_UNDER = "server span without a client span: caller taken from the enclosing call"
+N_SHARED_ID = "spans under their caller's client span (a shared span id): moved under its server"
 N_CALLER = "caller differs from the enclosing call's callee: used the callee"
 N_CLAMPED = "call outside its parent's interval (clock skew?): clamped"
 N_ASYNC = "asynchronous producer→consumer calls: roots of their own, off the producer's path"
@@ -247,24 +248,25 @@ def pair_columns(
     internal = kind == INTERNAL
     cli = (kind == CLIENT) | (kind == PRODUCER)
     srv = (kind == SERVER) | (kind == CONSUMER)
-    # nearest non-internal proper ancestor
-    anc = np.where(par >= 0, _climb_up(par, ~internal), -1)
-    has_anc = anc >= 0
-    a0 = np.maximum(anc, 0)
-    nested = cli & has_anc & cli[a0] & (svc[a0] == svc)
-    head = _resolve(np.where(nested, anc, idx), nested)
-    # servers answering a client chain: the earliest is its partner, others calls of their own
-    cand = srv & has_anc & cli[a0]
-    cand_rows = idx[cand]
-    chain = head[anc[cand_rows]]
-    order = np.lexsort((cand_rows, start[cand_rows], chain))
-    chain_s = chain[order]
-    first = np.ones(chain_s.size, dtype=bool)
-    first[1:] = chain_s[1:] != chain_s[:-1]
-    partner = np.full(n, -1, dtype=np.int64)
-    partner[chain_s[first]] = cand_rows[order][first]
-    paired_srv = np.zeros(n, dtype=bool)
-    paired_srv[cand_rows[order][first]] = True
+    anc, nested, head, cand, partner, paired_srv = _answers(par, internal, cli, srv, svc, start)
+    # one span id for both halves of an RPC (B3's shared spans; Jaeger's query gives the server
+    # half a new id but not its children): the callee's own spans name the caller's client
+    # span as their parent. They belong under the server that answers it, if of their service.
+    p0 = np.maximum(par, 0)
+    stray = idx[(par >= 0) & ~srv & cli[p0] & (svc[p0] != svc)]
+    if stray.size:
+        answer = partner[head[par[stray]]]
+        mine = (answer >= 0) & (svc[np.maximum(answer, 0)] == svc[stray])
+        # not a span that server hangs under (an internal span between client and server)
+        mine[mine] = ~_between(par, internal, stray[mine], answer[mine])
+        moved = stray[mine]
+        if moved.size:
+            par[moved] = answer[mine]
+            span_depth, _ = _depth(par)
+            report.notes[N_SHARED_ID] += int(moved.size)
+            anc, nested, head, cand, partner, paired_srv = _answers(
+                par, internal, cli, srv, svc, start
+            )
     extra = cand & ~paired_srv
     if extra.any():
         report.notes[N_EXTRA_SERVER] += int(extra.sum())
@@ -454,6 +456,50 @@ def pair_columns(
         protocol=h_proto[order].astype(np.int64) if h_proto[order].any() else None,
     )
     return Paired(batch, origin[G_kept], last[G_kept], asyn[order])
+
+
+def _between(par: I64, internal: B, rows: I64, servers: I64) -> B:
+    """Whether each of ``rows`` is one of the internal spans between ``servers`` (same
+    position) and the non-internal span above it."""
+    hit = np.zeros(rows.size, dtype=bool)
+    cur = par[servers]
+    live = np.flatnonzero(cur >= 0)
+    while live.size:
+        c = cur[live]
+        hit[live] |= c == rows[live]
+        live = live[internal[c] & ~hit[live]]
+        cur[live] = par[cur[live]]
+        live = live[cur[live] >= 0]
+    return hit
+
+
+def _answers(
+    par: I64, internal: B, cli: B, srv: B, svc: I64, start: I64
+) -> tuple[I64, B, I64, B, I64, B]:
+    """Who answers whom: every span's nearest non-internal proper ancestor (-1: none); client
+    spans nested in a client span of their service (one call with it) and each client's chain
+    head; servers under a client (candidates); each chain head's partner server (-1: none) —
+    the earliest candidate, the others calls of their own — and the paired servers."""
+    n = par.size
+    idx = np.arange(n, dtype=np.int64)
+    anc = np.where(par >= 0, _climb_up(par, ~internal), -1)
+    has_anc = anc >= 0
+    a0 = np.maximum(anc, 0)
+    nested = cli & has_anc & cli[a0] & (svc[a0] == svc)
+    head = _resolve(np.where(nested, anc, idx), nested)
+    # servers answering a client chain: the earliest is its partner, others calls of their own
+    cand = srv & has_anc & cli[a0]
+    cand_rows = idx[cand]
+    chain = head[anc[cand_rows]]
+    order = np.lexsort((cand_rows, start[cand_rows], chain))
+    chain_s = chain[order]
+    first = np.ones(chain_s.size, dtype=bool)
+    first[1:] = chain_s[1:] != chain_s[:-1]
+    partner = np.full(n, -1, dtype=np.int64)
+    partner[chain_s[first]] = cand_rows[order][first]
+    paired_srv = np.zeros(n, dtype=bool)
+    paired_srv[cand_rows[order][first]] = True
+    return anc, nested, head, cand, partner, paired_srv
 
 
 def _climb_up(par: I64, stop: B) -> I64:

@@ -12,7 +12,6 @@ from msgspec import Struct
 from meshtax.traces.decode import (
     SERVER,
     Micros,
-    Row,
     SpanRows,
     _Attrs,
     _decode,
@@ -73,12 +72,11 @@ def read_zipkin(doc: bytes, where: str, out: SpanRows) -> None:
         spans = _decode(doc, list[_ZSpan], where)
         out.complete = False
     rows = out.rows
-    first = len(rows)
     # B3's one span per RPC (Brave, Envoy's Zipkin tracer): the server half reuses the client's
-    # id, flagged ``shared`` (or not, by older converters). It becomes a child of the client;
-    # the calls it makes name the shared id as their parent and are re-parented to it below.
-    clients = {(z.traceId, z.id) for z in spans if z.kind == "CLIENT"}
-    servers: dict[tuple[str, str], str] = {}  # shared (trace, id) → the server's service
+    # id, flagged ``shared`` (or not, by older converters). It becomes a child of the client
+    # under an id of its own; the calls it makes, which name the shared id as their parent,
+    # are moved under it by the pairing (:mod:`meshtax.traces.pairing`).
+    clients = {(z.traceId, z.id) for z in spans if (z.kind or "").upper() == "CLIENT"}
     for si, z in enumerate(spans):
         kind = _kind_code(z.kind, f"{where}: [{si}].kind")
         a = _Attrs()
@@ -92,7 +90,6 @@ def read_zipkin(doc: bytes, where: str, out: SpanRows) -> None:
         service = (z.localEndpoint.serviceName or "") if z.localEndpoint else ""
         if kind == SERVER and (z.shared or (z.traceId, sid) in clients):
             # a shared span id: the server half of the client span with the same id
-            servers[(z.traceId, sid)] = service
             parent, sid = sid, sid + SHARED_SERVER
         req, resp = a.sizes()
         rows.append(
@@ -110,15 +107,3 @@ def read_zipkin(doc: bytes, where: str, out: SpanRows) -> None:
                 a.proto,
             )
         )
-    if servers:
-        _reparent_to_servers(rows, first, servers)
-
-
-def _reparent_to_servers(rows: list[Row], first: int, servers: dict[tuple[str, str], str]) -> None:
-    """Rows from ``first`` on whose parent is a shared span id and whose service is that
-    span's server: children of the server half, not of the caller's client half."""
-    for i in range(first, len(rows)):
-        r = rows[i]
-        svc = servers.get((r[0], r[2]))
-        if svc is not None and r[3] == svc and not r[1].endswith(SHARED_SERVER):
-            rows[i] = (*r[:2], r[2] + SHARED_SERVER, *r[3:])
