@@ -3,7 +3,8 @@ or a valid result, within 20 s and 1 GiB of RSS; never a traceback.
 
 The default run takes a few hundred cases; ``-m slow`` runs 10 000 (set
 ``MESHTAX_FUZZ_CASES`` for another count, ``MESHTAX_FUZZ_SEED`` for another corpus, and
-``MESHTAX_FUZZ_REPORT=FILE`` to keep every outcome as JSON).
+``MESHTAX_FUZZ_REPORT=FILE`` to keep every outcome as JSON, ``MESHTAX_FUZZ_JOBS`` for the
+number of cases run at once).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import collections
 import json
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,12 +26,30 @@ BAD = ("traceback", "hang", "rss", "crash")
 
 
 def _run(tmp: Path, n: int) -> list[Outcome]:
+    """The cases in order, each in a child of one of ``MESHTAX_FUZZ_JOBS`` runners (default:
+    one per CPU, at most 4), made one at a time as a runner asks for the next."""
     seed = int(os.environ.get("MESHTAX_FUZZ_SEED", "15"))
-    runner = Runner()
+    jobs = int(os.environ.get("MESHTAX_FUZZ_JOBS", "0")) or min(4, os.cpu_count() or 1)
+    todo = enumerate(cases(tmp, n, seed))
+    lock = threading.Lock()
+
+    def work(runner: Runner) -> list[Outcome]:
+        done: list[Outcome] = []
+        while True:
+            with lock:
+                nxt = next(todo, None)
+            if nxt is None:
+                return done
+            done.append(runner.run(*nxt))
+
+    runners = [Runner() for _ in range(jobs)]
     try:
-        out = [runner.run(i, c) for i, c in enumerate(cases(tmp, n, seed))]
+        with ThreadPoolExecutor(jobs) as pool:
+            parts = list(pool.map(work, runners))
     finally:
-        runner.close()
+        for r in runners:
+            r.close()
+    out = sorted((o for part in parts for o in part), key=lambda o: o.case)
     path = os.environ.get("MESHTAX_FUZZ_REPORT")
     if path:
         Path(path).write_text(json.dumps([asdict(o) for o in out], indent=1))
