@@ -17,6 +17,11 @@ and a table: per percentile the median absolute error and the signed bias over e
 level, how much a level's two halves (passes) differ, and the saturation rate predicted vs
 measured (the mesh side's closed-loop maximum with the same clients) and the profile's own
 capacity measurement. Nothing is asserted.
+
+``--speed`` (issue #20, set 7): the machine's speed (the reference workload ``speedref`` on
+the profile's client and sidecar CPUs, as ``meshtax validate --speed now``) measured after
+the profile, before and after each validation, in ``summary.json`` (``speed``), so a
+validation's priced sidecar CPU can be set against the speed it was measured at offline.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from meshtax.profile.backends import Backends
 from meshtax.profile.run import ProfileOptions, run_profile
 from meshtax.report.exporters import EXPORTERS
 from meshtax.store.sqlite import ProfileStore
+from meshtax.testbed.pinning import pinning_of
+from meshtax.testbed.speed import speed_on
 from meshtax.testbed.system import RealSystem
 from meshtax.validate.tail import TailValidation
 
@@ -93,6 +100,11 @@ def main() -> None:
         help="seconds of unrecorded load per side before each level's pairs in each pass",
     )
     ap.add_argument(
+        "--speed",
+        action="store_true",
+        help="measure the machine's speed after the profile and around each validation",
+    )
+    ap.add_argument(
         "--relative",
         default="no_mesh,mesh",
         help="Levels as shares of whose closed-loop maximum: no_mesh (the issue's), mesh (every "
@@ -119,6 +131,18 @@ def main() -> None:
     else:
         prof = store.get(a.profile)
     loads["profiled"] = os.getloadavg()
+    speeds: list[dict[str, Any]] = []
+
+    def speed(when: str) -> None:
+        if a.speed:  # a failure is recorded, never the end of the validations
+            try:
+                got, why = speed_on(RealSystem(), pinning_of(prof))
+            except Exception as e:  # noqa: BLE001
+                got, why = None, f"{type(e).__name__}: {e}"
+            speeds.append({"when": when, **(got.to_dict() if got else {"error": why})})
+            say(f"speed {when}: {speeds[-1]}")
+
+    speed("profiled")
     levels = tuple(float(x) / 100 for x in a.levels.split(","))
     results: list[TailValidation] = []
     for mode in (Mode(m) for m in a.modes.split(",")):
@@ -141,7 +165,9 @@ def main() -> None:
                 passes=a.passes,
                 settle_s=a.settle,
             )
+            speed(f"before {stem}")
             r = validate_tail(o, store, say)
+            speed(f"after {stem}")
             results.append(r)
             doc = r.to_document()
             (out / f"{stem}.json").write_text(EXPORTERS["json"].export(doc))
@@ -150,6 +176,8 @@ def main() -> None:
             loads[stem] = os.getloadavg()
     s = summary(results, prof)
     s["loadavg"] = loads
+    s["speed"] = speeds
+    s["profile_speed"] = prof.speed.to_dict() if prof.speed else None
     s["wall_s"] = time.monotonic() - t0
     (out / "summary.json").write_text(json.dumps(s, indent=2, default=str))
     for key in ("p50", "p90", "p99"):

@@ -10,7 +10,10 @@ were — the physical side of a miss (issue #20).
 total (sidecars + the apps' change); the model's price of the mesh at the level, and what
 one client's CPU models alone price (no load factor); the pods' CPU busy share without / with
 the mesh, the model's utilisation of the shared CPUs, the measured one (apps + sidecars ×
-rate), the steal share when recorded.
+rate), the steal share when recorded. ``--speed`` (``DIR/summary.json`` with the machine's
+speed recorded around each validation, ``bench_tail.py --speed``): one more column, the mesh's
+price with the costs scaled from the profile's speed to the median of the readings before and
+after that validation (``TailOptions.speed``, as ``--speed now`` does).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from meshtax.model.ecg import EXTERNAL, Invocation, Service, to_batch, validate
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.model.speed import Speed, kind_factors, typical
 from meshtax.predict.engine import single_profile
 from meshtax.predict.stations import (
     TailOptions,
@@ -68,20 +72,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
     ap.add_argument("--dir", required=True)
+    ap.add_argument("--speed", action="store_true", help="price at the speed recorded around each")
     a = ap.parse_args()
     d = Path(a.dir)
     store = ProfileStore(a.db)
+    readings = json.loads((d / "summary.json").read_text()).get("speed", []) if a.speed else []
     print(
         "| run | load | rate/s | app no mesh | app mesh | sidecars | mesh measured | mesh priced "
         "| one client | busy no mesh | busy mesh | ρ priced | ρ measured | steal |"
+        + (" priced at speed now |" if a.speed else "")
     )
-    print("|---" * 14 + "|")
+    print("|---" * (15 if a.speed else 14) + "|")
     for stem in STEMS:
         path = d / f"{stem}.json"
         if not path.exists():
             continue
         doc = json.loads(path.read_text())
         prof = store.get(doc["profile"])
+        now: Speed | None = None
+        if a.speed:
+            got = [
+                Speed.from_dict(r)
+                for r in readings
+                if "error" not in r and r["when"] in (f"before {stem}", f"after {stem}")
+            ]
+            now = typical(got) if got else None
+            if now is not None and prof.speed is not None:
+                f = ", ".join(f"{k} ×{v:.3f}" for k, v in kind_factors(now, prof.speed).items())
+                print(f"<!-- {stem}: speed now / the profile's: {f} -->")
         plain = replace(prof, modes={m: replace(mp, capacity=None) for m, mp in prof.modes.items()})
         for pd in doc["tail"]["points"]:
             pairs = [
@@ -102,12 +120,16 @@ def main() -> None:
             b = _batch(d, stem, doc, float(pd["fraction"]), rate)
             work, rho = _mesh_price(b, prof, opts)
             work1, _ = _mesh_price(b, plain, opts)
+            extra = ""
+            if a.speed:
+                ws = _mesh_price(b, prof, replace(opts, speed=now))[0] if now else float("nan")
+                extra = f" {ws - app0:.0f} |"
             meas_rho = (sc + app1) * med(lambda b, m: m.achieved_qps) * 1e-6
             print(
                 f"| {doc['tail']['topology']} | {pd['fraction']:.0%} | {rate:.0f} | {app0:.0f} | "
                 f"{app1:.0f} | {sc:.0f} | {sc + app1 - app0:.0f} | {work - app0:.0f} | "
                 f"{work1 - app0:.0f} | {busy0:.2f} | {busy1:.2f} | {rho:.2f} | {meas_rho:.2f} | "
-                f"{steal:.3f} |"
+                f"{steal:.3f} |{extra}"
             )
 
 

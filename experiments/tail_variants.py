@@ -34,6 +34,7 @@ from meshtax.validate.tail import (
     predict_one_hop,
     predict_traces_tail,
 )
+from meshtax.validate.tail_run import one_hop_options
 from meshtax.validate.tail_traces import arrival_lag_us
 
 PCTS = (50.0, 90.0, 99.0)
@@ -63,6 +64,10 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # set 5's: set 4's with relief only from one request in the system on (batching; chosen
     # on sets 1–4, set 4 seen)
     "s5": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV},
+    # set 7's: one hop on fortio's even schedule, equal requests, the no-mesh tail's stalls
+    # drained at 1 − ρ (validate.tail_run.one_hop_options; chosen on sets 1–6, all seen);
+    # a topology as s5
+    "s7": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV, "one_hop_paced": True},
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},
@@ -182,6 +187,8 @@ def errors(
         base = TailOptions(percentiles=PCTS, pod_cpus=pods, app_cpu_us=app, clients=clients)
         opts = replace(base, **{k: v for k, v in change.items() if k in OPTIONS})
         opts = replace(opts, cost_scale=opts.cost_scale * scale)
+        if not topo and change.get("one_hop_paced"):
+            opts = one_hop_options(replace(opts, arrivals=0.0))
         if topo and "topology_scv" in change:
             opts = replace(opts, shared_scv=float(change["topology_scv"]))
         if change.get("paced"):

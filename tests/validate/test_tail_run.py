@@ -4,15 +4,26 @@ each run records of the processes and CPUs (this process on this machine's /proc
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
-from meshtax.model.sidecar import Mode
+from meshtax.model.components import OTHER
+from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.testbed.fortio import LoadResult, LoadSpec
 from meshtax.testbed.paired import PairPolicy
 from meshtax.testbed.pinning import Pinning
-from meshtax.validate.tail import BASE_PROBS
-from meshtax.validate.tail_run import LoadPlan, _cpu, _measure, _options
+from meshtax.validate.tail import BASE_PROBS, TailPoint, TailRun, predict_one_hop
+from meshtax.validate.tail_run import (
+    LoadPlan,
+    _cpu,
+    _measure,
+    _options,
+    one_hop_options,
+    predict_one_hop_levels,
+)
+from tests.helpers import flat, profile
 from tests.profile.fakes import fake_load_result
 
 
@@ -50,9 +61,41 @@ def test_levels_are_shares_of_whose_maximum_and_runs_keep_quantiles_and_cpu() ->
     assert all(extra == ("-uniform",) for _, qps, extra in calls if qps > 0)
     mesh_plan = LoadPlan(fractions=(0.5,), policy=PairPolicy.fixed(1), relative_to="mesh")
     assert _measure(mesh_plan, load, cpu, lambda _m: None)[2][0].rate == 1000.0
-    # predicted with Poisson arrivals, at most one request per connection in flight
+    # predicted on fortio's even schedule, at most one request per connection in flight
     opts = _options(plan, Pinning((0,), (1,), (1,)), 35.0, 400)
-    assert opts.arrivals == 1.0 and opts.clients == 32 and opts.pod_cpus == 1
+    assert opts.arrivals == 0.0 and opts.clients == 32 and opts.pod_cpus == 1
+    # one hop: equal requests, the no-mesh tail's stalls drained at 1 − ρ
+    one = one_hop_options(opts)
+    assert (one.arrivals, one.shared_scv, one.stalls) == (0.0, 0.0, True)
+
+
+def test_one_hop_below_saturation_with_a_stall_free_no_mesh_side_barely_waits() -> None:
+    """fortio paces its calls: a level at ρ 0.6 whose no-mesh side shows no stalls adds the
+    crossings and next to no queue (Poisson arrivals of exponential requests, the model until
+    set 6 of issue #20, gave its p90 ≈ 0.5 ms of waits here)."""
+    # two crossings: 50 µs on the path, 100 CPU-µs (on one CPU: at least 100 µs more)
+    prof = profile({Mode.HTTP: {OTHER: flat(25, 50)}})
+    probs = np.asarray(BASE_PROBS)
+    q = tuple((100 + 100 * probs).tolist())  # no-mesh latencies uniform in 100…200 µs
+    pcts = {"p50": 150.0, "p90": 190.0, "p99": 199.0}
+
+    def side(extra: float) -> TailRun:
+        qs = tuple(x + extra for x in q)
+        return TailRun(5000, 5000, 15000, 3.0, pcts, qs, {"app": 15000 * 20_000})
+
+    # the pods' CPU: 5000/s × (100 + 20) µs = 0.6 busy
+    pt = TailPoint(0.5, 5000.0, tuple((side(0), side(300)) for _ in range(4)))
+    plan = LoadPlan(fractions=(0.5,), percentiles=(50.0, 90.0, 99.0))
+    pinning = Pinning((0,), (1,), (1,))
+    (got,) = predict_one_hop_levels([pt], prof, Mode.HTTP, 100, plan, pinning)
+    assert got.predicted is not None
+    assert got.predicted.utilisation == pytest.approx(0.6, rel=0.02)
+    p90 = got.predicted.overhead["p90"][0]
+    assert 100 <= p90 < 150
+    poisson = _options(replace(plan, arrivals=1.0), pinning, 20.0, 400)
+    base = [x for b, _ in pt.pairs for x in b.quantiles_us]
+    old = predict_one_hop(prof, SidecarConfig(Mode.HTTP), 100, 5000.0, base, poisson)
+    assert old.overhead["p90"][0] > 3 * p90
 
 
 def test_passes_repeat_every_level_after_an_unrecorded_settling_run() -> None:

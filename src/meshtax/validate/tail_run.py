@@ -14,8 +14,9 @@ and sidecars on the other):
 3. per level, the prediction (:mod:`meshtax.predict.tail`): the level's no-mesh latencies (one
    hop) or no-mesh traces (topology) as the mesh-free latency, the pods' shared CPUs, the
    applications' CPU per request measured without the mesh, at most as many requests in
-   flight as the client has connections; arrivals Poisson (one hop), or (a topology) fortio's
-   even schedule late by the lag its entry's no-mesh spans show
+   flight as the client has connections; arrivals on fortio's even schedule, for one hop with
+   equal requests and the no-mesh tail's stalls drained at 1 − ρ (:func:`one_hop_options`),
+   for a topology late by the lag its entry's no-mesh spans show
    (:func:`~meshtax.validate.tail_traces.arrival_lag_us`).
 
 Every process lives in the testbed and is removed when it closes (also on errors).
@@ -60,7 +61,14 @@ from meshtax.validate.tail import (
 )
 from meshtax.validate.tail_traces import arrival_lag_us, traces_within
 
-__all__ = ["FRACTIONS", "LoadPlan", "run_onehop_tail", "run_topology_tail"]
+__all__ = [
+    "FRACTIONS",
+    "LoadPlan",
+    "one_hop_options",
+    "predict_one_hop_levels",
+    "run_onehop_tail",
+    "run_topology_tail",
+]
 
 Progress = Callable[[str], None]
 #: load levels: shares of the no-mesh closed-loop maximum
@@ -75,10 +83,9 @@ DRAWS = 40_000
 class LoadPlan:
     """The load levels (``fractions`` of the closed-loop maximum without the mesh, or with it:
     ``relative_to``), ``connections`` clients, runs of ``duration_s``, pairs per level
-    (``policy``), the validated ``percentiles``, how the prediction takes arrivals
-    (``arrivals``: SCV; 1, Poisson: fortio spreads its calls evenly over the connections, but
-    on the pods' CPU they arrive as 32 clients' jittered calls, which even arrivals priced
-    several-fold too low in the recorded runs — BENCHMARKS.md, issue #20).
+    (``policy``), the validated ``percentiles``, how one hop's prediction takes arrivals
+    (``arrivals``: their SCV; 0, fortio's even schedule, with :func:`one_hop_options` — until
+    set 6 of issue #20 it was 1, Poisson; a topology's are its schedule late by a measured lag).
 
     ``passes``: the levels are measured that many times over, one after another (each pass
     every level, ``policy``'s pairs each), so a level's pairs span the sitting and the passes
@@ -94,7 +101,7 @@ class LoadPlan:
     duration_s: float = 2.0
     policy: PairPolicy = PairPolicy.fixed(3)
     percentiles: tuple[float, ...] = PERCENTILES
-    arrivals: float = 1.0
+    arrivals: float = 0.0
     max_runs: int = 3
     relative_to: Literal["no_mesh", "mesh"] = "no_mesh"
     passes: int = 1
@@ -192,6 +199,43 @@ def _options(plan: LoadPlan, pinning: Pinning, app_cpu_us: float, graphs: int) -
     )
 
 
+def one_hop_options(opts: TailOptions) -> TailOptions:
+    """How one hop's queue on the pods' CPU is predicted (issue #20, set 7's model), with the
+    plan's ``arrivals`` (0: fortio's even schedule): each request with the same CPU work
+    (``shared_scv`` 0), and the no-mesh tail's stalls drained at 1 − ρ (``stalls``).
+
+    Why: fortio ``-uniform`` paces each of its connections, so requests reach the pods' CPU
+    evenly spaced, not as a Poisson stream; a one-hop request's work there is one crossing and
+    the echo app, whose spread the profile's latency sketches put at SCV 0.07–0.16, not an
+    exponential's 1. What makes one hop wait is the episodes the no-mesh side shows as its tail
+    (p99 0.6–4 ms at a CPU 14–45 % busy): requests pile up while the CPU is taken and drain at
+    1 − ρ, and the mesh's work lengthens each drain by (1 − ρ₀)/(1 − ρ₁). Poisson arrivals with
+    an exponential request put those waits everywhere instead: on sets 1–6 (23 scored levels,
+    all seen while choosing) one hop's p90 came out 38 % off (bias +46 %), 3–4× over in the
+    quiet sittings; this choice 34 % (−3 %), p99 37 % → 24 %, p50 63 % → 49 %. Topologies keep
+    their own arrivals (:func:`~meshtax.validate.tail_traces.arrival_lag_us`)."""
+    return replace(opts, shared_scv=0.0, stalls=True)
+
+
+def predict_one_hop_levels(
+    points: Sequence[TailPoint],
+    profile: Profile,
+    mode: Mode,
+    size_bytes: int,
+    plan: LoadPlan,
+    pinning: Pinning,
+) -> list[TailPoint]:
+    """Each measured one-hop level with its prediction: its no-mesh latencies as the mesh-free
+    distribution, its applications' CPU per request, :func:`one_hop_options`."""
+    out = []
+    for pt in points:
+        base = [q for b, _ in pt.pairs for q in b.quantiles_us]
+        opts = one_hop_options(_options(plan, pinning, _app_cpu(pt), len(base)))
+        pred = predict_one_hop(profile, SidecarConfig(mode), size_bytes, pt.rate, base, opts)
+        out.append(replace(pt, predicted=pred))
+    return out
+
+
 def _app_cpu(pt: TailPoint) -> float:
     """The applications' CPU-µs per request without the mesh (median over the pairs)."""
     return statistics.median(b.cpu_us_per_request("app") for b, _ in pt.pairs)
@@ -234,12 +278,7 @@ def run_onehop_tail(
             bed.load(targets[side], mode, size_bytes, n=500, connections=plan.connections)
         top, top_mesh, points = _measure(plan, load, _cpu(groups, pinning), say)
         envoy.stop()
-    out = []
-    for pt in points:
-        base = [q for b, _ in pt.pairs for q in b.quantiles_us]
-        opts = _options(plan, pinning, _app_cpu(pt), len(base))
-        pred = predict_one_hop(profile, SidecarConfig(mode), size_bytes, pt.rate, base, opts)
-        out.append(replace(pt, predicted=pred))
+    out = predict_one_hop_levels(points, profile, mode, size_bytes, plan, pinning)
     return TailValidation(
         "one-hop",
         mode.value,
@@ -297,9 +336,10 @@ def _notes(base: str) -> tuple[str, ...]:
         "without, its 95 % interval from resampling the pairs; a level the mesh side did not "
         "sustain is not compared (its latency is set by the client's connections)",
         f"predicted: meshtax.predict.tail with {base} as the mesh-free latency, the pods' shared "
-        "CPUs, the applications' CPU per request measured without the mesh, arrivals Poisson "
-        "(one hop) or an even schedule late by the lag of the level's no-mesh entry spans "
-        "(a topology), at most one request in flight per connection; saturation: the rate at "
+        "CPUs, the applications' CPU per request measured without the mesh, arrivals on an "
+        "even schedule (one hop: equal requests, the no-mesh tail's stalls drained at 1 − ρ; a "
+        "topology: late by the lag of the level's no-mesh entry spans), at most one request "
+        "in flight per connection; saturation: the rate at "
         "which the first queue reaches utilisation 1 with each sidecar's share of the clients "
         "queued",
     )
