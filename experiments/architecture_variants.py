@@ -11,10 +11,13 @@ newest (default: ``--db``'s newest, as the validation did).
 no-mesh traces in ``traces`` next to it). Variants (``+`` combines them): ``fix`` the code as
 it is; ``own-rate`` node proxies and waypoints at each call's own rate, not the shared-CPU rate;
 ``no-idle`` no idle proxy CPU at all; ``no-bed`` a waypoint profile at the shared-CPU rate
-itself (no ``BED_PROXIES``); ``rate-x<K>`` every shared-CPU rate times K (sidecars too: a
-sensitivity check of how warm the pods' CPU is taken to be, not a pricing). Prints, per
-case, the measured CPU µs per request and each variant's prediction (error). The placement,
-role profiles and pod CPUs are the validation's.
+itself (no ``BED_PROXIES``); ``carried`` every proxy priced at the rate it carries itself
+(:func:`carried_rates`: a node proxy the traversals of every pod of its node, both legs of an
+inter-node call counted once on each node, a waypoint its service's, a sidecar its pod's; the
+sixth sitting's test of "a proxy's cost per message follows its own traffic"); ``rate-x<K>``
+every shared-CPU rate times K (sidecars too: a sensitivity check of how warm the pods' CPU
+is taken to be, not a pricing). Prints, per case, the measured CPU µs per request and each
+variant's prediction (error). The placement, role profiles and pod CPUs are the validation's.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from meshtax.validate.run import placement
 _RATES = arch_mod.shared_cpu_rates  # type: ignore[attr-defined]
 _IDLE = arch_mod.architecture_idle
 _BED = dict(arch_mod.BED_PROXIES)
+_COSTS = arch_mod.architecture_costs
 
 
 def _own_rates(batch: Any, pod_cpus: int, *, also: Any = None) -> Any:
@@ -56,6 +60,56 @@ def _times(k: float) -> Callable[..., Any]:
     return rates
 
 
+def carried_rates(arranged: Any) -> tuple[tuple[Any, Any], Any]:
+    """Per row, the rate the proxy on each side carries (in a one-proxy bed's units: one
+    traversal per request at rate r is r), and the callee's waypoint's; per graph. A proxy is
+    a node's (node-l4, waypoint services: ``node:<node>``), a waypoint (``wp:<service>``) or a
+    sidecar (``svc:<service>``); it carries the sum of the rates of the rows that cross it."""
+    b = arranged.batch
+    g = b.graph_of()
+
+    def proxy(si: int) -> str:
+        name = str(b.services[si])
+        proxied = arranged.architectures[name] in arch_mod._PROXIED
+        return "node:" + str(arranged.nodes[name]) if proxied else "svc:" + name
+
+    total: dict[tuple[int, str], float] = {}
+    keys: list[list[tuple[int, str] | None]] = []
+    sides = [(b.caller, b.caller_spec, proxy), (b.callee, b.callee_spec, proxy)]
+    if arranged.waypoint is not None:
+        w = arranged.waypoint
+        sides.append((w.callee, w.callee_spec, lambda si: "wp:" + b.services[si]))
+    for who, spec, name in sides:
+        ks = [
+            (int(gi), name(int(s))) if s >= 0 and sp >= 0 else None
+            for s, sp, gi in zip(who.tolist(), spec.tolist(), g.tolist(), strict=True)
+        ]
+        for k, r in zip(ks, b.rate.tolist(), strict=True):
+            if k is not None:
+                total[k] = total.get(k, 0.0) + r
+        keys.append(ks)
+
+    def rates(ks: list[tuple[int, str] | None]) -> Any:
+        own = b.rate.tolist()
+        return np.asarray([total[k] if k else r for k, r in zip(ks, own, strict=True)])
+
+    way = rates(keys[2]) if len(keys) > 2 else None
+    return (rates(keys[0]), rates(keys[1])), way
+
+
+def _carried_costs(
+    arranged: Any, profiles: Any, *, speed: Any = None, pod_cpus: int | None = None
+) -> Any:
+    if pod_cpus is None:
+        return _COSTS(arranged, profiles, speed=speed, pod_cpus=None)
+    main, way = carried_rates(arranged)
+    costs = engine_mod.hop_costs(arranged.batch, profiles, rates=main, speed=speed)
+    if arranged.waypoint is not None:
+        way_costs = engine_mod.hop_costs(arranged.waypoint, profiles, rates=(way, way), speed=speed)
+        costs = arch_mod._add(costs, way_costs)
+    return costs
+
+
 def use(variant: str) -> None:
     """Switch the module's parts as ``variant`` says (``+``-joined names)."""
     parts = set(variant.split("+"))
@@ -65,6 +119,7 @@ def use(variant: str) -> None:
     engine_mod.shared_cpu_rates = rates  # type: ignore[attr-defined]
     arch_mod.architecture_idle = _no_idle if "no-idle" in parts else _IDLE
     arch_mod.BED_PROXIES = {} if "no-bed" in parts else dict(_BED)
+    arch_mod.architecture_costs = _carried_costs if "carried" in parts else _COSTS
 
 
 def main() -> None:
