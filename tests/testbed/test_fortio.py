@@ -117,6 +117,8 @@ COMMON = ["/x/fortio", "load", "-quiet", "-json", "-", "-c"]
                 "1048576",
                 "-maxpayloadsizekb",
                 "1025",
+                "-httpbufferkb",  # the echo answers with the 1 MiB payload
+                "1041",
                 "http://127.0.0.1:8080/echo",
             ],
         ),
@@ -344,3 +346,30 @@ def test_real_closed_port_fails(mode: Mode) -> None:
 def test_real_error_status_fails(echo: dict[Mode, int]) -> None:
     with pytest.raises(LoadFailed, match="503"):
         run_load(f"http://127.0.0.1:{echo[Mode.HTTP]}/echo?status=503", "http", 0, 0, n=5)
+
+
+def test_http_buffer_fits_the_largest_response() -> None:
+    def buf(spec: LoadSpec) -> list[str]:
+        a = load_argv(spec, BIN)
+        return (
+            a[a.index("-httpbufferkb") : a.index("-httpbufferkb") + 2]
+            if "-httpbufferkb" in a
+            else []
+        )
+
+    assert buf(LoadSpec("h:1", Mode.HTTP, 100, 0, n=1, response_bytes=100_000)) == []
+    assert buf(LoadSpec("h:1", Mode.HTTP, 100, 0, n=1, response_bytes=131_072)) == [
+        "-httpbufferkb",
+        "145",
+    ]
+    assert buf(LoadSpec("h:1", Mode.GRPC, 100, 0, n=1, response_bytes=131_072)) == []
+
+
+@real
+def test_real_response_above_the_fast_clients_buffer(echo: dict[Mode, int]) -> None:
+    """A 150 kB response (a topology's entry page, say): fortio's fast HTTP client fails every
+    other call with its default 128 KiB buffer; given the response size, none."""
+    url = f"http://127.0.0.1:{echo[Mode.HTTP]}/echo?size=150000"
+    with pytest.raises(LoadFailed):
+        run_load(url, "http", 0, 0, n=6)
+    assert run_load(url, "http", 0, 0, n=6, response_bytes=150_000).ok

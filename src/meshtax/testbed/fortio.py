@@ -121,6 +121,9 @@ class LoadSpec:
     timeout_s: float = 3.0
     extra_args: tuple[str, ...] = ()
     offset_s: float = 0.0
+    # the largest response expected (HTTP): fortio's fast client keeps a whole response in a
+    # fixed buffer (128 KiB by default) and fails every request whose response does not fit
+    response_bytes: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
@@ -144,6 +147,10 @@ class LoadSpec:
             "n": self.n,
             "resolution_s": self.resolution_s,
         } | ({"offset_s": self.offset_s} if self.offset_s else {})
+
+
+FAST_CLIENT_BUFFER_BYTES = 128 * 1024  # fortio's -httpbufferkb default
+HEADROOM_BYTES = 16 * 1024  # the response's status line and headers
 
 
 def load_argv(spec: LoadSpec, binary: Path) -> list[str]:
@@ -178,6 +185,10 @@ def load_argv(spec: LoadSpec, binary: Path) -> list[str]:
             argv += ["-maxpayloadsizekb", str(spec.size_bytes // 1024 + 1)]
     if spec.mode is Mode.GRPC:
         argv += ["-grpc", "-ping"]
+    elif spec.mode is Mode.HTTP:
+        body = max(spec.size_bytes, spec.response_bytes)  # an echo answers with the payload
+        if body + HEADROOM_BYTES > FAST_CLIENT_BUFFER_BYTES:
+            argv += ["-httpbufferkb", str((body + HEADROOM_BYTES) // 1024 + 1)]
     argv += list(spec.extra_args)
     argv.append(target_url(spec.mode, spec.target))
     return argv
@@ -328,6 +339,7 @@ def run_load(
     binary: Path | None = None,
     resolution_s: float = DEFAULT_RESOLUTION_S,
     timeout_s: float = 3.0,
+    response_bytes: int = 0,
 ) -> LoadResult:
     """One load run against ``target`` (``host:port``); see :class:`LoadSpec`."""
     spec = LoadSpec(
@@ -340,6 +352,7 @@ def run_load(
         n=n,
         resolution_s=resolution_s,
         timeout_s=timeout_s,
+        response_bytes=response_bytes,
     )
     return run_spec(spec, system, place, binary)
 

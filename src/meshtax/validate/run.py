@@ -303,6 +303,7 @@ def run_case(
                 side.pids.update({r: [p.pid] for r, p in side.proxies.items() if r not in names})
             cplace = client.place(cpus=pinning.client)
             fmode = Mode(sides["no_mesh"].deployment.entry_mode)
+            entry_bytes = topology.services[q.service].endpoints[q.endpoint].response_bytes
 
             def load(target: str, m: Mode, *, n: int | None = None) -> LoadResult:
                 return run_load(
@@ -315,6 +316,7 @@ def run_case(
                     system=system,
                     place=cplace,
                     binary=fortio_bin,
+                    response_bytes=entry_bytes,
                 )
 
             say(f"{topology.name}/{q.name} {mode.value}: warm-up")

@@ -416,6 +416,7 @@ def run_topology_tail(
             for side, ps in every.items()
         }
         fmode = Mode(deps["no_mesh"].entry_mode)
+        entry_bytes = topology.services[q.service].endpoints[q.endpoint].response_bytes
         place = client.place(cpus=pinning.client)
         fortio = tool("fortio")
 
@@ -429,11 +430,20 @@ def run_topology_tail(
                 duration_s=secs,
                 extra_args=extra,
                 percentiles=RUN_PERCENTILES,
+                response_bytes=entry_bytes,
             )
             return run_spec(spec, system, place, fortio)
 
         for d in deps.values():
-            spec = LoadSpec(d.entry_target, fmode, 0, 0.0, connections=plan.connections, n=500)
+            spec = LoadSpec(
+                d.entry_target,
+                fmode,
+                0,
+                0.0,
+                connections=plan.connections,
+                n=500,
+                response_bytes=entry_bytes,
+            )
             run_spec(spec, system, place, fortio)
         top, top_mesh, points = _measure(plan, load, _cpu(groups, pinning), say)
         for a in apps.values():
