@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -105,7 +106,14 @@ def test_rel_error_and_case_document() -> None:
     assert (
         "| bookinfo/productpage | http | 305 [300, 310] | 330 | +8% |" in table
         and "failed: LoadFailed: boom" in table
+        and "warnings" not in table
     )
+    # what the prediction warned of is said under the table, once however many cases said it
+    big = "messages up to 131072 B are larger than the largest size profile 'p' measured"
+    said = CaseResult(c.topology, c.query, "grpc", c.rate, PAIRS, replace(pred, warnings=(big,)))
+    again = replace(said, mode="tcp")
+    lines = ValidationResult("bookinfo", (c, said, again), "p1", {}, {}).table().splitlines()
+    assert lines[-2:] == ["The predictions' warnings:", f"- {big}"]
 
 
 def test_cpu_error_is_reported_by_the_pods_cpu_load() -> None:

@@ -555,4 +555,7 @@ class ValidationResult:
             rows += [
                 f"- {key}: {'; '.join(why) if why else 'unexplained'}" for key, why in far.items()
             ]
+        said = dict.fromkeys(w for c in self.cases if c.predicted for w in c.predicted.warnings)
+        if said:
+            rows += ["", "The predictions' warnings:"] + [f"- {w}" for w in said]
         return "\n".join(rows)
