@@ -373,12 +373,12 @@ class Profile:
         """The profile failed its closure check (recorded by the profiler, or seen now)."""
         return self.status == "unclosed" or bool(self.unclosed_modes)
 
-    def carried_closures(self) -> dict[str, Closure]:
-        """Closure of each carried model (``tcp+grpc``: a tcp-mode sidecar in front of a gRPC
+    def carried_closures(self) -> dict[tuple[Mode, str], Closure]:
+        """Closure of each carried model (tcp, grpc: a tcp-mode sidecar in front of a gRPC
         app), by mode and protocol. Not part of :attr:`unclosed`: the mode's own closure
         decides that; a carried model that does not close is said wherever it is used."""
         return {
-            f"{m.value}+{proto}": c.closure
+            (m, proto): c.closure
             for m, mp in self.modes.items()
             for proto, c in sorted(mp.carried.items())
             if c.closure is not None
@@ -388,10 +388,12 @@ class Profile:
         """How far to trust the profile, for every output made with it: closure per mode and
         per carried model, what else ran while it measured, the machine's speed then."""
         closures = {m.value: mp.closure for m, mp in self.modes.items() if mp.closure}
-        closures.update(self.carried_closures())
+        status = self.status or (
+            "unclosed" if self.unclosed else "closed" if closures else "unchecked"
+        )
+        closures |= {f"{m.value}+{p}": c for (m, p), c in self.carried_closures().items()}
         return {
-            "status": self.status
-            or ("unclosed" if self.unclosed else "closed" if closures else "unchecked"),
+            "status": status,
             "closure": {
                 m: {
                     "components_us": c.components_us,

@@ -54,14 +54,13 @@ def quality_lines(p: Profile) -> list[str]:
                 f"measured overhead {c.measured_us:.1f} µs per message ({c.error:+.0%}, "
                 f"beyond ±{c.tolerance:.0%}): unclosed"
             )
-    for key, c in p.carried_closures().items():
+    for (m, proto), c in p.carried_closures().items():
         if not c.closes:
-            mode, proto = key.split("+", 1)
             out.append(
-                f"profile {p.name!r}, {mode} mode carrying {proto}: latency components "
+                f"profile {p.name!r}, {m.value} mode carrying {proto}: latency components "
                 f"{c.components_us:.1f} µs vs measured overhead {c.measured_us:.1f} µs per "
                 f"message ({c.error:+.0%}, beyond ±{c.tolerance:.0%}); they price the latency "
-                f"of {mode}-mode sidecars in front of {proto} apps"
+                f"of {m.value}-mode sidecars in front of {proto} apps"
             )
     i = p.interference
     if i.get("rejected"):

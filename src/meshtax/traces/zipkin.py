@@ -19,8 +19,6 @@ from meshtax.traces.decode import (
 )
 from meshtax.traces.errors import TraceFormatError
 
-SHARED_SERVER = ":server"  # the id suffix of a shared span's server half
-
 
 class _ZEndpoint(Struct, gc=False):
     serviceName: str | None = None
@@ -87,17 +85,16 @@ def read_zipkin(doc: bytes, where: str, out: SpanRows) -> None:
         if not a.peer and z.remoteEndpoint is not None and z.remoteEndpoint.serviceName:
             a.peer = z.remoteEndpoint.serviceName
         sid, parent = z.id, z.parentId or ""
-        service = (z.localEndpoint.serviceName or "") if z.localEndpoint else ""
         if kind == SERVER and (z.shared or (z.traceId, sid) in clients):
             # a shared span id: the server half of the client span with the same id
-            parent, sid = sid, sid + SHARED_SERVER
+            parent, sid = sid, sid + ":server"
         req, resp = a.sizes()
         rows.append(
             (
                 z.traceId,
                 sid,
                 parent,
-                service,
+                (z.localEndpoint.serviceName or "") if z.localEndpoint else "",
                 kind,
                 z.timestamp * 1000,
                 z.duration * 1000,
