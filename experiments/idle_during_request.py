@@ -14,7 +14,10 @@ sidecars the request crosses and ``b`` its no-mesh latency, the bound becomes th
 RUN: a suite run directory holding ``run/`` and ``profiles.db``; PROFILE: its profile's name.
 Each run's cases are predicted with the transfer fitted on its calibration set (as the suite
 reports them); printed: per set and mode, the latency p50 median absolute error, the bias and
-the cases beyond 30 %, for the engine and for the variant.
+the cases beyond 30 %, for the engine and for the variant. Pre-registered for suite run 8 with
+an adoption rule (no larger hold-out median and |bias|): there it lowered the bias (+21.5 →
++12.7 %) but raised the median (16.5 → 19.5 %), so the engine keeps the whole second's share
+(BENCHMARKS.md, issue #14, run 8).
 """
 
 from __future__ import annotations
