@@ -46,7 +46,10 @@ def fortio_p50(x: np.ndarray, resolution_us: float = 1.0) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--doc", nargs="+", required=True)
+    ap.add_argument("--db", default="artifacts/s6/profiles.db", help="holds the docs' profile")
     a = ap.parse_args()
+    global _DB
+    _DB = a.db
     captured: list[Any] = []
     real = vp.summarize
 
@@ -54,10 +57,11 @@ def main() -> None:
         captured.append(bp)
         return real(bp, rate, warnings)
 
-    vp.summarize = grab  # type: ignore[assignment]
-    from meshtax.testbed.pinning import Pinning  # noqa: F401  (import order)
-
-    print("| doc | case | no-mesh p50 measured | shift (measured mean ovh) | exact p50 gap | fortio p50 gap | fortio/exact | measured p50 ovh |")
+    vp.summarize = grab
+    print(
+        "| doc | case | no-mesh p50 measured | shift (measured mean ovh) | exact p50 gap "
+        "| fortio p50 gap | fortio/exact | measured p50 ovh |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for d in a.doc:
         doc = json.loads(Path(d).read_text())
@@ -68,8 +72,6 @@ def main() -> None:
                 continue
             sidecars = {s: SidecarConfig(Mode(m)) for s, m in c["sidecar_modes"].items()}
             captured.clear()
-            from meshtax.model.profile import Profile  # noqa: F401
-
             # any profile: only the graphs' no-mesh latencies are used
             vp.predict_traces(t, _profile(doc), sidecars, c["rate"])
             base = np.asarray(captured[-1].base_latency_us, dtype=float)
@@ -78,8 +80,10 @@ def main() -> None:
             x1 = x0 + shift
             exact = float(np.percentile(x1, 50) - np.percentile(x0, 50))
             fort = fortio_p50(x1) - fortio_p50(x0)
+            where = f"{Path(d).parent.parent.name}/{Path(d).parent.name}"
             print(
-                f"| {Path(d).parent.name}/{Path(d).parent.parent.name} | {c['name']} | {c['no_mesh']['p50_us']:.0f} | {shift:.0f} | {exact:.0f} | {fort:.0f} | {fort / exact:.2f} | {c['latency']['measured']:.0f} |"
+                f"| {where} | {c['name']} | {c['no_mesh']['p50_us']:.0f} | {shift:.0f} "
+                f"| {exact:.0f} | {fort:.0f} | {fort / exact:.2f} | {c['latency']['measured']:.0f} |"
             )
 
 
@@ -95,7 +99,7 @@ def _profile(doc: dict[str, Any]) -> Any:
     return _CACHE[key]
 
 
-_DB = "artifacts/s6/profiles.db"
+_DB = ""  # --db: the docs' profile prices nothing here, only the no-mesh latencies are used
 
 if __name__ == "__main__":
     main()
