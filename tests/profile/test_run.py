@@ -774,8 +774,9 @@ def test_a_burst_in_one_low_rate_pair_does_not_price_the_point() -> None:
         user = (50.0 * 2 * n + 3000.0 + burst) / (2 * n)  # 50 µs a crossing + 3 ms a run
         return cast(LoadResult, res), Breakdown(user=user), 1.0
 
-    plan = quick_plan(pinning=PIN)
+    plan = replace(quick_plan(pinning=PIN), low_rate_repeats=3, low_rate_repeat_run_s=0.4)
     assert plan.low_rate_pairs(100.0) == (3, 0.4) and plan.low_rate_pairs(300.0) == (1, 0.8)
+    assert quick_plan(pinning=PIN).low_rate_pairs(100.0) == (1, 0.8)  # off in the preset
     got = _low_rate(100.0, plan, measure, None)
     assert calls == [0.4, 0.8] * 3
     assert got.bd.user == pytest.approx(50.0) and got.label == "r100" and got.tries == 3
