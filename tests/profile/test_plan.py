@@ -217,6 +217,9 @@ def test_quick_preset_fits_the_three_minute_aim() -> None:
     )
     extra = sum(s.expected_s for s in q.steps() if s.kind == "lowrate" or s.protocol)
     assert extra <= 60.0
+    # three pairs at 100/s (issue #18; off in the preset): +18 s
+    q3 = replace(q, low_rate_repeats=3, low_rate_repeat_run_s=0.4)
+    assert q3.expected_s() - q.expected_s() == pytest.approx(17.6)
 
 
 def test_with_duration_and_to_dict() -> None:

@@ -15,8 +15,10 @@ from meshtax.testbed.fortio import (
     FortioServer,
     LoadFailed,
     LoadSpec,
+    access_log_latencies_us,
     beyond_histogram,
     check_result,
+    exact_percentiles,
     fortio_binary,
     load_argv,
     measure_max_qps,
@@ -373,3 +375,52 @@ def test_real_response_above_the_fast_clients_buffer(echo: dict[Mode, int]) -> N
     with pytest.raises(LoadFailed):
         run_load(url, "http", 0, 0, n=6)
     assert run_load(url, "http", 0, 0, n=6, response_bytes=150_000).ok
+
+
+def test_percentiles_from_the_access_log_not_the_buckets(tmp_path: Path) -> None:
+    """Issue #18: at 1 µs resolution fortio's buckets are 1 ms wide from 1 to 5 ms, and a p50
+    in ]1000, 2000] µs is interpolated across the bucket (requests at 1.15–1.25 ms read as
+    ~1.5 ms). With an access log the percentiles are the requests' own."""
+    doc = json.loads((FIX / "fortio_http_ok.json").read_text())
+    n = int(doc["DurationHistogram"]["Count"])
+    lat_s = [0.00115 + 0.0001 * i / (n - 1) for i in range(n)]  # 1150 … 1250 µs
+    # what fortio's histogram says of them: one bucket ]1000, 2000], p50 in its middle
+    doc["DurationHistogram"]["Data"] = [{"Start": 0.00115, "End": 0.002, "Count": n}]
+    doc["DurationHistogram"]["Percentiles"] = [{"Percentile": 50, "Value": 0.001575}]
+    log = tmp_path / "access.jsonl"
+
+    def responder(argv: tuple[str, ...]) -> Completed | None:
+        if "load" not in argv:
+            return None
+        path = Path(argv[argv.index("-access-log-file") + 1])
+        assert argv[argv.index("-access-log-format") + 1] == "json"
+        path.write_text(
+            "".join(
+                f'{{"latency":{s:f},"timestamp":{i},"thread":0,"ok":true,"details":"200"}}\n'
+                for i, s in enumerate(lat_s)
+            )
+        )
+        return Completed(argv, 0, json.dumps(doc), "")
+
+    log.write_text('{"latency":9.0}\n')  # an old log: fortio appends, so it must go first
+    spec = LoadSpec("h:1", Mode.HTTP, 0, 100.0, n=n, percentiles=(50.0, 90.0), access_log=str(log))
+    r = run_spec(spec, FakeSystem(responders=[responder]), binary=BIN)
+    assert r.percentiles_us[50.0] == pytest.approx(1200.0, abs=1.0)
+    assert r.percentiles_us[90.0] == pytest.approx(1240.0, abs=1.0)
+    assert not log.exists() and spec.to_dict()["percentiles_from"] == "access log"
+    # without the log: the bucket's interpolation, 375 µs off
+    plain = run_spec(
+        LoadSpec("h:1", Mode.HTTP, 0, 100.0, n=n),
+        FakeSystem(
+            responders=[lambda a: Completed(a, 0, json.dumps(doc), "") if "load" in a else None]
+        ),
+        binary=BIN,
+    )
+    assert plain.p50_us == pytest.approx(1575.0)
+    assert "-access-log-file" not in load_argv(LoadSpec("h:1", n=1), BIN)
+    # a log that does not match the result is an error, not a silent mix
+    lat_s = lat_s[:-1]
+    with pytest.raises(FortioError, match="access log has"):
+        run_spec(spec, FakeSystem(responders=[responder]), binary=BIN)
+    assert exact_percentiles([3.0, 1.0, 2.0], (50.0,)) == {50.0: 2.0}
+    assert access_log_latencies_us('{"latency":0.001500}\n\n') == [1500.0]

@@ -62,6 +62,35 @@ class CpuRun:
     # again when other work disturbed them)
     noise: Interference | None = None
     tries: int = 1
+    # a low rate measured as several differenced pairs (``Plan.low_rate_repeats``): every
+    # pair's per-crossing breakdown in the order taken; ``bd`` is the median pair's
+    repeats: tuple[Breakdown, ...] = ()
+
+    @property
+    def spread(self) -> float:
+        """The largest pair's total CPU over the kept (median) pair's (1: one pair)."""
+        if len(self.repeats) < 2 or self.bd.total() <= 0:
+            return 1.0
+        return max(b.total() for b in self.repeats) / self.bd.total()
+
+
+#: a repeated low-rate point whose largest pair is this many times the median is recorded in
+#: the profile's interference (quality) by name
+LOW_RATE_OUTLIER = 1.5
+
+
+def median_run(runs: Sequence[CpuRun]) -> CpuRun:
+    """Several differenced pairs of one low rate → the pair of median total CPU per crossing
+    (the lower middle for an even count), with every pair's breakdown and all their tries.
+    The whole pair is kept (not a median per component), so its components add up to its
+    total as measured; one pair that carried a one-off burst of CPU cannot move it."""
+    if not runs:
+        raise ValueError("median_run needs at least one run")
+    if len(runs) == 1:
+        return runs[0]
+    order = sorted(range(len(runs)), key=lambda i: runs[i].bd.total())
+    kept = runs[order[(len(runs) - 1) // 2]]
+    return replace(kept, tries=sum(r.tries for r in runs), repeats=tuple(r.bd for r in runs))
 
 
 @dataclass
@@ -147,6 +176,11 @@ class SizeResult:
                     "perf_over_schedstat": c.ratio,
                     **({} if c.noise is None else {"interference": c.noise.to_dict()}),
                     **({} if c.tries == 1 else {"tries": c.tries}),
+                    **(
+                        {"pairs_us": [b.to_dict() for b in c.repeats], "spread": c.spread}
+                        if c.repeats
+                        else {}
+                    ),
                 }
                 for c in self.cpu
             ],
@@ -360,6 +394,11 @@ def build_profile(
             "them (every pair of their size was disturbed; the least disturbed kept): their "
             "components include that work's interference"
         )
+    for o in interference.get("low_rate_outliers", ()):
+        notes.append(
+            f"low rate {o}: one pair at least {LOW_RATE_OUTLIER:g}× the median (a one-off CPU "
+            "burst in a run; the median pair prices it)"
+        )
     status = (
         "unclosed"
         if any(m.closure is not None and not m.closure.closes for m in modes)
@@ -430,6 +469,7 @@ def _interference(
     """The profile's interference: the worst median share over its sizes, the windows
     refused, and each size's summary."""
     per: dict[str, Any] = {}
+    outliers: list[str] = []
     for label, rs in [
         *((m.value, r) for m, r in results.items()),
         *((f"tcp+{p}", r) for p, r in carried.items()),
@@ -437,11 +477,20 @@ def _interference(
         for r in rs:
             if r.probed.interference:
                 per[f"{label} {r.size}"] = r.probed.interference
+            outliers += [
+                f"{label} {r.size} B {c.label}: pairs "
+                + " / ".join(f"{b.total():.1f}" for b in c.repeats)
+                + f" CPU-µs a crossing, median {c.bd.total():.1f} kept"
+                for c in r.cpu
+                if c.spread >= LOW_RATE_OUTLIER
+            ]
+    low = {"low_rate_outliers": outliers} if outliers else {}
     if not per:
-        return {}
+        return low
     out: dict[str, Any] = {
         k: sum(int(v.get(k, 0)) for v in per.values()) for k in ("rejected", "windows", "forced")
     }
+    out.update(low)
     for k in ("others", "steal", "wait"):
         vals = [float(v[f"{k}_median"]) for v in per.values() if f"{k}_median" in v]
         if vals:

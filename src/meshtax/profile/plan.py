@@ -150,6 +150,19 @@ class Plan:
     # state, not the request count, sets it — so runs need not be long
     low_rate_run_s: float = 1.0
     low_rate_sizes: int | None = None
+    # a low rate at or below ``low_rate_repeat_max`` requests/s is measured as
+    # ``low_rate_repeats`` independent differenced pairs of ``low_rate_repeat_run_s`` and twice
+    # that, and the pair of median CPU per crossing is kept: a one-off burst of the proxy's
+    # user-space CPU in one run (~10 ms, seen in quick node-l4 and sidecar profiles at 100/s:
+    # 51 against 123 CPU-µs a crossing within one sitting, BENCHMARKS.md issue #18) is divided
+    # by the fewest requests at the lowest rate, where one pair cannot tell it from the cost
+    # per message (1: one pair of ``low_rate_run_s``). Off in the presets: three pairs of half
+    # the length (0.4 + 0.8 s at 100/s) were tried on fresh data and scattered more than one
+    # pair (s7-nl4: 17.6 / 40.1 / −14.4 CPU-µs a crossing, BENCHMARKS.md issue #18, seventh
+    # sitting); three full-length pairs (+8 s a point) are untested
+    low_rate_repeats: int = 1
+    low_rate_repeat_max: float = 150.0
+    low_rate_repeat_run_s: float = 0.5
     # a low-rate run that other work disturbed (``low_rate_interference``) is taken again,
     # this many times at most; the least disturbed is kept. Its own perf sampler (system-wide,
     # 4 999 Hz with call graphs) counts as others' CPU: 0.05–0.09 of the two CPUs on a quiet
@@ -194,6 +207,8 @@ class Plan:
             raise ValueError(
                 f"low rates must be distinct positive requests/s, got {self.low_rates}"
             )
+        if self.low_rate_repeats < 1 or self.low_rate_repeat_run_s <= 0:
+            raise ValueError("low_rate_repeats: at least one pair, of a positive duration")
         if self.low_rate_tries < 1:
             raise ValueError("low_rate_tries: at least one run per low rate")
         if self.low_rate_sizes is not None and self.low_rate_sizes < 1:
@@ -241,6 +256,7 @@ class Plan:
             cpu_run_s=seconds,
             maxqps_run_s=max(seconds, 0.5),
             low_rate_run_s=max(seconds, 0.5),
+            low_rate_repeat_run_s=max(seconds, 0.5) / 2,
             latency_budget_s=max(self.latency_budget_s, 2 * seconds * self.latency_min_runs),
         )
 
@@ -292,13 +308,23 @@ class Plan:
                     "lowrate",
                     m,
                     s,
-                    expected_s=3 * self.low_rate_run_s + 2 * o["cpu"],  # runs of 1× and 2×
+                    expected_s=self.low_rate_expected_s(r),
                     rate=r,
                     protocol=protocol,
                 )
                 for r in self.low_rates
             ]
         return out
+
+    def low_rate_pairs(self, rate: float) -> tuple[int, float]:
+        """(pairs, seconds of a pair's shorter run) at a low ``rate``."""
+        if self.low_rate_repeats > 1 and rate <= self.low_rate_repeat_max:
+            return self.low_rate_repeats, self.low_rate_repeat_run_s
+        return 1, self.low_rate_run_s
+
+    def low_rate_expected_s(self, rate: float) -> float:
+        n, run_s = self.low_rate_pairs(rate)
+        return n * (3 * run_s + 2 * STEP_OVERHEAD_S["cpu"])  # runs of 1× and 2× a pair
 
     def carried_steps(self) -> list[Step]:
         """The carried-protocol steps (they follow tcp mode's own steps)."""
@@ -366,6 +392,9 @@ class Plan:
             "low_rate_run_s": self.low_rate_run_s,
             "low_rate_sizes": list(self.low_rate_size_list()),
             "low_rate_tries": self.low_rate_tries,
+            "low_rate_repeats": self.low_rate_repeats,
+            "low_rate_repeat_max": self.low_rate_repeat_max,
+            "low_rate_repeat_run_s": self.low_rate_repeat_run_s,
             "low_rate_interference": self.low_rate_interference.to_dict(),
             "carried": list(self.carried),
             "carried_sizes": list(self.carried_sizes())

@@ -50,7 +50,14 @@ from meshtax.model.sidecar import Architecture, Mode
 from meshtax.model.speed import Speed
 from meshtax.profile.architecture import InternodeResult, measure_internode, one_hop_bed, role_plan
 from meshtax.profile.backends import Backends
-from meshtax.profile.build import CpuRun, ProfileSink, SizeResult, build_profile, points
+from meshtax.profile.build import (
+    CpuRun,
+    ProfileSink,
+    SizeResult,
+    build_profile,
+    median_run,
+    points,
+)
 from meshtax.profile.capacity import measure_capacity
 from meshtax.profile.decompose import Breakdown, steady_breakdown
 from meshtax.profile.fit import fit_mode
@@ -377,9 +384,23 @@ def _cpu_runs(
             if rate >= LOW_RATE_MAX_SHARE * max_qps:
                 continue
             ticker.next("lowrate", step_mode, size, rate=rate, protocol=protocol)
-            once = functools.partial(_steady_run, f"r{rate:g}", rate, plan.low_rate_run_s, measure)
-            runs.append(_quiet(once, gauge, plan.low_rate_interference, plan.low_rate_tries))
+            runs.append(_low_rate(rate, plan, measure, gauge))
     return max_qps, runs
+
+
+def _low_rate(
+    rate: float,
+    plan: Plan,
+    measure: Callable[[float, float], tuple[LoadResult, Breakdown, float]],
+    gauge: Meter | None,
+) -> CpuRun:
+    """CPU at one low rate: ``Plan.low_rate_pairs`` differenced pairs, each taken again while
+    other work disturbs it (:func:`_quiet`), the pair of median CPU kept (:func:`median_run`)."""
+    n, run_s = plan.low_rate_pairs(rate)
+    once = functools.partial(_steady_run, f"r{rate:g}", rate, run_s, measure)
+    return median_run(
+        [_quiet(once, gauge, plan.low_rate_interference, plan.low_rate_tries) for _ in range(n)]
+    )
 
 
 def _quiet(

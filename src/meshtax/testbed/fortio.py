@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -124,6 +124,11 @@ class LoadSpec:
     # the largest response expected (HTTP): fortio's fast client keeps a whole response in a
     # fixed buffer (128 KiB by default) and fails every request whose response does not fit
     response_bytes: int = 0
+    # a file for fortio's access log (one line per request, its latency to 1 µs): the
+    # percentiles then come from every request's latency, not from the histogram, whose
+    # buckets are 1 ms wide from 1 to 5 ms at 1 µs resolution (]1000, 2000] µs, …) and put a
+    # percentile there by linear interpolation across the bucket ("": the histogram's)
+    access_log: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
@@ -137,16 +142,20 @@ class LoadSpec:
             raise ValueError("offset_s >= 0")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "mode": self.mode.value,
-            "size_bytes": self.size_bytes,
-            "qps": self.qps,
-            "connections": self.connections,
-            "duration_s": self.duration_s,
-            "n": self.n,
-            "resolution_s": self.resolution_s,
-        } | ({"offset_s": self.offset_s} if self.offset_s else {})
+        return (
+            {
+                "target": self.target,
+                "mode": self.mode.value,
+                "size_bytes": self.size_bytes,
+                "qps": self.qps,
+                "connections": self.connections,
+                "duration_s": self.duration_s,
+                "n": self.n,
+                "resolution_s": self.resolution_s,
+            }
+            | ({"offset_s": self.offset_s} if self.offset_s else {})
+            | ({"percentiles_from": "access log"} if self.access_log else {})
+        )
 
 
 FAST_CLIENT_BUFFER_BYTES = 128 * 1024  # fortio's -httpbufferkb default
@@ -174,6 +183,8 @@ def load_argv(spec: LoadSpec, binary: Path) -> list[str]:
     ]
     if spec.offset_s > 0:
         argv += ["-offset", f"{spec.offset_s:g}s"]
+    if spec.access_log:
+        argv += ["-access-log-file", spec.access_log, "-access-log-format", "json"]
     if spec.n is not None:
         argv += ["-n", str(spec.n)]
     else:
@@ -312,6 +323,9 @@ def run_spec(
     """Run fortio for ``spec``; raise :class:`LoadFailed` on any failed call."""
     system = system or RealSystem()
     argv = load_argv(spec, binary or fortio_binary())
+    log = Path(spec.access_log) if spec.access_log else None
+    if log is not None:
+        log.unlink(missing_ok=True)  # fortio appends
     expected = spec.duration_s or (spec.n / spec.qps if spec.n and spec.qps > 0 else 0.0)
     budget = expected + spec.timeout_s * 2 + 60.0
     done = system.run(argv, place=place, check=False, timeout=budget)
@@ -322,7 +336,37 @@ def run_spec(
         doc = json.loads(done.stdout)
     except json.JSONDecodeError as e:
         raise FortioError(f"fortio printed no JSON result: {done.stdout[:200]!r}") from e
-    return check_result(parse_result(doc, spec))
+    result = parse_result(doc, spec)
+    if log is not None:
+        try:
+            text = log.read_text()
+        except OSError as e:
+            raise FortioError(f"fortio wrote no access log {log}: {e}") from e
+        finally:
+            log.unlink(missing_ok=True)
+        lat = access_log_latencies_us(text)
+        if len(lat) != result.count:
+            raise FortioError(
+                f"fortio's access log has {len(lat)} requests, its result {result.count}"
+            )
+        result = replace(result, percentiles_us=exact_percentiles(lat, spec.percentiles))
+    return check_result(result)
+
+
+def access_log_latencies_us(text: str) -> list[float]:
+    """Every request's latency (µs) from fortio's JSON access log (one object a line). Pure."""
+    return [float(json.loads(line)["latency"]) * 1e6 for line in text.splitlines() if line.strip()]
+
+
+def exact_percentiles(
+    latencies_us: Sequence[float], percentiles: Sequence[float]
+) -> dict[float, float]:
+    """Percentiles of the requests' own latencies (linear between order statistics, as
+    numpy's default), not of fortio's buckets. Pure."""
+    if not latencies_us:
+        raise FortioError("no latencies to take percentiles of")
+    a = np.asarray(latencies_us, dtype=np.float64)
+    return {float(p): float(np.percentile(a, p)) for p in percentiles}
 
 
 def run_load(
@@ -340,6 +384,7 @@ def run_load(
     resolution_s: float = DEFAULT_RESOLUTION_S,
     timeout_s: float = 3.0,
     response_bytes: int = 0,
+    access_log: str = "",
 ) -> LoadResult:
     """One load run against ``target`` (``host:port``); see :class:`LoadSpec`."""
     spec = LoadSpec(
@@ -353,6 +398,7 @@ def run_load(
         resolution_s=resolution_s,
         timeout_s=timeout_s,
         response_bytes=response_bytes,
+        access_log=access_log,
     )
     return run_spec(spec, system, place, binary)
 

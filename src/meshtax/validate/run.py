@@ -317,6 +317,9 @@ def run_case(
                     place=cplace,
                     binary=fortio_bin,
                     response_bytes=entry_bytes,
+                    # p50/p90 from every request's latency: fortio's buckets are 1 ms wide
+                    # from 1 to 5 ms, where these apps' latencies are (issue #18)
+                    access_log=str((work / "fortio-access.jsonl").resolve()),
                 )
 
             say(f"{topology.name}/{q.name} {mode.value}: warm-up")
@@ -425,7 +428,8 @@ def _notes(pinning: Pinning, profile: Profile) -> tuple[str, ...]:
         "sidecars together), so measured and modelled costs share it; "
         f"the prediction knows the pods share {pinning.pod_cpus()} CPU(s) (latency overhead ≥ the "
         "request's sidecar CPU work ÷ that)",
-        "latency: client-side p50/p90 of fortio at a fixed rate, mesh − no mesh per pair; CPU: "
+        "latency: client-side p50/p90 of fortio at a fixed rate (every request's latency, from its "
+        "access log), mesh − no mesh per pair; CPU: "
         "schedstat of every process of every pod, per request, mesh − no mesh",
         "prediction: OTLP traces of the no-mesh copy imported by meshtax.traces (sizes from span "
         "attributes, rate = the fortio rate), this machine's profile",
