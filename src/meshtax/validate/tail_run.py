@@ -40,7 +40,7 @@ from meshtax.testbed import procfs
 from meshtax.testbed.bed import echo_testbed, mesh_pod
 from meshtax.testbed.envoy.config import EnvoyConfig
 from meshtax.testbed.envoy.process import EnvoyProcess
-from meshtax.testbed.fortio import LoadResult, LoadSpec, histogram_quantiles, run_spec
+from meshtax.testbed.fortio import LoadResult, LoadSpec, run_spec
 from meshtax.testbed.paired import PairPolicy, paired_runs
 from meshtax.testbed.pinning import Pinning
 from meshtax.testbed.pods import Testbed
@@ -142,7 +142,7 @@ def _run(side: str, qps: float, plan: LoadPlan, load: Load, cpu: Cpu) -> TailRun
         r.count,
         r.duration_s,
         {f"p{p:g}": r.percentiles_us[p] for p in RUN_PERCENTILES if p in r.percentiles_us},
-        tuple(histogram_quantiles([r], BASE_PROBS)),
+        tuple(r.quantiles(BASE_PROBS)),
         {k: after.get(k, 0) - before.get(k, 0) for k in after},
         t0,
         t1,
@@ -431,6 +431,9 @@ def run_topology_tail(
                 extra_args=extra,
                 percentiles=RUN_PERCENTILES,
                 response_bytes=entry_bytes,
+                # every request's latency: fortio's buckets are 1 ms wide from 1 to 5 ms and
+                # 10 ms wide from 10 to 50 ms, where these tails are
+                access_log=str((work / f"{side}-access.jsonl").resolve()),
             )
             return run_spec(spec, system, place, fortio)
 
