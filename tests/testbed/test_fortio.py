@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from meshtax.model.sidecar import Mode
@@ -424,3 +426,27 @@ def test_percentiles_from_the_access_log_not_the_buckets(tmp_path: Path) -> None
         run_spec(spec, FakeSystem(responders=[responder]), binary=BIN)
     assert exact_percentiles([3.0, 1.0, 2.0], (50.0,)) == {50.0: 2.0}
     assert access_log_latencies_us('{"latency":0.001500}\n\n') == [1500.0]
+
+
+def test_a_failed_run_leaves_no_access_log_and_a_kept_log_gives_the_quantiles(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "access.jsonl"
+
+    def failing(argv: tuple[str, ...]) -> Completed | None:
+        if "load" not in argv:
+            return None
+        Path(argv[argv.index("-access-log-file") + 1]).write_text('{"latency":0.001}\n')
+        return Completed(argv, 1, "", "connection refused")
+
+    spec = LoadSpec("h:1", Mode.HTTP, 0, 100.0, n=1, access_log=str(log))
+    with pytest.raises(LoadFailed):
+        run_spec(spec, FakeSystem(responders=[failing]), binary=BIN)
+    assert not log.exists()
+    # a result with its requests' latencies: quantiles of those; without: of the histogram
+    doc = json.loads((FIX / "fortio_http_ok.json").read_text())
+    doc["DurationHistogram"]["Data"] = [{"Start": 0.001, "End": 0.002, "Count": 3}]
+    plain = parse_result(doc, LoadSpec("h:1", n=3))
+    assert plain.quantiles([0.5]) == pytest.approx([1500.0])
+    kept = replace(plain, latencies_us=np.array([1100.0, 1200.0, 1300.0]))
+    assert kept.quantiles([0.5, 1.0]) == pytest.approx([1200.0, 1300.0])

@@ -148,3 +148,23 @@ def test_a_run_records_cpu_run_queue_waits_and_busy_cpus() -> None:
     assert got["app"] > 0 and got["sidecar"] == 0 and got["pods_total"] >= got["pods_busy"] >= 0
     assert got["pods_total"] >= got["pods_steal"] >= 0
     assert got["pods_busy"] >= got["pods_irq"] >= 0
+
+
+def test_a_run_that_kept_every_latency_sketches_those_not_the_buckets() -> None:
+    """With fortio's access log a run's quantiles are its requests' own: a no-mesh side whose
+    requests all took 1.15–1.25 ms, which the histogram's ]1000, 2000] µs bucket would spread
+    up to 2 ms (the tail's p99 read 1.99 ms instead of 1.25)."""
+    lat = np.linspace(1150.0, 1250.0, 4000)
+
+    def load(side: str, qps: float, secs: float, extra: tuple[str, ...]) -> LoadResult:
+        spec = LoadSpec("x", Mode.HTTP, 100, qps, duration_s=secs)
+        r = fake_load_result(spec, 4000, 1200.0)
+        h = {"Data": [{"Start": 1150e-6, "End": 2000e-6, "Count": r.count}]}
+        kept = lat if side == "no_mesh" else np.zeros(0)
+        return replace(r, actual_qps=qps or 2000.0, raw={"DurationHistogram": h}, latencies_us=kept)
+
+    plan = LoadPlan(fractions=(0.5,), duration_s=2.0, policy=PairPolicy.fixed(1))
+    _, _, (pt,) = _measure(plan, load, lambda _s: {}, lambda _m: None)
+    b, m = pt.pairs[0]
+    assert max(b.quantiles_us) <= 1250.0 and min(b.quantiles_us) >= 1150.0
+    assert max(m.quantiles_us) > 1900.0  # no log: the bucket's linear interpolation

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from meshtax.model.sidecar import Mode
 from meshtax.testbed.lifecycle import Started
@@ -223,6 +224,18 @@ class LoadResult:
     sockets: int
     version: str
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    # every request's latency (µs) when the run kept an access log (LoadSpec.access_log); empty
+    # otherwise — in memory only, not in any document
+    latencies_us: npt.NDArray[np.float64] = field(
+        repr=False, compare=False, default_factory=lambda: np.zeros(0)
+    )
+
+    def quantiles(self, probs: Sequence[float]) -> list[float]:
+        """Latency quantiles (µs) at ``probs``: of the requests' own latencies when the run kept
+        them, else of fortio's histogram (:func:`histogram_quantiles`)."""
+        if self.latencies_us.size:
+            return [float(v) for v in np.quantile(self.latencies_us, np.asarray(probs))]
+        return histogram_quantiles([self], probs)
 
     @property
     def p50_us(self) -> float:
@@ -326,30 +339,36 @@ def run_spec(
     log = Path(spec.access_log) if spec.access_log else None
     if log is not None:
         log.unlink(missing_ok=True)  # fortio appends
-    expected = spec.duration_s or (spec.n / spec.qps if spec.n and spec.qps > 0 else 0.0)
-    budget = expected + spec.timeout_s * 2 + 60.0
-    done = system.run(argv, place=place, check=False, timeout=budget)
-    if done.returncode != 0:
-        tail = " | ".join(done.stderr.strip().splitlines()[-5:])
-        raise LoadFailed(f"fortio exited {done.returncode}: {tail}")
     try:
-        doc = json.loads(done.stdout)
-    except json.JSONDecodeError as e:
-        raise FortioError(f"fortio printed no JSON result: {done.stdout[:200]!r}") from e
-    result = parse_result(doc, spec)
-    if log is not None:
+        expected = spec.duration_s or (spec.n / spec.qps if spec.n and spec.qps > 0 else 0.0)
+        budget = expected + spec.timeout_s * 2 + 60.0
+        done = system.run(argv, place=place, check=False, timeout=budget)
+        if done.returncode != 0:
+            tail = " | ".join(done.stderr.strip().splitlines()[-5:])
+            raise LoadFailed(f"fortio exited {done.returncode}: {tail}")
         try:
-            text = log.read_text()
-        except OSError as e:
-            raise FortioError(f"fortio wrote no access log {log}: {e}") from e
-        finally:
-            log.unlink(missing_ok=True)
-        lat = access_log_latencies_us(text)
-        if len(lat) != result.count:
-            raise FortioError(
-                f"fortio's access log has {len(lat)} requests, its result {result.count}"
+            doc = json.loads(done.stdout)
+        except json.JSONDecodeError as e:
+            raise FortioError(f"fortio printed no JSON result: {done.stdout[:200]!r}") from e
+        result = parse_result(doc, spec)
+        if log is not None:
+            try:
+                text = log.read_text()
+            except OSError as e:
+                raise FortioError(f"fortio wrote no access log {log}: {e}") from e
+            lat = access_log_latencies_us(text)
+            if len(lat) != result.count:
+                raise FortioError(
+                    f"fortio's access log has {len(lat)} requests, its result {result.count}"
+                )
+            result = replace(
+                result,
+                percentiles_us=exact_percentiles(lat, spec.percentiles),
+                latencies_us=np.asarray(lat, dtype=np.float64),
             )
-        result = replace(result, percentiles_us=exact_percentiles(lat, spec.percentiles))
+    finally:  # the log goes with the run, whatever became of it
+        if log is not None:
+            log.unlink(missing_ok=True)
     return check_result(result)
 
 

@@ -40,7 +40,7 @@ from meshtax.testbed import procfs
 from meshtax.testbed.bed import echo_testbed, mesh_pod
 from meshtax.testbed.envoy.config import EnvoyConfig
 from meshtax.testbed.envoy.process import EnvoyProcess
-from meshtax.testbed.fortio import LoadResult, LoadSpec, histogram_quantiles, run_spec
+from meshtax.testbed.fortio import LoadResult, LoadSpec, run_spec
 from meshtax.testbed.paired import PairPolicy, paired_runs
 from meshtax.testbed.pinning import Pinning
 from meshtax.testbed.pods import Testbed
@@ -142,7 +142,7 @@ def _run(side: str, qps: float, plan: LoadPlan, load: Load, cpu: Cpu) -> TailRun
         r.count,
         r.duration_s,
         {f"p{p:g}": r.percentiles_us[p] for p in RUN_PERCENTILES if p in r.percentiles_us},
-        tuple(histogram_quantiles([r], BASE_PROBS)),
+        tuple(r.quantiles(BASE_PROBS)),
         {k: after.get(k, 0) - before.get(k, 0) for k in after},
         t0,
         t1,
@@ -290,7 +290,10 @@ def run_onehop_tail(
         plan.percentiles,
         dict(machine),
         {**plan.to_dict(), "size_bytes": size_bytes, "pinning": pinning.describe()},
-        _notes("the echo app's latency distribution at the level, without the mesh"),
+        _notes(
+            "the echo app's latency distribution at the level, without the mesh",
+            "from its histogram, buckets ≤ 10 % wide below 1 ms",
+        ),
     )
 
 
@@ -329,10 +332,10 @@ def _wait(pid: int) -> int:
         return 0
 
 
-def _notes(base: str) -> tuple[str, ...]:
+def _notes(base: str, latencies: str) -> tuple[str, ...]:
     return (
-        "measured: fortio's client-side percentiles at fixed rates, calls spread evenly over the "
-        "connections (-uniform); the percentile of all of a level's requests with the mesh − "
+        f"measured: fortio's client-side percentiles at fixed rates ({latencies}), calls spread "
+        "evenly over the connections (-uniform); the percentile of all of a level's requests with the mesh − "
         "without, its 95 % interval from resampling the pairs; a level the mesh side did not "
         "sustain is not compared (its latency is set by the client's connections)",
         f"predicted: meshtax.predict.tail with {base} as the mesh-free latency, the pods' shared "
@@ -431,6 +434,9 @@ def run_topology_tail(
                 extra_args=extra,
                 percentiles=RUN_PERCENTILES,
                 response_bytes=entry_bytes,
+                # every request's latency: fortio's buckets are 1 ms wide from 1 to 5 ms and
+                # 10 ms wide from 10 to 50 ms, where these tails are
+                access_log=str((work / f"{side}-access.jsonl").resolve()),
             )
             return run_spec(spec, system, place, fortio)
 
@@ -487,5 +493,8 @@ def run_topology_tail(
             "pinning": pinning.describe(),
             "sidecar_modes": {s: m.value for s, m in modes.items()},
         },
-        _notes("the level's no-mesh traces (one graph per traced request)"),
+        _notes(
+            "the level's no-mesh traces (one graph per traced request)",
+            "every request's latency, from its access log",
+        ),
     )
