@@ -162,7 +162,13 @@ def _measure(
         for side in ("no_mesh", "mesh") if i % 2 == 0 else ("mesh", "no_mesh"):
             tops[side].append(load(side, 0.0, plan.duration_s, ()).actual_qps)
     top, top_mesh = (statistics.median(tops[s]) for s in ("no_mesh", "mesh"))
-    say(f"closed-loop maximum of {plan.connections} clients: {top:.0f}/s, mesh {top_mesh:.0f}/s")
+    runs = ", ".join(
+        f"{s.replace('_', '-')} " + "/".join(f"{x:.0f}" for x in v) for s, v in tops.items()
+    )
+    say(
+        f"closed-loop maximum of {plan.connections} clients: {top:.0f}/s, mesh {top_mesh:.0f}/s"
+        f" (the median of runs {runs})"
+    )
     ref = top if plan.relative_to == "no_mesh" else top_mesh
     got: list[list[tuple[TailRun, TailRun]]] = [[] for _ in plan.fractions]
     sizes: list[list[int]] = [[] for _ in plan.fractions]
