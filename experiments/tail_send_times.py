@@ -82,7 +82,7 @@ def main() -> None:
     ):
         envoy = bed.start_sidecar(Mode.HTTP)
         targets = {"no_mesh": bed.direct_target(Mode.HTTP), "mesh": bed.meshed_target}
-        for side, target in targets.items():
+        for target in targets.values():
             bed.load(target, Mode.HTTP, 100, n=500, connections=a.connections)
         for rate in rates:
             for side, target in targets.items():
