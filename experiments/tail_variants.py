@@ -177,6 +177,8 @@ def errors(
     topo = doc["tail"]["topology"] != "one-hop"  # one hop: the profile's own bed
     if calibrate is not None:  # the level a topology's cost scale is fitted on: not scored
         cal = [d for d in points if abs(float(d["fraction"]) - calibrate) < 1e-6]
+        if not cal and not topo:
+            cal = [None]  # one hop fits nothing: a set that did not measure the level on it
         if not cal:
             raise SystemExit(f"{doc_path}: no level {calibrate:g} to calibrate on")
         points = [d for d in points if d is not cal[0]]
