@@ -68,6 +68,14 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # drained at 1 − ρ (validate.tail_run.one_hop_options; chosen on sets 1–6, all seen);
     # a topology as s5
     "s7": {"lag_traces": True, "topology_scv": TOPOLOGY_SHARED_SCV, "one_hop_paced": True},
+    # set 8's candidate: s7 with the load generator sending only when awake — on a response,
+    # else every 1 000 µs when idle (Go's netpoller; TailOptions.wakeup_us); one hop only
+    "s8": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "one_hop_paced": True,
+        "one_hop_wakeup": 1000.0,
+    },
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},
@@ -169,6 +177,8 @@ def errors(
     topo = doc["tail"]["topology"] != "one-hop"  # one hop: the profile's own bed
     if calibrate is not None:  # the level a topology's cost scale is fitted on: not scored
         cal = [d for d in points if abs(float(d["fraction"]) - calibrate) < 1e-6]
+        if not cal and not topo:
+            cal = [None]  # one hop fits nothing: a set that did not measure the level on it
         if not cal:
             raise SystemExit(f"{doc_path}: no level {calibrate:g} to calibrate on")
         points = [d for d in points if d is not cal[0]]
@@ -189,6 +199,7 @@ def errors(
         opts = replace(opts, cost_scale=opts.cost_scale * scale)
         if not topo and change.get("one_hop_paced"):
             opts = one_hop_options(replace(opts, arrivals=0.0))
+            opts = replace(opts, wakeup_us=change.get("one_hop_wakeup"))
         if topo and "topology_scv" in change:
             opts = replace(opts, shared_scv=float(change["topology_scv"]))
         if change.get("paced"):

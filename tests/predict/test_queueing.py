@@ -140,3 +140,21 @@ def test_a_paced_schedule_waits_only_as_far_as_its_sends_are_late() -> None:
     assert large.mean() == pytest.approx(50.0, rel=0.12)
     with pytest.raises(ValueError):
         Station(5000, 1, mix, jitter_us=-1.0)
+
+
+def test_a_client_that_sleeps_in_whole_milliseconds_sends_in_bunches() -> None:
+    # issue #20, set 8: fortio on one CPU is one Go scheduler, which waits for its next timer
+    # in whole milliseconds. Evenly due every 250 µs, 100 µs of work each: on time nobody
+    # waits; a client that wakes only on a response or 1 ms after its last wake-up sends what
+    # fell due meanwhile at once, and the last of a bunch waits for those ahead of it
+    mix = ServiceMix((100.0,), (1.0,))
+    assert waiting_times(Station(4000, 1, mix, 0.0, clients=32), 20_000).max() == 0
+    bunched = waiting_times(Station(4000, 1, mix, 0.0, clients=32, wakeup_us=1000.0), 20_000)
+    assert np.quantile(bunched, 0.9) >= 200 and bunched.mean() > 100
+    # responses in flight keep it awake: it sends at each one, bunches shrink
+    awake = Station(4000, 1, mix, 0.0, clients=32, wakeup_us=1000.0, response_us=600.0)
+    assert waiting_times(awake, 20_000).mean() < bunched.mean() / 2
+    with pytest.raises(ValueError, match="wakeup_us"):
+        Station(4000, 1, mix, wakeup_us=1000.0)  # only a closed loop's client wakes
+    with pytest.raises(ValueError, match="response_us"):
+        Station(4000, 1, mix, clients=32, wakeup_us=1000.0, response_us=-1.0)

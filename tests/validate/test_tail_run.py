@@ -16,6 +16,7 @@ from meshtax.testbed.paired import PairPolicy
 from meshtax.testbed.pinning import Pinning
 from meshtax.validate.tail import BASE_PROBS, TailPoint, TailRun, predict_one_hop
 from meshtax.validate.tail_run import (
+    GO_NETPOLL_WAKEUP_US,
     LoadPlan,
     _cpu,
     _measure,
@@ -67,6 +68,7 @@ def test_levels_are_shares_of_whose_maximum_and_runs_keep_quantiles_and_cpu() ->
     # one hop: equal requests, the no-mesh tail's stalls drained at 1 − ρ
     one = one_hop_options(opts)
     assert (one.arrivals, one.shared_scv, one.stalls) == (0.0, 0.0, True)
+    assert one.wakeup_us == GO_NETPOLL_WAKEUP_US == 1000.0  # fortio sends when it wakes
 
 
 def test_one_hop_below_saturation_with_a_stall_free_no_mesh_side_barely_waits() -> None:
@@ -96,6 +98,35 @@ def test_one_hop_below_saturation_with_a_stall_free_no_mesh_side_barely_waits() 
     base = [x for b, _ in pt.pairs for x in b.quantiles_us]
     old = predict_one_hop(prof, SidecarConfig(Mode.HTTP), 100, 5000.0, base, poisson)
     assert old.overhead["p90"][0] > 3 * p90
+
+
+def test_one_hop_whose_client_idles_between_responses_sends_in_bunches() -> None:
+    """Issue #20, set 8: at 4 000/s a send is due every 250 µs, but a request is back in
+    80 µs without the mesh and 130 with it, so fortio's scheduler is idle and sleeps its
+    millisecond: about four requests leave together, and through the sidecar (120 CPU-µs a
+    request on the pods' CPU, 20 without) the last of them waits ≈ 360 µs, not 60. On the
+    even schedule alone (set 7's model) nothing queues and p90 is the crossings' 100 µs."""
+    prof = profile({Mode.HTTP: {OTHER: flat(25, 50)}})
+    probs = np.asarray(BASE_PROBS)
+    q = tuple((60 + 40 * probs).tolist())  # no-mesh latencies 60…100 µs
+    pcts = {"p50": 80.0, "p90": 96.0, "p99": 99.6}
+
+    def side(extra: float) -> TailRun:
+        qs = tuple(x + extra for x in q)
+        return TailRun(4000, 4000, 12000, 3.0, pcts, qs, {"app": 12000 * 20_000})
+
+    pt = TailPoint(0.25, 4000.0, tuple((side(0), side(150)) for _ in range(4)))
+    plan = LoadPlan(fractions=(0.25,), percentiles=(50.0, 90.0, 99.0))
+    pinning = Pinning((0,), (1,), (1,))
+    (got,) = predict_one_hop_levels([pt], prof, Mode.HTTP, 100, plan, pinning)
+    assert got.predicted is not None
+    assert got.predicted.utilisation == pytest.approx(0.48, rel=0.02)
+    p90 = got.predicted.overhead["p90"][0]
+    assert 300 < p90 < 500
+    base = [x for b, _ in pt.pairs for x in b.quantiles_us]
+    on_time = replace(one_hop_options(_options(plan, pinning, 20.0, len(base))), wakeup_us=None)
+    even = predict_one_hop(prof, SidecarConfig(Mode.HTTP), 100, 4000.0, base, on_time)
+    assert even.overhead["p90"][0] < 150 < p90 / 2
 
 
 def test_passes_repeat_every_level_after_an_unrecorded_settling_run() -> None:

@@ -139,7 +139,8 @@ class Capacity:
     ``limited_by``: ``sidecar`` (its workers were busy ≥ the measurement's threshold),
     ``shared-cpu`` (sidecar and app together filled their CPUs) or ``client`` (neither: the
     load generator or the network set the rate); ``direct_requests_per_s``: the same client
-    without the sidecar; ``points``: every run.
+    without the sidecar; ``points``: every run (of the closed loop's, the median run per
+    side); ``closed_loop``: the rates of every closed-loop run, (without, through) the sidecar.
     """
 
     requests_per_s: float
@@ -151,6 +152,7 @@ class Capacity:
     direct_requests_per_s: float = 0.0
     cpus: int = 1
     points: tuple[CapacityPoint, ...] = ()
+    closed_loop: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.limited_by not in LIMITS:
@@ -191,6 +193,7 @@ class Capacity:
             "direct_requests_per_s": self.direct_requests_per_s,
             "cpus": self.cpus,
             "points": [p.to_dict() for p in self.points],
+            **({"closed_loop": [list(x) for x in self.closed_loop]} if self.closed_loop else {}),
         }
 
     @classmethod
@@ -205,6 +208,7 @@ class Capacity:
             float(d.get("direct_requests_per_s", 0.0)),
             int(d.get("cpus", 1)),
             tuple(CapacityPoint.from_dict(p) for p in d.get("points", ())),
+            tuple((float(a), float(b)) for a, b in d.get("closed_loop", ())),
         )
 
 

@@ -338,6 +338,16 @@ PROFILE_SCHEMA: dict[str, Any] = {
                 "limited_by": {"enum": list(LIMITS)},
                 "direct_requests_per_s": _NONNEG_RATE,
                 "cpus": {"type": "integer", "minimum": 1, "maximum": 4096},
+                "closed_loop": {
+                    "type": "array",
+                    "maxItems": 100,
+                    "items": {
+                        "type": "array",
+                        "minItems": 2,
+                        "maxItems": 2,
+                        "items": _NONNEG_RATE,
+                    },
+                },
                 "points": {
                     "type": "array",
                     "maxItems": 1000,

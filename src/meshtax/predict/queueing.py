@@ -183,7 +183,14 @@ class Station:
     0; Poisson-like once the lag is several spacings). ``relief`` (with ``clients``): a job's
     service × ``relief[q]`` when it starts with ``q`` jobs in the station, itself included
     (``q`` beyond the table: its last entry) — work that gets cheaper as the queue grows
-    (a sidecar handling several ready requests per wake-up)."""
+    (a sidecar handling several ready requests per wake-up). ``wakeup_us`` (with ``clients``):
+    the load generator sends only when it is awake — a job due at ``t`` leaves at the client's
+    first wake-up from then on: a response coming back (the completion of an earlier job), or
+    else its idle timer, ``wakeup_us`` after its last wake-up (Go's netpoller sleeps in whole
+    milliseconds: an idle fortio sends what fell due in the last millisecond at once); the
+    job's wait counts from when it left, as the client's latency does. ``response_us``: how
+    long after a job's service starts its response reaches the client (its unloaded
+    latency; 0: when its service ends)."""
 
     rate: float
     servers: int
@@ -192,6 +199,8 @@ class Station:
     clients: int | None = None
     jitter_us: float | None = None
     relief: tuple[float, ...] | None = None
+    wakeup_us: float | None = None
+    response_us: float = 0.0
 
     def __post_init__(self) -> None:
         if self.rate < 0 or self.servers < 1 or self.ca2 < 0:
@@ -204,6 +213,12 @@ class Station:
             not self.relief or not all(0 < x <= 1 for x in self.relief) or self.clients is None
         ):
             raise ValueError("relief: factors within (0, 1], and only with clients")
+        if self.wakeup_us is not None and (
+            not 0 < self.wakeup_us < math.inf or self.clients is None
+        ):
+            raise ValueError("wakeup_us: finite and > 0, and only with clients")
+        if not 0 <= self.response_us < math.inf:
+            raise ValueError(f"response_us must be finite and ≥ 0, got {self.response_us}")
 
     @property
     def utilisation(self) -> float:
@@ -246,19 +261,54 @@ def _kiefer_wolfowitz(s: FloatArray, a: FloatArray, c: int) -> FloatArray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _closed(s: FloatArray, t: FloatArray, c: int, clients: int, relief: FloatArray) -> FloatArray:
+def _release(t: float, prev: float, back: FloatArray, i: int, window: int, q: float) -> float:
+    """When a job due at ``t`` leaves a client that wakes on responses (``back``: when those
+    of the jobs before ``i`` reached it, the last ``window`` of them) and otherwise every
+    ``q`` after its last wake-up (``prev``: the previous job's release, itself a wake-up)."""
+    if prev >= t:
+        return prev  # the client was already late: the wake-up that sent the previous one
+    last = prev
+    nxt = np.inf
+    for j in range(max(0, i - window), i):
+        d = back[j]
+        if d <= t:
+            last = max(last, d)
+        elif d < nxt:
+            nxt = d
+    if last == -np.inf:
+        return t
+    return min(last + (math.floor((t - last) / q) + 1.0) * q, nxt)
+
+
+@numba.njit(cache=True, nogil=True)
+def _closed(
+    s: FloatArray,
+    t: FloatArray,
+    c: int,
+    clients: int,
+    relief: FloatArray,
+    q: float,
+    response: float,
+) -> FloatArray:
     """Waits of FCFS jobs on ``c`` servers with at most ``clients`` in the station: job i,
-    due at ``t[i]``, enters when job ``i − clients`` has left (exact for one server; with
+    due at ``t[i]`` (with a wake-up quantum ``q`` > 0: released at the client's next wake-up,
+    :func:`_release`; a response reaches the client ``response`` after its job's service
+    starts, at least when it ends), enters when job ``i − clients`` has left (exact for one server; with
     several, jobs leave nearly in order), then waits for the earliest free server. Its
-    service ``s[i]`` × ``relief[q]``, ``q`` the jobs in the station when it starts (itself
+    service ``s[i]`` × ``relief[m]``, ``m`` the jobs in the station when it starts (itself
     and those due by then, at most ``clients``); ``s`` is overwritten with what was served."""
     n = s.shape[0]
     free = np.zeros(c)  # when each server is next free
     done = np.empty(n)
+    back = np.empty(n)
     w = np.empty(n)
     top = relief.shape[0] - 1
+    prev = -np.inf
     for i in range(n):
         enter = t[i]
+        if q > 0:
+            enter = _release(t[i], prev, back, i, 2 * clients + c, q)
+            prev = enter
         if i >= clients and done[i - clients] > enter:
             enter = done[i - clients]
         k = 0
@@ -268,9 +318,10 @@ def _closed(s: FloatArray, t: FloatArray, c: int, clients: int, relief: FloatArr
         start = max(enter, free[k])
         w[i] = start - enter
         if top > 0:
-            q = min(np.searchsorted(t, start, side="right") - i, clients)
-            s[i] *= relief[min(max(q, 1), top)]
+            m = min(np.searchsorted(t, start, side="right") - i, clients)
+            s[i] *= relief[min(max(m, 1), top)]
         done[i] = start + s[i]
+        back[i] = max(done[i], start + response)
         free[k] = done[i]
     return w
 
@@ -304,7 +355,8 @@ def waiting_times(
     if station.clients is not None:
         t = np.concatenate(([0.0], np.cumsum(a[:-1])))
         relief = np.asarray(station.relief or (1.0,), dtype=np.float64)
-        w = _closed(s, t, station.servers, station.clients, relief)
+        q = station.wakeup_us or 0.0
+        w = _closed(s, t, station.servers, station.clients, relief, q, station.response_us)
     elif station.servers == 1:
         u = np.concatenate(([0.0], np.cumsum(s[:-1] - a[:-1])))
         w = u - np.minimum(np.minimum.accumulate(u), 0.0)

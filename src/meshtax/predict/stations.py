@@ -71,7 +71,10 @@ class TailOptions:
     many requests in flight (a load generator's connections; None: open arrivals);
     ``jitter_us``: arrivals on a paced schedule, each late by an exponential lag of this mean
     (fortio ``-uniform`` at a fixed rate; :class:`~meshtax.predict.queueing.Station`),
-    instead of ``arrivals``; ``stalls``: add the stall backlog (see ``predict.tail``);
+    instead of ``arrivals``; ``wakeup_us`` (with ``clients``): the load generator sends only
+    when awake — on a response, else every ``wakeup_us`` when idle (Go's netpoller: 1 000 µs;
+    :class:`~meshtax.predict.queueing.Station`); ``stalls``: add the stall backlog (see
+    ``predict.tail``);
     ``relief`` (shared CPUs with ``clients``): a request's sidecar work cheaper as the queue
     grows (:func:`~meshtax.predict.load_factor.queue_relief`), with ``batching`` only from one
     request in the system on;
@@ -92,6 +95,7 @@ class TailOptions:
     shared_scv: float = 1.0
     clients: int | None = None
     jitter_us: float | None = None
+    wakeup_us: float | None = None
     stalls: bool = False
     cost_scale: float = 1.0
     relief: bool = True
@@ -114,6 +118,10 @@ class TailOptions:
             raise ValueError("clients must be at least 1 and shared_scv ≥ 0")
         if self.jitter_us is not None and not 0 <= self.jitter_us < math.inf:
             raise ValueError(f"jitter_us must be finite and ≥ 0, got {self.jitter_us}")
+        if self.wakeup_us is not None and (
+            not 0 < self.wakeup_us < math.inf or self.clients is None
+        ):
+            raise ValueError(f"wakeup_us must be finite, > 0 and with clients: {self.wakeup_us}")
         if not 0 < self.cost_scale < math.inf:
             raise ValueError(f"cost_scale must be finite and > 0, got {self.cost_scale}")
 

@@ -200,6 +200,10 @@ def _simulate(
     lat = np.maximum(cx.lat + sign * Z95 * cx.lse, 0.0)
     scale = max(1.0 + sign * Z95 * _rel_se(cx), 0.0)
     S = len(sts.names)
+    # with a waking client (wakeup_us): a response reaches it after the request's unloaded
+    # latency, the median without the mesh (+ the crossings' mean latency, with it)
+    alone_us = float(np.median(shape_base(shape))) if opts.wakeup_us else 0.0
+    mesh_us = alone_us + float(lat.sum()) / max(batch.n_graphs, 1) if opts.wakeup_us else 0.0
     waits: list[FloatArray | None] = []
     rho = np.zeros(S)
     served_rho = np.zeros(S)
@@ -210,7 +214,15 @@ def _simulate(
             continue
         relief = sts.relief if k == sts.shared else None
         st = Station(
-            got[0], sts.servers[k], got[1], opts.arrivals, opts.clients, opts.jitter_us, relief
+            got[0],
+            sts.servers[k],
+            got[1],
+            opts.arrivals,
+            opts.clients,
+            opts.jitter_us,
+            relief,
+            opts.wakeup_us,
+            mesh_us if k == sts.shared else 0.0,
         )
         rho[k] = st.utilisation
         if sts.shared >= 0 and k != sts.shared:
@@ -253,7 +265,7 @@ def _simulate(
         new = np.maximum(new, shape_base(shape)[None, :] + per_graph[None, :] / cpus)
         base = shape_base(shape)
         u = _base_ranks(base, rng, m)
-        new = new + _shared_wait(sts, waits[sts.shared], cpus, opts, u)
+        new = new + _shared_wait(sts, waits[sts.shared], cpus, opts, u, alone_us)
         if opts.stalls:  # the drain at the utilisation as served (with relief: lower)
             busy = served_rho[sts.shared] or rho[sts.shared]
             new = new + _stall_backlog(base, sts, busy, cpus, u)
@@ -273,7 +285,12 @@ def _base_ranks(base: FloatArray, rng: np.random.Generator, m: int) -> FloatArra
 
 
 def _shared_wait(
-    sts: Stations, mesh: FloatArray | None, cpus: int, opts: TailOptions, u: FloatArray
+    sts: Stations,
+    mesh: FloatArray | None,
+    cpus: int,
+    opts: TailOptions,
+    u: FloatArray,
+    response_us: float = 0.0,
 ) -> FloatArray:
     """What a request waits on the shared CPUs more than it would without the sidecars: the
     two waiting times at the rank ``u`` of its latency without the mesh (the same request on
@@ -283,7 +300,16 @@ def _shared_wait(
     out = _pick(mesh, u)
     if sts.app_mean_us > 0 and sts.base_rate > 0:
         app = ServiceMix((sts.app_mean_us,), (1.0,))
-        alone = Station(sts.base_rate, cpus, app, opts.arrivals, opts.clients, opts.jitter_us)
+        alone = Station(
+            sts.base_rate,
+            cpus,
+            app,
+            opts.arrivals,
+            opts.clients,
+            opts.jitter_us,
+            wakeup_us=opts.wakeup_us,
+            response_us=response_us,
+        )
         try:
             out = out - _pick(waiting_times(alone, opts.queue_jobs, seed=opts.seed + 3), u)
         except SaturatedError:
