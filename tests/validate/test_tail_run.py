@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from meshtax.model.components import OTHER
+from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.testbed.fortio import LoadResult, LoadSpec
 from meshtax.testbed.paired import PairPolicy
@@ -71,24 +72,34 @@ def test_levels_are_shares_of_whose_maximum_and_runs_keep_quantiles_and_cpu() ->
     assert one.wakeup_us == GO_NETPOLL_WAKEUP_US == 1000.0  # fortio sends when it wakes
 
 
+def _one_hop_level(
+    fraction: float, rate: int, lo_us: float, mesh_us: float, width_us: float | None = None
+) -> tuple[Profile, TailPoint, LoadPlan, Pinning]:
+    """One measured one-hop level for the prediction: an http profile of two 25 µs / 50 CPU-µs
+    crossings, 4 pairs of 3 s runs at ``rate`` whose no-mesh latencies are uniform in
+    ``lo_us`` … ``lo_us + width_us`` (default: as wide as ``lo_us``), the mesh side's ``mesh_us``
+    later, the app at 20 CPU-µs a request; the client on CPU 0, pods on CPU 1."""
+    width = lo_us if width_us is None else width_us
+    q = lo_us + width * np.asarray(BASE_PROBS)
+    pcts = {f"p{p:g}": float(lo_us + width * p / 100) for p in (50.0, 90.0, 99.0)}
+    n = 3 * rate
+
+    def side(extra: float) -> TailRun:
+        return TailRun(rate, rate, n, 3.0, pcts, tuple((q + extra).tolist()), {"app": n * 20_000})
+
+    pt = TailPoint(fraction, float(rate), tuple((side(0), side(mesh_us)) for _ in range(4)))
+    plan = LoadPlan(fractions=(fraction,), percentiles=(50.0, 90.0, 99.0))
+    prof = profile({Mode.HTTP: {OTHER: flat(25, 50)}})
+    return prof, pt, plan, Pinning((0,), (1,), (1,))
+
+
 def test_one_hop_below_saturation_with_a_stall_free_no_mesh_side_barely_waits() -> None:
     """fortio paces its calls: a level at ρ 0.6 whose no-mesh side shows no stalls adds the
     crossings and next to no queue (Poisson arrivals of exponential requests, the model until
     set 6 of issue #20, gave its p90 ≈ 0.5 ms of waits here)."""
-    # two crossings: 50 µs on the path, 100 CPU-µs (on one CPU: at least 100 µs more)
-    prof = profile({Mode.HTTP: {OTHER: flat(25, 50)}})
-    probs = np.asarray(BASE_PROBS)
-    q = tuple((100 + 100 * probs).tolist())  # no-mesh latencies uniform in 100…200 µs
-    pcts = {"p50": 150.0, "p90": 190.0, "p99": 199.0}
-
-    def side(extra: float) -> TailRun:
-        qs = tuple(x + extra for x in q)
-        return TailRun(5000, 5000, 15000, 3.0, pcts, qs, {"app": 15000 * 20_000})
-
-    # the pods' CPU: 5000/s × (100 + 20) µs = 0.6 busy
-    pt = TailPoint(0.5, 5000.0, tuple((side(0), side(300)) for _ in range(4)))
-    plan = LoadPlan(fractions=(0.5,), percentiles=(50.0, 90.0, 99.0))
-    pinning = Pinning((0,), (1,), (1,))
+    # two crossings: 50 µs on the path, 100 CPU-µs (on one CPU: at least 100 µs more); no-mesh
+    # latencies uniform in 100…200 µs; the pods' CPU: 5000/s × (100 + 20) µs = 0.6 busy
+    prof, pt, plan, pinning = _one_hop_level(0.5, 5000, 100.0, 300.0)
     (got,) = predict_one_hop_levels([pt], prof, Mode.HTTP, 100, plan, pinning)
     assert got.predicted is not None
     assert got.predicted.utilisation == pytest.approx(0.6, rel=0.02)
@@ -106,18 +117,7 @@ def test_one_hop_whose_client_idles_between_responses_sends_in_bunches() -> None
     millisecond: about four requests leave together, and through the sidecar (120 CPU-µs a
     request on the pods' CPU, 20 without) the last of them waits ≈ 360 µs, not 60. On the
     even schedule alone (set 7's model) nothing queues and p90 is the crossings' 100 µs."""
-    prof = profile({Mode.HTTP: {OTHER: flat(25, 50)}})
-    probs = np.asarray(BASE_PROBS)
-    q = tuple((60 + 40 * probs).tolist())  # no-mesh latencies 60…100 µs
-    pcts = {"p50": 80.0, "p90": 96.0, "p99": 99.6}
-
-    def side(extra: float) -> TailRun:
-        qs = tuple(x + extra for x in q)
-        return TailRun(4000, 4000, 12000, 3.0, pcts, qs, {"app": 12000 * 20_000})
-
-    pt = TailPoint(0.25, 4000.0, tuple((side(0), side(150)) for _ in range(4)))
-    plan = LoadPlan(fractions=(0.25,), percentiles=(50.0, 90.0, 99.0))
-    pinning = Pinning((0,), (1,), (1,))
+    prof, pt, plan, pinning = _one_hop_level(0.25, 4000, 60.0, 150.0, width_us=40.0)
     (got,) = predict_one_hop_levels([pt], prof, Mode.HTTP, 100, plan, pinning)
     assert got.predicted is not None
     assert got.predicted.utilisation == pytest.approx(0.48, rel=0.02)
