@@ -568,6 +568,38 @@ def test_costs_scale_with_the_machine_speed_now() -> None:
     assert any("recorded no machine speed" in w for w in plain.warnings)
 
 
+def test_user_space_scales_with_the_reference_sidecar_when_both_speeds_measured_one() -> None:
+    """The user loop said 5 % faster while Envoy's user space ran ~20 % slower (issue #14):
+    with a reference sidecar in both speeds, user-space work follows the sidecar, the kernel
+    path and wake-ups their ping-pongs as before; with one in only one speed, the loop."""
+    from dataclasses import replace as dc_replace
+
+    from meshtax.model.components import IPC, NOTIFICATION
+    from meshtax.model.speed import Speed, describe_scaling, kind_factors, typical
+
+    then = Speed(local_ns=20_000, cross_ns=40_000, user_ns=400, sidecar_ns=100_000)
+    prof = replace(
+        profile({Mode.HTTP: {IPC: flat(1, 1), NOTIFICATION: flat(2, 2), OTHER: flat(4, 4)}}),
+        speed=then,
+    )
+    g = ecg({"a": SidecarConfig(Mode.HTTP)}, [inv("r", EXTERNAL, "a", 0, 1000)])
+    b = to_batch([g])
+    now = Speed(local_ns=20_000, cross_ns=40_000, user_ns=380, sidecar_ns=125_000)
+    got = predict_batch(b, single_profile(prof), speed=now)
+    assert got.latency_overhead_us[0] == pytest.approx(2 * (1 + 2 + 4 * 1.25))
+    assert kind_factors(now, then)["user"] == pytest.approx(1.25)
+    assert "user-space work (reference sidecar) ×1.250" in describe_scaling(now, then)
+    no_ref = dc_replace(now, sidecar_ns=None)
+    assert kind_factors(no_ref, then)["user"] == pytest.approx(380 / 400)
+    assert "reference sidecar" not in describe_scaling(no_ref, then)
+    # through its document, and the profile's speed is the median of its measurements
+    assert Speed.from_dict(now.to_dict()) == now and "sidecar_ns" not in no_ref.to_dict()
+    t = typical([now, dc_replace(now, sidecar_ns=90_000), no_ref, then])
+    assert t.sidecar_ns == 100_000
+    with pytest.raises(ValueError, match="sidecar_ns"):
+        Speed(1, 1, 1, sidecar_ns=-5)
+
+
 def test_messages_beyond_the_largest_measured_size_are_warned_about() -> None:
     from meshtax.model.costmodel import ComponentModel, CostModel
 

@@ -9,7 +9,13 @@ import pytest
 
 from meshtax.testbed import speed
 from meshtax.testbed.pinning import Pinning
-from meshtax.testbed.speed import SpeedError, measure_speed, parse_speedref, speed_on
+from meshtax.testbed.speed import (
+    SpeedError,
+    measure_sidecar,
+    measure_speed,
+    parse_speedref,
+    speed_on,
+)
 from meshtax.testbed.system import Completed, FakeSystem, RealSystem
 from meshtax.testbed.tools import FIX, ToolMissing
 
@@ -21,11 +27,41 @@ def test_real_speedref_on_two_cpus() -> None:
     assert s.measured.endswith("+00:00")
 
 
+def test_real_reference_sidecar_on_two_cpus() -> None:
+    """Envoy on loopback, for real (no root needed): its CPU per request is a sidecar's (tens
+    to hundreds of µs here), and it leaves no process behind."""
+    import os
+
+    before = {p for p in os.listdir("/proc") if p.isdigit()}
+    ns = measure_sidecar(RealSystem(), 0, 1, bursts=2, burst_s=0.3)
+    assert 5_000 < ns < 5_000_000
+    left = {p for p in os.listdir("/proc") if p.isdigit()} - before
+    names = {
+        (Path("/proc") / p / "comm").read_text().strip()
+        for p in left
+        if (Path("/proc") / p).exists()
+    }
+    assert not names & {"envoy", "fortio"}
+
+
+def test_a_reference_sidecar_that_cannot_run_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    ok = FakeSystem(
+        [lambda argv: Completed(argv, 0, '{"local_ns":1,"cross_ns":2,"user_ns":3}', "")]
+    )
+
+    def broken(*a: object, **k: object) -> float:
+        raise SpeedError("reference sidecar: envoy exited")
+
+    monkeypatch.setattr(speed, "measure_sidecar", broken)
+    s, why = speed_on(ok, Pinning(client=(1,), sidecars=(0,)))
+    assert s is None and why is not None and "reference sidecar: envoy exited" in why
+
+
 def test_the_cpus_are_passed_on() -> None:
     fake = FakeSystem(
         [lambda argv: Completed(argv, 0, '{"local_ns":1,"cross_ns":2,"user_ns":3}', "")]
     )
-    s, why = speed_on(fake, Pinning(client=(1,), sidecars=(0,)))
+    s, why = speed_on(fake, Pinning(client=(1,), sidecars=(0,)), sidecar=False)
     assert why is None and s is not None and (s.local_ns, s.cross_ns, s.user_ns) == (1, 2, 3)
     argv = fake.calls[0]
     assert argv[argv.index("-a") + 1] == "1" and argv[argv.index("-b") + 1] == "0"

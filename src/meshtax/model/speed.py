@@ -8,6 +8,13 @@ made at another time can scale each component by how much faster or slower the s
 work runs now (:func:`speed_factor`): the kernel's message path (IPC, Read, Write) by the
 same-CPU ping-pong, wake-ups (Notification) by the cross-CPU ping-pong, user-space work
 (Parsing, Other, filters, TLS) by the user loop.
+
+The user loop lives in the L1 cache. Two quick profiles two hours apart (issue #14, seventh
+sitting) found every user-space component of the later one 12–28 % higher while the loop ran
+5 % *faster*: whatever slows a sidecar's user space (a host co-tenant taking cache or memory
+bandwidth) does not touch it. A speed may therefore also carry ``sidecar_ns``: the CPU a real
+sidecar (Envoy, an HTTP proxy on loopback, one request in flight) spends per request, measured
+beside the loop; when both speeds have it, user-space work scales by it instead.
 """
 
 from __future__ import annotations
@@ -35,16 +42,20 @@ KINDS = ("local", "cross", "user")
 @dataclass(frozen=True)
 class Speed:
     """ns per same-CPU round trip (``local``), per cross-CPU round trip (``cross``) and per
-    user-space iteration (``user``) of the reference workload, and when it was measured."""
+    user-space iteration (``user``) of the reference workload, and when it was measured;
+    ``sidecar_ns``: a reference sidecar's CPU per request (None: not measured)."""
 
     local_ns: float
     cross_ns: float
     user_ns: float
     measured: str = ""
+    sidecar_ns: float | None = None
 
     def __post_init__(self) -> None:
-        for k in KINDS:
+        for k in (*KINDS, "sidecar"):
             v = getattr(self, f"{k}_ns")
+            if k == "sidecar" and v is None:
+                continue
             if not (isinstance(v, (int, float)) and 0 < v < 1e12):
                 raise ValueError(f"speed {k}_ns must be a positive finite number, got {v!r}")
 
@@ -57,15 +68,18 @@ class Speed:
             "cross_ns": self.cross_ns,
             "user_ns": self.user_ns,
             "measured": self.measured,
+            **({} if self.sidecar_ns is None else {"sidecar_ns": self.sidecar_ns}),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Speed:
+        sc = d.get("sidecar_ns")
         return cls(
             float(d["local_ns"]),
             float(d["cross_ns"]),
             float(d["user_ns"]),
             str(d.get("measured", "")),
+            None if sc is None else float(sc),
         )
 
 
@@ -78,15 +92,21 @@ def kind_of(component: Component) -> str:
     return "user"
 
 
+def _ratio(kind: str, now: Speed, then: Speed) -> float:
+    if kind == "user" and now.sidecar_ns is not None and then.sidecar_ns is not None:
+        return now.sidecar_ns / then.sidecar_ns
+    return now.ns(kind) / then.ns(kind)
+
+
 def speed_factor(component: Component, now: Speed, then: Speed) -> float:
-    """How much longer ``component`` takes now than when ``then`` was measured."""
-    k = kind_of(component)
-    return now.ns(k) / then.ns(k)
+    """How much longer ``component`` takes now than when ``then`` was measured (user-space
+    work by the reference sidecar when both speeds measured one, else by the user loop)."""
+    return _ratio(kind_of(component), now, then)
 
 
 def kind_factors(now: Speed, then: Speed) -> dict[str, float]:
     """How much longer each kind of work takes now than when ``then`` was measured."""
-    return {k: now.ns(k) / then.ns(k) for k in KINDS}
+    return {k: _ratio(k, now, then) for k in KINDS}
 
 
 _KIND_NAMES = {
@@ -98,7 +118,11 @@ _KIND_NAMES = {
 
 def describe_scaling(now: Speed, then: Speed) -> str:
     """One line saying how a prediction's costs were scaled from ``then`` to ``now``."""
-    parts = ", ".join(f"{_KIND_NAMES[k]} ×{f:.3f}" for k, f in kind_factors(now, then).items())
+    by_sidecar = now.sidecar_ns is not None and then.sidecar_ns is not None
+    parts = ", ".join(
+        f"{_KIND_NAMES[k]}{' (reference sidecar)' if k == 'user' and by_sidecar else ''} ×{f:.3f}"
+        for k, f in kind_factors(now, then).items()
+    )
     return f"costs scaled to the machine's speed now ({parts})"
 
 
@@ -112,9 +136,11 @@ def typical(samples: Sequence[Speed]) -> Speed:
         n = len(s)
         return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
+    sidecar = [s.sidecar_ns for s in samples if s.sidecar_ns is not None]
     return Speed(
         med([s.local_ns for s in samples]),
         med([s.cross_ns for s in samples]),
         med([s.user_ns for s in samples]),
         samples[-1].measured,
+        med(sidecar) if sidecar else None,
     )

@@ -25,7 +25,7 @@ from meshtax.testbed.perf import PerfProfile, PerfSession
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.probes import ProbeSession, RealProbe
 from meshtax.testbed.runstate import STATE_DIR, ProcOps
-from meshtax.testbed.speed import measure_speed
+from meshtax.testbed.speed import measure_speed_and_sidecar
 from meshtax.testbed.system import Placement, System, free_ports
 from meshtax.testbed.tools import tool
 
@@ -134,7 +134,7 @@ class Backends:
     meter: MeterFactory | None = InterferenceMeter
     # the machine's speed now, on the reference workload ((system, CPU a, CPU b) → Speed;
     # None: not measured)
-    speed: Callable[[System, int | None, int | None], Speed] | None = measure_speed
+    speed: Callable[[System, int | None, int | None], Speed] | None = measure_speed_and_sidecar
     callgrind_available: Callable[[], bool] = field(
         default=lambda: shutil.which("valgrind") is not None
     )
