@@ -33,8 +33,8 @@ __all__ = [
 ]
 
 #: the reference sidecar's runs: bursts of closed-loop requests (one in flight), 100-byte bodies
-SIDECAR_BURSTS = 3
-SIDECAR_BURST_S = 1.0
+SIDECAR_BURSTS = 5
+SIDECAR_BURST_S = 0.6
 
 
 class SpeedError(RuntimeError):
