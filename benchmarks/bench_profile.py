@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -330,6 +331,16 @@ def _compare(report: dict[str, Any], a: Profile, b: Profile) -> None:
         report["normalized_within_10pct"] = (
             f"{sum(v <= DRIFT for v in norm.values())} of {len(norm)}"
         )
+        if a.speed.sidecar_ns is not None and b.speed.sidecar_ns is not None:
+            # user space by the reference sidecar above; here by the user loop, for comparison
+            loop = normalized_agreement(
+                replace(a, speed=replace(a.speed, sidecar_ns=None)),
+                replace(b, speed=replace(b.speed, sidecar_ns=None)),
+            )
+            assert loop is not None
+            report["loop_normalized_within_10pct"] = (
+                f"{sum(v <= DRIFT for v in loop.values())} of {len(loop)}"
+            )
 
 
 def main() -> None:
