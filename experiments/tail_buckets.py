@@ -43,7 +43,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("docs", nargs="+")
     ap.add_argument("--percentiles", default="50,90,99")
+    ap.add_argument(
+        "--histogram-doc",
+        default="",
+        help="write a copy of the (one) document with every run's quantiles the histogram's "
+        "(its runs' histogram_quantiles_us), to score the model on the buckets' reading",
+    )
     a = ap.parse_args()
+    if a.histogram_doc:
+        d = json.loads(Path(a.docs[0]).read_text())
+        for pt in d.get("tail", d)["points"]:
+            for r in pt.get("runs", []):
+                for side in ("no_mesh", "mesh"):
+                    h = r[side].get("histogram_quantiles_us")
+                    if not h:
+                        raise SystemExit(f"{a.docs[0]}: a run without histogram_quantiles_us")
+                    r[side]["quantiles_us"] = h
+        Path(a.histogram_doc).write_text(json.dumps(d))
     ps = [float(x) for x in a.percentiles.split(",")]
     print(
         "| doc | level | rate/s | p | no mesh µs (bucket) | mesh µs (bucket) | overhead µs | "
