@@ -150,6 +150,7 @@ class OneHop(Protocol):
         n: int | None = None,
         connections: int = 1,
         extra_args: tuple[str, ...] = (),
+        access_log: str = "",
     ) -> LoadResult: ...
 
     def start_sidecar(
@@ -201,9 +202,11 @@ class ClientBed:
         n: int | None = None,
         connections: int = 1,
         extra_args: tuple[str, ...] = (),
+        access_log: str = "",
     ) -> LoadResult:
         """One fortio run from the client pod (pinned): closed loop when ``qps`` is 0;
-        ``extra_args`` for fortio (``-uniform`` spreads fixed-rate calls over connections)."""
+        ``extra_args`` for fortio (``-uniform`` spreads fixed-rate calls over connections);
+        ``access_log``: a file for every request's latency (:attr:`LoadSpec.access_log`)."""
         spec = LoadSpec(
             target,
             mode,
@@ -213,6 +216,7 @@ class ClientBed:
             duration_s=duration_s,
             n=n,
             extra_args=extra_args,
+            access_log=access_log,
         )
         return run_spec(
             spec,

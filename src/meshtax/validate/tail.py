@@ -58,7 +58,9 @@ def _key(p: float) -> str:
 class TailRun:
     """One fixed-rate run against one side: asked and achieved rate, client-side latency
     percentiles (µs) and quantiles at :data:`BASE_PROBS`, the on-CPU ns of the pods'
-    processes (``app``: applications, ``sidecar``: sidecars), wall-clock start and end."""
+    processes (``app``: applications, ``sidecar``: sidecars), wall-clock start and end;
+    ``histogram_quantiles_us``: when the quantiles are the requests' own (an access log), the
+    same from fortio's histogram, so the buckets' error can be read off the record."""
 
     target_qps: float
     achieved_qps: float
@@ -69,6 +71,7 @@ class TailRun:
     cpu_ns: Mapping[str, int] = field(default_factory=dict)
     t_start: float = 0.0
     t_end: float = 0.0
+    histogram_quantiles_us: tuple[float, ...] = ()
 
     def cpu_us_per_request(self, what: str = "app") -> float:
         return self.cpu_ns.get(what, 0) * 1e-3 / self.count if self.count else math.nan
@@ -84,7 +87,7 @@ class TailRun:
             "cpu_ns": dict(self.cpu_ns),
             "t_start": self.t_start,
             "t_end": self.t_end,
-        }
+        } | ({"histogram_quantiles_us": list(h)} if (h := self.histogram_quantiles_us) else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TailRun:
@@ -98,6 +101,7 @@ class TailRun:
             {str(k): int(v) for k, v in d.get("cpu_ns", {}).items()},
             float(d.get("t_start", 0.0)),
             float(d.get("t_end", 0.0)),
+            tuple(float(x) for x in d.get("histogram_quantiles_us", ())),
         )
 
 
