@@ -132,20 +132,11 @@ class SizeResult:
         timers and stats are user-space work), which the profile keeps apart as a cost per
         sidecar and second.
 
-        On a waypoint's bed (:attr:`ProbeResult.chain_app_cpu_us`) the echo's whole change
-        counts, kernel too, and counts again for the caller in place of the load
-        generator's: there both paths run node proxies on the echo's CPU, so its kernel
-        change is not the direct path's cross-CPU wake-up (why a sidecar's bed leaves it
-        out), and a waypoint serves callers in the mesh only — apps on the pods' CPU, woken by
-        their response after the same proxies ran there, as the echo is by its request; the
-        load generator runs on a CPU of its own."""
+        A waypoint's bed also records the echo's whole change (:attr:`ProbeResult.chain_app_cpu_us`)
+        without counting it: counted again for the caller (338837d), it priced the apps' rise
+        per waypoint call at 2× what a fresh validation measured (BENCHMARKS.md, issue #18,
+        eighth sitting), so it was taken back out."""
         c = self.probed.client_cpu_us()
-        chain = self.probed.chain_app_cpu_us
-        echo_kernel = 0.0
-        if chain is not None:
-            caller_user, caller_kernel = chain
-            c = {"read": 0.0, "write": 0.0, "user": caller_user}
-            echo_kernel = 2.0 * caller_kernel  # the echo's own, and the caller's
         idle = (
             self.idle_cpu_us_per_s / (2.0 * run.rate)
             if self.idle_cpu_us_per_s and run.rate > 0
@@ -157,7 +148,7 @@ class SizeResult:
             write=run.bd.write + c["write"],
             user=run.bd.user + self.app_user_us + c["user"] - idle,
             # the other proxies' kernel work on the path (a waypoint's node proxies)
-            kernel_other=run.bd.kernel_other + self.probed.path_kernel_cpu_us + echo_kernel,
+            kernel_other=run.bd.kernel_other + self.probed.path_kernel_cpu_us,
         )
 
     def cpu_like(self, run: CpuRun) -> CpuRun | None:
