@@ -37,7 +37,7 @@ def chain_app(probe: dict[str, Any]) -> tuple[float, float]:
         n = sum(int(w["requests"]) for w in sel)
 
         def g(who: str, k: str, sel: list[dict[str, Any]] = sel, n: int = n) -> float:
-            return sum(w.get(who, {}).get(k, 0) for w in sel) / n / 1e3 / 2
+            return float(sum(w.get(who, {}).get(k, 0) for w in sel)) / n / 1e3 / 2
 
         per[meshed] = (
             g("app", "user_ns") - g("path", "user_ns"),
