@@ -184,6 +184,62 @@ def test_waypoint_profile_against_the_node_l4_path(tmp_path: Path) -> None:
     assert "internode" not in prof.provenance.options
 
 
+class EchoProbe(PathProbe):
+    """As :class:`PathProbe`, and the echo app (second PID) spends 4 ms more user and 2 ms more
+    kernel CPU in the meshed windows: 2 and 1 µs per crossing."""
+
+    def stop(self) -> ProbeReading:
+        r = super().stop()
+        if len(self.started) % 2 == 0:  # direct
+            return r
+        app = self.started[-1][1]
+        threads = tuple(
+            dataclasses.replace(
+                t, user_ns=t.user_ns + 4_000_000, sys_cpu_ns=t.sys_cpu_ns + 2_000_000
+            )
+            if t.tgid == app
+            else t
+            for t in r.threads
+        )
+        return dataclasses.replace(r, threads=threads)
+
+
+def test_waypoint_records_the_echo_whole_but_prices_its_user_change(tmp_path: Path) -> None:
+    """A waypoint's bed records the echo's whole CPU change (user and kernel) per crossing; the
+    CPU models count its user change only (the eighth sitting counted it whole and again for
+    the caller, 338837d, and a fresh validation measured half that: taken back out)."""
+    probe = EchoProbe()
+    with pytest.warns(ClosureWarning):
+        prof = run_profile(
+            ProfileOptions(
+                name="w", plan=replace(PLAN, modes=(Mode.TCP,)), architecture=Architecture.WAYPOINT
+            ),
+            EchoFakeSystem(responders=[NodeWorld()]),
+            None,
+            backends=_backends(tmp_path, probe),
+        )
+    rec = prof.provenance.options["measurements"]["tcp"][0]
+    assert rec["probe"]["chain_app_cpu_us"] == pytest.approx({"user": 2.0, "kernel": 1.0})
+    other = prof.modes[Mode.TCP].components[OTHER].cpu
+    # the waypoint's 1/3, the path's kernel 2, the echo's user 2
+    assert other.samples is not None
+    assert other.samples.values == pytest.approx((1 / 3 + 2.0 + 2.0,))
+
+
+def test_node_l4_cpu_keeps_the_load_generator_as_caller(tmp_path: Path) -> None:
+    """On node-l4's bed the echo's kernel change stays out (its direct path is routed past the
+    node proxy) and no caller term is added."""
+    with pytest.warns(ClosureWarning):
+        prof = run_profile(
+            ProfileOptions(name="n", plan=PLAN, architecture=Architecture.NODE_L4, carried=()),
+            EchoFakeSystem(responders=[NodeWorld()]),
+            None,
+            backends=_backends(tmp_path, EchoProbe()),
+        )
+    rec = prof.provenance.options["measurements"]["tcp"][0]
+    assert "chain_app_cpu_us" not in rec["probe"]
+
+
 @pytest.mark.parametrize(
     ("opts", "match"),
     [

@@ -130,7 +130,12 @@ class SizeResult:
         the kernel CPU change of the other proxies on the path (a node bed's) — less the idle
         sidecar's share of the run (:attr:`idle_cpu_us_per_s` ÷ 2·rate, from its user time:
         timers and stats are user-space work), which the profile keeps apart as a cost per
-        sidecar and second."""
+        sidecar and second.
+
+        A waypoint's bed also records the echo's whole change (:attr:`ProbeResult.chain_app_cpu_us`)
+        without counting it: counted again for the caller (338837d), it priced the apps' rise
+        per waypoint call at 2× what a fresh validation measured (BENCHMARKS.md, issue #18,
+        eighth sitting), so it was taken back out."""
         c = self.probed.client_cpu_us()
         idle = (
             self.idle_cpu_us_per_s / (2.0 * run.rate)

@@ -135,6 +135,9 @@ class ProbeResult:
     ``overhead``: per-request overhead measured in the same probed windows.
     ``path_kernel_cpu_us``: the kernel CPU change per crossing (meshed − direct) of the other
     proxies on both paths (a node bed's; 0 on the echo bed), which CPU models count.
+    ``chain_app_cpu_us``: on a bed whose proxies share the app's CPU with it on both paths (a
+    waypoint's, :attr:`~meshtax.testbed.bed.OneHop.cpu_chain`), the echo app's own CPU change
+    per crossing (meshed − direct, without the path's proxies), (user, kernel); None elsewhere.
     """
 
     latency: Breakdown
@@ -150,6 +153,7 @@ class ProbeResult:
     windows: list[dict[str, Any]]
     interference: dict[str, Any] = field(default_factory=dict)
     path_kernel_cpu_us: float = 0.0
+    chain_app_cpu_us: tuple[float, float] | None = None
 
     def client_cpu_us(self) -> dict[str, float]:
         """:func:`client_cpu_us` of this result's windows."""
@@ -170,6 +174,16 @@ class ProbeResult:
             "windows": self.windows,
             "interference": self.interference,
             **({"path_kernel_cpu_us": self.path_kernel_cpu_us} if self.path_kernel_cpu_us else {}),
+            **(
+                {}
+                if self.chain_app_cpu_us is None
+                else {
+                    "chain_app_cpu_us": {
+                        "user": self.chain_app_cpu_us[0],
+                        "kernel": self.chain_app_cpu_us[1],
+                    }
+                }
+            ),
         }
 
 
@@ -349,6 +363,18 @@ def probe_components(
         sum(d.path.sys_cpu_ns for _, d in pairs_),
         sum(d.result.count for _, d in pairs_),
     )
+    chain_app = None
+    if bed.cpu_chain and probe_app:
+        # the echo alone: the app's threads less the path's proxies, which "app" includes
+        def echo(xs: list[ProbeWindow], attr: str) -> float:
+            return float(sum(getattr(x.window.app, attr) - getattr(x.path, attr) for x in xs))
+
+        ms, ds = [m for m, _ in pairs_], [d for _, d in pairs_]
+        nm, nd = sum(m.result.count for m in ms), sum(d.result.count for d in ds)
+        chain_app = (
+            per_crossing_delta(echo(ms, "user_ns"), nm, echo(ds, "user_ns"), nd),
+            per_crossing_delta(echo(ms, "sys_cpu_ns"), nm, echo(ds, "sys_cpu_ns"), nd),
+        )
     noise = [x.noise for m, d in pairs_ for x in (m, d) if x.noise is not None]
 
     def pooled(ws: list[Window]) -> Window:
@@ -375,6 +401,7 @@ def probe_components(
         windows=raw,
         interference=summarize(noise, len(paired.rejected), forced) if gauge is not None else {},
         path_kernel_cpu_us=path_cpu,
+        chain_app_cpu_us=chain_app,
     )
 
 
