@@ -184,9 +184,10 @@ def speed_option(default: str) -> Callable[[F], F]:
         type=click.Choice(["profile", "now"]),
         default=default,
         show_default=True,
-        help="now: run the reference workload (≈2 s) and scale the profile's costs by how much "
-        "faster or slower each kind of work runs now than when it was profiled (a profile of "
-        "this machine); profile: its costs as measured.",
+        help="now: run the reference workloads (≈7 s: speedref and a reference Envoy on "
+        "loopback) and scale the profile's costs by how much faster or slower each kind of work "
+        "runs now than when it was profiled (a profile of this machine); profile: its costs as "
+        "measured.",
     )
 
 
