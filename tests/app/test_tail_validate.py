@@ -22,11 +22,6 @@ def _prof(nice: Any) -> Any:
     return replace(p, provenance=replace(p.provenance, options=opts))
 
 
-def test_the_nice_value_is_the_profiles() -> None:
-    assert tv.nice_of(_prof(-20)) == -20
-    assert tv.nice_of(_prof(None)) is None  # a profile that did not say: left as it is
-
-
 def test_the_validation_measures_at_the_profiles_nice_value(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

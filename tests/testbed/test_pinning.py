@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import pytest
 
-from meshtax.testbed.pinning import CLIENT_APART, ONE_CPU, UNPINNED, Pinning, available_cpus
+from meshtax.model.components import OTHER
+from meshtax.model.sidecar import Mode
+from meshtax.testbed.pinning import (
+    CLIENT_APART,
+    ONE_CPU,
+    UNPINNED,
+    Pinning,
+    available_cpus,
+    nice_of,
+)
+from tests.helpers import flat, profile
+
+
+@pytest.mark.parametrize(("opts", "nice"), [({"nice": -20}, -20), ({"nice": 5.0}, 5), ({}, None)])
+def test_the_nice_value_is_the_profiles(opts: dict[str, Any], nice: int | None) -> None:
+    p = profile({Mode.HTTP: {OTHER: flat(25, 50)}})
+    assert nice_of(replace(p, provenance=replace(p.provenance, options=opts))) == nice
 
 
 @pytest.mark.parametrize(

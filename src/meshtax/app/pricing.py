@@ -31,7 +31,7 @@ from meshtax.report.result import PredictionBuilder, prediction_document
 from meshtax.store.resolve import resolve_profile
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
-from meshtax.testbed.pinning import pinning_of
+from meshtax.testbed.pinning import nice_of, pinning_of
 from meshtax.testbed.speed import speed_on
 from meshtax.testbed.system import RealSystem
 from meshtax.traces.errors import TraceFormatError
@@ -64,7 +64,7 @@ def speed_now(profile: Profile) -> tuple[Speed | None, list[str]]:
             f"--speed now: profile {profile.name!r} recorded no machine speed (measured before "
             "meshtax measured speed): its costs are used as measured"
         ]
-    speed, why = speed_on(RealSystem(), pinning_of(profile))
+    speed, why = speed_on(RealSystem(), pinning_of(profile), nice=nice_of(profile))
     if speed is None:
         return None, [why or "machine speed not measured"]
     return speed, [describe_scaling(speed, profile.speed)]

@@ -12,12 +12,11 @@ from typing import Literal
 from meshtax.errors import UsageError
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
-from meshtax.profile.backends import niceness
 from meshtax.store.resolve import resolve_profile
 from meshtax.store.sqlite import ProfileStore
 from meshtax.testbed.host import this_host
 from meshtax.testbed.paired import PairPolicy
-from meshtax.testbed.pinning import Pinning, pinning_of
+from meshtax.testbed.pinning import Pinning, nice_of, niceness, pinning_of
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.runstate import owned_tempdir
 from meshtax.testbed.system import RealSystem
@@ -78,17 +77,6 @@ def validate_tail(
     pinning = pinning_of(prof)
     with niceness(nice_of(prof)):
         return _validate(opts, prof, plan, pinning, say)
-
-
-def nice_of(profile: Profile) -> int | None:
-    """The nice value ``profile`` was measured at (``Plan.nice``; None: it did not say). The
-    tail validation runs its beds at it: its levels are priced with the profile's CPU per
-    request and its saturation compared with the profile's, so both beds run alike. Why
-    (issue #20, sets 7–8): on a quiet machine the profile's closed loop, every process at
-    nice −20, came out 8–15 % below the validation's at nice 0 minutes later, each side's
-    runs within 3–6 %; in sets 3–6, on a busier machine, within 1–4 %."""
-    v = profile.provenance.options.get("nice")
-    return int(v) if isinstance(v, int | float) else None
 
 
 def _validate(

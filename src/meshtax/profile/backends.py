@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,6 +21,7 @@ from meshtax.testbed.envoy.process import EnvoyProcess
 from meshtax.testbed.fortio import FortioServer, LoadResult, LoadSpec, run_spec
 from meshtax.testbed.interference import InterferenceMeter, MeterFactory
 from meshtax.testbed.perf import PerfProfile, PerfSession
+from meshtax.testbed.pinning import niceness
 from meshtax.testbed.pods import Testbed
 from meshtax.testbed.probes import ProbeSession, RealProbe
 from meshtax.testbed.runstate import STATE_DIR, ProcOps
@@ -55,20 +55,6 @@ class CpuSampler(Protocol):
     def stop(self, pids: Sequence[int] | None) -> PerfProfile: ...
 
     def close(self) -> None: ...
-
-
-@contextmanager
-def niceness(nice: int | None) -> Iterator[None]:
-    """Run the block (and every process it spawns: children inherit it) at ``nice``."""
-    if nice is None:
-        yield
-        return
-    old = os.getpriority(os.PRIO_PROCESS, 0)
-    os.setpriority(os.PRIO_PROCESS, 0, nice)
-    try:
-        yield
-    finally:
-        os.setpriority(os.PRIO_PROCESS, 0, old)
 
 
 def echo_server(

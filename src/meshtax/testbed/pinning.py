@@ -7,7 +7,8 @@ the measurement, so it is chosen explicitly and recorded with the results.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from meshtax.model.profile import Profile
@@ -20,6 +21,8 @@ __all__ = [
     "Pinning",
     "available_cpus",
     "default_pinning",
+    "nice_of",
+    "niceness",
     "pinning_of",
 ]
 
@@ -96,3 +99,27 @@ def pinning_of(profile: Profile) -> Pinning:
     """The CPUs ``profile`` was measured on (this machine's default when it did not say)."""
     d = profile.provenance.options.get("pinning")
     return Pinning.from_dict(d) if isinstance(d, dict) else default_pinning()
+
+
+def nice_of(profile: Profile) -> int | None:
+    """The nice value ``profile`` was measured at (the profiler's ``Plan.nice``; None: it did not
+    say). What is compared with the profile runs at it too: the tail validation's beds (issue
+    #20, sets 7–8: the profile's closed loop at nice −20 came out 8–15 % below the validation's
+    at nice 0 on a quiet machine) and the machine-speed readings (issue #14, suite run 9: the
+    cases' readings at nice 0 came out below the profile's at −20 in 28 of 33 cases)."""
+    v = profile.provenance.options.get("nice")
+    return int(v) if isinstance(v, int | float) else None
+
+
+@contextmanager
+def niceness(nice: int | None) -> Iterator[None]:
+    """Run the block (and every process it spawns: children inherit it) at ``nice``."""
+    if nice is None:
+        yield
+        return
+    old = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, old)

@@ -9,8 +9,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
+import os
 import statistics
 import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from meshtax.model.sidecar import Mode
@@ -19,7 +22,7 @@ from meshtax.testbed import procfs
 from meshtax.testbed.envoy.config import EnvoyConfig
 from meshtax.testbed.envoy.process import EnvoyError, EnvoyProcess
 from meshtax.testbed.fortio import FortioError, FortioServer, run_load
-from meshtax.testbed.pinning import Pinning
+from meshtax.testbed.pinning import Pinning, niceness
 from meshtax.testbed.system import CommandError, Placement, System, free_ports
 from meshtax.testbed.tools import ToolMissing, tool
 
@@ -131,15 +134,26 @@ def measure_sidecar(
 
 
 def speed_on(
-    system: System, pinning: Pinning, *, sidecar: bool = True
+    system: System,
+    pinning: Pinning,
+    *,
+    sidecar: bool = True,
+    nice: int | None = None,
+    renice: Callable[[int | None], AbstractContextManager[None]] = niceness,
 ) -> tuple[Speed | None, str | None]:
     """The reference workload on the CPUs a profile measured on (the client's, the first
-    sidecar's), with the reference sidecar unless ``sidecar`` is false; when it cannot run,
-    no speed and why (a prediction then uses the profile's costs as measured)."""
+    sidecar's), at the nice value it measured at (``nice``: :func:`~meshtax.testbed.pinning.
+    nice_of`; the profiler reads its own speed inside its niced run), with the reference
+    sidecar unless ``sidecar`` is false; when it cannot run, no speed and why (a prediction
+    then uses the profile's costs as measured). Without root a process cannot lower its nice
+    value: the reading is then taken at this process's own."""
+    if nice is not None and os.geteuid() != 0 and nice < os.getpriority(os.PRIO_PROCESS, 0):
+        nice = None
     a = pinning.client[0] if pinning.client else None
     b = pinning.sidecars[0] if pinning.sidecars else None
     try:
-        return (measure_speed_and_sidecar if sidecar else measure_speed)(system, a, b), None
+        with renice(nice):
+            return (measure_speed_and_sidecar if sidecar else measure_speed)(system, a, b), None
     except (SpeedError, ToolMissing) as e:
         return None, f"machine speed not measured ({e}): the profile's costs used as measured"
 

@@ -45,7 +45,7 @@ from meshtax.testbed.host import this_host
 from meshtax.testbed.meshes import MESHES, Service, deploy
 from meshtax.testbed.nodes import NodeNet
 from meshtax.testbed.paired import PairPolicy
-from meshtax.testbed.pinning import Pinning, pinning_of
+from meshtax.testbed.pinning import Pinning, nice_of, pinning_of
 from meshtax.testbed.pods import Pod, Testbed
 from meshtax.testbed.proxy import Proxy
 from meshtax.testbed.runstate import owned_tempdir
@@ -345,7 +345,11 @@ def run_case(
                 px.stop()
         say(f"{topology.name}/{q.name} {mode.value}: predict")
         rate = options.rate or statistics.median(b.actual_qps for b, _ in pairs)
-        speed, speed_note = speed_on(system, pinning) if options.speed == "now" else (None, None)
+        speed, speed_note = (
+            speed_on(system, pinning, nice=nice_of(profile))
+            if options.speed == "now"
+            else (None, None)
+        )
         pred: Predicted = predict_traces(
             trace,
             profile,
