@@ -20,7 +20,8 @@ checkout's model, each case at the machine speed measured for it (``--speed prof
 profile's own); the same measurements, another profile or model: e.g. a profile taken an hour
 before the cases or right after them. ``--transfer`` also fits the transfer on the run's
 calibration set and predicts both sets again with it (``--transfer-by mode``: one factor per
-mode instead of per cost model, the alternative BENCHMARKS.md compares).
+mode instead of per cost model, the alternative BENCHMARKS.md compares; ``--latency-transfer``:
+latency factors of its own, fitted on the calibration set's latency p50 — run 10's LT).
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ def main() -> None:
         default="model",
         help="with --transfer: a factor per cost model (the default, as the suite) or per mode",
     )
+    ap.add_argument(
+        "--latency-transfer",
+        action="store_true",
+        help="with --transfer: latency factors of its own, fitted on the calibration set's "
+        "latency p50 (run 10's LT; default: latency at the CPU factors)",
+    )
     a = ap.parse_args()
     store = ProfileStore(a.db) if a.db else ProfileStore()
     if a.report:
@@ -93,7 +100,11 @@ def main() -> None:
             res = repredict(out, prof, speed=a.speed == "now")
             if a.transfer:
                 cal = calibrate(
-                    out, prof, speed=a.speed == "now", per_model=a.transfer_by == "model"
+                    out,
+                    prof,
+                    speed=a.speed == "now",
+                    per_model=a.transfer_by == "model",
+                    latency=a.latency_transfer,
                 )
                 res = replace(res, calibrated=cal.result)
         else:

@@ -40,8 +40,16 @@ def highest_rate(on: bool) -> Iterator[None]:
     """Price every message at the profile's highest rate (the models clamp an infinite rate)."""
     orig = engine.hop_costs
 
-    def hop(batch: Any, profiles: Any, *, rates: Any = None, speed: Any = None) -> engine.Costs:
-        return orig(batch, profiles, rates=np.full(batch.n_invocations, np.inf), speed=speed)
+    def hop(
+        batch: Any,
+        profiles: Any,
+        *,
+        rates: Any = None,
+        speed: Any = None,
+        cpu_as_latency: bool = False,
+    ) -> engine.Costs:
+        inf = np.full(batch.n_invocations, np.inf)
+        return orig(batch, profiles, rates=inf, speed=speed, cpu_as_latency=cpu_as_latency)
 
     if on:
         engine.hop_costs = hop

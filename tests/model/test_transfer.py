@@ -74,3 +74,19 @@ def test_leave_one_topology_out_fits_without_the_topology_it_predicts() -> None:
     # a: fit on b, c → median(1, 1.4) = 1.2 → 120 vs 200; b: median(2, 1.4) = 1.7 → 170 vs 100;
     # c: median(2, 1) = 1.5 → 160 vs 150; c tcp: 1 → 100 vs 100
     assert errs == pytest.approx([120 / 200 - 1, 170 / 100 - 1, 160 / 150 - 1, 0.0])
+
+
+def test_latency_has_factors_of_its_own_when_fitted_else_the_cpus() -> None:
+    cpu = [s("a", 300, grpc=200), s("b", 260, grpc=200)]  # grpc ×1.4 (median of 1.5, 1.3)
+    lat = [s("a", 180, 20, grpc=200), s("b", 220, 20, tcp=10, grpc=200)]  # ×0.8, ×1.0 − tcp's
+    t = fit_transfer(cpu, "suite x", lat)
+    assert t.factor("grpc") == pytest.approx(1.4)
+    assert t.latency_factor("grpc") == pytest.approx(((180 - 20) / 200 + (220 - 20 - 10) / 200) / 2)
+    assert t.latency_factor("tcp+grpc") == 1.0  # no latency factor for tcp: unchanged, not CPU's
+    assert "latency grpc ×0.88" in t.describe() and "CPU grpc ×1.40" in t.describe()
+    assert Transfer.from_dict(t.to_dict()) == t
+    old = fit_transfer(cpu, "suite x")  # no latency samples: latency takes the CPU's factors
+    assert old.latency_factor("grpc") == pytest.approx(1.4) and "latency" not in old.to_dict()
+    assert "latency_factors" not in old.to_dict()
+    with pytest.raises(ValueError, match="less latency than the rest"):
+        fit_transfer(cpu, "x", [s("a", 10, 100, grpc=50)])

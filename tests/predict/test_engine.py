@@ -638,3 +638,41 @@ def test_a_transfer_scales_its_modes_per_message_costs_but_not_the_idle_sidecars
     assert got.idle_vcpu is not None and got.idle_vcpu.tolist() == pytest.approx([0.002])
     # latency: A's 4 crossings of 5 µs each go ×1.5, B's 2 × 10 stay
     assert (got.latency_overhead_us - plain.latency_overhead_us).tolist() == pytest.approx([10.0])
+
+
+#: a sidecar that does most of its work after forwarding: on a shared CPU the bound sets latency
+AFTER = profile({Mode.HTTP: {OTHER: flat(2, 30)}, Mode.GRPC: {OTHER: flat(2, 40)}})
+
+
+@pytest.mark.parametrize(("prof", "pod_cpus"), [(P, None), (AFTER, 1)])
+def test_latency_factors_price_latency_and_the_bound_cpu_factors_price_cpu(
+    prof: Profile, pod_cpus: int | None
+) -> None:
+    """A transfer with latency factors of its own: a request's latency — its crossings, and on
+    a shared CPU the work that bounds it — at the latency factor, its CPU at the CPU factor."""
+    from meshtax.model.transfer import KeyTransfer, Transfer
+
+    g = ecg(
+        {"A": HTTP, "B": GRPC},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=50), inv("b", "A", "B", 10, 20, "r", rate=50)],
+    )
+    b = to_batch([g])
+    k = {"http": KeyTransfer(1.5, 1.4, 1.6, 5, 0.94)}
+    lk = {"http": KeyTransfer(0.5, 0.4, 0.6, 5, 0.94)}
+
+    def with_t(t: Transfer | None) -> BatchPrediction:
+        return predict_batch(b, single_profile(replace(prof, transfer=t)), pod_cpus=pod_cpus)
+
+    plain, cpu_only, both, lat_only = (
+        with_t(None),
+        with_t(Transfer(k, "u")),
+        with_t(Transfer(k, "u", lk)),
+        with_t(Transfer(lk, "u")),
+    )
+    assert both.cpu_vcpu.tolist() == pytest.approx(cpu_only.cpu_vcpu.tolist())
+    assert both.cpu_vcpu.tolist() != pytest.approx(plain.cpu_vcpu.tolist())
+    assert both.latency_overhead_us.tolist() == pytest.approx(lat_only.latency_overhead_us.tolist())
+    assert both.latency_overhead_us.tolist() != pytest.approx(cpu_only.latency_overhead_us.tolist())
+    if pod_cpus == 1:  # the bound set the latency: A's 4 × 30 CPU-µs at ×0.5, B's 2 × 40
+        assert both.cpu_bound is not None and both.cpu_bound.all()
+        assert both.latency_overhead_us.tolist() == pytest.approx([0.5 * 120 + 80])

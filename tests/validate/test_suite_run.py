@@ -416,9 +416,10 @@ def test_calibrate_fits_on_the_calibration_set_only_and_predicts_every_case_with
 
     def fake(trace: Path, prof: Any, sidecars: Any, rate: float, **kw: Any) -> Predicted:
         stem = Path(trace).stem
-        f = prof.transfer.factor(stem.rsplit("-", 1)[1]) if prof.transfer else 1.0
-        cpu = f * part[stem] + 20.0
-        return Predicted(cpu, cpu, cpu, cpu, 1)
+        k, t = stem.rsplit("-", 1)[1], prof.transfer
+        cpu = (t.factor(k) if t else 1.0) * part[stem] + 20.0
+        lat = (t.latency_factor(k) if t else 1.0) * part[stem] + 20.0
+        return Predicted(lat, lat, lat, cpu, 1)
 
     monkeypatch.setattr(suite_run, "predict_traces", fake)
     tcp = ModeProfile(Mode.TCP, {IPC: flat(5, 5)}, carried={"grpc": ModeProfile(Mode.TCP, {})})
@@ -428,14 +429,20 @@ def test_calibrate_fits_on_the_calibration_set_only_and_predicts_every_case_with
     )
     assert suite_run.model_keys(prof) == ["tcp", "tcp+grpc", "http", "grpc"]
     assert suite_run.model_keys(prof, per_model=False) == ["tcp", "http", "grpc"]
-    got = suite_run.calibrate(out, prof)
+    got = suite_run.calibrate(out, prof, latency=True)
     t = got.profile.transfer
     assert t is not None and set(t.factors) == {"tcp", "http"}  # no grpc case calibrated
     assert t.factor("tcp") == pytest.approx((200 - 20) / 110)  # t/a measured 200 CPU-µs
     assert t.factor("http") == pytest.approx((200 - 20) / 90)
     assert t.factor("grpc") == 1.0
+    # latency's own factors, the same way from the cases' latency p50 (t/a and t/b measured 100)
+    assert t.latency_factor("tcp") == pytest.approx((100 - 20) / 110)
+    assert t.latency_factor("http") == pytest.approx((100 - 20) / 90)
     hold = {c.name: c.predicted for c in got.result.sets["holdout"]}
     assert hold["u/b"] is not None and hold["u/b"].cpu_us_per_request == pytest.approx(2 * 200 + 20)
+    assert hold["u/b"].p50_us == pytest.approx(80 / 90 * 200 + 20)
+    no_lat = suite_run.calibrate(out, prof).profile.transfer  # latency at the CPU's factors
+    assert no_lat is not None and not no_lat.latency
     assert hold["v/a"] is not None
     assert hold["v/a"].cpu_us_per_request == pytest.approx(180 / 110 * 100 + 20)
     assert got.result.profile["transfer"] == t.to_dict()

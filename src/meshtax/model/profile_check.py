@@ -106,6 +106,11 @@ PROFILE_SCHEMA: dict[str, Any] = {
                     "propertyNames": {"enum": _MODES},
                     "additionalProperties": {"$ref": "#/$defs/key_transfer"},
                 },
+                "latency_factors": {
+                    "type": "object",
+                    "propertyNames": {"pattern": "^(tcp|http|grpc)(\\+(http|grpc))?$"},
+                    "additionalProperties": {"$ref": "#/$defs/key_transfer"},
+                },
             },
         },
     },

@@ -18,10 +18,17 @@ model's factor is the median over the calibration cases it dominates (≥ half o
 per-message CPU) of ``(measured − fixed − Σ_{j≠k} f_j · parts[j]) ÷ parts[k]`` — the other
 models at their own factors, iterated to a fixed point. A model that dominates no case takes
 its mode's factor (``tcp+grpc`` → ``tcp``), or 1. The engine multiplies every per-message cost
-of a message priced by model ``k`` by ``f_k``, latency and CPU alike (on shared CPUs a
-request's latency overhead is its CPU work). It is a measured correction, not a physical
+of a message priced by model ``k`` by ``f_k``. It is a measured correction, not a physical
 model: the suite shows whether it transfers (hold-out set; leaving out one calibration topology
 at a time).
+
+Latency may have factors of its own (``Transfer.latency``), fitted the same way on the
+calibration cases' latency overheads: the CPU factor applied to latency too raised hold-out
+latency the profile alone had right in suite run 9 (20.3 vs 12.9 % median absolute error,
+BENCHMARKS.md) — what a message costs in CPU and what it adds to a request's latency on a
+shared CPU need not move alike from the one-hop bed to an application. The engine then prices a
+request's latency (its crossings and the shared-CPU bound's work) with the latency factors and
+its CPU with the CPU factors. Without latency factors both take the CPU factors.
 """
 
 from __future__ import annotations
@@ -59,7 +66,8 @@ def key(mode: Mode, carried: str = "") -> str:
 class TransferSample:
     """One calibration case: its topology, the measured CPU overhead per request, the
     per-message CPU predicted per cost model (:func:`key`) and the CPU predicted that no factor
-    scales (``fixed``: idle sidecars), all µs per request."""
+    scales (``fixed``: idle sidecars), all µs per request — or the same of its latency
+    overhead (p50), for latency's own factors."""
 
     topology: str
     measured: float
@@ -154,45 +162,85 @@ class Transfer:
 
     factors: Mapping[str, KeyTransfer] = field(default_factory=dict)
     source: str = ""
+    #: latency's own factors (see the module docstring); empty: latency takes ``factors``
+    latency: Mapping[str, KeyTransfer] = field(default_factory=dict)
 
     def factor(self, k: str) -> float:
         """``k``'s factor, else its mode's, else 1 (a model the calibration did not measure)."""
-        t = self.factors.get(k) or self.factors.get(k.split("+", 1)[0])
-        return 1.0 if t is None else t.factor
+        return _lookup(self.factors, k)
+
+    def latency_factor(self, k: str) -> float:
+        """``k``'s latency factor (as :meth:`factor`), or its CPU factor without latency ones."""
+        return _lookup(self.latency, k) if self.latency else self.factor(k)
 
     def describe(self) -> str:
-        per = ", ".join(
-            f"{k} ×{t.factor:.2f} [{t.lo:.2f}, {t.hi:.2f}] ({t.cases} cases)"
-            for k, t in self.factors.items()
-        )
-        return f"per-message costs scaled by the transfer measured on {self.source}: {per}"
+        out = f"per-message costs scaled by the transfer measured on {self.source}: "
+        if not self.latency:
+            return out + _describe(self.factors)
+        return out + f"CPU {_describe(self.factors)}; latency {_describe(self.latency)}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "factors": {k: t.to_dict() for k, t in self.factors.items()}}
+        d: dict[str, Any] = {
+            "source": self.source,
+            "factors": {k: t.to_dict() for k, t in self.factors.items()},
+        }
+        if self.latency:
+            d["latency_factors"] = {k: t.to_dict() for k, t in self.latency.items()}
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Transfer:
         # the first transfers (one factor per mode) wrote them under "modes": a mode is a key
         per = d["factors"] if "factors" in d else d["modes"]
-        return cls({str(k): KeyTransfer.from_dict(v) for k, v in per.items()}, str(d["source"]))
+        lat = d.get("latency_factors") or {}
+        return cls(
+            {str(k): KeyTransfer.from_dict(v) for k, v in per.items()},
+            str(d["source"]),
+            {str(k): KeyTransfer.from_dict(v) for k, v in lat.items()},
+        )
 
 
-def fit_transfer(samples: Iterable[TransferSample], source: str) -> Transfer:
-    """The transfer of ``samples`` (see the module docstring), each factor with its interval.
-    A factor must come out positive."""
+def _lookup(factors: Mapping[str, KeyTransfer], k: str) -> float:
+    t = factors.get(k) or factors.get(k.split("+", 1)[0])
+    return 1.0 if t is None else t.factor
+
+
+def _describe(factors: Mapping[str, KeyTransfer]) -> str:
+    return ", ".join(
+        f"{k} ×{t.factor:.2f} [{t.lo:.2f}, {t.hi:.2f}] ({t.cases} cases)"
+        for k, t in factors.items()
+    )
+
+
+def fit_transfer(
+    samples: Iterable[TransferSample],
+    source: str,
+    latency: Iterable[TransferSample] | None = None,
+) -> Transfer:
+    """The transfer of ``samples`` (CPU; see the module docstring), each factor with its
+    interval, and with ``latency`` samples (the same cases' latency overheads) latency's own
+    factors. A factor must come out positive."""
+    out = _fit(samples, "CPU")
+    lat = {} if latency is None else _fit(latency, "latency")
+    return Transfer(out, source, lat)
+
+
+def _fit(samples: Iterable[TransferSample], what: str) -> dict[str, KeyTransfer]:
     ratios = fit_factors([s for s in samples if s.per_message > 0])
     out = {}
     for k, rs in sorted(ratios.items()):
         e = estimate(rs)
         if e.median <= 0:
             raise ValueError(
-                f"{k}: the calibration cases measured less CPU than the rest of their prediction "
-                f"(median ratio {e.median:.2f}): no transfer factor"
+                f"{k}: the calibration cases measured less {what} than the rest of their "
+                f"prediction (median ratio {e.median:.2f}): no transfer factor"
             )
         out[k] = KeyTransfer(e.median, e.lo, e.hi, len(rs), e.coverage)
     if not out:
-        raise ValueError("no calibration case with a per-message prediction: no transfer factor")
-    return Transfer(out, source)
+        raise ValueError(
+            f"no calibration case with a per-message {what} prediction: no transfer factor"
+        )
+    return out
 
 
 def loto_errors(samples: Sequence[TransferSample]) -> list[float]:

@@ -102,6 +102,8 @@ def spec_models(
     warnings: list[str],
     protocol: str = "",
     speed: Speed | None = None,
+    *,
+    cpu_as_latency: bool = False,
 ) -> dict[Component, tuple[CostModel, CostModel]]:
     """Latency and CPU model of every component a message crossing this sidecar pays, for an
     invocation speaking ``protocol`` (one of :data:`~meshtax.model.ecg.PROTOCOLS`); with
@@ -109,25 +111,26 @@ def spec_models(
     its kind of work runs now than when the profile measured it; with the profile's
     :class:`~meshtax.model.transfer.Transfer` (measured on a calibration set) every component
     scaled by the factor of the cost model the message is priced with (the mode's, or the tcp
-    mode's model of the protocol it carries)."""
+    mode's model of the protocol it carries): latency by its latency factor, CPU by its CPU
+    factor — or, ``cpu_as_latency``, by the latency factor too (the CPU work a shared CPU bounds
+    a request's latency with)."""
     models = _spec_models(spec, profile, warnings, protocol)
-    t = (
-        1.0
-        if profile.transfer is None
-        else profile.transfer.factor(_model_key(spec, profile, protocol))
-    )
+    k = _model_key(spec, profile, protocol)
+    tr = profile.transfer
+    t_lat = 1.0 if tr is None else tr.latency_factor(k)
+    t_cpu = t_lat if cpu_as_latency else 1.0 if tr is None else tr.factor(k)
     then = profile.speed
     if speed is not None and then is None:
         warnings.append(
             f"profile {profile.name!r} recorded no machine speed: its costs are used as measured"
         )
         speed = None
-    if speed is None and t == 1.0:
+    if speed is None and t_lat == 1.0 and t_cpu == 1.0:
         return models
     out = {}
     for c, (lat, cpu) in models.items():
-        f = t * (1.0 if speed is None or then is None else speed_factor(c, speed, then))
-        out[c] = (lat.scaled(f), cpu.scaled(f))
+        f = 1.0 if speed is None or then is None else speed_factor(c, speed, then)
+        out[c] = (lat.scaled(t_lat * f), cpu.scaled(t_cpu * f))
     return out
 
 
@@ -304,11 +307,13 @@ def hop_costs(
     *,
     rates: FloatArray | tuple[FloatArray, FloatArray] | None = None,
     speed: Speed | None = None,
+    cpu_as_latency: bool = False,
 ) -> Costs:
     """Evaluate every crossing of every invocation, per component; models with a rate term at
     ``rates`` (per row, or per row for the caller's and the callee's sidecar; default: each
-    invocation's own rate); ``speed``: the machine's speed now (see :func:`spec_models`).
-    Messages larger than the largest size a profile measured are warned about."""
+    invocation's own rate); ``speed``: the machine's speed now, ``cpu_as_latency``: CPU at the
+    latency transfer factors (see :func:`spec_models`). Messages larger than the largest size
+    a profile measured are warned about."""
     warnings: list[str] = []
     n = batch.n_invocations
     proto = batch.protocol if batch.protocol is not None else np.zeros(n, dtype=np.int64)
@@ -323,7 +328,9 @@ def hop_costs(
         )
         for code in [int(c) for c in used] or codes[:1]:
             prof = profiles(spec.platform)
-            per[s, code] = spec_models(spec, prof, warnings, PROTOCOLS[code], speed)
+            per[s, code] = spec_models(
+                spec, prof, warnings, PROTOCOLS[code], speed, cpu_as_latency=cpu_as_latency
+            )
             rows = (batch.caller_spec == s) | (batch.callee_spec == s)
             if n:
                 rows &= proto == code
@@ -440,6 +447,7 @@ def predict_batch(
     pod_cpus: int | None = None,
     speed: Speed | None = None,
     idle_override: tuple[FloatArray | None, FloatArray | None] | None = None,
+    bound_costs: Costs | None = None,
 ) -> BatchPrediction:
     """Predict every graph of ``batch``; ``profiles(name)`` resolves a service's platform
     (``None`` → the profile chosen for this prediction). ``pod_cpus``: the number of CPUs the
@@ -447,12 +455,18 @@ def predict_batch(
     are priced at :func:`~meshtax.predict.shared_cpu.shared_cpu_rates`). ``speed``: the
     machine's speed now; each profile's costs are scaled from the speed it recorded (None: as
     measured). ``idle_override``: the idle proxies' vCPU (per service, per graph) when not the
-    batch's sidecars' (:func:`idle_vcpu`; another architecture's proxies)."""
+    batch's sidecars' (:func:`idle_vcpu`; another architecture's proxies). ``bound_costs``:
+    the costs whose CPU bounds the latency on shared CPUs when not ``costs`` (computed here,
+    with ``costs``, when a profile has latency transfer factors of its own)."""
     if pod_cpus is not None and pod_cpus < 1:
         raise ValueError(f"pod_cpus must be at least 1, got {pod_cpus}")
     if costs is None:
         rates = None if pod_cpus is None else shared_cpu_rates(batch, pod_cpus)
         costs = hop_costs(batch, profiles, rates=rates, speed=speed)
+        own = any((t := profiles(sp.platform).transfer) and t.latency for sp in batch.specs)
+        if pod_cpus is not None and bound_costs is None and own:
+            bound_costs = hop_costs(batch, profiles, rates=rates, speed=speed, cpu_as_latency=True)
+    bound_costs = bound_costs or costs
     shape = shape or structure(batch)
     lat = costs.latency
     extra = lat.sum(axis=1)
@@ -495,7 +509,7 @@ def predict_batch(
         # the graph's request rate): on one shared CPU the measured mean latency overhead is
         # the measured CPU overhead per request, the sidecars' idle CPU included (issue #14,
         # suite runs 4 and 5: median ratio 1.00, BENCHMARKS.md)
-        work = per_graph(costs.cpu)
+        work = per_graph(bound_costs.cpu)
         if idle is not None:
             if work.shape[1] < lat_comp.shape[1]:
                 work = np.column_stack([work, np.zeros(G)])
@@ -505,7 +519,7 @@ def predict_batch(
             work[:, components.index(OTHER)] += share
         work /= pod_cpus
         w = work.sum(axis=1)
-        w_se = np.bincount(g, weights=costs.cpu_se, minlength=G) / pod_cpus
+        w_se = np.bincount(g, weights=bound_costs.cpu_se, minlength=G) / pod_cpus
         bound_mask = w > overhead
         overhead = np.maximum(overhead, w)
         lo_us = np.maximum(lo_us, np.maximum(w - Z95 * w_se, 0.0))

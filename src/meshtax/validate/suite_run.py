@@ -255,25 +255,30 @@ def _with_factors(profile: Profile, factors: Mapping[str, float]) -> Profile:
 
 
 def transfer_samples(
-    base: SuiteResult, probes: Mapping[str, SuiteResult], set_name: str = "calibration"
+    base: SuiteResult,
+    probes: Mapping[str, SuiteResult],
+    set_name: str = "calibration",
+    metric: str = "cpu",
 ) -> list[TransferSample]:
-    """``set_name``'s measured cases as transfer samples: ``base`` predicted them with every
-    factor 1, ``probes[k]`` with model ``k``'s factor 2 and the others 1. The CPU prediction is
-    linear in each factor, so a probe's excess is model ``k``'s part; what no probe moves (the
-    idle sidecars') is fixed."""
+    """``set_name``'s measured cases as transfer samples of ``metric`` (``cpu``, or ``latency``:
+    the p50 overhead): ``base`` predicted them with every factor 1, ``probes[k]`` with model
+    ``k``'s factor 2 and the others 1. The CPU prediction is linear in each factor, so a probe's
+    excess is model ``k``'s part; what no probe moves (the idle sidecars') is fixed. Latency is
+    linear in them too where the shared-CPU bound or one model's crossings set it (a probe's
+    excess is then that model's part), and near it elsewhere."""
     out = []
     for i, c in enumerate(base.sets.get(set_name, ())):
         k1 = c.comparisons
         if not k1:
             continue
-        p1 = k1["cpu"].predicted
+        p1 = k1[metric].predicted
         parts = {}
         for k, res in probes.items():
             cmp = res.sets[set_name][i].comparisons
-            if cmp and (d := cmp["cpu"].predicted - p1) > 1e-9 * max(p1, 1.0):
+            if cmp and (d := cmp[metric].predicted - p1) > 1e-9 * max(p1, 1.0):
                 parts[k] = d
         out.append(
-            TransferSample(c.topology, k1["cpu"].measured.median, parts, p1 - sum(parts.values()))
+            TransferSample(c.topology, k1[metric].measured.median, parts, p1 - sum(parts.values()))
         )
     return out
 
@@ -290,12 +295,18 @@ class Calibrated:
 
 
 def calibrate(
-    out: SuiteDir, profile: Profile, *, speed: bool = False, per_model: bool = True
+    out: SuiteDir,
+    profile: Profile,
+    *,
+    speed: bool = False,
+    per_model: bool = True,
+    latency: bool = False,
 ) -> Calibrated:
     """Fit ``profile``'s transfer (:mod:`meshtax.model.transfer`) on the calibration set of
     ``out`` — only those cases — and predict every case again with it (nothing is measured
     or written). ``speed``: predict each case at the machine speed recorded for it;
-    ``per_model``: a factor per cost model (else per mode)."""
+    ``per_model``: a factor per cost model (else per mode); ``latency``: latency factors of
+    its own, fitted on the cases' latency p50 overheads (else latency takes the CPU's)."""
     keys = model_keys(profile, per_model=per_model)
     one = dict.fromkeys(keys, 1.0)
     cal = ("calibration",)  # the probes need the calibration cases only
@@ -309,7 +320,9 @@ def calibrate(
         f"the calibration set of suite {at1.suite.get('name', '?')!r} "
         f"({len(samples)} cases, {at1.started} → {at1.finished})"
     )
-    t = fit_transfer(samples, src)
+    t = fit_transfer(
+        samples, src, transfer_samples(at1, probes, metric="latency") if latency else None
+    )
     prof = replace(profile, transfer=t)
     res = repredict(out, prof, speed=speed)
     loto = tuple(loto_errors(samples))
