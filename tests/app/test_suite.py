@@ -103,7 +103,7 @@ def test_profile_then_both_sets(
     )
     assert man["profile"]["quality"]["status"] == "unchecked"
     assert "calibration" not in man
-    assert man["options"] == {"duration_s": 2.0, "quick": False, "rates": "80", "speed": "profile"}
+    assert man["options"] == {"duration_s": 2.0, "quick": False, "rates": "80", "speed": "now"}
     doc = json.loads((out / "summary.json").read_text())
     assert doc["summary"]["holdout"]["latency"]["median_abs_error"] == pytest.approx(0.10)
     case_doc = json.loads((out / "cases/holdout/media-poster-grpc.json").read_text())

@@ -177,17 +177,18 @@ accept_unclosed_option = click.option(
 )
 
 
-def speed_option(default: str) -> Callable[[F], F]:
-    """``--speed profile|now``: scale the profile's costs to this machine's speed now."""
+def speed_option(default: str | None, note: str = "") -> Callable[[F], F]:
+    """``--speed profile|now``: scale the profile's costs to this machine's speed now
+    (``default`` None: the command decides, as ``note`` tells)."""
     return click.option(
         "--speed",
         type=click.Choice(["profile", "now"]),
         default=default,
-        show_default=True,
+        show_default=default is not None,
         help="now: run the reference workloads (≈7 s: speedref and a reference Envoy on "
         "loopback) and scale the profile's costs by how much faster or slower each kind of work "
         "runs now than when it was profiled (a profile of this machine); profile: its costs as "
-        "measured.",
+        "measured." + (f" {note}" if note else ""),
     )
 
 

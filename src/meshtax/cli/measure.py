@@ -118,7 +118,11 @@ from meshtax.store.sqlite import ProfileStore
 @report_option
 @db_option
 @accept_unclosed_option
-@speed_option("profile")
+@speed_option(
+    None,
+    "Default: now with --suite (each case at the speed read beside it: suite run 9, "
+    "BENCHMARKS.md), profile otherwise.",
+)
 @user_errors
 def validate(
     topology: str | None,
@@ -142,7 +146,7 @@ def validate(
     report_path: str | None,
     db: str | None,
     accept_unclosed: bool,
-    speed: str,
+    speed: str | None,
 ) -> None:
     """Deploy TOPOLOGY (bookinfo, online-boutique, hotel-reservation, social-network, media,
     search, order-pipeline, or a topology file) in pods without and with sidecars, measure
@@ -153,6 +157,7 @@ def validate(
     from meshtax.app.measure import ValidateOptions
     from meshtax.app.tail_validate import FRACTIONS, TailValidateOptions, validate_tail
 
+    speed = speed or ("now" if suite is not None else "profile")
     if suite is not None:
         if topology or not out:
             raise UsageError("--suite takes no TOPOLOGY and needs --out DIR")
