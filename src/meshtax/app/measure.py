@@ -165,7 +165,9 @@ class SuiteOptions:
     name: str | None = None
     profile: str | None = None
     accept_unclosed: bool = False
-    speed: str = "now"  # each case at the speed read beside it (suite run 9); "profile": as measured
+    speed: str = (
+        "now"  # each case at the speed read beside it (suite run 9); "profile": as measured
+    )
     resume: bool = False
     wait_s: float = 0.0
 
