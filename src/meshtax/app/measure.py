@@ -165,9 +165,8 @@ class SuiteOptions:
     name: str | None = None
     profile: str | None = None
     accept_unclosed: bool = False
-    speed: str = (
-        "now"  # each case at the speed read beside it (suite run 9); "profile": as measured
-    )
+    # each case at the machine speed read beside it (suite run 9); "profile": as measured
+    speed: str = "now"
     resume: bool = False
     wait_s: float = 0.0
 

@@ -447,7 +447,6 @@ def predict_batch(
     pod_cpus: int | None = None,
     speed: Speed | None = None,
     idle_override: tuple[FloatArray | None, FloatArray | None] | None = None,
-    bound_costs: Costs | None = None,
 ) -> BatchPrediction:
     """Predict every graph of ``batch``; ``profiles(name)`` resolves a service's platform
     (``None`` → the profile chosen for this prediction). ``pod_cpus``: the number of CPUs the
@@ -455,16 +454,17 @@ def predict_batch(
     are priced at :func:`~meshtax.predict.shared_cpu.shared_cpu_rates`). ``speed``: the
     machine's speed now; each profile's costs are scaled from the speed it recorded (None: as
     measured). ``idle_override``: the idle proxies' vCPU (per service, per graph) when not the
-    batch's sidecars' (:func:`idle_vcpu`; another architecture's proxies). ``bound_costs``:
-    the costs whose CPU bounds the latency on shared CPUs when not ``costs`` (computed here,
-    with ``costs``, when a profile has latency transfer factors of its own)."""
+    batch's sidecars' (:func:`idle_vcpu`; another architecture's proxies). On shared CPUs the
+    work that bounds a request's latency is priced at the latency transfer factors where a
+    profile has its own (:mod:`meshtax.model.transfer`; given ``costs``, at their CPU)."""
     if pod_cpus is not None and pod_cpus < 1:
         raise ValueError(f"pod_cpus must be at least 1, got {pod_cpus}")
+    bound_costs: Costs | None = None
     if costs is None:
         rates = None if pod_cpus is None else shared_cpu_rates(batch, pod_cpus)
         costs = hop_costs(batch, profiles, rates=rates, speed=speed)
         own = any((t := profiles(sp.platform).transfer) and t.latency for sp in batch.specs)
-        if pod_cpus is not None and bound_costs is None and own:
+        if pod_cpus is not None and own:
             bound_costs = hop_costs(batch, profiles, rates=rates, speed=speed, cpu_as_latency=True)
     bound_costs = bound_costs or costs
     shape = shape or structure(batch)
