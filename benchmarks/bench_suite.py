@@ -20,8 +20,9 @@ checkout's model, each case at the machine speed measured for it (``--speed prof
 profile's own); the same measurements, another profile or model: e.g. a profile taken an hour
 before the cases or right after them. ``--transfer`` also fits the transfer on the run's
 calibration set and predicts both sets again with it (``--transfer-by mode``: one factor per
-mode instead of per cost model, the alternative BENCHMARKS.md compares; ``--latency-transfer``:
-latency factors of its own, fitted on the calibration set's latency p50 — run 10's LT).
+mode instead of per cost model, the alternative BENCHMARKS.md compares); latency has factors of
+its own, fitted on the calibration set's latency p50 (since suite run 10; ``--latency-transfer
+cpu``: latency at the CPU factors, as runs 1–9).
 """
 
 from __future__ import annotations
@@ -85,9 +86,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--latency-transfer",
-        action="store_true",
+        choices=("own", "cpu"),
+        default="own",
         help="with --transfer: latency factors of its own, fitted on the calibration set's "
-        "latency p50 (run 10's LT; default: latency at the CPU factors)",
+        "latency p50 (the default since suite run 10), or latency at the CPU factors (runs 1–9)",
     )
     a = ap.parse_args()
     store = ProfileStore(a.db) if a.db else ProfileStore()
@@ -104,7 +106,7 @@ def main() -> None:
                     prof,
                     speed=a.speed == "now",
                     per_model=a.transfer_by == "model",
-                    latency=a.latency_transfer,
+                    latency=a.latency_transfer == "own",
                 )
                 res = replace(res, calibrated=cal.result)
         else:

@@ -429,7 +429,7 @@ def test_calibrate_fits_on_the_calibration_set_only_and_predicts_every_case_with
     )
     assert suite_run.model_keys(prof) == ["tcp", "tcp+grpc", "http", "grpc"]
     assert suite_run.model_keys(prof, per_model=False) == ["tcp", "http", "grpc"]
-    got = suite_run.calibrate(out, prof, latency=True)
+    got = suite_run.calibrate(out, prof)
     t = got.profile.transfer
     assert t is not None and set(t.factors) == {"tcp", "http"}  # no grpc case calibrated
     assert t.factor("tcp") == pytest.approx((200 - 20) / 110)  # t/a measured 200 CPU-µs
@@ -441,7 +441,7 @@ def test_calibrate_fits_on_the_calibration_set_only_and_predicts_every_case_with
     hold = {c.name: c.predicted for c in got.result.sets["holdout"]}
     assert hold["u/b"] is not None and hold["u/b"].cpu_us_per_request == pytest.approx(2 * 200 + 20)
     assert hold["u/b"].p50_us == pytest.approx(80 / 90 * 200 + 20)
-    no_lat = suite_run.calibrate(out, prof).profile.transfer  # latency at the CPU's factors
+    no_lat = suite_run.calibrate(out, prof, latency=False).profile.transfer  # at the CPU's
     assert no_lat is not None and not no_lat.latency
     assert hold["v/a"] is not None
     assert hold["v/a"].cpu_us_per_request == pytest.approx(180 / 110 * 100 + 20)

@@ -300,13 +300,14 @@ def calibrate(
     *,
     speed: bool = False,
     per_model: bool = True,
-    latency: bool = False,
+    latency: bool = True,
 ) -> Calibrated:
     """Fit ``profile``'s transfer (:mod:`meshtax.model.transfer`) on the calibration set of
     ``out`` — only those cases — and predict every case again with it (nothing is measured
     or written). ``speed``: predict each case at the machine speed recorded for it;
     ``per_model``: a factor per cost model (else per mode); ``latency``: latency factors of
-    its own, fitted on the cases' latency p50 overheads (else latency takes the CPU's)."""
+    its own, fitted on the cases' latency p50 overheads (suite run 10; else latency takes the
+    CPU's, as runs 1–9)."""
     keys = model_keys(profile, per_model=per_model)
     one = dict.fromkeys(keys, 1.0)
     cal = ("calibration",)  # the probes need the calibration cases only
