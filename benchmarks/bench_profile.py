@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -39,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -131,20 +132,39 @@ def components(prof: Profile) -> dict[str, dict[int, dict[str, Any]]]:
 
 
 def model_components(
-    prof: Profile, scale: Callable[[Component], float] = lambda c: 1.0
+    prof: Profile, scale: Callable[[Component], float] = lambda c: 1.0, *, stderr: bool = False
 ) -> dict[str, dict[int, dict[str, float]]]:
     """mode → size → {component: fitted latency model at that size × ``scale``} (µs per
-    crossing)."""
+    crossing); ``stderr``: the model's standard error there instead."""
     out: dict[str, dict[int, dict[str, float]]] = {}
     for mode, mp in prof.modes.items():
         sizes = [r["size"] for r in prof.provenance.options["measurements"][mode.value]]
         out[mode.value] = {
             size: {
-                c.key: float(m.latency.predict([size])[0]) * scale(c)
+                c.key: float((m.latency.stderr_at if stderr else m.latency.predict)([size])[0])
+                * scale(c)
                 for c, m in mp.components.items()
             }
             for size in sizes
         }
+    return out
+
+
+def within_intervals(
+    misses: Mapping[str, float], a: Profile, b: Profile, scale: Callable[[Component], float]
+) -> list[str]:
+    """The ``misses`` (``mode/size/component``) whose two fitted values differ by less than
+    their combined 95 % interval, ``b`` scaled as in :func:`normalized_agreement`: differences
+    the two profiles do not resolve."""
+    va, vb = model_components(a), model_components(b, scale)
+    sa, sb = model_components(a, stderr=True), model_components(b, scale, stderr=True)
+    out = []
+    for k in misses:
+        m, size, c = k.split("/")
+        z = int(size)
+        half = 1.96 * math.hypot(sa[m][z][c], sb[m][z][c])
+        if abs(va[m][z][c] - vb[m][z][c]) <= half:
+            out.append(k)
     return out
 
 
@@ -331,6 +351,13 @@ def _compare(report: dict[str, Any], a: Profile, b: Profile) -> None:
         report["normalized_within_10pct"] = (
             f"{sum(v <= DRIFT for v in norm.values())} of {len(norm)}"
         )
+        sa, sb = a.speed, b.speed
+        misses = {k: v for k, v in norm.items() if v > DRIFT}
+        unresolved = within_intervals(misses, a, b, lambda c: speed_factor(c, sa, sb))
+        report["normalized_misses_within_intervals"] = {
+            "count": f"{len(unresolved)} of {len(misses)}",
+            "components": unresolved,
+        }
         if a.speed.sidecar_ns is not None and b.speed.sidecar_ns is not None:
             # user space by the reference sidecar above; here by the user loop, for comparison
             loop = normalized_agreement(
