@@ -219,9 +219,15 @@ def fit_transfer(
 ) -> Transfer:
     """The transfer of ``samples`` (CPU; see the module docstring), each factor with its
     interval, and with ``latency`` samples (the same cases' latency overheads) latency's own
-    factors. A factor must come out positive."""
+    factors. A CPU factor must come out positive; when a latency factor does not, latency
+    keeps the CPU factors and ``source`` says why."""
     out = _fit(samples, "CPU")
-    lat = {} if latency is None else _fit(latency, "latency")
+    lat: dict[str, KeyTransfer] = {}
+    if latency is not None:
+        try:
+            lat = _fit(latency, "latency")
+        except ValueError as e:
+            source = f"{source}; latency at the CPU factors ({e})"
     return Transfer(out, source, lat)
 
 

@@ -474,7 +474,8 @@ class SuiteResult:
             lines.append(
                 "Fitted to the calibration set only: per cost model (a mode's, or a tcp mode's "
                 "model of the protocol it carries), the factor its cases' measured per-message "
-                "CPU takes over the profile's (the hold-out set is predicted with it)"
+                "CPU takes over the profile's, and latency's own where the transfer has it (the "
+                "hold-out set is predicted with them)"
                 + (
                     f"; leaving out one calibration topology at a time, its cases' CPU error: "
                     f"median abs. {lo['median_abs_error']:.1%}, bias {lo['bias']:+.1%} "
