@@ -14,6 +14,14 @@ rate), the steal share when recorded. ``--speed`` (``DIR/summary.json`` with the
 speed recorded around each validation, ``bench_tail.py --speed``): one more column, the mesh's
 price with the costs scaled from the profile's speed to the median of the readings before and
 after that validation (``TailOptions.speed``, as ``--speed now`` does).
+
+``--per-sidecar`` (runs recorded since set 10, which keep each service's CPU apart:
+``validate.tail_record.service_groups``): per topology level and service, the sidecar's own
+rate (requests/s through it, every side), its sides per request, its measured CPU-µs per
+request against the model's price of it (load factor at its own rate) and one client's (no
+load factor), the ratio, and its app's change with the mesh; then each sidecar's connections
+and requests (``-work/*/mesh/envoy-counters.json``: connections per request, whether they are
+reused).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from meshtax.predict.stations import (
     TailOptions,
     crossings,
     request_rate,
+    sidecar_rates,
     station_mix,
     stations,
 )
@@ -68,11 +77,77 @@ def _mesh_price(b: Any, prof: Profile, opts: TailOptions) -> tuple[float, float]
     return got[1].mean(), got[0] * got[1].mean() * 1e-6 / sts.servers[sts.shared]
 
 
+def per_sidecar(b: Any, prof: Profile, opts: TailOptions) -> dict[str, dict[str, float]]:
+    """Per meshed service: its sidecar's own rate (every side, /s), sides per request, and the
+    model's CPU-µs per request for it (every crossing it takes part in, at the model's rates)."""
+    pl = single_profile(prof)
+    sts = stations(b, pl, crossings(b, pl, opts, split=False), opts)
+    per_req = request_rate(b, opts.load)
+    own = sidecar_rates(b, opts.load)
+    out: dict[str, dict[str, float]] = {}
+    for k, name in enumerate(sts.names):
+        if k == sts.shared:
+            continue
+        sel = sts.job_station == k
+        rows = sts.of_side == k
+        out[name] = {
+            "rate": float(own[rows].max()) if rows.any() else 0.0,
+            "sides": float(own[rows].max()) / per_req if rows.any() and per_req > 0 else 0.0,
+            "priced_us": float((sts.job_rate[sel] * sts.job_mean[sel]).sum()) / per_req,
+        }
+    return out
+
+
+def _sidecar_table(d: Path, stem: str, doc: dict[str, Any], prof: Profile) -> None:
+    plain = replace(prof, modes={m: replace(mp, capacity=None) for m, mp in prof.modes.items()})
+    print(
+        f"\n{stem}: per sidecar (µs per request; medians over a level's pairs)\n\n"
+        "| load | service | own rate/s | sides | sidecar measured | priced | one client "
+        "| measured ÷ priced | app change |\n" + "|---" * 9 + "|"
+    )
+    for pd in doc["tail"]["points"]:
+        pairs = [
+            (TailRun.from_dict(r["no_mesh"]), TailRun.from_dict(r["mesh"])) for r in pd["runs"]
+        ]
+        if not any(k.startswith("sidecar:") for k in pairs[0][1].cpu_ns):
+            print(f"| {pd['fraction']:.0%} | (no per-service CPU in this record) |")
+            continue
+        app0 = statistics.median(b.cpu_us_per_request("app") for b, _ in pairs)
+        opts = TailOptions(pod_cpus=1, app_cpu_us=app0, clients=32, load="pairs")
+        rate = float(pd["rate"])
+        bt = _batch(d, stem, doc, float(pd["fraction"]), rate)
+        model, one = per_sidecar(bt, prof, opts), per_sidecar(bt, plain, opts)
+        for name, m in model.items():
+            sc = statistics.median(x.cpu_us_per_request(f"sidecar:{name}") for _, x in pairs)
+            da = statistics.median(
+                x.cpu_us_per_request(f"app:{name}") - b.cpu_us_per_request(f"app:{name}")
+                for b, x in pairs
+            )
+            ratio = sc / m["priced_us"] if m["priced_us"] > 0 else float("nan")
+            print(
+                f"| {pd['fraction']:.0%} | {name} | {m['rate']:.0f} | {m['sides']:.0f} | "
+                f"{sc:.0f} | {m['priced_us']:.0f} | {one[name]['priced_us']:.0f} | "
+                f"{ratio:.2f} | {da:+.0f} |"
+            )
+    for f in sorted((d / f"{stem}-work").glob("*/mesh/envoy-counters.json")):
+        print(f"\nconnections and requests per sidecar, the whole validation ({f.name}):\n")
+        print("| service | downstream cx / rq | upstream cx / rq |\n|---|---|---|")
+        for name, c in json.loads(f.read_text()).items():
+            if "error" in c:
+                print(f"| {name} | {c['error']} | |")
+                continue
+            print(
+                f"| {name} | {c['downstream_cx_total']} / {c['downstream_rq_total']} | "
+                f"{c['upstream_cx_total']} / {c['upstream_rq_total']} |"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
     ap.add_argument("--dir", required=True)
     ap.add_argument("--speed", action="store_true", help="price at the speed recorded around each")
+    ap.add_argument("--per-sidecar", action="store_true", help="each topology sidecar apart")
     a = ap.parse_args()
     d = Path(a.dir)
     store = ProfileStore(a.db)
@@ -131,6 +206,10 @@ def main() -> None:
                 f"{work1 - app0:.0f} | {busy0:.2f} | {busy1:.2f} | {rho:.2f} | {meas_rho:.2f} | "
                 f"{steal:.3f} |{extra}"
             )
+    for stem in STEMS[1:] if a.per_sidecar else ():
+        if (d / f"{stem}.json").exists():
+            doc = json.loads((d / f"{stem}.json").read_text())
+            _sidecar_table(d, stem, doc, store.get(doc["profile"]))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ from meshtax.validate.tail import (
     predict_one_hop,
     predict_traces_tail,
 )
+from meshtax.validate.tail_record import keep_counters, service_groups
 from meshtax.validate.tail_traces import arrival_lag_us, traces_within
 
 __all__ = [
@@ -469,6 +470,7 @@ def run_topology_tail(
             side: {
                 "app": [p for p in ps if p not in sidecars],
                 "sidecar": [p for p in ps if p in sidecars],
+                **service_groups({s: tb.pod_pids(pod) for s, pod in pods[side].items()}, sidecars),
             }
             for side, ps in every.items()
         }
@@ -509,6 +511,7 @@ def run_topology_tail(
         for a in apps.values():
             a.stop()  # SIGTERM: the spans are flushed
         traces = appctl.merge_traces(deps["no_mesh"].trace_files)
+        keep_counters(envoys, work / "mesh" / "envoy-counters.json")
         for e in envoys.values():
             e.stop()
     out = []
