@@ -103,7 +103,7 @@ def _sidecar_table(d: Path, stem: str, doc: dict[str, Any], prof: Profile) -> No
     print(
         f"\n{stem}: per sidecar (µs per request; medians over a level's pairs)\n\n"
         "| load | service | own rate/s | sides | sidecar measured | priced | one client "
-        "| measured ÷ priced | app change |\n" + "|---" * 9 + "|"
+        "| idle | measured ÷ (priced + idle) | app change |\n" + "|---" * 10 + "|"
     )
     for pd in doc["tail"]["points"]:
         pairs = [
@@ -117,16 +117,19 @@ def _sidecar_table(d: Path, stem: str, doc: dict[str, Any], prof: Profile) -> No
         rate = float(pd["rate"])
         bt = _batch(d, stem, doc, float(pd["fraction"]), rate)
         model, one = per_sidecar(bt, prof, opts), per_sidecar(bt, plain, opts)
+        # an idle sidecar's own CPU per second (the profile's), per request at the level's rate
+        mp = prof.modes.get(Mode(doc["tail"]["mode"]))
+        idle = (mp.idle_cpu_us_per_s or 0.0) / rate if mp is not None and rate > 0 else 0.0
         for name, m in model.items():
             sc = statistics.median(x.cpu_us_per_request(f"sidecar:{name}") for _, x in pairs)
             da = statistics.median(
                 x.cpu_us_per_request(f"app:{name}") - b.cpu_us_per_request(f"app:{name}")
                 for b, x in pairs
             )
-            ratio = sc / m["priced_us"] if m["priced_us"] > 0 else float("nan")
+            ratio = sc / (m["priced_us"] + idle) if m["priced_us"] > 0 else float("nan")
             print(
                 f"| {pd['fraction']:.0%} | {name} | {m['rate']:.0f} | {m['sides']:.0f} | "
-                f"{sc:.0f} | {m['priced_us']:.0f} | {one[name]['priced_us']:.0f} | "
+                f"{sc:.0f} | {m['priced_us']:.0f} | {one[name]['priced_us']:.0f} | {idle:.0f} | "
                 f"{ratio:.2f} | {da:+.0f} |"
             )
     for f in sorted((d / f"{stem}-work").glob("*/mesh/envoy-counters.json")):
