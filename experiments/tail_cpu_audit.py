@@ -43,6 +43,7 @@ from meshtax.predict.stations import (
     TailOptions,
     crossings,
     request_rate,
+    row_weights,
     sidecar_rates,
     station_mix,
     stations,
@@ -84,6 +85,7 @@ def per_sidecar(b: Any, prof: Profile, opts: TailOptions) -> dict[str, dict[str,
     sts = stations(b, pl, crossings(b, pl, opts, split=False), opts)
     per_req = request_rate(b, opts.load)
     own = sidecar_rates(b, opts.load)
+    w = row_weights(b, opts.load) * b.rate
     out: dict[str, dict[str, float]] = {}
     for k, name in enumerate(sts.names):
         if k == sts.shared:
@@ -94,11 +96,65 @@ def per_sidecar(b: Any, prof: Profile, opts: TailOptions) -> dict[str, dict[str,
             "rate": float(own[rows].max()) if rows.any() else 0.0,
             "sides": float(own[rows].max()) / per_req if rows.any() and per_req > 0 else 0.0,
             "priced_us": float((sts.job_rate[sel] * sts.job_mean[sel]).sum()) / per_req,
+            # sides per request: as the callee (inbound) and as the caller (outbound)
+            "in": float(w[sts.of_side[:, 1] == k].sum()) / per_req if per_req > 0 else 0.0,
+            "out": float(w[sts.of_side[:, 0] == k].sum()) / per_req if per_req > 0 else 0.0,
         }
     return out
 
 
+Row = dict[str, float]
+
+
+def readings(levels: dict[float, dict[str, Row]], upto: float = 0.75) -> dict[str, Any]:
+    """Set 10's pre-registered readings over the levels up to ``upto`` (BENCHMARKS.md, issue
+    #20): per sidecar the median R (measured ÷ (price + idle)) and R at the lowest level ÷ at
+    ``upto``; the sidecars' share of the mesh's excess; an outbound side's CPU ÷ an inbound
+    side's (an inbound side: the mean of the sidecars with no outbound side, per side)."""
+    use = {f: rows for f, rows in levels.items() if f <= upto + 1e-9}
+    if not use:
+        return {}
+    names = sorted({n for rows in use.values() for n in rows})
+    med = statistics.median
+    r = {n: med(rows[n]["ratio"] for rows in use.values() if n in rows) for n in names}
+    lo, hi = min(use), max(use)
+    trend = {n: use[lo][n]["ratio"] / use[hi][n]["ratio"] for n in names if n in use[hi]}
+    shares, outs = [], []
+    for rows in use.values():
+        sc = sum(x["measured"] - x["price"] for x in rows.values())
+        total = sc + sum(x["app_change"] for x in rows.values())
+        shares.append(sc / total if total else float("nan"))
+        ins = [x["measured"] / x["in"] for x in rows.values() if x["out"] == 0 and x["in"] > 0]
+        if not ins:
+            continue
+        one_in = statistics.fmean(ins)
+        outs += [
+            (x["measured"] - x["in"] * one_in) / x["out"] / one_in
+            for x in rows.values()
+            if x["out"] > 0
+        ]
+    mid = med(r.values())
+    return {
+        "levels": sorted(use),
+        "ratio": r,
+        "uniform": all(abs(v / mid - 1) <= 0.2 for v in r.values()),
+        "ratio_low_over_high": trend,
+        "median_low_over_high": med(trend.values()) if trend else float("nan"),
+        "sidecars_share_of_excess": med(shares),
+        "outbound_over_inbound_side": med(outs) if outs else float("nan"),
+    }
+
+
+def _rounded(v: Any) -> Any:
+    if isinstance(v, float):
+        return round(v, 3)
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items()}
+    return [_rounded(x) for x in v] if isinstance(v, list) else v
+
+
 def _sidecar_table(d: Path, stem: str, doc: dict[str, Any], prof: Profile) -> None:
+    levels: dict[float, dict[str, Row]] = {}
     plain = replace(prof, modes={m: replace(mp, capacity=None) for m, mp in prof.modes.items()})
     print(
         f"\n{stem}: per sidecar (µs per request; medians over a level's pairs)\n\n"
@@ -127,11 +183,23 @@ def _sidecar_table(d: Path, stem: str, doc: dict[str, Any], prof: Profile) -> No
                 for b, x in pairs
             )
             ratio = sc / (m["priced_us"] + idle) if m["priced_us"] > 0 else float("nan")
+            levels.setdefault(float(pd["fraction"]), {})[name] = {
+                "measured": sc,
+                "price": m["priced_us"] + idle,
+                "app_change": da,
+                "ratio": ratio,
+                "in": m["in"],
+                "out": m["out"],
+            }
             print(
                 f"| {pd['fraction']:.0%} | {name} | {m['rate']:.0f} | {m['sides']:.0f} | "
                 f"{sc:.0f} | {m['priced_us']:.0f} | {one[name]['priced_us']:.0f} | {idle:.0f} | "
                 f"{ratio:.2f} | {da:+.0f} |"
             )
+    got = readings(levels)
+    if got:
+        print(f"\nreadings over the levels {', '.join(f'{x:.0%}' for x in got['levels'])}:")
+        print(json.dumps(_rounded(got), indent=1))
     for f in sorted((d / f"{stem}-work").glob("*/mesh/envoy-counters.json")):
         print(f"\nconnections and requests per sidecar, the whole validation ({f.name}):\n")
         print("| service | downstream cx / rq | upstream cx / rq |\n|---|---|---|")
