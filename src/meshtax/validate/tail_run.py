@@ -364,10 +364,11 @@ def _cpu(groups: Mapping[str, Mapping[str, Sequence[int]]], pinning: Pinning) ->
     roles = {"pods": {*(pinning.sidecars or ()), *(pinning.app or ())}, "client": pinning.client}
 
     def read(side: str) -> dict[str, int]:
-        ns = procfs.cpu_ns([p for ps in groups[side].values() for p in ps])
+        pids = sorted({p for ps in groups[side].values() for p in ps})  # groups overlap
+        ns, waits = procfs.cpu_ns(pids), {p: _wait(p) for p in pids}
         out = {k: sum(ns.get(p, 0) for p in ps) for k, ps in groups[side].items()}
         for k, ps in groups[side].items():
-            out[f"{k}_wait"] = sum(_wait(p) for p in ps)
+            out[f"{k}_wait"] = sum(waits[p] for p in ps)
         times = procfs.cpu_times()
         for role, cpus in roles.items():
             got = [times[c] for c in cpus or () if c in times]
