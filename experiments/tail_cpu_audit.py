@@ -34,6 +34,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from meshtax.model.ecg import EXTERNAL, Invocation, Service, to_batch, validate
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
@@ -106,6 +108,25 @@ def per_sidecar(b: Any, prof: Profile, opts: TailOptions) -> dict[str, dict[str,
 Row = dict[str, float]
 
 
+def ramp_sidecar_us(prof: Profile, mode: Mode, rate: float) -> float:
+    """The profile's own sidecar at ``rate`` requests/s: its CPU-µs per request on the
+    capacity ramp's fixed-rate runs (the sidecar's alone, idle time included), interpolated in
+    log rate, held beyond the runs (nan without a ramp). What a sidecar costs at its own rate
+    with no shared-CPU discount (the model prices a message at the CPU's rate × the load factor
+    at the sidecar's own)."""
+    mp = prof.modes.get(mode)
+    cap = mp.capacity if mp is not None else None
+    pts = sorted(
+        (p.achieved, p.sidecar_cpu / p.achieved * 1e6)
+        for p in (cap.points if cap is not None else ())
+        if p.meshed and p.target > 0 and p.achieved > 0
+    )
+    if not pts or rate <= 0:
+        return float("nan")
+    x, y = np.log([r for r, _ in pts]), np.array([u for _, u in pts])
+    return float(np.interp(np.log(rate), x, y))
+
+
 def readings(levels: dict[float, dict[str, Row]], upto: float = 0.75) -> dict[str, Any]:
     """Set 10's pre-registered readings over the levels up to ``upto`` (BENCHMARKS.md, issue
     #20): per sidecar the median R (measured ÷ (price + idle)) and R at the lowest level ÷ at
@@ -133,6 +154,7 @@ def readings(levels: dict[float, dict[str, Row]], upto: float = 0.75) -> dict[st
             for x in rows.values()
             if x["out"] > 0
         ]
+    ramp = [rows[n]["ramp_ratio"] for rows in use.values() for n in rows]
     mid = med(r.values())
     return {
         "levels": sorted(use),
@@ -142,6 +164,8 @@ def readings(levels: dict[float, dict[str, Row]], upto: float = 0.75) -> dict[st
         "median_low_over_high": med(trend.values()) if trend else float("nan"),
         "sidecars_share_of_excess": med(shares),
         "outbound_over_inbound_side": med(outs) if outs else float("nan"),
+        "median_ratio": mid,
+        "median_measured_over_ramp": med(ramp),
     }
 
 
@@ -159,7 +183,8 @@ def _sidecar_table(d: Path, stem: str, doc: dict[str, Any], prof: Profile) -> No
     print(
         f"\n{stem}: per sidecar (µs per request; medians over a level's pairs)\n\n"
         "| load | service | own rate/s | sides | sidecar measured | priced | one client "
-        "| idle | measured ÷ (priced + idle) | app change |\n" + "|---" * 10 + "|"
+        "| idle | measured ÷ (priced + idle) | the ramp at own rate | measured ÷ ramp "
+        "| app change |\n" + "|---" * 12 + "|"
     )
     for pd in doc["tail"]["points"]:
         pairs = [
@@ -183,18 +208,21 @@ def _sidecar_table(d: Path, stem: str, doc: dict[str, Any], prof: Profile) -> No
                 for b, x in pairs
             )
             ratio = sc / (m["priced_us"] + idle) if m["priced_us"] > 0 else float("nan")
+            # the rate a sidecar sees is over all its sides: the ramp's unit (one side each)
+            ramp = m["sides"] * ramp_sidecar_us(prof, Mode(doc["tail"]["mode"]), m["rate"])
             levels.setdefault(float(pd["fraction"]), {})[name] = {
                 "measured": sc,
                 "price": m["priced_us"] + idle,
                 "app_change": da,
                 "ratio": ratio,
+                "ramp_ratio": sc / ramp if ramp > 0 else float("nan"),
                 "in": m["in"],
                 "out": m["out"],
             }
             print(
                 f"| {pd['fraction']:.0%} | {name} | {m['rate']:.0f} | {m['sides']:.0f} | "
                 f"{sc:.0f} | {m['priced_us']:.0f} | {one[name]['priced_us']:.0f} | {idle:.0f} | "
-                f"{ratio:.2f} | {da:+.0f} |"
+                f"{ratio:.2f} | {ramp:.0f} | {sc / ramp if ramp > 0 else float('nan'):.2f} | {da:+.0f} |"
             )
     got = readings(levels)
     if got:
