@@ -92,6 +92,16 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
         "ramp_scale": True,
         "calibrate": False,  # with --calibrate its level is left out, nothing is fitted
     },
+    # after set 10 (post hoc, exploratory): the ramp's sidecar CPU alone at own rates (the
+    # echo's change with the mesh, negative on set 10's profile, left out)
+    "s10-ramp-sidecar": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "one_hop_paced": True,
+        "one_hop_wakeup": 1000.0,
+        "ramp_scale": "sidecar",
+        "calibrate": False,
+    },
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},
@@ -225,7 +235,8 @@ def errors(
         use = _without_capacity(prof) if "capacity" in change else prof
         lag = bool(change.get("lag_traces"))
         if topo and change.get("ramp_scale"):
-            rs, ramp = ramp_scale(doc_path, doc, use, pt, replace(opts, samples=20), pods)
+            alone = change["ramp_scale"] == "sidecar"
+            rs, ramp = ramp_scale(doc_path, doc, use, pt, replace(opts, samples=20), pods, alone)
             opts = replace(opts, cost_scale=opts.cost_scale * rs)
             if show:
                 print(
@@ -296,6 +307,7 @@ def ramp_scale(
     pt: TailPoint,
     opts: TailOptions,
     pods: int,
+    sidecar_only: bool = False,
 ) -> tuple[float, float]:
     """A topology level's cost scale from the profile alone: Σ over its sidecars of sides per
     request × the capacity ramp's mesh CPU per request (``Capacity.cpu_samples``: the
@@ -303,7 +315,7 @@ def ramp_scale(
     held beyond the runs), ÷ the model's price of the level (as ``cost_calibration`` reads
     it), and that price (CPU-µs per request). Why (issue #20, set 10's R8): the model prices
     a message at the shared CPU's rate (warmer, cheaper) and only then × the load factor at
-    the sidecar's own rate."""
+    the sidecar's own rate. ``sidecar_only``: the ramp's sidecar CPU alone (fixed-rate runs)."""
     modes = doc["options"].get("sidecar_modes", {})
     configs = {n: SidecarConfig(Mode(m)) for n, m in modes.items()}
     path = _traces(doc_path, doc, pt.fraction)
@@ -319,6 +331,14 @@ def ramp_scale(
         mp = prof.modes.get(b.specs[spec].config.mode)
         cap = mp.capacity if mp is not None else None
         pts = cap.cpu_samples() if cap is not None else ()
+        if sidecar_only and cap is not None:  # the sidecar's own CPU, no app change
+            pts = tuple(
+                sorted(
+                    (p.achieved, p.sidecar_cpu / p.achieved * 1e6)
+                    for p in cap.points
+                    if p.meshed and p.target > 0 and p.achieved > 0
+                )
+            )
         if not pts:
             return 1.0, float("nan")
         x, y = np.log([q for q, _ in pts]), np.array([u for _, u in pts])
