@@ -6,7 +6,8 @@ Run as root under the machine's measurement lock::
 
     flock /run/meshtax-measure.lock .venv/bin/python benchmarks/bench_tail.py \\
         --db DB --out DIR [--profile NAME] [--modes http] [--topologies onehop,bookinfo] \\
-        [--levels 25,50,75,90] [--connections 32] [--duration 5] [--pairs 8] [--passes 2]
+        [--levels 25,50,75,90] [--connections 32] [--duration 5] [--pairs 8] [--passes 2] \\
+        [--onehop-log]
 
 Without ``--profile`` it first takes a quick profile with capacities (``meshtax profile --quick
 --capacity`` for ``--profile-modes``, default tcp,http, into ``DB``; named ``tail-<time>``), so
@@ -105,6 +106,12 @@ def main() -> None:
         help="measure the machine's speed after the profile and around each validation",
     )
     ap.add_argument(
+        "--onehop-log",
+        action="store_true",
+        help="one hop's fixed-rate runs keep fortio's access log (exact percentiles; the "
+        "histogram's beside them), which costs the client CPU at high rates (set 9)",
+    )
+    ap.add_argument(
         "--relative",
         default="no_mesh,mesh",
         help="Levels as shares of whose closed-loop maximum: no_mesh (the issue's), mesh (every "
@@ -164,6 +171,7 @@ def main() -> None:
                 relative_to=rel,
                 passes=a.passes,
                 settle_s=a.settle,
+                onehop_log=a.onehop_log,
             )
             speed(f"before {stem}")
             r = validate_tail(o, store, say)

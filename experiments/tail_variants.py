@@ -20,16 +20,20 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
-from meshtax.predict.stations import TailOptions
+from meshtax.predict.stations import TailOptions, request_rate, sidecar_rates
 from meshtax.store.sqlite import ProfileStore
+from meshtax.traces import SpanOptions, load_traces
 from meshtax.validate.tail import (
     TOPOLOGY_SHARED_SCV,
     Predicted,
     TailPoint,
     TailRun,
     cost_calibration,
+    mesh_cpu_us,
     paced_jitter,
     predict_one_hop,
     predict_traces_tail,
@@ -75,6 +79,28 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
         "topology_scv": TOPOLOGY_SHARED_SCV,
         "one_hop_paced": True,
         "one_hop_wakeup": 1000.0,
+    },
+    # set 10's candidate (registered before set 10 ran, reading R8): s8, and a topology's
+    # crossings priced as the profile's own sidecar costs at each sidecar's own rate — per
+    # level, the cost scale = Σ sidecars' sides × the capacity ramp's CPU per request (the
+    # sidecar's plus the app's change) at its own rate ÷ the model's price; nothing fitted
+    "s10-ramp": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "one_hop_paced": True,
+        "one_hop_wakeup": 1000.0,
+        "ramp_scale": True,
+        "calibrate": False,  # with --calibrate its level is left out, nothing is fitted
+    },
+    # after set 10 (post hoc, exploratory): the ramp's sidecar CPU alone at own rates (the
+    # echo's change with the mesh, negative on set 10's profile, left out)
+    "s10-ramp-sidecar": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "one_hop_paced": True,
+        "one_hop_wakeup": 1000.0,
+        "ramp_scale": "sidecar",
+        "calibrate": False,
     },
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
@@ -208,6 +234,15 @@ def errors(
             opts = replace(opts, jitter_us=lag)
         use = _without_capacity(prof) if "capacity" in change else prof
         lag = bool(change.get("lag_traces"))
+        if topo and change.get("ramp_scale"):
+            alone = change["ramp_scale"] == "sidecar"
+            rs, ramp = ramp_scale(doc_path, doc, use, pt, replace(opts, samples=20), pods, alone)
+            opts = replace(opts, cost_scale=opts.cost_scale * rs)
+            if show:
+                print(
+                    f"    {pt.fraction:.0%}: cost scale from the ramp at own rates {rs:.3f}: "
+                    f"{ramp:.0f} CPU-µs a request, measured {mesh_cpu_us(pt):.0f}"
+                )
         got = predict(doc_path, doc, use, pt, opts, lag)
         if change.get("measured_cpu"):
             mesh = statistics.median(
@@ -263,6 +298,54 @@ def _calibration(
     opts = replace(base, **{k: v for k, v in change.items() if k in OPTIONS})
     o = replace(opts, samples=20)
     return cost_calibration(pt, predict(doc_path, doc, prof, pt, o, False), o, pods)
+
+
+def ramp_scale(
+    doc_path: Path,
+    doc: Mapping[str, Any],
+    prof: Profile,
+    pt: TailPoint,
+    opts: TailOptions,
+    pods: int,
+    sidecar_only: bool = False,
+) -> tuple[float, float]:
+    """A topology level's cost scale from the profile alone: Σ over its sidecars of sides per
+    request × the capacity ramp's mesh CPU per request (``Capacity.cpu_samples``: the
+    sidecar's plus the app's change) at the sidecar's own rate (interpolated in log rate,
+    held beyond the runs), ÷ the model's price of the level (as ``cost_calibration`` reads
+    it), and that price (CPU-µs per request). Why (issue #20, set 10's R8): the model prices
+    a message at the shared CPU's rate (warmer, cheaper) and only then × the load factor at
+    the sidecar's own rate. ``sidecar_only``: the ramp's sidecar CPU alone (fixed-rate runs)."""
+    modes = doc["options"].get("sidecar_modes", {})
+    configs = {n: SidecarConfig(Mode(m)) for n, m in modes.items()}
+    path = _traces(doc_path, doc, pt.fraction)
+    b = load_traces(str(path), "otlp", SpanOptions(sidecars=configs)).batch
+    b = replace(b, rate=b.rate * (pt.rate / request_rate(b, "pairs")))
+    own = sidecar_rates(b, "pairs")
+    svc = np.stack([b.caller, b.callee], axis=1)
+    specs = np.stack([b.caller_spec, b.callee_spec], axis=1)
+    ramp = 0.0
+    for s in np.unique(svc[own > 0]):
+        mine = (svc == s) & (own > 0)  # every side of a sidecar has its one own rate
+        r, spec = float(own[mine][0]), int(specs[mine][0])
+        mp = prof.modes.get(b.specs[spec].config.mode)
+        cap = mp.capacity if mp is not None else None
+        pts = cap.cpu_samples() if cap is not None else ()
+        if sidecar_only and cap is not None:  # the sidecar's own CPU, no app change
+            pts = tuple(
+                sorted(
+                    (p.achieved, p.sidecar_cpu / p.achieved * 1e6)
+                    for p in cap.points
+                    if p.meshed and p.target > 0 and p.achieved > 0
+                )
+            )
+        if not pts:
+            return 1.0, float("nan")
+        x, y = np.log([q for q, _ in pts]), np.array([u for _, u in pts])
+        ramp += r / pt.rate * float(np.interp(np.log(r), x, y))
+    got = predict(doc_path, doc, prof, pt, replace(opts, cost_scale=1.0), False)
+    priced = got.utilisation * pods * 1e6 / pt.rate - opts.app_cpu_us
+    return (ramp / priced if priced > 0 else 1.0), ramp
 
 
 OPTIONS = {f.name for f in fields(TailOptions)}

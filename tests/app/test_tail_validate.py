@@ -55,3 +55,8 @@ def test_the_validation_measures_at_the_profiles_nice_value(
     monkeypatch.setattr(tv, "run_onehop_tail", run_onehop_tail)
     got: Any = tv.validate_tail(tv.TailValidateOptions(), store=None)  # type: ignore[arg-type]
     assert got == "measured" and seen == [-20] and now[0] is None
+
+
+def test_the_one_hop_access_log_is_off_unless_asked() -> None:
+    assert tv.TailValidateOptions().plan().onehop_log is False
+    assert tv.TailValidateOptions(onehop_log=True).plan().onehop_log is True

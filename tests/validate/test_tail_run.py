@@ -183,6 +183,15 @@ def test_a_run_records_cpu_run_queue_waits_and_busy_cpus() -> None:
     assert got["pods_busy"] >= got["pods_irq"] >= 0
 
 
+def test_a_run_counts_a_process_in_every_group_it_is_in() -> None:
+    me = [os.getpid()]
+    groups = {"mesh": {"app": me, "sidecar": [], "app:x": me, "sidecar:x": []}}
+    got = _cpu(groups, Pinning((0,), (0,), (0,)))("mesh")
+    assert got["app:x"] > 0 and got["sidecar:x"] == 0 and "app:x_wait" in got
+    # one read per process: both groups see the same reading
+    assert got["app"] == got["app:x"] and got["app_wait"] == got["app:x_wait"]
+
+
 def test_a_run_that_kept_every_latency_sketches_those_not_the_buckets() -> None:
     """With fortio's access log a run's quantiles are its requests' own: a no-mesh side whose
     requests all took 1.15–1.25 ms, which the histogram's ]1000, 2000] µs bucket would spread

@@ -49,6 +49,8 @@ class TailValidateOptions:
     #: (``LoadPlan``): the record says how well each level repeats within the sitting
     passes: int = 2
     settle_s: float = 1.0
+    #: one hop's fixed-rate runs keep fortio's access log (``LoadPlan.onehop_log``)
+    onehop_log: bool = False
 
     def plan(self) -> LoadPlan:
         if not self.levels or not all(0 < f <= 1.5 for f in self.levels):
@@ -63,6 +65,7 @@ class TailValidateOptions:
             relative_to=self.relative_to,
             passes=self.passes,
             settle_s=self.settle_s,
+            onehop_log=self.onehop_log,
         )
 
 

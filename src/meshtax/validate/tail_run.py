@@ -60,6 +60,7 @@ from meshtax.validate.tail import (
     predict_one_hop,
     predict_traces_tail,
 )
+from meshtax.validate.tail_record import keep_counters, service_groups
 from meshtax.validate.tail_traces import arrival_lag_us, traces_within
 
 __all__ = [
@@ -363,10 +364,11 @@ def _cpu(groups: Mapping[str, Mapping[str, Sequence[int]]], pinning: Pinning) ->
     roles = {"pods": {*(pinning.sidecars or ()), *(pinning.app or ())}, "client": pinning.client}
 
     def read(side: str) -> dict[str, int]:
-        ns = procfs.cpu_ns([p for ps in groups[side].values() for p in ps])
+        pids = sorted({p for ps in groups[side].values() for p in ps})  # groups overlap
+        ns, waits = procfs.cpu_ns(pids), {p: _wait(p) for p in pids}
         out = {k: sum(ns.get(p, 0) for p in ps) for k, ps in groups[side].items()}
         for k, ps in groups[side].items():
-            out[f"{k}_wait"] = sum(_wait(p) for p in ps)
+            out[f"{k}_wait"] = sum(waits[p] for p in ps)
         times = procfs.cpu_times()
         for role, cpus in roles.items():
             got = [times[c] for c in cpus or () if c in times]
@@ -469,6 +471,7 @@ def run_topology_tail(
             side: {
                 "app": [p for p in ps if p not in sidecars],
                 "sidecar": [p for p in ps if p in sidecars],
+                **service_groups({s: tb.pod_pids(pod) for s, pod in pods[side].items()}, sidecars),
             }
             for side, ps in every.items()
         }
@@ -509,6 +512,7 @@ def run_topology_tail(
         for a in apps.values():
             a.stop()  # SIGTERM: the spans are flushed
         traces = appctl.merge_traces(deps["no_mesh"].trace_files)
+        keep_counters(envoys, work / "mesh" / "envoy-counters.json")
         for e in envoys.values():
             e.stop()
     out = []
