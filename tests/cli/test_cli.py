@@ -405,6 +405,30 @@ def test_profile_microarch_options_reach_the_extras(
     assert r.exit_code == 2 and "papi" in r.output
 
 
+def test_profile_low_rate_repeats_reach_the_plan(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`profile --quick --low-rate-repeats 3`: three full-length pairs at 100/s; 0 is refused."""
+    from meshtax.app import measure as m
+    from tests.helpers import profile
+
+    seen: list[m.MeasureOptions] = []
+
+    def fake_measure(opts: m.MeasureOptions, *a: object, **kw: object) -> m.Measured:
+        seen.append(opts)
+        return m.Measured(profile({}, name="N"), ())
+
+    monkeypatch.setattr(m, "require_root", lambda what: None)
+    monkeypatch.setattr(m, "measure", fake_measure)
+    r = invoke(["profile", "--quick", "--low-rate-repeats", "3"], env)
+    assert r.exit_code == 0, r.output
+    (o,) = seen
+    assert o.profile.low_rate_repeats == 3
+    assert o.profile.resolve_plan().low_rate_pairs(100.0) == (3, 0.8)
+    r = invoke(["profile", "--quick", "--low-rate-repeats", "0"], env)
+    assert r.exit_code == 2 and "--low-rate-repeats" in r.output
+
+
 def test_validate_suite_maps_its_options(
     env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

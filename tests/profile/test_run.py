@@ -548,6 +548,17 @@ def test_options_resolve_plan() -> None:
     assert p.preset == "quick" and p.modes == (Mode.HTTP,) and p.sizes == (100, 2048)
     assert p.latency_run_s == 1.0 and p.probe_run_s == 1.0  # per probe window
     assert ProfileOptions().resolve_plan().preset == "full"
+    # --low-rate-repeats: that many pairs of the preset's full length (not half), also after
+    # --duration; unset, the preset's three
+    q = ProfileOptions(quick=True, low_rate_repeats=3).resolve_plan()
+    assert q.low_rate_pairs(100.0) == (3, 0.8) and q.low_rate_pairs(300.0) == (1, 0.8)
+    d = ProfileOptions(quick=True, low_rate_repeats=3, duration_s=2.0).resolve_plan()
+    assert d.low_rate_pairs(100.0) == (3, 2.0)
+    assert ProfileOptions(quick=True).resolve_plan().low_rate_pairs(100.0) == (3, 0.8)
+    assert ProfileOptions(quick=True, low_rate_repeats=1).resolve_plan().low_rate_pairs(100.0) == (
+        1,
+        0.8,
+    )
     now = dt.datetime(2026, 1, 2, 3, 4, 5)
     assert ProfileOptions(name="x").resolve_name(now) == "x"
     assert ProfileOptions().resolve_name(now).endswith("-20260102-030405")
@@ -776,7 +787,7 @@ def test_a_burst_in_one_low_rate_pair_does_not_price_the_point() -> None:
 
     plan = replace(quick_plan(pinning=PIN), low_rate_repeats=3, low_rate_repeat_run_s=0.4)
     assert plan.low_rate_pairs(100.0) == (3, 0.4) and plan.low_rate_pairs(300.0) == (1, 0.8)
-    assert quick_plan(pinning=PIN).low_rate_pairs(100.0) == (1, 0.8)  # off in the preset
+    assert quick_plan(pinning=PIN).low_rate_pairs(100.0) == (3, 0.8)  # full-length in the preset
     got = _low_rate(100.0, plan, measure, None)
     assert calls == [0.4, 0.8] * 3
     assert got.bd.user == pytest.approx(50.0) and got.label == "r100" and got.tries == 3

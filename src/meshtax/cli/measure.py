@@ -283,6 +283,13 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
     help="Absolute low rates (requests/s) of extra CPU runs, e.g. 100,300 ('none': off; default: the preset's).",
 )
 @click.option(
+    "--low-rate-repeats",
+    "low_rate_repeats",
+    type=click.IntRange(1, 9),
+    help="Measure each low rate at or below 150/s as N differenced pairs of the preset's full "
+    "length, keeping the median pair (default: one pair; N=3 adds ≈ 8 s a point).",
+)
+@click.option(
     "--capacity",
     is_flag=True,
     help="Also each mode's capacity: requests/s at saturation through the sidecar (many "
@@ -413,6 +420,7 @@ def profile_cmd(
     duration: float | None,
     carried: str | None,
     low_rates: str | None,
+    low_rate_repeats: int | None,
     capacity: bool,
     name: str | None,
     replace: bool,
@@ -478,6 +486,7 @@ def profile_cmd(
             carried=None if carried is None else csv(carried, str),
             low_rates=None if low_rates is None else csv(low_rates, float),
             capacity=True if capacity else None,
+            low_rate_repeats=low_rate_repeats,
             proxy=choice,
             architecture=Architecture(architecture),
         )

@@ -156,10 +156,10 @@ class Plan:
     # user-space CPU in one run (~10 ms, seen in quick node-l4 and sidecar profiles at 100/s:
     # 51 against 123 CPU-µs a crossing within one sitting, BENCHMARKS.md issue #18) is divided
     # by the fewest requests at the lowest rate, where one pair cannot tell it from the cost
-    # per message (1: one pair of ``low_rate_run_s``). Off in the presets: three pairs of half
-    # the length (0.4 + 0.8 s at 100/s) were tried on fresh data and scattered more than one
-    # pair (s7-nl4: 17.6 / 40.1 / −14.4 CPU-µs a crossing, BENCHMARKS.md issue #18, seventh
-    # sitting); three full-length pairs (+8 s a point) are untested
+    # per message (1: one pair of ``low_rate_run_s``). The quick preset takes three pairs of
+    # the full length (+8 s a point; the full preset one): half-length pairs scattered more
+    # than one pair (s7-nl4: 17.6 / 40.1 / −14.4 CPU-µs a crossing), full-length ones kept the
+    # worst single pair's error off the validations (BENCHMARKS.md issue #18, ninth sitting)
     low_rate_repeats: int = 1
     low_rate_repeat_max: float = 150.0
     low_rate_repeat_run_s: float = 0.5
@@ -256,7 +256,7 @@ class Plan:
             cpu_run_s=seconds,
             maxqps_run_s=max(seconds, 0.5),
             low_rate_run_s=max(seconds, 0.5),
-            low_rate_repeat_run_s=max(seconds, 0.5) / 2,
+            low_rate_repeat_run_s=max(seconds, 0.5),
             latency_budget_s=max(self.latency_budget_s, 2 * seconds * self.latency_min_runs),
         )
 
@@ -431,6 +431,8 @@ def quick_plan(**changes: Any) -> Plan:
         probe_budget_s=10.0,
         low_rates=(100.0, 300.0, 1000.0),
         low_rate_run_s=0.8,
+        low_rate_repeats=3,
+        low_rate_repeat_run_s=0.8,
         low_rate_sizes=1,
         carried_all_sizes=False,
         carried_probe_pairs=1,

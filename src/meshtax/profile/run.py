@@ -81,6 +81,9 @@ class ProfileOptions:
 
     ``modes``/``sizes``/``duration_s``/``carried``/``low_rates`` override the preset
     (``quick`` or full; ``()`` turns carried protocols or low-rate runs off);
+    ``low_rate_repeats``: each low rate at or below ``Plan.low_rate_repeat_max`` measured as
+    that many differenced pairs of the preset's full length, the median pair kept (None: the
+    preset's one pair);
     ``plan``, if given, replaces the preset entirely. ``name`` defaults to ``<hostname>-<UTC time>``.
     ``proxy``: the sidecar measured (Envoy; or the reference sidecar, tcp mode only) and its
     IPC/write variant.
@@ -96,6 +99,7 @@ class ProfileOptions:
     carried: tuple[str, ...] | None = None
     low_rates: tuple[float, ...] | None = None
     capacity: bool | None = None  # measure each mode's capacity (None: the preset's)
+    low_rate_repeats: int | None = None
     proxy: ProxyChoice = ProxyChoice()
     architecture: Architecture = Architecture.SIDECAR  # node-l4, waypoint: on the node bed
 
@@ -117,6 +121,12 @@ class ProfileOptions:
             p = Plan(**{**_plan_fields(p), **changes})
         if self.duration_s is not None:
             p = p.with_duration(self.duration_s)
+        if self.low_rate_repeats is not None:
+            # full-length pairs: three of half the length scattered more than one
+            # (BENCHMARKS.md, issue #18, seventh sitting)
+            p = replace(
+                p, low_rate_repeats=self.low_rate_repeats, low_rate_repeat_run_s=p.low_rate_run_s
+            )
         self.proxy.check_modes(p.modes)
         return p
 
