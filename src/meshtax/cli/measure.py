@@ -287,7 +287,8 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
     "low_rate_repeats",
     type=click.IntRange(1, 9),
     help="Measure each low rate at or below 150/s as N differenced pairs of the preset's full "
-    "length, keeping the median pair (default: one pair; N=3 adds ≈ 8 s a point).",
+    "length, keeping the median pair (default: the preset's — three with --quick, one otherwise; "
+    "each pair is two more runs of that length).",
 )
 @click.option(
     "--capacity",

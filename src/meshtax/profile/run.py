@@ -83,7 +83,7 @@ class ProfileOptions:
     (``quick`` or full; ``()`` turns carried protocols or low-rate runs off);
     ``low_rate_repeats``: each low rate at or below ``Plan.low_rate_repeat_max`` measured as
     that many differenced pairs of the preset's full length, the median pair kept (None: the
-    preset's one pair);
+    preset's: three in the quick one, one in the full);
     ``plan``, if given, replaces the preset entirely. ``name`` defaults to ``<hostname>-<UTC time>``.
     ``proxy``: the sidecar measured (Envoy; or the reference sidecar, tcp mode only) and its
     IPC/write variant.
