@@ -4,11 +4,15 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from click.testing import CliRunner
 
 from meshtax.cli import main
+
+if TYPE_CHECKING:
+    from meshtax.app.measure import MeasureOptions
 
 
 @pytest.fixture()
@@ -376,21 +380,27 @@ def test_profile_refuses_what_the_proxy_cannot_do_before_anything_runs(
     assert "Traceback" not in r.output
 
 
-def test_profile_microarch_options_reach_the_extras(
-    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """`profile --microarch --filters … --base B --name N`: one extras run, named N."""
+def _capture_measure(monkeypatch: pytest.MonkeyPatch) -> list[MeasureOptions]:
+    """`meshtax profile` runs nothing: every MeasureOptions it would measure is kept."""
     from meshtax.app import measure as m
     from tests.helpers import profile
 
-    seen: list[m.MeasureOptions] = []
+    seen: list[MeasureOptions] = []
 
-    def fake_measure(opts: m.MeasureOptions, *a: object, **kw: object) -> m.Measured:
+    def fake_measure(opts: MeasureOptions, *a: object, **kw: object) -> m.Measured:
         seen.append(opts)
         return m.Measured(profile({}, name="N"), ())
 
     monkeypatch.setattr(m, "require_root", lambda what: None)
     monkeypatch.setattr(m, "measure", fake_measure)
+    return seen
+
+
+def test_profile_microarch_options_reach_the_extras(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`profile --microarch --filters … --base B --name N`: one extras run, named N."""
+    seen = _capture_measure(monkeypatch)
     sym = tmp_path / "envoy.map"
     sym.write_text("0000000000001000 T main\n")
     args = ["profile", "--microarch", "--filters", "lua,tap", "--counters", "valgrind"]
@@ -409,17 +419,7 @@ def test_profile_low_rate_repeats_reach_the_plan(
     env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`profile --quick --low-rate-repeats 3`: three full-length pairs at 100/s; 0 is refused."""
-    from meshtax.app import measure as m
-    from tests.helpers import profile
-
-    seen: list[m.MeasureOptions] = []
-
-    def fake_measure(opts: m.MeasureOptions, *a: object, **kw: object) -> m.Measured:
-        seen.append(opts)
-        return m.Measured(profile({}, name="N"), ())
-
-    monkeypatch.setattr(m, "require_root", lambda what: None)
-    monkeypatch.setattr(m, "measure", fake_measure)
+    seen = _capture_measure(monkeypatch)
     r = invoke(["profile", "--quick", "--low-rate-repeats", "3"], env)
     assert r.exit_code == 0, r.output
     (o,) = seen
