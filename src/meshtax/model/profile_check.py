@@ -96,25 +96,22 @@ PROFILE_SCHEMA: dict[str, Any] = {
             "anyOf": [{"required": ["factors"]}, {"required": ["modes"]}],
             "properties": {
                 "source": {"type": "string", "maxLength": 2000},
-                "factors": {
-                    "type": "object",
-                    "propertyNames": {"pattern": "^(tcp|http|grpc)(\\+(http|grpc))?$"},
-                    "additionalProperties": {"$ref": "#/$defs/key_transfer"},
-                },
+                "factors": {"$ref": "#/$defs/key_factors"},
                 "modes": {
                     "type": "object",
                     "propertyNames": {"enum": _MODES},
                     "additionalProperties": {"$ref": "#/$defs/key_transfer"},
                 },
-                "latency_factors": {
-                    "type": "object",
-                    "propertyNames": {"pattern": "^(tcp|http|grpc)(\\+(http|grpc))?$"},
-                    "additionalProperties": {"$ref": "#/$defs/key_transfer"},
-                },
+                "latency_factors": {"$ref": "#/$defs/key_factors"},
             },
         },
     },
     "$defs": {
+        "key_factors": {  # per cost model (model.transfer.key)
+            "type": "object",
+            "propertyNames": {"pattern": "^(tcp|http|grpc)(\\+(http|grpc))?$"},
+            "additionalProperties": {"$ref": "#/$defs/key_transfer"},
+        },
         "key_transfer": {
             "type": "object",
             "required": ["factor", "lo", "hi", "cases"],

@@ -463,8 +463,9 @@ def predict_batch(
     if costs is None:
         rates = None if pod_cpus is None else shared_cpu_rates(batch, pod_cpus)
         costs = hop_costs(batch, profiles, rates=rates, speed=speed)
-        own = any((t := profiles(sp.platform).transfer) and t.latency for sp in batch.specs)
-        if pod_cpus is not None and own:
+        if pod_cpus is not None and any(
+            (t := profiles(sp.platform).transfer) and t.latency for sp in batch.specs
+        ):
             bound_costs = hop_costs(batch, profiles, rates=rates, speed=speed, cpu_as_latency=True)
     bound_costs = bound_costs or costs
     shape = shape or structure(batch)
