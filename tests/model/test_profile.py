@@ -100,6 +100,19 @@ def test_a_profile_keeps_its_transfer_through_its_document_and_shows_it() -> Non
         Profile.from_dict(doc)
 
 
+def test_a_profile_keeps_its_transfers_latency_factors_and_refuses_bad_ones() -> None:
+    from meshtax.model.profile_check import ProfileError
+    from meshtax.model.transfer import KeyTransfer, Transfer
+
+    k = KeyTransfer(1.3, 1.2, 1.4, 5, 0.94)
+    t = Transfer({"http": k}, "suite s", {"tcp+grpc": replace(k, factor=0.9)})
+    doc = replace(_transfer_base(), transfer=t).to_dict()
+    assert Profile.from_dict(doc).transfer == t
+    doc["transfer"]["latency_factors"] = {"udp": {"factor": 1, "lo": 1, "hi": 1, "cases": 1}}
+    with pytest.raises(ProfileError, match="udp"):
+        Profile.from_dict(doc)
+
+
 def test_a_profile_stored_with_the_first_transfer_format_one_factor_per_mode_loads() -> None:
     """`validate --suite` at 0a3f92e wrote the transfer per mode, under "modes" (suite run 6's
     `suite-6+cal`): a mode is a cost model's key, and its carried protocols fall back to it."""
