@@ -38,13 +38,14 @@ from meshtax.model.components import IPC, NOTIFICATION, OTHER, PARSING, READ, WR
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.profile import ModeProfile, Profile
 from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
+from meshtax.profile.plan import Plan
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.appctl import load_topology
 from meshtax.validate.prediction import predict_traces
 from meshtax.validate.run import placement
 
-#: a low rate at or below this is the repeated one (``Plan.low_rate_repeat_max``)
-REPEAT_MAX = 150.0
+#: a low rate at or below this is the repeated one
+REPEAT_MAX = Plan.low_rate_repeat_max
 _FIELDS = {"read": READ, "write": WRITE, "ipc": IPC, "notification": NOTIFICATION}
 
 
