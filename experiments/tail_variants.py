@@ -102,6 +102,28 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
         "ramp_scale": "sidecar",
         "calibrate": False,
     },
+    # set 11's model (s10-ramp-sidecar held there): the same price inside the model
+    # (TailOptions.ramp_price, as validate.tail_run.topology_options sets it) — a check that
+    # the model reproduces the variant it adopted
+    "s11": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "one_hop_paced": True,
+        "one_hop_wakeup": 1000.0,
+        "topology_ramp_price": True,
+        "calibrate": False,
+    },
+    # after set 11 (post hoc, exploratory): s11 with one hop's no-mesh stall backlog off (its
+    # drains at 1 − ρ grow without bound near ρ = 1, where one hop came out 1.9–4× over)
+    "s11-nostalls": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "one_hop_paced": True,
+        "one_hop_wakeup": 1000.0,
+        "one_hop_stalls": False,
+        "topology_ramp_price": True,
+        "calibrate": False,
+    },
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},
@@ -226,6 +248,9 @@ def errors(
         if not topo and change.get("one_hop_paced"):
             opts = one_hop_options(replace(opts, arrivals=0.0))
             opts = replace(opts, wakeup_us=change.get("one_hop_wakeup"))
+            opts = replace(opts, stalls=bool(change.get("one_hop_stalls", True)))
+        if topo and change.get("topology_ramp_price"):
+            opts = replace(opts, ramp_price=True)
         if topo and "topology_scv" in change:
             opts = replace(opts, shared_scv=float(change["topology_scv"]))
         if change.get("paced"):

@@ -13,10 +13,17 @@ import pytest
 from meshtax.model.components import OTHER
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.predict.stations import TailOptions
 from meshtax.testbed.fortio import LoadResult, LoadSpec
 from meshtax.testbed.paired import PairPolicy
 from meshtax.testbed.pinning import Pinning
-from meshtax.validate.tail import BASE_PROBS, TailPoint, TailRun, predict_one_hop
+from meshtax.validate.tail import (
+    BASE_PROBS,
+    TOPOLOGY_SHARED_SCV,
+    TailPoint,
+    TailRun,
+    predict_one_hop,
+)
 from meshtax.validate.tail_run import (
     GO_NETPOLL_WAKEUP_US,
     LoadPlan,
@@ -26,6 +33,7 @@ from meshtax.validate.tail_run import (
     one_hop_options,
     onehop_load,
     predict_one_hop_levels,
+    topology_options,
 )
 from tests.helpers import flat, profile
 from tests.profile.fakes import fake_load_result
@@ -237,3 +245,10 @@ def test_one_hop_keeps_an_access_log_only_when_asked_and_never_in_closed_loops(t
     assert seen[0] == ("d", 0.0, "")
     assert seen[1] == ("m", 5000.0, str(tmp_path / "mesh-access.jsonl"))
     assert seen[2] == ("d", 5000.0, str(tmp_path / "no_mesh-access.jsonl"))
+
+
+def test_a_topology_is_priced_from_the_ramp_at_its_sidecars_own_rates_one_hop_is_not() -> None:
+    # issue #20, set 11: Bookinfo's sidecars at the ramp's sidecar CPU at their own rates
+    o = topology_options(TailOptions(pod_cpus=1, clients=32), 600.0)
+    assert o.ramp_price and o.jitter_us == 600.0 and o.shared_scv == TOPOLOGY_SHARED_SCV
+    assert not one_hop_options(TailOptions(pod_cpus=1, clients=32)).ramp_price

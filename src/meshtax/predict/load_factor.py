@@ -16,7 +16,14 @@ from meshtax.model.profile import ModeProfile
 
 FloatArray = npt.NDArray[np.float64]
 
-__all__ = ["BASE", "load_factor", "queue_factor", "queue_relief", "queued_factor"]
+__all__ = [
+    "BASE",
+    "load_factor",
+    "queue_factor",
+    "queue_relief",
+    "queued_factor",
+    "ramp_sidecar_us",
+]
 
 #: the components a crossing's base CPU is the sum of
 BASE = (*BASE_COMPONENTS, UNATTRIBUTED)
@@ -178,3 +185,29 @@ def queue_relief(
         q = np.maximum(np.asarray(queued, dtype=np.float64), 1e-9)
     got = np.interp(np.log(q), xn, yn)
     return np.asarray(np.minimum(got / at_rate, 1.0), dtype=np.float64) if at_rate > 0 else ones
+
+
+def ramp_sidecar_us(mp: ModeProfile, rates: FloatArray) -> FloatArray | None:
+    """Per rate, the sidecar's own CPU-µs per request (both crossings) on the profile's
+    capacity ramp — its fixed-rate runs through the sidecar, without the app's change —
+    interpolated in log rate, held beyond the runs; None without such runs.
+
+    Why (issue #20, sets 10–11): each of Bookinfo's sidecars used what the profile's own
+    sidecar uses at the same own rate (median 0.90×), while the models priced its messages at
+    the shared CPU's (warmer, cheaper) rate and then × the load factor at its own rate — 1.6×
+    low. The ramp at its own rate is measured by the profile, nothing fitted to a topology."""
+    cap = mp.capacity
+    pts = (
+        sorted(
+            (p.achieved, p.sidecar_cpu / p.achieved * 1e6)
+            for p in cap.points
+            if p.meshed and p.target > 0 and p.achieved > 0
+        )
+        if cap is not None
+        else []
+    )
+    if not pts:
+        return None
+    x, y = np.log([r for r, _ in pts]), np.array([u for _, u in pts])
+    r = np.maximum(np.asarray(rates, dtype=np.float64), 1e-9)
+    return np.asarray(np.interp(np.log(r), x, y), dtype=np.float64)

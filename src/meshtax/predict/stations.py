@@ -27,6 +27,7 @@ from meshtax.predict.load_factor import (
     queue_factor,
     queue_relief,
     queued_factor,
+    ramp_sidecar_us,
 )
 from meshtax.predict.queueing import ServiceMix, Shape
 from meshtax.predict.shared_cpu import shared_cpu_rates
@@ -47,6 +48,7 @@ __all__ = [
     "queue_factor",
     "queued_factor",
     "queued_requests",
+    "ramp_cost_scale",
     "request_rate",
     "sidecar_rates",
     "station_mix",
@@ -80,7 +82,10 @@ class TailOptions:
     request in the system on;
     ``cost_scale``: every crossing's latency and CPU × this — a topology's calibration, the
     mesh's CPU per request measured ÷ priced at a load level that is not predicted
-    (``validate.tail.cost_calibration``; 1: the profile alone).
+    (``validate.tail.cost_calibration``; 1: the profile alone);
+    ``ramp_price`` (shared CPUs): the cost scale × :func:`ramp_cost_scale` — a request's
+    sidecar work what the profile's capacity ramp measured its sidecar using at each
+    sidecar's own rate (a topology's; the validation's topologies since issue #20's set 11).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -98,6 +103,7 @@ class TailOptions:
     wakeup_us: float | None = None
     stalls: bool = False
     cost_scale: float = 1.0
+    ramp_price: bool = False
     relief: bool = True
     batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"
@@ -230,6 +236,41 @@ def crossings(
         station.astype(np.int64),
         full.warnings,
     )
+
+
+def ramp_cost_scale(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> float:
+    """On shared CPUs, the factor that makes a request's sidecar work what the profile's own
+    sidecar costs at each sidecar's own rate: Σ over sides of the ramp's sidecar CPU per
+    request there (:func:`~meshtax.predict.load_factor.ramp_sidecar_us`), at the sides'
+    rates, ÷ the models' price of the same work (the crossings at the shared CPU's rate × the
+    load factor at the own rate, ``cost_scale`` 1); 1 without shared CPUs or a ramp.
+
+    Why (issue #20): the models price a topology's message at the shared CPU's rate (warmer)
+    and then discount it again by the load factor at the sidecar's own rate; Bookinfo's
+    sidecars used 1.7–2.2× that and 0.85–1.00× the ramp at their own rates (set 10). Chosen
+    after set 10 and held on a fresh set 11 (BENCHMARKS.md), it replaces a cost scale fitted
+    on a measured level of the topology."""
+    if opts.pod_cpus is None or batch.n_invocations == 0:
+        return 1.0
+    own = sidecar_rates(batch, opts.load)
+    w = row_weights(batch, opts.load) * batch.rate
+    ramp = 0.0
+    for side, specs in ((0, batch.caller_spec), (1, batch.callee_spec)):
+        for s, spec in enumerate(batch.specs):
+            rows = np.flatnonzero((specs == s) & (own[:, side] > 0))
+            if not rows.size:
+                continue
+            mp = profiles(spec.platform).modes.get(spec.config.mode)
+            us = ramp_sidecar_us(mp, own[rows, side]) if mp is not None else None
+            if us is None:
+                return 1.0
+            ramp += float((w[rows] * us).sum())
+    cx = crossings(batch, profiles, replace(opts, cost_scale=1.0))
+    work = np.bincount(
+        batch.graph_of(), weights=(cx.cpu_req + cx.cpu_resp).sum(axis=1), minlength=batch.n_graphs
+    )
+    priced = float((graph_rates(batch, opts.load) * work).sum())
+    return ramp / priced if priced > 0 and ramp > 0 else 1.0
 
 
 #: the components a capacity run's CPU stands for (a plain sidecar: no filters, no TLS)

@@ -70,6 +70,7 @@ from meshtax.predict.stations import (
     TailOptions,
     crossings,
     latency_shape,
+    ramp_cost_scale,
     request_rate,
     station_mix,
     stations,
@@ -428,6 +429,8 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
     if batch.n_graphs == 0:
         raise ValueError("no call graphs to predict")
     warnings: list[str] = []
+    if opts.ramp_price:
+        opts = replace(opts, cost_scale=opts.cost_scale * ramp_cost_scale(batch, profiles, opts))
     cx = crossings(batch, profiles, opts)
     warnings += cx.warnings
     sts = stations(batch, profiles, cx, opts)

@@ -1,0 +1,89 @@
+"""The tail model's stations: a topology's sidecars priced from the profile's capacity ramp at
+their own rates (issue #20, set 11)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from meshtax.model.capacity import Capacity, CapacityPoint
+from meshtax.model.components import OTHER
+from meshtax.model.costmodel import ComponentModel, CostModel
+from meshtax.model.ecg import to_batch
+from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.predict.engine import single_profile
+from meshtax.predict.load_factor import ramp_sidecar_us
+from meshtax.predict.stations import TailOptions, ramp_cost_scale
+from meshtax.predict.tail import predict_tail
+from tests.helpers import EXTERNAL, ecg, inv, profile
+
+HTTP = SidecarConfig(Mode.HTTP)
+
+
+def _ramp_profile() -> tuple[Profile, Profile]:
+    """One client's models: a crossing's CPU falls with the rate (30 + 10·ln(10 000 / r) µs,
+    the warmer CPU). The ramp through the sidecar: 160 CPU-µs a request at 1 000/s, 80 at
+    8 000/s (a no-mesh run and the closed loop are not part of it). Without and with it."""
+    cpu = CostModel(30.0, rate_coef=10.0, rate_lo=100.0, rate_hi=10_000.0)
+    base = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(1.0), cpu)}})
+    pts = (
+        CapacityPoint(0.0, 10_000.0, 0.4, 0.9),
+        CapacityPoint(1000.0, 1000.0, 0.16, 0.3),
+        CapacityPoint(1000.0, 1000.0, 0.0, 0.2, meshed=False),
+        CapacityPoint(8000.0, 8000.0, 0.64, 0.9),
+    )
+    cap = Capacity(10_000.0, 100, 32, 1, 40.0, "shared-cpu", points=pts)
+    mp = replace(base.modes[Mode.HTTP], capacity=cap)
+    return base, replace(base, modes={Mode.HTTP: mp})
+
+
+def test_the_ramps_sidecar_cpu_is_interpolated_in_log_rate_and_held_beyond() -> None:
+    base, p = _ramp_profile()
+    got = ramp_sidecar_us(p.modes[Mode.HTTP], np.array([500.0, 1000.0, 2000.0, 8000.0, 2e4]))
+    assert got is not None
+    assert got.tolist() == pytest.approx([160.0, 160.0, 160.0 - 80.0 / 3, 80.0, 80.0])
+    assert ramp_sidecar_us(base.modes[Mode.HTTP], np.array([1000.0])) is None
+
+
+def test_a_topologys_sidecars_cost_the_ramps_sidecar_at_their_own_rates() -> None:
+    # A (in and out: 2 sides a request, own rate 2 000/s) calls B (1 side, 1 000/s) on one
+    # shared CPU at 1 000 requests/s. The models price each message at the CPU's rate
+    # (6 crossings × 1 000/s ÷ 2 = 3 000/s), cheaper than at A's or B's own rate, and the load
+    # factor discounts it again: with ramp_price a request's sidecar work is the ramp's at the
+    # sidecars' own rates, 2 × 133.3 + 160 µs, whatever the models say
+    _, p = _ramp_profile()
+    g = ecg(
+        {"A": HTTP, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000)],
+    )
+    b = to_batch([g])
+    o = TailOptions(percentiles=(50.0,), samples=100, pod_cpus=1, app_cpu_us=100.0)
+    ramp = 2 * (160.0 - 80.0 / 3) + 160.0
+
+    def shared(opts: TailOptions) -> tuple[float, float]:
+        tp = predict_tail(b, single_profile(p), opts)
+        (s,) = [s for s in tp.stations if s.name == "shared CPUs"]
+        return s.utilisation, s.full_factor
+
+    was, was_full = shared(o)
+    now, now_full = shared(replace(o, ramp_price=True))
+    assert now == pytest.approx(1000 * (ramp + 100.0) * 1e-6, rel=1e-9)
+    assert was < 0.95 * now  # the double discount: lower than the ramp at own rates
+    scale = ramp_cost_scale(b, single_profile(p), o)
+    assert scale == pytest.approx(ramp / (was * 1e6 / 1000 - 100.0), rel=1e-9)
+    # saturation stays the profile's (the closed loop's queue state), as with a cost scale
+    assert now_full == pytest.approx(was_full)
+
+
+def test_no_shared_cpus_or_no_ramp_leave_the_price_alone() -> None:
+    base, p = _ramp_profile()
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=1000)])
+    b = to_batch([g])
+    o = TailOptions(samples=100, pod_cpus=1)
+    assert ramp_cost_scale(b, single_profile(base), o) == 1.0
+    assert ramp_cost_scale(b, single_profile(p), replace(o, pod_cpus=None)) == 1.0
+    assert math.isfinite(ramp_cost_scale(b, single_profile(p), o))
