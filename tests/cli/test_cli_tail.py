@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from meshtax.cli import main
-from meshtax.model.capacity import Capacity, LatencySketch
+from meshtax.model.capacity import Capacity, CapacityPoint, LatencySketch
 from meshtax.model.components import OTHER
 from meshtax.model.sidecar import Mode
 from meshtax.store.sqlite import ProfileStore
@@ -37,6 +37,25 @@ def env(tmp_path: Path) -> dict[str, str]:
     }
     db = tmp_path / "p.db"
     ProfileStore(str(db)).save(replace(base, modes=modes))
+    return {"MESHTAX_DB": str(db)}
+
+
+#: the ramp's sidecar CPU per request (both crossings) at every rate, against the models' 60
+RAMP_US = 150.0
+
+
+@pytest.fixture()
+def ramp_env(tmp_path: Path) -> dict[str, str]:
+    """A database holding ``fake`` (as ``env``) and ``ramp``: the same models, and a capacity
+    ramp whose sidecar used :data:`RAMP_US` CPU-µs a request at 500 and at 5 000/s."""
+    base = profile({m: {OTHER: flat(20, 30)} for m in Mode}, name="ramp")
+    pts = tuple(CapacityPoint(r, r, r * RAMP_US * 1e-6, 0.9) for r in (500.0, 5000.0))
+    cap = Capacity(15_000.0, 100, 32, 2, 60.0, "shared-cpu", 30_000.0, 1, pts)
+    modes = {m: replace(mp, capacity=cap) for m, mp in base.modes.items()}
+    db = tmp_path / "r.db"
+    store = ProfileStore(str(db))
+    store.save(replace(base, modes=modes))
+    store.save(replace(base, name="fake"))
     return {"MESHTAX_DB": str(db)}
 
 
@@ -109,6 +128,46 @@ def test_sweep_rate_auto_json_and_report(
     assert max(s["rates"]) < s["knee"]["saturation_rate"]
     html = out.read_text()
     assert "Latency overhead against load" in html and "<svg" in html
+
+
+def test_shared_cpus_price_the_sidecars_from_the_ramp_as_the_validation_does(
+    bookinfo: str, ramp_env: dict[str, str]
+) -> None:
+    args = [bookinfo, "--rate", "500", "--percentiles", "50,90", "--pod-cpus", "1"]
+    r = CliRunner().invoke(
+        main,
+        ["predict", *args, "--profile", "ramp", "--samples", "100", "--format", "json"],
+        env=ramp_env,
+    )
+    assert r.exit_code == 0, r.output
+    t = json.loads(r.stdout)["tail"]
+    assert t["pricing"]["used"] and t["pricing"]["scale"] == pytest.approx(RAMP_US / 60)
+    # each sidecar side of a call costs the ramp's 150 CPU-µs, not the models' 2 × 30
+    st = {s["name"]: s for s in t["stations"]}
+    sides = sum(s["jobs_per_s"] for n, s in st.items() if n != "shared CPUs") / 2
+    assert st["shared CPUs"]["utilisation"] == pytest.approx(sides * RAMP_US * 1e-6, rel=1e-6)
+    text = CliRunner().invoke(
+        main, ["predict", *args, "--profile", "ramp", "--samples", "100"], env=ramp_env
+    )
+    assert "Ramp price used: the sidecars on the shared CPUs cost" in text.output
+    # a profile without a ramp says so, and keeps the models' price
+    r = CliRunner().invoke(
+        main, ["predict", *args, "--profile", "fake", "--samples", "100"], env=ramp_env
+    )
+    assert r.exit_code == 0, r.output
+    assert "Ramp price not used: the profile has no capacity ramp for http mode" in r.output
+
+
+def test_a_sweep_records_the_ramps_factor_at_each_rate(
+    bookinfo: str, ramp_env: dict[str, str]
+) -> None:
+    args = [bookinfo, "--sweep-rate", "100:400:2", "--pod-cpus", "1", "--format", "json"]
+    r = CliRunner().invoke(
+        main, ["predict", *args, "--profile", "ramp", "--samples", "100"], env=ramp_env
+    )
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)["tail_sweep"]
+    assert s["ramp_scale"] == pytest.approx([RAMP_US / 60] * 2)
 
 
 @pytest.mark.parametrize(

@@ -98,10 +98,12 @@ def tail_parts(
     # the model imported when asked for: the options above are read by every `predict`
     import numpy as np
 
+    from meshtax.predict.ramp_price import priced_from_ramp
     from meshtax.predict.tail import TailOptions, predict_tail, request_rate
     from meshtax.report.tail import sweep_block, tail_block
 
     try:
+        # a topology, priced as the validation's are (shared CPUs and a ramp: the ramp's price)
         opts = TailOptions(
             percentiles=req.percentiles,
             samples=req.samples,
@@ -114,6 +116,7 @@ def tail_parts(
             load=load,
             speed=speed,
         )
+        opts = priced_from_ramp(opts)
     except ValueError as e:
         raise UsageError(str(e)) from None
     echo = {**req.to_dict(), "pod_cpus": pod_cpus, "load": load}

@@ -2,8 +2,9 @@
 the rates the engine prices it at, the queues (*stations*) those costs load — each sidecar's
 workers, and the pods' shared CPUs when they share some — and where each queue saturates.
 
-Saturation (where each queue reaches the threshold and 1): :mod:`meshtax.predict.saturation`.
-Pure.
+Saturation (where each queue reaches the threshold and 1): :mod:`meshtax.predict.saturation`;
+the rates (rows' weights, each sidecar's and graph's): :mod:`meshtax.predict.rates`; a
+topology's sidecars priced from the capacity ramp: :mod:`meshtax.predict.ramp_price`. Pure.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from meshtax.predict.load_factor import (
     queue_factor,
     queue_relief,
     queued_factor,
-    ramp_sidecar_us,
 )
 from meshtax.predict.queueing import ServiceMix, Shape
+from meshtax.predict.rates import graph_rates, request_rate, row_weights, sidecar_rates
 from meshtax.predict.shared_cpu import shared_cpu_rates
 
 FloatArray = npt.NDArray[np.float64]
@@ -43,13 +44,14 @@ __all__ = [
     "TailOptions",
     "at_load",
     "crossings",
+    "graph_rates",
     "latency_shape",
     "load_factor",
     "queue_factor",
     "queued_factor",
     "queued_requests",
-    "ramp_cost_scale",
     "request_rate",
+    "row_weights",
     "sidecar_rates",
     "station_mix",
     "stations",
@@ -83,9 +85,11 @@ class TailOptions:
     ``cost_scale``: every crossing's latency and CPU × this — a topology's calibration, the
     mesh's CPU per request measured ÷ priced at a load level that is not predicted
     (``validate.tail.cost_calibration``; 1: the profile alone);
-    ``ramp_price`` (shared CPUs): the cost scale × :func:`ramp_cost_scale` — a request's
-    sidecar work what the profile's capacity ramp measured its sidecar using at each
-    sidecar's own rate (a topology's; the validation's topologies since issue #20's set 11).
+    ``ramp_price`` (shared CPUs): the cost scale ×
+    :func:`~meshtax.predict.ramp_price.ramp_cost_scale` — a request's sidecar work what the
+    profile's capacity ramp measured its sidecar using at each sidecar's own rate (a
+    topology's: :func:`~meshtax.predict.ramp_price.priced_from_ramp` turns it on for
+    ``meshtax predict`` and the validation's topologies; issue #20, set 11).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -238,41 +242,6 @@ def crossings(
     )
 
 
-def ramp_cost_scale(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> float:
-    """On shared CPUs, the factor that makes a request's sidecar work what the profile's own
-    sidecar costs at each sidecar's own rate: Σ over sides of the ramp's sidecar CPU per
-    request there (:func:`~meshtax.predict.load_factor.ramp_sidecar_us`), at the sides'
-    rates, ÷ the models' price of the same work (the crossings at the shared CPU's rate × the
-    load factor at the own rate, ``cost_scale`` 1); 1 without shared CPUs or a ramp.
-
-    Why (issue #20): the models price a topology's message at the shared CPU's rate (warmer)
-    and then discount it again by the load factor at the sidecar's own rate; Bookinfo's
-    sidecars used 1.7–2.2× that and 0.85–1.00× the ramp at their own rates (set 10). Chosen
-    after set 10 and held on a fresh set 11 (BENCHMARKS.md), it replaces a cost scale fitted
-    on a measured level of the topology."""
-    if opts.pod_cpus is None or batch.n_invocations == 0:
-        return 1.0
-    own = sidecar_rates(batch, opts.load)
-    w = row_weights(batch, opts.load) * batch.rate
-    ramp = 0.0
-    for side, specs in ((0, batch.caller_spec), (1, batch.callee_spec)):
-        for s, spec in enumerate(batch.specs):
-            rows = np.flatnonzero((specs == s) & (own[:, side] > 0))
-            if not rows.size:
-                continue
-            mp = profiles(spec.platform).modes.get(spec.config.mode)
-            us = ramp_sidecar_us(mp, own[rows, side]) if mp is not None else None
-            if us is None:
-                return 1.0
-            ramp += float((w[rows] * us).sum())
-    cx = crossings(batch, profiles, replace(opts, cost_scale=1.0))
-    work = np.bincount(
-        batch.graph_of(), weights=(cx.cpu_req + cx.cpu_resp).sum(axis=1), minlength=batch.n_graphs
-    )
-    priced = float((graph_rates(batch, opts.load) * work).sum())
-    return ramp / priced if priced > 0 and ramp > 0 else 1.0
-
-
 #: the components a capacity run's CPU stands for (a plain sidecar: no filters, no TLS)
 def queued_requests(
     batch: EcgBatch, profiles: ProfileLookup, plain: Costs, opts: TailOptions
@@ -313,29 +282,6 @@ def queued_requests(
     if total <= 0:
         return out
     out[meshed] = clients * per[svc[meshed]] / total
-    return out
-
-
-def sidecar_rates(batch: EcgBatch, load: str) -> FloatArray:
-    """Per row and side (rows × 2), the requests per second through that side's sidecar: every
-    side of every call it takes part in, at the calls' rates (under ``load``) — one hop's
-    request rate for a sidecar of one hop, the unit the capacity runs measured in (0: no
-    sidecar). The load factor is looked up there: a sidecar handles several requests per
-    wake-up only when its *own* traffic overlaps; sidecars of other services on the same CPU
-    keep it warm (the engine's price, :mod:`~meshtax.predict.shared_cpu`) but do not hand it
-    their requests (issue #20, set 2: Bookinfo's five sidecars at 180–1 700 requests/s each
-    were priced at the CPU's 830–3 000/s and came out at half the CPU they used)."""
-    n = batch.n_invocations
-    out = np.zeros((n, 2))
-    if n == 0:
-        return out
-    w = row_weights(batch, load) * batch.rate
-    svc = np.stack([batch.caller, batch.callee], axis=1)
-    meshed = np.stack([batch.caller_spec >= 0, batch.callee_spec >= 0], axis=1) & (svc >= 0)
-    per = np.bincount(
-        svc[meshed], weights=np.repeat(w[:, None], 2, axis=1)[meshed], minlength=len(batch.services)
-    )
-    out[meshed] = per[svc[meshed]]
     return out
 
 
@@ -382,17 +328,6 @@ def _rescale(req: Costs, resp: Costs, full: Costs) -> tuple[Costs, Costs]:
     return out[0], out[1]
 
 
-def row_weights(batch: EcgBatch, load: str) -> FloatArray:
-    """How much of its rate each row adds to the load: 1 (``graphs``), or 1 / the number of
-    rows of its caller→callee pair (``pairs``: the rate is the pair's, counted once)."""
-    n = batch.n_invocations
-    if load == "graphs" or n == 0:
-        return np.ones(n)
-    key = (batch.caller + 1) * (len(batch.services) + 1) + batch.callee
-    _, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
-    return np.asarray(1.0 / counts[inv], dtype=np.float64)
-
-
 # ---- stations ---------------------------------------------------------------------------
 
 
@@ -430,20 +365,6 @@ def _spec_of_service(batch: EcgBatch) -> dict[int, int]:
             if s >= 0 and k >= 0:
                 out[s] = k
     return out
-
-
-def request_rate(batch: EcgBatch, load: str) -> float:
-    """Requests/s entering the graphs: their root calls' rates (``pairs``: once per pair)."""
-    return float(graph_rates(batch, load).sum())
-
-
-def graph_rates(batch: EcgBatch, load: str) -> FloatArray:
-    """Requests/s of each graph (its root calls): under ``pairs`` the graphs are samples of
-    one mix and share its request rate equally."""
-    roots = batch.parent < 0
-    w = (row_weights(batch, load) * batch.rate)[roots]
-    g = batch.graph_of()[roots]
-    return np.asarray(np.bincount(g, weights=w, minlength=batch.n_graphs), dtype=np.float64)
 
 
 def stations(

@@ -62,6 +62,7 @@ from meshtax.model.ecg import EcgBatch
 from meshtax.predict.critical_path import Structure, propagate, structure
 from meshtax.predict.engine import ProfileLookup
 from meshtax.predict.queueing import SaturatedError, ServiceMix, Shape, Station, waiting_times
+from meshtax.predict.ramp_price import RampPrice, ramp_price
 from meshtax.predict.saturation import loads
 from meshtax.predict.stations import (
     Crossings,
@@ -70,7 +71,6 @@ from meshtax.predict.stations import (
     TailOptions,
     crossings,
     latency_shape,
-    ramp_cost_scale,
     request_rate,
     station_mix,
     stations,
@@ -82,6 +82,7 @@ Z95 = 1.959963984540054
 BATCHES = 10
 
 __all__ = [
+    "RampPrice",
     "StationLoad",
     "TailOptions",
     "TailPrediction",
@@ -103,6 +104,8 @@ class TailPrediction:
     (their root calls, under the ``load`` rule), the unit of saturation rates.
     ``served_utilisation``: the busiest station's utilisation at the service its simulated
     jobs were given (with ``relief``, below the priced one once a queue builds).
+    ``ramp``: whether the sidecars were priced from the capacity ramp, and why not (None: the
+    options did not ask, ``TailOptions.ramp_price``).
     """
 
     percentiles: tuple[float, ...]
@@ -122,6 +125,7 @@ class TailPrediction:
     threshold: float
     warnings: tuple[str, ...] = field(default=())
     served_utilisation: float = math.nan
+    ramp: RampPrice | None = None
 
     @property
     def first_to_saturate(self) -> StationLoad | None:
@@ -429,8 +433,9 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
     if batch.n_graphs == 0:
         raise ValueError("no call graphs to predict")
     warnings: list[str] = []
-    if opts.ramp_price:
-        opts = replace(opts, cost_scale=opts.cost_scale * ramp_cost_scale(batch, profiles, opts))
+    ramp = ramp_price(batch, profiles, opts) if opts.ramp_price else None
+    if ramp is not None:
+        opts = replace(opts, cost_scale=opts.cost_scale * ramp.scale)
     cx = crossings(batch, profiles, opts)
     warnings += cx.warnings
     sts = stations(batch, profiles, cx, opts)
@@ -491,4 +496,5 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
         threshold=opts.threshold,
         warnings=tuple(dict.fromkeys(warnings)),
         served_utilisation=float(np.max(np.where(mid.served_rho > 0, mid.served_rho, mid.rho))),
+        ramp=ramp,
     )

@@ -19,7 +19,7 @@ import numpy as np
 
 from meshtax.predict.tail import TailPrediction
 
-__all__ = ["label", "sweep_block", "tail_block", "tail_csv", "tail_text"]
+__all__ = ["label", "pricing", "sweep_block", "tail_block", "tail_csv", "tail_text"]
 
 #: graphs beyond this are left out of a tail block's per-graph list
 MAX_GRAPHS = 200
@@ -29,6 +29,19 @@ MODEL = (
     "station (the sidecar's workers, or the pods' shared CPUs) from a simulated G/G/c queue; "
     "composed over the critical path by Monte Carlo (meshtax.predict.tail)"
 )
+
+
+#: a tail prediction whose options did not ask for the ramp price
+NOT_ASKED = {
+    "used": False,
+    "scale": 1.0,
+    "note": "not asked: the sidecars keep the cost models' price × the load factor",
+}
+
+
+def pricing(tp: TailPrediction) -> dict[str, Any]:
+    """How the sidecars' CPU was priced: from the profile's capacity ramp or not, and why."""
+    return dict(NOT_ASKED) if tp.ramp is None else tp.ramp.to_dict()
 
 
 def label(p: float) -> str:
@@ -54,6 +67,7 @@ def tail_block(
     first = tp.first_to_saturate
     return {
         "model": MODEL,
+        "pricing": pricing(tp),
         "options": dict(options),
         "percentiles": list(ps),
         "request_rate": tp.request_rate,
@@ -133,6 +147,8 @@ def sweep_block(
         "utilisation_max": [
             max((s.utilisation for s in t.stations), default=0.0) for _, t in points
         ],
+        # the ramp's price depends on each sidecar's rate: its factor per swept rate
+        "ramp_scale": [pricing(t)["scale"] for _, t in points],
         "knee": {
             "station": first,
             "rate": at,
@@ -167,6 +183,8 @@ def tail_text(doc: Mapping[str, Any]) -> str:
             for p in ps
         ]
         lines.append(f"  {'overhead':<24}" + "".join(f"{c:>22}" for c in cells))
+        if "pricing" in t:
+            lines.append(f"  Ramp price {t['pricing']['note']}.")
         lines.append(
             "  Sidecars under load (utilisation at this rate; where it reaches the threshold):"
         )

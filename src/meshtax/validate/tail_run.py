@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.predict.ramp_price import priced_from_ramp
 from meshtax.predict.tail import TailOptions
 from meshtax.testbed import procfs
 from meshtax.testbed.bed import echo_testbed, mesh_pod
@@ -250,10 +251,9 @@ def topology_options(opts: TailOptions, lag_us: float | None) -> TailOptions:
     """How a topology's level is predicted: fortio's even schedule late by ``lag_us`` (its
     entry spans' lag), a request's work on the shared CPUs with SCV
     :data:`~meshtax.validate.tail.TOPOLOGY_SHARED_SCV`, and each sidecar priced at what the
-    profile's own sidecar used on the capacity ramp at its own rate (``ramp_price``; issue
-    #20: registered before set 11 and held there, Bookinfo's p90/p99 error 38 % / 38 %
-    against 77 % / 138 % with a cost scale fitted on a measured level)."""
-    return replace(opts, jitter_us=lag_us, shared_scv=TOPOLOGY_SHARED_SCV, ramp_price=True)
+    profile's own sidecar used on the capacity ramp at its own rate — the rule ``meshtax
+    predict`` uses too (:func:`~meshtax.predict.ramp_price.priced_from_ramp`)."""
+    return priced_from_ramp(replace(opts, jitter_us=lag_us, shared_scv=TOPOLOGY_SHARED_SCV))
 
 
 def predict_one_hop_levels(

@@ -1,4 +1,4 @@
-"""The tail model's stations: a topology's sidecars priced from the profile's capacity ramp at
+"""The tail model's ramp price: a topology's sidecars priced from the profile's capacity ramp at
 their own rates (issue #20, set 11)."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import single_profile
 from meshtax.predict.load_factor import ramp_sidecar_us
-from meshtax.predict.stations import TailOptions, ramp_cost_scale
+from meshtax.predict.ramp_price import ramp_cost_scale, ramp_price
+from meshtax.predict.stations import TailOptions
 from meshtax.predict.tail import predict_tail
 from tests.helpers import EXTERNAL, ecg, inv, profile
 
@@ -87,3 +88,22 @@ def test_no_shared_cpus_or_no_ramp_leave_the_price_alone() -> None:
     assert ramp_cost_scale(b, single_profile(base), o) == 1.0
     assert ramp_cost_scale(b, single_profile(p), replace(o, pod_cpus=None)) == 1.0
     assert math.isfinite(ramp_cost_scale(b, single_profile(p), o))
+    # and each says why, for the report
+    no_ramp = ramp_price(b, single_profile(base), o)
+    assert not no_ramp.used and "no capacity ramp for http mode" in no_ramp.note
+    own = ramp_price(b, single_profile(p), replace(o, pod_cpus=None))
+    assert not own.used and "do not share CPUs" in own.note
+    used = ramp_price(b, single_profile(p), o)
+    assert used.used and used.note.startswith("used") and f"× {used.scale:.2f}" in used.note
+
+
+def test_a_prediction_records_whether_the_ramp_price_was_used() -> None:
+    base, p = _ramp_profile()
+    b = to_batch([ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=1000)])])
+    o = TailOptions(percentiles=(50.0,), samples=100, pod_cpus=1)
+    assert predict_tail(b, single_profile(p), o).ramp is None  # not asked
+    asked = replace(o, ramp_price=True)
+    got = predict_tail(b, single_profile(p), asked).ramp
+    assert got is not None and got.used and got.scale == ramp_cost_scale(b, single_profile(p), o)
+    got = predict_tail(b, single_profile(base), asked).ramp
+    assert got is not None and not got.used and got.scale == 1.0
