@@ -1,0 +1,136 @@
+"""A kept waypoint validation scored with each waypoint priced at the rate it carries itself
+(the code) and at the shared-CPU rate in its bed's units (``before``: the pricing until the
+tenth sitting of issue #18). Measures nothing.
+
+``.venv/bin/python experiments/waypoint_rate.py --db PROFILES.db --profile NAME
+--doc OUT/waypoint/all.json``
+
+``--doc``: ``all.json`` of ``benchmarks/bench_validate.py --architectures waypoint
+--keep-traces`` (the no-mesh traces in ``traces`` next to it); the role profiles are the
+database's newest, the placement and pod CPUs the validation's. Prints, per case, measured and
+predicted p50 latency and CPU overhead under both pricings with their errors, the median
+absolute errors, and per case the waypoint processes' measured CPU-µs a request against what
+each pricing puts on the waypoint crossings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import meshtax.predict.architecture as arch_mod
+from meshtax.app.pricing import role_profiles
+from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
+from meshtax.predict.engine import hop_costs
+from meshtax.predict.shared_cpu import shared_cpu_rates
+from meshtax.store.sqlite import ProfileStore
+from meshtax.validate.appctl import load_topology
+from meshtax.validate.prediction import predict_traces
+from meshtax.validate.run import placement
+
+_COSTS = arch_mod.architecture_costs
+#: proxies on the pods' CPU a request in the waypoint profile's bed (node proxy, waypoint,
+#: node proxy): the old pricing took the shared-CPU rate ÷ 3 as that bed's request rate
+_BED = 3.0
+_seen: dict[str, float] = {}
+
+
+def _waypoint_cpu(arranged: Any, costs: Any) -> float:
+    """CPU-µs a request (mean over graphs) of the waypoint crossings in ``costs``."""
+    w = arranged.waypoint
+    cpu = (costs.cpu_caller.sum(1) + costs.cpu_callee.sum(1)) * w.rate
+    per_graph = np.bincount(w.graph_of(), weights=cpu, minlength=w.n_graphs)
+    return float(per_graph.mean() / w.rate.max())
+
+
+def _costs(before: bool) -> Any:
+    def costs(arranged: Any, profiles: Any, *, speed: Any = None, pod_cpus: Any = None) -> Any:
+        if arranged.waypoint is None:
+            return _COSTS(arranged, profiles, speed=speed, pod_cpus=pod_cpus)
+        rates = None
+        if pod_cpus is not None:
+            rates = shared_cpu_rates(arranged.batch, pod_cpus, also=arranged.waypoint)
+        main = hop_costs(arranged.batch, profiles, rates=rates, speed=speed)
+        if before:
+            way_rates = None if rates is None else rates / _BED
+        else:
+            way_rates = arch_mod.waypoint_rates(arranged)
+        way = hop_costs(arranged.waypoint, profiles, rates=way_rates, speed=speed)
+        _seen["waypoint"] = _waypoint_cpu(arranged, way)
+        return arch_mod._add(main, way)
+
+    return costs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--doc", required=True)
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--profile", required=True, help="the sidecar profile the validation used")
+    ap.add_argument("--pod-cpus", type=int, default=1)
+    a = ap.parse_args()
+    store = ProfileStore(a.db)
+    prof = store.get(a.profile)
+    doc = json.loads(Path(a.doc).read_text())
+    opts = doc["options"]
+    arch = Architecture(opts["architecture"])
+    got, _ = role_profiles(store, (arch,), accept_unclosed=True)
+    roles = {r: store.get(n) for r, n in got.items()}
+    errs: dict[str, list[float]] = {
+        k: [] for k in ("p50 before", "p50 now", "cpu before", "cpu now")
+    }
+    print(
+        "| case | p50 µs measured | before | now | CPU µs/request measured | before | now "
+        "| waypoints measured | priced before | now |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c in doc["cases"]:
+        if c.get("error"):
+            continue
+        topo_name, query = c["name"].split("/")
+        trace = Path(a.doc).parent / "traces" / f"{topo_name}-{query}-{c['mode']}.json"
+        topo = load_topology(topo_name)
+        names = topo.reachable(topo.query(query))
+        nodes = {n: f"n{k}" for n, k in placement(names, int(opts["pods_per_node"])).items()}
+        sidecars = {s: SidecarConfig(Mode(m)) for s, m in c["sidecar_modes"].items()}
+        p50 = float(c["latency"]["measured"])
+        cpu = float(c["cpu"]["per_request_us"]["measured"])
+        way = sum(
+            v for k, v in c["cpu_by_service_us_per_request"].items() if k.startswith("waypoint:")
+        )
+        cells: dict[str, tuple[float, float, float]] = {}
+        for name, before in (("before", True), ("now", False)):
+            arch_mod.architecture_costs = _costs(before)
+            p = predict_traces(
+                trace,
+                prof,
+                sidecars,
+                c["rate"],
+                pod_cpus=a.pod_cpus,
+                architecture=arch,
+                nodes=nodes,
+                roles=roles,
+            )
+            cells[name] = (p.p50_us, p.cpu_us_per_request, _seen.get("waypoint", 0.0))
+            errs[f"p50 {name}"].append(p.p50_us / p50 - 1)
+            errs[f"cpu {name}"].append(p.cpu_us_per_request / cpu - 1)
+        arch_mod.architecture_costs = _COSTS
+        b, n = cells["before"], cells["now"]
+        print(
+            f"| {c['name']} | {p50:.0f} | {b[0]:.0f} ({b[0] / p50 - 1:+.0%}) | "
+            f"{n[0]:.0f} ({n[0] / p50 - 1:+.0%}) | {cpu:.0f} | {b[1]:.0f} ({b[1] / cpu - 1:+.0%}) | "
+            f"{n[1]:.0f} ({n[1] / cpu - 1:+.0%}) | {way:.0f} | {b[2]:.0f} | {n[2]:.0f} |"
+        )
+    print()
+    for k, v in errs.items():
+        med = statistics.median(abs(x) for x in v)
+        print(f"{k}: median abs error {med:.1%} (mean signed {statistics.fmean(v):+.1%})")
+
+
+if __name__ == "__main__":
+    main()
