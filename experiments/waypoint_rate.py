@@ -38,14 +38,25 @@ _COSTS = arch_mod.architecture_costs
 #: node proxy): the old pricing took the shared-CPU rate ÷ 3 as that bed's request rate
 _BED = 3.0
 _seen: dict[str, float] = {}
+_calls: dict[str, float] = {}  # waypoint calls a request, by callee
 
 
-def _waypoint_cpu(arranged: Any, costs: Any) -> float:
-    """CPU-µs a request (mean over graphs) of the waypoint crossings in ``costs``."""
+def _waypoint_cpu(arranged: Any, costs: Any) -> None:
+    """Into ``_seen``: CPU-µs a request (mean over graphs) of the waypoint crossings in
+    ``costs``, and the median price of one call through an http-mode waypoint."""
     w = arranged.waypoint
-    cpu = (costs.cpu_caller.sum(1) + costs.cpu_callee.sum(1)) * w.rate
-    per_graph = np.bincount(w.graph_of(), weights=cpu, minlength=w.n_graphs)
-    return float(per_graph.mean() / w.rate.max())
+    per_call = costs.cpu_caller.sum(1) + costs.cpu_callee.sum(1)
+    per_graph = np.bincount(w.graph_of(), weights=per_call * w.rate, minlength=w.n_graphs)
+    _seen["waypoint"] = float(per_graph.mean() / w.rate.max())
+    http = [k >= 0 and w.specs[k].config.mode is Mode.HTTP for k in w.callee_spec.tolist()]
+    _seen["call"] = float(np.median(per_call[np.asarray(http, dtype=bool)])) if any(http) else 0.0
+    calls: dict[str, float] = {}
+    for k, callee in zip(w.callee_spec.tolist(), w.callee.tolist(), strict=True):
+        if k >= 0:
+            name = str(w.services[callee])
+            calls[name] = calls.get(name, 0.0) + 1.0 / w.n_graphs
+    _calls.clear()
+    _calls.update(calls)
 
 
 def _costs(before: bool) -> Any:
@@ -61,7 +72,7 @@ def _costs(before: bool) -> Any:
         else:
             way_rates = arch_mod.waypoint_rates(arranged)
         way = hop_costs(arranged.waypoint, profiles, rates=way_rates, speed=speed)
-        _seen["waypoint"] = _waypoint_cpu(arranged, way)
+        _waypoint_cpu(arranged, way)
         return arch_mod._add(main, way)
 
     return costs
@@ -81,6 +92,7 @@ def main() -> None:
     arch = Architecture(opts["architecture"])
     got, _ = role_profiles(store, (arch,), accept_unclosed=True)
     roles = {r: store.get(n) for r, n in got.items()}
+    per_call: list[tuple[str, float, float, float]] = []
     errs: dict[str, list[float]] = {
         k: [] for k in ("p50 before", "p50 now", "cpu before", "cpu now")
     }
@@ -103,7 +115,7 @@ def main() -> None:
         way = sum(
             v for k, v in c["cpu_by_service_us_per_request"].items() if k.startswith("waypoint:")
         )
-        cells: dict[str, tuple[float, float, float]] = {}
+        cells: dict[str, tuple[float, float, float, float]] = {}
         for name, before in (("before", True), ("now", False)):
             arch_mod.architecture_costs = _costs(before)
             p = predict_traces(
@@ -116,16 +128,30 @@ def main() -> None:
                 nodes=nodes,
                 roles=roles,
             )
-            cells[name] = (p.p50_us, p.cpu_us_per_request, _seen.get("waypoint", 0.0))
+            cells[name] = (p.p50_us, p.cpu_us_per_request, _seen["waypoint"], _seen["call"])
             errs[f"p50 {name}"].append(p.p50_us / p50 - 1)
             errs[f"cpu {name}"].append(p.cpu_us_per_request / cpu - 1)
         arch_mod.architecture_costs = _COSTS
         b, n = cells["before"], cells["now"]
+        by = c["cpu_by_service_us_per_request"]
+        one = [
+            by[f"waypoint:{svc}"] / k
+            for svc, k in _calls.items()
+            if c["sidecar_modes"].get(svc) == "http" and f"waypoint:{svc}" in by
+        ]
+        per_call.append((c["name"], float(np.median(one)), b[3], n[3]))
         print(
             f"| {c['name']} | {p50:.0f} | {b[0]:.0f} ({b[0] / p50 - 1:+.0%}) | "
             f"{n[0]:.0f} ({n[0] / p50 - 1:+.0%}) | {cpu:.0f} | {b[1]:.0f} ({b[1] / cpu - 1:+.0%}) | "
             f"{n[1]:.0f} ({n[1] / cpu - 1:+.0%}) | {way:.0f} | {b[2]:.0f} | {n[2]:.0f} |"
         )
+    print()
+    print(
+        "| case | one call through an http waypoint, CPU-µs: measured (median) | priced before | now |"
+    )
+    print("|---|---:|---:|---:|")
+    for name, m, b1, n1 in per_call:
+        print(f"| {name} | {m:.0f} | {b1:.0f} | {n1:.0f} |")
     print()
     for k, v in errs.items():
         med = statistics.median(abs(x) for x in v)
