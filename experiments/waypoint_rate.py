@@ -9,8 +9,10 @@ tenth sitting of issue #18). Measures nothing.
 --keep-traces`` (the no-mesh traces in ``traces`` next to it); the role profiles are the
 database's newest, the placement and pod CPUs the validation's. Prints, per case, measured and
 predicted p50 latency and CPU overhead under both pricings with their errors, the median
-absolute errors, and per case the waypoint processes' measured CPU-µs a request against what
-each pricing puts on the waypoint crossings.
+absolute errors, per case the waypoint processes' measured CPU-µs a request (and a call)
+against what each pricing puts on the waypoint crossings, and the node proxies' CPU a
+crossing, measured and priced, with the apps' CPU change (a node-l4 validation's ``all.json``
+works too: no waypoint, both pricings the same).
 """
 
 from __future__ import annotations
@@ -59,14 +61,29 @@ def _waypoint_cpu(arranged: Any, costs: Any) -> None:
     _calls.update(calls)
 
 
+def _node_cpu(arranged: Any, costs: Any) -> None:
+    """Into ``_seen``: the node proxies' crossings a request and their price a request."""
+    b = arranged.batch
+    g = b.graph_of()
+    sides = (b.caller_spec >= 0).astype(np.float64) + (b.callee_spec >= 0)
+    crossings = np.bincount(g, weights=2.0 * sides * b.rate, minlength=b.n_graphs)
+    cpu = (costs.cpu_caller.sum(1) + costs.cpu_callee.sum(1)) * b.rate
+    per_graph = np.bincount(g, weights=cpu, minlength=b.n_graphs)
+    _seen["node crossings"] = float(crossings.mean() / b.rate.max())
+    _seen["node"] = float(per_graph.mean() / b.rate.max())
+
+
 def _costs(before: bool) -> Any:
     def costs(arranged: Any, profiles: Any, *, speed: Any = None, pod_cpus: Any = None) -> Any:
-        if arranged.waypoint is None:
-            return _COSTS(arranged, profiles, speed=speed, pod_cpus=pod_cpus)
         rates = None
         if pod_cpus is not None:
             rates = shared_cpu_rates(arranged.batch, pod_cpus, also=arranged.waypoint)
         main = hop_costs(arranged.batch, profiles, rates=rates, speed=speed)
+        _node_cpu(arranged, main)
+        if arranged.waypoint is None:
+            _seen["waypoint"] = _seen["call"] = 0.0
+            _calls.clear()
+            return main
         if before:
             way_rates = None if rates is None else rates / _BED
         else:
@@ -93,6 +110,7 @@ def main() -> None:
     got, _ = role_profiles(store, (arch,), accept_unclosed=True)
     roles = {r: store.get(n) for r, n in got.items()}
     per_call: list[tuple[str, float, float, float]] = []
+    node_rows: list[tuple[str, float, float, float, float]] = []
     errs: dict[str, list[float]] = {
         k: [] for k in ("p50 before", "p50 now", "cpu before", "cpu now")
     }
@@ -139,7 +157,11 @@ def main() -> None:
             for svc, k in _calls.items()
             if c["sidecar_modes"].get(svc) == "http" and f"waypoint:{svc}" in by
         ]
-        per_call.append((c["name"], float(np.median(one)), b[3], n[3]))
+        per_call.append((c["name"], float(np.median(one)) if one else 0.0, b[3], n[3]))
+        nodes_m = sum(v for k, v in by.items() if k.startswith("node:"))
+        apps = sum(v for k, v in by.items() if ":" not in k)
+        k = _seen["node crossings"]
+        node_rows.append((c["name"], k, nodes_m / k, _seen["node"] / k, apps))
         print(
             f"| {c['name']} | {p50:.0f} | {b[0]:.0f} ({b[0] / p50 - 1:+.0%}) | "
             f"{n[0]:.0f} ({n[0] / p50 - 1:+.0%}) | {cpu:.0f} | {b[1]:.0f} ({b[1] / cpu - 1:+.0%}) | "
@@ -152,6 +174,14 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for name, m, b1, n1 in per_call:
         print(f"| {name} | {m:.0f} | {b1:.0f} | {n1:.0f} |")
+    print()
+    print(
+        "| case | node-proxy crossings a request | node proxies CPU-µs a crossing: measured "
+        "| priced (models with their bed's app change) | apps' CPU change, CPU-µs a request |"
+    )
+    print("|---|---:|---:|---:|---:|")
+    for name, n_cross, m, pr, apps in node_rows:
+        print(f"| {name} | {n_cross:.0f} | {m:.1f} | {pr:.1f} | {apps:+.0f} |")
     print()
     for k, v in errs.items():
         med = statistics.median(abs(x) for x in v)
