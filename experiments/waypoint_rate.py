@@ -160,8 +160,8 @@ def main() -> None:
         per_call.append((c["name"], float(np.median(one)) if one else 0.0, b[3], n[3]))
         nodes_m = sum(v for k, v in by.items() if k.startswith("node:"))
         apps = sum(v for k, v in by.items() if ":" not in k)
-        k = _seen["node crossings"]
-        node_rows.append((c["name"], k, nodes_m / k, _seen["node"] / k, apps))
+        n_x = _seen["node crossings"]
+        node_rows.append((c["name"], n_x, nodes_m / n_x, _seen["node"] / n_x, apps))
         print(
             f"| {c['name']} | {p50:.0f} | {b[0]:.0f} ({b[0] / p50 - 1:+.0%}) | "
             f"{n[0]:.0f} ({n[0] / p50 - 1:+.0%}) | {cpu:.0f} | {b[1]:.0f} ({b[1] / cpu - 1:+.0%}) | "
