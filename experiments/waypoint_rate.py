@@ -11,7 +11,8 @@ database's newest, the placement and pod CPUs the validation's. Prints, per case
 predicted p50 latency and CPU overhead under both pricings with their errors, the median
 absolute errors, per case the waypoint processes' measured CPU-µs a request (and a call)
 against what each pricing puts on the waypoint crossings, and the node proxies' CPU a
-crossing, measured and priced, with the apps' CPU change (a node-l4 validation's ``all.json``
+crossing, measured and priced, with the apps' CPU change, and the node-l4 profile's
+inter-node ``tls`` component at 100 B (a node-l4 validation's ``all.json``
 works too: no waypoint, both pricings the same).
 """
 
@@ -182,6 +183,13 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|")
     for name, n_cross, m, pr, apps in node_rows:
         print(f"| {name} | {n_cross:.0f} | {m:.1f} | {pr:.1f} | {apps:+.0f} |")
+    node = roles.get(Architecture.NODE_L4)
+    tls = (
+        [m.cpu for c, m in node.mode(Mode.TCP).components.items() if c.key == "tls"] if node else []
+    )
+    if node is not None and tls:  # what every inter-node (and waypoint) leg of a node proxy adds
+        at = ", ".join(f"{float(tls[0].predict(100.0, r)):.1f} at {r}/s" for r in (100, 300, 1000))
+        print(f"{node.name} inter-node tls, CPU-µs a crossing at 100 B: {at}")
     print()
     for k, v in errs.items():
         med = statistics.median(abs(x) for x in v)
