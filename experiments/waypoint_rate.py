@@ -108,6 +108,8 @@ def main() -> None:
     doc = json.loads(Path(a.doc).read_text())
     opts = doc["options"]
     arch = Architecture(opts["architecture"])
+    if arch not in (Architecture.NODE_L4, Architecture.WAYPOINT):
+        raise SystemExit(f"{a.doc}: a {arch.value} validation; give a node-l4 or waypoint one")
     got, _ = role_profiles(store, (arch,), accept_unclosed=True)
     roles = {r: store.get(n) for r, n in got.items()}
     per_call: list[tuple[str, float, float, float]] = []
