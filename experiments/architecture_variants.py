@@ -2,7 +2,7 @@
 off, to see what each part does (issue #18). Measures nothing.
 
 ``.venv/bin/python experiments/architecture_variants.py --db PROFILES.db --profile NAME
---doc OUT/node-l4/all.json [OUT/waypoint/all.json …] [--variants fix,own-rate,no-idle,no-bed]``
+--doc OUT/node-l4/all.json [OUT/waypoint/all.json …] [--variants fix,own-rate,no-idle]``
 
 ``--role-db``: a role (node-l4, waypoint) that database has a profile of is priced from its
 newest (default: ``--db``'s newest, as the validation did).
@@ -10,8 +10,7 @@ newest (default: ``--db``'s newest, as the validation did).
 ``--doc``: ``all.json`` of ``benchmarks/bench_validate.py --architectures … --keep-traces`` (the
 no-mesh traces in ``traces`` next to it). Variants (``+`` combines them): ``fix`` the code as
 it is; ``own-rate`` node proxies and waypoints at each call's own rate, not the shared-CPU rate;
-``no-idle`` no idle proxy CPU at all; ``no-bed`` a waypoint profile at the shared-CPU rate
-itself (no ``BED_PROXIES``); ``carried`` every proxy priced at the rate it carries itself
+``no-idle`` no idle proxy CPU at all; ``carried`` every proxy priced at the rate it carries itself
 (:func:`carried_rates`: a node proxy the traversals of every pod of its node, both legs of an
 inter-node call counted once on each node, a waypoint its service's, a sidecar its pod's; the
 sixth sitting's test of "a proxy's cost per message follows its own traffic"); ``rate-x<K>``
@@ -41,7 +40,6 @@ from meshtax.validate.run import placement
 
 _RATES = arch_mod.shared_cpu_rates  # type: ignore[attr-defined]
 _IDLE = arch_mod.architecture_idle
-_BED = dict(arch_mod.BED_PROXIES)
 _COSTS = arch_mod.architecture_costs
 
 
@@ -118,7 +116,6 @@ def use(variant: str) -> None:
     arch_mod.shared_cpu_rates = rates  # type: ignore[attr-defined]
     engine_mod.shared_cpu_rates = rates  # type: ignore[attr-defined]
     arch_mod.architecture_idle = _no_idle if "no-idle" in parts else _IDLE
-    arch_mod.BED_PROXIES = {} if "no-bed" in parts else dict(_BED)
     arch_mod.architecture_costs = _carried_costs if "carried" in parts else _COSTS
 
 
@@ -128,7 +125,7 @@ def main() -> None:
     ap.add_argument("--db", required=True)
     ap.add_argument("--profile", required=True, help="the sidecar profile the validation used")
     ap.add_argument("--pod-cpus", type=int, default=1)
-    ap.add_argument("--variants", default="fix,own-rate,no-idle,no-bed")
+    ap.add_argument("--variants", default="fix,own-rate,no-idle")
     ap.add_argument(
         "--role-db", default=None, help="take the role profiles from this database's newest"
     )

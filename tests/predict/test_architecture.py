@@ -21,6 +21,7 @@ from meshtax.predict.architecture import (
     parse_architectures,
     place_nodes,
     predict_architecture,
+    waypoint_rates,
 )
 from meshtax.predict.engine import predict_batch, single_profile
 from meshtax.predict.memory import memory_by_architecture
@@ -247,10 +248,11 @@ def _rated(cpu_at_hi: float, coef: float) -> ComponentModel:
     )
 
 
-def test_shared_cpus_price_node_proxy_and_waypoint_crossings_at_the_graphs_rate() -> None:
+def test_shared_cpus_price_node_proxy_crossings_at_the_graphs_rate() -> None:
     # external → A → B at 100/s, one node, A → B through B's waypoint: 1 + 2 node-proxy sides
     # and 1 waypoint side = 4 crossings a request each way, 800 crossings/s on one CPU: a one-hop
-    # at 400/s loads it alike (a node proxy runs on its pods' CPUs as a sidecar does)
+    # at 400/s loads it alike (a node proxy runs on its pods' CPUs as a sidecar does); the
+    # waypoint at the 100/s it carries
     prof = profile({Mode.TCP: {READ: _rated(2, 3)}, Mode.HTTP: {READ: _rated(5, 4)}})
     g = validate(
         "g",
@@ -258,7 +260,7 @@ def test_shared_cpus_price_node_proxy_and_waypoint_crossings_at_the_graphs_rate(
         [inv("r", EXTERNAL, "A", 0, 100, rate=100), inv("c", "A", "B", 10, 50, "r", rate=100)],
     )
     _, p = predict_architecture(to_batch([g]), single_profile(prof), WAY, pod_cpus=1)
-    tcp, http = 2 + 3 * np.log(1000 / 400), 5 + 4 * np.log(1000 / 400)
+    tcp, http = 2 + 3 * np.log(1000 / 400), 5 + 4 * np.log(1000 / 100)
     assert p.cpu_vcpu[0] == pytest.approx((3 * 2 * tcp + 2 * http) * 100 * 1e-6)
     # on CPUs of their own: each call's own rate
     _, q = predict_architecture(to_batch([g]), single_profile(prof), WAY)
@@ -302,19 +304,35 @@ def test_idle_cpu_is_the_proxies_that_exist_not_a_sidecar_per_service() -> None:
     assert p.service_idle_vcpu.tolist() == pytest.approx([1e-3] * 3)
 
 
-def test_a_waypoint_profile_is_priced_in_its_beds_request_rate() -> None:
-    # the waypoint profile's bed ran three proxies on the CPU a request (node proxy, waypoint,
-    # node proxy): the graph's load of 800 crossings/s (a one-proxy bed at 400/s) is its
-    # bed at 400 / 3 requests/s; the node proxies' profile (one proxy a request) at 400/s
+def test_a_waypoint_is_priced_at_the_rate_it_carries() -> None:
+    # B's waypoint serves A's two calls (100/s each): 200 requests/s, whatever the shared CPU's
+    # load (the node proxies: 1 + 2 × 2 sides + 2 waypoint sides = 7 a request each way, 1 400
+    # crossings/s on one CPU, a one-hop at 700/s); C's waypoint serves one call at 100/s
     node = profile({Mode.TCP: {READ: _rated(2, 3)}}, name="node")
     way = profile({Mode.HTTP: {READ: _rated(5, 4)}}, name="wayp")
     way = replace(way, platform=replace(way.platform, architecture="waypoint"))
     look = single_profile(P, {"node": node, "wayp": way})
+    svc = {n: Service(n, HTTP, node="n1") for n in "ABC"}
     g = validate(
         "g",
-        {"A": Service("A", HTTP, node="n1"), "B": Service("B", HTTP, node="n1")},
-        [inv("r", EXTERNAL, "A", 0, 100, rate=100), inv("c", "A", "B", 10, 50, "r", rate=100)],
+        svc,
+        [
+            inv("r", EXTERNAL, "A", 0, 100, rate=100),
+            inv("b1", "A", "B", 10, 20, "r", rate=100),
+            inv("b2", "A", "B", 40, 20, "r", rate=100),
+        ],
     )
-    _, p = predict_architecture(to_batch([g]), look, WAY, pod_cpus=1, roles=ROLES)
-    tcp, http = 2 + 3 * np.log(1000 / 400), 5 + 4 * np.log(1000 / (400 / 3))
-    assert p.cpu_vcpu[0] == pytest.approx((3 * 2 * tcp + 2 * http) * 100 * 1e-6)
+    h = validate(
+        "h",
+        svc,
+        [inv("r", EXTERNAL, "A", 0, 100, rate=100), inv("c", "A", "C", 10, 50, "r", rate=100)],
+    )
+    arranged, p = predict_architecture(to_batch([g, h]), look, WAY, pod_cpus=1, roles=ROLES)
+    assert waypoint_rates(arranged).tolist() == [100, 200, 200, 100, 100]
+    tcp = 2 + 3 * np.log(1000 / 700)
+    http = 5 + 4 * np.log(1000 / 200)
+    assert p.cpu_vcpu[0] == pytest.approx((5 * 2 * tcp + 2 * 2 * http) * 100 * 1e-6)
+    # on CPUs of their own, too: the waypoint's rate is its own
+    _, q = predict_architecture(to_batch([g]), look, WAY, roles=ROLES)
+    tcp = 2 + 3 * np.log(10)
+    assert q.cpu_vcpu[0] == pytest.approx((5 * 2 * tcp + 2 * 2 * http) * 100 * 1e-6)

@@ -42,12 +42,15 @@ crossings and recomputes the critical path (:func:`~meshtax.predict.engine.predi
 Idle proxies (:func:`architecture_idle`): a graph's CPU includes, once per second, the idle
 CPU of the proxies that serve its services — one per node that has a node-proxied service of
 the graph, one waypoint per waypoint service, one sidecar per sidecar service — not a sidecar
-per service (there is none). On shared CPUs (``pod_cpus``) the node proxies and waypoints run
-on the pods' CPUs as sidecars do, so every crossing is priced at the shared-CPU rate of all
-the graph's crossings (:func:`~meshtax.predict.shared_cpu.shared_cpu_rates`), as a sidecar's.
-That rate is in the units of a bed with one proxy on the CPU (two crossings a request); a
-profile measured in the waypoint role ran three there (node proxy, waypoint, node proxy:
-:data:`BED_PROXIES`), so at a request rate a third of a one-proxy bed's for the same load.
+per service (there is none). On shared CPUs (``pod_cpus``) the node proxies run on the pods' CPUs as sidecars do, so
+their crossings are priced at the shared-CPU rate of all the graph's crossings
+(:func:`~meshtax.predict.shared_cpu.shared_cpu_rates`), as a sidecar's. A waypoint's crossing
+is priced at the request rate that waypoint carries itself (:func:`waypoint_rates`: the sum of
+its callers' rates), shared CPUs or not: its cost is an L7 proxy's user-space work, whose
+low-rate excess follows how often that one process runs, not how busy others keep the CPU
+(measured: each waypoint of a validation at 100/s cost about the same per call whether its
+graph loaded the CPU as a one-hop bed at 400/s or at 1 600/s; BENCHMARKS.md, issue #18, tenth
+sitting); every profile's bed runs its proxy at the bed's request rate.
 """
 
 from __future__ import annotations
@@ -66,7 +69,6 @@ from meshtax.predict.engine import BatchPrediction, Costs, ProfileLookup, hop_co
 from meshtax.predict.shared_cpu import shared_cpu_rates
 
 __all__ = [
-    "BED_PROXIES",
     "ArchitectureError",
     "Arranged",
     "architecture_costs",
@@ -79,14 +81,11 @@ __all__ = [
     "predict_architecture",
     "role_specs",
     "waypoint_config",
+    "waypoint_rates",
 ]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
-#: proxies on the pods' CPU in the bed a role profile is measured on, per request
-#: (:mod:`meshtax.testbed.nodebed`: node-l4 client → node proxy → server; waypoint client →
-#: node proxy → waypoint → node proxy → server); a sidecar's bed has one
-BED_PROXIES: Mapping[str, int] = {Architecture.WAYPOINT.value: 3}
 _PROXIED = (Architecture.NODE_L4, Architecture.WAYPOINT)
 
 
@@ -318,6 +317,19 @@ def _add(a: Costs, b: Costs) -> Costs:
     )
 
 
+def waypoint_rates(arranged: Arranged) -> FloatArray:
+    """Per row of ``arranged.waypoint``, the request rate its waypoint carries: the sum of the
+    rates of the graph's rows through the same waypoint (a row without one: its own rate)."""
+    w = arranged.waypoint
+    if w is None:
+        return np.zeros(0)
+    via = w.callee_spec >= 0
+    key = w.graph_of() * (len(w.services) + 1) + np.maximum(w.callee, 0)
+    _, inv = np.unique(np.where(via, key, -1), return_inverse=True)
+    total = np.bincount(inv, weights=np.where(via, w.rate, 0.0))
+    return np.asarray(np.where(via, total[inv], w.rate), dtype=np.float64)
+
+
 def architecture_costs(
     arranged: Arranged,
     profiles: ProfileLookup,
@@ -326,26 +338,16 @@ def architecture_costs(
     pod_cpus: int | None = None,
 ) -> Costs:
     """Every crossing of every row under the arranged architecture, per component; the
-    waypoint's on the callee's side. ``pod_cpus``: the proxies share the pods' CPUs, every
-    crossing priced at the shared-CPU rate of all of them (each call's own rate without)."""
+    waypoint's on the callee's side, at the rate its waypoint carries (:func:`waypoint_rates`).
+    ``pod_cpus``: the other proxies share the pods' CPUs, their crossings priced at the
+    shared-CPU rate of all the graph's crossings (each call's own rate without)."""
     rates = None
     if pod_cpus is not None:
         rates = shared_cpu_rates(arranged.batch, pod_cpus, also=arranged.waypoint)
     costs = hop_costs(arranged.batch, profiles, rates=rates, speed=speed)
     if arranged.waypoint is not None:
-        way_rates = rates
-        if rates is not None:  # in the request rate of each waypoint profile's own bed
-            per_spec = np.asarray(
-                [
-                    BED_PROXIES.get(profiles(sp.platform).platform.architecture, 1)
-                    for sp in arranged.waypoint.specs
-                ]
-                or [1],
-                dtype=np.float64,
-            )
-            spec = arranged.waypoint.callee_spec
-            way_rates = rates / np.where(spec >= 0, per_spec[np.maximum(spec, 0)], 1.0)
-        costs = _add(costs, hop_costs(arranged.waypoint, profiles, rates=way_rates, speed=speed))
+        way = waypoint_rates(arranged)
+        costs = _add(costs, hop_costs(arranged.waypoint, profiles, rates=way, speed=speed))
     return costs
 
 
