@@ -36,7 +36,7 @@ from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.appctl import load_topology
 from meshtax.validate.prediction import predict_traces
-from meshtax.validate.run import placement
+from meshtax.validate.run import node_names
 
 _RATES = arch_mod.shared_cpu_rates  # type: ignore[attr-defined]
 _IDLE = arch_mod.architecture_idle
@@ -153,7 +153,7 @@ def main() -> None:
             topo = load_topology(topo_name)
             names = topo.reachable(topo.query(query))
             ppn = int(opts.get("pods_per_node", 1))
-            nodes = {n: f"n{k}" for n, k in placement(names, ppn).items()}
+            nodes = node_names(names, ppn)
             sidecars = {s: SidecarConfig(Mode(m)) for s, m in c["sidecar_modes"].items()}
             measured = float(c["cpu"]["per_request_us"]["measured"])
             cells = []

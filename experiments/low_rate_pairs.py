@@ -42,7 +42,7 @@ from meshtax.profile.plan import Plan
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.appctl import load_topology
 from meshtax.validate.prediction import predict_traces
-from meshtax.validate.run import placement
+from meshtax.validate.run import node_names
 
 #: a low rate at or below this is the repeated one
 REPEAT_MAX = Plan.low_rate_repeat_max
@@ -183,9 +183,7 @@ def main() -> None:
             topo_name, query = c["name"].split("/")
             trace = Path(path).parent / "traces" / f"{topo_name}-{query}-{c['mode']}.json"
             topo = load_topology(topo_name)
-            nodes = {
-                n: f"n{k}" for n, k in placement(topo.reachable(topo.query(query)), ppn).items()
-            }
+            nodes = node_names(topo.reachable(topo.query(query)), ppn)
             sidecars = {s: SidecarConfig(Mode(m)) for s, m in c["sidecar_modes"].items()}
             cpu = c["cpu"]["per_request_us"]
             measured = float(cpu["measured"])

@@ -27,7 +27,7 @@ from meshtax.testbed.pinning import Pinning
 from meshtax.validate.appctl import load_topology
 from meshtax.validate.prediction import predict_traces
 from meshtax.validate.result import CaseResult, ValidationResult
-from meshtax.validate.run import placement
+from meshtax.validate.run import node_names
 
 
 def main() -> None:
@@ -67,7 +67,7 @@ def main() -> None:
             topo = load_topology(measured.topology)
             names = topo.reachable(topo.query(measured.query))
             ppn = int(opts.get("pods_per_node", 1))
-            nodes = {n: f"n{k}" for n, k in placement(names, ppn).items()}
+            nodes = node_names(names, ppn)
             got, _ = role_profiles(store, (arch,), accept_unclosed=True)
             roles = {r: store.get(n) for r, n in got.items()}
             # a role the other database measured wins

@@ -34,7 +34,7 @@ from meshtax.predict.shared_cpu import shared_cpu_rates
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.appctl import load_topology
 from meshtax.validate.prediction import predict_traces
-from meshtax.validate.run import placement
+from meshtax.validate.run import node_names
 
 _COSTS = arch_mod.architecture_costs
 #: proxies on the pods' CPU a request in the waypoint profile's bed (node proxy, waypoint,
@@ -129,7 +129,7 @@ def main() -> None:
         trace = Path(a.doc).parent / "traces" / f"{topo_name}-{query}-{c['mode']}.json"
         topo = load_topology(topo_name)
         names = topo.reachable(topo.query(query))
-        nodes = {n: f"n{k}" for n, k in placement(names, int(opts["pods_per_node"])).items()}
+        nodes = node_names(names, int(opts["pods_per_node"]))
         sidecars = {s: SidecarConfig(Mode(m)) for s, m in c["sidecar_modes"].items()}
         p50 = float(c["latency"]["measured"])
         cpu = float(c["cpu"]["per_request_us"]["measured"])

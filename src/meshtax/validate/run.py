@@ -62,6 +62,7 @@ __all__ = [
     "ValidateOptions",
     "app_protocol",
     "machine",
+    "node_names",
     "placement",
     "run_case",
     "run_validation",
@@ -139,6 +140,11 @@ class ValidateOptions:
 def placement(services: Sequence[str], pods_per_node: int) -> dict[str, int]:
     """Each service's node (an index): ``pods_per_node`` to a node, in the given order."""
     return {s: i // pods_per_node for i, s in enumerate(services)}
+
+
+def node_names(services: Sequence[str], pods_per_node: int) -> dict[str, str]:
+    """Each service's node as a prediction names it (``n<index>`` of :func:`placement`)."""
+    return {s: f"n{k}" for s, k in placement(services, pods_per_node).items()}
 
 
 def app_protocol(mode: Mode) -> appctl.Protocol | None:
@@ -358,7 +364,7 @@ def run_case(
             pod_cpus=pinning.pod_cpus(),
             speed=speed,
             architecture=Architecture(options.architecture),
-            nodes={s: f"n{k}" for s, k in placement(names, options.pods_per_node).items()},
+            nodes=node_names(names, options.pods_per_node),
             roles=roles,
         )
         if speed_note:
