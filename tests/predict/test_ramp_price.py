@@ -17,7 +17,7 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import single_profile
 from meshtax.predict.load_factor import ramp_sidecar_us
-from meshtax.predict.ramp_price import ramp_cost_scale, ramp_price
+from meshtax.predict.ramp_price import ramp_price
 from meshtax.predict.stations import TailOptions
 from meshtax.predict.tail import predict_tail
 from tests.helpers import EXTERNAL, ecg, inv, profile
@@ -74,7 +74,7 @@ def test_a_topologys_sidecars_cost_the_ramps_sidecar_at_their_own_rates() -> Non
     now, now_full = shared(replace(o, ramp_price=True))
     assert now == pytest.approx(1000 * (ramp + 100.0) * 1e-6, rel=1e-9)
     assert was < 0.95 * now  # the double discount: lower than the ramp at own rates
-    scale = ramp_cost_scale(b, single_profile(p), o)
+    scale = ramp_price(b, single_profile(p), o).scale
     assert scale == pytest.approx(ramp / (was * 1e6 / 1000 - 100.0), rel=1e-9)
     # saturation stays the profile's (the closed loop's queue state), as with a cost scale
     assert now_full == pytest.approx(was_full)
@@ -85,9 +85,9 @@ def test_no_shared_cpus_or_no_ramp_leave_the_price_alone() -> None:
     g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=1000)])
     b = to_batch([g])
     o = TailOptions(samples=100, pod_cpus=1)
-    assert ramp_cost_scale(b, single_profile(base), o) == 1.0
-    assert ramp_cost_scale(b, single_profile(p), replace(o, pod_cpus=None)) == 1.0
-    assert math.isfinite(ramp_cost_scale(b, single_profile(p), o))
+    assert ramp_price(b, single_profile(base), o).scale == 1.0
+    assert ramp_price(b, single_profile(p), replace(o, pod_cpus=None)).scale == 1.0
+    assert math.isfinite(ramp_price(b, single_profile(p), o).scale)
     # and each says why, for the report
     no_ramp = ramp_price(b, single_profile(base), o)
     assert not no_ramp.used and "no capacity ramp for http mode" in no_ramp.note
@@ -104,6 +104,6 @@ def test_a_prediction_records_whether_the_ramp_price_was_used() -> None:
     assert predict_tail(b, single_profile(p), o).ramp is None  # not asked
     asked = replace(o, ramp_price=True)
     got = predict_tail(b, single_profile(p), asked).ramp
-    assert got is not None and got.used and got.scale == ramp_cost_scale(b, single_profile(p), o)
+    assert got is not None and got.used and got.scale == ramp_price(b, single_profile(p), o).scale
     got = predict_tail(b, single_profile(base), asked).ramp
     assert got is not None and not got.used and got.scale == 1.0

@@ -15,7 +15,7 @@ from meshtax.predict.load_factor import ramp_sidecar_us
 from meshtax.predict.rates import graph_rates, row_weights, sidecar_rates
 from meshtax.predict.stations import TailOptions, crossings
 
-__all__ = ["RampPrice", "priced_from_ramp", "ramp_cost_scale", "ramp_price"]
+__all__ = ["RampPrice", "priced_from_ramp", "ramp_price"]
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,3 @@ def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> R
         "used: the sidecars on the shared CPUs cost what the profile's capacity ramp measured "
         f"its sidecar using at each one's own rate (× {scale:.2f} the cost models' price)",
     )
-
-
-def ramp_cost_scale(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> float:
-    """:func:`ramp_price`'s factor alone (1 when it is not used)."""
-    return ramp_price(batch, profiles, opts).scale

@@ -86,7 +86,7 @@ class TailOptions:
     mesh's CPU per request measured ÷ priced at a load level that is not predicted
     (``validate.tail.cost_calibration``; 1: the profile alone);
     ``ramp_price`` (shared CPUs): the cost scale ×
-    :func:`~meshtax.predict.ramp_price.ramp_cost_scale` — a request's sidecar work what the
+    :func:`~meshtax.predict.ramp_price.ramp_price`'s scale — a request's sidecar work what the
     profile's capacity ramp measured its sidecar using at each sidecar's own rate (a
     topology's: :func:`~meshtax.predict.ramp_price.priced_from_ramp` turns it on for
     ``meshtax predict`` and the validation's topologies; issue #20, set 11).
