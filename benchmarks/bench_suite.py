@@ -1,14 +1,15 @@
-"""The validation suite with a real hold-out (issue #14): a quick profile, the calibration set,
-the hold-out set, in one sitting; prints the Markdown for BENCHMARKS.md: both sets with the
-profile's measured costs, then both with the transfer fitted on the calibration set alone
-(``meshtax.model.transfer``).
+"""The validation suite with a real hold-out (issue #14): a quick profile, the calibration and
+hold-out sets' cases interleaved (``--order sets``: one set after the other), in one sitting;
+prints the Markdown for BENCHMARKS.md: both sets with the profile's measured costs, then both
+with the transfer fitted on the calibration set alone (``meshtax.model.transfer``).
 
 Measure (root, under the measurement lock; ~55 min for the bundled suite)::
 
     flock /run/meshtax-measure.lock .venv/bin/python benchmarks/bench_suite.py \\
         --out artifacts/suite --db artifacts/suite/profiles.db [--suite app/suite.yaml] \\
         [--name NAME] [--profile STORED] [--accept-unclosed] [--sets calibration,holdout] \\
-        [--rate R] [--duration S] [--speed now|profile] [--quick] [--resume]
+        [--rate R] [--duration S] [--speed now|profile] [--order interleaved|sets] \\
+        [--quick] [--resume]
 
 This is ``meshtax validate --suite`` (``meshtax.app.measure.validate_suite``): one JSON per case
 in ``<out>/cases`` as soon as it is measured, the no-mesh traces in ``<out>/traces``, the summary
@@ -35,6 +36,7 @@ from dataclasses import replace
 from meshtax.app import USER_ERRORS
 from meshtax.app.measure import SuiteOptions, validate_suite
 from meshtax.store.sqlite import ProfileStore
+from meshtax.validate.suite import ORDERS
 from meshtax.validate.suite_run import SuiteDir, SuiteResult, calibrate, repredict
 
 
@@ -67,6 +69,13 @@ def main() -> None:
         "recorded then); profile: its costs as measured",
     )
     ap.add_argument("--sets", default="calibration,holdout")
+    ap.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="interleaved",
+        help="the sets' cases spread evenly over the sitting (the default since suite run 12), "
+        "or set after set (runs 1–11)",
+    )
     ap.add_argument("--rate", type=float, default=None)
     ap.add_argument("--duration", type=float, default=None)
     ap.add_argument("--quick", action="store_true")
@@ -132,6 +141,7 @@ def main() -> None:
                 accept_unclosed=a.accept_unclosed,
                 speed=a.speed,
                 resume=a.resume,
+                order=a.order,
                 wait_s=900.0,
             )
             res = validate_suite(opts, store, say)

@@ -94,7 +94,8 @@ def test_profile_then_both_sets(
     said: list[str] = []
     res = validate_suite(opts, store, said.append, backends=fakes.backends())
     assert fakes.profiled == ["p1"]
-    assert fakes.cases == ["bookinfo/productpage/http", "media/poster/http", "media/poster/grpc"]
+    # the sets interleaved: hold-out at 1/4 and 3/4 of the sitting, calibration at 1/2
+    assert fakes.cases == ["media/poster/http", "bookinfo/productpage/http", "media/poster/grpc"]
     assert [c.name for c in res.sets["holdout"]] == ["media/poster", "media/poster"]
     out = tmp / "out"
     man = json.loads((out / "manifest.json").read_text())
@@ -103,7 +104,13 @@ def test_profile_then_both_sets(
     )
     assert man["profile"]["quality"]["status"] == "unchecked"
     assert "calibration" not in man
-    assert man["options"] == {"duration_s": 2.0, "quick": False, "rates": "80", "speed": "now"}
+    assert man["options"] == {
+        "duration_s": 2.0,
+        "quick": False,
+        "rates": "80",
+        "speed": "now",
+        "order": "interleaved",
+    }
     doc = json.loads((out / "summary.json").read_text())
     assert doc["summary"]["holdout"]["latency"]["median_abs_error"] == pytest.approx(0.10)
     case_doc = json.loads((out / "cases/holdout/media-poster-grpc.json").read_text())
@@ -123,14 +130,14 @@ def test_interrupted_run_keeps_its_cases_and_resumes(
     with pytest.raises(KeyboardInterrupt):
         validate_suite(opts, store, backends=fakes.backends())
     md = (tmp / "out" / "summary.md").read_text()
-    assert "Not measured (yet): 2 case(s): media/poster/http, media/poster/grpc." in md
+    assert "Not measured (yet): 2 case(s): bookinfo/productpage/http, media/poster/grpc." in md
     fakes.interrupt_at = 0
     fakes.cases.clear()
     resume = SuiteOptions(opts.out, opts.suite, name="p1", resume=True)
     res = validate_suite(resume, store, backends=fakes.backends())
     # not the profile again; only the cases not measured
     assert fakes.profiled == ["p1"]
-    assert fakes.cases == ["media/poster/http", "media/poster/grpc"]
+    assert fakes.cases == ["bookinfo/productpage/http", "media/poster/grpc"]
     assert res.missing == () and len(res.sets["calibration"]) == 1
     with pytest.raises(UsageError, match="resume with the same options"):
         validate_suite(
@@ -138,6 +145,28 @@ def test_interrupted_run_keeps_its_cases_and_resumes(
             store,
             backends=fakes.backends(),
         )
+
+
+def test_set_after_set_and_a_run_from_before_the_order_was_recorded(
+    setup: tuple[Path, ProfileStore, Fakes, SuiteOptions],
+) -> None:
+    tmp, store, fakes, opts = setup
+    fakes.interrupt_at = 2
+    with pytest.raises(KeyboardInterrupt):
+        validate_suite(replace(opts, order="sets"), store, backends=fakes.backends())
+    assert fakes.cases == ["bookinfo/productpage/http", "media/poster/http"]
+    man_path = tmp / "out" / "manifest.json"
+    man = json.loads(man_path.read_text())
+    del man["options"]["order"]  # as suite runs 1–11 wrote it
+    man_path.write_text(json.dumps(man))
+    fakes.interrupt_at = 0
+    fakes.cases.clear()
+    with pytest.raises(UsageError, match="resume with the same options"):
+        validate_suite(replace(opts, resume=True), store, backends=fakes.backends())
+    validate_suite(replace(opts, resume=True, order="sets"), store, backends=fakes.backends())
+    assert fakes.cases == ["media/poster/http", "media/poster/grpc"]
+    with pytest.raises(UsageError, match="--order: 'random'"):
+        replace(opts, order="random")
 
 
 def test_a_stored_profile_and_one_set(

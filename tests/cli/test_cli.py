@@ -465,7 +465,8 @@ def test_validate_suite_maps_its_options(
     assert r.exit_code == 0, r.output
     assert "# Validation suite `s`" in r.output
     args = ["validate", "--suite", "my.yaml", "--out", out, "--sets", "holdout"]
-    r = invoke([*args, "--resume", "--name", "p", "--accept-unclosed", "--speed", "profile"], env)
+    more = ["--speed", "profile", "--order", "sets"]
+    r = invoke([*args, "--resume", "--name", "p", "--accept-unclosed", *more], env)
     assert r.exit_code == 130 and "--resume continues" in r.output
     assert seen == [
         m.SuiteOptions(out, None, rate=50.0, quick=True),
@@ -477,6 +478,7 @@ def test_validate_suite_maps_its_options(
             accept_unclosed=True,
             speed="profile",
             resume=True,
+            order="sets",
         ),
     ]
     monkeypatch.undo()

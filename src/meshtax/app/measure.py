@@ -31,7 +31,7 @@ from meshtax.testbed.runstate import RunBusy, owned_tempdir
 from meshtax.testbed.system import RealSystem, System
 from meshtax.validate.result import CaseResult, ValidationResult
 from meshtax.validate.run import ValidateOptions, machine, run_case, run_validation
-from meshtax.validate.suite import SETS, Suite, SuiteCase, SuiteError, load_suite
+from meshtax.validate.suite import ORDERS, SETS, Suite, SuiteCase, SuiteError, load_suite
 from meshtax.validate.suite_run import (
     CaseRunner,
     SuiteDir,
@@ -169,10 +169,14 @@ class SuiteOptions:
     speed: str = "now"
     resume: bool = False
     wait_s: float = 0.0
+    #: "interleaved" (since suite run 12) or "sets" (see :data:`meshtax.validate.suite.ORDERS`)
+    order: str = "interleaved"
 
     def __post_init__(self) -> None:
         if not self.sets or any(s not in SETS for s in self.sets):
             raise UsageError(f"--sets: {','.join(self.sets)!r}; expected some of {','.join(SETS)}")
+        if self.order not in ORDERS:
+            raise UsageError(f"--order: {self.order!r}; expected one of {', '.join(ORDERS)}")
         if (self.rate is not None and self.rate < 0) or (
             self.duration_s is not None and self.duration_s <= 0
         ):
@@ -246,8 +250,8 @@ def validate_suite(
     *,
     backends: SuiteBackends | None = None,
 ) -> SuiteResult:
-    """In one sitting: (a) profile this machine (quick), (b) every case of the calibration
-    set, (c) every case of the hold-out set; each step and case recorded in ``opts.out`` as it
+    """In one sitting: (a) profile this machine (quick), (b) every case of the calibration and
+    hold-out sets, interleaved (``opts.order``); each step and case recorded in ``opts.out`` as it
     is done (see :mod:`meshtax.validate.suite_run`), the summary written at the end, also when
     interrupted. Then the transfer is fitted on the calibration set alone and every case
     predicted again with it (:func:`_calibrated`); the result carries both."""
@@ -263,16 +267,18 @@ def validate_suite(
         raise UsageError(f"{out.root} holds a suite run already: --resume continues it")
     cases = tuple(
         c if opts.rate is None else replace(c, rate=opts.rate)
-        for s in opts.sets
-        for c in suite.of(s)
+        for c in suite.in_order(opts.sets, opts.order)
     )
     run_opts = {
         "duration_s": opts.duration_s or suite.duration_s,
         "quick": opts.quick,
         "rates": "/".join(f"{r:g}" for r in dict.fromkeys(c.rate for c in cases)),
         "speed": opts.speed,
+        "order": opts.order,
     }
-    if man is not None and (was := man.get("options", {})) != run_opts:
+    # runs before the order was recorded measured set after set
+    if man is not None and {"order": "sets", **man.get("options", {})} != run_opts:
+        was = man.get("options", {})
         raise UsageError(
             f"{out.root} was run with {was}, not {run_opts}: resume with the same options"
         )

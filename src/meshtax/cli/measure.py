@@ -81,6 +81,13 @@ from meshtax.store.sqlite import ProfileStore
     show_default=True,
     help="With --suite: the sets to measure.",
 )
+@click.option(
+    "--order",
+    type=click.Choice(["interleaved", "sets"]),
+    default="interleaved",
+    show_default=True,
+    help="With --suite: the sets' cases spread evenly over the sitting, or set after set.",
+)
 @click.option("--name", help="With --suite: the new profile's name (default: generated).")
 @click.option(
     "--levels",
@@ -136,6 +143,7 @@ def validate(
     out: str | None,
     resume: bool,
     sets: str,
+    order: str,
     name: str | None,
     levels: str | None,
     connections: int,
@@ -173,6 +181,7 @@ def validate(
             accept_unclosed=accept_unclosed,
             speed=speed,
             resume=resume,
+            order=order,
         )
         _suite(suite_opts, ProfileStore(db), fmt, report_path)
         return

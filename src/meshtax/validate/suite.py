@@ -32,13 +32,18 @@ import yaml
 from meshtax.model.sidecar import Mode
 from meshtax.validate import appctl
 
-__all__ = ["DEFAULT_SUITE", "SETS", "Suite", "SuiteCase", "SuiteError", "load_suite"]
+__all__ = ["DEFAULT_SUITE", "ORDERS", "SETS", "Suite", "SuiteCase", "SuiteError", "load_suite"]
 
 #: the suite ``meshtax validate --suite`` runs when no file is given
 DEFAULT_SUITE = appctl.APP_DIR / "suite.yaml"
 #: the two sets, in the order they are measured
 SETS = ("calibration", "holdout")
 SPLITS = ("topology", "case")
+#: the orders a suite's sets may be measured in: "interleaved" spreads each set evenly over the
+#: sitting, so a machine that drifts during it (suite run 11: the hold-out, measured after the
+#: calibration set, read a 7 % slower machine) drifts under both sets alike; "sets": one set
+#: after the other (suite runs 1–11)
+ORDERS = ("interleaved", "sets")
 
 _TOP = {"name", "description", "split", "defaults", *SETS}
 _DEFAULTS = {"modes", "rate", "duration_s"}
@@ -88,6 +93,20 @@ class Suite:
         if which not in SETS:
             raise SuiteError(f"no set {which!r} (sets: {', '.join(SETS)})")
         return tuple(c for c in self.cases if c.set == which)
+
+    def in_order(
+        self, sets: tuple[str, ...] = SETS, order: str = "interleaved"
+    ) -> tuple[SuiteCase, ...]:
+        """The cases of ``sets`` in the order they are measured: set after set, or interleaved —
+        each set's cases in file order, placed at even fractions of the sitting ((i + ½) / n for
+        the i-th of a set's n cases; ties: the first set first)."""
+        if order not in ORDERS:
+            raise SuiteError(f"no order {order!r} (orders: {', '.join(ORDERS)})")
+        per = [self.of(s) for s in sets]
+        if order == "sets":
+            return tuple(c for cs in per for c in cs)
+        placed = [((i + 0.5) / len(cs), k, c) for k, cs in enumerate(per) for i, c in enumerate(cs)]
+        return tuple(c for *_, c in sorted(placed, key=lambda t: (t[0], t[1])))
 
     def topology_names(self, which: str) -> tuple[str, ...]:
         return tuple(dict.fromkeys(c.topology for c in self.of(which)))
