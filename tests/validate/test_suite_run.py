@@ -225,42 +225,6 @@ def test_repredict_uses_the_kept_traces_and_each_cases_speed(
     assert at_own.options["speed"] == "profile" and res.options["speed"] == "now"
 
 
-def test_markdown_puts_both_sets_side_by_side_with_the_targets() -> None:
-    sets = {
-        "calibration": CASES[:2],
-        "holdout": CASES[2:],
-    }
-    res = SuiteResult(
-        {"name": "t"},
-        sets,
-        profile={
-            "name": "p1",
-            "how": "measured in this sitting, quick",
-            "created": "2026-11-23T06:00:00",
-            "closure": {"tcp": {"error": -0.04, "closes": True}},
-        },
-        machine={"host": "AMD EPYC", "cpus": 2, "kernel": "6.18", "loadavg": [1.0, 0.5, 0.25]},
-        options={"duration_s": 3.0, "quick": False, "rates": "100"},
-        started="2026-11-23T06:00:00Z",
-        finished="2026-11-23T06:40:00Z",
-        loadavg_end=[2.0, 1.5, 1.0],
-    )
-    md = res.markdown()
-    assert (
-        "| metric | calibration (2 of 2 cases) | holdout (3 of 4 cases) | hold-out target |" in md
-    )
-    # hold-out latency: +40, +5, −50 % → median 40 %, bias −1.7 %, 90th pct 50 %, 2 beyond
-    assert "| latency p50: median abs. error | 15.0% | 40.0% | ≤ 15% not met |" in md
-    assert "| latency p50: bias (mean signed error) | -5.0% | -1.7% | ±10% met |" in md
-    assert "| latency p50: beyond 30% | 0 (0.0%) | 2 (66.7%) | ≤ 10% of cases not met |" in md
-    assert "| failed | 0 | 1 |" in md
-    assert "tcp -4% (closes)" in md and "1.00/0.50/0.25 at the start" in md
-    # hold-out CPU: −10, +35, 0 % → median 10 %, bias +8.3 %, 1 of 3 beyond
-    assert res.targets()["cpu"] == {"median_abs_error": True, "bias": True, "beyond_share": False}
-    docs = res.validation_documents()
-    assert [d["name"] for d in docs] == ["t: calibration set", "t: holdout set"]
-
-
 def _describe(pid: int) -> str:
     """A process as ``pid state cmdline``, for a failing assertion to name what was left."""
     try:
