@@ -285,6 +285,9 @@ def errors(
             lag = _lag(prof, Mode(doc["tail"]["mode"]), base)
             print(f"    paced: lag {lag} µs (calibrated on the profile's capacity ramp)")
             opts = replace(opts, jitter_us=lag)
+        # the ramp's queue bound as the variant says (the model's rules turn it on since set 12)
+        bound = change.get("ramp_queue") or (not topo and change.get("one_hop_ramp_queue"))
+        opts = replace(opts, ramp_queue=bool(bound))
         use = _without_capacity(prof) if "capacity" in change else prof
         lag = bool(change.get("lag_traces"))
         if topo and change.get("ramp_scale"):

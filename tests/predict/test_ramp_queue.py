@@ -105,3 +105,8 @@ def test_a_short_queue_on_the_ramp_bounds_a_busy_cpus_modelled_wait() -> None:
     assert short.pooled_overhead_us[2] == pytest.approx(90.0, abs=1.0)
     assert loose.pooled_overhead_us.tolist() == pytest.approx(free.pooled_overhead_us.tolist())
     assert short.stations[-1].full_factor == pytest.approx(free.stations[-1].full_factor)
+    # the prediction says whether the bound was used
+    assert free.queue_bound == ""
+    assert short.queue_bound.startswith("used: the shared CPUs at ")
+    bare = predict_tail(b, single_profile(_profile(None)), replace(o, ramp_queue=True))
+    assert bare.queue_bound.startswith("not used: the profile has no capacity ramp")

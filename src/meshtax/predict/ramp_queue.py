@@ -1,6 +1,7 @@
 """The queue the profile's own bed measured, as a bound on a station's modelled queue (pure;
-issue #20, registered before set 12 as the variant ``s12-ramp-cap``, off by default:
-``TailOptions.ramp_queue``).
+issue #20: ``TailOptions.ramp_queue``, registered before set 12 as the variant
+``s12-ramp-cap`` and held there; :func:`bounded_by_ramp` turns it on for ``meshtax predict``
+and the validation).
 
 The capacity ramp runs one sidecar at 2–90 % of its closed-loop maximum ``C``, each rate
 without the sidecar and through it, and keeps both runs' latency quantiles. At a run's load
@@ -21,17 +22,18 @@ its queue short: the ramp measures how short, the busy fraction does not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from meshtax.model.capacity import SKETCH_PROBS
 from meshtax.model.profile import ModeProfile
+from meshtax.predict.stations import TailOptions
 
 FloatArray = npt.NDArray[np.float64]
 
-__all__ = ["RampQueue", "ramp_queue"]
+__all__ = ["RampQueue", "bounded_by_ramp", "ramp_queue"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +84,12 @@ def ramp_queue(mp: ModeProfile) -> RampQueue | None:
     )
     fractions = np.array([r for r, _ in runs]) / cap.requests_per_s
     return RampQueue(fractions, probs, queue)
+
+
+def bounded_by_ramp(opts: TailOptions) -> TailOptions:
+    """``opts`` with the ramp's queue as the bound on the shared CPUs' wait (``ramp_queue``):
+    the one rule of ``meshtax predict`` (through
+    :func:`~meshtax.predict.ramp_price.priced_from_ramp`) and the validation (one hop:
+    ``validate.tail_run.one_hop_options``; topologies: ``topology_options``). Adopted by a rule
+    registered before set 12 (BENCHMARKS.md, set 12)."""
+    return replace(opts, ramp_queue=True)

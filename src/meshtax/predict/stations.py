@@ -92,7 +92,8 @@ class TailOptions:
     ``meshtax predict`` and the validation's topologies; issue #20, set 11);
     ``ramp_queue`` (shared CPUs): what a request waits more with the mesh at most the queue
     the profile's capacity ramp showed at the same load fraction, in the station's times per
-    request (:mod:`~meshtax.predict.ramp_queue`; a variant registered before set 12).
+    request (:mod:`~meshtax.predict.ramp_queue`; held on set 12, on through
+    :func:`~meshtax.predict.ramp_queue.bounded_by_ramp`).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)

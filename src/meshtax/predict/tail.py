@@ -106,7 +106,9 @@ class TailPrediction:
     ``served_utilisation``: the busiest station's utilisation at the service its simulated
     jobs were given (with ``relief``, below the priced one once a queue builds).
     ``ramp``: whether the sidecars were priced from the capacity ramp, and why not (None: the
-    options did not ask, ``TailOptions.ramp_price``).
+    options did not ask, ``TailOptions.ramp_price``). ``queue_bound``: whether the shared
+    CPUs' wait was bounded by the ramp's queue, and why not ("": not asked,
+    ``TailOptions.ramp_queue``).
     """
 
     percentiles: tuple[float, ...]
@@ -127,6 +129,7 @@ class TailPrediction:
     warnings: tuple[str, ...] = field(default=())
     served_utilisation: float = math.nan
     ramp: RampPrice | None = None
+    queue_bound: str = ""
 
     @property
     def first_to_saturate(self) -> StationLoad | None:
@@ -289,33 +292,42 @@ def _ramp_cap(
     opts: TailOptions,
     sts: Stations,
     full: Sequence[float],
-) -> Callable[[FloatArray], FloatArray] | None:
+) -> tuple[Callable[[FloatArray], FloatArray] | None, str]:
     """On shared CPUs, the queue the profile's ramp showed at the CPUs' load fraction (their
     rate ÷ their saturation rate, ``full``: each station's factor at ρ = 1), in their times
-    per request (:mod:`~meshtax.predict.ramp_queue`); None: no shared CPUs, no saturation in
-    sight, or no ramp for the meshed sidecars' one mode (several modes: not bounded)."""
+    per request (:mod:`~meshtax.predict.ramp_queue`), and a sentence saying so or why not
+    (no shared CPUs, no saturation in sight, several modes, no ramp with quantiles)."""
     k = sts.shared
-    if k < 0 or not 0 < full[k] < math.inf:
-        return None
+    if k < 0:
+        return None, "not used: the pods do not share CPUs"
+    if not 0 < full[k] < math.inf:
+        return None, "not used: the shared CPUs do not saturate at any rate"
     used = {
         (spec.platform, spec.config.mode)
         for s, spec in enumerate(batch.specs)
         if spec.config.meshed and bool(((batch.caller_spec == s) | (batch.callee_spec == s)).any())
     }
     if len(used) != 1:
-        return None
+        return None, "not used: the sidecars run in several modes (one ramp per mode)"
     platform, mode = used.pop()
     mp = profiles(platform).modes.get(mode)
     rq = ramp_queue(mp) if mp is not None else None
     if rq is None:
-        return None
+        return None, (
+            f"not used: the profile has no capacity ramp with latency quantiles for "
+            f"{mode.value} mode"
+        )
     saturates = request_rate(batch, opts.load) * full[k]  # requests/s at ρ = 1
     fraction, unit_us = 1.0 / full[k], 1e6 / saturates
 
     def cap(u: FloatArray) -> FloatArray:
         return rq.at(fraction, u) * unit_us
 
-    return cap
+    p99 = float(cap(np.array([0.99]))[0])
+    return cap, (
+        f"used: the shared CPUs at {fraction:.0%} of their saturation rate wait at most what "
+        f"the profile's capacity ramp queued there ({p99:.0f} µs at p99)"
+    )
 
 
 def _base_ranks(base: FloatArray, rng: np.random.Generator, m: int) -> FloatArray:
@@ -486,7 +498,7 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
     # by the capacity runs, which a cost scale fitted at a fixed rate does not measure
     sat_opts = replace(opts, cost_scale=1.0)
     at = factors(batch, profiles, sat_opts, sts)
-    cap = _ramp_cap(batch, profiles, opts, sts, at[1.0]) if opts.ramp_queue else None
+    cap, bound = _ramp_cap(batch, profiles, opts, sts, at[1.0]) if opts.ramp_queue else (None, "")
     runs = [
         _simulate(batch, cx, sts, shape, tile, lat_shapes, m, opts, s, cap)
         for s in (0.0, -1.0, 1.0)
@@ -539,4 +551,5 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
         warnings=tuple(dict.fromkeys(warnings)),
         served_utilisation=float(np.max(np.where(mid.served_rho > 0, mid.served_rho, mid.rho))),
         ramp=ramp,
+        queue_bound=bound,
     )
