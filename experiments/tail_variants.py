@@ -124,6 +124,32 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
         "topology_ramp_price": True,
         "calibrate": False,
     },
+    # set 12's candidate (registered before set 12 ran, designed on sets 10–11): s11, and on
+    # every graph's shared CPUs what a request waits more with the mesh at most the queue the
+    # profile's capacity ramp showed at the same load fraction (rate ÷ the predicted
+    # saturation rate), in the station's times per request (TailOptions.ramp_queue,
+    # predict/ramp_queue.py); nothing fitted, saturation unchanged
+    "s12-ramp-cap": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "one_hop_paced": True,
+        "one_hop_wakeup": 1000.0,
+        "topology_ramp_price": True,
+        "calibrate": False,
+        "ramp_queue": True,
+    },
+    # set 12's second candidate (registered with s12-ramp-cap, judged only if that one does
+    # not hold): the same bound only where the shared CPUs carry a single sidecar — the
+    # profile's own bed (the validation's one hop); a topology as s11
+    "s12-ramp-cap-one": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "one_hop_paced": True,
+        "one_hop_wakeup": 1000.0,
+        "topology_ramp_price": True,
+        "calibrate": False,
+        "one_hop_ramp_queue": True,
+    },
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},
@@ -249,6 +275,8 @@ def errors(
             opts = one_hop_options(replace(opts, arrivals=0.0))
             opts = replace(opts, wakeup_us=change.get("one_hop_wakeup"))
             opts = replace(opts, stalls=bool(change.get("one_hop_stalls", True)))
+        if not topo and change.get("one_hop_ramp_queue"):
+            opts = replace(opts, ramp_queue=True)
         if topo and change.get("topology_ramp_price"):
             opts = replace(opts, ramp_price=True)
         if topo and "topology_scv" in change:
@@ -257,6 +285,9 @@ def errors(
             lag = _lag(prof, Mode(doc["tail"]["mode"]), base)
             print(f"    paced: lag {lag} µs (calibrated on the profile's capacity ramp)")
             opts = replace(opts, jitter_us=lag)
+        # the ramp's queue bound as the variant says (the model's rules turn it on since set 12)
+        bound = change.get("ramp_queue") or (not topo and change.get("one_hop_ramp_queue"))
+        opts = replace(opts, ramp_queue=bool(bound))
         use = _without_capacity(prof) if "capacity" in change else prof
         lag = bool(change.get("lag_traces"))
         if topo and change.get("ramp_scale"):

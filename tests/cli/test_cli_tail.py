@@ -150,12 +150,38 @@ def test_shared_cpus_price_the_sidecars_from_the_ramp_as_the_validation_does(
         main, ["predict", *args, "--profile", "ramp", "--samples", "100"], env=ramp_env
     )
     assert "Ramp price used: the sidecars on the shared CPUs cost" in text.output
+    # its ramp keeps no latency quantiles: no queue bound, and the text says why
+    assert t["queue_bound"].startswith("not used: the profile has no capacity ramp with latency")
+    assert "Queue bound not used: the profile has no capacity ramp" in text.output
     # a profile without a ramp says so, and keeps the models' price
     r = CliRunner().invoke(
         main, ["predict", *args, "--profile", "fake", "--samples", "100"], env=ramp_env
     )
     assert r.exit_code == 0, r.output
     assert "Ramp price not used: the profile has no capacity ramp for http mode" in r.output
+
+
+def test_the_markdown_and_html_reports_say_how_the_tail_was_priced(
+    bookinfo: str, ramp_env: dict[str, str], tmp_path: Path
+) -> None:
+    out = tmp_path / "r.html"
+    args = [bookinfo, "--rate", "500", "--percentiles", "50,90", "--pod-cpus", "1"]
+    r = CliRunner().invoke(
+        main,
+        ["predict", *args, "--profile", "ramp", "--samples", "100", "--format", "markdown"]
+        + ["--report", str(out)],
+        env=ramp_env,
+    )
+    assert r.exit_code == 0, r.output
+    assert "## Tail latency under load" in r.stdout
+    assert "- Ramp price used: the sidecars on the shared CPUs cost" in r.stdout
+    assert "<p>Ramp price used: the sidecars on the shared CPUs cost" in out.read_text()
+    sweep = [bookinfo, "--sweep-rate", "100:400:2", "--pod-cpus", "1", "--format", "markdown"]
+    r = CliRunner().invoke(
+        main, ["predict", *sweep, "--profile", "ramp", "--samples", "100"], env=ramp_env
+    )
+    assert r.exit_code == 0, r.output
+    assert "priced from the capacity ramp, × 2.50–2.50 the cost models' price" in r.stdout
 
 
 def test_a_sweep_records_the_ramps_factor_at_each_rate(

@@ -12,6 +12,7 @@ import numpy as np
 from meshtax.model.ecg import EcgBatch
 from meshtax.predict.engine import ProfileLookup
 from meshtax.predict.load_factor import ramp_sidecar_us
+from meshtax.predict.ramp_queue import bounded_by_ramp
 from meshtax.predict.rates import graph_rates, row_weights, sidecar_rates
 from meshtax.predict.stations import TailOptions, crossings
 
@@ -42,7 +43,7 @@ def priced_from_ramp(opts: TailOptions) -> TailOptions:
     registered before set 11 and held there (Bookinfo's p90/p99 error 38 % / 38 % against
     77 % / 138 % with a cost scale fitted on a measured level). The validation's one hop is
     the profile's own bed and keeps the models' price."""
-    return replace(opts, ramp_price=True)
+    return bounded_by_ramp(replace(opts, ramp_price=True))
 
 
 def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> RampPrice:

@@ -25,7 +25,7 @@ from meshtax.predict.stations import (
 
 FloatArray = npt.NDArray[np.float64]
 
-__all__ = ["FACTORS", "loads"]
+__all__ = ["FACTORS", "factors", "loads"]
 
 
 #: rate factors the utilisation is evaluated at to find where it crosses the threshold
@@ -64,16 +64,11 @@ def _crossing(grid: FloatArray, level: float) -> float:
     return float(math.exp(x0 + t * (x1 - x0)))
 
 
-def loads(
-    batch: EcgBatch,
-    profiles: ProfileLookup,
-    opts: TailOptions,
-    sts: Stations,
-    waits: tuple[FloatArray, FloatArray, FloatArray],
-) -> tuple[StationLoad, ...]:
-    """Each station's load, and the rate factors at which it reaches the threshold and
-    saturates (see the module docstring); ``waits``: per station its utilisation, mean and
-    p99 wait (µs) as simulated. The threshold is reached at the costs of the rates (the load
+def factors(
+    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, sts: Stations
+) -> dict[float, list[float]]:
+    """Per level (``opts.threshold`` and 1), each station's rate factor at which its
+    utilisation reaches it. The threshold is reached at the costs of the rates (the load
     factor at each sidecar's own rate); saturation (ρ = 1) at the costs of the closed-loop
     maximum, where every client's request is queued (:func:`queued_factor`)."""
     at: dict[float, list[float]] = {}
@@ -85,6 +80,22 @@ def loads(
             k = min(finite, key=lambda j: xs[j])
             xs[k] = _refined(batch, profiles, opts, k, level, xs[k], queued)
         at[level] = xs
+    return at
+
+
+def loads(
+    batch: EcgBatch,
+    profiles: ProfileLookup,
+    opts: TailOptions,
+    sts: Stations,
+    waits: tuple[FloatArray, FloatArray, FloatArray],
+    at: dict[float, list[float]] | None = None,
+) -> tuple[StationLoad, ...]:
+    """Each station's load, and the rate factors at which it reaches the threshold and
+    saturates (:func:`factors`, unless given as ``at``); ``waits``: per station its
+    utilisation, mean and p99 wait (µs) as simulated."""
+    if at is None:
+        at = factors(batch, profiles, opts, sts)
     out = []
     for k, name in enumerate(sts.names):
         rho = float(waits[0][k])

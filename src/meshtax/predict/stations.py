@@ -89,7 +89,11 @@ class TailOptions:
     :func:`~meshtax.predict.ramp_price.ramp_price`'s scale — a request's sidecar work what the
     profile's capacity ramp measured its sidecar using at each sidecar's own rate (a
     topology's: :func:`~meshtax.predict.ramp_price.priced_from_ramp` turns it on for
-    ``meshtax predict`` and the validation's topologies; issue #20, set 11).
+    ``meshtax predict`` and the validation's topologies; issue #20, set 11);
+    ``ramp_queue`` (shared CPUs): what a request waits more with the mesh at most the queue
+    the profile's capacity ramp showed at the same load fraction, in the station's times per
+    request (:mod:`~meshtax.predict.ramp_queue`; held on set 12, on through
+    :func:`~meshtax.predict.ramp_queue.bounded_by_ramp`).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -108,6 +112,7 @@ class TailOptions:
     stalls: bool = False
     cost_scale: float = 1.0
     ramp_price: bool = False
+    ramp_queue: bool = False
     relief: bool = True
     batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"

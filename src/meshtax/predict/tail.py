@@ -52,7 +52,7 @@ are infinite (reported as saturated).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -63,7 +63,8 @@ from meshtax.predict.critical_path import Structure, propagate, structure
 from meshtax.predict.engine import ProfileLookup
 from meshtax.predict.queueing import SaturatedError, ServiceMix, Shape, Station, waiting_times
 from meshtax.predict.ramp_price import RampPrice, ramp_price
-from meshtax.predict.saturation import loads
+from meshtax.predict.ramp_queue import ramp_queue
+from meshtax.predict.saturation import factors, loads
 from meshtax.predict.stations import (
     Crossings,
     StationLoad,
@@ -105,7 +106,9 @@ class TailPrediction:
     ``served_utilisation``: the busiest station's utilisation at the service its simulated
     jobs were given (with ``relief``, below the priced one once a queue builds).
     ``ramp``: whether the sidecars were priced from the capacity ramp, and why not (None: the
-    options did not ask, ``TailOptions.ramp_price``).
+    options did not ask, ``TailOptions.ramp_price``). ``queue_bound``: whether the shared
+    CPUs' wait was bounded by the ramp's queue, and why not ("": not asked,
+    ``TailOptions.ramp_queue``).
     """
 
     percentiles: tuple[float, ...]
@@ -126,6 +129,7 @@ class TailPrediction:
     warnings: tuple[str, ...] = field(default=())
     served_utilisation: float = math.nan
     ramp: RampPrice | None = None
+    queue_bound: str = ""
 
     @property
     def first_to_saturate(self) -> StationLoad | None:
@@ -198,8 +202,10 @@ def _simulate(
     m: int,
     opts: TailOptions,
     sign: float,
+    cap: Callable[[FloatArray], FloatArray] | None = None,
 ) -> _Run:
-    """Draw ``m`` samples of every graph with costs moved ``sign`` × 1.96 standard errors."""
+    """Draw ``m`` samples of every graph with costs moved ``sign`` × 1.96 standard errors;
+    ``cap``: on shared CPUs, the most a request at rank ``u`` waits more with the mesh (µs)."""
     rng = np.random.default_rng(opts.seed)
     n = batch.n_invocations
     lat = np.maximum(cx.lat + sign * Z95 * cx.lse, 0.0)
@@ -270,13 +276,58 @@ def _simulate(
         new = np.maximum(new, shape_base(shape)[None, :] + per_graph[None, :] / cpus)
         base = shape_base(shape)
         u = _base_ranks(base, rng, m)
-        new = new + _shared_wait(sts, waits[sts.shared], cpus, opts, u, alone_us)
+        more = _shared_wait(sts, waits[sts.shared], cpus, opts, u, alone_us)
         if opts.stalls:  # the drain at the utilisation as served (with relief: lower)
             busy = served_rho[sts.shared] or rho[sts.shared]
-            new = new + _stall_backlog(base, sts, busy, cpus, u)
+            more = more + _stall_backlog(base, sts, busy, cpus, u)
+        new = new + (more if cap is None else np.minimum(more, cap(u)))
     mean_w = np.array([np.inf if w is None else float(w.mean()) for w in waits])
     p99_w = np.array([np.inf if w is None else float(np.quantile(w, 0.99)) for w in waits])
     return _Run(new, rho, mean_w, p99_w, served_rho)
+
+
+def _ramp_cap(
+    batch: EcgBatch,
+    profiles: ProfileLookup,
+    opts: TailOptions,
+    sts: Stations,
+    full: Sequence[float],
+) -> tuple[Callable[[FloatArray], FloatArray] | None, str]:
+    """On shared CPUs, the queue the profile's ramp showed at the CPUs' load fraction (their
+    rate ÷ their saturation rate, ``full``: each station's factor at ρ = 1), in their times
+    per request (:mod:`~meshtax.predict.ramp_queue`), and a sentence saying so or why not
+    (no shared CPUs, no saturation in sight, several modes, no ramp with quantiles)."""
+    k = sts.shared
+    if k < 0:
+        return None, "not used: the pods do not share CPUs"
+    if not 0 < full[k] < math.inf:
+        return None, "not used: the shared CPUs do not saturate at any rate"
+    used = {
+        (spec.platform, spec.config.mode)
+        for s, spec in enumerate(batch.specs)
+        if spec.config.meshed and bool(((batch.caller_spec == s) | (batch.callee_spec == s)).any())
+    }
+    if len(used) != 1:
+        return None, "not used: the sidecars run in several modes (one ramp per mode)"
+    platform, mode = used.pop()
+    mp = profiles(platform).modes.get(mode)
+    rq = ramp_queue(mp) if mp is not None else None
+    if rq is None:
+        return None, (
+            f"not used: the profile has no capacity ramp with latency quantiles for "
+            f"{mode.value} mode"
+        )
+    saturates = request_rate(batch, opts.load) * full[k]  # requests/s at ρ = 1
+    fraction, unit_us = 1.0 / full[k], 1e6 / saturates
+
+    def cap(u: FloatArray) -> FloatArray:
+        return rq.at(fraction, u) * unit_us
+
+    p99 = float(cap(np.array([0.99]))[0])
+    return cap, (
+        f"used: the shared CPUs at {fraction:.0%} of their saturation rate wait at most what "
+        f"the profile's capacity ramp queued there ({p99:.0f} µs at p99)"
+    )
 
 
 def _base_ranks(base: FloatArray, rng: np.random.Generator, m: int) -> FloatArray:
@@ -443,8 +494,14 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
     shape = structure(batch)
     m = int(max(20, min(opts.samples, opts.max_rows // max(batch.n_invocations, 1))))
     tile = tiled(shape, m)
+    # saturation is the profile's own: the closed loop's maximum is priced at its queue state
+    # by the capacity runs, which a cost scale fitted at a fixed rate does not measure
+    sat_opts = replace(opts, cost_scale=1.0)
+    at = factors(batch, profiles, sat_opts, sts)
+    cap, bound = _ramp_cap(batch, profiles, opts, sts, at[1.0]) if opts.ramp_queue else (None, "")
     runs = [
-        _simulate(batch, cx, sts, shape, tile, lat_shapes, m, opts, s) for s in (0.0, -1.0, 1.0)
+        _simulate(batch, cx, sts, shape, tile, lat_shapes, m, opts, s, cap)
+        for s in (0.0, -1.0, 1.0)
     ]
     base = shape_base(shape)
     ps = opts.percentiles
@@ -457,10 +514,7 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
     pb = _quantiles(np.tile(base, m), ps)  # weighted as the draws are: m per graph
     pe = _mc_error(mid.new.reshape(-1, 1), ps)[:, 0]
     rate = request_rate(batch, opts.load)
-    # saturation is the profile's own: the closed loop's maximum is priced at its queue state
-    # by the capacity runs, which a cost scale fitted at a fixed rate does not measure
-    sat_opts = replace(opts, cost_scale=1.0)
-    found = loads(batch, profiles, sat_opts, sts, (mid.rho, mid.mean_wait, mid.p99_wait))
+    found = loads(batch, profiles, sat_opts, sts, (mid.rho, mid.mean_wait, mid.p99_wait), at)
     for st in found:
         if st.saturated and opts.clients is None:
             warnings.append(
@@ -497,4 +551,5 @@ def predict_tail(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) ->
         warnings=tuple(dict.fromkeys(warnings)),
         served_utilisation=float(np.max(np.where(mid.served_rho > 0, mid.served_rho, mid.rho))),
         ramp=ramp,
+        queue_bound=bound,
     )

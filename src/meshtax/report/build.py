@@ -149,9 +149,13 @@ def _prediction_section(
     if doc.get("architectures"):
         sec.blocks.append("<h3>Architectures</h3>")
         add(A.architecture_chart(label, doc), f"{label}: no architecture comparison")
+    pricing = T.tail_pricing_lines(doc)
+    if doc.get("tail") and not doc.get("tail_sweep"):
+        sec.blocks.append("<h3>Tail latency under load</h3>")
     if doc.get("tail_sweep"):
         sec.blocks.append("<h3>Latency against load</h3>")
         add(TF.load_chart(label, doc), f"{label}: no load sweep")
+    sec.blocks += [H.para(x) for x in pricing]
     return sec
 
 

@@ -152,6 +152,7 @@ def prediction_markdown(doc: Mapping[str, Any], max_graphs: int = 50) -> str:
             "",
             table(["", "before", "after", "saving"], rows),
         ]
+    out += _tail_markdown(doc)
     if doc.get("warnings"):
         out += ["", "## Warnings", "", *(f"- {m}" for m in doc["warnings"])]
     out += [
@@ -159,6 +160,33 @@ def prediction_markdown(doc: Mapping[str, Any], max_graphs: int = 50) -> str:
         f"<sub>{doc['tool']['name']} {doc['tool']['version']}, {doc['format']}, created {doc['created']}</sub>",
     ]
     return "\n".join(out) + "\n"
+
+
+def _tail_markdown(doc: Mapping[str, Any]) -> list[str]:
+    """The tail's pooled percentiles (when the document has one) and how it was priced."""
+    t, lines = doc.get("tail"), T.tail_pricing_lines(doc)
+    if not t and not lines:
+        return []
+    out = ["", "## Tail latency under load", ""]
+    if t:
+        pooled, ps = t["pooled"], [f"p{p:g}" for p in t["percentiles"]]
+        rows = [
+            [
+                p,
+                f"{pooled['base_us'][p]:.0f}",
+                f"{pooled['with_mesh_us'][p]:.0f}",
+                f"{pooled['overhead_us'][p]:.0f} [{pooled['lo_us'][p]:.0f}, "
+                f"{pooled['hi_us'][p]:.0f}]",
+            ]
+            for p in ps
+        ]
+        out += [
+            f"At {t['request_rate']:.0f} requests/s, pooled over the graphs (µs):",
+            "",
+            table(["", "without mesh", "with mesh", "overhead [95% interval]"], rows),
+            "",
+        ]
+    return out + [f"- {x}" for x in lines]
 
 
 def profile_markdown(

@@ -399,3 +399,25 @@ def validation_cases(doc: Mapping[str, Any]) -> list[ValidationCase]:
 
 def _opt(v: Any) -> float | None:
     return None if v is None else float(v)
+
+
+def tail_pricing_lines(doc: Mapping[str, Any]) -> list[str]:
+    """How a prediction's tail priced the sidecars on shared CPUs, one sentence per part that
+    has a tail (the one rate, the sweep): whether the capacity ramp's price was used and why
+    not (the text, Markdown and HTML reports all say it the same way)."""
+    out = []
+    t = doc.get("tail")
+    if t and "pricing" in t:
+        out.append(f"Ramp price {t['pricing']['note']}.")
+    if t and t.get("queue_bound", "not asked") != "not asked":
+        out.append(f"Queue bound {t['queue_bound']}.")
+    s = doc.get("tail_sweep")
+    scales = [float(x) for x in (s or {}).get("ramp_scale") or []]
+    if scales and any(x != 1.0 for x in scales):
+        out.append(
+            "Load sweep: the sidecars priced from the capacity ramp, × "
+            f"{min(scales):.2f}–{max(scales):.2f} the cost models' price over the swept rates."
+        )
+    elif scales:
+        out.append("Load sweep: the sidecars keep the cost models' price at every swept rate.")
+    return out

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from meshtax.predict.tail import TailPrediction
+from meshtax.report import tables as T
 
 __all__ = ["label", "pricing", "sweep_block", "tail_block", "tail_csv", "tail_text"]
 
@@ -68,6 +69,7 @@ def tail_block(
     return {
         "model": MODEL,
         "pricing": pricing(tp),
+        "queue_bound": tp.queue_bound or "not asked",
         "options": dict(options),
         "percentiles": list(ps),
         "request_rate": tp.request_rate,
@@ -183,8 +185,7 @@ def tail_text(doc: Mapping[str, Any]) -> str:
             for p in ps
         ]
         lines.append(f"  {'overhead':<24}" + "".join(f"{c:>22}" for c in cells))
-        if "pricing" in t:
-            lines.append(f"  Ramp price {t['pricing']['note']}.")
+        lines += [f"  {x}" for x in T.tail_pricing_lines({"tail": t})]
         lines.append(
             "  Sidecars under load (utilisation at this rate; where it reaches the threshold):"
         )
@@ -228,6 +229,7 @@ def tail_text(doc: Mapping[str, Any]) -> str:
                 f"  Knee: {knee['station']} reaches utilisation {knee['threshold']:g} at "
                 f"{_us(knee['rate'])} requests/s and saturates at {_us(knee['saturation_rate'])}."
             )
+        lines += [f"  {x}" for x in T.tail_pricing_lines({"tail_sweep": s})]
     return "\n".join(lines) + ("\n" if lines else "")
 
 

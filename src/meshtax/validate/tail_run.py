@@ -37,6 +37,7 @@ from typing import Any, Literal
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.ramp_price import priced_from_ramp
+from meshtax.predict.ramp_queue import bounded_by_ramp
 from meshtax.predict.tail import TailOptions
 from meshtax.testbed import procfs
 from meshtax.testbed.bed import echo_testbed, mesh_pod
@@ -244,7 +245,9 @@ def one_hop_options(opts: TailOptions) -> TailOptions:
     (0, 1 ms) — in sets 4–7, not an exponential lag's tails. On sets 1–7 (one hop's scored
     levels, all seen while choosing; the quantum and latencies are not fitted) one hop's p90
     at 25 % rose from 0.3–0.6× the measured to 0.5–1.3×."""
-    return replace(opts, shared_scv=0.0, stalls=True, wakeup_us=GO_NETPOLL_WAKEUP_US)
+    return bounded_by_ramp(
+        replace(opts, shared_scv=0.0, stalls=True, wakeup_us=GO_NETPOLL_WAKEUP_US)
+    )
 
 
 def topology_options(opts: TailOptions, lag_us: float | None) -> TailOptions:

@@ -1,0 +1,95 @@
+"""The queue the profile's own bed measured, as a bound on a station's modelled queue (pure;
+issue #20: ``TailOptions.ramp_queue``, registered before set 12 as the variant
+``s12-ramp-cap`` and held there; :func:`bounded_by_ramp` turns it on for ``meshtax predict``
+and the validation).
+
+The capacity ramp runs one sidecar at 2–90 % of its closed-loop maximum ``C``, each rate
+without the sidecar and through it, and keeps both runs' latency quantiles. At a run's load
+fraction ``f = rate / C`` the *queue* it shows at rank ``u`` is its overhead there (meshed −
+direct quantile) above the lowest-rate run's (the crossing itself, unloaded), made a
+quantile function (non-decreasing in ``u``, at least 0), in units of ``1 / C`` — the time
+between completions at capacity, so a queue of so many requests ahead whatever the station's
+speed. A station of a graph at load fraction ``f`` (its rate ÷ its predicted saturation rate,
+the profile's) waits at most that many of *its* times per request: ``queue(f, u) × 1e6 / S``
+µs.
+
+Why (issue #20, sets 10–11): one hop's shared CPUs are priced busy as measured (ρ 0.94–1.00
+at 50–90 % load) and the G/G/c queue at that ρ fills with the clients, 1.9–4× the measured
+p90/p99 at 50–75 %, while the ramp's own runs at the same rates show the measured tail within
+5–13 % (p90). A busy CPU that batches (a sidecar handles every ready event per wake-up) keeps
+its queue short: the ramp measures how short, the busy fraction does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from meshtax.model.capacity import SKETCH_PROBS
+from meshtax.model.profile import ModeProfile
+from meshtax.predict.stations import TailOptions
+
+FloatArray = npt.NDArray[np.float64]
+
+__all__ = ["RampQueue", "bounded_by_ramp", "ramp_queue"]
+
+
+@dataclass(frozen=True)
+class RampQueue:
+    """The ramp's queue: ``fractions`` (each fixed-rate run's rate ÷ the closed-loop maximum,
+    ascending), ``probs`` (the quantiles kept) and ``queue`` (runs × probs: the queue at each,
+    in requests' worth — units of 1 / the closed-loop maximum)."""
+
+    fractions: FloatArray
+    probs: FloatArray
+    queue: FloatArray
+
+    def at(self, fraction: float, u: npt.ArrayLike) -> FloatArray:
+        """The queue (requests' worth) at load fraction ``fraction`` and ranks ``u``:
+        linear between the runs in the fraction, 0 below the first, held beyond the last."""
+        f = float(np.clip(fraction, self.fractions[0], self.fractions[-1]))
+        j = int(np.searchsorted(self.fractions, f, side="right")) - 1
+        j = min(max(j, 0), len(self.fractions) - 1)
+        row = self.queue[j]
+        if j + 1 < len(self.fractions):
+            t = (f - self.fractions[j]) / (self.fractions[j + 1] - self.fractions[j])
+            row = row + t * (self.queue[j + 1] - row)
+        return np.asarray(np.interp(np.asarray(u, dtype=np.float64), self.probs, row))
+
+
+def ramp_queue(mp: ModeProfile) -> RampQueue | None:
+    """The queue of ``mp``'s capacity ramp (see the module docstring); None without a closed
+    loop or without two fixed-rate runs that have both sides' quantiles."""
+    cap = mp.capacity
+    if cap is None or cap.requests_per_s <= 0:
+        return None
+    probs = np.asarray(SKETCH_PROBS, dtype=np.float64)
+    direct = {
+        p.target: p
+        for p in cap.points
+        if not p.meshed and p.target > 0 and len(p.quantiles_us) == probs.size
+    }
+    runs = sorted(
+        (p.achieved, np.asarray(p.quantiles_us) - np.asarray(direct[p.target].quantiles_us))
+        for p in cap.points
+        if p.meshed and p.target in direct and p.achieved > 0 and len(p.quantiles_us) == probs.size
+    )
+    if len(runs) < 2:
+        return None
+    floor = runs[0][1]  # the crossing itself: the lowest rate's overhead
+    queue = np.stack([np.maximum.accumulate(np.maximum(ov - floor, 0.0)) for _, ov in runs]) * (
+        cap.requests_per_s * 1e-6
+    )
+    fractions = np.array([r for r, _ in runs]) / cap.requests_per_s
+    return RampQueue(fractions, probs, queue)
+
+
+def bounded_by_ramp(opts: TailOptions) -> TailOptions:
+    """``opts`` with the ramp's queue as the bound on the shared CPUs' wait (``ramp_queue``):
+    the one rule of ``meshtax predict`` (through
+    :func:`~meshtax.predict.ramp_price.priced_from_ramp`) and the validation (one hop:
+    ``validate.tail_run.one_hop_options``; topologies: ``topology_options``). Adopted by a rule
+    registered before set 12 (BENCHMARKS.md, set 12)."""
+    return replace(opts, ramp_queue=True)

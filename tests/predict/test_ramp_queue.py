@@ -1,0 +1,112 @@
+"""The ramp's queue as a bound on a station's modelled wait on shared CPUs (issue #20, the
+variant registered before set 12: ``TailOptions.ramp_queue``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from meshtax.model.capacity import SKETCH_PROBS, Capacity, CapacityPoint
+from meshtax.model.components import OTHER
+from meshtax.model.costmodel import ComponentModel, CostModel
+from meshtax.model.ecg import to_batch
+from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.predict.engine import single_profile
+from meshtax.predict.ramp_queue import ramp_queue
+from meshtax.predict.stations import TailOptions
+from meshtax.predict.tail import predict_tail
+from tests.helpers import EXTERNAL, ecg, inv, profile
+
+HTTP = SidecarConfig(Mode.HTTP)
+PR = np.asarray(SKETCH_PROBS)
+DIRECT = 100.0 + 50.0 * PR  # the no-mesh runs' quantiles (µs), the same at every rate
+
+
+def _ramp(overheads: dict[float, np.ndarray], closed: float = 10_000.0) -> Capacity:
+    """A closed loop of ``closed``/s and, per fixed rate, a run without the sidecar and one
+    through it whose quantiles are the direct ones + ``overheads[rate]``."""
+    pts = [CapacityPoint(0.0, closed, 0.5, 1.0)]
+    for r, ov in overheads.items():
+        pts.append(CapacityPoint(r, r, 0.1, 0.3, quantiles_us=tuple(DIRECT + ov)))
+        pts.append(CapacityPoint(r, r, 0.0, 0.2, meshed=False, quantiles_us=tuple(DIRECT)))
+    return Capacity(closed, 100, 32, 1, 40.0, "shared-cpu", points=tuple(pts))
+
+
+def _profile(cap: Capacity | None) -> Profile:
+    p = profile({Mode.HTTP: {OTHER: ComponentModel(CostModel(20.0), CostModel(45.0))}})
+    return replace(p, modes={Mode.HTTP: replace(p.modes[Mode.HTTP], capacity=cap)})
+
+
+def test_the_queue_is_each_runs_overhead_above_the_lowest_rates_in_requests_worth() -> None:
+    flat = np.full(PR.size, 80.0)  # the crossing itself, unloaded
+    busy = 80.0 + 400.0 * PR  # 0 → 400 µs more from rank 0 to 1
+    dip = 80.0 - 30.0 * (PR > 0.5)  # below the floor: no queue, not a negative one
+    cap = _ramp({200.0: flat, 5000.0: dip, 8000.0: busy})
+    rq = ramp_queue(_profile(cap).modes[Mode.HTTP])
+    assert rq is not None
+    assert rq.fractions.tolist() == pytest.approx([0.02, 0.5, 0.8])
+    assert rq.queue[0].tolist() == pytest.approx([0.0] * PR.size)
+    assert rq.queue[1].tolist() == pytest.approx([0.0] * PR.size)
+    # 400 µs × 10 000/s = 4 requests' worth at rank 1
+    assert rq.queue[2].tolist() == pytest.approx((400.0 * PR * 1e-2).tolist())
+    # linear in the fraction between runs, held beyond the last and 0 below the first
+    assert rq.at(0.65, np.array([1.0]))[0] == pytest.approx(2.0)
+    assert rq.at(0.95, np.array([0.5]))[0] == pytest.approx(2.0)
+    assert rq.at(0.001, np.array([1.0]))[0] == pytest.approx(0.0)
+
+
+def test_a_quantile_function_never_falls_with_the_rank() -> None:
+    wobbly = 80.0 + np.where(PR > 0.9, 100.0, 300.0) * (PR > 0.2)
+    cap = _ramp({200.0: np.full(PR.size, 80.0), 8000.0: wobbly})
+    rq = ramp_queue(_profile(cap).modes[Mode.HTTP])
+    assert rq is not None
+    assert np.all(np.diff(rq.queue[1]) >= 0)
+    assert rq.queue[1][-1] == pytest.approx(3.0)
+
+
+def test_no_ramp_no_queue() -> None:
+    assert ramp_queue(_profile(None).modes[Mode.HTTP]) is None
+    one = _ramp({200.0: np.full(PR.size, 80.0)})  # one run: no rise to read
+    assert ramp_queue(_profile(one).modes[Mode.HTTP]) is None
+
+
+def _one_hop() -> TailOptions:
+    return TailOptions(
+        percentiles=(50.0, 90.0, 99.0),
+        samples=400,
+        pod_cpus=1,
+        app_cpu_us=10.0,
+        clients=32,
+        arrivals=0.0,
+        shared_scv=1.0,
+    )
+
+
+def test_a_short_queue_on_the_ramp_bounds_a_busy_cpus_modelled_wait() -> None:
+    # one sidecar on one shared CPU, priced ~0.9 busy: the G/G/1 queue of 32 clients builds;
+    # a ramp that showed no queue at that load keeps the overhead to the crossing itself,
+    # one that showed a long one leaves the model's wait as it is; saturation is unchanged
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=9_000.0)])
+    b = to_batch([g])
+    o = _one_hop()
+    none = _profile(_ramp({200.0: np.full(PR.size, 80.0), 9_500.0: np.full(PR.size, 80.0)}))
+    long = _profile(_ramp({200.0: np.zeros(PR.size), 9_500.0: np.full(PR.size, 1e6)}))
+    free = predict_tail(b, single_profile(none), o)
+    short = predict_tail(b, single_profile(none), replace(o, ramp_queue=True))
+    loose = predict_tail(b, single_profile(long), replace(o, ramp_queue=True))
+    assert free.stations[-1].utilisation > 0.8
+    assert free.pooled_overhead_us[2] > 300.0  # the queue the model builds
+    assert short.pooled_overhead_us[2] < 0.5 * free.pooled_overhead_us[2]
+    # what is left: the request's own sidecar work on the one CPU (2 crossings × 45 CPU-µs,
+    # more than their 2 × 20 µs latency — the engine's placement bound)
+    assert short.pooled_overhead_us[2] == pytest.approx(90.0, abs=1.0)
+    assert loose.pooled_overhead_us.tolist() == pytest.approx(free.pooled_overhead_us.tolist())
+    assert short.stations[-1].full_factor == pytest.approx(free.stations[-1].full_factor)
+    # the prediction says whether the bound was used
+    assert free.queue_bound == ""
+    assert short.queue_bound.startswith("used: the shared CPUs at ")
+    bare = predict_tail(b, single_profile(_profile(None)), replace(o, ramp_queue=True))
+    assert bare.queue_bound.startswith("not used: the profile has no capacity ramp")
