@@ -1,7 +1,6 @@
 """A kept waypoint validation scored with each waypoint priced at the rate it carries itself
 (the code) and at the shared-CPU rate in its bed's units (``before``: the pricing until the
-tenth sitting of issue #18); both with the node proxies' ``tls`` floored at 0, as the code since
-the eleventh sitting. Measures nothing.
+tenth sitting of issue #18). Measures nothing.
 
 ``.venv/bin/python experiments/waypoint_rate.py --db PROFILES.db --profile NAME
 --doc OUT/waypoint/all.json``
@@ -81,7 +80,6 @@ def _costs(before: bool) -> Any:
         if pod_cpus is not None:
             rates = shared_cpu_rates(arranged.batch, pod_cpus, also=arranged.waypoint)
         main = hop_costs(arranged.batch, profiles, rates=rates, speed=speed)
-        main = arch_mod.inter_node_floor(arranged.batch, main)  # as the code, both pricings
         _node_cpu(arranged, main)
         if arranged.waypoint is None:
             _seen["waypoint"] = _seen["call"] = 0.0

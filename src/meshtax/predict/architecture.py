@@ -32,8 +32,8 @@ profile measured in that role is given (``roles``, ``meshtax profile --architect
 every node-proxy crossing is priced from the node-l4 profile, plaintext within a node and with
 its ``tls`` component (what an inter-node crossing adds: mTLS between the node proxies, the
 link) across nodes, and every waypoint crossing from the waypoint profile in the callee's mode
-(its mTLS legs inside its components). That ``tls`` term is never priced below 0
-(:func:`inter_node_floor`).
+(its mTLS legs inside its components). That ``tls`` term is priced as measured, negative at
+low rates included (:func:`inter_node_floor`, flooring it, failed its test: not applied).
 
 Nodes: a service's ``node`` (ECG ``node:``, traces' ``k8s.node.name``/``host.name``); the
 others are placed by name, ``pods_per_node`` to a node (1: a node each, so every call between
@@ -342,7 +342,9 @@ def inter_node_floor(batch: EcgBatch, costs: Costs) -> Costs:
     crossing cheaper (the low-rate excess of :mod:`~meshtax.predict.shared_cpu`). At low rates
     that comes out negative (−4.6 CPU-µs a crossing at 100/s in ``s10-nl4``, every sample of it
     below 0), and the engine already prices that warmth through the shared-CPU rate: encryption
-    and a link do not save CPU (BENCHMARKS.md, issue #18, eleventh sitting)."""
+    and a link do not save CPU. Not applied by :func:`architecture_costs`: on the eleventh
+    sitting's fresh run it made node-l4's and the waypoint's errors worse (BENCHMARKS.md, issue
+    #18, eleventh sitting); kept for ``experiments/inter_node_floor.py``."""
     if TLS not in costs.components:
         return costs
     k = costs.components.index(TLS)
@@ -380,9 +382,7 @@ def architecture_costs(
     rates = None
     if pod_cpus is not None:
         rates = shared_cpu_rates(arranged.batch, pod_cpus, also=arranged.waypoint)
-    costs = inter_node_floor(
-        arranged.batch, hop_costs(arranged.batch, profiles, rates=rates, speed=speed)
-    )
+    costs = hop_costs(arranged.batch, profiles, rates=rates, speed=speed)
     if arranged.waypoint is not None:
         way = waypoint_rates(arranged)
         costs = _add(costs, hop_costs(arranged.waypoint, profiles, rates=way, speed=speed))

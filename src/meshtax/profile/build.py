@@ -132,20 +132,11 @@ class SizeResult:
         timers and stats are user-space work), which the profile keeps apart as a cost per
         sidecar and second.
 
-        On a waypoint's bed (:attr:`ProbeResult.chain_app_cpu_us`) the echo's whole change
-        counts, kernel too, and again for the caller in place of the load generator's
-        (:attr:`caller_cpu_us`): a waypoint serves callers in the mesh, apps on the pods' CPU
-        woken by their response after the same proxies ran there, as the echo is by its
-        request. Tried in the eighth sitting of issue #18 (338837d) and taken out after one
-        fresh run measured half of it (0.50×); 0.84–1.28× in the five other runs it was read on
-        (BENCHMARKS.md, issue #18, eleventh sitting)."""
+        A waypoint's bed also records the echo's whole change (:attr:`ProbeResult.chain_app_cpu_us`)
+        without counting it: counted again for the caller (338837d), it priced the apps' rise
+        per waypoint call at 2× what a fresh validation measured (BENCHMARKS.md, issue #18,
+        eighth sitting), so it was taken back out."""
         c = self.probed.client_cpu_us()
-        chain = self.probed.chain_app_cpu_us
-        echo_kernel = 0.0
-        if chain is not None:
-            caller_user, caller_kernel = chain
-            c = {"read": 0.0, "write": 0.0, "user": caller_user}
-            echo_kernel = 2.0 * caller_kernel  # the echo's own, and the caller's
         idle = (
             self.idle_cpu_us_per_s / (2.0 * run.rate)
             if self.idle_cpu_us_per_s and run.rate > 0
@@ -157,18 +148,8 @@ class SizeResult:
             write=run.bd.write + c["write"],
             user=run.bd.user + self.app_user_us + c["user"] - idle,
             # the other proxies' kernel work on the path (a waypoint's node proxies)
-            kernel_other=run.bd.kernel_other + self.probed.path_kernel_cpu_us + echo_kernel,
+            kernel_other=run.bd.kernel_other + self.probed.path_kernel_cpu_us,
         )
-
-    @property
-    def caller_cpu_us(self) -> float | None:
-        """What :meth:`cpu_bd` adds to every CPU run on a waypoint's bed over the load
-        generator's change, per crossing: the echo's kernel change and, for the caller, its
-        user and kernel change, less the load generator's (None on other beds)."""
-        chain = self.probed.chain_app_cpu_us
-        if chain is None:
-            return None
-        return chain[0] + 2.0 * chain[1] - sum(self.probed.client_cpu_us().values())
 
     def cpu_like(self, run: CpuRun) -> CpuRun | None:
         """The run of the same label, else the one nearest in rate (the TCP baseline of an
@@ -185,7 +166,6 @@ class SizeResult:
             "size": self.size,
             **({} if self.unprobed is None else self.unprobed.to_dict()),
             "probe": {**self.probed.to_dict(), "perturbation_us_per_request": self.perturbation_us},
-            **({} if self.caller_cpu_us is None else {"caller_cpu_us": self.caller_cpu_us}),
             "latency_breakdown_us": self.probed.latency.to_dict(),
             "max_qps": self.max_qps,
             **(
