@@ -17,7 +17,9 @@ from meshtax.model.profile import ModeProfile
 from meshtax.model.sidecar import NO_SIDECAR, Architecture, Mode, SidecarConfig
 from meshtax.predict.architecture import (
     ArchitectureError,
+    architecture_costs,
     arrange,
+    inter_node_floor,
     parse_architectures,
     place_nodes,
     predict_architecture,
@@ -336,3 +338,17 @@ def test_a_waypoint_is_priced_at_the_rate_it_carries() -> None:
     _, q = predict_architecture(to_batch([g]), look, WAY, roles=ROLES)
     tcp = 2 + 3 * np.log(10)
     assert q.cpu_vcpu[0] == pytest.approx((5 * 2 * tcp + 2 * 2 * http) * 100 * 1e-6)
+
+
+def test_a_node_proxys_inter_node_term_is_priced_as_measured_and_the_floor_is_apart() -> None:
+    # the node-l4 profile's tls measured −2 µs / −1 CPU-µs a crossing: priced as measured (the
+    # floor failed its test on a fresh run); inter_node_floor, for experiments, sets it to 0
+    node = profile({Mode.TCP: {READ: flat(3, 4), TLS: flat(-2, -1)}}, name="node")
+    look = single_profile(P, {"node": node, "wayp": WAYP})
+    arranged, p = predict_architecture(to_batch([chain("n1", "n2")]), look, L4, roles=ROLES)
+    # external → A within n1 (no tls); A → B across nodes: both node proxies, 2 × 2 × (3 − 2)
+    assert list(p.row_latency_caller_us + p.row_latency_callee_us) == pytest.approx([6, 4])
+    costs = architecture_costs(arranged, look)
+    floored = inter_node_floor(arranged.batch, costs)
+    assert floored.latency.sum(1).tolist() == pytest.approx([6, 12])
+    assert floored.cpu.sum(1).tolist() == pytest.approx([8, 16])

@@ -32,7 +32,8 @@ profile measured in that role is given (``roles``, ``meshtax profile --architect
 every node-proxy crossing is priced from the node-l4 profile, plaintext within a node and with
 its ``tls`` component (what an inter-node crossing adds: mTLS between the node proxies, the
 link) across nodes, and every waypoint crossing from the waypoint profile in the callee's mode
-(its mTLS legs inside its components).
+(its mTLS legs inside its components). That ``tls`` term is priced as measured, negative at
+low rates included (:func:`inter_node_floor`, flooring it, failed its test: not applied).
 
 Nodes: a service's ``node`` (ECG ``node:``, traces' ``k8s.node.name``/``host.name``); the
 others are placed by name, ``pods_per_node`` to a node (1: a node each, so every call between
@@ -62,6 +63,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meshtax.errors import PredictError
+from meshtax.model.components import TLS
 from meshtax.model.ecg import EcgBatch, SidecarSpec
 from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
 from meshtax.model.speed import Speed
@@ -75,6 +77,7 @@ __all__ = [
     "architecture_of",
     "architecture_idle",
     "arrange",
+    "inter_node_floor",
     "l4_config",
     "parse_architectures",
     "place_nodes",
@@ -328,6 +331,41 @@ def waypoint_rates(arranged: Arranged) -> FloatArray:
     _, inv = np.unique(np.where(via, key, -1), return_inverse=True)
     total = np.bincount(inv, weights=np.where(via, w.rate, 0.0))
     return np.asarray(np.where(via, total[inv], w.rate), dtype=np.float64)
+
+
+def inter_node_floor(batch: EcgBatch, costs: Costs) -> Costs:
+    """``costs`` with the node proxies' ``tls`` term (what an inter-node or waypoint leg adds:
+    mTLS, the link) at 0 wherever it was priced below 0, latency and CPU, each side.
+
+    A node-l4 profile measures it as (inter-node path − 2 × intra-node path) per crossing at
+    one request rate, where the inter-node path's CPU carries twice the crossings: warmer, each
+    crossing cheaper (the low-rate excess of :mod:`~meshtax.predict.shared_cpu`). At low rates
+    that comes out negative (−4.6 CPU-µs a crossing at 100/s in ``s10-nl4``, every sample of it
+    below 0), and the engine already prices that warmth through the shared-CPU rate: encryption
+    and a link do not save CPU. Not applied by :func:`architecture_costs`: on the eleventh
+    sitting's fresh run it made node-l4's and the waypoint's errors worse (BENCHMARKS.md, issue
+    #18, eleventh sitting); kept for ``experiments/inter_node_floor.py``."""
+    if TLS not in costs.components:
+        return costs
+    k = costs.components.index(TLS)
+    out = {}
+    for name, spec_col in (
+        ("latency_caller", batch.caller_spec),
+        ("latency_callee", batch.callee_spec),
+        ("cpu_caller", batch.caller_spec),
+        ("cpu_callee", batch.callee_spec),
+    ):
+        node = np.asarray(
+            [
+                j >= 0 and batch.specs[j].config.architecture is Architecture.NODE_L4
+                for j in spec_col.tolist()
+            ],
+            dtype=bool,
+        )
+        x = getattr(costs, name).copy()
+        x[node, k] = np.maximum(x[node, k], 0.0)
+        out[name] = x
+    return replace(costs, **out)
 
 
 def architecture_costs(
