@@ -32,11 +32,9 @@ import numpy as np
 import meshtax.predict.architecture as arch_mod
 import meshtax.predict.engine as engine_mod
 from meshtax.app.pricing import role_profiles
-from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
+from meshtax.model.sidecar import Architecture
 from meshtax.store.sqlite import ProfileStore
-from meshtax.validate.appctl import load_topology
-from meshtax.validate.prediction import predict_traces
-from meshtax.validate.run import node_names
+from meshtax.validate.run import kept_cases
 
 _RATES = arch_mod.shared_cpu_rates  # type: ignore[attr-defined]
 _IDLE = arch_mod.architecture_idle
@@ -145,30 +143,12 @@ def main() -> None:
         # a role the other database measured wins
         mine, _ = role_profiles(role_store, (arch,), accept_unclosed=True)
         roles.update({r: role_store.get(n) for r, n in mine.items()})
-        for c in doc["cases"]:
-            if c.get("error"):
-                continue
-            topo_name, query = c["name"].split("/")
-            trace = Path(path).parent / "traces" / f"{topo_name}-{query}-{c['mode']}.json"
-            topo = load_topology(topo_name)
-            names = topo.reachable(topo.query(query))
-            ppn = int(opts.get("pods_per_node", 1))
-            nodes = node_names(names, ppn)
-            sidecars = {s: SidecarConfig(Mode(m)) for s, m in c["sidecar_modes"].items()}
-            measured = float(c["cpu"]["per_request_us"]["measured"])
+        for kc in kept_cases(path, doc):
+            c, measured = kc.record, kc.cpu_us
             cells = []
             for v in variants:
                 use(v)
-                p = predict_traces(
-                    trace,
-                    prof,
-                    sidecars,
-                    c["rate"],
-                    pod_cpus=a.pod_cpus,
-                    architecture=arch,
-                    nodes=nodes,
-                    roles=roles,
-                )
+                p = kc.predict(prof, pod_cpus=a.pod_cpus, architecture=arch, roles=roles)
                 cells.append(
                     f"{p.cpu_us_per_request:.0f} ({p.cpu_us_per_request / measured - 1:+.0%})"
                 )

@@ -30,11 +30,9 @@ import numpy as np
 import meshtax.predict.architecture as arch_mod
 from meshtax.app.pricing import role_profiles
 from meshtax.model.components import TLS
-from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
+from meshtax.model.sidecar import Architecture, Mode
 from meshtax.store.sqlite import ProfileStore
-from meshtax.validate.appctl import load_topology
-from meshtax.validate.prediction import predict_traces
-from meshtax.validate.run import node_names
+from meshtax.validate.run import kept_cases
 
 _FLOOR = arch_mod.inter_node_floor
 _HOP = arch_mod.hop_costs  # type: ignore[attr-defined]
@@ -147,33 +145,15 @@ def main() -> None:
         errs: dict[str, list[float]] = {
             k: [] for k in ("p50 before", "p50 now", "cpu before", "cpu now")
         }
-        for c in doc["cases"]:
-            if c.get("error"):
-                continue
-            topo_name, query = c["name"].split("/")
-            trace = Path(path).parent / "traces" / f"{topo_name}-{query}-{c['mode']}.json"
-            topo = load_topology(topo_name)
-            names = topo.reachable(topo.query(query))
-            nodes = node_names(names, int(opts["pods_per_node"]))
-            sidecars = {s: SidecarConfig(Mode(m)) for s, m in c["sidecar_modes"].items()}
-            p50 = float(c["latency"]["measured"])
-            cpu = float(c["cpu"]["per_request_us"]["measured"])
+        for kc in kept_cases(path, doc):
+            c, p50, cpu = kc.record, kc.p50_us, kc.cpu_us
             cells: dict[str, tuple[float, float]] = {}
             for name, floor in (("before", False), ("now", True)):
                 _seen.clear()
                 arch_mod.hop_costs = _hop(floor)  # type: ignore[attr-defined]
                 arch_mod.shared_cpu_rates = _rates  # type: ignore[attr-defined]
                 try:
-                    p = predict_traces(
-                        trace,
-                        prof,
-                        sidecars,
-                        c["rate"],
-                        pod_cpus=a.pod_cpus,
-                        architecture=arch,
-                        nodes=nodes,
-                        roles=roles,
-                    )
+                    p = kc.predict(prof, pod_cpus=a.pod_cpus, architecture=arch, roles=roles)
                 finally:
                     arch_mod.hop_costs = _HOP  # type: ignore[attr-defined]
                     arch_mod.shared_cpu_rates = _RATES  # type: ignore[attr-defined]
@@ -184,7 +164,7 @@ def main() -> None:
             by = c["cpu_by_service_us_per_request"]
             nodes_m = sum(v for k, v in by.items() if k.startswith("node:"))
             apps = sum(v for k, v in by.items() if ":" not in k)
-            ent = by.get(names[0], float("nan"))  # the entry service: called from outside
+            ent = by.get(kc.services[0], float("nan"))  # the entry service: called from outside
             x, xt = _seen["crossings"], _seen["tls crossings"]
             tls_b = _seen["tls before"] / xt if xt else 0.0
             tls_n = _seen["tls"] / xt if xt else 0.0

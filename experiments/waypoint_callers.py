@@ -31,12 +31,10 @@ from meshtax.app.pricing import role_profiles
 from meshtax.model.components import OTHER, PARSING, Component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.profile import ModeProfile, Profile
-from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
+from meshtax.model.sidecar import Architecture, Mode
 from meshtax.profile.onehop import client_cpu_us
 from meshtax.store.sqlite import ProfileStore
-from meshtax.validate.appctl import load_topology
-from meshtax.validate.prediction import predict_traces
-from meshtax.validate.run import node_names
+from meshtax.validate.run import kept_cases
 
 
 def callers_terms(profile: Profile) -> tuple[bool, dict[tuple[Mode, str, float], float]]:
@@ -127,26 +125,14 @@ def main() -> None:
     print()
     print("| case | p50 µs measured | without | with | CPU µs/request measured | without | with |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for c in doc["cases"]:
-        if c.get("error"):
-            continue
-        topo_name, query = c["name"].split("/")
-        trace = Path(a.doc).parent / "traces" / f"{topo_name}-{query}-{c['mode']}.json"
-        names = load_topology(topo_name).reachable(load_topology(topo_name).query(query))
-        nodes = node_names(names, int(opts["pods_per_node"]))
-        sidecars = {s: SidecarConfig(Mode(m)) for s, m in c["sidecar_modes"].items()}
-        p50 = float(c["latency"]["measured"])
-        cpu = float(c["cpu"]["per_request_us"]["measured"])
+    for kc in kept_cases(a.doc, doc):
+        c, p50, cpu = kc.record, kc.p50_us, kc.cpu_us
         cells: dict[str, Any] = {}
         for name, wp in variants.items():
-            p = predict_traces(
-                trace,
+            p = kc.predict(
                 prof,
-                sidecars,
-                c["rate"],
                 pod_cpus=a.pod_cpus,
                 architecture=arch,
-                nodes=nodes,
                 roles={**roles, Architecture.WAYPOINT: wp},
             )
             cells[name] = p

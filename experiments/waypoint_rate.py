@@ -28,13 +28,11 @@ import numpy as np
 
 import meshtax.predict.architecture as arch_mod
 from meshtax.app.pricing import role_profiles
-from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
+from meshtax.model.sidecar import Architecture, Mode
 from meshtax.predict.engine import hop_costs
 from meshtax.predict.shared_cpu import shared_cpu_rates
 from meshtax.store.sqlite import ProfileStore
-from meshtax.validate.appctl import load_topology
-from meshtax.validate.prediction import predict_traces
-from meshtax.validate.run import node_names
+from meshtax.validate.run import kept_cases
 
 _COSTS = arch_mod.architecture_costs
 #: proxies on the pods' CPU a request in the waypoint profile's bed (node proxy, waypoint,
@@ -122,33 +120,15 @@ def main() -> None:
         "| waypoints measured | priced before | now |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for c in doc["cases"]:
-        if c.get("error"):
-            continue
-        topo_name, query = c["name"].split("/")
-        trace = Path(a.doc).parent / "traces" / f"{topo_name}-{query}-{c['mode']}.json"
-        topo = load_topology(topo_name)
-        names = topo.reachable(topo.query(query))
-        nodes = node_names(names, int(opts["pods_per_node"]))
-        sidecars = {s: SidecarConfig(Mode(m)) for s, m in c["sidecar_modes"].items()}
-        p50 = float(c["latency"]["measured"])
-        cpu = float(c["cpu"]["per_request_us"]["measured"])
+    for kc in kept_cases(a.doc, doc):
+        c, p50, cpu = kc.record, kc.p50_us, kc.cpu_us
         way = sum(
             v for k, v in c["cpu_by_service_us_per_request"].items() if k.startswith("waypoint:")
         )
         cells: dict[str, tuple[float, float, float, float]] = {}
         for name, before in (("before", True), ("now", False)):
             arch_mod.architecture_costs = _costs(before)
-            p = predict_traces(
-                trace,
-                prof,
-                sidecars,
-                c["rate"],
-                pod_cpus=a.pod_cpus,
-                architecture=arch,
-                nodes=nodes,
-                roles=roles,
-            )
+            p = kc.predict(prof, pod_cpus=a.pod_cpus, architecture=arch, roles=roles)
             cells[name] = (p.p50_us, p.cpu_us_per_request, _seen["waypoint"], _seen["call"])
             errs[f"p50 {name}"].append(p.p50_us / p50 - 1)
             errs[f"cpu {name}"].append(p.cpu_us_per_request / cpu - 1)

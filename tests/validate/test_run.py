@@ -8,20 +8,24 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from meshtax.model.profile import Profile
-from meshtax.model.sidecar import Mode
+from meshtax.model.sidecar import Architecture, Mode, SidecarConfig
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import ClosureWarning
 from meshtax.profile.plan import Plan
 from meshtax.profile.run import ProfileOptions, run_profile
 from meshtax.testbed.system import RealSystem
 from meshtax.validate import appctl
+from meshtax.validate import run as run_mod
 from meshtax.validate.run import (
     ValidateOptions,
     app_protocol,
+    kept_cases,
+    node_names,
     placement,
     run_validation,
     sidecar_modes,
@@ -44,6 +48,50 @@ def test_sidecar_modes_and_app_protocols() -> None:
         "http",
         "grpc",
     )
+
+
+def test_kept_cases_give_what_predicting_again_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = {
+        "name": "bookinfo/productpage",
+        "mode": "http",
+        "rate": 100.0,
+        "sidecar_modes": {"frontend": "http", "details": "tcp"},
+        "latency": {"measured": 812.0},
+        "cpu": {"per_request_us": {"measured": 1234.5}},
+    }
+    doc = {
+        "options": {"pods_per_node": 2},
+        "cases": [{"name": "bookinfo/productpage", "mode": "grpc", "error": "boom"}, case],
+    }
+    (k,) = kept_cases(tmp_path / "all.json", doc)
+    topo = appctl.load_topology("bookinfo")
+    names = topo.reachable(topo.query("productpage"))
+    assert k.record is case and k.services == tuple(names) and k.services[0] == "frontend"
+    assert k.trace == tmp_path / "traces" / "bookinfo-productpage-http.json"
+    assert k.sidecars == {"frontend": SidecarConfig(Mode.HTTP), "details": SidecarConfig(Mode.TCP)}
+    assert k.nodes == node_names(names, 2) and len(set(k.nodes.values())) > 1
+    assert (k.p50_us, k.cpu_us) == (812.0, 1234.5)
+    seen: list[tuple[object, ...]] = []
+    marker = object()
+
+    def fake(*a: object, **kw: object) -> object:
+        seen.append((a, kw))
+        return marker
+
+    monkeypatch.setattr(run_mod, "predict_traces", fake)
+    prof: Any = object()
+    got: object = k.predict(prof, pod_cpus=1, architecture=Architecture.NODE_L4, roles={})
+    assert got is marker
+    (args, kw) = seen[0]
+    assert args == (k.trace, prof, k.sidecars, 100.0)
+    assert kw == {
+        "pod_cpus": 1,
+        "architecture": Architecture.NODE_L4,
+        "nodes": k.nodes,
+        "roles": {},
+    }
 
 
 def test_options() -> None:

@@ -30,7 +30,7 @@ import platform
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -59,8 +59,10 @@ from meshtax.validate.result import CaseResult, Predicted, RunSample, Validation
 
 __all__ = [
     "APP_PORT",
+    "KeptCase",
     "ValidateOptions",
     "app_protocol",
+    "kept_cases",
     "machine",
     "node_names",
     "placement",
@@ -145,6 +147,64 @@ def placement(services: Sequence[str], pods_per_node: int) -> dict[str, int]:
 def node_names(services: Sequence[str], pods_per_node: int) -> dict[str, str]:
     """Each service's node as a prediction names it (``n<index>`` of :func:`placement`)."""
     return {s: f"n{k}" for s, k in placement(services, pods_per_node).items()}
+
+
+@dataclass(frozen=True)
+class KeptCase:
+    """A measured case of a kept validation (``benchmarks/bench_validate.py --keep-traces``:
+    ``all.json`` with the no-mesh traces in ``traces`` beside it), with what predicting it
+    again needs: ``record`` (the case as the document has it), its traces, the services its
+    query reaches (the entry first), their sidecars and nodes, and its measured p50 latency and
+    CPU overheads (µs, CPU-µs a request)."""
+
+    record: Mapping[str, Any]
+    trace: Path
+    services: tuple[str, ...]
+    sidecars: dict[str, SidecarConfig]
+    nodes: dict[str, str]
+    p50_us: float
+    cpu_us: float
+
+    def predict(
+        self,
+        profile: Profile,
+        *,
+        pod_cpus: int | None,
+        architecture: Architecture,
+        roles: Mapping[Architecture, Profile],
+    ) -> Predicted:
+        """The case predicted again from its traces (as the validation predicted it)."""
+        return predict_traces(
+            self.trace,
+            profile,
+            self.sidecars,
+            float(self.record["rate"]),
+            pod_cpus=pod_cpus,
+            architecture=architecture,
+            nodes=self.nodes,
+            roles=roles,
+        )
+
+
+def kept_cases(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> Iterator[KeptCase]:
+    """The measured cases of the kept validation ``doc`` read from ``path`` (failed ones left
+    out), each placed on nodes as the validation placed it."""
+    ppn = int(doc["options"].get("pods_per_node", 1))
+    for c in doc["cases"]:
+        if c.get("error"):
+            continue
+        topo_name, query = c["name"].split("/")
+        topo = appctl.load_topology(topo_name)
+        names = tuple(topo.reachable(topo.query(query)))
+        yield KeptCase(
+            c,
+            Path(path).parent / "traces" / f"{topo_name}-{query}-{c['mode']}.json",
+            names,
+            {s: SidecarConfig(Mode(m)) for s, m in c["sidecar_modes"].items()},
+            node_names(names, ppn),
+            float(c["latency"]["measured"]),
+            float(c["cpu"]["per_request_us"]["measured"]),
+        )
 
 
 def app_protocol(mode: Mode) -> appctl.Protocol | None:
