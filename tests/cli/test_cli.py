@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -485,6 +486,16 @@ def test_validate_suite_maps_its_options(
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     r = invoke(["validate", "--suite", "--out", out], env)
     assert r.exit_code == 2 and "run it as root" in r.output
+
+
+def test_the_suite_orders_offered_are_the_suites_own() -> None:
+    # the CLI spells them out (it does not import the validation at start-up): kept equal here
+    from meshtax.cli.measure import validate
+    from meshtax.validate.suite import ORDERS
+
+    (order,) = [p for p in validate.params if p.name == "order"]
+    assert isinstance(order.type, click.Choice)
+    assert tuple(order.type.choices) == ORDERS and order.default == ORDERS[0]
 
 
 def test_every_command_is_imported_from_the_modules_it_is_listed_with() -> None:
