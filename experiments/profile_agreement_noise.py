@@ -7,8 +7,9 @@ window pairs (the pairs are resampled, each profile on its own), with each profi
 standard error. A difference whose interval includes 0 is within what the two profiles could
 tell apart; one whose interval excludes 0 is a change of the machine or the sidecar between
 them. The last column is the number of probe window pairs each profile would need for two
-profiles of a machine that does not change to agree within 10 % at 95 % (their per-pair spread,
-the larger of the two: n ≥ 2 · (1.96 · sd / mean / 0.10)²), against the pairs they took.
+profiles of a machine that does not change to agree within 10 % at 95 % (n ≥ 2 · (1.96 · sd /
+mean / 0.10)², the larger per-pair standard deviation over the larger mean), against the pairs
+they took.
 Offline, nothing is measured. Usage::
 
     .venv/bin/python experiments/profile_agreement_noise.py DB_A NAME_A DB_B NAME_B
@@ -89,9 +90,9 @@ def main() -> None:
 
 def pairs_for_the_bar(pa: np.ndarray, pb: np.ndarray, bar: float = DRIFT) -> int:
     """Pairs each of two profiles needs for their difference to stay within ``bar`` of the
-    value at 95 % when nothing changed: n ≥ 2 · (1.96 · cv / bar)², cv the larger of the two
-    profiles' per-pair coefficients of variation."""
-    cv = max(p.std(ddof=1) / max(abs(p.mean()), 1e-9) for p in (pa, pb))
+    value at 95 % when nothing changed: n ≥ 2 · (1.96 · cv / bar)², cv the larger per-pair
+    standard deviation over the larger mean (the scale the difference is taken against)."""
+    cv = max(p.std(ddof=1) for p in (pa, pb)) / max(abs(pa.mean()), abs(pb.mean()), 1e-9)
     return int(np.ceil(2 * (1.96 * cv / bar) ** 2))
 
 
