@@ -73,7 +73,7 @@ def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> R
             if not rows.size:
                 continue
             mp = profiles(spec.platform).modes.get(spec.config.mode)
-            us = ramp_sidecar_us(mp, own[rows, side]) if mp is not None else None
+            us = ramp_sidecar_us(mp, own[rows, side], opts.ramp_shape) if mp is not None else None
             if us is None:
                 return RampPrice(
                     False,
