@@ -17,7 +17,7 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import single_profile
 from meshtax.predict.load_factor import ramp_sidecar_us
-from meshtax.predict.ramp_price import ramp_price
+from meshtax.predict.ramp_price import RAMP_SHAPE, priced_from_ramp, ramp_price
 from meshtax.predict.stations import TailOptions
 from meshtax.predict.tail import predict_tail
 from tests.helpers import EXTERNAL, ecg, inv, profile
@@ -148,3 +148,16 @@ def test_a_topologys_ramp_price_reads_the_shape_when_given() -> None:
     shaped = ramp_price(b, single_profile(p), replace(o, ramp_shape=(2.0, -0.5))).scale
     want = (2 * 80.0 * 0.2**-0.5 + 80.0 * 0.1**-0.5) / (2 * (160.0 - 80.0 / 3) + 160.0)
     assert shaped / runs == pytest.approx(want, rel=1e-9)
+
+
+def test_a_topology_priced_from_the_ramp_reads_the_shape_below_a_quarter_of_the_closed_loop() -> (
+    None
+):
+    # one rule for `meshtax predict` and the validation's topologies: the set 13 shape, so a
+    # sidecar at 1 000/s (a tenth of the closed loop) costs 40 × 1.377 × 0.1^−0.355, not the run's 160
+    _, p = _ramp_profile()
+    o = priced_from_ramp(TailOptions(percentiles=(50.0,), samples=100, pod_cpus=1))
+    assert o.ramp_price and o.ramp_shape == RAMP_SHAPE
+    got = ramp_sidecar_us(p.modes[Mode.HTTP], np.array([1000.0]), o.ramp_shape)
+    assert got is not None
+    assert float(got[0]) == pytest.approx(40.0 * 1.377 * 0.1**-0.355, rel=1e-12)
