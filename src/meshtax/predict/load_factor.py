@@ -206,9 +206,9 @@ def ramp_sidecar_us(
     sidecar uses at the same own rate (median 0.90×), while the models priced its messages at
     the shared CPU's (warmer, cheaper) rate and then × the load factor at its own rate — 1.6×
     low. The ramp at its own rate is measured by the profile, nothing fitted to a topology.
-    Why the shape (set 13's candidate): the ramp's runs below a quarter of the closed loop
-    moved 2.3× between sittings' profiles (123–278 µs at ~350/s, sets 10–12) while its closed
-    loop and the runs above moved ≤ 15 %."""
+    Why the shape (registered before set 13, held there): the ramp's runs below a quarter of
+    the closed loop moved 2.3× between sittings' profiles (123–278 µs at ~350/s, sets 10–12)
+    while its closed loop and the runs above moved ≤ 15 %."""
     cap = mp.capacity
     runs = [p for p in cap.points if p.meshed and p.achieved > 0] if cap is not None else []
     pts = sorted((p.achieved, p.sidecar_cpu / p.achieved * 1e6) for p in runs if p.target > 0)
