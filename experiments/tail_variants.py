@@ -150,6 +150,55 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
         "calibrate": False,
         "one_hop_ramp_queue": True,
     },
+    # set 13's candidate (registered before set 13 ran, designed on sets 10–12, all seen):
+    # s12-ramp-cap with each sidecar's ramp price below a quarter of the closed loop's rate
+    # read from one power law of the rate's fraction of the closed loop's, × the closed
+    # loop's CPU per request (TailOptions.ramp_shape) — the law fitted on the three profiles'
+    # ramp runs at ≤ 25 % (sets 10–12, 12 runs; not on any topology's measurement), whose
+    # low runs moved 2.3× between sittings while the closed loop moved ≤ 15 %
+    "s13-ramp-shape": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "one_hop_paced": True,
+        "one_hop_wakeup": 1000.0,
+        "topology_ramp_price": True,
+        "calibrate": False,
+        "ramp_queue": True,
+        "ramp_shape": (1.377, -0.355),
+    },
+    # after set 12 (exploratory, beside s13-ramp-shape): the same with a topology's request
+    # work on the shared CPUs steadier (SCV 0.1), and without the ramp's queue bound there
+    "s13-shape-scv01": {
+        "lag_traces": True,
+        "topology_scv": 0.1,
+        "one_hop_paced": True,
+        "one_hop_wakeup": 1000.0,
+        "topology_ramp_price": True,
+        "calibrate": False,
+        "ramp_queue": True,
+        "ramp_shape": (1.377, -0.355),
+    },
+    "s13-shape-nobound": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "one_hop_paced": True,
+        "one_hop_wakeup": 1000.0,
+        "topology_ramp_price": True,
+        "calibrate": False,
+        "one_hop_ramp_queue": True,
+        "ramp_shape": (1.377, -0.355),
+    },
+    "s13-shape-norelief": {
+        "lag_traces": True,
+        "topology_scv": TOPOLOGY_SHARED_SCV,
+        "one_hop_paced": True,
+        "one_hop_wakeup": 1000.0,
+        "topology_ramp_price": True,
+        "calibrate": False,
+        "ramp_queue": True,
+        "ramp_shape": (1.377, -0.355),
+        "relief": False,
+    },
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},

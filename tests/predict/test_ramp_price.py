@@ -17,7 +17,7 @@ from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import single_profile
 from meshtax.predict.load_factor import ramp_sidecar_us
-from meshtax.predict.ramp_price import ramp_price
+from meshtax.predict.ramp_price import RAMP_SHAPE, priced_from_ramp, ramp_price
 from meshtax.predict.stations import TailOptions
 from meshtax.predict.tail import predict_tail
 from tests.helpers import EXTERNAL, ecg, inv, profile
@@ -48,6 +48,31 @@ def test_the_ramps_sidecar_cpu_is_interpolated_in_log_rate_and_held_beyond() -> 
     assert got is not None
     assert got.tolist() == pytest.approx([160.0, 160.0, 160.0 - 80.0 / 3, 80.0, 80.0])
     assert ramp_sidecar_us(base.modes[Mode.HTTP], np.array([1000.0])) is None
+
+
+@pytest.mark.parametrize(
+    ("rate", "want"),
+    [
+        (1000.0, 40.0 * 2.0 * 0.1**-0.5),  # the shape, the 1 000/s run left out
+        (100.0, 40.0 * 2.0 * 0.01**-0.5),  # below the ramp: the shape, not held
+        (2500.0, 160.0),  # a quarter of the closed loop's 10 000/s: the shape
+        (5000.0, 160.0 - 80.0 * math.log(2.0) / math.log(3.2)),  # towards the 8 000/s run
+        (8000.0, 80.0),
+        (2e4, 80.0),
+    ],
+)
+def test_a_ramp_shape_prices_below_a_quarter_of_the_closed_loop(rate: float, want: float) -> None:
+    # closed loop 10 000/s at 40 CPU-µs a request; shape 2 × (r ÷ 10 000)^−0.5
+    _, p = _ramp_profile()
+    got = ramp_sidecar_us(p.modes[Mode.HTTP], np.array([rate]), (2.0, -0.5))
+    assert got is not None
+    assert float(got[0]) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_ramp_shape_is_refused_unless_positive_and_not_rising() -> None:
+    for bad in ((0.0, -0.3), (1.0, 0.2), (math.inf, -0.3)):
+        with pytest.raises(ValueError, match="ramp_shape"):
+            TailOptions(ramp_shape=bad)
 
 
 def test_a_topologys_sidecars_cost_the_ramps_sidecar_at_their_own_rates() -> None:
@@ -107,3 +132,32 @@ def test_a_prediction_records_whether_the_ramp_price_was_used() -> None:
     assert got is not None and got.used and got.scale == ramp_price(b, single_profile(p), o).scale
     got = predict_tail(b, single_profile(base), asked).ramp
     assert got is not None and not got.used and got.scale == 1.0
+
+
+def test_a_topologys_ramp_price_reads_the_shape_when_given() -> None:
+    # the topology above (A: 2 sides at 2 000/s, B: 1 side at 1 000/s) with the shape of the
+    # test before: the scale follows the shape's price, not the runs'
+    _, p = _ramp_profile()
+    g = ecg(
+        {"A": HTTP, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000)],
+    )
+    b = to_batch([g])
+    o = TailOptions(percentiles=(50.0,), samples=100, pod_cpus=1, app_cpu_us=100.0)
+    runs = ramp_price(b, single_profile(p), o).scale
+    shaped = ramp_price(b, single_profile(p), replace(o, ramp_shape=(2.0, -0.5))).scale
+    want = (2 * 80.0 * 0.2**-0.5 + 80.0 * 0.1**-0.5) / (2 * (160.0 - 80.0 / 3) + 160.0)
+    assert shaped / runs == pytest.approx(want, rel=1e-9)
+
+
+def test_a_topology_priced_from_the_ramp_reads_the_shape_below_a_quarter_of_the_closed_loop() -> (
+    None
+):
+    # one rule for `meshtax predict` and the validation's topologies: the set 13 shape, so a
+    # sidecar at 1 000/s (a tenth of the closed loop) costs 40 × 1.377 × 0.1^−0.355, not the run's 160
+    _, p = _ramp_profile()
+    o = priced_from_ramp(TailOptions(percentiles=(50.0,), samples=100, pod_cpus=1))
+    assert o.ramp_price and o.ramp_shape == RAMP_SHAPE
+    got = ramp_sidecar_us(p.modes[Mode.HTTP], np.array([1000.0]), o.ramp_shape)
+    assert got is not None
+    assert float(got[0]) == pytest.approx(40.0 * 1.377 * 0.1**-0.355, rel=1e-12)

@@ -254,6 +254,13 @@ def test_a_topology_is_priced_from_the_ramp_at_its_sidecars_own_rates_one_hop_is
     assert not one_hop_options(TailOptions(pod_cpus=1, clients=32)).ramp_price
 
 
+def test_a_topologys_ramp_price_reads_the_shape_one_hops_does_not_price_from_the_ramp() -> None:
+    from meshtax.predict.ramp_price import RAMP_SHAPE
+
+    assert topology_options(TailOptions(pod_cpus=1, clients=32), 600.0).ramp_shape == RAMP_SHAPE
+    assert not one_hop_options(TailOptions(pod_cpus=1, clients=32)).ramp_price
+
+
 def test_one_hop_and_a_topology_both_bound_the_shared_cpus_wait_by_the_ramps_queue() -> None:
     # issue #20, set 12: the one rule (predict.ramp_queue.bounded_by_ramp) for both
     assert one_hop_options(TailOptions(pod_cpus=1, clients=32)).ramp_queue

@@ -16,7 +16,12 @@ from meshtax.predict.ramp_queue import bounded_by_ramp
 from meshtax.predict.rates import graph_rates, row_weights, sidecar_rates
 from meshtax.predict.stations import TailOptions, crossings
 
-__all__ = ["RampPrice", "priced_from_ramp", "ramp_price"]
+__all__ = ["RAMP_SHAPE", "RampPrice", "priced_from_ramp", "ramp_price"]
+
+#: the ramp price below a quarter of the closed loop's rate R: u_R × a × (rate ÷ R)^b —
+#: fitted on sets 10–12's three profiles' pooled ramp runs at ≤ R/4 (12 runs), whose low runs
+#: moved 2.3× between sittings while the closed loop moved ≤ 15 %; held on set 13 (BENCHMARKS.md)
+RAMP_SHAPE = (1.377, -0.355)
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,10 @@ def priced_from_ramp(opts: TailOptions) -> TailOptions:
     (``validate.tail_run.topology_options``) predict with the same model; adopted by a rule
     registered before set 11 and held there (Bookinfo's p90/p99 error 38 % / 38 % against
     77 % / 138 % with a cost scale fitted on a measured level). The validation's one hop is
-    the profile's own bed and keeps the models' price."""
-    return bounded_by_ramp(replace(opts, ramp_price=True))
+    the profile's own bed and keeps the models' price. Below a quarter of the closed loop's
+    rate the price is read from :data:`RAMP_SHAPE` × the closed loop's (registered before set
+    13 as ``s13-ramp-shape`` and held there)."""
+    return bounded_by_ramp(replace(opts, ramp_price=True, ramp_shape=opts.ramp_shape or RAMP_SHAPE))
 
 
 def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> RampPrice:
@@ -73,7 +80,7 @@ def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> R
             if not rows.size:
                 continue
             mp = profiles(spec.platform).modes.get(spec.config.mode)
-            us = ramp_sidecar_us(mp, own[rows, side]) if mp is not None else None
+            us = ramp_sidecar_us(mp, own[rows, side], opts.ramp_shape) if mp is not None else None
             if us is None:
                 return RampPrice(
                     False,

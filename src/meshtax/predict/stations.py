@@ -94,6 +94,10 @@ class TailOptions:
     the profile's capacity ramp showed at the same load fraction, in the station's times per
     request (:mod:`~meshtax.predict.ramp_queue`; held on set 12, on through
     :func:`~meshtax.predict.ramp_queue.bounded_by_ramp`).
+    ``ramp_shape`` (with ``ramp_price``): (coefficient, exponent) — the ramp's sidecar CPU per
+    request below a quarter of its closed loop's rate read from this power law of the rate's
+    fraction of the closed loop's, × the closed loop's own CPU per request, instead of the
+    ramp's runs there (:func:`~meshtax.predict.load_factor.ramp_sidecar_us`; None: the runs).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -113,6 +117,7 @@ class TailOptions:
     cost_scale: float = 1.0
     ramp_price: bool = False
     ramp_queue: bool = False
+    ramp_shape: tuple[float, float] | None = None
     relief: bool = True
     batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"
@@ -139,6 +144,12 @@ class TailOptions:
             raise ValueError(f"wakeup_us must be finite, > 0 and with clients: {self.wakeup_us}")
         if not 0 < self.cost_scale < math.inf:
             raise ValueError(f"cost_scale must be finite and > 0, got {self.cost_scale}")
+        if self.ramp_shape is not None and not (
+            0 < self.ramp_shape[0] < math.inf and -math.inf < self.ramp_shape[1] <= 0
+        ):
+            raise ValueError(
+                f"ramp_shape must be (coefficient > 0, exponent ≤ 0): {self.ramp_shape}"
+            )
 
 
 @dataclass(frozen=True)
