@@ -46,6 +46,20 @@ DRAWS = 40_000
 
 #: name → what the variant changes of the validation's options (``capacity: False``: the
 #: profile without its capacity runs, so crossings cost what one client's do at every rate)
+# the models adopted since set 11, each the one before with one change (the variants below)
+_S11: Mapping[str, Any] = {
+    "lag_traces": True,
+    "topology_scv": TOPOLOGY_SHARED_SCV,
+    "one_hop_paced": True,
+    "one_hop_wakeup": 1000.0,
+    "topology_ramp_price": True,
+    "calibrate": False,
+}
+_S12 = {**_S11, "ramp_queue": True}
+_S12_ONE = {**_S11, "one_hop_ramp_queue": True}
+_SHAPE = (1.377, -0.355)
+_S13 = {**_S12, "ramp_shape": _SHAPE}
+
 VARIANTS: dict[str, Mapping[str, Any]] = {
     "default": {"lag_traces": True},
     # set 3's model: no relief of a queue's sidecar work
@@ -105,100 +119,33 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # set 11's model (s10-ramp-sidecar held there): the same price inside the model
     # (TailOptions.ramp_price, as validate.tail_run.topology_options sets it) — a check that
     # the model reproduces the variant it adopted
-    "s11": {
-        "lag_traces": True,
-        "topology_scv": TOPOLOGY_SHARED_SCV,
-        "one_hop_paced": True,
-        "one_hop_wakeup": 1000.0,
-        "topology_ramp_price": True,
-        "calibrate": False,
-    },
+    "s11": _S11,
     # after set 11 (post hoc, exploratory): s11 with one hop's no-mesh stall backlog off (its
     # drains at 1 − ρ grow without bound near ρ = 1, where one hop came out 1.9–4× over)
-    "s11-nostalls": {
-        "lag_traces": True,
-        "topology_scv": TOPOLOGY_SHARED_SCV,
-        "one_hop_paced": True,
-        "one_hop_wakeup": 1000.0,
-        "one_hop_stalls": False,
-        "topology_ramp_price": True,
-        "calibrate": False,
-    },
+    "s11-nostalls": {**_S11, "one_hop_stalls": False},
     # set 12's candidate (registered before set 12 ran, designed on sets 10–11): s11, and on
     # every graph's shared CPUs what a request waits more with the mesh at most the queue the
     # profile's capacity ramp showed at the same load fraction (rate ÷ the predicted
     # saturation rate), in the station's times per request (TailOptions.ramp_queue,
     # predict/ramp_queue.py); nothing fitted, saturation unchanged
-    "s12-ramp-cap": {
-        "lag_traces": True,
-        "topology_scv": TOPOLOGY_SHARED_SCV,
-        "one_hop_paced": True,
-        "one_hop_wakeup": 1000.0,
-        "topology_ramp_price": True,
-        "calibrate": False,
-        "ramp_queue": True,
-    },
+    "s12-ramp-cap": _S12,
     # set 12's second candidate (registered with s12-ramp-cap, judged only if that one does
     # not hold): the same bound only where the shared CPUs carry a single sidecar — the
     # profile's own bed (the validation's one hop); a topology as s11
-    "s12-ramp-cap-one": {
-        "lag_traces": True,
-        "topology_scv": TOPOLOGY_SHARED_SCV,
-        "one_hop_paced": True,
-        "one_hop_wakeup": 1000.0,
-        "topology_ramp_price": True,
-        "calibrate": False,
-        "one_hop_ramp_queue": True,
-    },
+    "s12-ramp-cap-one": _S12_ONE,
     # set 13's candidate (registered before set 13 ran, designed on sets 10–12, all seen):
     # s12-ramp-cap with each sidecar's ramp price below a quarter of the closed loop's rate
     # read from one power law of the rate's fraction of the closed loop's, × the closed
     # loop's CPU per request (TailOptions.ramp_shape) — the law fitted on the three profiles'
     # ramp runs at ≤ 25 % (sets 10–12, 12 runs; not on any topology's measurement), whose
     # low runs moved 2.3× between sittings while the closed loop moved ≤ 15 %
-    "s13-ramp-shape": {
-        "lag_traces": True,
-        "topology_scv": TOPOLOGY_SHARED_SCV,
-        "one_hop_paced": True,
-        "one_hop_wakeup": 1000.0,
-        "topology_ramp_price": True,
-        "calibrate": False,
-        "ramp_queue": True,
-        "ramp_shape": (1.377, -0.355),
-    },
+    "s13-ramp-shape": _S13,
     # after set 12 (exploratory, beside s13-ramp-shape): the same with a topology's request
-    # work on the shared CPUs steadier (SCV 0.1), and without the ramp's queue bound there
-    "s13-shape-scv01": {
-        "lag_traces": True,
-        "topology_scv": 0.1,
-        "one_hop_paced": True,
-        "one_hop_wakeup": 1000.0,
-        "topology_ramp_price": True,
-        "calibrate": False,
-        "ramp_queue": True,
-        "ramp_shape": (1.377, -0.355),
-    },
-    "s13-shape-nobound": {
-        "lag_traces": True,
-        "topology_scv": TOPOLOGY_SHARED_SCV,
-        "one_hop_paced": True,
-        "one_hop_wakeup": 1000.0,
-        "topology_ramp_price": True,
-        "calibrate": False,
-        "one_hop_ramp_queue": True,
-        "ramp_shape": (1.377, -0.355),
-    },
-    "s13-shape-norelief": {
-        "lag_traces": True,
-        "topology_scv": TOPOLOGY_SHARED_SCV,
-        "one_hop_paced": True,
-        "one_hop_wakeup": 1000.0,
-        "topology_ramp_price": True,
-        "calibrate": False,
-        "ramp_queue": True,
-        "ramp_shape": (1.377, -0.355),
-        "relief": False,
-    },
+    # work on the shared CPUs steadier (SCV 0.1), without the ramp's queue bound there, and
+    # without relief
+    "s13-shape-scv01": {**_S13, "topology_scv": 0.1},
+    "s13-shape-nobound": {**_S12_ONE, "ramp_shape": _SHAPE},
+    "s13-shape-norelief": {**_S13, "relief": False},
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},
