@@ -1,5 +1,6 @@
 """Every command BENCHMARKS.md gives runs a script in the repository, with its paths given as
-arguments: no script outside the repository, no temporary path from someone's machine."""
+arguments: no script outside the repository, no temporary path from someone's machine; and
+every experiment says in experiments/README.md what it showed."""
 
 from __future__ import annotations
 
@@ -28,3 +29,14 @@ def test_no_temporary_paths_from_a_machine() -> None:
 def test_no_inline_python_instead_of_a_script() -> None:
     inline = [b for b in CODE if "python -c" in b]
     assert not inline, inline
+
+
+def test_every_experiment_has_a_row_in_its_readme() -> None:
+    readme = (ROOT / "experiments" / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `")]
+    scripts = sorted(
+        p.name for p in (ROOT / "experiments").iterdir() if p.suffix in {".py", ".sh", ".bt"}
+    )
+    assert scripts, "no experiments found"
+    missing = [n for n in scripts if not any(f"`{n}`" in row.split(" | ")[0] for row in rows)]
+    assert not missing, f"experiments without a row in experiments/README.md: {missing}"
