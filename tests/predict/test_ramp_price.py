@@ -12,7 +12,7 @@ import pytest
 from meshtax.model.capacity import Capacity, CapacityPoint
 from meshtax.model.components import OTHER
 from meshtax.model.costmodel import ComponentModel, CostModel
-from meshtax.model.ecg import to_batch
+from meshtax.model.ecg import EcgBatch, to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import single_profile
@@ -75,6 +75,18 @@ def test_a_ramp_shape_is_refused_unless_positive_and_not_rising() -> None:
             TailOptions(ramp_shape=bad)
 
 
+def _a_calls_b() -> tuple[EcgBatch, TailOptions]:
+    """A (in and out: 2 sides a request, own rate 2 000/s) calls B (1 side, 1 000/s) on one
+    shared CPU at 1 000 requests/s, with 100 µs of app CPU a request."""
+    g = ecg(
+        {"A": HTTP, "B": HTTP},
+        [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000)],
+    )
+    return to_batch([g]), TailOptions(
+        percentiles=(50.0,), samples=100, pod_cpus=1, app_cpu_us=100.0
+    )
+
+
 def test_a_topologys_sidecars_cost_the_ramps_sidecar_at_their_own_rates() -> None:
     # A (in and out: 2 sides a request, own rate 2 000/s) calls B (1 side, 1 000/s) on one
     # shared CPU at 1 000 requests/s. The models price each message at the CPU's rate
@@ -82,12 +94,7 @@ def test_a_topologys_sidecars_cost_the_ramps_sidecar_at_their_own_rates() -> Non
     # factor discounts it again: with ramp_price a request's sidecar work is the ramp's at the
     # sidecars' own rates, 2 × 133.3 + 160 µs, whatever the models say
     _, p = _ramp_profile()
-    g = ecg(
-        {"A": HTTP, "B": HTTP},
-        [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000)],
-    )
-    b = to_batch([g])
-    o = TailOptions(percentiles=(50.0,), samples=100, pod_cpus=1, app_cpu_us=100.0)
+    b, o = _a_calls_b()
     ramp = 2 * (160.0 - 80.0 / 3) + 160.0
 
     def shared(opts: TailOptions) -> tuple[float, float]:
@@ -138,12 +145,7 @@ def test_a_topologys_ramp_price_reads_the_shape_when_given() -> None:
     # the topology above (A: 2 sides at 2 000/s, B: 1 side at 1 000/s) with the shape of the
     # test before: the scale follows the shape's price, not the runs'
     _, p = _ramp_profile()
-    g = ecg(
-        {"A": HTTP, "B": HTTP},
-        [inv("r", EXTERNAL, "A", 0, 100, rate=1000), inv("b", "A", "B", 10, 30, "r", rate=1000)],
-    )
-    b = to_batch([g])
-    o = TailOptions(percentiles=(50.0,), samples=100, pod_cpus=1, app_cpu_us=100.0)
+    b, o = _a_calls_b()
     runs = ramp_price(b, single_profile(p), o).scale
     shaped = ramp_price(b, single_profile(p), replace(o, ramp_shape=(2.0, -0.5))).scale
     want = (2 * 80.0 * 0.2**-0.5 + 80.0 * 0.1**-0.5) / (2 * (160.0 - 80.0 / 3) + 160.0)
