@@ -21,8 +21,8 @@ variant's prediction (error). The placement, role profiles and pod CPUs are the 
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,9 @@ from meshtax.app.pricing import role_profiles
 from meshtax.model.sidecar import Architecture
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.run import kept_cases
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _kept import kept_validation_parser  # noqa: E402
 
 _RATES = arch_mod.shared_cpu_rates  # type: ignore[attr-defined]
 _IDLE = arch_mod.architecture_idle
@@ -118,11 +121,7 @@ def use(variant: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--doc", required=True, nargs="+")
-    ap.add_argument("--db", required=True)
-    ap.add_argument("--profile", required=True, help="the sidecar profile the validation used")
-    ap.add_argument("--pod-cpus", type=int, default=1)
+    ap = kept_validation_parser(__doc__)
     ap.add_argument("--variants", default="fix,own-rate,no-idle")
     ap.add_argument(
         "--role-db", default=None, help="take the role profiles from this database's newest"

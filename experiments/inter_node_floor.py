@@ -19,9 +19,9 @@ one added back (``+ c(r) − c(2r)`` of its tcp mode's rate term: a reading, not
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,9 @@ from meshtax.model.components import TLS
 from meshtax.model.sidecar import Architecture, Mode
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.run import kept_cases
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _kept import kept_validation_parser  # noqa: E402
 
 _FLOOR = arch_mod.inter_node_floor
 _HOP = arch_mod.hop_costs  # type: ignore[attr-defined]
@@ -116,11 +119,7 @@ def _tls_reading(node: Any) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--doc", required=True, nargs="+")
-    ap.add_argument("--db", required=True)
-    ap.add_argument("--profile", required=True, help="the sidecar profile the validation used")
-    ap.add_argument("--pod-cpus", type=int, default=1)
+    ap = kept_validation_parser(__doc__)
     a = ap.parse_args()
     store = ProfileStore(a.db)
     prof = store.get(a.profile)

@@ -25,9 +25,9 @@ validation's (the role profiles: the database's newest of each role, as the vali
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -43,6 +43,9 @@ from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.appctl import load_topology
 from meshtax.validate.prediction import predict_traces
 from meshtax.validate.run import node_names
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _kept import kept_validation_parser  # noqa: E402
 
 #: a low rate at or below this is the repeated one
 REPEAT_MAX = Plan.low_rate_repeat_max
@@ -150,11 +153,7 @@ def describe_points(profile: Profile) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--doc", required=True, nargs="+")
-    ap.add_argument("--db", required=True)
-    ap.add_argument("--profile", required=True, help="the sidecar profile the validation used")
-    ap.add_argument("--pod-cpus", type=int, default=1)
+    ap = kept_validation_parser(__doc__)
     ap.add_argument("--variants", default="median,pair1,pair2,pair3,no-low")
     a = ap.parse_args()
     store = ProfileStore(a.db)

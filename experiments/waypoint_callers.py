@@ -20,9 +20,9 @@ median absolute errors. The placement, role profiles and pod CPUs are the valida
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,9 @@ from meshtax.model.sidecar import Architecture, Mode
 from meshtax.profile.onehop import client_cpu_us
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.run import kept_cases
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _kept import kept_validation_parser  # noqa: E402
 
 
 def callers_terms(profile: Profile) -> tuple[bool, dict[tuple[Mode, str, float], float]]:
@@ -96,11 +99,7 @@ def variant(profile: Profile, with_callers: bool) -> Profile:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--doc", required=True, help="a waypoint validation's all.json")
-    ap.add_argument("--db", required=True)
-    ap.add_argument("--profile", required=True, help="the sidecar profile the validation used")
-    ap.add_argument("--pod-cpus", type=int, default=1)
+    ap = kept_validation_parser(__doc__, many=False, doc_help="a waypoint validation's all.json")
     a = ap.parse_args()
     store = ProfileStore(a.db)
     prof = store.get(a.profile)

@@ -18,9 +18,9 @@ works too: no waypoint, both pricings the same).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,9 @@ from meshtax.predict.engine import hop_costs
 from meshtax.predict.shared_cpu import shared_cpu_rates
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.run import kept_cases
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _kept import kept_validation_parser  # noqa: E402
 
 _COSTS = arch_mod.architecture_costs
 #: proxies on the pods' CPU a request in the waypoint profile's bed (node proxy, waypoint,
@@ -95,11 +98,7 @@ def _costs(before: bool) -> Any:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--doc", required=True)
-    ap.add_argument("--db", required=True)
-    ap.add_argument("--profile", required=True, help="the sidecar profile the validation used")
-    ap.add_argument("--pod-cpus", type=int, default=1)
+    ap = kept_validation_parser(__doc__, many=False)
     a = ap.parse_args()
     store = ProfileStore(a.db)
     prof = store.get(a.profile)
