@@ -5,6 +5,8 @@ and the pod CPUs it ran with."""
 from __future__ import annotations
 
 import argparse
+import statistics
+from collections.abc import Sequence
 
 
 def kept_validation_parser(
@@ -18,3 +20,9 @@ def kept_validation_parser(
     ap.add_argument("--profile", required=True, help="the sidecar profile the validation used")
     ap.add_argument("--pod-cpus", type=int, default=1)
     return ap
+
+
+def error_line(label: str, errors: Sequence[float]) -> str:
+    """``label: median abs error …% (mean signed …%)`` of signed relative errors."""
+    med = statistics.median(abs(e) for e in errors)
+    return f"{label}: median abs error {med:.1%} (mean signed {statistics.fmean(errors):+.1%})"

@@ -20,7 +20,6 @@ one added back (``+ c(r) − c(2r)`` of its tcp mode's rate term: a reading, not
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.run import kept_cases
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _kept import kept_validation_parser  # noqa: E402
+from _kept import error_line, kept_validation_parser  # noqa: E402
 
 _FLOOR = arch_mod.inter_node_floor
 _HOP = arch_mod.hop_costs  # type: ignore[attr-defined]
@@ -175,10 +174,7 @@ def main() -> None:
                 f"| {tls_b:+.1f} | {tls_n:+.1f} | {nodes_m / x:.1f} | {apps:+.0f} ({ent:+.0f}) |"
             )
         for k, v in errs.items():
-            med = statistics.median(abs(e) for e in v)
-            summary.append(
-                f"{arch.value} {k}: median abs error {med:.1%} (mean signed {statistics.fmean(v):+.1%})"
-            )
+            summary.append(error_line(f"{arch.value} {k}", v))
     print()
     if node_prof is not None:
         print(_tls_reading(node_prof))

@@ -21,7 +21,6 @@ median absolute errors. The placement, role profiles and pod CPUs are the valida
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -37,7 +36,7 @@ from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.run import kept_cases
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _kept import kept_validation_parser  # noqa: E402
+from _kept import error_line, kept_validation_parser  # noqa: E402
 
 
 def callers_terms(profile: Profile) -> tuple[bool, dict[tuple[Mode, str, float], float]]:
@@ -146,8 +145,7 @@ def main() -> None:
         )
     print()
     for k, v in errs.items():
-        med = statistics.median(abs(e) for e in v)
-        print(f"{k}: median abs error {med:.1%} (mean signed {statistics.fmean(v):+.1%})")
+        print(error_line(k, v))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ works too: no waypoint, both pricings the same).
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.run import kept_cases
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _kept import kept_validation_parser  # noqa: E402
+from _kept import error_line, kept_validation_parser  # noqa: E402
 
 _COSTS = arch_mod.architecture_costs
 #: proxies on the pods' CPU a request in the waypoint profile's bed (node proxy, waypoint,
@@ -173,8 +172,7 @@ def main() -> None:
         print(f"{node.name} inter-node tls, CPU-µs a crossing at 100 B: {at}")
     print()
     for k, v in errs.items():
-        med = statistics.median(abs(x) for x in v)
-        print(f"{k}: median abs error {med:.1%} (mean signed {statistics.fmean(v):+.1%})")
+        print(error_line(k, v))
 
 
 if __name__ == "__main__":
