@@ -5,8 +5,16 @@ and the pod CPUs it ran with."""
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from meshtax.app.pricing import role_profiles
+from meshtax.model.profile import Profile
+from meshtax.model.sidecar import Architecture
+from meshtax.store.sqlite import ProfileStore
 
 
 def kept_validation_parser(
@@ -26,3 +34,18 @@ def error_line(label: str, errors: Sequence[float]) -> str:
     """``label: median abs error …% (mean signed …%)`` of signed relative errors."""
     med = statistics.median(abs(e) for e in errors)
     return f"{label}: median abs error {med:.1%} (mean signed {statistics.fmean(errors):+.1%})"
+
+
+def kept_validation(
+    store: ProfileStore, path: str, archs: Sequence[Architecture]
+) -> tuple[dict[str, Any], Architecture, dict[Architecture, Profile]]:
+    """A kept validation's document at ``path``, its architecture (one of ``archs``, else the
+    experiment exits saying so) and the store's role profiles for it, as the validation took
+    them (the newest of each role, unclosed ones too)."""
+    doc = json.loads(Path(path).read_text())
+    arch = Architecture(doc["options"]["architecture"])
+    if arch not in archs:
+        want = " or ".join(a.value for a in archs)
+        raise SystemExit(f"{path}: a {arch.value} validation; give a {want} one")
+    got, _ = role_profiles(store, (arch,), accept_unclosed=True)
+    return doc, arch, {r: store.get(n) for r, n in got.items()}

@@ -19,7 +19,6 @@ one added back (``+ c(r) − c(2r)`` of its tcp mode's rate term: a reading, not
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,14 +26,13 @@ from typing import Any
 import numpy as np
 
 import meshtax.predict.architecture as arch_mod
-from meshtax.app.pricing import role_profiles
 from meshtax.model.components import TLS
 from meshtax.model.sidecar import Architecture, Mode
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.run import kept_cases
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _kept import error_line, kept_validation_parser  # noqa: E402
+from _kept import error_line, kept_validation, kept_validation_parser  # noqa: E402
 
 _FLOOR = arch_mod.inter_node_floor
 _HOP = arch_mod.hop_costs  # type: ignore[attr-defined]
@@ -132,13 +130,9 @@ def main() -> None:
     )
     print("|---|---|" + "---:|" * 14)
     for path in a.doc:
-        doc = json.loads(Path(path).read_text())
-        opts = doc["options"]
-        arch = Architecture(opts["architecture"])
-        if arch not in (Architecture.NODE_L4, Architecture.WAYPOINT):
-            raise SystemExit(f"{path}: a {arch.value} validation; give node-l4 or waypoint ones")
-        got, _ = role_profiles(store, (arch,), accept_unclosed=True)
-        roles = {r: store.get(n) for r, n in got.items()}
+        doc, arch, roles = kept_validation(
+            store, path, (Architecture.NODE_L4, Architecture.WAYPOINT)
+        )
         node_prof = roles.get(Architecture.NODE_L4, node_prof)
         errs: dict[str, list[float]] = {
             k: [] for k in ("p50 before", "p50 now", "cpu before", "cpu now")

@@ -20,13 +20,11 @@ median absolute errors. The placement, role profiles and pod CPUs are the valida
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from meshtax.app.pricing import role_profiles
 from meshtax.model.components import OTHER, PARSING, Component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.profile import ModeProfile, Profile
@@ -36,7 +34,7 @@ from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.run import kept_cases
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _kept import error_line, kept_validation_parser  # noqa: E402
+from _kept import error_line, kept_validation, kept_validation_parser  # noqa: E402
 
 
 def callers_terms(profile: Profile) -> tuple[bool, dict[tuple[Mode, str, float], float]]:
@@ -102,13 +100,7 @@ def main() -> None:
     a = ap.parse_args()
     store = ProfileStore(a.db)
     prof = store.get(a.profile)
-    doc = json.loads(Path(a.doc).read_text())
-    opts = doc["options"]
-    arch = Architecture(opts["architecture"])
-    if arch is not Architecture.WAYPOINT:
-        raise SystemExit(f"{a.doc}: a {arch.value} validation; give a waypoint one")
-    got, _ = role_profiles(store, (arch,), accept_unclosed=True)
-    roles = {r: store.get(n) for r, n in got.items()}
+    doc, arch, roles = kept_validation(store, a.doc, (Architecture.WAYPOINT,))
     way = roles[Architecture.WAYPOINT]
     counted, terms = callers_terms(way)
     print(

@@ -18,7 +18,6 @@ works too: no waypoint, both pricings the same).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,6 @@ from typing import Any
 import numpy as np
 
 import meshtax.predict.architecture as arch_mod
-from meshtax.app.pricing import role_profiles
 from meshtax.model.sidecar import Architecture, Mode
 from meshtax.predict.engine import hop_costs
 from meshtax.predict.shared_cpu import shared_cpu_rates
@@ -34,7 +32,7 @@ from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.run import kept_cases
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _kept import error_line, kept_validation_parser  # noqa: E402
+from _kept import error_line, kept_validation, kept_validation_parser  # noqa: E402
 
 _COSTS = arch_mod.architecture_costs
 #: proxies on the pods' CPU a request in the waypoint profile's bed (node proxy, waypoint,
@@ -101,13 +99,7 @@ def main() -> None:
     a = ap.parse_args()
     store = ProfileStore(a.db)
     prof = store.get(a.profile)
-    doc = json.loads(Path(a.doc).read_text())
-    opts = doc["options"]
-    arch = Architecture(opts["architecture"])
-    if arch not in (Architecture.NODE_L4, Architecture.WAYPOINT):
-        raise SystemExit(f"{a.doc}: a {arch.value} validation; give a node-l4 or waypoint one")
-    got, _ = role_profiles(store, (arch,), accept_unclosed=True)
-    roles = {r: store.get(n) for r, n in got.items()}
+    doc, arch, roles = kept_validation(store, a.doc, (Architecture.NODE_L4, Architecture.WAYPOINT))
     per_call: list[tuple[str, float, float, float]] = []
     node_rows: list[tuple[str, float, float, float, float]] = []
     errs: dict[str, list[float]] = {
