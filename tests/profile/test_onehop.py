@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.onehop import WindowPolicy, probe_components
+from meshtax.profile.decompose import Breakdown
+from meshtax.profile.onehop import WindowPolicy, components_narrow, probe_components
 from meshtax.testbed.fortio import LoadSpec
 from meshtax.testbed.interference import Snapshot, Thresholds
 from meshtax.testbed.procfs import CpuTimes
@@ -167,3 +168,13 @@ def test_cpu_models_carry_the_clients_cpu_change() -> None:
     got = sr.cpu_bd(run)
     assert (got.read, got.write) == pytest.approx((2.5, 4.5))
     assert got.user == pytest.approx(3.0 + sr.app_user_us + 4.5)
+
+
+def test_components_narrow_asks_what_the_policy_says() -> None:
+    # Notification 3 µs ± 0.3 µs over 8 pairs, Write 20 µs ± 0.2 µs
+    per = [Breakdown(notification=3.0 + d, write=20.0 + d / 1.5) for d in (-0.3, 0.3) * 4]
+    assert components_narrow(per, 0.15, 5.0)  # Notification below the floor, Write tight
+    assert components_narrow(per, 0.15, 2.5)  # ±0.3 µs is within the 1 µs asked by default
+    assert not components_narrow(per, 0.05, 2.5, 0.125)  # --resolve: ±5 % of 3 µs = 0.15 µs
+    tight = [Breakdown(notification=3.0 + d / 10, write=20.0) for d in (-0.3, 0.3) * 4]
+    assert components_narrow(tight, 0.05, 2.5, 0.125)

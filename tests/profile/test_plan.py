@@ -13,6 +13,8 @@ from meshtax.profile.plan import (
     Plan,
     full_plan,
     quick_plan,
+    resolving,
+    window_policy,
 )
 from meshtax.testbed.pinning import Pinning, default_pinning
 
@@ -237,3 +239,39 @@ def test_with_duration_and_to_dict() -> None:
     )
     with pytest.raises(ValueError):
         p.with_duration(0)
+
+
+def test_resolving_takes_windows_until_every_component_is_known_within_five_percent() -> None:
+    q = quick_plan(pinning=PIN)
+    r = resolving(q, 50.0)
+    w = window_policy(r)
+    assert (w.rel_halfwidth, w.floor_us, w.min_halfwidth_us) == (0.05, 2.5, 0.125)
+    assert w.budget_s == 50.0 and w.max_pairs >= 1000 and w.min_pairs == q.probe_pairs
+    # the quick preset asks ±15 % of components ≥ 5 µs, or 1 µs, in at most 8 pairs
+    wq = window_policy(q)
+    assert (wq.rel_halfwidth, wq.floor_us, wq.min_halfwidth_us, wq.max_pairs) == (
+        0.15,
+        5.0,
+        1.0,
+        8,
+    )
+    assert r.to_dict()["probe_min_halfwidth_us"] == 0.125
+    # nothing else changes; each size's probe step is expected to run to the budget
+    assert replace(r, **{f: getattr(q, f) for f in _PROBE_FIELDS}) == q
+    # (a carried protocol's probe step is its fixed pair, unchanged)
+    probe = [s.expected_s for s in r.steps() if s.kind == "probe" and not s.protocol]
+    assert len(probe) == 9 and min(probe) == 50.0
+    assert r.expected_s() - q.expected_s() == pytest.approx(
+        sum(50.0 - s.expected_s for s in q.steps() if s.kind == "probe" and not s.protocol)
+    )
+    with pytest.raises(ValueError, match="positive"):
+        resolving(q, 0.0)
+
+
+_PROBE_FIELDS = (
+    "probe_max_pairs",
+    "probe_budget_s",
+    "probe_rel_halfwidth",
+    "probe_floor_us",
+    "probe_min_halfwidth_us",
+)

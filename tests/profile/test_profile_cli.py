@@ -273,3 +273,11 @@ def test_bad_carried_protocol_or_low_rate_is_a_usage_error(tmp_path: Path) -> No
         assert done.returncode == 2, done.stdout + done.stderr
         # refused while the options are checked, before any namespace or process is made
         assert "--carried/--low-rates" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run(
+        [exe, "profile", "--quick", "--resolve", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--resolve" in done.stderr, done.stdout + done.stderr

@@ -22,7 +22,7 @@ from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends
 from meshtax.profile.build import ClosureWarning, CpuRun, median_run
 from meshtax.profile.decompose import Breakdown
-from meshtax.profile.plan import Plan, quick_plan
+from meshtax.profile.plan import Plan, quick_plan, resolving
 from meshtax.profile.run import ProfileOptions, Progress, _quiet, run_profile
 from meshtax.testbed.interference import Snapshot, Thresholds
 from meshtax.testbed.perf import Bucket, PerfProfile
@@ -559,6 +559,9 @@ def test_options_resolve_plan() -> None:
         1,
         0.8,
     )
+    # --resolve: the probe windows of the preset (after --duration) taken to ±5 %
+    r = ProfileOptions(quick=True, resolve_s=50.0, duration_s=2.0).resolve_plan()
+    assert r == resolving(quick_plan().with_duration(2.0), 50.0) and r.probe_budget_s == 50.0
     now = dt.datetime(2026, 1, 2, 3, 4, 5)
     assert ProfileOptions(name="x").resolve_name(now) == "x"
     assert ProfileOptions().resolve_name(now).endswith("-20260102-030405")

@@ -300,6 +300,15 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
     "each pair is two more runs of that length).",
 )
 @click.option(
+    "--resolve",
+    "resolve_s",
+    type=POSITIVE,
+    metavar="SECONDS",
+    help="Take probe windows until every component of 2.5 µs or more is known within ±5 % "
+    "(what two profiles need to agree within 10 %), at most SECONDS per size; the quick "
+    "preset's 4–8 pairs leave Notification ±20–40 % (BENCHMARKS.md, issue #14).",
+)
+@click.option(
     "--capacity",
     is_flag=True,
     help="Also each mode's capacity: requests/s at saturation through the sidecar (many "
@@ -431,6 +440,7 @@ def profile_cmd(
     carried: str | None,
     low_rates: str | None,
     low_rate_repeats: int | None,
+    resolve_s: float | None,
     capacity: bool,
     name: str | None,
     replace: bool,
@@ -497,6 +507,7 @@ def profile_cmd(
             low_rates=None if low_rates is None else csv(low_rates, float),
             capacity=True if capacity else None,
             low_rate_repeats=low_rate_repeats,
+            resolve_s=resolve_s,
             proxy=choice,
             architecture=Architecture(architecture),
         )

@@ -195,7 +195,8 @@ class WindowPolicy:
     """How probe windows are taken: ``run_s`` each, meshed and direct in pairs; at least
     ``min_pairs``, at most ``max_pairs``, stopping earlier once every component of at least
     ``floor_us`` per crossing has a per-pair 95 % interval within ``rel_halfwidth`` of its
-    median (never narrower than 1 µs is asked for), or before ``budget_s`` would be overrun. A
+    median (never narrower than ``min_halfwidth_us`` is asked for), or before ``budget_s``
+    would be overrun. A
     pair with a window others contaminated (:class:`Thresholds`) is taken again, up to
     ``max_rejects`` times."""
 
@@ -207,6 +208,7 @@ class WindowPolicy:
     floor_us: float = 5.0
     thresholds: Thresholds = Thresholds()
     max_rejects: int = 4
+    min_halfwidth_us: float = 1.0
 
     @classmethod
     def fixed(cls, run_s: float, pairs: int) -> WindowPolicy:
@@ -216,14 +218,16 @@ class WindowPolicy:
         return {**asdict(self), "thresholds": self.thresholds.to_dict()}
 
 
-def components_narrow(per_pair: Sequence[Breakdown], rel: float, floor_us: float) -> bool:
+def components_narrow(
+    per_pair: Sequence[Breakdown], rel: float, floor_us: float, min_halfwidth_us: float = 1.0
+) -> bool:
     """Does every component above ``floor_us`` have a 95 % interval within ``rel`` of its
-    median over the pairs (or within 1 µs)?"""
+    median over the pairs (or within ``min_halfwidth_us``)?"""
     for f in _BD_FIELDS:
         e = estimate([getattr(b, f) for b in per_pair])
         if abs(e.median) < floor_us:
             continue
-        if e.coverage < 0.95 or (e.hi - e.lo) / 2 > max(rel * abs(e.median), 1.0):
+        if e.coverage < 0.95 or (e.hi - e.lo) / 2 > max(rel * abs(e.median), min_halfwidth_us):
             return False
     return True
 
@@ -319,7 +323,9 @@ def probe_components(
             breakdown(m.window, d.window if probe_app else None)
             for m, d in p.pairs("meshed", "direct")
         ]
-        return components_narrow(per, windows.rel_halfwidth, windows.floor_us)
+        return components_narrow(
+            per, windows.rel_halfwidth, windows.floor_us, windows.min_halfwidth_us
+        )
 
     try:
         with realtime(bed.system, prio) as rt:

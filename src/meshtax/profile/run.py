@@ -62,7 +62,7 @@ from meshtax.profile.capacity import measure_capacity
 from meshtax.profile.decompose import Breakdown, steady_breakdown
 from meshtax.profile.fit import fit_mode
 from meshtax.profile.onehop import measure_overhead, probe_components, sidecar_cpu
-from meshtax.profile.plan import Plan, Step, full_plan, quick_plan, window_policy
+from meshtax.profile.plan import Plan, Step, full_plan, quick_plan, resolving, window_policy
 from meshtax.testbed.bed import OneHop
 from meshtax.testbed.fortio import LoadResult, fortio_version
 from meshtax.testbed.interference import Interference, Meter, Thresholds
@@ -84,6 +84,8 @@ class ProfileOptions:
     ``low_rate_repeats``: each low rate at or below ``Plan.low_rate_repeat_max`` measured as
     that many differenced pairs of the preset's full length, the median pair kept (None: the
     preset's: three in the quick one, one in the full);
+    ``resolve_s``: probe windows until every component is known within ±5 %, at most that
+    many seconds per size (:func:`~meshtax.profile.plan.resolving`);
     ``plan``, if given, replaces the preset entirely. ``name`` defaults to ``<hostname>-<UTC time>``.
     ``proxy``: the sidecar measured (Envoy; or the reference sidecar, tcp mode only) and its
     IPC/write variant.
@@ -100,6 +102,7 @@ class ProfileOptions:
     low_rates: tuple[float, ...] | None = None
     capacity: bool | None = None  # measure each mode's capacity (None: the preset's)
     low_rate_repeats: int | None = None
+    resolve_s: float | None = None
     proxy: ProxyChoice = ProxyChoice()
     architecture: Architecture = Architecture.SIDECAR  # node-l4, waypoint: on the node bed
 
@@ -127,6 +130,8 @@ class ProfileOptions:
             p = replace(
                 p, low_rate_repeats=self.low_rate_repeats, low_rate_repeat_run_s=p.low_rate_run_s
             )
+        if self.resolve_s is not None:
+            p = resolving(p, self.resolve_s)
         self.proxy.check_modes(p.modes)
         return p
 
