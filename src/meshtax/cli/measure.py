@@ -29,6 +29,8 @@ from meshtax.model.sidecar import Architecture
 from meshtax.report.text import profile_text
 from meshtax.store.sqlite import ProfileStore
 
+_RESOLVE = "Probe until every component ≥ 2.5 µs is known within ±5 %, ≤ SECONDS a size."
+
 
 @main.command()
 @click.argument("topology", required=False)
@@ -299,15 +301,7 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
     "length, keeping the median pair (default: the preset's — three with --quick, one otherwise; "
     "each pair is two more runs of that length).",
 )
-@click.option(
-    "--resolve",
-    "resolve_s",
-    type=POSITIVE,
-    metavar="SECONDS",
-    help="Take probe windows until every component of 2.5 µs or more is known within ±5 % "
-    "(what two profiles need to agree within 10 %), at most SECONDS per size; the quick "
-    "preset's 4–8 pairs leave Notification ±20–40 % (BENCHMARKS.md, issue #14).",
-)
+@click.option("--resolve", "resolve_s", type=POSITIVE, metavar="SECONDS", help=_RESOLVE)
 @click.option(
     "--capacity",
     is_flag=True,
