@@ -196,9 +196,8 @@ class WindowPolicy:
     ``min_pairs``, at most ``max_pairs``, stopping earlier once every component of at least
     ``floor_us`` per crossing has a per-pair 95 % interval within ``rel_halfwidth`` of its
     median (never narrower than ``min_halfwidth_us`` is asked for), or before ``budget_s``
-    would be overrun. A
-    pair with a window others contaminated (:class:`Thresholds`) is taken again, up to
-    ``max_rejects`` times."""
+    would be overrun. A pair with a window others contaminated (:class:`Thresholds`) is taken
+    again, up to ``max_rejects`` times."""
 
     run_s: float
     min_pairs: int

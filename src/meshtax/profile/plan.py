@@ -489,7 +489,9 @@ def resolving(plan: Plan, seconds: float) -> Plan:
     :data:`RESOLVE_FLOOR_US` per crossing has a 95 % interval within ±5 % of its median, or
     ``seconds`` run out (``meshtax profile --resolve``): the quick preset's 4–8 pairs leave
     Notification and the 64 KB copies ±20–40 % apart from one profile to the next (their
-    per-pair spread asks for 100–400 pairs; BENCHMARKS.md, issue #14)."""
+    per-pair spread asks for 100–400 pairs). With 50 s a size (40–45 pairs) the components are
+    known to ±1–2 %, and two such profiles an hour apart still differ 12–60 % on some: the
+    machine moved (BENCHMARKS.md, issue #14, run 14)."""
     if seconds <= 0:
         raise ValueError(f"resolve: seconds per size must be positive, got {seconds}")
     return replace(
