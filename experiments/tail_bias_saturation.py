@@ -46,15 +46,15 @@ def level_errors(
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             errs = tv.errors(path, doc, prof, tv.VARIANTS[variant], False, 0.6)
-        fr = [
-            float(d["fraction"])
-            for d in doc["tail"]["points"]
-            if abs(float(d["fraction"]) - 0.6) > 1e-6
-        ]
+        scored = [d for d in doc["tail"]["points"] if abs(float(d["fraction"]) - 0.6) > 1e-6]
+        fr = [float(d["fraction"]) for d in scored if tv._point(d).pairs and tv._point(d).sustained]
         topo = doc["tail"]["topology"]
         rows: dict[float, dict[str, float]] = {}
         for k in ("p90", "p99"):
-            for f, e in zip(fr, errs[k]):  # every level sustained in sets 10–13
+            # tail_variants scores the sustained levels in order; a level it could not score
+            # (no measured overhead) would shift the rest, so the counts must agree
+            assert len(fr) == len(errs[k]), f"{path}: {len(fr)} levels, {len(errs[k])} errors"
+            for f, e in zip(fr, errs[k]):
                 rows.setdefault(f, {})[k] = 1.0 + e
         rows[-1.0] = {"saturation": errs["saturation"][0]}
         out[topo] = rows
