@@ -143,6 +143,19 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # after set 12 (exploratory, beside s13-ramp-shape): the same with a topology's request
     # work on the shared CPUs steadier (SCV 0.1), without the ramp's queue bound there, and
     # without relief
+    # set 14's candidate (registered before set 14 ran, designed on sets 10–13, all seen):
+    # s13-ramp-shape with a topology's closed loop (its saturation, and so the queue bound's
+    # load fraction) priced at u_R × (own rate ÷ R)^−0.355 per sidecar — the ramp shape's
+    # exponent through the profile's closed loop — instead of the models' price × one hop's
+    # queue factor (TailOptions.closed_shape); one hop unchanged
+    "s14-closed-shape": {**_S13, "closed_shape": True},
+    # after set 13 (exploratory, seen sets 10–13, not judged): what moves Bookinfo's 50 % level
+    # (over in every set) — a topology's request work constant (SCV 0), its arrivals on the even
+    # schedule without the entry spans' lag, fortio's 1 ms wake-ups, the no-mesh stall backlog
+    "s13-scv0": {**_S13, "topology_scv": 0.0},
+    "s13-even": {**_S13, "lag_traces": False, "arrivals": 0.0},
+    "s13-wake": {**_S13, "wakeup_us": 1000.0},
+    "s13-stalls-scv0": {**_S13, "topology_scv": 0.0, "stalls": True},
     "s13-shape-scv01": {**_S13, "topology_scv": 0.1},
     "s13-shape-nobound": {**_S12_ONE, "ramp_shape": _SHAPE},
     "s13-shape-norelief": {**_S13, "relief": False},

@@ -16,8 +16,13 @@ from meshtax.model.ecg import EcgBatch, to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import single_profile
-from meshtax.predict.load_factor import ramp_sidecar_us
-from meshtax.predict.ramp_price import RAMP_SHAPE, priced_from_ramp, ramp_price
+from meshtax.predict.load_factor import closed_loop_us, ramp_sidecar_us
+from meshtax.predict.ramp_price import (
+    RAMP_SHAPE,
+    closed_loop_scale,
+    priced_from_ramp,
+    ramp_price,
+)
 from meshtax.predict.stations import TailOptions
 from meshtax.predict.tail import predict_tail
 from tests.helpers import EXTERNAL, ecg, inv, profile
@@ -163,3 +168,48 @@ def test_a_topology_priced_from_the_ramp_reads_the_shape_below_a_quarter_of_the_
     got = ramp_sidecar_us(p.modes[Mode.HTTP], np.array([1000.0]), o.ramp_shape)
     assert got is not None
     assert float(got[0]) == pytest.approx(40.0 * 1.377 * 0.1**-0.355, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("rate", "want"),
+    [
+        (1000.0, 40.0 * 0.1**-0.5),  # the exponent's law through the closed loop's point
+        (2500.0, 40.0 * 0.25**-0.5),  # no join at a quarter: the runs play no part
+        (10_000.0, 40.0),  # the closed loop itself
+        (2e4, 40.0),  # held beyond it
+    ],
+)
+def test_a_sidecar_at_a_closed_loop_costs_the_shapes_law_through_the_closed_loop(
+    rate: float, want: float
+) -> None:
+    base, p = _ramp_profile()
+    got = closed_loop_us(p.modes[Mode.HTTP], np.array([rate]), -0.5)
+    assert got is not None
+    assert float(got[0]) == pytest.approx(want, rel=1e-12)
+    assert closed_loop_us(base.modes[Mode.HTTP], np.array([rate]), -0.5) is None
+
+
+def _full(b: EcgBatch, p: Profile, o: TailOptions) -> float:
+    tp = predict_tail(b, single_profile(p), o)
+    (s,) = [s for s in tp.stations if s.name == "shared CPUs"]
+    return s.full_factor
+
+
+def test_a_topologys_closed_loop_priced_at_the_shape_through_the_profiles_closed_loop() -> None:
+    # A (2 sides, own rate 2 000/s × f) calls B (1 side, 1 000/s × f), 100 µs of app a request
+    # on one CPU; closed loop 10 000/s at 40 µs, shape exponent −0.5: ρ = 1 where
+    # 1 000 f × (100 + 2 × 40 (0.2 f)^−0.5 + 40 (0.1 f)^−0.5) µs = 1 s, i.e. √f = 1.9847
+    _, p = _ramp_profile()
+    b, o = _a_calls_b()
+    priced = replace(o, ramp_price=True, ramp_shape=(2.0, -0.5))
+    k = 80.0 * 0.2**-0.5 + 40.0 * 0.1**-0.5
+    y = (-k * 1e-3 + math.sqrt((k * 1e-3) ** 2 + 0.4)) / 0.2
+    closed = _full(b, p, replace(priced, closed_shape=True))
+    assert closed == pytest.approx(y * y, rel=5e-3)
+    assert abs(_full(b, p, priced) / closed - 1) > 0.05  # the queue factor's price differs
+    # not asked, or a graph the ramp does not price (one hop's rule): the queue factor's
+    assert _full(b, p, replace(o, closed_shape=True)) == pytest.approx(_full(b, p, o))
+    assert closed_loop_scale(b, single_profile(p), priced) == 1.0
+    on = replace(priced, closed_shape=True)
+    assert closed_loop_scale(b, single_profile(p), replace(on, pod_cpus=None)) == 1.0
+    assert closed_loop_scale(b, single_profile(p), on) != 1.0

@@ -22,6 +22,7 @@ __all__ = [
     "queue_factor",
     "queue_relief",
     "queued_factor",
+    "closed_loop_us",
     "ramp_sidecar_us",
 ]
 
@@ -226,3 +227,24 @@ def ramp_sidecar_us(
         return np.asarray(np.where(r <= low, shaped, np.interp(np.log(r), x, y)), np.float64)
     x, y = np.log([q for q, _ in pts]), np.array([u for _, u in pts])
     return np.asarray(np.interp(np.log(r), x, y), dtype=np.float64)
+
+
+def closed_loop_us(mp: ModeProfile, rates: FloatArray, exponent: float) -> FloatArray | None:
+    """Per rate, a sidecar's CPU-µs per request (both crossings) at a closed loop's maximum:
+    u_R × (rate ÷ R)^``exponent`` below the capacity's closed-loop rate R (u_R: its sidecar
+    CPU a request there), u_R at and above it; None without a closed-loop run.
+
+    Why (issue #20, after set 13): the ramp's fixed-rate runs below R/4 lie ``coefficient`` ×
+    above this law (the shape, :data:`~meshtax.predict.ramp_price.RAMP_SHAPE`), the closed loop
+    on it; a topology's sidecars at its closed loop have every client's request queued among
+    them and batch as the profile's closed loop does. The queue factor this replaces maps a
+    sidecar's share of the clients onto one hop's Little's-law queue at its fixed-rate runs,
+    whose latency near the knee moved 2× between sittings."""
+    cap = mp.capacity
+    closed = [p for p in cap.points if p.meshed and p.target <= 0 and p.achieved > 0] if cap else []
+    if not closed:
+        return None
+    top = max(closed, key=lambda p: p.achieved)
+    rc, uc = top.achieved, top.sidecar_cpu / top.achieved * 1e6
+    f = np.minimum(np.maximum(np.asarray(rates, dtype=np.float64), 1e-9) / rc, 1.0)
+    return np.asarray(uc * f**exponent, dtype=np.float64)

@@ -5,18 +5,20 @@ Split from :mod:`meshtax.predict.stations`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from meshtax.model.ecg import EcgBatch
+from meshtax.model.profile import ModeProfile
 from meshtax.predict.engine import ProfileLookup
-from meshtax.predict.load_factor import ramp_sidecar_us
+from meshtax.predict.load_factor import closed_loop_us, ramp_sidecar_us
 from meshtax.predict.ramp_queue import bounded_by_ramp
 from meshtax.predict.rates import graph_rates, row_weights, sidecar_rates
-from meshtax.predict.stations import TailOptions, crossings
+from meshtax.predict.stations import FloatArray, TailOptions, crossings
 
-__all__ = ["RAMP_SHAPE", "RampPrice", "priced_from_ramp", "ramp_price"]
+__all__ = ["RAMP_SHAPE", "RampPrice", "closed_loop_scale", "priced_from_ramp", "ramp_price"]
 
 #: the ramp price below a quarter of the closed loop's rate R: u_R × a × (rate ÷ R)^b —
 #: fitted on sets 10–12's three profiles' pooled ramp runs at ≤ R/4 (12 runs), whose low runs
@@ -71,29 +73,17 @@ def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> R
         return RampPrice(False, 1.0, f"not used: the pods do not share CPUs, {models}")
     if batch.n_invocations == 0:
         return RampPrice(False, 1.0, f"not used: no calls, {models}")
-    own = sidecar_rates(batch, opts.load)
-    w = row_weights(batch, opts.load) * batch.rate
-    ramp = 0.0
-    for side, specs in ((0, batch.caller_spec), (1, batch.callee_spec)):
-        for s, spec in enumerate(batch.specs):
-            rows = np.flatnonzero((specs == s) & (own[:, side] > 0))
-            if not rows.size:
-                continue
-            mp = profiles(spec.platform).modes.get(spec.config.mode)
-            us = ramp_sidecar_us(mp, own[rows, side], opts.ramp_shape) if mp is not None else None
-            if us is None:
-                return RampPrice(
-                    False,
-                    1.0,
-                    f"not used: the profile has no capacity ramp for {spec.config.mode.value} "
-                    f"mode (`meshtax profile --capacity` measures one), {models}",
-                )
-            ramp += float((w[rows] * us).sum())
-    cx = crossings(batch, profiles, replace(opts, cost_scale=1.0))
-    work = np.bincount(
-        batch.graph_of(), weights=(cx.cpu_req + cx.cpu_resp).sum(axis=1), minlength=batch.n_graphs
+    ramp, missing = _sides_us(
+        batch, profiles, opts, lambda mp, r: ramp_sidecar_us(mp, r, opts.ramp_shape)
     )
-    priced = float((graph_rates(batch, opts.load) * work).sum())
+    if missing is not None:
+        return RampPrice(
+            False,
+            1.0,
+            f"not used: the profile has no capacity ramp for {missing} "
+            f"mode (`meshtax profile --capacity` measures one), {models}",
+        )
+    priced = _models_us(batch, profiles, opts)
     if priced <= 0 or ramp <= 0:
         return RampPrice(False, 1.0, f"not used: no sidecar work to price, {models}")
     scale = ramp / priced
@@ -103,3 +93,62 @@ def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> R
         "used: the sidecars on the shared CPUs cost what the profile's capacity ramp measured "
         f"its sidecar using at each one's own rate (× {scale:.2f} the cost models' price)",
     )
+
+
+def closed_loop_scale(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> float:
+    """At a closed loop's maximum on shared CPUs (``opts.closed_shape``), the factor that
+    makes a request's sidecar work Σ over its sides of
+    :func:`~meshtax.predict.load_factor.closed_loop_us` at each sidecar's own rate (the ramp
+    shape's exponent through the profile's closed loop) ÷ the models' price of it at the
+    queued state (the crossings × the queue factor, as the saturation prices it without);
+    1 when not asked, without shared CPUs, a shape, a closed loop for every meshed mode, or
+    sidecar work."""
+    if not (opts.closed_shape and opts.ramp_price) or opts.ramp_shape is None:
+        return 1.0
+    if opts.pod_cpus is None:
+        return 1.0
+    if batch.n_invocations == 0:
+        return 1.0
+    b = opts.ramp_shape[1]
+    closed, missing = _sides_us(batch, profiles, opts, lambda mp, r: closed_loop_us(mp, r, b))
+    priced = _models_us(batch, profiles, opts, queued=True)
+    if missing is not None or priced <= 0 or closed <= 0:
+        return 1.0
+    return closed / priced
+
+
+def _sides_us(
+    batch: EcgBatch,
+    profiles: ProfileLookup,
+    opts: TailOptions,
+    price: Callable[[ModeProfile, FloatArray], FloatArray | None],
+) -> tuple[float, str | None]:
+    """Σ over every sidecar side of its rate × ``price`` at its own rate (CPU-µs per second),
+    and the mode with no price (None: every side priced)."""
+    own = sidecar_rates(batch, opts.load)
+    w = row_weights(batch, opts.load) * batch.rate
+    total = 0.0
+    for side, specs in ((0, batch.caller_spec), (1, batch.callee_spec)):
+        for s, spec in enumerate(batch.specs):
+            rows = np.flatnonzero((specs == s) & (own[:, side] > 0))
+            if not rows.size:
+                continue
+            mp = profiles(spec.platform).modes.get(spec.config.mode)
+            us = price(mp, own[rows, side]) if mp is not None else None
+            if us is None:
+                return 0.0, spec.config.mode.value
+            total += float((w[rows] * us).sum())
+    return total, None
+
+
+def _models_us(
+    batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, queued: bool = False
+) -> float:
+    """The models' price of every request's sidecar work (CPU-µs per second, ``cost_scale`` 1):
+    the crossings at the shared CPU's rate × the load factor at the own rate (``queued``: ×
+    the queue factor of a closed loop at its maximum)."""
+    cx = crossings(batch, profiles, replace(opts, cost_scale=1.0), split=not queued, queued=queued)
+    work = np.bincount(
+        batch.graph_of(), weights=(cx.cpu_req + cx.cpu_resp).sum(axis=1), minlength=batch.n_graphs
+    )
+    return float((graph_rates(batch, opts.load) * work).sum())

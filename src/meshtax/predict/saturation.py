@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from meshtax.model.ecg import EcgBatch
 from meshtax.predict.engine import ProfileLookup
+from meshtax.predict.ramp_price import closed_loop_scale
 from meshtax.predict.stations import (
     StationLoad,
     Stations,
@@ -36,6 +37,9 @@ def _rho_at(
     batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, f: float, queued: bool = False
 ) -> FloatArray:
     scaled = replace(batch, rate=batch.rate * f)
+    if queued and opts.closed_shape:  # the closed loop at the shape through the profile's
+        k = closed_loop_scale(scaled, profiles, opts)
+        opts = replace(opts, cost_scale=opts.cost_scale * k)
     cx = crossings(scaled, profiles, opts, split=False, queued=queued)
     sts = stations(scaled, profiles, cx, opts)
     out = np.zeros(len(sts.names))

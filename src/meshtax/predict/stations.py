@@ -98,6 +98,10 @@ class TailOptions:
     request below a quarter of its closed loop's rate read from this power law of the rate's
     fraction of the closed loop's, × the closed loop's own CPU per request, instead of the
     ramp's runs there (:func:`~meshtax.predict.load_factor.ramp_sidecar_us`; None: the runs).
+    ``closed_shape`` (with ``ramp_price`` and ``ramp_shape``, shared CPUs): at the closed
+    loop's maximum (ρ = 1) each sidecar costs u_R × (rate ÷ R)^exponent — the shape's power law
+    through the profile's own closed loop (rate R, CPU-µs a request u_R) — instead of the
+    models' price × the queue factor (:func:`~meshtax.predict.ramp_price.closed_loop_scale`).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -118,6 +122,7 @@ class TailOptions:
     ramp_price: bool = False
     ramp_queue: bool = False
     ramp_shape: tuple[float, float] | None = None
+    closed_shape: bool = False
     relief: bool = True
     batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"
