@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import tail_variants as tv
+from _tail_sets import add_sets, set_profile
 from tail_cpu_audit import _batch
 
 from meshtax.model.profile import Profile
@@ -30,7 +31,6 @@ from meshtax.predict.engine import single_profile
 from meshtax.predict.load_factor import closed_loop_us, ramp_sidecar_us
 from meshtax.predict.ramp_price import _models_us, _sides_us
 from meshtax.predict.stations import TailOptions, request_rate
-from meshtax.store.sqlite import ProfileStore
 
 STEMS = {"one-hop": "onehop-http-of-mesh", "bookinfo/productpage": "bookinfo-http-of-mesh"}
 SHAPE = (1.377, -0.355)
@@ -97,16 +97,12 @@ def closed_loop(d: Path, prof: Profile) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--set", nargs=3, action="append", required=True, metavar=("DB", "ONEHOP", "TOPO")
-    )
+    add_sets(ap)
     ap.add_argument("--variants", default="s13-ramp-shape,s14-closed-shape")
     a = ap.parse_args()
     sets = []
     for db, onehop, topo in a.set:
-        summary = json.loads((Path(onehop) / "summary.json").read_text())
-        prof = ProfileStore(db).get(summary["profile"])
-        assert prof is not None, f"{db}: no profile {summary['profile']}"
+        prof = set_profile(db, onehop)
         docs = [
             (p, json.loads(p.read_text()))
             for p in (

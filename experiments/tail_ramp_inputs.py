@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _tail_sets import add_sets, set_profile
 from tail_cpu_audit import _batch, per_sidecar
 
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode
 from meshtax.predict.load_factor import SHAPE_BELOW, ramp_sidecar_us
 from meshtax.predict.stations import TailOptions
-from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.tail import TailRun
 
 STEM = "bookinfo-http-of-mesh"
@@ -96,9 +96,7 @@ def levels(d: Path, prof: Profile, shape: tuple[float, float]) -> list[dict[str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--set", nargs=3, action="append", required=True, metavar=("DB", "ONEHOP", "TOPO")
-    )
+    add_sets(ap)
     ap.add_argument(
         "--shape",
         nargs=2,
@@ -109,9 +107,7 @@ def main() -> None:
     a = ap.parse_args()
     sets = []
     for db, onehop, topo in a.set:
-        summary = json.loads((Path(onehop) / "summary.json").read_text())
-        prof = ProfileStore(db).get(summary["profile"])
-        assert prof is not None, f"{db}: no profile {summary['profile']}"
+        prof = set_profile(db, onehop)
         sets.append((Path(topo), prof, ramp(prof, Mode.HTTP)))
     fit = pooled_shape([r for _, _, r in sets])
     below = f"runs ≤ {SHAPE_BELOW:g} of the closed loop's rate"
