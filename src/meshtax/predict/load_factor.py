@@ -216,10 +216,9 @@ def ramp_sidecar_us(
     if not pts:
         return None
     r = np.maximum(np.asarray(rates, dtype=np.float64), 1e-9)
-    closed = [p for p in runs if p.target <= 0]
-    if shape is not None and closed:
-        top = max(closed, key=lambda p: p.achieved)
-        rc, uc = top.achieved, top.sidecar_cpu / top.achieved * 1e6
+    top = _closed_loop(mp)
+    if shape is not None and top is not None:
+        rc, uc = top
         low = SHAPE_BELOW * rc
         pts = [(low, uc * shape[0] * SHAPE_BELOW ** shape[1])] + [p for p in pts if p[0] > low]
         x, y = np.log([q for q, _ in pts]), np.array([u for _, u in pts])
@@ -240,11 +239,20 @@ def closed_loop_us(mp: ModeProfile, rates: FloatArray, exponent: float) -> Float
     them and batch as the profile's closed loop does. The queue factor this replaces maps a
     sidecar's share of the clients onto one hop's Little's-law queue at its fixed-rate runs,
     whose latency near the knee moved 2× between sittings."""
+    top = _closed_loop(mp)
+    if top is None:
+        return None
+    rc, uc = top
+    f = np.minimum(np.maximum(np.asarray(rates, dtype=np.float64), 1e-9) / rc, 1.0)
+    return np.asarray(uc * f**exponent, dtype=np.float64)
+
+
+def _closed_loop(mp: ModeProfile) -> tuple[float, float] | None:
+    """The capacity's fastest closed-loop run through the sidecar: (its rate R, the sidecar's
+    CPU-µs a request there); None without one."""
     cap = mp.capacity
     closed = [p for p in cap.points if p.meshed and p.target <= 0 and p.achieved > 0] if cap else []
     if not closed:
         return None
     top = max(closed, key=lambda p: p.achieved)
-    rc, uc = top.achieved, top.sidecar_cpu / top.achieved * 1e6
-    f = np.minimum(np.maximum(np.asarray(rates, dtype=np.float64), 1e-9) / rc, 1.0)
-    return np.asarray(uc * f**exponent, dtype=np.float64)
+    return top.achieved, top.sidecar_cpu / top.achieved * 1e6

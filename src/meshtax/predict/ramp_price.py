@@ -103,13 +103,11 @@ def closed_loop_scale(batch: EcgBatch, profiles: ProfileLookup, opts: TailOption
     queued state (the crossings × the queue factor, as the saturation prices it without);
     1 when not asked, without shared CPUs, a shape, a closed loop for every meshed mode, or
     sidecar work."""
-    if not (opts.closed_shape and opts.ramp_price) or opts.ramp_shape is None:
+    shape = opts.ramp_shape
+    asked = opts.closed_shape and opts.ramp_price
+    if not asked or shape is None or opts.pod_cpus is None or batch.n_invocations == 0:
         return 1.0
-    if opts.pod_cpus is None:
-        return 1.0
-    if batch.n_invocations == 0:
-        return 1.0
-    b = opts.ramp_shape[1]
+    b = shape[1]
     closed, missing = _sides_us(batch, profiles, opts, lambda mp, r: closed_loop_us(mp, r, b))
     priced = _models_us(batch, profiles, opts, queued=True)
     if missing is not None or priced <= 0 or closed <= 0:
