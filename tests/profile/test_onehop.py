@@ -3,7 +3,7 @@ with the result, and windows stop once the components are tight (fakes, exact co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -13,6 +13,7 @@ from meshtax.profile.decompose import Breakdown
 from meshtax.profile.onehop import WindowPolicy, components_narrow, probe_components
 from meshtax.testbed.fortio import LoadSpec
 from meshtax.testbed.interference import Snapshot, Thresholds
+from meshtax.testbed.probe_reading import Histogram
 from meshtax.testbed.procfs import CpuTimes
 from meshtax.testbed.system import FakeSystem
 from tests.profile.fakes import fake_load_result
@@ -124,6 +125,49 @@ def test_every_pair_disturbed_keeps_the_least_disturbed_and_says_so() -> None:
     kept = [w["kept"] for w in r.windows]
     assert kept.count(True) == 2 and kept.count(False) == 4
     assert r.overhead.median == pytest.approx(22.0)
+
+
+class StallingProbe(Probe):
+    """The same readings, a second of window each, the sidecar's wake-ups in window i
+    stalling ``stalls[i]`` times (≥ 130 µs: bin 127 of 1024 ns)."""
+
+    def __init__(self, bed: Bed, stalls: list[int]) -> None:
+        super().__init__(bed)
+        self.stalls = stalls
+
+    def snapshot(self) -> Any:
+        r = super().snapshot()
+        n = len(self.bed.loads)
+        k = sum(self.stalls[:n])
+        h = Histogram(((127, k, 2_000_000 * k),) if k else (), 10)
+        threads = (replace(r.threads[0], notify_hist=h), *r.threads[1:])
+        return replace(r, duration_ns=(n + 1) * 10**9, threads=threads)
+
+
+def test_host_stalls_are_recorded_per_window_and_refused_only_above_a_set_threshold() -> None:
+    def run(thresholds: Thresholds) -> Any:
+        bed = Bed()
+        fake = StallingProbe(bed, [0, 40, 0, 0, 0, 0])
+        return bed, probe_components(
+            bed,  # type: ignore[arg-type]
+            Mode.TCP,
+            100,
+            SIDECAR,
+            windows=WindowPolicy(0.1, 2, 2, thresholds=thresholds),
+            probe=lambda s: fake,
+            meter=lambda cpus, pids: Meter([]),
+        )
+
+    bed, r = run(Thresholds())  # recorded, not judged: the stalled pair is kept
+    assert len(bed.loads) == 4 and r.interference["rejected"] == 0
+    assert [w["interference"]["stalls"] for w in r.windows] == pytest.approx([0, 40, 0, 0])
+    assert r.interference["stalls_max"] == pytest.approx(40.0)
+    bed, r = run(Thresholds(stalls=30.0))
+    assert len(bed.loads) == 6 and r.interference["rejected"] == 1
+    assert r.interference["stalls_max"] == pytest.approx(0.0)
+    assert [w["interference"]["stalls"] for w in r.windows if not w["kept"]] == pytest.approx(
+        [0, 40]
+    )
 
 
 def test_windows_stop_once_the_components_are_tight() -> None:

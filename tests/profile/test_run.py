@@ -818,3 +818,21 @@ def test_median_run_keeps_a_whole_pair() -> None:
     assert len(got.repeats) == 4 and median_run(runs[:1]) is runs[0]
     with pytest.raises(ValueError):
         median_run([])
+
+
+def test_the_profile_keeps_its_largest_per_size_host_stall_rate() -> None:
+    from types import SimpleNamespace
+    from typing import cast
+
+    from meshtax.model.speed import busy_host_note
+    from meshtax.profile.build import SizeResult, _interference
+
+    def size(n: int, stalls: float) -> SizeResult:
+        i = {"windows": 8, "rejected": 0, "forced": 0, "stalls_median": stalls}
+        return SizeResult(n, None, cast(Any, SimpleNamespace(interference=i)), cpu=[])
+
+    got = _interference({Mode.TCP: [size(100, 12.0), size(4096, 41.0)]}, {})
+    assert got["stalls_median_max"] == 41.0 and got["windows"] == 16
+    assert busy_host_note(got) is not None
+    quiet = _interference({Mode.TCP: [size(100, 12.0)]}, {})
+    assert busy_host_note(quiet) is None

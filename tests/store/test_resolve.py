@@ -74,6 +74,20 @@ def test_interference_is_said() -> None:
     )
 
 
+def test_a_busy_host_is_said_from_the_recorded_stall_rate() -> None:
+    def warned(rate: float | None) -> tuple[str, ...]:
+        i = {"windows": 24, "rejected": 0} | ({} if rate is None else {"stalls_median_max": rate})
+        p = replace(profile({Mode.HTTP: {OTHER: flat(5, 2)}}, name="h"), interference=i)
+        return resolve_profile(Store(p), None, HERE).warnings
+
+    assert warned(None) == () and warned(29.0) == ()
+    (w,) = warned(47.2)
+    assert w.startswith(
+        "profile 'h': measured on a busy host: its vCPUs' wake-ups stalled ≥ 130 µs 47"
+    )
+    assert "Notification" in w
+
+
 def test_no_usable_profile_names_the_ones_that_failed_validation() -> None:
     s = Store()
     s.unusable.append(("old", "modes.http.components.ipc.latency.intercept: nan"))

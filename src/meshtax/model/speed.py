@@ -26,8 +26,10 @@ from typing import Any
 from meshtax.model.components import IPC, NOTIFICATION, READ, WRITE, Component
 
 __all__ = [
+    "BUSY_HOST_STALLS",
     "KINDS",
     "Speed",
+    "busy_host_note",
     "describe_scaling",
     "kind_factors",
     "kind_of",
@@ -143,4 +145,24 @@ def typical(samples: Sequence[Speed]) -> Speed:
         med([s.user_ns for s in samples]),
         samples[-1].measured,
         med(sidecar) if sidecar else None,
+    )
+
+
+#: host wake stalls a second (the profile's largest per-size median) from which a profile
+#: was measured on a busy host: this machine's nine quick profiles of issue #14 (sittings
+#: 10–14) lay at 8–25 or at 33–60 a second, and tcp/gRPC Notification 1.5–3× higher in the
+#: second group (:mod:`meshtax.testbed.interference`)
+BUSY_HOST_STALLS = 30.0
+
+
+def busy_host_note(interference: Mapping[str, Any]) -> str | None:
+    """A sentence when a profile's interference record says the host stalled its vCPUs'
+    wake-ups at a busy host's rate (None otherwise, or when it was not recorded)."""
+    rate = interference.get("stalls_median_max")
+    if rate is None or float(rate) < BUSY_HOST_STALLS:
+        return None
+    return (
+        f"measured on a busy host: its vCPUs' wake-ups stalled ≥ 130 µs {float(rate):.0f} "
+        f"times a second (a quiet host: under {BUSY_HOST_STALLS:.0f}); wake-up costs "
+        "(Notification) can be 1.5–3× a quiet host's"
     )

@@ -17,7 +17,7 @@ from meshtax.model.components import IPC, NOTIFICATION, READ, WRITE, Component
 from meshtax.model.profile import ModeProfile, Platform, Profile, Provenance
 from meshtax.model.proxy import ProxyChoice
 from meshtax.model.sidecar import Architecture, Mode
-from meshtax.model.speed import Speed, typical
+from meshtax.model.speed import Speed, busy_host_note, typical
 from meshtax.model.stats import Estimate, estimate
 from meshtax.profile.architecture import ROLE_NOTES, InternodeResult, role_hash, with_internode
 from meshtax.profile.decompose import Breakdown, assemble, per_crossing
@@ -399,6 +399,9 @@ def build_profile(
             "them (every pair of their size was disturbed; the least disturbed kept): their "
             "components include that work's interference"
         )
+    busy = busy_host_note(interference)
+    if busy is not None:
+        notes.append(busy)
     for o in interference.get("low_rate_outliers", ()):
         notes.append(
             f"low rate {o}: one pair at least {LOW_RATE_OUTLIER:g}× the median (a one-off CPU "
@@ -496,7 +499,7 @@ def _interference(
         k: sum(int(v.get(k, 0)) for v in per.values()) for k in ("rejected", "windows", "forced")
     }
     out.update(low)
-    for k in ("others", "steal", "wait"):
+    for k in ("others", "steal", "wait", "stalls"):
         vals = [float(v[f"{k}_median"]) for v in per.values() if f"{k}_median" in v]
         if vals:
             out[f"{k}_median_max"] = max(vals)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from meshtax.model.capacity import LatencySketch
@@ -28,7 +28,13 @@ from meshtax.profile.decompose import (
 from meshtax.testbed import procfs
 from meshtax.testbed.bed import OneHop
 from meshtax.testbed.fortio import LoadResult
-from meshtax.testbed.interference import Interference, MeterFactory, Thresholds, summarize
+from meshtax.testbed.interference import (
+    Interference,
+    MeterFactory,
+    Thresholds,
+    host_stalls,
+    summarize,
+)
 from meshtax.testbed.paired import (
     GroupRun,
     Paired,
@@ -302,7 +308,9 @@ def probe_components(
         noise = (
             None
             if gauge is None or before is None
-            else Interference.between(before, gauge.snapshot())
+            else replace(
+                Interference.between(before, gauge.snapshot()), stalls=host_stalls(reading)
+            )
         )
         on_path = EMPTY_THREAD
         for t in reading.threads:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from meshtax.model.profile import Platform, Profile
+from meshtax.model.speed import busy_host_note
 from meshtax.store.sqlite import StoreError
 
 __all__ = [
@@ -73,6 +74,9 @@ def quality_lines(p: Profile) -> list[str]:
             f"profile {p.name!r}: {i['forced']} probe window pair(s) were kept although other "
             "work ran during them (no undisturbed pair of their size): its costs may be high"
         )
+    busy = busy_host_note(i)
+    if busy is not None:
+        out.append(f"profile {p.name!r}: {busy}")
     if p.transfer is not None:
         out.append(f"profile {p.name!r}: {p.transfer.describe()}")
     return out

@@ -7,6 +7,15 @@ A window is compared with a snapshot taken before it (:meth:`InterferenceMeter.s
 and this process with its children (the load generator of each window is a child). Shares are
 of the window's wall time times the number of CPUs watched: 0.1 means a tenth of those CPUs
 went to someone else.
+
+Host wake stalls (``stalls``, per second of the window): wake-ups of the measured threads that
+took 130 µs or more from the wake to the epoll return, from the probe's per-event histograms
+(:func:`host_stalls`). The guest's steal time does not see the host's other tenants on this
+kind of VM (/proc/stat steal stays ≈ 0), but its halted vCPUs then wake late: nine stored quick
+profiles (issue #14, sittings 10–14) fell into two regimes, ≈ 8–25 and ≈ 33–60 stalls a second,
+and in the second the sidecar's slow (14–130 µs) wake-ups per crossing rose 2–3× and tcp and
+gRPC Notification with them (tcp 4 KB: 2.2–3.1 µs a crossing in the first, 5.0–8.6 in the
+second). The rate is recorded per window; judged only when ``Thresholds.stalls`` is set.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from meshtax.testbed import procfs
+from meshtax.testbed.probe_reading import ProbeReading
 
 __all__ = [
     "Interference",
@@ -27,6 +37,7 @@ __all__ = [
     "MeterFactory",
     "Snapshot",
     "Thresholds",
+    "host_stalls",
     "summarize",
 ]
 
@@ -45,9 +56,15 @@ class Thresholds:
     others: float = 0.10
     steal: float = 0.05
     wait: float | None = None
+    stalls: float | None = None  # host wake stalls a second (None: recorded, not judged)
 
     def to_dict(self) -> dict[str, float | None]:
-        return {"others": self.others, "steal": self.steal, "wait": self.wait}
+        return {
+            "others": self.others,
+            "steal": self.steal,
+            "wait": self.wait,
+            "stalls": self.stalls,
+        }
 
 
 @dataclass(frozen=True)
@@ -66,6 +83,7 @@ class Interference:
     others: float
     steal: float
     wait: float
+    stalls: float = 0.0
 
     @classmethod
     def between(cls, a: Snapshot, b: Snapshot) -> Interference:
@@ -87,6 +105,7 @@ class Interference:
             self.others / t.others,
             self.steal / t.steal,
             0.0 if t.wait is None else self.wait / t.wait,
+            0.0 if t.stalls is None else self.stalls / t.stalls,
         )
 
     def worst(self, other: Interference) -> Interference:
@@ -95,6 +114,7 @@ class Interference:
             max(self.others, other.others),
             max(self.steal, other.steal),
             max(self.wait, other.wait),
+            max(self.stalls, other.stalls),
         )
 
     def to_dict(self) -> dict[str, float]:
@@ -103,6 +123,7 @@ class Interference:
             "others": self.others,
             "steal": self.steal,
             "wait": self.wait,
+            "stalls": self.stalls,
         }
 
 
@@ -164,8 +185,22 @@ def summarize(windows: Sequence[Interference], rejected: int, forced: int = 0) -
         return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
     out: dict[str, Any] = {"windows": len(windows), "rejected": rejected, "forced": forced}
-    for k in ("others", "steal", "wait"):
+    for k in ("others", "steal", "wait", "stalls"):
         vals = [getattr(w, k) for w in windows]
         out[f"{k}_median"] = med(vals)
         out[f"{k}_max"] = max(vals)
     return out
+
+
+#: a wake-up this slow (wake → epoll return) is the host's, not the measured threads' work
+HOST_STALL_NS = 130_000
+
+
+def host_stalls(reading: ProbeReading) -> float:
+    """Host wake stalls a second in a probe window: wake-ups of every probed thread that took
+    :data:`HOST_STALL_NS` or longer (0 for a window of no duration or a loader with no
+    per-event histogram)."""
+    if reading.duration_ns <= 0:
+        return 0.0
+    n = sum(t.notify_hist.count_from(HOST_STALL_NS) for t in reading.threads)
+    return n * 1e9 / reading.duration_ns

@@ -130,6 +130,10 @@ class Histogram:
                 break
         return ns / taken if taken else 0.0
 
+    def count_from(self, ns: int) -> int:
+        """Events in the bins that start at ``ns`` or later."""
+        return sum(n for b, n, _ in self.bins if b << self.shift >= ns)
+
     def quantile_ns(self, q: float) -> float:
         """The ``q`` quantile, linear inside its bin (bin edges from ``shift``)."""
         total = self.count
