@@ -12,6 +12,12 @@
  *
  * Output: one JSON object on stdout. Usage: speedref [-a CPU] [-b CPU] [-n ROUNDTRIPS]
  * [-k BURSTS]. Exits non-zero with a message on stderr when a socket or thread fails.
+ *
+ * With -w SECONDS instead: the host's wake-ups. A thread on CPU b blocks on a pipe; one on CPU
+ * a spins GAP µs, stamps the time and writes; b takes the time its read returned. For each gap
+ * (0, 20, 40, 80, 160 µs; SECONDS spread over them) the share of wake-ups that took 14 µs or
+ * more (a halted vCPU woken) and the rate of those that took 130 µs or more (a host stall, as
+ * meshtax's probe windows count them, issue #14), per second of the run.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -175,6 +181,87 @@ static double user_burst(long iters)
 	return (double)(now_ns() - t0) / (double)iters;
 }
 
+static int wake_pipe[2][2];
+struct wake_stats {
+	int cpu;
+	long wakes, slow, stalls;
+	double sum_us;
+};
+
+static void *wake_thread(void *arg)
+{
+	struct wake_stats *st = arg;
+	uint64_t t;
+
+	if (pin(st->cpu))
+		return (void *)1;
+	for (;;) {
+		if (read(wake_pipe[0][0], &t, sizeof(t)) != sizeof(t))
+			return (void *)1;
+		if (t == 0)
+			return NULL;
+		double us = (double)(now_ns() - t) / 1e3;
+		st->wakes++;
+		st->sum_us += us;
+		st->slow += us >= 14.0;
+		st->stalls += us >= 130.0;
+		if (write(wake_pipe[1][1], &t, sizeof(t)) != sizeof(t))
+			return (void *)1;
+	}
+}
+
+/* one gap: wake-ups of a thread on cpu_b, each after the waker spun gap_us */
+static void wake_gap(int cpu_a, int cpu_b, long gap_us, double seconds, int last)
+{
+	struct wake_stats st = { .cpu = cpu_b };
+	uint64_t t0, t, end, zero = 0;
+	pthread_t th;
+	void *ret;
+
+	if (pipe(wake_pipe[0]) || pipe(wake_pipe[1]))
+		die("pipe");
+	if (pin(cpu_a) || pthread_create(&th, NULL, wake_thread, &st))
+		die("start the woken thread");
+	t0 = now_ns();
+	end = t0 + (uint64_t)(seconds * 1e9);
+	while (now_ns() < end) {
+		uint64_t s = now_ns();
+
+		while (now_ns() - s < (uint64_t)gap_us * 1000)
+			;
+		t = now_ns();
+		if (write(wake_pipe[0][1], &t, sizeof(t)) != sizeof(t) ||
+		    read(wake_pipe[1][0], &t, sizeof(t)) != sizeof(t))
+			die("wake-up ping-pong");
+	}
+	if (write(wake_pipe[0][1], &zero, sizeof(zero)) != sizeof(zero) ||
+	    pthread_join(th, &ret) || ret)
+		die("woken thread");
+	double wall = (double)(now_ns() - t0) / 1e9;
+	for (int i = 0; i < 2; i++) {
+		close(wake_pipe[i][0]);
+		close(wake_pipe[i][1]);
+	}
+	printf("{\"gap_us\": %ld, \"wakes\": %ld, \"mean_us\": %.2f, \"slow_share\": %.4f, "
+	       "\"stalls_per_s\": %.2f}%s",
+	       gap_us, st.wakes, st.wakes ? st.sum_us / (double)st.wakes : 0.0,
+	       st.wakes ? (double)st.slow / (double)st.wakes : 0.0, (double)st.stalls / wall,
+	       last ? "" : ", ");
+}
+
+static int wake_report(int cpu_a, int cpu_b, double seconds)
+{
+	static const long gaps[] = { 0, 20, 40, 80, 160 };
+	int n = (int)(sizeof(gaps) / sizeof(*gaps));
+
+	printf("{\"version\": 1, \"cpu_a\": %d, \"cpu_b\": %d, \"seconds\": %.1f, \"wake\": [",
+	       cpu_a, cpu_b, seconds);
+	for (int i = 0; i < n; i++)
+		wake_gap(cpu_a, cpu_b, gaps[i], seconds / n, i == n - 1);
+	printf("]}\n");
+	return 0;
+}
+
 static int cmp(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -194,15 +281,24 @@ int main(int argc, char **argv)
 	double cross[MAX_BURSTS], local[MAX_BURSTS], user[MAX_BURSTS];
 	int cpu_a = -1, cpu_b = -1, k = 7, opt, i;
 	long n = 2000;
+	double wake_s = -1;
 
-	while ((opt = getopt(argc, argv, "a:b:n:k:h")) != -1) {
+	while ((opt = getopt(argc, argv, "a:b:n:k:w:h")) != -1) {
 		switch (opt) {
 		case 'a': cpu_a = atoi(optarg); break;
 		case 'b': cpu_b = atoi(optarg); break;
 		case 'n': n = atol(optarg); break;
 		case 'k': k = atoi(optarg); break;
+		case 'w':
+			wake_s = atof(optarg);
+			if (wake_s <= 0 || wake_s > 600) {
+				fprintf(stderr, "speedref: -w takes 0 < SECONDS <= 600\n");
+				return 2;
+			}
+			break;
 		default:
-			fprintf(stderr, "usage: speedref [-a CPU] [-b CPU] [-n ROUNDTRIPS] [-k BURSTS]\n");
+			fprintf(stderr, "usage: speedref [-a CPU] [-b CPU] [-n ROUNDTRIPS] [-k BURSTS] "
+				"| [-a CPU] [-b CPU] -w SECONDS\n");
 			return opt == 'h' ? 0 : 2;
 		}
 	}
@@ -210,6 +306,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "speedref: -k must be 1..%d and -n positive\n", MAX_BURSTS);
 		return 2;
 	}
+	if (wake_s > 0)
+		return wake_report(cpu_a, cpu_b, wake_s);
 	pingpong(cpu_a, cpu_b, n / 4); /* warm: page tables, TCP state, the scheduler's view */
 	for (i = 0; i < k; i++) {
 		cross[i] = pingpong(cpu_a, cpu_b, n);
