@@ -29,6 +29,25 @@ def test_real_speedref_on_two_cpus() -> None:
     assert s.measured.endswith("+00:00")
 
 
+def test_real_speedref_wake_meter() -> None:
+    """``speedref -w``: per gap the wake-ups counted, their mean and the slow and stalled ones
+    as shares and rates (no timing asserted: only that they are counted and consistent)."""
+    import json
+    import subprocess
+
+    from meshtax.testbed.tools import tool
+
+    exe = str(tool("speedref"))
+    out = json.loads(subprocess.run([exe, "-a", "0", "-b", "1", "-w", "0.5"], check=True,
+                                    capture_output=True, text=True).stdout)  # fmt: skip
+    assert [g["gap_us"] for g in out["wake"]] == [0, 20, 40, 80, 160]
+    for g in out["wake"]:
+        assert g["wakes"] > 0 and g["mean_us"] > 0 and 0.0 <= g["slow_share"] <= 1.0
+        assert 0.0 <= g["stalls_per_s"] <= g["wakes"] / 0.1
+    bad = subprocess.run([exe, "-w", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "-w takes" in bad.stderr
+
+
 def test_real_reference_sidecar_on_two_cpus() -> None:
     """Envoy on loopback, for real (no root needed): its CPU per request is a sidecar's (tens
     to hundreds of µs here), and it leaves no process behind."""
