@@ -35,29 +35,28 @@ from meshtax.model.profile import Profile  # noqa: E402
 from meshtax.model.speed import BUSY_HOST_STALLS  # noqa: E402
 from meshtax.store.sqlite import ProfileStore  # noqa: E402
 from meshtax.testbed.interference import HOST_STALL_NS  # noqa: E402
+from meshtax.testbed.probe_reading import Histogram  # noqa: E402
 
 SLOW_NS = 13 << 10  # a wake-up from 13 bins of 1024 ns on, under a stall: a halted vCPU's
 ACTORS = ("sidecar", "app", "client")
 
 
-def _count(hist: Sequence[Sequence[int]], shift: int, lo: int, hi: int | None = None) -> int:
-    return sum(n for b, n, _ in hist if (b << shift) >= lo and (hi is None or (b << shift) < hi))
+def _hist(w: dict[str, Any], actor: str) -> Histogram:
+    bins = tuple((int(b), int(n), int(t)) for b, n, t in w["notify_hist"].get(actor, ()))
+    return Histogram(bins, int(w.get("notify_hist_shift", 10)))
 
 
 def window_stalls(w: dict[str, Any]) -> float:
     """Host stalls a second of one stored window (every probed thread's)."""
-    sh = int(w.get("notify_hist_shift", 10))
-    n = sum(_count(w["notify_hist"].get(a, ()), sh, HOST_STALL_NS) for a in ACTORS)
+    n = sum(_hist(w, a).count_from(HOST_STALL_NS) for a in ACTORS)
     return n * 1e9 / w["duration_ns"] if w["duration_ns"] > 0 else 0.0
 
 
 def slow_per_crossing(ws: list[dict[str, Any]], actor: str) -> float:
+    """Slow wake-ups (a halted vCPU's, under a stall) of ``actor`` per crossing."""
     x = sum(2 * w["requests"] for w in ws)
-    n = sum(
-        _count(w["notify_hist"].get(actor, ()), int(w.get("notify_hist_shift", 10)), SLOW_NS,
-               HOST_STALL_NS)
-        for w in ws
-    )  # fmt: skip
+    hs = [_hist(w, actor) for w in ws]
+    n = sum(h.count_from(SLOW_NS) - h.count_from(HOST_STALL_NS) for h in hs)
     return n / x if x else float("nan")
 
 
