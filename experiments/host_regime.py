@@ -11,8 +11,8 @@ window's host stalls a second (:func:`meshtax.testbed.interference.host_stalls`'
 sidecar's slow wake-ups per crossing in the meshed windows, the app's in the direct ones, and
 the stored Notification and its value over the windows at or under ``--quiet`` stalls a second
 only. Then every pair of the profiles: components above 5 µs within 10 % once normalised (as
-``benchmarks/bench_profile.py --compare``), by regime (Q quiet, B busy: the profile's largest
-per-size median at or over :data:`meshtax.model.speed.BUSY_HOST_STALLS`). Offline, nothing
+``benchmarks/bench_profile.py --compare``), by regime (Q quiet, B busy: the median over sizes
+of the median window's stalls at or over :data:`meshtax.model.speed.BUSY_HOST_STALLS`). Offline, nothing
 is measured. Usage::
 
     .venv/bin/python experiments/host_regime.py [--quiet 25] DB NAME [DB NAME ...]
@@ -89,9 +89,11 @@ def rows(p: Profile, quiet: float) -> list[dict[str, Any]]:
     return out
 
 
-def regime(p: Profile, rs: list[dict[str, Any]]) -> str:
-    worst = max((r["stalls"] for r in rs), default=0.0)
-    return "B" if worst >= BUSY_HOST_STALLS else "Q"
+def regime(rs: list[dict[str, Any]]) -> str:
+    """B when the median over sizes of the median window's stalls is a busy host's (as a
+    profile's ``stalls_median``), else Q."""
+    typical = median(r["stalls"] for r in rs) if rs else 0.0
+    return "B" if typical >= BUSY_HOST_STALLS else "Q"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -105,8 +107,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     regimes = {}
     for name, p in profiles.items():
         rs = rows(p, args.quiet)
-        regimes[name] = regime(p, rs)
-        print(f"== {name} ({p.provenance.created[:16]}): {regimes[name]}")
+        regimes[name] = regime(rs)
+        st = [r["stalls"] for r in rs]
+        print(
+            f"== {name} ({p.provenance.created[:16]}): {regimes[name]} (stalls a second, median "
+            f"over sizes {median(st):.1f}, largest {max(st):.1f})"
+        )
         for r in rs:
             qn = r["quiet_notification"]
             print(

@@ -76,7 +76,7 @@ def test_interference_is_said() -> None:
 
 def test_a_busy_host_is_said_from_the_recorded_stall_rate() -> None:
     def warned(rate: float | None) -> tuple[str, ...]:
-        i = {"windows": 24, "rejected": 0} | ({} if rate is None else {"stalls_median_max": rate})
+        i = {"windows": 24, "rejected": 0} | ({} if rate is None else {"stalls_median": rate})
         p = replace(profile({Mode.HTTP: {OTHER: flat(5, 2)}}, name="h"), interference=i)
         return resolve_profile(Store(p), None, HERE).warnings
 

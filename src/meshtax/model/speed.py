@@ -148,17 +148,17 @@ def typical(samples: Sequence[Speed]) -> Speed:
     )
 
 
-#: host wake stalls a second (the profile's largest per-size median) from which a profile
-#: was measured on a busy host: this machine's nine quick profiles of issue #14 (sittings
-#: 10–14) lay at 8–25 or at 33–60 a second, and tcp/gRPC Notification 1.5–3× higher in the
-#: second group (:mod:`meshtax.testbed.interference`)
+#: host wake stalls a second (the median over a profile's sizes of each size's median window)
+#: from which a profile was measured on a busy host: this machine's nine quick profiles of
+#: issue #14 (sittings 10–14) lay at 8–17 or at 47–57 a second, and tcp Notification mostly
+#: 1.5–3× higher in the second group (:mod:`meshtax.testbed.interference`)
 BUSY_HOST_STALLS = 30.0
 
 
 def busy_host_note(interference: Mapping[str, Any]) -> str | None:
     """A sentence when a profile's interference record says the host stalled its vCPUs'
     wake-ups at a busy host's rate (None otherwise, or when it was not recorded)."""
-    rate = interference.get("stalls_median_max")
+    rate = interference.get("stalls_median")
     if rate is None or float(rate) < BUSY_HOST_STALLS:
         return None
     return (

@@ -18,7 +18,7 @@ from meshtax.model.profile import ModeProfile, Platform, Profile, Provenance
 from meshtax.model.proxy import ProxyChoice
 from meshtax.model.sidecar import Architecture, Mode
 from meshtax.model.speed import Speed, busy_host_note, typical
-from meshtax.model.stats import Estimate, estimate
+from meshtax.model.stats import Estimate, estimate, median
 from meshtax.profile.architecture import ROLE_NOTES, InternodeResult, role_hash, with_internode
 from meshtax.profile.decompose import Breakdown, assemble, per_crossing
 from meshtax.profile.fit import SizePoint, fit_carried, fit_mode
@@ -503,5 +503,7 @@ def _interference(
         vals = [float(v[f"{k}_median"]) for v in per.values() if f"{k}_median" in v]
         if vals:
             out[f"{k}_median_max"] = max(vals)
+            if k == "stalls":  # the host's regime: one noisy size does not make it
+                out["stalls_median"] = median(vals)
     out["by_size"] = per
     return out

@@ -12,10 +12,11 @@ Host wake stalls (``stalls``, per second of the window): wake-ups of the measure
 took 130 µs or more from the wake to the epoll return, from the probe's per-event histograms
 (:func:`host_stalls`). The guest's steal time does not see the host's other tenants on this
 kind of VM (/proc/stat steal stays ≈ 0), but its halted vCPUs then wake late: nine stored quick
-profiles (issue #14, sittings 10–14) fell into two regimes, ≈ 8–25 and ≈ 33–60 stalls a second,
-and in the second the sidecar's slow (14–130 µs) wake-ups per crossing rose 2–3× and tcp and
-gRPC Notification with them (tcp 4 KB: 2.2–3.1 µs a crossing in the first, 5.0–8.6 in the
-second). The rate is recorded per window; judged only when ``Thresholds.stalls`` is set.
+profiles (issue #14, sittings 10–14) fell into two regimes, 8–17 and 47–57 stalls a second (the
+median over their sizes), and in the second the sidecar's slow (14–130 µs) wake-ups per crossing
+rose about 2–3× and tcp Notification with them (4 KB: 2.2–3.1 µs a crossing in four of the five
+quiet profiles, 5.0–8.6 in the busy ones). The rate is recorded per window; judged only when
+``Thresholds.stalls`` is set.
 """
 
 from __future__ import annotations
