@@ -24,6 +24,7 @@ import numpy as np
 
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
+from meshtax.predict.queueing import Shape
 from meshtax.predict.stations import TailOptions, request_rate, sidecar_rates
 from meshtax.store.sqlite import ProfileStore
 from meshtax.traces import SpanOptions, load_traces
@@ -159,6 +160,56 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     "s13-shape-scv01": {**_S13, "topology_scv": 0.1},
     "s13-shape-nobound": {**_S12_ONE, "ramp_shape": _SHAPE},
     "s13-shape-norelief": {**_S13, "relief": False},
+    # after set 14 (exploratory, seen sets 10–14, not judged): a topology's arrivals as the
+    # client sends them — fortio's even schedule and its 1 ms wake-ups — instead of the entry
+    # spans' lag (which holds the entry's own wait for the CPU without the mesh)
+    "s15x-wake-even": {**_S13, "lag_traces": False, "arrivals": 0.0, "wakeup_us": 1000.0},
+    "s15x-wake-even-scv0": {
+        **_S13,
+        "lag_traces": False,
+        "arrivals": 0.0,
+        "wakeup_us": 1000.0,
+        "topology_scv": 0.0,
+    },
+    "s15x-wake-even-scv005": {
+        **_S13,
+        "lag_traces": False,
+        "arrivals": 0.0,
+        "wakeup_us": 1000.0,
+        "topology_scv": 0.05,
+    },
+    # the ramp's queue bound alone (a request's work so variable that the bound always binds)
+    "s15x-cap": {**_S13, "topology_scv": 4.0},
+    "s15x-steady-nostalls": {
+        **_S13,
+        "lag_traces": False,
+        "arrivals": 0.0,
+        "wakeup_us": 1000.0,
+        "topology_scv": "measured",
+    },
+    "s15x-steady": {
+        **_S13,
+        "lag_traces": False,
+        "arrivals": 0.0,
+        "wakeup_us": 1000.0,
+        "topology_scv": "measured",
+        "stalls": True,
+    },
+    # set 15's candidate (registered before set 15 ran, designed on sets 10–14, all seen):
+    # s13-ramp-shape with a topology's request on the shared CPUs as the client sends it and
+    # as steady as the no-mesh level shows it — arrivals on fortio's even schedule with its
+    # 1 ms wake-ups (not the entry spans' lag, which holds the entry's own wait for the CPU),
+    # and the work's variation the level's no-mesh latencies' (each request's deviation from
+    # their mean added to the priced mean work; nearly constant in the body, a tail of stalls)
+    # instead of a gamma of SCV 0.25 (chosen on sets 1–3); one hop and saturation unchanged
+    "s15-steady-work": {
+        **_S13,
+        "lag_traces": False,
+        "arrivals": 0.0,
+        "wakeup_us": 1000.0,
+        "topology_shape": "no-mesh",
+    },
+    "s15x-shape-lag": {**_S13, "topology_shape": "no-mesh"},
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},
@@ -288,8 +339,26 @@ def errors(
             opts = replace(opts, ramp_queue=True)
         if topo and change.get("topology_ramp_price"):
             opts = replace(opts, ramp_price=True)
-        if topo and "topology_scv" in change:
+        if topo and change.get("topology_scv") == "measured":
+            opts = replace(opts, shared_scv=body_scv(pt))
+            if show:
+                print(
+                    f"    {pt.fraction:.0%}: request work SCV {opts.shared_scv:.4f} (no-mesh body)"
+                )
+        elif topo and "topology_scv" in change:
             opts = replace(opts, shared_scv=float(change["topology_scv"]))
+        if topo and change.get("topology_shape") == "no-mesh":
+            cheap = replace(opts, samples=20, ramp_queue=False)
+            first = predict(doc_path, doc, use_of(prof, change), pt, cheap, False)
+            work = first.utilisation * pods * 1e6 / pt.rate  # the priced work a request, µs
+            sh = nomesh_shape(pt, work)
+            opts = replace(opts, shared_shape=sh)
+            if show:
+                print(
+                    f"    {pt.fraction:.0%}: request work {work:.0f} µs, shape from the no-mesh "
+                    f"latencies: p90 {sh.quantile(np.array([0.9]))[0]:.3f}, p99 "
+                    f"{sh.quantile(np.array([0.99]))[0]:.3f}"
+                )
         if change.get("paced"):
             lag = _lag(prof, Mode(doc["tail"]["mode"]), base)
             print(f"    paced: lag {lag} µs (calibrated on the profile's capacity ramp)")
@@ -411,6 +480,38 @@ def ramp_scale(
     got = predict(doc_path, doc, prof, pt, replace(opts, cost_scale=1.0), False)
     priced = got.utilisation * pods * 1e6 / pt.rate - opts.app_cpu_us
     return (ramp / priced if priced > 0 else 1.0), ramp
+
+
+#: the standard normal's 90th percentile: (p90 − p50) ÷ it is a normal body's deviation
+Z90 = 1.2815515655446004
+
+
+def body_scv(pt: TailPoint) -> float:
+    """A topology request's work variability from the level's no-mesh runs: the squared
+    ((p90 − p50) ÷ z₀.₉₀ ÷ p50) of their pooled latencies (medians over the pairs). Without
+    the mesh the pods' CPUs are 15–50 % busy and arrivals even, so a request's latency is its
+    work and its path's: the body (not the stalls' tail above p90) is how much that varies;
+    with the mesh a request's work is taken to vary relatively as much."""
+    p50 = statistics.median(b.percentiles_us["p50"] for b, _ in pt.pairs)
+    p90 = statistics.median(b.percentiles_us["p90"] for b, _ in pt.pairs)
+    return float(max(p90 - p50, 0.0) / Z90 / p50) ** 2 if p50 > 0 else 0.0
+
+
+def nomesh_shape(pt: TailPoint, work_us: float) -> Shape:
+    """A topology request's work on the shared CPUs (mean ``work_us``, the priced one with
+    the mesh) as it varies without the mesh: the level's no-mesh latencies pooled over its
+    pairs (their quantile sketches), each request's deviation from their mean added to the
+    mean work — what holds a request up without the mesh (a longer piece of work, an
+    interrupt, another process on the CPU) holds the shared CPUs as long with it."""
+    q = np.array([b.quantiles_us for b, _ in pt.pairs if b.quantiles_us], dtype=np.float64)
+    lat = np.sort(q.ravel())
+    probs = np.linspace(0.0, 1.0, 201)
+    at = np.quantile(lat, probs)
+    return Shape.from_quantiles(probs, np.maximum(work_us + at - float(lat.mean()), 0.0))
+
+
+def use_of(prof: Profile, change: Mapping[str, Any]) -> Profile:
+    return _without_capacity(prof) if "capacity" in change else prof
 
 
 OPTIONS = {f.name for f in fields(TailOptions)}

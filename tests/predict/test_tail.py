@@ -17,7 +17,7 @@ from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.critical_path import propagate, structure
 from meshtax.predict.engine import predict_batch, single_profile
 from meshtax.predict.load_factor import queue_relief
-from meshtax.predict.queueing import ServiceMix, Station, waiting_times
+from meshtax.predict.queueing import ServiceMix, Shape, Station, waiting_times
 from meshtax.predict.stations import load_factor, queue_factor, queued_factor, sidecar_rates
 from meshtax.predict.tail import TailOptions, predict_tail, tiled
 from tests.helpers import EXTERNAL, ecg, flat, inv, profile
@@ -438,3 +438,22 @@ def test_a_cost_scale_scales_every_crossings_latency_and_cpu() -> None:
     assert b.full_factor == pytest.approx(a.full_factor)
     with pytest.raises(ValueError):
         TailOptions(cost_scale=0.0)
+
+
+def test_a_shared_shape_replaces_the_gamma_of_a_requests_work_on_shared_cpus() -> None:
+    # one sidecar on one shared CPU, ~0.8 busy, even arrivals: a constant shape queues as
+    # SCV 0 does; one request in twenty three times as long queues the others behind it
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=7_000.0)])
+    b = to_batch([g])
+    p = single_profile(profile({Mode.HTTP: {OTHER: flat(20.0, 45.0)}}))
+    o = TailOptions(
+        percentiles=(50.0, 99.0), samples=400, pod_cpus=1, app_cpu_us=20.0, arrivals=0.0
+    )
+    scv0 = predict_tail(b, p, replace(o, shared_scv=0.0))
+    const = predict_tail(b, p, replace(o, shared_scv=1.0, shared_shape=Shape.constant()))
+    assert const.stations[-1].utilisation == pytest.approx(scv0.stations[-1].utilisation)
+    assert const.pooled_overhead_us.tolist() == pytest.approx(scv0.pooled_overhead_us.tolist())
+    probs = (0.0, 0.95, 0.95 + 1e-9, 1.0)
+    rare = Shape.from_quantiles(probs, (0.9, 0.9, 2.7, 2.7))
+    slow = predict_tail(b, p, replace(o, shared_scv=0.0, shared_shape=rare))
+    assert slow.pooled_overhead_us[1] > const.pooled_overhead_us[1] + 20.0

@@ -102,6 +102,8 @@ class TailOptions:
     loop's maximum (ρ = 1) each sidecar costs u_R × (rate ÷ R)^exponent — the shape's power law
     through the profile's own closed loop (rate R, CPU-µs a request u_R) — instead of the
     models' price × the queue factor (:func:`~meshtax.predict.ramp_price.closed_loop_scale`).
+    ``shared_shape`` (shared CPUs): a request's work there varies as this shape (mean 1)
+    instead of a gamma of ``shared_scv`` (an experiment's: issue #20, set 15).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -123,6 +125,7 @@ class TailOptions:
     ramp_queue: bool = False
     ramp_shape: tuple[float, float] | None = None
     closed_shape: bool = False
+    shared_shape: Shape | None = None
     relief: bool = True
     batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"
@@ -396,7 +399,8 @@ def stations(
     mode_names = sorted({batch.specs[k].config.mode.value for k in spec_of.values()})
     shape_ix = {m: i for i, m in enumerate(mode_names)}
     shapes = tuple(_service_shape(batch, profiles, m, opts) for m in mode_names)
-    shapes = (*shapes, Shape.gamma(opts.shared_scv))  # the last: a request's on shared CPUs
+    work_shape = opts.shared_shape or Shape.gamma(opts.shared_scv)
+    shapes = (*shapes, work_shape)  # the last: a request's on shared CPUs
     names = [batch.services[s] for s in svcs]
     modes = [batch.specs[spec_of[s]].config.mode.value for s in svcs]
     servers = [
