@@ -37,9 +37,8 @@ def _rho_at(
     batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions, f: float, queued: bool = False
 ) -> FloatArray:
     scaled = replace(batch, rate=batch.rate * f)
-    if queued and opts.closed_shape:  # the closed loop at the shape through the profile's
-        k = closed_loop_scale(scaled, profiles, opts)
-        opts = replace(opts, cost_scale=opts.cost_scale * k)
+    if queued:  # the closed loop at the shape through the profile's, when asked (else 1)
+        opts = replace(opts, cost_scale=opts.cost_scale * closed_loop_scale(scaled, profiles, opts))
     cx = crossings(scaled, profiles, opts, split=False, queued=queued)
     sts = stations(scaled, profiles, cx, opts)
     out = np.zeros(len(sts.names))
