@@ -210,6 +210,20 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
         "topology_shape": "no-mesh",
     },
     "s15x-shape-lag": {**_S13, "topology_shape": "no-mesh"},
+    # after set 15 (exploratory, seen sets 10–15): the queue bound read where the ramp measured
+    # it — between two runs in 1 ÷ (1 − load fraction), the coordinate a queue grows linearly
+    # in near saturation, not linearly in the fraction (TailOptions.ramp_heavy); and one hop
+    # (the profile's own bed) at its rate ÷ the bed's measured closed loop, not ÷ the predicted
+    # saturation rate, 6.7–11.9 % below it on sets 10–15 (TailOptions.ramp_own_bed)
+    "s16x-heavy": {**_S13, "ramp_heavy": True},
+    "s16x-own-bed": {**_S13, "one_hop_own_bed": True},
+    "s16x-heavy-own-bed": {**_S13, "ramp_heavy": True, "one_hop_own_bed": True},
+    # set 16's candidate (registered before set 16 ran, designed on sets 10–15, all seen; the
+    # same as s16x-own-bed): s13-ramp-shape with one hop's queue bound read at its rate ÷ the
+    # profile's measured closed loop (its own bed's maximum, the denominator of the ramp's own
+    # fractions) instead of ÷ the model's predicted saturation rate; a topology and saturation
+    # unchanged by construction
+    "s16-own-bed": {**_S13, "one_hop_own_bed": True},
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},
@@ -335,6 +349,8 @@ def errors(
             opts = one_hop_options(replace(opts, arrivals=0.0))
             opts = replace(opts, wakeup_us=change.get("one_hop_wakeup"))
             opts = replace(opts, stalls=bool(change.get("one_hop_stalls", True)))
+        if not topo and change.get("one_hop_own_bed"):
+            opts = replace(opts, ramp_own_bed=True)
         if not topo and change.get("one_hop_ramp_queue"):
             opts = replace(opts, ramp_queue=True)
         if topo and change.get("topology_ramp_price"):

@@ -110,3 +110,37 @@ def test_a_short_queue_on_the_ramp_bounds_a_busy_cpus_modelled_wait() -> None:
     assert short.queue_bound.startswith("used: the shared CPUs at ")
     bare = predict_tail(b, single_profile(_profile(None)), replace(o, ramp_queue=True))
     assert bare.queue_bound.startswith("not used: the profile has no capacity ramp")
+
+
+def test_heavy_reads_between_two_runs_in_one_over_one_minus_the_fraction() -> None:
+    # issue #20, set 16's option: a queue grows as ρ/(1 − ρ), so between runs at 0.5 and 0.8
+    # of the closed loop the fraction 0.65 is 2/7 of the way, not half
+    busy = 80.0 + 400.0 * PR
+    cap = _ramp({200.0: np.full(PR.size, 80.0), 5000.0: 80.0 + 200.0 * PR, 8000.0: busy})
+    rq = ramp_queue(_profile(cap).modes[Mode.HTTP])
+    assert rq is not None
+    one = np.array([1.0])
+    assert rq.at(0.65, one)[0] == pytest.approx(3.0)
+    assert rq.at(0.65, one, heavy=True)[0] == pytest.approx(2.0 + 2.0 * (2.0 / 7.0))
+    # at the runs themselves both read the run
+    assert rq.at(0.8, one, heavy=True)[0] == pytest.approx(4.0)
+    assert rq.at(0.5, one, heavy=True)[0] == pytest.approx(2.0)
+
+
+def test_on_the_profiles_own_bed_the_bound_is_read_at_its_measured_closed_loop() -> None:
+    # one sidecar on one shared CPU at 6 000/s; the ramp's closed loop measured 20 000/s, its
+    # run at 0.2 of it queued nothing, its run at 0.3 (6 000/s, this rate) a long one. Read at
+    # the bed's own maximum the level is that run (the model's queue stands); at the model's
+    # predicted saturation (~5× the rate here) the quiet one (the crossing alone).
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=6_000.0)])
+    b = to_batch([g])
+    o = replace(_one_hop(), ramp_queue=True)
+    flat = np.full(PR.size, 80.0)
+    cap = _ramp({200.0: flat, 4_000.0: flat, 6_000.0: 80.0 + 5000.0 * PR}, closed=20_000.0)
+    prof = single_profile(_profile(cap))
+    pred = predict_tail(b, prof, o)
+    own = predict_tail(b, prof, replace(o, ramp_own_bed=True))
+    assert 1 / pred.stations[-1].full_factor < 0.21  # the model's saturation: > 28 500/s
+    assert own.stations[-1].full_factor == pytest.approx(pred.stations[-1].full_factor)
+    assert own.queue_bound.startswith("used: the shared CPUs at 30% ")
+    assert own.pooled_overhead_us[2] > pred.pooled_overhead_us[2] + 200.0

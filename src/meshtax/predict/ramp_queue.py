@@ -46,15 +46,19 @@ class RampQueue:
     probs: FloatArray
     queue: FloatArray
 
-    def at(self, fraction: float, u: npt.ArrayLike) -> FloatArray:
+    def at(self, fraction: float, u: npt.ArrayLike, heavy: bool = False) -> FloatArray:
         """The queue (requests' worth) at load fraction ``fraction`` and ranks ``u``:
-        linear between the runs in the fraction, 0 below the first, held beyond the last."""
+        linear between the runs in the fraction (``heavy``: in 1 ÷ (1 − fraction), as a
+        queue grows near saturation), 0 below the first, held beyond the last."""
         f = float(np.clip(fraction, self.fractions[0], self.fractions[-1]))
         j = int(np.searchsorted(self.fractions, f, side="right")) - 1
         j = min(max(j, 0), len(self.fractions) - 1)
         row = self.queue[j]
         if j + 1 < len(self.fractions):
-            t = (f - self.fractions[j]) / (self.fractions[j + 1] - self.fractions[j])
+            a, b = self.fractions[j], self.fractions[j + 1]
+            t = (f - a) / (b - a)
+            if heavy and b < 1.0:  # ρ/(1 − ρ)-like growth: 1/(1 − f) is its linear coordinate
+                t = (1 / (1 - f) - 1 / (1 - a)) / (1 / (1 - b) - 1 / (1 - a))
             row = row + t * (self.queue[j + 1] - row)
         return np.asarray(np.interp(np.asarray(u, dtype=np.float64), self.probs, row))
 

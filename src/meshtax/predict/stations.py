@@ -104,6 +104,11 @@ class TailOptions:
     models' price × the queue factor (:func:`~meshtax.predict.ramp_price.closed_loop_scale`).
     ``shared_shape`` (shared CPUs): a request's work there varies as this shape (mean 1)
     instead of a gamma of ``shared_scv`` (an experiment's: issue #20, set 15).
+    ``ramp_heavy`` (with ``ramp_queue``): the ramp's queue between two runs interpolated in
+    1 ÷ (1 − load fraction) instead of the fraction; ``ramp_own_bed`` (with ``ramp_queue``):
+    the shared CPUs are the profile's own bed (one hop), so the load fraction and the unit
+    are its closed loop's measured maximum instead of the predicted saturation rate
+    (experiments' options: issue #20, set 16).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -126,6 +131,8 @@ class TailOptions:
     ramp_shape: tuple[float, float] | None = None
     closed_shape: bool = False
     shared_shape: Shape | None = None
+    ramp_heavy: bool = False
+    ramp_own_bed: bool = False
     relief: bool = True
     batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"

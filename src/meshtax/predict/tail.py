@@ -318,10 +318,12 @@ def _ramp_cap(
             f"{mode.value} mode"
         )
     saturates = request_rate(batch, opts.load) * full[k]  # requests/s at ρ = 1
-    fraction, unit_us = 1.0 / full[k], 1e6 / saturates
+    if opts.ramp_own_bed and mp is not None and mp.capacity is not None:
+        saturates = mp.capacity.requests_per_s  # the bed's measured closed loop
+    fraction, unit_us = request_rate(batch, opts.load) / saturates, 1e6 / saturates
 
     def cap(u: FloatArray) -> FloatArray:
-        return rq.at(fraction, u) * unit_us
+        return rq.at(fraction, u, opts.ramp_heavy) * unit_us
 
     p99 = float(cap(np.array([0.99]))[0])
     return cap, (
