@@ -15,7 +15,9 @@ above 5 µs (per mode and message size):
   beyond what their windows could tell apart;
 - between the first two batches: the medians' relative difference and its standard error (each
   batch median's ≈ 1.253 · sd / √n), and how many instances a profile would need to average for
-  two of them to agree within 10 % at 95 % with this spread and no drift (n ≥ 2 · (1.96 · cv / 0.10)²).
+  two of them to agree within 10 % at 95 % with this spread and no drift (n ≥ 2 · (1.96 · cv / 0.10)²);
+  and over all choices of n = 1…4 profiles from each batch, how often their medians agree
+  within 10 % on every component.
 
 Offline, nothing is measured. Usage::
 
@@ -25,6 +27,7 @@ Offline, nothing is measured. Usage::
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 from collections.abc import Sequence
@@ -40,7 +43,10 @@ from meshtax.store.sqlite import ProfileStore  # noqa: E402
 DRIFT = 0.10  # the issue's bar
 
 
-def values(prof: Profile) -> dict[str, tuple[float, float]]:
+Vals = dict[str, tuple[float, float]]
+
+
+def values(prof: Profile) -> Vals:
     """mode/size/component → (pooled value µs, relative standard error over its window pairs)."""
     out = {}
     for mode, sizes in pair_components(prof).items():
@@ -119,6 +125,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     if len(batches) > 1:
         print(f"batch medians within {100 * DRIFT:.0f} %: {agree} of {len(keys)}")
+        subsets(batches[0], batches[1], keys)
+
+
+def subsets(a: Sequence[Vals], b: Sequence[Vals], keys: Sequence[str]) -> None:
+    """How often the medians of n profiles of one batch and n of the other agree within 10 %
+    on every component, over all choices of the n (n = 1: single profiles)."""
+    for n in range(1, min(len(a), len(b), 4) + 1):
+        ok = [
+            all(
+                abs(ma - mb) / max(abs(ma), abs(mb)) <= DRIFT
+                for k in keys
+                for ma, mb in [(np.median([x[k][0] for x in xa]), np.median([y[k][0] for y in xb]))]
+            )
+            for xa in itertools.combinations(a, n)
+            for xb in itertools.combinations(b, n)
+        ]
+        print(
+            f"medians of {n} profile(s) of each batch: every component within "
+            f"{100 * DRIFT:.0f} % in {sum(ok)} of {len(ok)} choices ({100 * np.mean(ok):.0f} %)"
+        )
 
 
 if __name__ == "__main__":
