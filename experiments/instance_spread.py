@@ -36,7 +36,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_profile import SIGNIFICANT_US, pair_components  # noqa: E402
+from profile_agreement_noise import per_pair  # noqa: E402
+
+from bench_profile import SIGNIFICANT_US  # noqa: E402
 from meshtax.model.profile import Profile  # noqa: E402
 from meshtax.store.sqlite import ProfileStore  # noqa: E402
 
@@ -49,12 +51,9 @@ Vals = dict[str, tuple[float, float]]
 def values(prof: Profile) -> Vals:
     """mode/size/component → (pooled value µs, relative standard error over its window pairs)."""
     out = {}
-    for mode, sizes in pair_components(prof).items():
-        for size, (pooled, pairs) in sizes.items():
-            for c, v in pooled.items():
-                xs = np.array([p[c] for p in pairs])
-                se = xs.std(ddof=1) / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
-                out[f"{mode}/{size}/{c.key}"] = (v, se / max(abs(v), 1e-9))
+    for k, (v, xs) in per_pair(prof).items():
+        se = xs.std(ddof=1) / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
+        out[k] = (v, se / max(abs(v), 1e-9))
     return out
 
 

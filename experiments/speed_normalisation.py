@@ -24,13 +24,13 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from statistics import mean, median
+from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from bench_profile import DRIFT, model_agreement, normalized_agreement  # noqa: E402
 from meshtax.model.profile import Profile  # noqa: E402
-from meshtax.model.speed import Speed  # noqa: E402
+from meshtax.model.speed import Speed, typical  # noqa: E402
 from meshtax.store.sqlite import ProfileStore  # noqa: E402
 
 PATHS = ("local", "cross", "user", "sidecar")
@@ -60,7 +60,7 @@ def combine(ss: Sequence[Speed], f: Callable[[list[float]], float]) -> Speed:
 def gated(sa: Sequence[Speed], sb: Sequence[Speed]) -> tuple[Speed, Speed]:
     """Both profiles' median speeds, ``b``'s set to ``a``'s on every path whose samples
     overlap (ratio 1: the reference did not move beyond its own scatter)."""
-    ma, mb = combine(sa, median), combine(sb, median)
+    ma, mb = typical(sa), typical(sb)
     same = {}
     for k in PATHS:
         xa, xb = _path(sa, k), _path(sb, k)
@@ -84,7 +84,7 @@ def pair(a: Profile, b: Profile) -> dict[str, float | None] | None:
 
     return {
         "raw": within(model_agreement(a, b)),
-        "median": scaled(combine(sa, median), combine(sb, median)),
+        "median": scaled(typical(sa), typical(sb)),
         "fastest": scaled(combine(sa, min), combine(sb, min)),
         "gated": scaled(*gated(sa, sb)),
     }

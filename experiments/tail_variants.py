@@ -60,6 +60,8 @@ _S12 = {**_S11, "ramp_queue": True}
 _S12_ONE = {**_S11, "one_hop_ramp_queue": True}
 _SHAPE = (1.377, -0.355)
 _S13 = {**_S12, "ramp_shape": _SHAPE}
+# a topology's arrivals as the client sends them: fortio's even schedule and its 1 ms wake-ups
+_EVEN = {**_S13, "lag_traces": False, "arrivals": 0.0, "wakeup_us": 1000.0}
 
 VARIANTS: dict[str, Mapping[str, Any]] = {
     "default": {"lag_traces": True},
@@ -163,38 +165,13 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # after set 14 (exploratory, seen sets 10–14, not judged): a topology's arrivals as the
     # client sends them — fortio's even schedule and its 1 ms wake-ups — instead of the entry
     # spans' lag (which holds the entry's own wait for the CPU without the mesh)
-    "s15x-wake-even": {**_S13, "lag_traces": False, "arrivals": 0.0, "wakeup_us": 1000.0},
-    "s15x-wake-even-scv0": {
-        **_S13,
-        "lag_traces": False,
-        "arrivals": 0.0,
-        "wakeup_us": 1000.0,
-        "topology_scv": 0.0,
-    },
-    "s15x-wake-even-scv005": {
-        **_S13,
-        "lag_traces": False,
-        "arrivals": 0.0,
-        "wakeup_us": 1000.0,
-        "topology_scv": 0.05,
-    },
+    "s15x-wake-even": _EVEN,
+    "s15x-wake-even-scv0": {**_EVEN, "topology_scv": 0.0},
+    "s15x-wake-even-scv005": {**_EVEN, "topology_scv": 0.05},
     # the ramp's queue bound alone (a request's work so variable that the bound always binds)
     "s15x-cap": {**_S13, "topology_scv": 4.0},
-    "s15x-steady-nostalls": {
-        **_S13,
-        "lag_traces": False,
-        "arrivals": 0.0,
-        "wakeup_us": 1000.0,
-        "topology_scv": "measured",
-    },
-    "s15x-steady": {
-        **_S13,
-        "lag_traces": False,
-        "arrivals": 0.0,
-        "wakeup_us": 1000.0,
-        "topology_scv": "measured",
-        "stalls": True,
-    },
+    "s15x-steady-nostalls": {**_EVEN, "topology_scv": "measured"},
+    "s15x-steady": {**_EVEN, "topology_scv": "measured", "stalls": True},
     # set 15's candidate (registered before set 15 ran, designed on sets 10–14, all seen):
     # s13-ramp-shape with a topology's request on the shared CPUs as the client sends it and
     # as steady as the no-mesh level shows it — arrivals on fortio's even schedule with its
@@ -202,13 +179,7 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # and the work's variation the level's no-mesh latencies' (each request's deviation from
     # their mean added to the priced mean work; nearly constant in the body, a tail of stalls)
     # instead of a gamma of SCV 0.25 (chosen on sets 1–3); one hop and saturation unchanged
-    "s15-steady-work": {
-        **_S13,
-        "lag_traces": False,
-        "arrivals": 0.0,
-        "wakeup_us": 1000.0,
-        "topology_shape": "no-mesh",
-    },
+    "s15-steady-work": {**_EVEN, "topology_shape": "no-mesh"},
     "s15x-shape-lag": {**_S13, "topology_shape": "no-mesh"},
     # after set 15 (exploratory, seen sets 10–15): the queue bound read where the ramp measured
     # it — between two runs in 1 ÷ (1 − load fraction), the coordinate a queue grows linearly

@@ -317,10 +317,11 @@ def _ramp_cap(
             f"not used: the profile has no capacity ramp with latency quantiles for "
             f"{mode.value} mode"
         )
-    saturates = request_rate(batch, opts.load) * full[k]  # requests/s at ρ = 1
+    rate = request_rate(batch, opts.load)
+    saturates = rate * full[k]  # requests/s at ρ = 1
     if opts.ramp_own_bed and mp is not None and mp.capacity is not None:
         saturates = mp.capacity.requests_per_s  # the bed's measured closed loop
-    fraction, unit_us = request_rate(batch, opts.load) / saturates, 1e6 / saturates
+    fraction, unit_us = rate / saturates, 1e6 / saturates
 
     def cap(u: FloatArray) -> FloatArray:
         return rq.at(fraction, u, opts.ramp_heavy) * unit_us
