@@ -29,7 +29,7 @@ from meshtax.model.components import OTHER, PARSING, Component
 from meshtax.model.costmodel import ComponentModel, CostModel
 from meshtax.model.profile import ModeProfile, Profile
 from meshtax.model.sidecar import Architecture, Mode
-from meshtax.profile.onehop import client_cpu_us
+from meshtax.profile.probed import client_cpu_us
 from meshtax.store.sqlite import ProfileStore
 from meshtax.validate.run import kept_cases
 

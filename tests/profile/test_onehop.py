@@ -179,7 +179,7 @@ def test_windows_stop_once_the_components_are_tight() -> None:
 
 
 def test_client_cpu_change_per_crossing_from_kept_windows() -> None:
-    from meshtax.profile.onehop import client_cpu_us
+    from meshtax.profile.probed import client_cpu_us
 
     def w(meshed: bool, kept: bool, requests: int, read: int, write: int, user: int) -> Any:
         client = {"read_ns": read, "write_ns": write, "user_ns": user}

@@ -541,6 +541,51 @@ def test_the_idle_sidecars_cpu_is_measured_and_kept_out_of_the_message_models(
     assert back.modes[Mode.TCP].idle_cpu_us_per_s == pytest.approx(3000.0)
 
 
+def test_probe_windows_spread_over_fresh_sidecars_and_cpu_runs_go_through_the_last(
+    tmp_path: Path,
+) -> None:
+    world = World()
+    sysm = EchoFakeSystem(responders=[world])
+    probe = WindowProbe([10_000_000] * 3)
+    perf_windows: list[tuple[int, ...]] = []
+    _follow_envoy_port(sysm, world)
+    plan = Plan(
+        closure_retries=0,
+        modes=(Mode.TCP,),
+        sizes=(100,),
+        rate_fractions=(1.0,),
+        latency_run_s=0.1,
+        probe_pairs=3,
+        probe_instances=3,
+        pinning=PIN,
+        carried=(),
+        low_rates=(),
+    )
+    sched = iter(range(0, 10**12, 6_000_000))
+    backends = Backends(
+        probe=lambda s: probe,
+        perf=lambda s: FakePerf(perf_windows),
+        schedstat=lambda pid: {pid: next(sched)},
+        state_dir=tmp_path / "state",
+        procs=Procs(),
+        envoy_binary=Path("/x/envoy"),
+        fortio_binary=Path("/x/fortio"),
+        meter=None,
+        speed=None,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # closure is not what this asks
+        prof = run_profile(ProfileOptions(name="t", plan=plan), sysm, None, backends=backends)
+    envoys = [p.pid for p in sysm.processes if "--config-yaml" in p.argv]
+    assert len(envoys) == 3  # one sidecar a group of windows
+    # two pairs through each (its share of three: at least two), then perf through the last
+    assert [s[0] for s in probe.started] == [e for e in envoys for _ in range(4)]
+    assert perf_windows and set(perf_windows) == {(envoys[2],)}
+    rec = prof.provenance.options["measurements"]["tcp"][0]["probe"]["windows"]
+    assert [w["instance"] for w in rec] == [i for i in range(3) for _ in range(4)]
+    assert prof.provenance.options["probe_instances"] == 3
+
+
 def test_options_resolve_plan() -> None:
     p = ProfileOptions(
         quick=True, modes=("http",), sizes=(2048, 100), duration_s=1.0
@@ -560,6 +605,7 @@ def test_options_resolve_plan() -> None:
         0.8,
     )
     # --resolve: the probe windows of the preset (after --duration) taken to ±5 %
+    assert ProfileOptions(quick=True, instances=3).resolve_plan().probe_instances == 3
     r = ProfileOptions(quick=True, resolve_s=50.0, duration_s=2.0).resolve_plan()
     assert r == resolving(quick_plan().with_duration(2.0), 50.0) and r.probe_budget_s == 50.0
     now = dt.datetime(2026, 1, 2, 3, 4, 5)

@@ -4,7 +4,7 @@ Nothing below this package parses argv or prints. User errors print one clear me
 exit 2; they never show a traceback. Commands are grouped by what they do:
 :mod:`~meshtax.cli.predict` (predict and data), :mod:`~meshtax.cli.profiles` (the
 profile store), :mod:`~meshtax.cli.whatif` (what-if studies of
-measured optimizations) and :mod:`~meshtax.cli.measure` (root).
+measured optimizations), :mod:`~meshtax.cli.measure` and :mod:`~meshtax.cli.doctor` (root).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def user_errors(fn: F) -> F:
 #: each top-level command → the modules that define it (and its subcommands), imported when
 #: the command is asked for: ``meshtax predict`` does not import the measurement commands
 COMMANDS: dict[str, tuple[str, ...]] = {
-    "doctor": ("measure",),
+    "doctor": ("doctor",),
     "profile": ("measure",),
     "validate": ("measure",),
     "config": ("predict",),

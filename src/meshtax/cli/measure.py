@@ -1,4 +1,4 @@
-"""Commands that measure this machine (root): profile, validate, doctor."""
+"""Commands that measure this machine (root): profile, validate (doctor: :mod:`~meshtax.cli.doctor`)."""
 
 from __future__ import annotations
 
@@ -303,6 +303,13 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
 )
 @click.option("--resolve", "resolve_s", type=POSITIVE, metavar="SECONDS", help=_RESOLVE)
 @click.option(
+    "--instances",
+    type=click.IntRange(1, 16),
+    help="Spread each size's probe windows over N sidecars, each started afresh (their "
+    "share of the pairs and budget each; default 1): two sidecar instances differ beyond "
+    "their windows' noise, N average them.",
+)
+@click.option(
     "--capacity",
     is_flag=True,
     help="Also each mode's capacity: requests/s at saturation through the sidecar (many "
@@ -435,6 +442,7 @@ def profile_cmd(
     low_rates: str | None,
     low_rate_repeats: int | None,
     resolve_s: float | None,
+    instances: int | None,
     capacity: bool,
     name: str | None,
     replace: bool,
@@ -502,6 +510,7 @@ def profile_cmd(
             capacity=True if capacity else None,
             low_rate_repeats=low_rate_repeats,
             resolve_s=resolve_s,
+            instances=instances,
             proxy=choice,
             architecture=Architecture(architecture),
         )
@@ -562,37 +571,3 @@ def profile_cmd(
             else "a proxy variant: name it (`--profile`, `meshtax whatif derive`) to use it"
         )
     )
-
-
-@main.command()
-@click.option(
-    "--prepare",
-    is_flag=True,
-    help="Also fix what can be fixed here: mount tracefs/bpffs, raise the memlock limit.",
-)
-@click.option(
-    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
-)
-@user_errors
-def doctor(prepare: bool, fmt: str) -> None:
-    """Check what profiling needs (root, BTF, memlock, netns, iptables, Envoy, fortio, perf, the
-    probe build) and attach the real probe for a moment; HAProxy and nginx (--proxy) are
-    optional."""
-    from meshtax.app.measure import check_machine
-
-    changed, checks = check_machine(prepare)
-    for change in changed:
-        click.echo(f"prepared: {change}")
-    if fmt == "json":
-        rows = [
-            {"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix, "optional": c.optional}
-            for c in checks
-        ]
-        click.echo(json.dumps(rows, indent=2))
-    else:
-        for c in checks:
-            fix = "" if c.ok else f"\n        fix: {c.fix}"
-            state = "ok " if c.ok else "optional" if c.optional else "MISSING"
-            click.echo(f"{state} {c.name}: {c.detail}{fix}")
-    if not all(c.ok or c.optional for c in checks):
-        sys.exit(1)

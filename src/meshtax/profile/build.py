@@ -22,8 +22,9 @@ from meshtax.model.stats import Estimate, estimate, median
 from meshtax.profile.architecture import ROLE_NOTES, InternodeResult, role_hash, with_internode
 from meshtax.profile.decompose import Breakdown, assemble, per_crossing
 from meshtax.profile.fit import SizePoint, fit_carried, fit_mode
-from meshtax.profile.onehop import PairedOverhead, ProbeResult
+from meshtax.profile.onehop import PairedOverhead
 from meshtax.profile.plan import Plan
+from meshtax.profile.probed import ProbeResult
 from meshtax.testbed.envoy.config import config_hash
 from meshtax.testbed.host import this_host
 from meshtax.testbed.interference import Interference

@@ -6,24 +6,27 @@ Each is a use of the one paired-run loop (:func:`~meshtax.testbed.paired.paired_
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from meshtax.model.capacity import LatencySketch
 from meshtax.model.sidecar import Mode
-from meshtax.model.stats import Estimate, estimate, median
+from meshtax.model.stats import Estimate, estimate
 from meshtax.profile.backends import CpuSampler, _real_perf, _real_probe
 from meshtax.profile.capacity import latency_sketch
-from meshtax.profile.decompose import (
-    CROSSINGS_PER_REQUEST,
-    Breakdown,
-    Window,
-    chain_breakdown,
-    cpu_breakdown,
-    mesh_breakdown,
+from meshtax.profile.decompose import Breakdown, Window, cpu_breakdown
+from meshtax.profile.probed import (
+    _BD_FIELDS,
+    ProbedPairs,
+    ProbeResult,
+    ProbeWindow,
+    pair_breakdown,
+    pool,
+    window_record,
 )
 from meshtax.testbed import procfs
 from meshtax.testbed.bed import OneHop
@@ -33,7 +36,6 @@ from meshtax.testbed.interference import (
     MeterFactory,
     Thresholds,
     host_stalls,
-    summarize,
 )
 from meshtax.testbed.paired import (
     GroupRun,
@@ -45,11 +47,9 @@ from meshtax.testbed.paired import (
 )
 from meshtax.testbed.probe_reading import EMPTY_THREAD
 from meshtax.testbed.probes import (
-    ProbeError,
     ProbeReading,
     ProbeSession,
     SnapshotSession,
-    ThreadReading,
     realtime,
 )
 from meshtax.testbed.system import System
@@ -59,6 +59,7 @@ __all__ = [
     "ProbeResult",
     "measure_overhead",
     "probe_components",
+    "probe_pairs",
     "ProbeWindow",
     "WindowPolicy",
     "components_narrow",
@@ -127,75 +128,6 @@ def measure_overhead(
     )
 
 
-@dataclass
-class ProbeResult:
-    """Paired probe windows of one mode and size.
-
-    ``latency``: components per crossing (µs) from all windows of a kind summed (sidecar + Δapp
-    + Δclient, see :mod:`~meshtax.profile.decompose`) — the per-message mean; two consecutive
-    quick profiles agreed on more components with it than with per-field medians over the
-    pairs (23 vs 19 of 36, BENCHMARKS.md issue #3); ``pooled``: the same (kept for readers of
-    older records); ``median``: per-field medians over the pairs; ``sidecar_only``: pooled,
-    without the app and client terms; ``per_pair``: each pair alone (their spread is the
-    interval);
-    ``overhead``: per-request overhead measured in the same probed windows.
-    ``path_kernel_cpu_us``: the kernel CPU change per crossing (meshed − direct) of the other
-    proxies on both paths (a node bed's; 0 on the echo bed), which CPU models count.
-    ``chain_app_cpu_us``: on a bed whose proxies share the app's CPU with it on both paths (a
-    waypoint's, :attr:`~meshtax.testbed.bed.OneHop.cpu_chain`), the echo app's own CPU change
-    per crossing (meshed − direct, without the path's proxies), (user, kernel); None elsewhere.
-    """
-
-    latency: Breakdown
-    pooled: Breakdown
-    median: Breakdown
-    sidecar_only: Breakdown
-    per_pair: list[Breakdown]
-    overhead: Estimate
-    meshed_mean: list[float]
-    direct_mean: list[float]
-    requests: int
-    dropped: int
-    windows: list[dict[str, Any]]
-    interference: dict[str, Any] = field(default_factory=dict)
-    path_kernel_cpu_us: float = 0.0
-    chain_app_cpu_us: tuple[float, float] | None = None
-
-    def client_cpu_us(self) -> dict[str, float]:
-        """:func:`client_cpu_us` of this result's windows."""
-        return client_cpu_us(self.windows)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "latency_breakdown_us": self.latency.to_dict(),
-            "pooled_breakdown_us": self.pooled.to_dict(),
-            "median_breakdown_us": self.median.to_dict(),
-            "sidecar_only_breakdown_us": self.sidecar_only.to_dict(),
-            "per_pair_breakdown_us": [b.to_dict() for b in self.per_pair],
-            "overhead_per_request_us": self.overhead.to_dict(),
-            "meshed_mean_us": self.meshed_mean,
-            "direct_mean_us": self.direct_mean,
-            "requests": self.requests,
-            "dropped_events": self.dropped,
-            "windows": self.windows,
-            "interference": self.interference,
-            **({"path_kernel_cpu_us": self.path_kernel_cpu_us} if self.path_kernel_cpu_us else {}),
-            **(
-                {}
-                if self.chain_app_cpu_us is None
-                else {
-                    "chain_app_cpu_us": {
-                        "user": self.chain_app_cpu_us[0],
-                        "kernel": self.chain_app_cpu_us[1],
-                    }
-                }
-            ),
-        }
-
-
-_BD_FIELDS = tuple(f.name for f in fields(Breakdown))
-
-
 @dataclass(frozen=True)
 class WindowPolicy:
     """How probe windows are taken: ``run_s`` each, meshed and direct in pairs; at least
@@ -218,6 +150,21 @@ class WindowPolicy:
     @classmethod
     def fixed(cls, run_s: float, pairs: int) -> WindowPolicy:
         return cls(run_s, pairs, pairs)
+
+    def share(self, k: int) -> WindowPolicy:
+        """One of ``k`` groups of these windows (one a sidecar instance): its share of the
+        pairs (at least two, a spread, where this asks for two) and of the budget."""
+        if k < 1:
+            raise ValueError(f"groups of windows: at least one, got {k}")
+        if k == 1:
+            return self
+        lo = max(min(2, self.min_pairs), math.ceil(self.min_pairs / k))
+        return replace(
+            self,
+            min_pairs=lo,
+            max_pairs=max(lo, math.ceil(self.max_pairs / k)),
+            budget_s=None if self.budget_s is None else self.budget_s / k,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "thresholds": self.thresholds.to_dict()}
@@ -251,19 +198,46 @@ def probe_components(
     probe_client: bool = True,
     rt_priority: int | None = None,
 ) -> ProbeResult:
+    """:func:`probe_pairs` of one sidecar instance, pooled (:func:`~meshtax.profile.probed.pool`)."""
+    part = probe_pairs(
+        bed,
+        mode,
+        size,
+        sidecar_pid,
+        windows=windows,
+        probe_app=probe_app,
+        probe=probe,
+        meter=meter,
+        meshed=meshed,
+        probe_client=probe_client,
+        rt_priority=rt_priority,
+    )
+    return pool([part], cpu_chain=bed.cpu_chain, probe_app=probe_app, what=f"{mode.value} {size} B")
+
+
+def probe_pairs(
+    bed: OneHop,
+    mode: Mode,
+    size: int,
+    sidecar_pid: int,
+    *,
+    windows: WindowPolicy,
+    probe_app: bool = True,
+    probe: Callable[[System], ProbeSession] = _real_probe,
+    meter: MeterFactory | None = None,
+    meshed: str | None = None,
+    probe_client: bool = True,
+    rt_priority: int | None = None,
+) -> ProbedPairs:
     """Pairs of probe windows (a meshed and a direct one, order alternating; see
     :class:`WindowPolicy`), the probe on the sidecar, (``probe_app``) the app and
-    (``probe_client``) every process of the client pod → components and the probed overhead.
+    (``probe_client``) every process of the client pod → the kept pairs and every window's record.
     ``meter``: measures what else ran in each window (None: nothing is checked).
     ``rt_priority``: the windows run with app and this process (so each window's load
     generator, its child) at ``SCHED_FIFO`` of that priority and the sidecar one above
     (:func:`~meshtax.testbed.probes.realtime`)."""
     # the app each path reaches (two processes when the sidecar talks to it over Unix sockets)
     apps = {"meshed": bed.meshed_app_pid, "direct": bed.app_pid}
-
-    def breakdown(m: Window, d: Window | None) -> Breakdown:
-        # several busy proxies sharing the app's CPU (a waypoint's bed): on-CPU time adds up
-        return chain_breakdown(m, d) if bed.cpu_chain and d is not None else mesh_breakdown(m, d)
 
     # other proxies on both paths (a node bed's): their change counts as the app's does
     path = bed.path_pids
@@ -327,7 +301,7 @@ def probe_components(
 
     def narrow(p: Paired[ProbeWindow]) -> bool:
         per = [
-            breakdown(m.window, d.window if probe_app else None)
+            pair_breakdown(m.window, d.window if probe_app else None, bed.cpu_chain)
             for m, d in p.pairs("meshed", "direct")
         ]
         return components_narrow(
@@ -355,66 +329,20 @@ def probe_components(
         paired = least_disturbed(paired, windows.thresholds, windows.min_pairs)
         forced = len(paired.groups)
     sched = f"fifo:{rt_priority}" if rt else "other"
-    raw = [
-        _window_record(name == "meshed", x, sched, kept)
+    records = [
+        window_record(name == "meshed", x, sched, kept)
         for kept, gs in ((True, paired.groups), (False, paired.rejected))
         for g in gs
         for name in group_order(g.group, g.round)
         for x in g.runs[name]
     ]
-    pairs_ = paired.pairs("meshed", "direct")
-    if not pairs_:
-        raise ProbeError(f"{mode.value} {size} B: no probe window pair completed")
-    m_windows = [m.window for m, _ in pairs_]
-    d_windows = [d.window for _, d in pairs_]
-    m_mean = [m.result.avg_us for m, _ in pairs_]
-    d_mean = [d.result.avg_us for _, d in pairs_]
-    dropped = sum(x.reading.dropped for m, d in pairs_ for x in (m, d))
-    path_cpu = per_crossing_delta(
-        sum(m.path.sys_cpu_ns for m, _ in pairs_),
-        sum(m.result.count for m, _ in pairs_),
-        sum(d.path.sys_cpu_ns for _, d in pairs_),
-        sum(d.result.count for _, d in pairs_),
-    )
-    chain_app = None
-    if bed.cpu_chain and probe_app:
-        # the echo alone: the app's threads less the path's proxies, which "app" includes
-        def echo(xs: list[ProbeWindow], attr: str) -> float:
-            return float(sum(getattr(x.window.app, attr) - getattr(x.path, attr) for x in xs))
-
-        ms, ds = [m for m, _ in pairs_], [d for _, d in pairs_]
-        nm, nd = sum(m.result.count for m in ms), sum(d.result.count for d in ds)
-        chain_app = (
-            per_crossing_delta(echo(ms, "user_ns"), nm, echo(ds, "user_ns"), nd),
-            per_crossing_delta(echo(ms, "sys_cpu_ns"), nm, echo(ds, "sys_cpu_ns"), nd),
-        )
-    noise = [x.noise for m, d in pairs_ for x in (m, d) if x.noise is not None]
-
-    def pooled(ws: list[Window]) -> Window:
-        out = ws[0]
-        for w in ws[1:]:
-            out = out + w
-        return out
-
-    pm, pd = pooled(m_windows), pooled(d_windows)
-    per_pair = [breakdown(m, d if probe_app else None) for m, d in zip(m_windows, d_windows)]
-    diffs = [m - d for m, d in zip(m_mean, d_mean)]
-    pooled_bd = breakdown(pm, pd if probe_app else None)
-    return ProbeResult(
-        latency=pooled_bd,
-        pooled=pooled_bd,
-        median=Breakdown(**{f: median([getattr(b, f) for b in per_pair]) for f in _BD_FIELDS}),
-        sidecar_only=mesh_breakdown(pm, None),
-        per_pair=per_pair,
-        overhead=estimate(diffs, stop=paired.stop),
-        meshed_mean=m_mean,
-        direct_mean=d_mean,
-        requests=pm.requests,
-        dropped=dropped,
-        windows=raw,
-        interference=summarize(noise, len(paired.rejected), forced) if gauge is not None else {},
-        path_kernel_cpu_us=path_cpu,
-        chain_app_cpu_us=chain_app,
+    return ProbedPairs(
+        list(paired.pairs("meshed", "direct")),
+        records,
+        paired.stop,
+        len(paired.rejected),
+        forced,
+        gauge is not None,
     )
 
 
@@ -437,72 +365,6 @@ def least_disturbed(
         "contaminated",
         tuple(g for g in paired.rejected if id(g) not in chosen),
     )
-
-
-@dataclass(frozen=True)
-class ProbeWindow:
-    """One probe window: the load's result, the probe's reading, the window it makes, and
-    what else ran meanwhile (None: not measured)."""
-
-    result: LoadResult
-    reading: ProbeReading
-    window: Window
-    noise: Interference | None
-    path: ThreadReading = EMPTY_THREAD  # the other proxies on the path (a node bed's), summed
-
-
-def client_cpu_us(windows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """The load generator's CPU change per crossing (meshed − direct, over the kept window
-    records): its read and write syscalls (the server pod's interception runs in its send
-    path) and its user time (parsing what the sidecar sends: more HTTP/2 frames in gRPC). In
-    an app the caller is a meshed pod whose CPU counts, so the CPU models carry it."""
-    out = {}
-    for k in ("read", "write", "user"):
-        per = {}
-        for meshed in (True, False):
-            ws = [w for w in windows if w["meshed"] is meshed and w["kept"]]
-            n = sum(int(w["requests"]) for w in ws)
-            ns = sum(int(w.get("client", {}).get(f"{k}_ns", 0)) for w in ws)
-            per[meshed] = ns * 1e-3 / (CROSSINGS_PER_REQUEST * n) if n else 0.0
-        out[k] = per[True] - per[False]
-    return out
-
-
-def per_crossing_delta(m_ns: float, m_requests: int, d_ns: float, d_requests: int) -> float:
-    """(meshed − direct) ns per request, in µs per crossing (0 without requests)."""
-    if m_requests <= 0 or d_requests <= 0:
-        return 0.0
-    return (m_ns / m_requests - d_ns / d_requests) * 1e-3 / CROSSINGS_PER_REQUEST
-
-
-def _window_record(meshed: bool, x: ProbeWindow, sched: str, kept: bool) -> dict[str, Any]:
-    """One probe window, raw, for the profile's record (``kept``: used, not refused)."""
-    res, reading, w = x.result, x.reading, x.window
-    threads: tuple[tuple[str, ThreadReading], ...] = (
-        ("sidecar", w.sidecar),
-        ("app", w.app),
-        ("client", w.client),
-    )
-    if x.path != EMPTY_THREAD:  # a node bed's other proxies (inside "app" too)
-        threads += (("path", x.path),)
-    return {
-        "meshed": meshed,
-        "kept": kept,
-        "requests": res.count,
-        "mean_us": res.avg_us,
-        "duration_ns": reading.duration_ns,
-        "ipc_packets": w.ipc_packets,
-        "ipc_ns": w.ipc_ns,
-        "ipc_bytes": w.ipc_bytes,
-        "sock_method": reading.ipc.sock_method,
-        "probe_bpf_ns": reading.probe_ns,
-        **{k: _thread_dict(t) for k, t in threads},
-        # per-event notification latencies, [bin, count, ns] in 2^shift ns bins
-        "notify_hist": {k: [list(b) for b in t.notify_hist.bins] for k, t in threads},
-        "notify_hist_shift": w.sidecar.notify_hist.shift,
-        "sched": sched,
-        "interference": None if x.noise is None else x.noise.to_dict(),
-    }
 
 
 def _start_probe(session: ProbeSession, pids: list[int], follow: str | None) -> None:
@@ -530,31 +392,6 @@ def _probed_load(
         return res, session.stop()
     finally:
         session.close()
-
-
-def _thread_dict(t: ThreadReading) -> dict[str, int]:
-    """The raw totals of a thread sum, for the record (ns and counts)."""
-    return {
-        "read_ns": t.read.ns,
-        "read_n": t.read.count,
-        "write_ns": t.write.ns,
-        "write_n": t.write.count,
-        "epoll_ns": t.epoll.ns,
-        "epoll_n": t.epoll.count,
-        "notify_ns": t.notify.ns,
-        "notify_n": t.notify.count,
-        "notify_behind_ns": t.notify_behind_ns,
-        "sock_ipc_ns": t.sock_ipc.ns,
-        "sock_ipc_n": t.sock_ipc.count,
-        "errqueue_ns": t.errqueue.ns,
-        "errqueue_n": t.errqueue.count,
-        "syscalls": t.syscalls,
-        "sys_ns": t.sys_ns,
-        "oncpu_ns": t.oncpu_ns,
-        "user_ns": t.user_ns,
-        "sys_cpu_ns": t.sys_cpu_ns,
-        "switches_in": t.switches_in,
-    }
 
 
 def sidecar_cpu(

@@ -139,6 +139,11 @@ class Plan:
     # closest to closing is kept); still unclosed → the profile is marked so
     closure_retries: int = 1
     probe_app: bool = True
+    # a size's probe windows in this many groups, each through a fresh sidecar (stopped and
+    # started again between groups, its share of the pairs and budget): each instance holds its
+    # own level, apart beyond its windows' noise (BENCHMARKS.md issue #14, run 16: 4 of 8
+    # components, cv 3–8 %), so several average it. Carried protocols' single pair: one.
+    probe_instances: int = 1
     # probe windows with the client and app at SCHED_FIFO of this priority, the sidecar one
     # above (None: as the rest of the run, CFS at ``nice``): see probes.realtime. Off: it
     # removed the millisecond wake-up stalls but changed how sidecar and app share their CPU,
@@ -237,6 +242,10 @@ class Plan:
             raise ValueError("probe_max_pairs must be at least probe_pairs")
         if self.probe_pairs < 1:
             raise ValueError("need at least one pair of probe windows")
+        if not 1 <= self.probe_instances <= 16:
+            raise ValueError(
+                f"probe_instances: 1 to 16 sidecars a size, got {self.probe_instances}"
+            )
         if self.probe_rt_priority is not None and not 1 <= self.probe_rt_priority <= 98:
             raise ValueError(
                 f"SCHED_FIFO priority must be 1..98 (the sidecar gets one more), got {self.probe_rt_priority}"
@@ -283,6 +292,8 @@ class Plan:
                 if self.probe_budget_s and cap * pair_s > 2 * self.probe_budget_s:
                     # the budget, not the pairs, ends a loop that asks this much (``resolving``)
                     probe_s = max(probe_s, self.probe_budget_s)
+                # each further instance: a sidecar stopped and started, then warmed
+                probe_s += (self.probe_instances - 1) * o["setup"]
                 out.append(Step("probe", m, s, expected_s=probe_s))
                 max_s = (
                     self.maxqps_run_s
@@ -393,6 +404,7 @@ class Plan:
             "probe_max_rejects": self.probe_max_rejects,
             "closure_retries": self.closure_retries,
             "probe_app": self.probe_app,
+            "probe_instances": self.probe_instances,
             "probe_rt_priority": self.probe_rt_priority,
             "maxqps_run_s": self.maxqps_run_s,
             "cpu_run_s": self.cpu_run_s,

@@ -61,7 +61,8 @@ from meshtax.profile.build import (
 from meshtax.profile.capacity import measure_capacity
 from meshtax.profile.decompose import Breakdown, steady_breakdown
 from meshtax.profile.fit import fit_mode
-from meshtax.profile.onehop import measure_overhead, probe_components, sidecar_cpu
+from meshtax.profile.instances import Sidecar, probe_instances
+from meshtax.profile.onehop import measure_overhead, sidecar_cpu
 from meshtax.profile.plan import Plan, Step, full_plan, quick_plan, resolving, window_policy
 from meshtax.testbed.bed import OneHop
 from meshtax.testbed.fortio import LoadResult, fortio_version
@@ -85,7 +86,8 @@ class ProfileOptions:
     that many differenced pairs of the preset's full length, the median pair kept (None: the
     preset's: three in the quick one, one in the full);
     ``resolve_s``: probe windows until every component is known within ±5 %, at most that
-    many seconds per size (:func:`~meshtax.profile.plan.resolving`);
+    many seconds per size (:func:`~meshtax.profile.plan.resolving`); ``instances``: each
+    size's probe windows over that many sidecars started afresh (``Plan.probe_instances``);
     ``plan``, if given, replaces the preset entirely. ``name`` defaults to ``<hostname>-<UTC time>``.
     ``proxy``: the sidecar measured (Envoy; or the reference sidecar, tcp mode only) and its
     IPC/write variant.
@@ -103,6 +105,7 @@ class ProfileOptions:
     capacity: bool | None = None  # measure each mode's capacity (None: the preset's)
     low_rate_repeats: int | None = None
     resolve_s: float | None = None
+    instances: int | None = None
     proxy: ProxyChoice = ProxyChoice()
     architecture: Architecture = Architecture.SIDECAR  # node-l4, waypoint: on the node bed
 
@@ -132,6 +135,8 @@ class ProfileOptions:
             )
         if self.resolve_s is not None:
             p = resolving(p, self.resolve_s)
+        if self.instances is not None:
+            p = replace(p, probe_instances=self.instances)
         self.proxy.check_modes(p.modes)
         return p
 
@@ -482,7 +487,7 @@ def _measure_carried(
     load_mode = Mode(proto)
     ticker.next("setup", Mode.TCP, protocol=proto)
     return _measure_sizes(
-        bed.start_sidecar(Mode.TCP, name=f"tcp-{proto}", app=load_mode),
+        lambda: bed.start_sidecar(Mode.TCP, name=f"tcp-{proto}", app=load_mode),
         Mode.TCP,
         load_mode,
         plan.carried_sizes(),
@@ -497,11 +502,13 @@ def _measure_carried(
 def _measure_mode(
     mode: Mode, plan: Plan, bed: OneHop, be: Backends, ticker: _Clocked
 ) -> list[SizeResult]:
-    return _measure_sizes(bed.start_sidecar(mode), mode, mode, plan.sizes, plan, bed, be, ticker)
+    return _measure_sizes(
+        lambda: bed.start_sidecar(mode), mode, mode, plan.sizes, plan, bed, be, ticker
+    )
 
 
 def _measure_sizes(
-    envoy: Proxy,
+    start: Callable[[], Proxy],
     mode: Mode,
     load_mode: Mode,
     sizes: Sequence[int],
@@ -512,10 +519,11 @@ def _measure_sizes(
     *,
     protocol: str = "",
 ) -> list[SizeResult]:
-    """Per size, through ``envoy`` (a ``mode`` sidecar) driven by ``load_mode``'s client: the
-    paired un-probed overhead (not for a carried ``protocol``), the probe windows and the CPU
-    runs; the sidecar is stopped at the end."""
-    pid = envoy.pid
+    """Per size, through a ``mode`` sidecar (``start`` starts one) driven by ``load_mode``'s
+    client: the paired un-probed overhead (not for a carried ``protocol``), the probe windows
+    (over ``Plan.probe_instances`` sidecars) and the CPU runs (through the last); the sidecar
+    is stopped at the end."""
+    envoy = Sidecar(start)
     meshed, direct = bed.meshed_target, bed.direct_target(load_mode)
     out: list[SizeResult] = []
     idle: float | None = None
@@ -523,7 +531,7 @@ def _measure_sizes(
         if not protocol and plan.idle_s > 0:
             ticker.next("idle", mode)
             bed.load(meshed, load_mode, sizes[0], n=plan.warmup_n)  # past start-up work
-            idle = idle_cpu_us_per_s(pid, plan.idle_s, be)
+            idle = idle_cpu_us_per_s(envoy.pid, plan.idle_s, be)
         for size in sizes:
             ticker.next("probe" if protocol else "latency", mode, size, protocol=protocol)
             # warm both paths (connection set-up, allocator, caches) before anything counts
@@ -543,12 +551,14 @@ def _measure_sizes(
                     clock=be.clock,
                 )
                 ticker.next("probe", mode, size)
-            pr = probe_components(
+            pr = probe_instances(
                 bed,
                 load_mode,
                 size,
-                pid,
+                envoy,
+                instances=1 if protocol else plan.probe_instances,
                 windows=window_policy(plan, carried=bool(protocol)),
+                warm=functools.partial(bed.load, meshed, load_mode, size, n=plan.warmup_n),
                 probe_app=plan.probe_app,
                 probe=be.probe,
                 meter=be.meter,
@@ -559,7 +569,7 @@ def _measure_sizes(
                 bed,
                 load_mode,
                 size,
-                pid,
+                envoy.pid,
                 plan,
                 be,
                 ticker,
