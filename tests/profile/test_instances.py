@@ -11,10 +11,10 @@ import pytest
 
 from meshtax.model.sidecar import Mode
 from meshtax.profile.instances import Sidecar, probe_instances
-from meshtax.profile.onehop import WindowPolicy, probe_components
+from meshtax.profile.onehop import WindowPolicy
 from meshtax.profile.plan import quick_plan
 from tests.profile.test_decompose import make_reading, thread
-from tests.profile.test_onehop import APP
+from tests.profile.test_onehop import APP, probe_components
 from tests.profile.test_onehop import Bed as _Bed
 
 
@@ -118,7 +118,7 @@ def test_one_instance_is_exactly_the_one_sidecar_probe() -> None:
     bed2 = Bed(sidecar_pid=100)
     fake = Probe(bed2)
     ref = probe_components(
-        bed2,  # type: ignore[arg-type]
+        bed2,
         Mode.TCP,
         100,
         100,

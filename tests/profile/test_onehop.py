@@ -10,7 +10,8 @@ import pytest
 
 from meshtax.model.sidecar import Mode
 from meshtax.profile.decompose import Breakdown
-from meshtax.profile.onehop import WindowPolicy, components_narrow, probe_components
+from meshtax.profile.onehop import WindowPolicy, components_narrow, probe_pairs
+from meshtax.profile.probed import ProbeResult, pool
 from meshtax.testbed.fortio import LoadSpec
 from meshtax.testbed.interference import Snapshot, Thresholds
 from meshtax.testbed.probe_reading import Histogram
@@ -88,10 +89,16 @@ class Meter:
         return Snapshot(self.t, cpus, 0, 0)
 
 
+def probe_components(bed: Bed, *args: Any, **kw: Any) -> ProbeResult:
+    """The windows of one sidecar, pooled (what the profiler does with one instance)."""
+    part = probe_pairs(bed, *args, **kw)  # type: ignore[arg-type]
+    return pool([part], cpu_chain=bed.cpu_chain, probe_app=True, what="test")
+
+
 def probe(bed: Bed, meter: Meter | None, **policy: Any) -> Any:
     fake = Probe(bed)
     return probe_components(
-        bed,  # type: ignore[arg-type]
+        bed,
         Mode.TCP,
         100,
         SIDECAR,
@@ -149,7 +156,7 @@ def test_host_stalls_are_recorded_per_window_and_refused_only_above_a_set_thresh
         bed = Bed()
         fake = StallingProbe(bed, [0, 40, 0, 0, 0, 0])
         return bed, probe_components(
-            bed,  # type: ignore[arg-type]
+            bed,
             Mode.TCP,
             100,
             SIDECAR,

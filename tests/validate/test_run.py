@@ -186,9 +186,10 @@ def test_bookinfo_http_prediction_not_grossly_off(short_profile: Profile) -> Non
     and mean latency predicted within 0.4x–2x of the measured, and nothing is left behind.
 
     http, not tcp: http mode's median error over the 21 cases is the tool's core claim, so a
-    divergence that large there means something broke (a unit error, a missing component). The profile measures CPU at 100/s too (per-message
-    CPU roughly doubles between thousands/s and 100/s, docs/validation.md), and the prediction
-    knows every pod shares one CPU (latency overhead = the request's sidecar CPU work)."""
+    divergence that large there means something broke (a unit error, a missing component).
+    The profile measures CPU at 100/s too (per-message CPU roughly doubles between thousands/s
+    and 100/s, docs/validation.md), and the prediction knows every pod shares one CPU (latency
+    overhead = the request's sidecar CPU work)."""
     before = _ours()
     opts = ValidateOptions(
         "bookinfo",

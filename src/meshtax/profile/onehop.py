@@ -1,5 +1,6 @@
 """One-hop measurements on the :class:`~meshtax.testbed.bed.EchoBed`: the paired overhead
-(meshed − direct), paired probe windows (the components), and CPU runs under perf.
+(meshed − direct), paired probe windows (the components, pooled by
+:func:`~meshtax.profile.probed.pool`), and CPU runs under perf.
 
 Each is a use of the one paired-run loop (:func:`~meshtax.testbed.paired.paired_runs`).
 """
@@ -22,10 +23,8 @@ from meshtax.profile.decompose import Breakdown, Window, cpu_breakdown
 from meshtax.profile.probed import (
     _BD_FIELDS,
     ProbedPairs,
-    ProbeResult,
     ProbeWindow,
     pair_breakdown,
-    pool,
     window_record,
 )
 from meshtax.testbed import procfs
@@ -56,11 +55,8 @@ from meshtax.testbed.system import System
 
 __all__ = [
     "PairedOverhead",
-    "ProbeResult",
     "measure_overhead",
-    "probe_components",
     "probe_pairs",
-    "ProbeWindow",
     "WindowPolicy",
     "components_narrow",
     "sidecar_cpu",
@@ -182,37 +178,6 @@ def components_narrow(
         if e.coverage < 0.95 or (e.hi - e.lo) / 2 > max(rel * abs(e.median), min_halfwidth_us):
             return False
     return True
-
-
-def probe_components(
-    bed: OneHop,
-    mode: Mode,
-    size: int,
-    sidecar_pid: int,
-    *,
-    windows: WindowPolicy,
-    probe_app: bool = True,
-    probe: Callable[[System], ProbeSession] = _real_probe,
-    meter: MeterFactory | None = None,
-    meshed: str | None = None,
-    probe_client: bool = True,
-    rt_priority: int | None = None,
-) -> ProbeResult:
-    """:func:`probe_pairs` of one sidecar instance, pooled (:func:`~meshtax.profile.probed.pool`)."""
-    part = probe_pairs(
-        bed,
-        mode,
-        size,
-        sidecar_pid,
-        windows=windows,
-        probe_app=probe_app,
-        probe=probe,
-        meter=meter,
-        meshed=meshed,
-        probe_client=probe_client,
-        rt_priority=rt_priority,
-    )
-    return pool([part], cpu_chain=bed.cpu_chain, probe_app=probe_app, what=f"{mode.value} {size} B")
 
 
 def probe_pairs(

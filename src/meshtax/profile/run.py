@@ -18,7 +18,8 @@ HTTP/gRPC parsing can subtract it) and size:
 2. paired probe windows, meshed and direct, the probe on sidecar and app → the components
    (:mod:`~meshtax.profile.decompose`) and the overhead *in those same windows*, which the
    closure compares them with; probed − un-probed overhead is the probe's perturbation
-   (:func:`probe_components`);
+   (:func:`~meshtax.profile.instances.probe_instances`: over one sidecar, or several started
+   afresh);
 3. the max-rate run and fixed-rate runs under perf → CPU per component (:func:`sidecar_cpu`):
    fractions of the max rate and absolute low rates (``Plan.low_rates``; per-message CPU
    rises at low rates, where applications run).
