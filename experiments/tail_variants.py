@@ -195,6 +195,8 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # fractions) instead of ÷ the model's predicted saturation rate; a topology and saturation
     # unchanged by construction
     "s16-own-bed": {**_S13, "one_hop_own_bed": True},
+    # set 17's candidate (registered before set 17; seen 10–16): TailOptions.ramp_plateau
+    "s17-plateau": {**_S13, "ramp_plateau": True},
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},

@@ -108,7 +108,9 @@ class TailOptions:
     1 ÷ (1 − load fraction) instead of the fraction; ``ramp_own_bed`` (with ``ramp_queue``):
     the shared CPUs are the profile's own bed (one hop), so the load fraction and the unit
     are its closed loop's measured maximum instead of the predicted saturation rate
-    (experiments' options: issue #20, set 16).
+    (experiments' options: issue #20, set 16). ``ramp_plateau``: the load factor's capacity
+    runs at ≥ 3/4 of the closed loop's rate priced at their plateau's busy CPU (the mean of
+    their CPU-seconds a second) ÷ each one's rate (:func:`load_factor`; issue #20, set 17).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -133,6 +135,7 @@ class TailOptions:
     shared_shape: Shape | None = None
     ramp_heavy: bool = False
     ramp_own_bed: bool = False
+    ramp_plateau: bool = False
     relief: bool = True
     batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"
@@ -240,11 +243,13 @@ def crossings(
     at = sidecar_rates(b, opts.load)
     plain = hop_costs(b, profiles, rates=rates, speed=opts.speed)
     queue = queued_requests(b, profiles, plain, opts) if queued else None
-    full = at_load(plain, b, profiles, at, queue)
+    top = opts.ramp_plateau
+    full = at_load(plain, b, profiles, at, queue, top)
     if split:
         req = hop_costs(replace(b, response_bytes=b.request_bytes), profiles, rates=rates)
         resp = hop_costs(replace(b, request_bytes=b.response_bytes), profiles, rates=rates)
-        req, resp = at_load(req, b, profiles, at, queue), at_load(resp, b, profiles, at, queue)
+        req = at_load(req, b, profiles, at, queue, top)
+        resp = at_load(resp, b, profiles, at, queue, top)
         if opts.speed is not None:  # the halves only split the full costs: keep their ratio
             req, resp = _rescale(req, resp, full)
     else:
@@ -322,11 +327,12 @@ def at_load(
     profiles: ProfileLookup,
     rates: FloatArray,
     queued: FloatArray | None = None,
+    plateau: bool = False,
 ) -> Costs:
     """``costs`` with each side's base CPU × :func:`load_factor` of its mode at ``rates`` (per
-    row, or per row and side as :func:`sidecar_rates` gives); ``queued`` (rows × 2, requests
-    queued at each side's sidecar): × the mode's :func:`queue_factor` there instead, where
-    the profile has one."""
+    row, or per row and side as :func:`sidecar_rates` gives; ``plateau``: its runs near the
+    closed loop at their plateau); ``queued`` (rows × 2, requests queued at each side's
+    sidecar): × the mode's :func:`queue_factor` there instead, where the profile has one."""
     cols = [k for k, c in enumerate(costs.components) if c in BASE]
     out = {}
     r2 = rates if rates.ndim == 2 else np.repeat(rates[:, None], 2, axis=1)
@@ -339,7 +345,7 @@ def at_load(
             mp = profiles(spec.platform).modes.get(spec.config.mode) if rows.size else None
             if mp is not None:
                 q = None if queued is None else queue_factor(mp, queued[rows, side])
-                f[rows] = q if q is not None else load_factor(mp, r2[rows, side])
+                f[rows] = q if q is not None else load_factor(mp, r2[rows, side], plateau)
         c = getattr(costs, name).copy()
         c[:, cols] *= f[:, None]
         out[name] = c
