@@ -203,7 +203,13 @@ def noise(sets: Sequence[Sequence[str]], variant: str, bar: float) -> None:
                 f"{s['floor_pass']:.0%} | {s['floor_whole']:.0%} | {s['net']:.0%} | "
                 f"{s['needed']} | {s['far']} |"
             )
-        print("\n" + halves_line([r for r in rows if r["key"] == k]))
+        of_k = [r for r in rows if r["key"] == k]
+        print("\n" + halves_line(of_k))
+        near = [abs(_ln(r["whole"], sum(r["passes"]) / 2)) for r in of_k]
+        print(
+            f"the whole level (pooled) against the passes' mean, |ln ratio|: median "
+            f"{_med(near):.1%}, max {max(x for x in near if x == x):.0%}"
+        )
 
 
 def main() -> None:
