@@ -95,6 +95,15 @@ def closed_loop(d: Path, prof: Profile) -> dict[str, float]:
     }
 
 
+def set_docs(onehop: str, topo: str) -> list[tuple[Path, dict[str, Any]]]:
+    """A set's two scored documents (one hop's and Bookinfo's), with their paths."""
+    paths = (
+        Path(onehop) / f"{STEMS['one-hop']}.json",
+        Path(topo) / f"{STEMS['bookinfo/productpage']}.json",
+    )
+    return [(p, json.loads(p.read_text())) for p in paths]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_sets(ap)
@@ -103,13 +112,7 @@ def main() -> None:
     sets = []
     for db, onehop, topo in a.set:
         prof = set_profile(db, onehop)
-        docs = [
-            (p, json.loads(p.read_text()))
-            for p in (
-                Path(onehop) / f"{STEMS['one-hop']}.json",
-                Path(topo) / f"{STEMS['bookinfo/productpage']}.json",
-            )
-        ]
+        docs = set_docs(onehop, topo)
         sets.append((Path(topo).parent.name, prof, docs, Path(topo)))
     for variant in a.variants.split(","):
         print(f"\n## {variant}: predicted ÷ measured p90 / p99 per level (60 % not scored)\n")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from _tail_sets import set_profile
-from tail_bias_saturation import STEMS, level_errors
+from tail_bias_saturation import level_errors, set_docs
 
 from meshtax.validate.tail import TailRun, _pooled
 
@@ -68,13 +68,7 @@ def noise_rows(sets: Sequence[Sequence[str]], variant: str) -> list[dict[str, An
     rows: list[dict[str, Any]] = []
     for db, onehop, topo in sets:
         prof = set_profile(db, onehop)
-        docs = [
-            (p, json.loads(p.read_text()))
-            for p in (
-                Path(onehop) / f"{STEMS['one-hop']}.json",
-                Path(topo) / f"{STEMS['bookinfo/productpage']}.json",
-            )
-        ]
+        docs = set_docs(onehop, topo)
         model = level_errors(docs, prof, variant)
         for _, doc in docs:
             t = doc["tail"]

@@ -13,9 +13,9 @@ from meshtax.model.sidecar import Mode
 from meshtax.profile.instances import Sidecar, probe_instances
 from meshtax.profile.onehop import WindowPolicy
 from meshtax.profile.plan import quick_plan
-from tests.profile.test_decompose import make_reading, thread
-from tests.profile.test_onehop import APP, probe_components
 from tests.profile.test_onehop import Bed as _Bed
+from tests.profile.test_onehop import Probe as _Probe
+from tests.profile.test_onehop import probe_components
 
 
 @dataclass
@@ -34,28 +34,20 @@ class Bed(_Bed):
         return super().load(target, mode, size, qps, **kw)
 
 
-class Probe:
-    """A snapshot probe of the bed's counters; the sidecar's threads carry its current PID."""
+class Probe(_Probe):
+    """The snapshot probe of the bed's loads, its sidecar read the bed's counter and its threads
+    carrying the current sidecar's PID."""
 
-    def __init__(self, bed: Bed) -> None:
-        self.bed = bed
+    bed: Bed
 
     def start(self, pids: Any, *, follow_netns: str | None = None) -> None:
         assert pids[0] == self.bed.sidecar_pid  # the instance running now is the one probed
 
-    def snapshot(self) -> Any:
-        m = sum(t == self.bed.meshed_target for t in self.bed.loads)
-        d = len(self.bed.loads) - m
-        w = thread(1, read=self.bed.read_ns, write=6_000_000 * m, epoll=10**8 * m,
-                   tgid=self.bed.sidecar_pid)  # fmt: skip
-        a = thread(2, write=1_000_000 * m + 3_000_000 * d, epoll=10**8 * (m + d), tgid=APP)
-        return make_reading([w, a], ipc_ns=2_000_000 * m, ipc_count=4 * m)
+    def sidecar_read_ns(self, meshed_windows: int) -> int:
+        return self.bed.read_ns
 
-    def stop(self) -> Any:
-        return self.snapshot()
-
-    def close(self) -> None:
-        pass
+    def sidecar_pid(self) -> int:
+        return self.bed.sidecar_pid
 
 
 class Proxy:

@@ -61,10 +61,16 @@ class Probe:
     def snapshot(self) -> Any:
         m = sum(t == self.bed.meshed_target for t in self.bed.loads)
         d = len(self.bed.loads) - m
-        w = thread(1, read=2_000_000 * m, write=6_000_000 * m, epoll=10**8 * m,
-                   notify=4_000_000 * m, user=10_000_000 * m, tgid=SIDECAR)  # fmt: skip
+        w = thread(1, read=self.sidecar_read_ns(m), write=6_000_000 * m, epoll=10**8 * m,
+                   notify=4_000_000 * m, user=10_000_000 * m, tgid=self.sidecar_pid())  # fmt: skip
         a = thread(2, write=1_000_000 * m + 3_000_000 * d, epoll=10**8 * (m + d), tgid=APP)
         return make_reading([w, a], ipc_ns=2_000_000 * m, ipc_count=4 * m)
+
+    def sidecar_read_ns(self, meshed_windows: int) -> int:
+        return 2_000_000 * meshed_windows
+
+    def sidecar_pid(self) -> int:
+        return SIDECAR
 
     def stop(self) -> Any:
         return self.snapshot()
