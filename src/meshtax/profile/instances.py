@@ -33,7 +33,6 @@ class Sidecar:
     def __init__(self, start: Callable[[], Proxy]) -> None:
         self._start = start
         self.proxy: Proxy | None = start()
-        self.started = 1
 
     @property
     def pid(self) -> int:
@@ -45,7 +44,6 @@ class Sidecar:
         """Stop this instance and start the next."""
         self.stop()
         self.proxy = self._start()
-        self.started += 1
 
     def stop(self) -> None:
         if self.proxy is not None:
@@ -70,8 +68,8 @@ def probe_instances(
     """The probe windows of ``mode`` and ``size`` in ``instances`` groups, each with its share
     of ``windows``; before each group after the first the sidecar is renewed and ``warm``
     run (connections, allocator, caches), then pooled; the rest as
-    :func:`~meshtax.profile.onehop.probe_pairs`. One instance: exactly
-    :func:`~meshtax.profile.onehop.probe_components`."""
+    :func:`~meshtax.profile.onehop.probe_pairs`. One instance: its windows pooled as they are
+    (no renewal, no warm-up, records untagged)."""
     share = windows.share(instances)
     parts = []
     for i in range(instances):
