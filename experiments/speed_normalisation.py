@@ -11,9 +11,14 @@ as ``benchmarks/bench_profile.py --compare``): as measured, scaled by the stored
 fastest sample of each path instead of the median, and "gated" — a path's ratio applied only
 when the two profiles' samples of it do not overlap (the reference moved beyond its own
 scatter). Then each profile's sample scatter (largest ÷ smallest, per path) and the means over
-all pairs. Offline, nothing is measured. Usage::
+all pairs. ``--mode-gauges`` adds two gauges taken beside each mode: "echo", each mode scaled
+by its own no-mesh echo (the median over sizes of the ratio of the profile's direct median
+latency, the mode's kernel paths without a sidecar), and "bracket", each mode's components by
+the reference readings taken just before and after that mode (their mean). ``--paired``: the
+profiles as consecutive pairs (first with second, third with fourth …), not all
+combinations. Offline, nothing is measured. Usage::
 
-    .venv/bin/python experiments/speed_normalisation.py DB NAME [DB NAME ...]
+    .venv/bin/python experiments/speed_normalisation.py [--mode-gauges] [--paired] DB NAME [DB NAME ...]
 """
 
 from __future__ import annotations
@@ -26,11 +31,21 @@ from dataclasses import replace
 from pathlib import Path
 from statistics import mean
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from bench_profile import DRIFT, model_agreement, normalized_agreement  # noqa: E402
+from bench_profile import (  # noqa: E402
+    DRIFT,
+    _rel_diffs,
+    model_agreement,
+    model_components,
+    normalized_agreement,
+)
+from meshtax.model.components import Component  # noqa: E402
 from meshtax.model.profile import Profile  # noqa: E402
-from meshtax.model.speed import Speed, typical  # noqa: E402
+from meshtax.model.sidecar import Mode  # noqa: E402
+from meshtax.model.speed import Speed, speed_factor, typical  # noqa: E402
 from meshtax.store.sqlite import ProfileStore  # noqa: E402
 
 PATHS = ("local", "cross", "user", "sidecar")
@@ -73,7 +88,50 @@ def within(d: dict[str, float] | None) -> float | None:
     return None if not d else sum(v <= DRIFT for v in d.values()) / len(d)
 
 
-def pair(a: Profile, b: Profile) -> dict[str, float | None] | None:
+def echo_ms(p: Profile) -> dict[tuple[str, int], float]:
+    """(mode, size) → the median latency of the no-mesh echo the profile measured beside it."""
+    return {
+        (m.value, size): float(np.interp(0.5, sk.probs, sk.direct_us))
+        for m, mp in p.modes.items()
+        for size, sk in mp.latency_sketches.items()
+    }
+
+
+def bracket(p: Profile) -> dict[str, Speed]:
+    """mode → the mean of the reference readings taken just before and just after it (the
+    profile takes one at its start and one after each mode, modes in the order it lists)."""
+    ss, modes = samples(p), p.provenance.options.get("modes", [])
+    return {m: combine(ss[i : i + 2], mean) for i, m in enumerate(modes) if ss[i : i + 2]}
+
+
+def mode_scaled(a: Profile, b: Profile, factor: Callable[[str, Component], float]) -> float | None:
+    """Share within 10 % once each of ``b``'s components is scaled by ``factor(mode, c)``."""
+    cb: dict[str, dict[int, dict[str, float]]] = {}
+    for mode, sizes in model_components(b).items():
+        comps = {c.key: c for c in b.modes[Mode(mode)].components}
+        cb[mode] = {
+            z: {k: v * factor(mode, comps[k]) for k, v in vals.items()} for z, vals in sizes.items()
+        }
+    return within(_rel_diffs(model_components(a), cb))
+
+
+def gauges(a: Profile, b: Profile) -> dict[str, float | None]:
+    """The two gauges taken beside each mode (``--mode-gauges``)."""
+    ea, eb = echo_ms(a), echo_ms(b)
+
+    def echo(mode: str, c: Component) -> float:
+        r = [ea[k] / eb[k] for k in ea if k[0] == mode and k in eb]
+        return float(np.median(r)) if r else 1.0
+
+    ba, bb = bracket(a), bracket(b)
+
+    def brk(mode: str, c: Component) -> float:
+        return speed_factor(c, ba[mode], bb[mode]) if mode in ba and mode in bb else 1.0
+
+    return {"echo": mode_scaled(a, b, echo), "bracket": mode_scaled(a, b, brk)}
+
+
+def pair(a: Profile, b: Profile, mode_gauges: bool = False) -> dict[str, float | None] | None:
     """Share within 10 % for one pair, each way of accounting for speed (None: no samples)."""
     sa, sb = samples(a), samples(b)
     if not sa or not sb:
@@ -87,12 +145,15 @@ def pair(a: Profile, b: Profile) -> dict[str, float | None] | None:
         "median": scaled(typical(sa), typical(sb)),
         "fastest": scaled(combine(sa, min), combine(sb, min)),
         "gated": scaled(*gated(sa, sb)),
+        **(gauges(a, b) if mode_gauges else {}),
     }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("pairs", nargs="+", metavar="DB NAME")
+    ap.add_argument("--mode-gauges", action="store_true", help="also the gauges beside each mode")
+    ap.add_argument("--paired", action="store_true", help="consecutive pairs, not combinations")
     args = ap.parse_args(argv)
     if len(args.pairs) % 2:
         ap.error("give DB NAME pairs")
@@ -110,8 +171,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     print(f"== pairs: share of components above 5 µs within {DRIFT:.0%}")
     rows = []
-    for x, y in itertools.combinations(profiles, 2):
-        r = pair(profiles[x], profiles[y])
+    names = list(profiles)
+    combos = zip(names[::2], names[1::2]) if args.paired else itertools.combinations(names, 2)
+    for x, y in combos:
+        r = pair(profiles[x], profiles[y], args.mode_gauges)
         if r is None:
             continue
         rows.append(r)

@@ -138,3 +138,23 @@ def test_the_plan_records_its_instances_and_expects_their_restarts() -> None:
     assert four.expected_s() > one.expected_s()
     with pytest.raises(ValueError, match="probe_instances"):
         quick_plan(probe_instances=0)
+
+
+def test_the_plan_takes_early_rounds_of_every_mode_before_the_modes_measurements() -> None:
+    one, three = quick_plan(), quick_plan(probe_rounds=3)
+    assert three.to_dict()["probe_rounds"] == 3
+    steps = three.steps()
+    rounds = [(s.mode, s.size) for s in steps if s.kind == "round"]
+    # two early rounds, every mode's sizes in each, all before the first latency step
+    assert rounds == [(m, z) for _ in range(2) for m in three.modes for z in three.sizes]
+    first_latency = next(i for i, s in enumerate(steps) if s.kind == "latency")
+    assert max(i for i, s in enumerate(steps) if s.kind == "round") < first_latency
+    # the windows are split, not added: the rounds cost their sidecars' start and warm-up
+    probe = sum(s.expected_s for s in steps if s.kind in ("probe", "round"))
+    assert probe == pytest.approx(
+        sum(s.expected_s for s in one.steps() if s.kind == "probe"), rel=0.2
+    )
+    assert three.expected_s() > one.expected_s()
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match="probe_rounds"):
+            quick_plan(probe_rounds=bad)

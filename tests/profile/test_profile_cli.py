@@ -281,12 +281,18 @@ def test_bad_carried_protocol_or_low_rate_is_a_usage_error(tmp_path: Path) -> No
         timeout=60,
     )
     assert done.returncode == 2 and "--resolve" in done.stderr, done.stdout + done.stderr
-    for n in ("0", "17", "two"):
+    for opt, n in (
+        ("--instances", "0"),
+        ("--instances", "17"),
+        ("--instances", "two"),
+        ("--rounds", "0"),
+        ("--rounds", "9"),
+    ):
         done = subprocess.run(
-            [exe, "profile", "--quick", "--instances", n],
+            [exe, "profile", "--quick", opt, n],
             env=env,
             capture_output=True,
             text=True,
             timeout=60,
         )
-        assert done.returncode == 2 and "--instances" in done.stderr, done.stdout + done.stderr
+        assert done.returncode == 2 and opt in done.stderr, done.stdout + done.stderr

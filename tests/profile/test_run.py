@@ -586,6 +586,51 @@ def test_probe_windows_spread_over_fresh_sidecars_and_cpu_runs_go_through_the_la
     assert prof.provenance.options["probe_instances"] == 3
 
 
+def test_probe_rounds_spread_each_modes_windows_over_the_run(tmp_path: Path) -> None:
+    world = World()
+    sysm = EchoFakeSystem(responders=[world])
+    probe = WindowProbe([10_000_000] * 4)
+    perf_windows: list[tuple[int, ...]] = []
+    _follow_envoy_port(sysm, world)
+    plan = Plan(
+        closure_retries=0,
+        modes=(Mode.TCP, Mode.HTTP),
+        sizes=(100,),
+        rate_fractions=(1.0,),
+        latency_run_s=0.1,
+        probe_pairs=4,
+        probe_rounds=2,
+        pinning=PIN,
+        carried=(),
+        low_rates=(),
+    )
+    sched = iter(range(0, 10**12, 6_000_000))
+    backends = Backends(
+        probe=lambda s: probe,
+        perf=lambda s: FakePerf(perf_windows),
+        schedstat=lambda pid: {pid: next(sched)},
+        state_dir=tmp_path / "state",
+        procs=Procs(),
+        envoy_binary=Path("/x/envoy"),
+        fortio_binary=Path("/x/fortio"),
+        meter=None,
+        speed=None,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # closure is not what this asks
+        prof = run_profile(ProfileOptions(name="t", plan=plan), sysm, None, backends=backends)
+    envoys = [p.pid for p in sysm.processes if "--config-yaml" in p.argv]
+    # the early round of every mode first (tcp, http), then each mode's full measurement
+    assert len(envoys) == 4
+    # two pairs (half of four) through each; perf only through the full measurements' sidecars
+    assert [s[0] for s in probe.started] == [e for e in envoys for _ in range(4)]
+    assert perf_windows and set(perf_windows) == {(envoys[2],), (envoys[3],)}
+    for mode in ("tcp", "http"):
+        rec = prof.provenance.options["measurements"][mode][0]["probe"]["windows"]
+        assert [w["instance"] for w in rec] == [0] * 4 + [1] * 4  # the early round's first
+    assert prof.provenance.options["probe_rounds"] == 2
+
+
 def test_options_resolve_plan() -> None:
     p = ProfileOptions(
         quick=True, modes=("http",), sizes=(2048, 100), duration_s=1.0
@@ -606,6 +651,7 @@ def test_options_resolve_plan() -> None:
     )
     # --resolve: the probe windows of the preset (after --duration) taken to ±5 %
     assert ProfileOptions(quick=True, instances=3).resolve_plan().probe_instances == 3
+    assert ProfileOptions(quick=True, rounds=3).resolve_plan().probe_rounds == 3
     r = ProfileOptions(quick=True, resolve_s=50.0, duration_s=2.0).resolve_plan()
     assert r == resolving(quick_plan().with_duration(2.0), 50.0) and r.probe_budget_s == 50.0
     now = dt.datetime(2026, 1, 2, 3, 4, 5)

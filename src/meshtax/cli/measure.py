@@ -310,6 +310,13 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
     "their windows' noise, N average them.",
 )
 @click.option(
+    "--rounds",
+    type=click.IntRange(1, 8),
+    help="Take each mode's probe windows in N rounds spread over the whole run, each "
+    "through a fresh sidecar (default 1): a mode's components then average the machine over "
+    "the run, not over its own minutes.",
+)
+@click.option(
     "--capacity",
     is_flag=True,
     help="Also each mode's capacity: requests/s at saturation through the sidecar (many "
@@ -443,6 +450,7 @@ def profile_cmd(
     low_rate_repeats: int | None,
     resolve_s: float | None,
     instances: int | None,
+    rounds: int | None,
     capacity: bool,
     name: str | None,
     replace: bool,
@@ -511,6 +519,7 @@ def profile_cmd(
             low_rate_repeats=low_rate_repeats,
             resolve_s=resolve_s,
             instances=instances,
+            rounds=rounds,
             proxy=choice,
             architecture=Architecture(architecture),
         )

@@ -7,23 +7,31 @@ holds its own level for its minutes. So a size's windows can be taken in groups,
 stopped and started afresh between them (same configuration, same pod), and pooled
 (:func:`~meshtax.profile.probed.pool`): the components average over the instances and their
 interval holds the instances' spread.
+
+A mode's windows can also be spread over the whole run (``Plan.probe_rounds``,
+:func:`early_rounds`): early rounds of every mode's windows first, each through a fresh
+sidecar, pooled with the mode's own measurement later. Instances inside one mode's minutes
+did not carry a profile across an hour (run 17: a whole mode's components moved together with
+the machine), medians of profiles spread over ten minutes did (run 16).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 
 from meshtax.model.sidecar import Mode
-from meshtax.profile.backends import _real_probe
+from meshtax.profile.backends import Backends, _real_probe
 from meshtax.profile.onehop import WindowPolicy, probe_pairs
-from meshtax.profile.probed import ProbeResult, pool
+from meshtax.profile.plan import Plan, window_policy
+from meshtax.profile.probed import ProbedPairs, ProbeResult, pool
 from meshtax.testbed.bed import OneHop
 from meshtax.testbed.interference import MeterFactory
 from meshtax.testbed.probes import ProbeSession
 from meshtax.testbed.proxy import Proxy
 from meshtax.testbed.system import System
 
-__all__ = ["Sidecar", "probe_instances"]
+__all__ = ["Sidecar", "early_rounds", "idle_cpu_us_per_s", "probe_instances"]
 
 
 class Sidecar:
@@ -51,6 +59,15 @@ class Sidecar:
             proxy.stop()
 
 
+def idle_cpu_us_per_s(pid: int, seconds: float, be: Backends) -> float:
+    """CPU-µs per second the proxy ``pid`` burns with no traffic (every thread: timers, stats
+    flushes, the main thread's housekeeping), over a window of ``seconds``."""
+    t0, s0 = be.clock(), sum(be.schedstat(pid).values())
+    be.sleep(seconds)
+    t1, s1 = be.clock(), sum(be.schedstat(pid).values())
+    return max(s1 - s0, 0) / 1e3 / (t1 - t0) if t1 > t0 else 0.0
+
+
 def probe_instances(
     bed: OneHop,
     mode: Mode,
@@ -64,14 +81,16 @@ def probe_instances(
     probe: Callable[[System], ProbeSession] = _real_probe,
     meter: MeterFactory | None = None,
     rt_priority: int | None = None,
+    earlier: Sequence[ProbedPairs] = (),
 ) -> ProbeResult:
     """The probe windows of ``mode`` and ``size`` in ``instances`` groups, each with its share
     of ``windows``; before each group after the first the sidecar is renewed and ``warm``
-    run (connections, allocator, caches), then pooled; the rest as
-    :func:`~meshtax.profile.onehop.probe_pairs`. One instance: its windows pooled as they are
-    (no renewal, no warm-up, records untagged)."""
+    run (connections, allocator, caches), then pooled, after the ``earlier`` rounds' windows
+    (:func:`early_rounds`); the rest as :func:`~meshtax.profile.onehop.probe_pairs`. One
+    instance and no earlier round: its windows pooled as they are (no renewal, no warm-up,
+    records untagged)."""
     share = windows.share(instances)
-    parts = []
+    parts = list(earlier)
     for i in range(instances):
         if i:
             sidecar.renew()
@@ -90,3 +109,44 @@ def probe_instances(
             )
         )
     return pool(parts, cpu_chain=bed.cpu_chain, probe_app=probe_app, what=f"{mode.value} {size} B")
+
+
+def early_rounds(
+    plan: Plan,
+    bed: OneHop,
+    start: Callable[[Mode], Proxy],
+    *,
+    tick: Callable[[str, Mode, int], object] = lambda kind, mode, size: None,
+    probe: Callable[[System], ProbeSession] = _real_probe,
+    meter: MeterFactory | None = None,
+) -> dict[Mode, dict[int, list[ProbedPairs]]]:
+    """Rounds 1 … N−1 of every mode's probe windows (``plan.probe_rounds`` = N), modes in
+    turn: per round and mode a fresh sidecar (``start(mode)``), each size warmed on both paths
+    and probed with its share of the windows (one of N), the sidecar stopped. Pass a mode's
+    parts of a size as ``earlier`` to :func:`probe_instances`, which takes the last round."""
+    out: dict[Mode, dict[int, list[ProbedPairs]]] = {m: {} for m in plan.modes}
+    windows = window_policy(plan).share(plan.probe_rounds)
+    for _ in range(plan.probe_rounds - 1):
+        for mode in plan.modes:
+            tick("setup", mode, 0)
+            sidecar = Sidecar(functools.partial(start, mode))
+            try:
+                for size in plan.sizes:
+                    tick("round", mode, size)
+                    for target in (bed.direct_target(mode), bed.meshed_target):
+                        bed.load(target, mode, size, n=plan.warmup_n)
+                    part = probe_pairs(
+                        bed,
+                        mode,
+                        size,
+                        sidecar.pid,
+                        windows=windows,
+                        probe_app=plan.probe_app,
+                        probe=probe,
+                        meter=meter,
+                        rt_priority=plan.probe_rt_priority,
+                    )
+                    out[mode].setdefault(size, []).append(part)
+            finally:
+                sidecar.stop()
+    return out

@@ -60,8 +60,9 @@ STEP_OVERHEAD_S = {
 
 @dataclass(frozen=True)
 class Step:
-    """One measurement step (for progress and ETA); ``kind`` is setup/latency/probe/maxqps/cpu
-    (a fraction of the max rate) or lowrate (an absolute ``rate``). ``protocol``: the
+    """One measurement step (for progress and ETA); ``kind`` is setup/latency/probe/round (an
+    early round's probe windows)/maxqps/cpu (a fraction of the max rate) or lowrate (an
+    absolute ``rate``). ``protocol``: the
     application protocol a tcp-mode sidecar carries in this step ("" for the mode's own)."""
 
     kind: str
@@ -81,6 +82,7 @@ class Step:
         what = {
             "latency": "latency with/without sidecar",
             "probe": "probes attached",
+            "round": "probes attached (an early round)",
             "maxqps": "max rate",
             "cpu": f"CPU at {self.rate_fraction:.0%} of max",
             "lowrate": f"CPU at {self.rate:g}/s",
@@ -144,6 +146,13 @@ class Plan:
     # own level, apart beyond its windows' noise (BENCHMARKS.md issue #14, run 16: 4 of 8
     # components, cv 3–8 %), so several average it. Carried protocols' single pair: one.
     probe_instances: int = 1
+    # each mode's probe windows in this many rounds: rounds 1…N−1 of every mode first (each a
+    # fresh sidecar, its share of the pairs and budget), then each mode's full measurement with
+    # the last round's windows, all pooled; a mode's windows then span the whole run instead of
+    # its own minutes. Why: medians of back-to-back profiles spread over ten minutes carried
+    # across an hour (run 16) where instances inside one mode's minutes did not (run 17: a whole
+    # mode's components moved together). Closure retries measure in one round.
+    probe_rounds: int = 1
     # probe windows with the client and app at SCHED_FIFO of this priority, the sidecar one
     # above (None: as the rest of the run, CFS at ``nice``): see probes.realtime. Off: it
     # removed the millisecond wake-up stalls but changed how sidecar and app share their CPU,
@@ -246,6 +255,8 @@ class Plan:
             raise ValueError(
                 f"probe_instances: 1 to 16 sidecars a size, got {self.probe_instances}"
             )
+        if not 1 <= self.probe_rounds <= 8:
+            raise ValueError(f"probe_rounds: 1 to 8 rounds a mode, got {self.probe_rounds}")
         if self.probe_rt_priority is not None and not 1 <= self.probe_rt_priority <= 98:
             raise ValueError(
                 f"SCHED_FIFO priority must be 1..98 (the sidecar gets one more), got {self.probe_rt_priority}"
@@ -280,21 +291,26 @@ class Plan:
         """Every step of the run, in order, with its expected duration (seconds)."""
         out: list[Step] = []
         o = STEP_OVERHEAD_S
+        pair_s = 2 * (self.probe_run_s + o["probe"])
+        probe_s = self.probe_pairs * pair_s
+        cap = self.probe_max_pairs or self.probe_pairs
+        if self.probe_budget_s and cap * pair_s > 2 * self.probe_budget_s:
+            # the budget, not the pairs, ends a loop that asks this much (``resolving``)
+            probe_s = max(probe_s, self.probe_budget_s)
+        probe_s /= self.probe_rounds
+        for _ in range(self.probe_rounds - 1):  # early rounds: a fresh sidecar, warmed per size
+            for m in self.modes:
+                out.append(Step("setup", m, expected_s=o["setup"]))
+                out += [Step("round", m, s, expected_s=probe_s + o["probe"]) for s in self.sizes]
         for m in self.modes:
             out.append(Step("setup", m, expected_s=o["setup"]))
             if self.idle_s > 0:
                 out.append(Step("idle", m, expected_s=self.idle_s + o["idle"]))
             for s in self.sizes:
                 out.append(Step("latency", m, s, expected_s=self.latency_expected_s()))
-                pair_s = 2 * (self.probe_run_s + o["probe"])
-                probe_s = self.probe_pairs * pair_s
-                cap = self.probe_max_pairs or self.probe_pairs
-                if self.probe_budget_s and cap * pair_s > 2 * self.probe_budget_s:
-                    # the budget, not the pairs, ends a loop that asks this much (``resolving``)
-                    probe_s = max(probe_s, self.probe_budget_s)
                 # each further instance: a sidecar stopped and started, then warmed
-                probe_s += (self.probe_instances - 1) * o["setup"]
-                out.append(Step("probe", m, s, expected_s=probe_s))
+                inst_s = (self.probe_instances - 1) * o["setup"]
+                out.append(Step("probe", m, s, expected_s=probe_s + inst_s))
                 max_s = (
                     self.maxqps_run_s
                     + o["maxqps"]
@@ -405,6 +421,7 @@ class Plan:
             "closure_retries": self.closure_retries,
             "probe_app": self.probe_app,
             "probe_instances": self.probe_instances,
+            "probe_rounds": self.probe_rounds,
             "probe_rt_priority": self.probe_rt_priority,
             "maxqps_run_s": self.maxqps_run_s,
             "cpu_run_s": self.cpu_run_s,

@@ -62,9 +62,10 @@ from meshtax.profile.build import (
 from meshtax.profile.capacity import measure_capacity
 from meshtax.profile.decompose import Breakdown, steady_breakdown
 from meshtax.profile.fit import fit_mode
-from meshtax.profile.instances import Sidecar, probe_instances
+from meshtax.profile.instances import Sidecar, early_rounds, idle_cpu_us_per_s, probe_instances
 from meshtax.profile.onehop import measure_overhead, sidecar_cpu
 from meshtax.profile.plan import Plan, Step, full_plan, quick_plan, resolving, window_policy
+from meshtax.profile.probed import ProbedPairs
 from meshtax.testbed.bed import OneHop
 from meshtax.testbed.fortio import LoadResult, fortio_version
 from meshtax.testbed.interference import Interference, Meter, Thresholds
@@ -89,6 +90,7 @@ class ProfileOptions:
     ``resolve_s``: probe windows until every component is known within ±5 %, at most that
     many seconds per size (:func:`~meshtax.profile.plan.resolving`); ``instances``: each
     size's probe windows over that many sidecars started afresh (``Plan.probe_instances``);
+    ``rounds``: each mode's probe windows in that many rounds over the run (``probe_rounds``);
     ``plan``, if given, replaces the preset entirely. ``name`` defaults to ``<hostname>-<UTC time>``.
     ``proxy``: the sidecar measured (Envoy; or the reference sidecar, tcp mode only) and its
     IPC/write variant.
@@ -107,6 +109,7 @@ class ProfileOptions:
     low_rate_repeats: int | None = None
     resolve_s: float | None = None
     instances: int | None = None
+    rounds: int | None = None
     proxy: ProxyChoice = ProxyChoice()
     architecture: Architecture = Architecture.SIDECAR  # node-l4, waypoint: on the node bed
 
@@ -136,8 +139,12 @@ class ProfileOptions:
             )
         if self.resolve_s is not None:
             p = resolving(p, self.resolve_s)
-        if self.instances is not None:
-            p = replace(p, probe_instances=self.instances)
+        if self.instances or self.rounds:
+            p = replace(
+                p,
+                probe_instances=self.instances or p.probe_instances,
+                probe_rounds=self.rounds or p.probe_rounds,
+            )
         self.proxy.check_modes(p.modes)
         return p
 
@@ -263,9 +270,12 @@ def run_profile(
         ) as bed,
     ):
         _speed(be, tb, plan, speeds)
+        early = early_rounds(
+            plan, bed, bed.start_sidecar, tick=ticker.next, probe=be.probe, meter=be.meter
+        )
         for mode in plan.modes:
             ticker.next("setup", mode)
-            results[mode] = _measure_mode(mode, plan, bed, be, ticker)
+            results[mode] = _measure_mode(mode, plan, bed, be, ticker, early[mode])
             if mode is Mode.TCP:
                 for proto in plan.carried:
                     carried[proto] = _measure_carried(proto, plan, bed, be, ticker)
@@ -466,15 +476,6 @@ def _steady_run(
     return CpuRun(label, added / dt, bd, (s_ratio + l_ratio) / 2)
 
 
-def idle_cpu_us_per_s(pid: int, seconds: float, be: Backends) -> float:
-    """CPU-µs per second the proxy ``pid`` burns with no traffic (every thread: timers, stats
-    flushes, the main thread's housekeeping), over a window of ``seconds``."""
-    t0, s0 = be.clock(), sum(be.schedstat(pid).values())
-    be.sleep(seconds)
-    t1, s1 = be.clock(), sum(be.schedstat(pid).values())
-    return max(s1 - s0, 0) / 1e3 / (t1 - t0) if t1 > t0 else 0.0
-
-
 #: low-rate runs are skipped at sizes where they would exceed this share of the max rate
 LOW_RATE_MAX_SHARE = 0.5
 
@@ -501,10 +502,16 @@ def _measure_carried(
 
 
 def _measure_mode(
-    mode: Mode, plan: Plan, bed: OneHop, be: Backends, ticker: _Clocked
+    mode: Mode,
+    plan: Plan,
+    bed: OneHop,
+    be: Backends,
+    ticker: _Clocked,
+    earlier: Mapping[int, list[ProbedPairs]] | None = None,
 ) -> list[SizeResult]:
+    """``earlier``: the early rounds' windows by size (this the last round); None: a retry."""
     return _measure_sizes(
-        lambda: bed.start_sidecar(mode), mode, mode, plan.sizes, plan, bed, be, ticker
+        lambda: bed.start_sidecar(mode), mode, mode, plan.sizes, plan, bed, be, ticker, earlier
     )
 
 
@@ -517,6 +524,7 @@ def _measure_sizes(
     bed: OneHop,
     be: Backends,
     ticker: _Clocked,
+    earlier: Mapping[int, list[ProbedPairs]] | None = None,
     *,
     protocol: str = "",
 ) -> list[SizeResult]:
@@ -558,7 +566,10 @@ def _measure_sizes(
                 size,
                 envoy,
                 instances=1 if protocol else plan.probe_instances,
-                windows=window_policy(plan, carried=bool(protocol)),
+                windows=window_policy(plan, carried=bool(protocol)).share(
+                    plan.probe_rounds if earlier else 1
+                ),
+                earlier=(earlier or {}).get(size, ()),
                 warm=functools.partial(bed.load, meshed, load_mode, size, n=plan.warmup_n),
                 probe_app=plan.probe_app,
                 probe=be.probe,
