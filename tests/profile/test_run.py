@@ -541,26 +541,16 @@ def test_the_idle_sidecars_cpu_is_measured_and_kept_out_of_the_message_models(
     assert back.modes[Mode.TCP].idle_cpu_us_per_s == pytest.approx(3000.0)
 
 
-def test_probe_windows_spread_over_fresh_sidecars_and_cpu_runs_go_through_the_last(
-    tmp_path: Path,
-) -> None:
+def _spread_run(
+    tmp_path: Path, modes: tuple[Mode, ...], sidecars: int, **plan: Any
+) -> tuple[list[int], WindowProbe, list[tuple[int, ...]], Profile]:
+    """A fake run of ``modes`` at 100 B through ``sidecars`` Envoys (instances or rounds, as
+    ``plan`` asks): the Envoys' PIDs in start order, the probe, perf's windows, the profile."""
     world = World()
     sysm = EchoFakeSystem(responders=[world])
-    probe = WindowProbe([10_000_000] * 3)
+    probe = WindowProbe([10_000_000] * sidecars)
     perf_windows: list[tuple[int, ...]] = []
     _follow_envoy_port(sysm, world)
-    plan = Plan(
-        closure_retries=0,
-        modes=(Mode.TCP,),
-        sizes=(100,),
-        rate_fractions=(1.0,),
-        latency_run_s=0.1,
-        probe_pairs=3,
-        probe_instances=3,
-        pinning=PIN,
-        carried=(),
-        low_rates=(),
-    )
     sched = iter(range(0, 10**12, 6_000_000))
     backends = Backends(
         probe=lambda s: probe,
@@ -573,10 +563,30 @@ def test_probe_windows_spread_over_fresh_sidecars_and_cpu_runs_go_through_the_la
         meter=None,
         speed=None,
     )
+    p = Plan(
+        closure_retries=0,
+        modes=modes,
+        sizes=(100,),
+        rate_fractions=(1.0,),
+        latency_run_s=0.1,
+        pinning=PIN,
+        carried=(),
+        low_rates=(),
+        **plan,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # closure is not what this asks
-        prof = run_profile(ProfileOptions(name="t", plan=plan), sysm, None, backends=backends)
-    envoys = [p.pid for p in sysm.processes if "--config-yaml" in p.argv]
+        prof = run_profile(ProfileOptions(name="t", plan=p), sysm, None, backends=backends)
+    envoys = [x.pid for x in sysm.processes if "--config-yaml" in x.argv]
+    return envoys, probe, perf_windows, prof
+
+
+def test_probe_windows_spread_over_fresh_sidecars_and_cpu_runs_go_through_the_last(
+    tmp_path: Path,
+) -> None:
+    envoys, probe, perf_windows, prof = _spread_run(
+        tmp_path, (Mode.TCP,), 3, probe_pairs=3, probe_instances=3
+    )
     assert len(envoys) == 3  # one sidecar a group of windows
     # two pairs through each (its share of three: at least two), then perf through the last
     assert [s[0] for s in probe.started] == [e for e in envoys for _ in range(4)]
@@ -587,39 +597,9 @@ def test_probe_windows_spread_over_fresh_sidecars_and_cpu_runs_go_through_the_la
 
 
 def test_probe_rounds_spread_each_modes_windows_over_the_run(tmp_path: Path) -> None:
-    world = World()
-    sysm = EchoFakeSystem(responders=[world])
-    probe = WindowProbe([10_000_000] * 4)
-    perf_windows: list[tuple[int, ...]] = []
-    _follow_envoy_port(sysm, world)
-    plan = Plan(
-        closure_retries=0,
-        modes=(Mode.TCP, Mode.HTTP),
-        sizes=(100,),
-        rate_fractions=(1.0,),
-        latency_run_s=0.1,
-        probe_pairs=4,
-        probe_rounds=2,
-        pinning=PIN,
-        carried=(),
-        low_rates=(),
+    envoys, probe, perf_windows, prof = _spread_run(
+        tmp_path, (Mode.TCP, Mode.HTTP), 4, probe_pairs=4, probe_rounds=2
     )
-    sched = iter(range(0, 10**12, 6_000_000))
-    backends = Backends(
-        probe=lambda s: probe,
-        perf=lambda s: FakePerf(perf_windows),
-        schedstat=lambda pid: {pid: next(sched)},
-        state_dir=tmp_path / "state",
-        procs=Procs(),
-        envoy_binary=Path("/x/envoy"),
-        fortio_binary=Path("/x/fortio"),
-        meter=None,
-        speed=None,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # closure is not what this asks
-        prof = run_profile(ProfileOptions(name="t", plan=plan), sysm, None, backends=backends)
-    envoys = [p.pid for p in sysm.processes if "--config-yaml" in p.argv]
     # the early round of every mode first (tcp, http), then each mode's full measurement
     assert len(envoys) == 4
     # two pairs (half of four) through each; perf only through the full measurements' sidecars
