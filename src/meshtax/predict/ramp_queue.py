@@ -33,7 +33,10 @@ from meshtax.predict.stations import TailOptions
 
 FloatArray = npt.NDArray[np.float64]
 
-__all__ = ["RampQueue", "bounded_by_ramp", "ramp_queue"]
+__all__ = ["POOL_FRACTIONS", "RampQueue", "bounded_by_ramp", "pooled_queue", "ramp_queue"]
+
+# the capacity ramp's fixed-rate runs, as fractions of the closed loop (profile/capacity.py)
+POOL_FRACTIONS = (0.02, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,37 @@ class RampQueue:
                 t = (1 / (1 - f) - 1 / (1 - a)) / (1 / (1 - b) - 1 / (1 - a))
             row = row + t * (self.queue[j + 1] - row)
         return np.asarray(np.interp(np.asarray(u, dtype=np.float64), self.probs, row))
+
+    def table(self) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
+        """``(fractions, queue rows)`` as tuples (at ``SKETCH_PROBS``): a frozen option's value."""
+        return tuple(map(float, self.fractions)), tuple(tuple(map(float, r)) for r in self.queue)
+
+    @classmethod
+    def from_table(
+        cls, table: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]
+    ) -> RampQueue:
+        """The queue of :meth:`table`'s ``(fractions, rows)``, at ``SKETCH_PROBS``."""
+        fractions, rows = table
+        probs = np.asarray(SKETCH_PROBS, dtype=np.float64)
+        queue = np.asarray(rows, dtype=np.float64)
+        if queue.shape != (len(fractions), probs.size) or len(fractions) < 2:
+            raise ValueError(f"a ramp queue table needs ≥ 2 rows of {probs.size} quantiles")
+        return cls(np.asarray(fractions, dtype=np.float64), probs, queue)
+
+
+def pooled_queue(
+    queues: list[RampQueue], fractions: tuple[float, ...] = POOL_FRACTIONS
+) -> RampQueue:
+    """The median over ``queues`` of each one's queue at each of ``fractions`` and each kept
+    quantile (requests' worth: already in units of each ramp's closed loop). One 2 s run a
+    fraction moves 2–3× between profiles at 0.75–0.9 of the closed loop (issue #20, sets
+    10–17) while the validation's levels there move ≤ 1.5×; the median of the runs is the
+    steadier reading. Pointwise medians of non-decreasing rows stay non-decreasing."""
+    if not queues:
+        raise ValueError("no ramp queues to pool")
+    probs = queues[0].probs
+    stack = np.stack([np.stack([q.at(f, probs) for f in fractions]) for q in queues])
+    return RampQueue(np.asarray(fractions, dtype=np.float64), probs, np.median(stack, axis=0))
 
 
 def ramp_queue(mp: ModeProfile) -> RampQueue | None:
