@@ -2,9 +2,9 @@
 profiles (issue #20, set 18's candidate ``s18-pooled-queue``; ``TailOptions.ramp_pooled``,
 ``ramp_queue.pooled_queue``) against the profile's own single runs: per set and pooled, each
 scored level's predicted ÷ measured p90/p99 as ``tail_bias_saturation.py`` scores them (60 %
-left out), with the table pooled over every given set's profile (``in``) and over the *other*
-sets' profiles (``out``: leave one set out); then the pooled table at p90/p99 and each
-profile's own queue there. Offline: nothing is measured.
+left out), with the table pooled over every given set's profile (``in``), over the *other*
+sets' profiles (``out``: leave one set out) or the one frozen before set 18 (``frozen``); then
+the pooled table at p90/p99 and each profile's own queue there. Offline: nothing is measured.
 
 ``.venv/bin/python experiments/tail_pooled_queue.py --set DB ONEHOP TOPO [--set …] [--print-table]``
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import tail_variants as tv
+from _pooled_queue_s10_17 import POOLED_QUEUE_S10_17
 from _tail_sets import add_sets, set_profile
 from tail_bias_saturation import level_errors, set_docs
 
@@ -80,7 +81,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_sets(ap)
     ap.add_argument("--print-table", action="store_true", help="print the table pooled over all")
-    ap.add_argument("--modes", default="base,in,out", help="which of base, in, out to score")
+    ap.add_argument(
+        "--modes", default="base,in,out", help="which of base, in, out, frozen to score"
+    )
     a = ap.parse_args()
     sets = []
     queues: dict[str, RampQueue] = {}
@@ -107,6 +110,9 @@ def main() -> None:
         score(
             "s18-pooled-queue (in: every set's profile)", sets, {n: every.table() for n in queues}
         )
+    if "frozen" in modes:  # the table registered before set 18 (sets 10–17's profiles)
+        frozen = {n: POOLED_QUEUE_S10_17 for n in queues}
+        score("s18-pooled-queue (frozen: sets 10–17's profiles)", sets, frozen)
     if "out" in modes:
         out = {n: pooled_queue([q for m, q in queues.items() if m != n]).table() for n in queues}
         score("s18-pooled-queue (out: the other sets' profiles)", sets, out)
