@@ -328,6 +328,8 @@ def errors(
             opts = one_hop_options(replace(opts, arrivals=0.0))
             opts = replace(opts, wakeup_us=change.get("one_hop_wakeup"))
             opts = replace(opts, stalls=bool(change.get("one_hop_stalls", True)))
+            # one_hop_options pools the ramps' queue since set 18; a variant says its own
+            opts = replace(opts, ramp_pooled=change.get("ramp_pooled"))
         if not topo and change.get("one_hop_own_bed"):
             opts = replace(opts, ramp_own_bed=True)
         if not topo and change.get("one_hop_ramp_queue"):

@@ -15,7 +15,14 @@ from meshtax.model.ecg import to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import single_profile
-from meshtax.predict.ramp_queue import RampQueue, pooled_queue, ramp_queue
+from meshtax.predict.ramp_queue import (
+    POOL_FRACTIONS,
+    POOLED_QUEUE,
+    RampQueue,
+    bounded_by_ramp,
+    pooled_queue,
+    ramp_queue,
+)
 from meshtax.predict.stations import TailOptions
 from meshtax.predict.tail import predict_tail
 from tests.helpers import EXTERNAL, ecg, inv, profile
@@ -189,3 +196,25 @@ def test_a_pooled_table_replaces_the_profiles_own_runs_in_the_bound() -> None:
     )
     assert pooled_zero.pooled_overhead_us.tolist() == pytest.approx(own.pooled_overhead_us.tolist())
     assert pooled_long.stations[-1].full_factor == pytest.approx(own.stations[-1].full_factor)
+
+
+def test_the_bound_reads_this_machines_pooled_queue_unless_given_a_table() -> None:
+    # issue #20, set 18: s18-pooled-queue held — bounded_by_ramp reads POOLED_QUEUE (the eight
+    # profiles' median), so a profile whose own runs queued nothing is still bounded by it
+    assert POOLED_QUEUE[0] == POOL_FRACTIONS
+    rq = RampQueue.from_table(POOLED_QUEUE)
+    assert np.all(np.diff(rq.queue, axis=1) >= 0)  # each row a quantile function
+    assert rq.at(0.9, np.array([0.9]))[0] == pytest.approx(28.88, abs=0.01)
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=9_000.0)])
+    b = to_batch([g])
+    flat = np.full(PR.size, 80.0)
+    prof = single_profile(_profile(_ramp({200.0: flat, 9_500.0: flat})))
+    o = _one_hop()
+    assert bounded_by_ramp(o).ramp_pooled == POOLED_QUEUE
+    own = predict_tail(b, prof, replace(o, ramp_queue=True))
+    model = predict_tail(b, prof, bounded_by_ramp(o))
+    table = predict_tail(b, prof, replace(o, ramp_queue=True, ramp_pooled=POOLED_QUEUE))
+    assert model.pooled_overhead_us.tolist() == pytest.approx(table.pooled_overhead_us.tolist())
+    assert model.pooled_overhead_us[2] > own.pooled_overhead_us[2] + 50.0
+    given = ((0.02, 0.95), ((0.0,) * PR.size, (0.0,) * PR.size))
+    assert bounded_by_ramp(replace(o, ramp_pooled=given)).ramp_pooled == given
