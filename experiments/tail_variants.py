@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _pooled_queue_s10_17 import POOLED_QUEUE_S10_17
 
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
@@ -197,6 +198,11 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     "s16-own-bed": {**_S13, "one_hop_own_bed": True},
     # set 17's candidate (registered before set 17; seen 10–16): TailOptions.ramp_plateau
     "s17-plateau": {**_S13, "ramp_plateau": True},
+    # set 18's candidate (registered before set 18; seen 10–17): one hop's and a topology's
+    # queue bound read from the ramps' queue pooled (median) over sets 10–17's eight profiles
+    # (TailOptions.ramp_pooled, _pooled_queue_s10_17.py) instead of the profile's own single
+    # 2 s runs; prices and saturation unchanged by construction
+    "s18-pooled-queue": {**_S13, "ramp_pooled": POOLED_QUEUE_S10_17},
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},
@@ -322,6 +328,8 @@ def errors(
             opts = one_hop_options(replace(opts, arrivals=0.0))
             opts = replace(opts, wakeup_us=change.get("one_hop_wakeup"))
             opts = replace(opts, stalls=bool(change.get("one_hop_stalls", True)))
+            # one_hop_options pools the ramps' queue since set 18; a variant says its own
+            opts = replace(opts, ramp_pooled=change.get("ramp_pooled"))
         if not topo and change.get("one_hop_own_bed"):
             opts = replace(opts, ramp_own_bed=True)
         if not topo and change.get("one_hop_ramp_queue"):

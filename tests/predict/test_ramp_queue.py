@@ -15,7 +15,14 @@ from meshtax.model.ecg import to_batch
 from meshtax.model.profile import Profile
 from meshtax.model.sidecar import Mode, SidecarConfig
 from meshtax.predict.engine import single_profile
-from meshtax.predict.ramp_queue import ramp_queue
+from meshtax.predict.ramp_queue import (
+    POOL_FRACTIONS,
+    POOLED_QUEUE,
+    RampQueue,
+    bounded_by_ramp,
+    pooled_queue,
+    ramp_queue,
+)
 from meshtax.predict.stations import TailOptions
 from meshtax.predict.tail import predict_tail
 from tests.helpers import EXTERNAL, ecg, inv, profile
@@ -144,3 +151,70 @@ def test_on_the_profiles_own_bed_the_bound_is_read_at_its_measured_closed_loop()
     assert own.stations[-1].full_factor == pytest.approx(pred.stations[-1].full_factor)
     assert own.queue_bound.startswith("used: the shared CPUs at 30% ")
     assert own.pooled_overhead_us[2] > pred.pooled_overhead_us[2] + 200.0
+
+
+def test_pooled_the_queue_is_each_fraction_and_ranks_median_over_the_profiles() -> None:
+    # issue #20, set 18's option: three profiles' ramps (closed loops 10 000 and 20 000/s),
+    # pooled at their runs' fractions: the middle one's queue at each, whatever the closed loop
+    flat = np.full(PR.size, 80.0)
+    qs = []
+    for top, closed in ((100.0, 10_000.0), (500.0, 10_000.0), (100.0, 20_000.0)):
+        rate = 0.8 * closed
+        cap = _ramp({0.02 * closed: flat, rate: 80.0 + top * PR}, closed=closed)
+        rq = ramp_queue(_profile(cap).modes[Mode.HTTP])
+        assert rq is not None
+        qs.append(rq)
+    pooled = pooled_queue(qs, fractions=(0.02, 0.8))
+    assert pooled.fractions.tolist() == pytest.approx([0.02, 0.8])
+    # requests' worth at rank 1: 1, 5 and 2 (100 µs × 20 000/s) — the median 2, not the mean
+    assert pooled.queue[1][-1] == pytest.approx(2.0)
+    assert pooled.queue[0].tolist() == pytest.approx([0.0] * PR.size)
+    assert np.all(np.diff(pooled.queue[1]) >= 0)
+    back = RampQueue.from_table(pooled.table())
+    assert np.allclose(back.queue, pooled.queue) and np.allclose(back.fractions, pooled.fractions)
+    with pytest.raises(ValueError):
+        RampQueue.from_table(((0.5,), ((1.0,) * PR.size,)))
+
+
+def test_a_pooled_table_replaces_the_profiles_own_runs_in_the_bound() -> None:
+    # the profile's own ramp showed no queue at 0.95 of its closed loop; a pooled table that
+    # queued 1e4 requests' worth there leaves the model's wait standing, one of 0 bounds it
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=9_000.0)])
+    b = to_batch([g])
+    o = replace(_one_hop(), ramp_queue=True)
+    flat = np.full(PR.size, 80.0)
+    prof = single_profile(_profile(_ramp({200.0: flat, 9_500.0: flat})))
+    own = predict_tail(b, prof, o)
+    free = predict_tail(b, prof, replace(o, ramp_queue=False))
+    long = ((0.02, 0.95), ((0.0,) * PR.size, (1e4,) * PR.size))
+    zero = ((0.02, 0.95), ((0.0,) * PR.size, (0.0,) * PR.size))
+    pooled_long = predict_tail(b, prof, replace(o, ramp_pooled=long))
+    pooled_zero = predict_tail(b, prof, replace(o, ramp_pooled=zero))
+    assert own.pooled_overhead_us[2] < 0.5 * free.pooled_overhead_us[2]
+    assert pooled_long.pooled_overhead_us.tolist() == pytest.approx(
+        free.pooled_overhead_us.tolist()
+    )
+    assert pooled_zero.pooled_overhead_us.tolist() == pytest.approx(own.pooled_overhead_us.tolist())
+    assert pooled_long.stations[-1].full_factor == pytest.approx(own.stations[-1].full_factor)
+
+
+def test_the_bound_reads_this_machines_pooled_queue_unless_given_a_table() -> None:
+    # issue #20, set 18: s18-pooled-queue held — bounded_by_ramp reads POOLED_QUEUE (the eight
+    # profiles' median), so a profile whose own runs queued nothing is still bounded by it
+    assert POOLED_QUEUE[0] == POOL_FRACTIONS
+    rq = RampQueue.from_table(POOLED_QUEUE)
+    assert np.all(np.diff(rq.queue, axis=1) >= 0)  # each row a quantile function
+    assert rq.at(0.9, np.array([0.9]))[0] == pytest.approx(28.88, abs=0.01)
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=9_000.0)])
+    b = to_batch([g])
+    flat = np.full(PR.size, 80.0)
+    prof = single_profile(_profile(_ramp({200.0: flat, 9_500.0: flat})))
+    o = _one_hop()
+    assert bounded_by_ramp(o).ramp_pooled == POOLED_QUEUE
+    own = predict_tail(b, prof, replace(o, ramp_queue=True))
+    model = predict_tail(b, prof, bounded_by_ramp(o))
+    table = predict_tail(b, prof, replace(o, ramp_queue=True, ramp_pooled=POOLED_QUEUE))
+    assert model.pooled_overhead_us.tolist() == pytest.approx(table.pooled_overhead_us.tolist())
+    assert model.pooled_overhead_us[2] > own.pooled_overhead_us[2] + 50.0
+    given = ((0.02, 0.95), ((0.0,) * PR.size, (0.0,) * PR.size))
+    assert bounded_by_ramp(replace(o, ramp_pooled=given)).ramp_pooled == given

@@ -265,3 +265,12 @@ def test_one_hop_and_a_topology_both_bound_the_shared_cpus_wait_by_the_ramps_que
     # issue #20, set 12: the one rule (predict.ramp_queue.bounded_by_ramp) for both
     assert one_hop_options(TailOptions(pod_cpus=1, clients=32)).ramp_queue
     assert topology_options(TailOptions(pod_cpus=1, clients=32), 600.0).ramp_queue
+
+
+def test_both_read_the_bound_from_the_ramps_queue_pooled_over_profiles() -> None:
+    # issue #20, set 18 (s18-pooled-queue held): the pooled table, not the profile's own runs
+    from meshtax.predict.ramp_queue import POOLED_QUEUE
+
+    one = one_hop_options(TailOptions(pod_cpus=1, clients=32))
+    assert one.ramp_pooled == POOLED_QUEUE
+    assert topology_options(TailOptions(pod_cpus=1, clients=32), 600.0).ramp_pooled == POOLED_QUEUE

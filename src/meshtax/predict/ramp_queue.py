@@ -33,7 +33,155 @@ from meshtax.predict.stations import TailOptions
 
 FloatArray = npt.NDArray[np.float64]
 
-__all__ = ["RampQueue", "bounded_by_ramp", "ramp_queue"]
+__all__ = [
+    "POOLED_QUEUE",
+    "POOL_FRACTIONS",
+    "RampQueue",
+    "bounded_by_ramp",
+    "pooled_queue",
+    "ramp_queue",
+]
+
+# the capacity ramp's fixed-rate runs, as fractions of the closed loop (profile/capacity.py)
+POOL_FRACTIONS = (0.02, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+# This machine's ramps' queue (AMD EPYC VM, 2 vCPUs, Envoy 1.40, http 100 B): the median over
+# issue #20's sets 10–17's eight profiles (``pooled_queue``; experiments/tail_pooled_queue.py
+# --print-table), registered before set 18 as ``s18-pooled-queue`` and held there. Its form
+# (queue in requests' worth against the load fraction) is meant to carry; its values are this
+# machine's, as the ramp shape's are.
+POOLED_QUEUE: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]] = (
+    (0.02, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9),
+    (
+        (
+            0.0000,
+            0.0000,
+            0.0006,
+            0.0006,
+            0.0015,
+            0.0020,
+            0.0020,
+            0.0020,
+            0.0020,
+            0.0020,
+            0.0020,
+            0.0020,
+            0.0020,
+            0.0319,
+            0.1609,
+            0.3277,
+        ),
+        (
+            0.0002,
+            0.0028,
+            0.0238,
+            0.0254,
+            0.0606,
+            0.0805,
+            0.0828,
+            0.0838,
+            0.0871,
+            0.0923,
+            0.1016,
+            0.1097,
+            0.1097,
+            1.1466,
+            5.8704,
+            12.1440,
+        ),
+        (
+            0.0139,
+            0.1691,
+            0.2412,
+            0.3049,
+            0.3597,
+            0.4648,
+            0.5250,
+            0.5630,
+            0.7619,
+            0.8987,
+            1.5080,
+            2.2053,
+            2.8977,
+            3.0032,
+            13.5187,
+            13.8593,
+        ),
+        (
+            0.0000,
+            0.0000,
+            0.1719,
+            0.3217,
+            0.4962,
+            0.7281,
+            1.0394,
+            2.2839,
+            2.8191,
+            3.0882,
+            3.1916,
+            3.2566,
+            4.1345,
+            5.5895,
+            7.7115,
+            7.8621,
+        ),
+        (
+            0.0002,
+            0.0063,
+            0.0172,
+            0.1131,
+            0.1630,
+            0.2243,
+            0.3139,
+            0.3951,
+            0.5196,
+            0.6155,
+            1.0634,
+            1.5898,
+            2.2640,
+            9.9374,
+            43.9563,
+            69.9538,
+        ),
+        (
+            0.0708,
+            1.5601,
+            2.6437,
+            3.2654,
+            4.0135,
+            4.4981,
+            4.8856,
+            5.2718,
+            5.8232,
+            6.6078,
+            7.8101,
+            10.2024,
+            16.2799,
+            23.8280,
+            52.3401,
+            54.0331,
+        ),
+        (
+            0.4151,
+            4.1312,
+            5.6824,
+            6.7355,
+            8.7033,
+            10.3532,
+            11.6582,
+            13.1487,
+            15.8386,
+            19.8414,
+            24.5403,
+            28.8848,
+            34.7184,
+            44.2421,
+            66.3457,
+            106.5682,
+        ),
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +209,37 @@ class RampQueue:
                 t = (1 / (1 - f) - 1 / (1 - a)) / (1 / (1 - b) - 1 / (1 - a))
             row = row + t * (self.queue[j + 1] - row)
         return np.asarray(np.interp(np.asarray(u, dtype=np.float64), self.probs, row))
+
+    def table(self) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
+        """``(fractions, queue rows)`` as tuples (at ``SKETCH_PROBS``): a frozen option's value."""
+        return tuple(map(float, self.fractions)), tuple(tuple(map(float, r)) for r in self.queue)
+
+    @classmethod
+    def from_table(
+        cls, table: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]
+    ) -> RampQueue:
+        """The queue of :meth:`table`'s ``(fractions, rows)``, at ``SKETCH_PROBS``."""
+        fractions, rows = table
+        probs = np.asarray(SKETCH_PROBS, dtype=np.float64)
+        queue = np.asarray(rows, dtype=np.float64)
+        if queue.shape != (len(fractions), probs.size) or len(fractions) < 2:
+            raise ValueError(f"a ramp queue table needs ≥ 2 rows of {probs.size} quantiles")
+        return cls(np.asarray(fractions, dtype=np.float64), probs, queue)
+
+
+def pooled_queue(
+    queues: list[RampQueue], fractions: tuple[float, ...] = POOL_FRACTIONS
+) -> RampQueue:
+    """The median over ``queues`` of each one's queue at each of ``fractions`` and each kept
+    quantile (requests' worth: already in units of each ramp's closed loop). One 2 s run a
+    fraction moves 2–3× between profiles at 0.75–0.9 of the closed loop (issue #20, sets
+    10–17) while the validation's levels there move ≤ 1.5×; the median of the runs is the
+    steadier reading. Pointwise medians of non-decreasing rows stay non-decreasing."""
+    if not queues:
+        raise ValueError("no ramp queues to pool")
+    probs = queues[0].probs
+    stack = np.stack([np.stack([q.at(f, probs) for f in fractions]) for q in queues])
+    return RampQueue(np.asarray(fractions, dtype=np.float64), probs, np.median(stack, axis=0))
 
 
 def ramp_queue(mp: ModeProfile) -> RampQueue | None:
@@ -95,5 +274,7 @@ def bounded_by_ramp(opts: TailOptions) -> TailOptions:
     the one rule of ``meshtax predict`` (through
     :func:`~meshtax.predict.ramp_price.priced_from_ramp`) and the validation (one hop:
     ``validate.tail_run.one_hop_options``; topologies: ``topology_options``). Adopted by a rule
-    registered before set 12 (BENCHMARKS.md, set 12)."""
-    return replace(opts, ramp_queue=True)
+    registered before set 12 (BENCHMARKS.md, set 12); read from :data:`POOLED_QUEUE` (the ramps'
+    queue pooled over profiles) unless ``opts`` carries a table, since set 18."""
+    pooled = POOLED_QUEUE if opts.ramp_pooled is None else opts.ramp_pooled
+    return replace(opts, ramp_queue=True, ramp_pooled=pooled)

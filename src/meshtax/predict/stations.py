@@ -111,6 +111,10 @@ class TailOptions:
     (experiments' options: issue #20, set 16). ``ramp_plateau``: the load factor's capacity
     runs at ≥ 3/4 of the closed loop's rate priced at their plateau's busy CPU (the mean of
     their CPU-seconds a second) ÷ each one's rate (:func:`load_factor`; issue #20, set 17).
+    ``ramp_pooled`` (with ``ramp_queue``): the ramp's queue read from this table — (load
+    fractions, one row of requests' worth per fraction at ``SKETCH_PROBS``), pooled over
+    profiles' ramps (:func:`~meshtax.predict.ramp_queue.pooled_queue`) — instead of the
+    profile's own single runs (an experiment's: issue #20, set 18).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -136,6 +140,7 @@ class TailOptions:
     ramp_heavy: bool = False
     ramp_own_bed: bool = False
     ramp_plateau: bool = False
+    ramp_pooled: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]] | None = None
     relief: bool = True
     batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"

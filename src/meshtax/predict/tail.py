@@ -63,7 +63,7 @@ from meshtax.predict.critical_path import Structure, propagate, structure
 from meshtax.predict.engine import ProfileLookup
 from meshtax.predict.queueing import SaturatedError, ServiceMix, Shape, Station, waiting_times
 from meshtax.predict.ramp_price import RampPrice, ramp_price
-from meshtax.predict.ramp_queue import ramp_queue
+from meshtax.predict.ramp_queue import RampQueue, ramp_queue
 from meshtax.predict.saturation import factors, loads
 from meshtax.predict.stations import (
     Crossings,
@@ -317,6 +317,8 @@ def _ramp_cap(
             f"not used: the profile has no capacity ramp with latency quantiles for "
             f"{mode.value} mode"
         )
+    if opts.ramp_pooled is not None:
+        rq = RampQueue.from_table(opts.ramp_pooled)
     rate = request_rate(batch, opts.load)
     saturates = rate * full[k]  # requests/s at ρ = 1
     if opts.ramp_own_bed and mp is not None and mp.capacity is not None:
