@@ -216,5 +216,7 @@ def test_the_bound_reads_this_machines_pooled_queue_unless_given_a_table() -> No
     table = predict_tail(b, prof, replace(o, ramp_queue=True, ramp_pooled=POOLED_QUEUE))
     assert model.pooled_overhead_us.tolist() == pytest.approx(table.pooled_overhead_us.tolist())
     assert model.pooled_overhead_us[2] > own.pooled_overhead_us[2] + 50.0
+    assert "pooled capacity ramps" in model.queue_bound  # says which ramp bounds it
+    assert "the profile's capacity ramp" in own.queue_bound
     given = ((0.02, 0.95), ((0.0,) * PR.size, (0.0,) * PR.size))
     assert bounded_by_ramp(replace(o, ramp_pooled=given)).ramp_pooled == given

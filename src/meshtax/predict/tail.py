@@ -329,9 +329,12 @@ def _ramp_cap(
         return rq.at(fraction, u, opts.ramp_heavy) * unit_us
 
     p99 = float(cap(np.array([0.99]))[0])
+    ramp = (
+        "the profiles' pooled capacity ramps" if opts.ramp_pooled else "the profile's capacity ramp"
+    )
     return cap, (
         f"used: the shared CPUs at {fraction:.0%} of their saturation rate wait at most what "
-        f"the profile's capacity ramp queued there ({p99:.0f} µs at p99)"
+        f"{ramp} queued there ({p99:.0f} µs at p99)"
     )
 
 

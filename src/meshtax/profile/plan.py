@@ -298,6 +298,8 @@ class Plan:
             # the budget, not the pairs, ends a loop that asks this much (``resolving``)
             probe_s = max(probe_s, self.probe_budget_s)
         probe_s /= self.probe_rounds
+        # each further instance: a sidecar stopped and started, then warmed
+        inst_s = (self.probe_instances - 1) * o["setup"]
         for _ in range(self.probe_rounds - 1):  # early rounds: a fresh sidecar, warmed per size
             for m in self.modes:
                 out.append(Step("setup", m, expected_s=o["setup"]))
@@ -308,8 +310,6 @@ class Plan:
                 out.append(Step("idle", m, expected_s=self.idle_s + o["idle"]))
             for s in self.sizes:
                 out.append(Step("latency", m, s, expected_s=self.latency_expected_s()))
-                # each further instance: a sidecar stopped and started, then warmed
-                inst_s = (self.probe_instances - 1) * o["setup"]
                 out.append(Step("probe", m, s, expected_s=probe_s + inst_s))
                 max_s = (
                     self.maxqps_run_s
