@@ -117,7 +117,8 @@ class TailOptions:
     profile's own single runs (an experiment's: issue #20, set 18). ``ramp_repeats`` (with
     ``ramp_queue``): a profile whose ramp measured its top rates more than once
     (``Capacity.repeats``) bounds with the median of its own draws there, ahead of
-    ``ramp_pooled``, which stays the bound of a profile without repeats (issue #20, set 19).
+    ``ramp_pooled``, which stays the bound of a profile without repeats (an experiment's: issue
+    #20, registered before set 19 as ``s19-own-repeats``, not held there).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)

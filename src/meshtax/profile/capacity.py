@@ -17,10 +17,12 @@ Capacity (:func:`measure_capacity`), one mode at a time with its sidecar running
    was, how the app's CPU changed with the sidecar at the same rate, and the client's latency
    quantiles on both sides (the overhead's distribution under load);
    then the ramp's top fractions (``repeat``) again, ``repeats`` more rounds of them (the
-   first round before the ramp, the rest after it, so a fraction's draws lie about a minute
+   first round before the ramp, the rest after it, so a fraction's draws lie 15–50 s
    apart), kept apart from the ramp's runs (``Capacity.repeats``): near saturation one 2 s
    run is a noisy draw of the queue (issue #20, sets 10–18: the 0.9 run's p90 queue 16–54
-   requests' worth between profiles), and the tail model's queue bound reads it there;
+   requests' worth between profiles; set 19: three draws within a minute 3–55), where the
+   tail model's queue bound reads it (the model reads the pooled table; the repeats are an
+   experiment's, ``TailOptions.ramp_repeats``, not held on set 19);
 3. the capacity is the highest rate achieved through the sidecar; what limited it is the
    sidecar (its workers busy ≥ ``busy`` of their CPUs), the CPUs sidecar and app share (both
    together ≥ ``busy`` of them) or else the client; the sidecar's CPU per request there is
