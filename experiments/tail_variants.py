@@ -203,6 +203,12 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # (TailOptions.ramp_pooled, _pooled_queue_s10_17.py) instead of the profile's own single
     # 2 s runs; prices and saturation unchanged by construction
     "s18-pooled-queue": {**_S13, "ramp_pooled": POOLED_QUEUE_S10_17},
+    # set 19's candidate (registered before set 19; nothing seen: no profile had repeats):
+    # s18-pooled-queue with the queue bound read from the profile's own ramp, each repeated
+    # rate (0.25–0.9 of the closed loop, 3 runs each: Capacity.repeats) the median of its runs
+    # at each rank (TailOptions.ramp_repeats), the pooled table only for a profile without
+    # repeats; prices and saturation unchanged by construction
+    "s19-own-repeats": {**_S13, "ramp_pooled": POOLED_QUEUE_S10_17, "ramp_repeats": True},
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},

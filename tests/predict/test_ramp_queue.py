@@ -21,6 +21,7 @@ from meshtax.predict.ramp_queue import (
     RampQueue,
     bounded_by_ramp,
     pooled_queue,
+    ramp_draws,
     ramp_queue,
 )
 from meshtax.predict.stations import TailOptions
@@ -220,3 +221,56 @@ def test_the_bound_reads_this_machines_pooled_queue_unless_given_a_table() -> No
     assert "the profile's capacity ramp" in own.queue_bound
     given = ((0.02, 0.95), ((0.0,) * PR.size, (0.0,) * PR.size))
     assert bounded_by_ramp(replace(o, ramp_pooled=given)).ramp_pooled == given
+
+
+def _repeated(cap: Capacity, again: dict[float, list[np.ndarray]]) -> Capacity:
+    """``cap`` with more draws at its rates: per rate, each overhead a run without the
+    sidecar then one through it (``Capacity.repeats``), achieving ``achieved`` of the rate."""
+    reps: list[CapacityPoint] = []
+    for r, ovs in again.items():
+        for ov in ovs:
+            reps.append(CapacityPoint(r, r, 0.0, 0.2, meshed=False, quantiles_us=tuple(DIRECT)))
+            reps.append(CapacityPoint(r, r, 0.1, 0.3, quantiles_us=tuple(DIRECT + ov)))
+    return replace(cap, repeats=tuple(reps))
+
+
+def test_repeated_rates_read_the_median_of_their_draws() -> None:
+    # issue #20, set 19: the ramp's run at 0.8 queued 400 µs at rank 1 (4 requests' worth),
+    # its two repeats 100 and 200: with repeats the row is their median, 2 requests' worth
+    flat = np.full(PR.size, 80.0)
+    cap = _ramp({200.0: flat, 8000.0: 80.0 + 400.0 * PR})
+    more = _repeated(cap, {8000.0: [80.0 + 100.0 * PR, 80.0 + 200.0 * PR]})
+    mp = _profile(more).modes[Mode.HTTP]
+    single = ramp_queue(mp)
+    pooled = ramp_queue(mp, repeats=True)
+    assert single is not None and pooled is not None
+    assert single.queue[1][-1] == pytest.approx(4.0) and single.draws == (1, 1)
+    assert pooled.queue[1].tolist() == pytest.approx((200.0 * PR * 1e-2).tolist())
+    assert pooled.draws == (1, 3) and pooled.fractions.tolist() == pytest.approx([0.02, 0.8])
+    draws = ramp_draws(mp, repeats=True)
+    assert [len(g) for g in draws] == [1, 3]
+    assert [row[-1] for _, row in draws[1]] == pytest.approx([4.0, 1.0, 2.0])
+    # a profile without repeats reads as before
+    plain = ramp_queue(_profile(cap).modes[Mode.HTTP], repeats=True)
+    assert plain is not None and np.array_equal(plain.queue, single.queue)
+
+
+def test_a_profile_with_repeats_bounds_with_its_own_draws_else_the_table() -> None:
+    # issue #20, set 19's option ramp_repeats: ahead of a pooled table when the profile has
+    # repeats (the median of its three draws: none queued), the table when it has not
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=9_000.0)])
+    b = to_batch([g])
+    flat = np.full(PR.size, 80.0)
+    cap = _ramp({200.0: flat, 9_500.0: flat})
+    more = _repeated(cap, {9_500.0: [flat, 80.0 + 1e6 * PR]})
+    long = ((0.02, 0.95), ((0.0,) * PR.size, (1e4,) * PR.size))
+    o = replace(_one_hop(), ramp_queue=True, ramp_pooled=long, ramp_repeats=True)
+    own = predict_tail(b, single_profile(_profile(more)), o)
+    table = predict_tail(b, single_profile(_profile(cap)), o)
+    free = predict_tail(b, single_profile(_profile(more)), replace(o, ramp_queue=False))
+    off = predict_tail(b, single_profile(_profile(more)), replace(o, ramp_repeats=False))
+    assert own.pooled_overhead_us[2] < 0.5 * free.pooled_overhead_us[2]
+    assert table.pooled_overhead_us.tolist() == pytest.approx(free.pooled_overhead_us.tolist())
+    assert off.pooled_overhead_us.tolist() == pytest.approx(free.pooled_overhead_us.tolist())
+    assert "the median of up to 3 runs a rate" in own.queue_bound  # says which bounds it
+    assert "pooled capacity ramps" in table.queue_bound

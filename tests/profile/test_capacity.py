@@ -4,11 +4,11 @@ plan/profile plumbing around them, and one short real capacity run as root."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
-from meshtax.model.capacity import Capacity, LatencySketch
+from meshtax.model.capacity import Capacity, CapacityPoint, LatencySketch
 from meshtax.model.profile import ModeProfile, Profile, Provenance
 from meshtax.model.profile_check import ProfileError
 from meshtax.model.sidecar import Mode
@@ -82,8 +82,9 @@ class QueueBed:
 def test_capacity_of_a_sidecar_bound_by_its_worker() -> None:
     # 4 000/s through a sidecar that spends 240 µs of CPU per request: 0.96 of its one worker
     bed = QueueBed(top=4000, direct=9000, sidecar_us=240.0, app_us=10.0)
-    pol = CapacityPolicy(connections=16, ramp=(0.5, 0.9))
+    pol = CapacityPolicy(connections=16, ramp=(0.5, 0.9), repeats=0)  # the ramp alone
     cap = measure_capacity(bed, Mode.HTTP, SIDECAR, pol, cpu_ns=bed.cpu_ns)
+    assert cap.repeats == ()
     assert cap.requests_per_s == 4000 and cap.direct_requests_per_s == 9000
     assert cap.sidecar_cpu_us == pytest.approx(240.0) and cap.limited_by == "sidecar"
     assert cap.worker_requests_per_s == pytest.approx(1e6 / 240)
@@ -103,6 +104,39 @@ def test_capacity_of_a_sidecar_bound_by_its_worker() -> None:
     assert [p.meshed for p in cap.points] == [False, True, False, True, False, True]
     assert cap.points[1].sidecar_cpu == pytest.approx(0.96)
     assert cap.points[1].shared_cpu == pytest.approx(1.0)
+
+
+def test_the_ramps_top_rates_are_measured_again_before_and_after_it() -> None:
+    """Issue #20, set 19: the repeated fractions run once before the ramp and the remaining
+    rounds after it, each a run without the sidecar then through it at the ramp's target;
+    kept apart from the ramp's points (which the capacity and the prices read) and stored."""
+    bed = QueueBed(top=4000, direct=9000, sidecar_us=50.0, app_us=10.0)
+    pol = CapacityPolicy(connections=16, ramp=(0.1, 0.5, 0.9), repeat=(0.5, 0.9, 0.95), repeats=2)
+    assert pol.repeated() == (0.5, 0.9)  # only the ramp's own fractions
+    cap = measure_capacity(bed, Mode.HTTP, SIDECAR, pol, cpu_ns=bed.cpu_ns)
+    u = ("-uniform",)
+    one_round = [(t, q, 16, u) for q in (2000.0, 3600.0) for t in (DIRECT, MESHED)]
+    ramp = [(t, q, 16, u) for q in (400.0, 2000.0, 3600.0) for t in (DIRECT, MESHED)]
+    assert bed.runs[6:] == [*one_round, *ramp, *one_round]
+    assert [p.achieved for p in cap.points] == [9000, 4000, 400, 400, 2000, 2000, 3600, 3600]
+    assert [(p.target, p.meshed) for p in cap.repeats] == 2 * [
+        (2000.0, False),
+        (2000.0, True),
+        (3600.0, False),
+        (3600.0, True),
+    ]
+    assert Capacity.from_dict(cap.to_dict()) == cap
+    old = {k: v for k, v in cap.to_dict().items() if k != "repeats"}  # a profile before set 19
+    assert Capacity.from_dict(old).repeats == ()
+    # the plan's time: 2 runs per repeated fraction per round, each a run's length + 0.2 s
+    none = CapacityPolicy(connections=16, ramp=(0.1, 0.5, 0.9), repeats=0)
+    assert pol.expected_s() - none.expected_s() == pytest.approx(2 * 2 * 2 * 2.2)
+    default, alone = CapacityPolicy(), CapacityPolicy(repeats=0)
+    assert default.repeated() == (0.25, 0.5, 0.75, 0.9) and default.repeats == 2
+    assert default.expected_s() - alone.expected_s() == pytest.approx(35.2)  # a quick profile's
+    assert default.to_dict()["repeats"] == 2
+    with pytest.raises(ValueError):
+        CapacityPolicy(repeats=-1)
 
 
 def test_the_closed_loop_is_the_median_of_alternating_runs() -> None:
@@ -183,6 +217,12 @@ def test_profile_keeps_capacity_and_sketches_and_older_documents_load() -> None:
     back = Profile.from_dict(p.to_dict())
     assert back.modes[Mode.HTTP].capacity == cap
     assert back.modes[Mode.HTTP].latency_sketches == {100: sk}
+    rep = (
+        CapacityPoint(3600.0, 3590.0, 0.0, 0.3, meshed=False),
+        CapacityPoint(3600.0, 3580.0, 0.8, 1.0),
+    )
+    with_repeats = replace(p, modes={Mode.HTTP: replace(mp, capacity=replace(cap, repeats=rep))})
+    assert Profile.from_dict(with_repeats.to_dict()).modes[Mode.HTTP].capacity.repeats == rep  # type: ignore[union-attr]
     old = p.to_dict()
     del old["modes"]["http"]["capacity"], old["modes"]["http"]["latency_sketches"]
     plain = Profile.from_dict(old).modes[Mode.HTTP]
@@ -198,6 +238,7 @@ def test_profile_keeps_capacity_and_sketches_and_older_documents_load() -> None:
         (("capacity", "workers"), 10**9, "workers"),
         (("capacity", "requests_per_s"), -1.0, "requests_per_s"),
         (("capacity", "limited_by"), "moon", "limited_by"),
+        (("capacity", "repeats", 0, "achieved"), -1.0, "achieved"),
         (("latency_sketches", 0, "meshed_us"), [1.0], "meshed_us"),
         (("latency_sketches", 0, "probs"), [0.0, 2.0], "probs"),
         (("latency_sketches", 0, "probs"), [1.0, 0.0], "ascending"),
@@ -207,7 +248,8 @@ def test_profile_keeps_capacity_and_sketches_and_older_documents_load() -> None:
 def test_unusable_capacity_or_sketch_is_a_profile_error(
     where: tuple[str | int, ...], value: object, message: str
 ) -> None:
-    cap = Capacity(4000.0, 100, 16, 1, 240.0, "sidecar", 9000.0, 1)
+    rep = (CapacityPoint(3600.0, 3590.0, 0.0, 0.3, meshed=False),)
+    cap = Capacity(4000.0, 100, 16, 1, 240.0, "sidecar", 9000.0, 1, repeats=rep)
     sk = LatencySketch(100, (0.0, 1.0), (100.0, 140.0), (60.0, 80.0), 100)
     mp = ModeProfile(Mode.HTTP, {}, capacity=cap, latency_sketches={100: sk})
     d = Profile("p", PLATFORM, Provenance("measured", "t", "2026-11-23"), {Mode.HTTP: mp}).to_dict()

@@ -140,7 +140,11 @@ class Capacity:
     ``shared-cpu`` (sidecar and app together filled their CPUs) or ``client`` (neither: the
     load generator or the network set the rate); ``direct_requests_per_s``: the same client
     without the sidecar; ``points``: every run (of the closed loop's, the median run per
-    side); ``closed_loop``: the rates of every closed-loop run, (without, through) the sidecar.
+    side); ``closed_loop``: the rates of every closed-loop run, (without, through) the sidecar;
+    ``repeats``: the ramp's top fixed-rate runs measured again (each a run without the sidecar
+    then one through it at the same target as the ramp's, in rounds before and after the
+    ramp), not in ``points`` — more draws of the queue there (issue #20, set 19; older
+    profiles have none).
     """
 
     requests_per_s: float
@@ -153,6 +157,7 @@ class Capacity:
     cpus: int = 1
     points: tuple[CapacityPoint, ...] = ()
     closed_loop: tuple[tuple[float, float], ...] = ()
+    repeats: tuple[CapacityPoint, ...] = ()
 
     def __post_init__(self) -> None:
         if self.limited_by not in LIMITS:
@@ -194,6 +199,7 @@ class Capacity:
             "cpus": self.cpus,
             "points": [p.to_dict() for p in self.points],
             **({"closed_loop": [list(x) for x in self.closed_loop]} if self.closed_loop else {}),
+            **({"repeats": [p.to_dict() for p in self.repeats]} if self.repeats else {}),
         }
 
     @classmethod
@@ -209,6 +215,7 @@ class Capacity:
             int(d.get("cpus", 1)),
             tuple(CapacityPoint.from_dict(p) for p in d.get("points", ())),
             tuple((float(a), float(b)) for a, b in d.get("closed_loop", ())),
+            tuple(CapacityPoint.from_dict(p) for p in d.get("repeats", ())),
         )
 
 

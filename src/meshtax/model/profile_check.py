@@ -361,6 +361,17 @@ PROFILE_SCHEMA: dict[str, Any] = {
                         },
                     },
                 },
+                "repeats": {
+                    "type": "array",
+                    "maxItems": 1000,
+                    "items": {
+                        "type": "object",
+                        "required": ["target", "achieved", "sidecar_cpu", "shared_cpu"],
+                        "properties": {
+                            k: _NONNEG for k in ("target", "achieved", "sidecar_cpu", "shared_cpu")
+                        },
+                    },
+                },
             },
         },
         "sketch": {

@@ -39,6 +39,7 @@ __all__ = [
     "RampQueue",
     "bounded_by_ramp",
     "pooled_queue",
+    "ramp_draws",
     "ramp_queue",
 ]
 
@@ -88,6 +89,8 @@ class RampQueue:
     fractions: FloatArray
     probs: FloatArray
     queue: FloatArray
+    #: how many draws each row is the median of (empty: one each, or a pooled table)
+    draws: tuple[int, ...] = ()
 
     def at(self, fraction: float, u: npt.ArrayLike, heavy: bool = False) -> FloatArray:
         """The queue (requests' worth) at load fraction ``fraction`` and ranks ``u``:
@@ -137,31 +140,61 @@ def pooled_queue(
     return RampQueue(np.asarray(fractions, dtype=np.float64), probs, np.median(stack, axis=0))
 
 
-def ramp_queue(mp: ModeProfile) -> RampQueue | None:
-    """The queue of ``mp``'s capacity ramp (see the module docstring); None without a closed
-    loop or without two fixed-rate runs that have both sides' quantiles."""
+def ramp_draws(mp: ModeProfile, repeats: bool = False) -> list[list[tuple[float, FloatArray]]]:
+    """Every draw of the ramp's queue, per fixed rate (ascending), as ``(load fraction, queue
+    row)`` (requests' worth, as :func:`ramp_queue`'s rows): one per fixed-rate run through the
+    sidecar with its run without it at the same target, and with ``repeats`` one more per
+    repeated pair (``Capacity.repeats``: the run without the sidecar, then the one through
+    it). The lowest rate's overhead (the median over its draws) is every row's floor. Empty
+    without a closed loop or without two rates that have both sides' quantiles."""
     cap = mp.capacity
     if cap is None or cap.requests_per_s <= 0:
+        return []
+    n = len(SKETCH_PROBS)
+    direct = {p.target: p for p in cap.points if not p.meshed and p.target > 0}
+    pairs = [(direct.get(p.target), p) for p in cap.points if p.meshed]
+    if repeats:
+        rep = cap.repeats
+        pairs += [(d, m) for d, m in zip(rep, rep[1:]) if not d.meshed and m.meshed]
+    by_target: dict[float, list[tuple[float, FloatArray]]] = {}
+    for d, m in pairs:
+        if (
+            d is None
+            or d.target != m.target
+            or m.achieved <= 0
+            or len(m.quantiles_us) != n
+            or len(d.quantiles_us) != n
+        ):
+            continue
+        ov = np.asarray(m.quantiles_us) - np.asarray(d.quantiles_us)
+        by_target.setdefault(m.target, []).append((m.achieved, ov))
+    if len(by_target) < 2:
+        return []
+    groups = sorted(by_target.values(), key=lambda g: float(np.median([a for a, _ in g])))
+    floor = np.median(np.stack([ov for _, ov in groups[0]]), axis=0)  # the crossing itself
+    unit = cap.requests_per_s * 1e-6
+    return [
+        [
+            (a / cap.requests_per_s, np.maximum.accumulate(np.maximum(ov - floor, 0.0)) * unit)
+            for a, ov in g
+        ]
+        for g in groups
+    ]
+
+
+def ramp_queue(mp: ModeProfile, repeats: bool = False) -> RampQueue | None:
+    """The queue of ``mp``'s capacity ramp (see the module docstring); None without a closed
+    loop or without two fixed-rate runs that have both sides' quantiles. With ``repeats`` a
+    rate the ramp measured more than once (``Capacity.repeats``) reads the median of its
+    draws' queues at each rank, at the median of their load fractions (issue #20, set 19:
+    one 2 s run near saturation is a noisy draw)."""
+    groups = ramp_draws(mp, repeats)
+    if not groups:
         return None
+    fractions = np.array([float(np.median([f for f, _ in g])) for g in groups])
+    queue = np.stack([np.median(np.stack([r for _, r in g]), axis=0) for g in groups])
     probs = np.asarray(SKETCH_PROBS, dtype=np.float64)
-    direct = {
-        p.target: p
-        for p in cap.points
-        if not p.meshed and p.target > 0 and len(p.quantiles_us) == probs.size
-    }
-    runs = sorted(
-        (p.achieved, np.asarray(p.quantiles_us) - np.asarray(direct[p.target].quantiles_us))
-        for p in cap.points
-        if p.meshed and p.target in direct and p.achieved > 0 and len(p.quantiles_us) == probs.size
-    )
-    if len(runs) < 2:
-        return None
-    floor = runs[0][1]  # the crossing itself: the lowest rate's overhead
-    queue = np.stack([np.maximum.accumulate(np.maximum(ov - floor, 0.0)) for _, ov in runs]) * (
-        cap.requests_per_s * 1e-6
-    )
-    fractions = np.array([r for r, _ in runs]) / cap.requests_per_s
-    return RampQueue(fractions, probs, queue)
+    return RampQueue(fractions, probs, queue, tuple(len(g) for g in groups))
 
 
 def bounded_by_ramp(opts: TailOptions) -> TailOptions:

@@ -114,7 +114,11 @@ class TailOptions:
     ``ramp_pooled`` (with ``ramp_queue``): the ramp's queue read from this table — (load
     fractions, one row of requests' worth per fraction at ``SKETCH_PROBS``), pooled over
     profiles' ramps (:func:`~meshtax.predict.ramp_queue.pooled_queue`) — instead of the
-    profile's own single runs (an experiment's: issue #20, set 18).
+    profile's own single runs (an experiment's: issue #20, set 18). ``ramp_repeats`` (with
+    ``ramp_queue``): a profile whose ramp measured its top rates more than once
+    (``Capacity.repeats``) bounds with the median of its own draws there, ahead of
+    ``ramp_pooled``, which stays the bound of a profile without repeats (an experiment's: issue
+    #20, registered before set 19 as ``s19-own-repeats``, not held there).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -141,6 +145,7 @@ class TailOptions:
     ramp_own_bed: bool = False
     ramp_plateau: bool = False
     ramp_pooled: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]] | None = None
+    ramp_repeats: bool = False
     relief: bool = True
     batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"

@@ -311,13 +311,14 @@ def _ramp_cap(
         return None, "not used: the sidecars run in several modes (one ramp per mode)"
     platform, mode = used.pop()
     mp = profiles(platform).modes.get(mode)
-    rq = ramp_queue(mp) if mp is not None else None
+    rq = ramp_queue(mp, opts.ramp_repeats) if mp is not None else None
     if rq is None:
         return None, (
             f"not used: the profile has no capacity ramp with latency quantiles for "
             f"{mode.value} mode"
         )
-    if opts.ramp_pooled is not None:
+    repeated = max(rq.draws, default=1) > 1
+    if opts.ramp_pooled is not None and not repeated:
         rq = RampQueue.from_table(opts.ramp_pooled)
     rate = request_rate(batch, opts.load)
     saturates = rate * full[k]  # requests/s at ρ = 1
@@ -329,9 +330,12 @@ def _ramp_cap(
         return rq.at(fraction, u, opts.ramp_heavy) * unit_us
 
     p99 = float(cap(np.array([0.99]))[0])
-    ramp = (
-        "the profiles' pooled capacity ramps" if opts.ramp_pooled else "the profile's capacity ramp"
-    )
+    if repeated:
+        ramp = f"the profile's capacity ramp (the median of up to {max(rq.draws)} runs a rate)"
+    elif opts.ramp_pooled:
+        ramp = "the profiles' pooled capacity ramps"
+    else:
+        ramp = "the profile's capacity ramp"
     return cap, (
         f"used: the shared CPUs at {fraction:.0%} of their saturation rate wait at most what "
         f"{ramp} queued there ({p99:.0f} µs at p99)"

@@ -16,6 +16,13 @@ Capacity (:func:`measure_capacity`), one mode at a time with its sidecar running
    whether the rate was sustained (achieved ≥ ``shortfall`` × target), how busy the sidecar
    was, how the app's CPU changed with the sidecar at the same rate, and the client's latency
    quantiles on both sides (the overhead's distribution under load);
+   then the ramp's top fractions (``repeat``) again, ``repeats`` more rounds of them (the
+   first round before the ramp, the rest after it, so a fraction's draws lie 15–50 s
+   apart), kept apart from the ramp's runs (``Capacity.repeats``): near saturation one 2 s
+   run is a noisy draw of the queue (issue #20, sets 10–18: the 0.9 run's p90 queue 16–54
+   requests' worth between profiles; set 19: three draws within a minute 3–55), where the
+   tail model's queue bound reads it (the model reads the pooled table; the repeats are an
+   experiment's, ``TailOptions.ramp_repeats``, not held on set 19);
 3. the capacity is the highest rate achieved through the sidecar; what limited it is the
    sidecar (its workers busy ≥ ``busy`` of their CPUs), the CPUs sidecar and app share (both
    together ≥ ``busy`` of them) or else the client; the sidecar's CPU per request there is
@@ -57,15 +64,26 @@ class CapacityPolicy:
     warmup_n: int = 500
     #: closed-loop runs per side (alternating), the median run's kept
     closed_runs: int = 3
+    #: the ramp's fractions measured again (those the ramp has), ``repeats`` more rounds
+    #: (issue #20, set 19)
+    repeat: tuple[float, ...] = (0.25, 0.5, 0.75, 0.9)
+    repeats: int = 2
 
     def __post_init__(self) -> None:
         if self.size <= 0 or self.connections < 1 or self.run_s <= 0 or self.closed_runs < 1:
             raise ValueError("capacity: size > 0, at least one connection and run, run_s > 0")
         if any(not 0 < f <= 2 for f in self.ramp) or not 0 < self.shortfall <= 1:
             raise ValueError("capacity: ramp fractions within (0, 2], shortfall within (0, 1]")
+        if self.repeats < 0:
+            raise ValueError(f"capacity: repeats must be ≥ 0, got {self.repeats}")
+
+    def repeated(self) -> tuple[float, ...]:
+        """The ramp's fractions a repeated round runs (``repeat``'s that the ramp has)."""
+        return tuple(f for f in self.ramp if f in self.repeat) if self.repeats else ()
 
     def expected_s(self) -> float:
-        return (2 * self.closed_runs + 2 * len(self.ramp)) * (self.run_s + 0.2) + 0.5
+        rounds = 2 * len(self.repeated()) * self.repeats
+        return (2 * self.closed_runs + 2 * len(self.ramp) + rounds) * (self.run_s + 0.2) + 0.5
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +95,8 @@ class CapacityPolicy:
             "busy": self.busy,
             "warmup_n": self.warmup_n,
             "closed_runs": self.closed_runs,
+            "repeat": list(self.repeat),
+            "repeats": self.repeats,
         }
 
 
@@ -121,6 +141,7 @@ def measure_capacity(
     meshed, direct = bed.meshed_target, bed.direct_target(mode)
     pids = [sidecar_pid, bed.app_pid]
     points: list[CapacityPoint] = []
+    repeats: list[CapacityPoint] = []
 
     def run(
         target: str, qps: float, extra: tuple[str, ...] = (), keep: bool = True
@@ -164,9 +185,20 @@ def measure_capacity(
             closed[t].append(run(t, 0.0, keep=False))
     base, top = (_median_run(closed[t]) for t in (direct, meshed))
     points += [base, top]
+
+    def again() -> None:  # one round of the repeated fractions, kept apart from the ramp
+        for f in p.repeated():
+            for t in (direct, meshed):
+                repeats.append(run(t, f * top.achieved, ("-uniform",), keep=False))
+
+    rounds = p.repeats if p.repeated() else 0
+    if rounds:
+        again()
     for f in p.ramp:
         for t in (direct, meshed):
             run(t, f * top.achieved, ("-uniform",))
+    for _ in range(rounds - 1):
+        again()
     through = [x for x in points if x.meshed and x.achieved > 0]
     best = max(through, key=lambda x: x.achieved)
     if best.sidecar_cpu >= p.busy * workers:
@@ -188,6 +220,7 @@ def measure_capacity(
         closed_loop=tuple(
             (d.achieved, m.achieved) for d, m in zip(closed[direct], closed[meshed], strict=True)
         ),
+        repeats=tuple(repeats),
     )
 
 
