@@ -320,7 +320,7 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
     "--capacity",
     is_flag=True,
     help="Also each mode's capacity: requests/s at saturation through the sidecar (many "
-    "clients, closed loop and a ramp of fixed rates; ≈ 37 s per mode).",
+    "clients, closed loop, a ramp of fixed rates and its top rates twice more; ≈ 80 s per mode).",
 )
 @click.option(
     "--name",
