@@ -48,6 +48,17 @@ _QUANTILES: dict[str, Any] = {"type": "array", "minItems": 2, "maxItems": 1000, 
 
 #: JSON Schema of a profile document (format 1); unknown fields are allowed (newer writers
 #: add optional ones), every known one is checked. Numbers are finite (model/schema.py).
+# a capacity document's runs: the ramp's (``points``) and its repeated top rates (``repeats``)
+_CAPACITY_RUNS: dict[str, Any] = {
+    "type": "array",
+    "maxItems": 1000,
+    "items": {
+        "type": "object",
+        "required": ["target", "achieved", "sidecar_cpu", "shared_cpu"],
+        "properties": {k: _NONNEG for k in ("target", "achieved", "sidecar_cpu", "shared_cpu")},
+    },
+}
+
 PROFILE_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
@@ -350,28 +361,8 @@ PROFILE_SCHEMA: dict[str, Any] = {
                         "items": _NONNEG_RATE,
                     },
                 },
-                "points": {
-                    "type": "array",
-                    "maxItems": 1000,
-                    "items": {
-                        "type": "object",
-                        "required": ["target", "achieved", "sidecar_cpu", "shared_cpu"],
-                        "properties": {
-                            k: _NONNEG for k in ("target", "achieved", "sidecar_cpu", "shared_cpu")
-                        },
-                    },
-                },
-                "repeats": {
-                    "type": "array",
-                    "maxItems": 1000,
-                    "items": {
-                        "type": "object",
-                        "required": ["target", "achieved", "sidecar_cpu", "shared_cpu"],
-                        "properties": {
-                            k: _NONNEG for k in ("target", "achieved", "sidecar_cpu", "shared_cpu")
-                        },
-                    },
-                },
+                "points": _CAPACITY_RUNS,
+                "repeats": _CAPACITY_RUNS,
             },
         },
         "sketch": {
