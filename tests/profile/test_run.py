@@ -543,9 +543,10 @@ def test_the_idle_sidecars_cpu_is_measured_and_kept_out_of_the_message_models(
 
 def _spread_run(
     tmp_path: Path, modes: tuple[Mode, ...], sidecars: int, **plan: Any
-) -> tuple[list[int], WindowProbe, list[tuple[int, ...]], Profile]:
+) -> tuple[list[int], WindowProbe, list[tuple[int, ...]], Profile, FakeSystem]:
     """A fake run of ``modes`` at 100 B through ``sidecars`` Envoys (instances or rounds, as
-    ``plan`` asks): the Envoys' PIDs in start order, the probe, perf's windows, the profile."""
+    ``plan`` asks): the Envoys' PIDs in start order, the probe, perf's windows, the profile,
+    the system."""
     world = World()
     sysm = EchoFakeSystem(responders=[world])
     probe = WindowProbe([10_000_000] * sidecars)
@@ -578,13 +579,13 @@ def _spread_run(
         warnings.simplefilter("ignore")  # closure is not what this asks
         prof = run_profile(ProfileOptions(name="t", plan=p), sysm, None, backends=backends)
     envoys = [x.pid for x in sysm.processes if "--config-yaml" in x.argv]
-    return envoys, probe, perf_windows, prof
+    return envoys, probe, perf_windows, prof, sysm
 
 
 def test_probe_windows_spread_over_fresh_sidecars_and_cpu_runs_go_through_the_last(
     tmp_path: Path,
 ) -> None:
-    envoys, probe, perf_windows, prof = _spread_run(
+    envoys, probe, perf_windows, prof, _ = _spread_run(
         tmp_path, (Mode.TCP,), 3, probe_pairs=3, probe_instances=3
     )
     assert len(envoys) == 3  # one sidecar a group of windows
@@ -597,7 +598,7 @@ def test_probe_windows_spread_over_fresh_sidecars_and_cpu_runs_go_through_the_la
 
 
 def test_probe_rounds_spread_each_modes_windows_over_the_run(tmp_path: Path) -> None:
-    envoys, probe, perf_windows, prof = _spread_run(
+    envoys, probe, perf_windows, prof, sysm = _spread_run(
         tmp_path, (Mode.TCP, Mode.HTTP), 4, probe_pairs=4, probe_rounds=2
     )
     # the early round of every mode first (tcp, http), then each mode's full measurement
@@ -609,6 +610,29 @@ def test_probe_rounds_spread_each_modes_windows_over_the_run(tmp_path: Path) -> 
         rec = prof.provenance.options["measurements"][mode][0]["probe"]["windows"]
         assert [w["instance"] for w in rec] == [0] * 4 + [1] * 4  # the early round's first
     assert prof.provenance.options["probe_rounds"] == 2
+    assert len(_bridges(sysm)) == 1  # every round on the profile's own bed
+
+
+def _bridges(sysm: FakeSystem) -> list[tuple[str, ...]]:
+    """The testbeds a run opened: each creates its bridge namespace once."""
+    return [c for c in sysm.calls if c[:3] == ("ip", "netns", "add") and c[3].endswith("-bridge")]
+
+
+def test_round_beds_build_each_early_rounds_bed_afresh(tmp_path: Path) -> None:
+    envoys, probe, _, prof, sysm = _spread_run(
+        tmp_path, (Mode.TCP, Mode.HTTP), 6, probe_pairs=6, probe_rounds=3, round_beds=True
+    )
+    # two early rounds, each on a testbed of its own (both modes on it), then the profile's
+    assert len(_bridges(sysm)) == 3 and len(envoys) == 6
+    apps = [x for x in sysm.processes if "server" in x.argv and "--config-yaml" not in x.argv]
+    assert len(apps) == 3  # the echo app started afresh with each bed
+    for mode in ("tcp", "http"):
+        rec = prof.provenance.options["measurements"][mode][0]["probe"]["windows"]
+        assert [w["instance"] for w in rec] == [0] * 4 + [1] * 4 + [2] * 4
+    assert prof.provenance.options["round_beds"] is True
+    with pytest.raises(ValueError, match="round_beds"):
+        Plan(probe_rounds=1, round_beds=True)
+    assert ProfileOptions(quick=True, rounds=2, round_beds=True).resolve_plan().round_beds
 
 
 def test_options_resolve_plan() -> None:

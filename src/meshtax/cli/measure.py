@@ -317,6 +317,13 @@ def _suite(opts: Any, store: ProfileStore, fmt: str, report_path: str | None) ->
     "the run, not over its own minutes.",
 )
 @click.option(
+    "--round-beds",
+    is_flag=True,
+    default=None,
+    help="With --rounds: build each early round's bed afresh (pods, echo app and sidecar), "
+    "not only its sidecar (≈ 2 s a round).",
+)
+@click.option(
     "--capacity",
     is_flag=True,
     help="Also each mode's capacity: requests/s at saturation through the sidecar (many "
@@ -451,6 +458,7 @@ def profile_cmd(
     resolve_s: float | None,
     instances: int | None,
     rounds: int | None,
+    round_beds: bool | None,
     capacity: bool,
     name: str | None,
     replace: bool,
@@ -520,6 +528,7 @@ def profile_cmd(
             resolve_s=resolve_s,
             instances=instances,
             rounds=rounds,
+            round_beds=round_beds,
             proxy=choice,
             architecture=Architecture(architecture),
         )

@@ -12,13 +12,16 @@ A mode's windows can also be spread over the whole run (``Plan.probe_rounds``,
 :func:`early_rounds`): early rounds of every mode's windows first, each through a fresh
 sidecar, pooled with the mode's own measurement later. Instances inside one mode's minutes
 did not carry a profile across an hour (run 17: a whole mode's components moved together with
-the machine), medians of profiles spread over ten minutes did (run 16).
+the machine), medians of profiles spread over ten minutes did (run 16). With
+``Plan.round_beds`` each early round also builds its bed afresh (testbed, pods, echo app), as
+run 16's profiles each did: what a bed holds for its minutes is then sampled once a round.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
 from meshtax.model.sidecar import Mode
 from meshtax.profile.backends import Backends, _real_probe
@@ -113,40 +116,55 @@ def probe_instances(
 
 def early_rounds(
     plan: Plan,
-    bed: OneHop,
-    start: Callable[[Mode], Proxy],
+    beds: Callable[[], AbstractContextManager[OneHop]],
     *,
     tick: Callable[[str, Mode, int], object] = lambda kind, mode, size: None,
     probe: Callable[[System], ProbeSession] = _real_probe,
     meter: MeterFactory | None = None,
 ) -> dict[Mode, dict[int, list[ProbedPairs]]]:
     """Rounds 1 … N−1 of every mode's probe windows (``plan.probe_rounds`` = N), modes in
-    turn: per round and mode a fresh sidecar (``start(mode)``), each size warmed on both paths
-    and probed with its share of the windows (one of N), the sidecar stopped. Pass a mode's
-    parts of a size as ``earlier`` to :func:`probe_instances`, which takes the last round."""
+    turn: per round the bed ``beds()`` opens (the profile's own, or with ``plan.round_beds``
+    one built afresh: pods, app and all), per mode on it a fresh sidecar, each size warmed on
+    both paths and probed with its share of the windows (one of N), the sidecar stopped. Pass
+    a mode's parts of a size as ``earlier`` to :func:`probe_instances`, which takes the last
+    round."""
     out: dict[Mode, dict[int, list[ProbedPairs]]] = {m: {} for m in plan.modes}
     windows = window_policy(plan).share(plan.probe_rounds)
     for _ in range(plan.probe_rounds - 1):
-        for mode in plan.modes:
-            tick("setup", mode, 0)
-            sidecar = Sidecar(functools.partial(start, mode))
-            try:
-                for size in plan.sizes:
-                    tick("round", mode, size)
-                    for target in (bed.direct_target(mode), bed.meshed_target):
-                        bed.load(target, mode, size, n=plan.warmup_n)
-                    part = probe_pairs(
-                        bed,
-                        mode,
-                        size,
-                        sidecar.pid,
-                        windows=windows,
-                        probe_app=plan.probe_app,
-                        probe=probe,
-                        meter=meter,
-                        rt_priority=plan.probe_rt_priority,
-                    )
-                    out[mode].setdefault(size, []).append(part)
-            finally:
-                sidecar.stop()
+        with beds() as bed:
+            _round(plan, bed, windows, out, tick, probe, meter)
     return out
+
+
+def _round(
+    plan: Plan,
+    bed: OneHop,
+    windows: WindowPolicy,
+    out: dict[Mode, dict[int, list[ProbedPairs]]],
+    tick: Callable[[str, Mode, int], object],
+    probe: Callable[[System], ProbeSession],
+    meter: MeterFactory | None,
+) -> None:
+    """One early round of every mode on ``bed``, its parts appended to ``out``."""
+    for mode in plan.modes:
+        tick("setup", mode, 0)
+        sidecar = Sidecar(functools.partial(bed.start_sidecar, mode))
+        try:
+            for size in plan.sizes:
+                tick("round", mode, size)
+                for target in (bed.direct_target(mode), bed.meshed_target):
+                    bed.load(target, mode, size, n=plan.warmup_n)
+                part = probe_pairs(
+                    bed,
+                    mode,
+                    size,
+                    sidecar.pid,
+                    windows=windows,
+                    probe_app=plan.probe_app,
+                    probe=probe,
+                    meter=meter,
+                    rt_priority=plan.probe_rt_priority,
+                )
+                out[mode].setdefault(size, []).append(part)
+        finally:
+            sidecar.stop()

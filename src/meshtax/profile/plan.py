@@ -153,6 +153,12 @@ class Plan:
     # across an hour (run 16) where instances inside one mode's minutes did not (run 17: a whole
     # mode's components moved together). Closure retries measure in one round.
     probe_rounds: int = 1
+    # each early round on a bed of its own (testbed, pods, echo app and sidecar built afresh
+    # and torn down after it; the last round on the profile's bed): what one bed holds for its
+    # minutes — the pods' and the app's state as well as the sidecar's — is then sampled once
+    # a round. Why: run 16's instances were whole profiles (their own pods) and their medians
+    # carried across an hour; runs 17–19's instances and rounds renewed the sidecar only.
+    round_beds: bool = False
     # probe windows with the client and app at SCHED_FIFO of this priority, the sidecar one
     # above (None: as the rest of the run, CFS at ``nice``): see probes.realtime. Off: it
     # removed the millisecond wake-up stalls but changed how sidecar and app share their CPU,
@@ -257,6 +263,8 @@ class Plan:
             )
         if not 1 <= self.probe_rounds <= 8:
             raise ValueError(f"probe_rounds: 1 to 8 rounds a mode, got {self.probe_rounds}")
+        if self.round_beds and self.probe_rounds < 2:
+            raise ValueError("round_beds needs early rounds (probe_rounds ≥ 2)")
         if self.probe_rt_priority is not None and not 1 <= self.probe_rt_priority <= 98:
             raise ValueError(
                 f"SCHED_FIFO priority must be 1..98 (the sidecar gets one more), got {self.probe_rt_priority}"
@@ -301,8 +309,9 @@ class Plan:
         # each further instance: a sidecar stopped and started, then warmed
         inst_s = (self.probe_instances - 1) * o["setup"]
         for _ in range(self.probe_rounds - 1):  # early rounds: a fresh sidecar, warmed per size
-            for m in self.modes:
-                out.append(Step("setup", m, expected_s=o["setup"]))
+            for i, m in enumerate(self.modes):  # (and a bed built afresh with round_beds)
+                bed_s = o["setup"] if self.round_beds and not i else 0.0
+                out.append(Step("setup", m, expected_s=o["setup"] + bed_s))
                 out += [Step("round", m, s, expected_s=probe_s + o["probe"]) for s in self.sizes]
         for m in self.modes:
             out.append(Step("setup", m, expected_s=o["setup"]))
@@ -422,6 +431,7 @@ class Plan:
             "probe_app": self.probe_app,
             "probe_instances": self.probe_instances,
             "probe_rounds": self.probe_rounds,
+            "round_beds": self.round_beds,
             "probe_rt_priority": self.probe_rt_priority,
             "maxqps_run_s": self.maxqps_run_s,
             "cpu_run_s": self.cpu_run_s,

@@ -40,7 +40,8 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -57,11 +58,10 @@ from meshtax.profile.build import (
     SizeResult,
     build_profile,
     median_run,
-    points,
 )
 from meshtax.profile.capacity import measure_capacity
+from meshtax.profile.closure import retry_unclosed
 from meshtax.profile.decompose import Breakdown, steady_breakdown
-from meshtax.profile.fit import fit_mode
 from meshtax.profile.instances import Sidecar, early_rounds, idle_cpu_us_per_s, probe_instances
 from meshtax.profile.onehop import measure_overhead, sidecar_cpu
 from meshtax.profile.plan import Plan, Step, full_plan, quick_plan, resolving, window_policy
@@ -70,7 +70,6 @@ from meshtax.testbed.bed import OneHop
 from meshtax.testbed.fortio import LoadResult, fortio_version
 from meshtax.testbed.interference import Interference, Meter, Thresholds
 from meshtax.testbed.nodebed import NodeBed
-from meshtax.testbed.pods import Testbed
 from meshtax.testbed.proxy import PROXIES, Proxy
 from meshtax.testbed.system import System
 from meshtax.testbed.tools import tool
@@ -90,7 +89,8 @@ class ProfileOptions:
     ``resolve_s``: probe windows until every component is known within ±5 %, at most that
     many seconds per size (:func:`~meshtax.profile.plan.resolving`); ``instances``: each
     size's probe windows over that many sidecars started afresh (``Plan.probe_instances``);
-    ``rounds``: each mode's probe windows in that many rounds over the run (``probe_rounds``);
+    ``rounds``: each mode's probe windows in that many rounds over the run (``probe_rounds``),
+    ``round_beds``: each early round on a bed built afresh (``Plan.round_beds``);
     ``plan``, if given, replaces the preset entirely. ``name`` defaults to ``<hostname>-<UTC time>``.
     ``proxy``: the sidecar measured (Envoy; or the reference sidecar, tcp mode only) and its
     IPC/write variant.
@@ -110,6 +110,7 @@ class ProfileOptions:
     resolve_s: float | None = None
     instances: int | None = None
     rounds: int | None = None
+    round_beds: bool | None = None
     proxy: ProxyChoice = ProxyChoice()
     architecture: Architecture = Architecture.SIDECAR  # node-l4, waypoint: on the node bed
 
@@ -139,11 +140,12 @@ class ProfileOptions:
             )
         if self.resolve_s is not None:
             p = resolving(p, self.resolve_s)
-        if self.instances or self.rounds:
+        if self.instances or self.rounds or self.round_beds is not None:
             p = replace(
                 p,
                 probe_instances=self.instances or p.probe_instances,
                 probe_rounds=self.rounds or p.probe_rounds,
+                round_beds=p.round_beds if self.round_beds is None else self.round_beds,
             )
         self.proxy.check_modes(p.modes)
         return p
@@ -256,53 +258,50 @@ def run_profile(
     attempts: dict[Mode, list[dict[str, Any]]] = {}
     arch = Architecture(options.architecture)
     internode: InternodeResult | None = None
-    with (
-        be.niceness(plan.nice),
-        be.testbed(system) as tb,
-        one_hop_bed(
-            tb,
-            plan.pinning,
-            arch,
-            envoy_bin=envoy_bin,
-            fortio_bin=fortio_bin,
-            proxy=px,
-            proxy_bin=proxy_bin,
-        ) as bed,
-    ):
-        _speed(be, tb, plan, speeds)
-        early = early_rounds(
-            plan, bed, bed.start_sidecar, tick=ticker.next, probe=be.probe, meter=be.meter
-        )
-        for mode in plan.modes:
-            ticker.next("setup", mode)
-            results[mode] = _measure_mode(mode, plan, bed, be, ticker, early[mode])
-            if mode is Mode.TCP:
-                for proto in plan.carried:
-                    carried[proto] = _measure_carried(proto, plan, bed, be, ticker)
-            _speed(be, tb, plan, speeds)
-        # a mode that does not close is measured again (the attempt closest to closing stays)
-        for _ in range(plan.closure_retries):
-            open_modes = [m for m in plan.modes if not _closes(m, plan, results)]
-            for mode in open_modes:
-                before = _closure_error(mode, plan, results)
-                again = _measure_mode(mode, plan, bed, be, _Clocked([], None, be.clock))
-                trial = {**results, mode: again}
-                after = _closure_error(mode, plan, trial)
-                kept, dropped = (
-                    (again, results[mode]) if abs(after) < abs(before) else (results[mode], again)
-                )
-                attempts.setdefault(mode, []).append(
-                    {
-                        "closure_error": before if kept is again else after,
-                        "measurements": [r.to_dict() for r in dropped],
-                    }  # fmt: skip
-                )
-                results[mode] = kept
-            if open_modes:
-                _speed(be, tb, plan, speeds)
-        capacities = {m: _capacity(m, plan, bed, be, ticker) for m in plan.modes if plan.capacity}
-        if isinstance(bed, NodeBed) and arch is Architecture.NODE_L4:
-            internode = measure_internode(bed, plan, be.schedstat)
+
+    @contextmanager
+    def new_bed() -> Iterator[OneHop]:  # the profile's; with round_beds also each early round's
+        with (
+            be.testbed(system) as tb,
+            one_hop_bed(
+                tb,
+                plan.pinning,
+                arch,
+                envoy_bin=envoy_bin,
+                fortio_bin=fortio_bin,
+                proxy=px,
+                proxy_bin=proxy_bin,
+            ) as bed,
+        ):
+            _speed(be, bed, plan, speeds)
+            yield bed
+
+    rounds = functools.partial(early_rounds, plan, tick=ticker.next, probe=be.probe, meter=be.meter)
+    with be.niceness(plan.nice):
+        early = rounds(new_bed) if plan.round_beds else None
+        with new_bed() as bed:
+            early = early or rounds(lambda: nullcontext(bed))
+            for mode in plan.modes:
+                ticker.next("setup", mode)
+                results[mode] = _measure_mode(mode, plan, bed, be, ticker, early[mode])
+                if mode is Mode.TCP:
+                    for proto in plan.carried:
+                        carried[proto] = _measure_carried(proto, plan, bed, be, ticker)
+                _speed(be, bed, plan, speeds)
+            # a mode that does not close is measured again (the attempt closest to closing stays)
+            for _ in range(plan.closure_retries):
+                if retry_unclosed(
+                    plan,
+                    results,
+                    attempts,
+                    lambda m: _measure_mode(m, plan, bed, be, _Clocked([], None, be.clock)),
+                ):
+                    _speed(be, bed, plan, speeds)
+            capacities = {
+                m: _capacity(m, plan, bed, be, ticker) for m in plan.modes if plan.capacity
+            }
+            if isinstance(bed, NodeBed) and arch is Architecture.NODE_L4:
+                internode = measure_internode(bed, plan, be.schedstat)
     wall_s = be.clock() - t_start
     return build_profile(
         name,
@@ -343,27 +342,14 @@ def _capacity(mode: Mode, plan: Plan, bed: OneHop, be: Backends, ticker: _Clocke
         proxy.stop()
 
 
-def _speed(be: Backends, tb: Testbed, plan: Plan, into: list[Speed]) -> None:
+def _speed(be: Backends, bed: OneHop, plan: Plan, into: list[Speed]) -> None:
     """The reference workload once, on the client's and the sidecar's CPUs (when the run has
     a speed gauge)."""
     if be.speed is None:
         return
     a = plan.pinning.client[0] if plan.pinning.client else None
     b = plan.pinning.sidecars[0] if plan.pinning.sidecars else None
-    into.append(be.speed(tb.registered, a, b))
-
-
-def _closure_error(mode: Mode, plan: Plan, results: Mapping[Mode, list[SizeResult]]) -> float:
-    """The closure error the mode's measurements would fit to (components vs overhead)."""
-    tcp = {r.size: r for r in results.get(Mode.TCP, [])}
-    c = fit_mode(
-        mode, points(mode, results[mode], tcp, []), tolerance=plan.closure_tolerance
-    ).closure
-    return 0.0 if c is None else c.error
-
-
-def _closes(mode: Mode, plan: Plan, results: Mapping[Mode, list[SizeResult]]) -> bool:
-    return abs(_closure_error(mode, plan, results)) <= plan.closure_tolerance
+    into.append(be.speed(bed.system, a, b))
 
 
 def _cpu_runs(
