@@ -688,7 +688,8 @@ def _ours() -> list[str]:
 @pytest.mark.root
 @pytest.mark.skipif(missing_for_real_profile() is not None, reason=str(missing_for_real_profile()))
 def test_real_short_profile_one_mode_one_size() -> None:
-    """TCP at 100 B, one low rate, and gRPC carried through the tcp-mode sidecar."""
+    """TCP at 100 B, one low rate, and gRPC carried through the tcp-mode sidecar; the probe
+    windows in two rounds, the first on a bed of its own (``round_beds``)."""
     before = _ours()
     plan = Plan(
         closure_retries=0,
@@ -707,6 +708,8 @@ def test_real_short_profile_one_mode_one_size() -> None:
         carried_probe_pairs=1,
         carried_rate_fractions=(1.0,),
         warmup_n=50,
+        probe_rounds=2,
+        round_beds=True,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ClosureWarning)  # a noisy shared machine may not close
@@ -727,6 +730,9 @@ def test_real_short_profile_one_mode_one_size() -> None:
     assert tcp.closure is not None and tcp.closure.components_us > 0
     m = prof.provenance.options["measurements"]["tcp"][0]
     assert m["probe"]["requests"] > 0 and m["max_qps"] > 0
+    assert {w["instance"] for w in m["probe"]["windows"]} == {0, 1}  # both beds' windows
+    # a speed reading as each bed opens (the early round's, the profile's) and after the mode
+    assert len(prof.provenance.options["speed_samples"]) == 3
     assert tcp.components[OTHER].cpu.samples is not None
     assert [c["run"] for c in m["cpu"]] == ["f0.5", "r200"] and 150 < m["cpu"][1]["rate"] < 250
     # gRPC through the tcp-mode sidecar: every call succeeded (fortio fails the run otherwise),
