@@ -269,3 +269,16 @@ def test_a_topologys_ramp_price_reads_the_profiles_own_shape_when_asked() -> Non
     back = ramp_price(b, single_profile(few), replace(o, ramp_own_shape=True))
     assert back.scale == pytest.approx(ramp_price(b, single_profile(few), o).scale, rel=1e-12)
     assert "the pooled shape" in back.note
+
+
+def test_a_topology_priced_from_the_ramp_reads_the_profiles_own_shape_since_set_20() -> None:
+    # issue #20, set 20 (registered, held): the one rule of `meshtax predict` and the
+    # validation's topologies reads the profile's own shape where it has one, RAMP_SHAPE else
+    o = priced_from_ramp(TailOptions(percentiles=(50.0,), samples=100, pod_cpus=1))
+    assert o.ramp_own_shape and o.ramp_shape == RAMP_SHAPE
+    p = _law_profile(0.8, -0.48, (0.02, 0.05, 0.1, 0.25))
+    b, base = _a_calls_b()
+    got = ramp_price(b, single_profile(p), priced_from_ramp(base))
+    want = ramp_price(b, single_profile(p), replace(base, ramp_shape=(0.8, -0.48)))
+    assert got.scale == pytest.approx(want.scale, rel=1e-6)
+    assert "the profile's own ramp shape" in got.note

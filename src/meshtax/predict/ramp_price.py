@@ -106,9 +106,13 @@ def priced_from_ramp(opts: TailOptions) -> TailOptions:
     registered before set 11 and held there (Bookinfo's p90/p99 error 38 % / 38 % against
     77 % / 138 % with a cost scale fitted on a measured level). The validation's one hop is
     the profile's own bed and keeps the models' price. Below a quarter of the closed loop's
-    rate the price is read from :data:`RAMP_SHAPE` × the closed loop's (registered before set
-    13 as ``s13-ramp-shape`` and held there)."""
-    return bounded_by_ramp(replace(opts, ramp_price=True, ramp_shape=opts.ramp_shape or RAMP_SHAPE))
+    rate the price is read from a shape × the closed loop's (registered before set 13 as
+    ``s13-ramp-shape`` and held there): since set 20 the profile's own (:func:`own_shape`, fitted
+    on its ramp's runs there; registered before set 20 as ``s20-own-shape`` and held there),
+    :data:`RAMP_SHAPE` only for a profile without enough runs there; the ramp price's note
+    says which."""
+    shape = opts.ramp_shape or RAMP_SHAPE
+    return bounded_by_ramp(replace(opts, ramp_price=True, ramp_shape=shape, ramp_own_shape=True))
 
 
 def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> RampPrice:

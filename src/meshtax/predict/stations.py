@@ -122,7 +122,8 @@ class TailOptions:
     ``ramp_own_shape`` (with ``ramp_price`` and ``ramp_shape``): below a quarter of the closed
     loop's rate each mode's ramp price reads the profile's own shape, fitted on its ramp's runs
     there (:func:`~meshtax.predict.ramp_price.own_shape`), ``ramp_shape`` only for a profile
-    without enough of them (issue #20, registered before set 20 as ``s20-own-shape``).
+    without enough of them (issue #20, registered before set 20 as ``s20-own-shape`` and held
+    there; :func:`~meshtax.predict.ramp_price.priced_from_ramp` turns it on).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
