@@ -209,6 +209,13 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # at each rank (TailOptions.ramp_repeats), the pooled table only for a profile without
     # repeats; prices and saturation unchanged by construction
     "s19-own-repeats": {**_S13, "ramp_pooled": POOLED_QUEUE_S10_17, "ramp_repeats": True},
+    # set 20's candidate (registered before set 20; seen: set 19 only, the first profile of this
+    # slower machine): s18-pooled-queue with a topology's ramp price below a quarter of the
+    # closed loop read from the profile's own ramp shape — the least-squares law of its runs
+    # there, with the repeats (TailOptions.ramp_own_shape, predict/ramp_price.own_shape) —
+    # instead of RAMP_SHAPE (sets 10–12's profiles of the older VM); one hop (the profile's own
+    # bed, not priced from the ramp), the queue bound and saturation unchanged by construction
+    "s20-own-shape": {**_S13, "ramp_pooled": POOLED_QUEUE_S10_17, "ramp_own_shape": True},
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},

@@ -20,6 +20,7 @@ from meshtax.predict.load_factor import closed_loop_us, ramp_sidecar_us
 from meshtax.predict.ramp_price import (
     RAMP_SHAPE,
     closed_loop_scale,
+    own_shape,
     priced_from_ramp,
     ramp_price,
 )
@@ -213,3 +214,71 @@ def test_a_topologys_closed_loop_priced_at_the_shape_through_the_profiles_closed
     on = replace(priced, closed_shape=True)
     assert closed_loop_scale(b, single_profile(p), replace(on, pod_cpus=None)) == 1.0
     assert closed_loop_scale(b, single_profile(p), on) != 1.0
+
+
+def _law_profile(a: float, b: float, fractions: tuple[float, ...]) -> Profile:
+    """The profile of ``_ramp_profile`` with its ramp through the sidecar on u_R × a × f^b
+    (closed loop R = 10 000/s, u_R = 40 µs) at ``fractions`` of R, one more run at R/2 off the
+    law (600 µs: above R/4 the runs price, not the shape) and the R/4 run repeated twice."""
+    base, _ = _ramp_profile()
+
+    def run(f: float, us: float) -> CapacityPoint:
+        return CapacityPoint(f * 10_000.0, f * 10_000.0, us * f * 10_000.0 * 1e-6, 0.9)
+
+    pts = (
+        CapacityPoint(0.0, 10_000.0, 0.4, 0.9),
+        *(run(f, 40.0 * a * f**b) for f in fractions),
+        run(0.5, 600.0),
+    )
+    rep = tuple(run(0.25, 40.0 * a * 0.25**b) for _ in range(2) if 0.25 in fractions)
+    cap = Capacity(10_000.0, 100, 32, 1, 40.0, "shared-cpu", points=pts, repeats=rep)
+    return replace(base, modes={Mode.HTTP: replace(base.modes[Mode.HTTP], capacity=cap)})
+
+
+def test_a_profiles_own_ramp_shape_is_the_law_of_its_runs_below_a_quarter_of_the_closed_loop() -> (
+    None
+):
+    # issue #20, set 20's candidate: RAMP_SHAPE is another VM's; the profile's own runs at
+    # ≤ R/4 (with the repeats there) give the same form with this machine's constants
+    p = _law_profile(0.8, -0.48, (0.02, 0.05, 0.1, 0.25))
+    got = own_shape(p.modes[Mode.HTTP])
+    assert got is not None
+    assert got[0] == pytest.approx(0.8, rel=1e-9) and got[1] == pytest.approx(-0.48, rel=1e-9)
+    # too few rates there, a law that rises with the rate, or no ramp: none of its own
+    assert own_shape(_law_profile(0.8, -0.48, (0.1, 0.25)).modes[Mode.HTTP]) is None
+    assert own_shape(_law_profile(0.8, 0.2, (0.02, 0.05, 0.1, 0.25)).modes[Mode.HTTP]) is None
+    assert own_shape(_ramp_profile()[0].modes[Mode.HTTP]) is None
+
+
+def test_a_topologys_ramp_price_reads_the_profiles_own_shape_when_asked() -> None:
+    # A (2 sides at 2 000/s = R/5) calls B (1 side at 1 000/s = R/10): both below R/4, so the
+    # price is u_R × shape × f^b at each — the profile's own (0.8, −0.48) with ramp_own_shape,
+    # the pooled RAMP_SHAPE without it or for a profile without enough runs there
+    p = _law_profile(0.8, -0.48, (0.02, 0.05, 0.1, 0.25))
+    b, o = _a_calls_b()
+    o = replace(o, ramp_shape=RAMP_SHAPE)
+    pooled = ramp_price(b, single_profile(p), o)
+    own = ramp_price(b, single_profile(p), replace(o, ramp_own_shape=True))
+    want = (2 * 0.8 * 0.2**-0.48 + 0.8 * 0.1**-0.48) / (
+        RAMP_SHAPE[0] * (2 * 0.2 ** RAMP_SHAPE[1] + 0.1 ** RAMP_SHAPE[1])
+    )
+    assert own.scale / pooled.scale == pytest.approx(want, rel=1e-6)
+    assert "the profile's own ramp shape 0.800 × (rate ÷ R)^-0.480" in own.note
+    assert "the pooled shape 1.377" in pooled.note
+    few = _law_profile(0.8, -0.48, (0.1, 0.25))
+    back = ramp_price(b, single_profile(few), replace(o, ramp_own_shape=True))
+    assert back.scale == pytest.approx(ramp_price(b, single_profile(few), o).scale, rel=1e-12)
+    assert "the pooled shape" in back.note
+
+
+def test_a_topology_priced_from_the_ramp_reads_the_profiles_own_shape_since_set_20() -> None:
+    # issue #20, set 20 (registered, held): the one rule of `meshtax predict` and the
+    # validation's topologies reads the profile's own shape where it has one, RAMP_SHAPE else
+    o = priced_from_ramp(TailOptions(percentiles=(50.0,), samples=100, pod_cpus=1))
+    assert o.ramp_own_shape and o.ramp_shape == RAMP_SHAPE
+    p = _law_profile(0.8, -0.48, (0.02, 0.05, 0.1, 0.25))
+    b, base = _a_calls_b()
+    got = ramp_price(b, single_profile(p), priced_from_ramp(base))
+    want = ramp_price(b, single_profile(p), replace(base, ramp_shape=(0.8, -0.48)))
+    assert got.scale == pytest.approx(want.scale, rel=1e-6)
+    assert "the profile's own ramp shape" in got.note

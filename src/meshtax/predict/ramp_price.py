@@ -13,17 +13,73 @@ import numpy as np
 from meshtax.model.ecg import EcgBatch
 from meshtax.model.profile import ModeProfile
 from meshtax.predict.engine import ProfileLookup
-from meshtax.predict.load_factor import closed_loop_us, ramp_sidecar_us
+from meshtax.predict.load_factor import SHAPE_BELOW, closed_loop_us, ramp_sidecar_us
 from meshtax.predict.ramp_queue import bounded_by_ramp
 from meshtax.predict.rates import graph_rates, row_weights, sidecar_rates
 from meshtax.predict.stations import FloatArray, TailOptions, crossings
 
-__all__ = ["RAMP_SHAPE", "RampPrice", "closed_loop_scale", "priced_from_ramp", "ramp_price"]
+__all__ = [
+    "RAMP_SHAPE",
+    "RampPrice",
+    "closed_loop_scale",
+    "own_shape",
+    "priced_from_ramp",
+    "ramp_price",
+]
 
 #: the ramp price below a quarter of the closed loop's rate R: u_R × a × (rate ÷ R)^b —
 #: fitted on sets 10–12's three profiles' pooled ramp runs at ≤ R/4 (12 runs), whose low runs
 #: moved 2.3× between sittings while the closed loop moved ≤ 15 %; held on set 13 (BENCHMARKS.md)
 RAMP_SHAPE = (1.377, -0.355)
+
+#: the fewest distinct fixed rates at ≤ R/4 a profile's own shape is fitted on
+OWN_SHAPE_RATES = 3
+
+
+def own_shape(mp: ModeProfile | None) -> tuple[float, float] | None:
+    """The ramp shape (a, b) of this profile's own ramp: the least-squares line of log(u ÷ u_R)
+    on log(rate ÷ R) over its fixed-rate runs through the sidecar at ≤ a quarter of the closed
+    loop's rate R (with ``Capacity.repeats`` at those rates; u: each run's sidecar CPU-µs a
+    request, u_R the closed loop's). None without a closed loop, with fewer than
+    :data:`OWN_SHAPE_RATES` distinct rates there, or when the fit does not fall with the rate
+    (b > 0) — then :data:`RAMP_SHAPE` prices.
+
+    Why (issue #20, set 19, seen): :data:`RAMP_SHAPE` was fitted on another VM's profiles (the
+    sidecar 4–6× faster); on set 19's profile its value at R/4 is 2.27 u_R where the profile's
+    own run there measured 1.43, and it priced Bookinfo's sidecars 1.43× what they used at 90 %
+    load (the profile's own fit 0.81 × f^−0.48: 1.12×). The form carries between machines; its
+    constants are the machine's, and a fit over the 4–6 runs there is steadier than any one."""
+    cap = mp.capacity if mp is not None else None
+    if cap is None:
+        return None
+    closed = [p for p in cap.points if p.meshed and p.target <= 0 and p.achieved > 0]
+    if not closed:
+        return None
+    top = max(closed, key=lambda p: p.achieved)
+    rc, uc = top.achieved, top.sidecar_cpu / top.achieved * 1e6
+    low = [
+        p
+        for p in (*cap.points, *cap.repeats)
+        if p.meshed
+        and 0 < p.target <= SHAPE_BELOW * rc * 1.02
+        and p.achieved > 0
+        and p.sidecar_cpu > 0
+    ]
+    if len({round(p.target) for p in low}) < OWN_SHAPE_RATES or uc <= 0:
+        return None
+    x = np.log([p.achieved / rc for p in low])
+    y = np.log([p.sidecar_cpu / p.achieved * 1e6 / uc for p in low])
+    b, log_a = np.polyfit(x, y, 1)
+    if not (np.isfinite(b) and np.isfinite(log_a)) or b > 0:
+        return None
+    return float(np.exp(log_a)), float(b)
+
+
+def _shape_of(mp: ModeProfile | None, opts: TailOptions) -> tuple[float, float] | None:
+    """The shape a mode's ramp price reads below R/4: the profile's own (``ramp_own_shape``)
+    where it has one, else ``opts.ramp_shape``."""
+    own = own_shape(mp) if opts.ramp_own_shape and opts.ramp_shape is not None else None
+    return own or opts.ramp_shape
 
 
 @dataclass(frozen=True)
@@ -50,9 +106,13 @@ def priced_from_ramp(opts: TailOptions) -> TailOptions:
     registered before set 11 and held there (Bookinfo's p90/p99 error 38 % / 38 % against
     77 % / 138 % with a cost scale fitted on a measured level). The validation's one hop is
     the profile's own bed and keeps the models' price. Below a quarter of the closed loop's
-    rate the price is read from :data:`RAMP_SHAPE` × the closed loop's (registered before set
-    13 as ``s13-ramp-shape`` and held there)."""
-    return bounded_by_ramp(replace(opts, ramp_price=True, ramp_shape=opts.ramp_shape or RAMP_SHAPE))
+    rate the price is read from a shape × the closed loop's (registered before set 13 as
+    ``s13-ramp-shape`` and held there): since set 20 the profile's own (:func:`own_shape`, fitted
+    on its ramp's runs there; registered before set 20 as ``s20-own-shape`` and held there),
+    :data:`RAMP_SHAPE` only for a profile without enough runs there; the ramp price's note
+    says which."""
+    shape = opts.ramp_shape or RAMP_SHAPE
+    return bounded_by_ramp(replace(opts, ramp_price=True, ramp_shape=shape, ramp_own_shape=True))
 
 
 def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> RampPrice:
@@ -74,7 +134,7 @@ def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> R
     if batch.n_invocations == 0:
         return RampPrice(False, 1.0, f"not used: no calls, {models}")
     ramp, missing = _sides_us(
-        batch, profiles, opts, lambda mp, r: ramp_sidecar_us(mp, r, opts.ramp_shape)
+        batch, profiles, opts, lambda mp, r: ramp_sidecar_us(mp, r, _shape_of(mp, opts))
     )
     if missing is not None:
         return RampPrice(
@@ -91,8 +151,29 @@ def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> R
         True,
         scale,
         "used: the sidecars on the shared CPUs cost what the profile's capacity ramp measured "
-        f"its sidecar using at each one's own rate (× {scale:.2f} the cost models' price)",
+        f"its sidecar using at each one's own rate (× {scale:.2f} the cost models' price)"
+        + _shape_note(batch, profiles, opts),
     )
+
+
+def _shape_note(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> str:
+    """Which shape priced the rates below a quarter of the closed loop's (empty: none)."""
+    if opts.ramp_shape is None:
+        return ""
+    shapes = {
+        _shape_of(profiles(s.platform).modes.get(s.config.mode), opts)
+        for s in batch.specs
+        if s.config.meshed
+    }
+    own = [x for x in shapes if x is not None and x != opts.ramp_shape]
+    if own:
+        a, b = own[0]
+        return (
+            f"; below a quarter of its closed loop's rate, the profile's own ramp shape "
+            f"{a:.3f} × (rate ÷ R)^{b:.3f}"
+        )
+    a, b = opts.ramp_shape
+    return f"; below a quarter of its closed loop's rate, the pooled shape {a:.3f} × (rate ÷ R)^{b:.3f}"
 
 
 def closed_loop_scale(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> float:

@@ -119,6 +119,11 @@ class TailOptions:
     (``Capacity.repeats``) bounds with the median of its own draws there, ahead of
     ``ramp_pooled``, which stays the bound of a profile without repeats (an experiment's: issue
     #20, registered before set 19 as ``s19-own-repeats``, not held there).
+    ``ramp_own_shape`` (with ``ramp_price`` and ``ramp_shape``): below a quarter of the closed
+    loop's rate each mode's ramp price reads the profile's own shape, fitted on its ramp's runs
+    there (:func:`~meshtax.predict.ramp_price.own_shape`), ``ramp_shape`` only for a profile
+    without enough of them (issue #20, registered before set 20 as ``s20-own-shape`` and held
+    there; :func:`~meshtax.predict.ramp_price.priced_from_ramp` turns it on).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -146,6 +151,7 @@ class TailOptions:
     ramp_plateau: bool = False
     ramp_pooled: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]] | None = None
     ramp_repeats: bool = False
+    ramp_own_shape: bool = False
     relief: bool = True
     batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"
