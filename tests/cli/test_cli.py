@@ -368,6 +368,7 @@ def test_predict_pod_cpus_bounds_latency_by_cpu_work(examples: Path, env: dict[s
         (["--proxy", "linkerd"], "'linkerd' is not one of"),
         (["--proxy", "nginx", "--ipc", "uds"], "nginx has no ipc 'uds'"),
         (["--proxy", "refsidecar", "--zerocopy-min", "-1"], "--zerocopy-min"),
+        (["--round-beds"], "(--round-beds) needs early rounds (--rounds 2 or more)"),
     ],
 )
 def test_profile_refuses_what_the_proxy_cannot_do_before_anything_runs(

@@ -264,7 +264,7 @@ class Plan:
         if not 1 <= self.probe_rounds <= 8:
             raise ValueError(f"probe_rounds: 1 to 8 rounds a mode, got {self.probe_rounds}")
         if self.round_beds and self.probe_rounds < 2:
-            raise ValueError("round_beds needs early rounds (probe_rounds ≥ 2)")
+            raise ValueError("round_beds (--round-beds) needs early rounds (--rounds 2 or more)")
         if self.probe_rt_priority is not None and not 1 <= self.probe_rt_priority <= 98:
             raise ValueError(
                 f"SCHED_FIFO priority must be 1..98 (the sidecar gets one more), got {self.probe_rt_priority}"
