@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from meshtax.model.sidecar import Mode
-from meshtax.predict.load_factor import SHAPE_BELOW
+from meshtax.predict.load_factor import SHAPE_BELOW, closed_loop
 from meshtax.predict.ramp_price import RAMP_SHAPE, own_shape
 from meshtax.store.sqlite import ProfileStore
 
@@ -30,12 +30,11 @@ def main() -> None:
         prof = store.get(name)
         mp = prof.modes.get(Mode(a.mode)) if prof is not None else None
         cap = mp.capacity if mp is not None else None
-        closed = [p for p in cap.points if p.meshed and p.target <= 0] if cap else []
-        if mp is None or cap is None or not closed:
+        top = closed_loop(mp) if mp is not None else None
+        if mp is None or cap is None or top is None:
             print(f"{name}: no capacity ramp with a closed loop for {a.mode}")
             continue
-        top = max(closed, key=lambda p: p.achieved)
-        rc, uc = top.achieved, top.sidecar_cpu / top.achieved * 1e6
+        rc, uc = top
         own = own_shape(mp)
         print(f"\n{name}: closed loop R {rc:.0f}/s, u_R {uc:.1f} CPU-µs a request")
         print("| run | f = rate ÷ R | u ÷ u_R | RAMP_SHAPE there | own shape there |")

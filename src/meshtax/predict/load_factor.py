@@ -22,6 +22,7 @@ __all__ = [
     "queue_factor",
     "queue_relief",
     "queued_factor",
+    "closed_loop",
     "closed_loop_us",
     "ramp_sidecar_us",
 ]
@@ -244,7 +245,7 @@ def ramp_sidecar_us(
     if not pts:
         return None
     r = np.maximum(np.asarray(rates, dtype=np.float64), 1e-9)
-    top = _closed_loop(mp)
+    top = closed_loop(mp)
     if shape is not None and top is not None:
         rc, uc = top
         low = SHAPE_BELOW * rc
@@ -267,7 +268,7 @@ def closed_loop_us(mp: ModeProfile, rates: FloatArray, exponent: float) -> Float
     them and batch as the profile's closed loop does. The queue factor this replaces maps a
     sidecar's share of the clients onto one hop's Little's-law queue at its fixed-rate runs,
     whose latency near the knee moved 2× between sittings."""
-    top = _closed_loop(mp)
+    top = closed_loop(mp)
     if top is None:
         return None
     rc, uc = top
@@ -275,7 +276,7 @@ def closed_loop_us(mp: ModeProfile, rates: FloatArray, exponent: float) -> Float
     return np.asarray(uc * f**exponent, dtype=np.float64)
 
 
-def _closed_loop(mp: ModeProfile) -> tuple[float, float] | None:
+def closed_loop(mp: ModeProfile) -> tuple[float, float] | None:
     """The capacity's fastest closed-loop run through the sidecar: (its rate R, the sidecar's
     CPU-µs a request there); None without one."""
     cap = mp.capacity

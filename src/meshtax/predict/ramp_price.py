@@ -5,7 +5,7 @@ Split from :mod:`meshtax.predict.stations`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -13,7 +13,7 @@ import numpy as np
 from meshtax.model.ecg import EcgBatch
 from meshtax.model.profile import ModeProfile
 from meshtax.predict.engine import ProfileLookup
-from meshtax.predict.load_factor import SHAPE_BELOW, closed_loop_us, ramp_sidecar_us
+from meshtax.predict.load_factor import SHAPE_BELOW, closed_loop, closed_loop_us, ramp_sidecar_us
 from meshtax.predict.ramp_queue import bounded_by_ramp
 from meshtax.predict.rates import graph_rates, row_weights, sidecar_rates
 from meshtax.predict.stations import FloatArray, TailOptions, crossings
@@ -49,14 +49,11 @@ def own_shape(mp: ModeProfile | None) -> tuple[float, float] | None:
     own run there measured 1.43, and it priced Bookinfo's sidecars 1.43× what they used at 90 %
     load (the profile's own fit 0.81 × f^−0.48: 1.12×). The form carries between machines; its
     constants are the machine's, and a fit over the 4–6 runs there is steadier than any one."""
+    top = closed_loop(mp) if mp is not None else None
     cap = mp.capacity if mp is not None else None
-    if cap is None:
+    if top is None or cap is None:
         return None
-    closed = [p for p in cap.points if p.meshed and p.target <= 0 and p.achieved > 0]
-    if not closed:
-        return None
-    top = max(closed, key=lambda p: p.achieved)
-    rc, uc = top.achieved, top.sidecar_cpu / top.achieved * 1e6
+    rc, uc = top
     low = [
         p
         for p in (*cap.points, *cap.repeats)
@@ -133,9 +130,14 @@ def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> R
         return RampPrice(False, 1.0, f"not used: the pods do not share CPUs, {models}")
     if batch.n_invocations == 0:
         return RampPrice(False, 1.0, f"not used: no calls, {models}")
-    ramp, missing = _sides_us(
-        batch, profiles, opts, lambda mp, r: ramp_sidecar_us(mp, r, _shape_of(mp, opts))
-    )
+    shapes: dict[int, tuple[float, float] | None] = {}  # per mode profile priced, once
+
+    def price(mp: ModeProfile, rates: FloatArray) -> FloatArray | None:
+        if id(mp) not in shapes:
+            shapes[id(mp)] = _shape_of(mp, opts)
+        return ramp_sidecar_us(mp, rates, shapes[id(mp)])
+
+    ramp, missing = _sides_us(batch, profiles, opts, price)
     if missing is not None:
         return RampPrice(
             False,
@@ -152,28 +154,21 @@ def ramp_price(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> R
         scale,
         "used: the sidecars on the shared CPUs cost what the profile's capacity ramp measured "
         f"its sidecar using at each one's own rate (× {scale:.2f} the cost models' price)"
-        + _shape_note(batch, profiles, opts),
+        + _shape_note(shapes.values(), opts.ramp_shape),
     )
 
 
-def _shape_note(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> str:
-    """Which shape priced the rates below a quarter of the closed loop's (empty: none)."""
-    if opts.ramp_shape is None:
+def _shape_note(
+    shapes: Iterable[tuple[float, float] | None], pooled: tuple[float, float] | None
+) -> str:
+    """Which shape priced the rates below a quarter of the closed loop's (empty: none): a
+    profile's own among the ``shapes`` used, else the ``pooled`` one."""
+    if pooled is None:
         return ""
-    shapes = {
-        _shape_of(profiles(s.platform).modes.get(s.config.mode), opts)
-        for s in batch.specs
-        if s.config.meshed
-    }
-    own = [x for x in shapes if x is not None and x != opts.ramp_shape]
-    if own:
-        a, b = own[0]
-        return (
-            f"; below a quarter of its closed loop's rate, the profile's own ramp shape "
-            f"{a:.3f} × (rate ÷ R)^{b:.3f}"
-        )
-    a, b = opts.ramp_shape
-    return f"; below a quarter of its closed loop's rate, the pooled shape {a:.3f} × (rate ÷ R)^{b:.3f}"
+    own = [x for x in shapes if x is not None and x != pooled]
+    which = "the profile's own ramp shape" if own else "the pooled shape"
+    a, b = own[0] if own else pooled
+    return f"; below a quarter of its closed loop's rate, {which} {a:.3f} × (rate ÷ R)^{b:.3f}"
 
 
 def closed_loop_scale(batch: EcgBatch, profiles: ProfileLookup, opts: TailOptions) -> float:

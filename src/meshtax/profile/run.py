@@ -280,7 +280,8 @@ def run_profile(
     with be.niceness(plan.nice):
         early = rounds(new_bed) if plan.round_beds else None
         with new_bed() as bed:
-            early = early or rounds(lambda: nullcontext(bed))
+            if early is None:  # the early rounds on the profile's own bed
+                early = rounds(lambda: nullcontext(bed))
             for mode in plan.modes:
                 ticker.next("setup", mode)
                 results[mode] = _measure_mode(mode, plan, bed, be, ticker, early[mode])
