@@ -199,10 +199,11 @@ def ramp_queue(mp: ModeProfile, repeats: bool = False) -> RampQueue | None:
     return RampQueue(fractions, probs, queue, tuple(len(g) for g in groups))
 
 
-#: the queue form's fit: the ramp's draws at ≥ this fraction of the closed loop, ranks in
+#: the queue form's fit: the ramp's draws at ≥ this fraction of the closed loop (its runs at
+#: half the closed loop and above: those at 0.5 achieve 0.49–0.50), ranks in
 #: [FORM_RANKS[0], FORM_RANKS[1]] (the 0.999 and 1.0 ranks are single requests), and at least
 #: FORM_DRAWS such draws — else the form is not the profile's and the table bounds
-FORM_FROM = 0.5
+FORM_FROM = 0.45
 FORM_RANKS = (0.5, 0.99)
 FORM_DRAWS = 3
 
