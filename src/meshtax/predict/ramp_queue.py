@@ -243,7 +243,9 @@ def queue_form(mp: ModeProfile | None) -> QueueForm | None:
     (set 19: the median of three per cell no steadier), while the pooled table came from
     another VM. The form fits that table with k 1.30 and set 19's and set 20's own draws
     (this machine, 4–6× slower) with k 1.28 and 1.43: the form carries, its one constant is
-    read from all the profile's top draws at once."""
+    read from all the profile's top draws at once. Registered before set 21 as
+    ``s21-queue-form`` and not held there: that profile's top runs mostly fell short of their
+    rate (saturated) and, fitted at their achieved fractions, gave k 4.35."""
     if mp is None:
         return None
     probs = np.asarray(SKETCH_PROBS, dtype=np.float64)

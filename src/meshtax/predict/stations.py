@@ -127,7 +127,8 @@ class TailOptions:
     ``ramp_form`` (with ``ramp_queue``): the bound is the profile's own queue form, one constant
     fitted on all its ramp's draws at ≥ half the closed loop
     (:func:`~meshtax.predict.ramp_queue.queue_form`), ahead of ``ramp_pooled``, which stays the
-    bound of a profile without enough draws (an experiment's: issue #20, ``s21-queue-form``).
+    bound of a profile without enough draws (an experiment's: issue #20, registered before set
+    21 as ``s21-queue-form``, not held there).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
