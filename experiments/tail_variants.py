@@ -216,6 +216,18 @@ VARIANTS: dict[str, Mapping[str, Any]] = {
     # instead of RAMP_SHAPE (sets 10–12's profiles of the older VM); one hop (the profile's own
     # bed, not priced from the ramp), the queue bound and saturation unchanged by construction
     "s20-own-shape": {**_S13, "ramp_pooled": POOLED_QUEUE_S10_17, "ramp_own_shape": True},
+    # set 21's candidate (registered before set 21; seen: sets 19–20, this slower machine):
+    # s20-own-shape (the model) with the queue bound (one hop's and a topology's) the profile's
+    # own queue form, k × f/(1 − f) × −ln(1 − u) requests' worth, its one constant k fitted
+    # (least squares) on all its ramp's draws at ≥ half the closed loop (TailOptions.ramp_form,
+    # predict/ramp_queue.queue_form), the pooled table only for a profile without 3 such draws;
+    # prices and saturation unchanged by construction
+    "s21-queue-form": {
+        **_S13,
+        "ramp_pooled": POOLED_QUEUE_S10_17,
+        "ramp_own_shape": True,
+        "ramp_form": True,
+    },
     "s5-scv05": {"lag_traces": True, "topology_scv": 0.5},
     "s5-scv1": {"lag_traces": True},
     "s4-scv1": {"lag_traces": True, "batching": False},

@@ -21,6 +21,7 @@ from meshtax.predict.ramp_queue import (
     RampQueue,
     bounded_by_ramp,
     pooled_queue,
+    queue_form,
     ramp_draws,
     ramp_queue,
 )
@@ -274,3 +275,56 @@ def test_a_profile_with_repeats_bounds_with_its_own_draws_else_the_table() -> No
     assert off.pooled_overhead_us.tolist() == pytest.approx(free.pooled_overhead_us.tolist())
     assert "the median of up to 3 runs a rate" in own.queue_bound  # says which bounds it
     assert "pooled capacity ramps" in table.queue_bound
+
+
+def _formed(k: float, rates: tuple[float, ...], closed: float = 10_000.0) -> Capacity:
+    """A ramp whose draws at ``rates`` queue exactly k × f/(1 − f) × −ln(1 − u) requests'
+    worth (f = rate ÷ ``closed``), above a flat crossing at 200/s."""
+    g = -np.log1p(-np.minimum(PR, 0.999))
+    flat = np.full(PR.size, 80.0)
+    ovs = {r: 80.0 + k * (r / closed) / (1 - r / closed) * g * 1e6 / closed for r in rates}
+    return _ramp({200.0: flat, **ovs}, closed)
+
+
+def test_the_queue_form_is_one_constant_fitted_on_the_ramps_top_draws() -> None:
+    # issue #20, set 21's candidate: k × f/(1 − f) × −ln(1 − u), k from every draw at ≥ half
+    # the closed loop; held beyond the highest fraction fitted and beyond rank 0.999
+    cap = _formed(1.5, (2_500.0, 5_000.0, 7_500.0, 9_000.0))
+    form = queue_form(_profile(cap).modes[Mode.HTTP])
+    assert form is not None
+    assert form.k == pytest.approx(1.5, rel=1e-6)
+    assert form.top == pytest.approx(0.9) and form.draws == 3  # the 0.25 run is not fitted
+    rq = form.ramp()
+    assert rq.at(0.75, np.array([0.9]))[0] == pytest.approx(1.5 * 3 * np.log(10), rel=1e-3)
+    assert rq.at(0.99, np.array([0.9]))[0] == pytest.approx(1.5 * 9 * np.log(10), rel=1e-3)
+    assert rq.at(0.9, np.array([1.0]))[0] == pytest.approx(1.5 * 9 * np.log(1000), rel=1e-3)
+    # a noisy draw moves the one constant, not one cell: the 0.9 draw doubled at every rank
+    twice = 80.0 + 2 * 1.5 * 9 * -np.log1p(-np.minimum(PR, 0.999)) * 100.0  # 100 µs a request
+    noisy = queue_form(_profile(_repeated(cap, {9_000.0: [twice]})).modes[Mode.HTTP])
+    assert noisy is not None and noisy.draws == 4 and 1.5 < noisy.k < 3.0
+    # too few draws at ≥ half the closed loop, or none that queued: no form
+    assert queue_form(_profile(_formed(1.5, (2_500.0, 5_000.0, 9_000.0))).modes[Mode.HTTP]) is None
+    assert queue_form(_profile(_formed(0.0, (5_000.0, 7_500.0, 9_000.0))).modes[Mode.HTTP]) is None
+    assert queue_form(None) is None
+
+
+def test_with_the_form_the_bound_is_the_profiles_own_ahead_of_the_table() -> None:
+    # issue #20, set 21's option ramp_form: a profile whose top draws queued little bounds the
+    # busy CPU's wait with its own form although the table would not bind; a profile without
+    # 3 draws at ≥ half its closed loop keeps the table; the sentence says which
+    g = ecg({"A": HTTP}, [inv("r", EXTERNAL, "A", 0, 100, rate=9_000.0)])
+    b = to_batch([g])
+    long = ((0.02, 0.95), ((0.0,) * PR.size, (1e4,) * PR.size))
+    o = replace(_one_hop(), ramp_queue=True, ramp_pooled=long)
+    small = _profile(_formed(0.01, (5_000.0, 7_500.0, 9_500.0)))
+    few = _profile(_formed(0.01, (5_000.0, 9_500.0)))
+    free = predict_tail(b, single_profile(small), replace(o, ramp_queue=False))
+    table = predict_tail(b, single_profile(small), o)
+    own = predict_tail(b, single_profile(small), replace(o, ramp_form=True))
+    fallback = predict_tail(b, single_profile(few), replace(o, ramp_form=True))
+    assert table.pooled_overhead_us.tolist() == pytest.approx(free.pooled_overhead_us.tolist())
+    assert own.pooled_overhead_us[2] < 0.5 * free.pooled_overhead_us[2]
+    assert fallback.pooled_overhead_us.tolist() == pytest.approx(free.pooled_overhead_us.tolist())
+    assert "own queue form (0.01 × f/(1 − f)" in own.queue_bound
+    assert "pooled capacity ramps" in fallback.queue_bound
+    assert own.stations[-1].full_factor == pytest.approx(table.stations[-1].full_factor)

@@ -124,6 +124,11 @@ class TailOptions:
     there (:func:`~meshtax.predict.ramp_price.own_shape`), ``ramp_shape`` only for a profile
     without enough of them (issue #20, registered before set 20 as ``s20-own-shape`` and held
     there; :func:`~meshtax.predict.ramp_price.priced_from_ramp` turns it on).
+    ``ramp_form`` (with ``ramp_queue``): the bound is the profile's own queue form, one constant
+    fitted on all its ramp's draws at ≥ half the closed loop
+    (:func:`~meshtax.predict.ramp_queue.queue_form`), ahead of ``ramp_pooled``, which stays the
+    bound of a profile without enough draws (an experiment's: issue #20, registered before set
+    21 as ``s21-queue-form``, not held there).
     """
 
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -152,6 +157,7 @@ class TailOptions:
     ramp_pooled: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]] | None = None
     ramp_repeats: bool = False
     ramp_own_shape: bool = False
+    ramp_form: bool = False
     relief: bool = True
     batching: bool = True
     load: Literal["graphs", "pairs"] = "graphs"

@@ -63,7 +63,7 @@ from meshtax.predict.critical_path import Structure, propagate, structure
 from meshtax.predict.engine import ProfileLookup
 from meshtax.predict.queueing import SaturatedError, ServiceMix, Shape, Station, waiting_times
 from meshtax.predict.ramp_price import RampPrice, ramp_price
-from meshtax.predict.ramp_queue import RampQueue, ramp_queue
+from meshtax.predict.ramp_queue import RampQueue, queue_form, ramp_queue
 from meshtax.predict.saturation import factors, loads
 from meshtax.predict.stations import (
     Crossings,
@@ -318,7 +318,10 @@ def _ramp_cap(
             f"{mode.value} mode"
         )
     repeated = max(rq.draws, default=1) > 1
-    if opts.ramp_pooled is not None and not repeated:
+    form = queue_form(mp) if opts.ramp_form else None
+    if form is not None:
+        rq, repeated = form.ramp(), False
+    elif opts.ramp_pooled is not None and not repeated:
         rq = RampQueue.from_table(opts.ramp_pooled)
     rate = request_rate(batch, opts.load)
     saturates = rate * full[k]  # requests/s at ρ = 1
@@ -330,7 +333,12 @@ def _ramp_cap(
         return rq.at(fraction, u, opts.ramp_heavy) * unit_us
 
     p99 = float(cap(np.array([0.99]))[0])
-    if repeated:
+    if form is not None:
+        ramp = (
+            f"the profile's own queue form ({form.k:.2f} × f/(1 − f) × −ln(1 − u) requests, "
+            f"fitted on its {form.draws} ramp runs at ≥ half its closed loop)"
+        )
+    elif repeated:
         ramp = f"the profile's capacity ramp (the median of up to {max(rq.draws)} runs a rate)"
     elif opts.ramp_pooled:
         ramp = "the profiles' pooled capacity ramps"
