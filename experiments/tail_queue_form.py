@@ -18,26 +18,16 @@ from meshtax.model.capacity import SKETCH_PROBS
 from meshtax.model.sidecar import Mode
 from meshtax.predict.ramp_queue import (
     FORM_FROM,
-    FORM_RANKS,
     POOLED_QUEUE,
-    QueueForm,
     RampQueue,
+    form_k,
     queue_form,
     ramp_draws,
 )
 from meshtax.store.sqlite import ProfileStore
 
 PROBS = np.asarray(SKETCH_PROBS, dtype=np.float64)
-SEL = (PROBS >= FORM_RANKS[0]) & (PROBS <= FORM_RANKS[1])
 AT = (0.25, 0.45, 0.5, 0.68, 0.75, 0.82, 0.9)
-
-
-def _k(rows: list[tuple[float, np.ndarray]]) -> float:
-    """The least-squares constant of the form through ``rows`` ((fraction, queue row))."""
-    unit = QueueForm(1.0, 0.999, len(rows))
-    x = np.concatenate([unit.queue(np.array([f]), PROBS)[0, SEL] for f, _ in rows])
-    q = np.concatenate([r[SEL] for _, r in rows])
-    return float((q * x).sum() / (x * x).sum())
 
 
 def main() -> None:
@@ -47,7 +37,9 @@ def main() -> None:
     a = ap.parse_args()
     table = RampQueue.from_table(POOLED_QUEUE)
     rows = [(float(f), r) for f, r in zip(table.fractions, table.queue) if f >= FORM_FROM]
-    print(f"pooled table (sets 10–17, the older VM): k {_k(rows):.3f} over its rows ≥ {FORM_FROM}")
+    print(
+        f"pooled table (sets 10–17, the older VM): k {form_k(rows):.3f} over its rows ≥ {FORM_FROM}"
+    )
     i90, i99 = list(SKETCH_PROBS).index(0.9), list(SKETCH_PROBS).index(0.99)
     for db in a.db:
         store = ProfileStore(db)
@@ -65,7 +57,7 @@ def main() -> None:
             for f, r in g:
                 if f >= FORM_FROM:
                     print(
-                        f"  draw at {f:.3f}: own k {_k([(f, r)]):.3f} "
+                        f"  draw at {f:.3f}: own k {form_k([(f, r)]):.3f} "
                         f"(p90 {r[i90]:.1f}, p99 {r[i99]:.1f} requests' worth)"
                     )
         rq = form.ramp()

@@ -39,6 +39,7 @@ __all__ = [
     "QueueForm",
     "RampQueue",
     "bounded_by_ramp",
+    "form_k",
     "pooled_queue",
     "queue_form",
     "ramp_draws",
@@ -248,19 +249,26 @@ def queue_form(mp: ModeProfile | None) -> QueueForm | None:
     rate (saturated) and, fitted at their achieved fractions, gave k 4.35."""
     if mp is None:
         return None
-    probs = np.asarray(SKETCH_PROBS, dtype=np.float64)
-    sel = (probs >= FORM_RANKS[0]) & (probs <= FORM_RANKS[1])
     draws = [(f, row) for g in ramp_draws(mp, repeats=True) for f, row in g if FORM_FROM <= f < 1]
     if len(draws) < FORM_DRAWS:
         return None
-    top = max(f for f, _ in draws)
-    unit = QueueForm(1.0, top, len(draws))
-    x = np.concatenate([unit.queue(np.array([f]), probs)[0, sel] for f, _ in draws])
-    q = np.concatenate([row[sel] for _, row in draws])
-    k = float((q * x).sum() / (x * x).sum())
+    k = form_k(draws)
     if not np.isfinite(k) or k <= 0:
         return None
-    return QueueForm(k, top, len(draws))
+    return QueueForm(k, max(f for f, _ in draws), len(draws))
+
+
+def form_k(draws: list[tuple[float, FloatArray]]) -> float:
+    """The least-squares constant through the origin of the form k × f/(1 − f) × −ln(1 − u)
+    over ``draws`` ((load fraction, queue row at ``SKETCH_PROBS``)), at the ranks in
+    :data:`FORM_RANKS` (:func:`queue_form`'s fit; NaN when no draw has a positive load)."""
+    probs = np.asarray(SKETCH_PROBS, dtype=np.float64)
+    sel = (probs >= FORM_RANKS[0]) & (probs <= FORM_RANKS[1])
+    unit = QueueForm(1.0, 0.999, len(draws))
+    x = np.concatenate([unit.queue(np.array([f]), probs)[0, sel] for f, _ in draws])
+    q = np.concatenate([row[sel] for _, row in draws])
+    xx = float((x * x).sum())
+    return float((q * x).sum()) / xx if xx > 0 else float("nan")
 
 
 def bounded_by_ramp(opts: TailOptions) -> TailOptions:
